@@ -1,0 +1,1 @@
+//! FUSE server (in progress)

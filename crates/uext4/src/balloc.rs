@@ -1,0 +1,356 @@
+//! The block allocator: goal-based, per-group locked, flex_bg aware.
+//!
+//! A request names a goal block (usually the block after the file's previous extent, so files stay
+//! contiguous) and a length. The allocator looks for a free run starting at the goal, then for
+//! the first run of the full length in the goal's group and the following groups, then takes the
+//! longest shorter run it saw. Each group is locked on its own (`Fs::groups[g]`); no lock spans
+//! groups. Blocks freed by a transaction that has not committed are not reused until it has
+//! (so a crash can never leave an old file pointing at a new file's data).
+
+use crate::bcache::Buffer;
+use crate::error::{Error, Result};
+use crate::format::group_desc::BG_BLOCK_UNINIT;
+use crate::fs::{Fs, GroupState};
+use crate::transaction::Handle;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+#[inline]
+pub(crate) fn test_bit(b: &[u8], i: usize) -> bool {
+    b[i / 8] & (1 << (i % 8)) != 0
+}
+#[inline]
+pub(crate) fn set_bit(b: &mut [u8], i: usize) {
+    b[i / 8] |= 1 << (i % 8)
+}
+#[inline]
+pub(crate) fn clear_bit(b: &mut [u8], i: usize) {
+    b[i / 8] &= !(1 << (i % 8))
+}
+
+/// First zero bit in `b` at or after `from`, below `limit`.
+pub(crate) fn find_zero(b: &[u8], from: usize, limit: usize) -> Option<usize> {
+    let mut i = from;
+    while i < limit {
+        if i % 64 == 0 && i + 64 <= limit {
+            let w = u64::from_le_bytes(b[i / 8..i / 8 + 8].try_into().unwrap());
+            if w == u64::MAX {
+                i += 64;
+                continue;
+            }
+            return Some(i + (!w).trailing_zeros() as usize);
+        }
+        if !test_bit(b, i) {
+            return Some(i);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Length of the run of zero bits starting at `from`, at most `max`, below `limit`.
+pub(crate) fn zero_run(b: &[u8], from: usize, max: usize, limit: usize) -> usize {
+    let mut n = 0;
+    let mut i = from;
+    while i < limit && n < max {
+        if i % 64 == 0 && i + 64 <= limit && max - n >= 64 {
+            let w = u64::from_le_bytes(b[i / 8..i / 8 + 8].try_into().unwrap());
+            if w == 0 {
+                n += 64;
+                i += 64;
+                continue;
+            }
+            let z = w.trailing_zeros() as usize;
+            return n + z;
+        }
+        if test_bit(b, i) {
+            break;
+        }
+        n += 1;
+        i += 1;
+    }
+    n
+}
+
+impl Fs {
+    /// The block bitmap of group `g`, initialised (and its uninit flag cleared) if needed.
+    /// The caller holds the group lock.
+    fn block_bitmap(&self, h: &mut Handle<'_>, g: u32, st: &mut GroupState) -> Result<Arc<Buffer>> {
+        let blk = st.desc.block_bitmap();
+        if self.uninit_block_bitmap(st) {
+            let buf = self.bcache.get_new(blk)?;
+            {
+                let mut data = buf.write();
+                self.init_block_bitmap(g, &mut data);
+                let v = st.desc.flags() & !BG_BLOCK_UNINIT;
+                st.desc.set_flags(v);
+                if self.geo.metadata_csum {
+                    st.desc.set_block_bitmap_csum(self.geo.csum_seed, &data[..self.geo.block_bitmap_csum_len()]);
+                }
+            }
+            h.dirty(&buf);
+            self.write_group_desc(h, g, st)?;
+            return Ok(buf);
+        }
+        self.read_block_bitmap(g, st)
+    }
+
+    fn uninit_block_bitmap(&self, st: &GroupState) -> bool {
+        !matches!(self.geo.gd_csum, crate::format::group_desc::GdCsum::None) && st.desc.flags() & BG_BLOCK_UNINIT != 0
+    }
+
+    /// Reads (and on first read verifies) a group's block bitmap. Caller holds the group lock.
+    pub(crate) fn read_block_bitmap(&self, g: u32, st: &GroupState) -> Result<Arc<Buffer>> {
+        let blk = st.desc.block_bitmap();
+        let cached = self.bcache.get(blk)?;
+        if self.geo.metadata_csum && !cached.dirty.load(Ordering::Acquire) {
+            let data = cached.read();
+            if !st.desc.verify_block_bitmap_csum(self.geo.csum_seed, &data[..self.geo.block_bitmap_csum_len()]) {
+                drop(data);
+                return Err(self.fail(
+                    Error::BadChecksum(format!("block bitmap of group {g} (block {blk})")),
+                    0,
+                    blk,
+                    "read_block_bitmap",
+                ));
+            }
+        }
+        Ok(cached)
+    }
+
+    /// Builds the bitmap of a group that was never used: its own fixed metadata (superblock
+    /// backup, GDT, reserved GDT, and any group's bitmaps and inode table that flex_bg placed
+    /// here) is in use, and so are the bits past the end of the last group.
+    pub(crate) fn init_block_bitmap(&self, g: u32, data: &mut [u8]) {
+        data.fill(0);
+        let geo = &self.geo;
+        let first = geo.group_first_block(g);
+        let n = geo.blocks_in_group(g) as u64;
+        for i in 0..geo.group_overhead(g) as usize {
+            set_bit(data, i);
+        }
+        let itb = (geo.inodes_per_group as u64 * geo.inode_size as u64).div_ceil(geo.block_size as u64);
+        let mark = |data: &mut [u8], b: u64, len: u64| {
+            for x in b..b + len {
+                if x >= first && x < first + n {
+                    set_bit(data, (x - first) as usize);
+                }
+            }
+        };
+        for (og, grp) in self.groups.iter().enumerate() {
+            // The caller holds group g's lock: read our own descriptor without relocking.
+            if og as u32 == g {
+                continue;
+            }
+            if let Some(st) = grp.try_lock() {
+                mark(data, st.desc.block_bitmap(), 1);
+                mark(data, st.desc.inode_bitmap(), 1);
+                mark(data, st.desc.inode_table(), itb);
+            } else {
+                let st = grp.lock();
+                mark(data, st.desc.block_bitmap(), 1);
+                mark(data, st.desc.inode_bitmap(), 1);
+                mark(data, st.desc.inode_table(), itb);
+            }
+        }
+        let _ = itb;
+        for i in n as usize..data.len() * 8 {
+            set_bit(data, i);
+        }
+    }
+
+    /// Allocates up to `want` contiguous blocks near `goal`. Returns (first block, count).
+    pub(crate) fn alloc_blocks(&self, h: &mut Handle<'_>, goal: u64, want: u32) -> Result<(u64, u32)> {
+        self.check_writable()?;
+        let want = want.max(1);
+        let geo = &self.geo;
+        let goal = if goal < geo.first_data_block || goal >= geo.blocks_count { geo.first_data_block } else { goal };
+        let start_group = geo.block_group(goal);
+        let mut best: Option<(u32, usize, usize)> = None; // (group, offset, len)
+        for pass in 0..2 {
+            for i in 0..geo.group_count {
+                let g = (start_group + i) % geo.group_count;
+                let mut st = self.groups[g as usize].lock();
+                if st.desc.free_blocks_count() == 0 {
+                    continue;
+                }
+                let from = if g == start_group && i == 0 { (goal - geo.group_first_block(g)) as usize } else { 0 };
+                let buf = self.block_bitmap(h, g, &mut st)?;
+                let limit = geo.blocks_in_group(g) as usize;
+                let found = {
+                    let data = buf.read();
+                    self.search_run(g, &data, from, want as usize, limit, pass == 1)
+                };
+                if let Some((off, len)) = found {
+                    if len >= want as usize || pass == 1 {
+                        return self.take_run(h, g, &mut st, &buf, off, len.min(want as usize));
+                    }
+                    if best.is_none_or(|b| b.2 < len) {
+                        best = Some((g, off, len));
+                    }
+                }
+            }
+            if let Some((g, off, len)) = best {
+                let mut st = self.groups[g as usize].lock();
+                let buf = self.block_bitmap(h, g, &mut st)?;
+                // Re-check under the lock: another thread may have taken it meanwhile.
+                let still = zero_run(&buf.read(), off, len, geo.blocks_in_group(g) as usize);
+                if still > 0 && !self.pending_free_overlaps(geo.group_first_block(g) + off as u64, 1) {
+                    return self.take_run(h, g, &mut st, &buf, off, still);
+                }
+            }
+        }
+        Err(Error::NoSpace)
+    }
+
+    /// Finds a free run in one bitmap: the first of `want` blocks from `from` (then from the
+    /// group's start); or with `any`, the first free run at all. Returns (offset, length).
+    fn search_run(&self, g: u32, b: &[u8], from: usize, want: usize, limit: usize, any: bool) -> Option<(usize, usize)> {
+        let base = self.geo.group_first_block(g);
+        let from = from.min(limit);
+        let mut best: Option<(usize, usize)> = None;
+        for (lo, hi) in [(from, limit), (0, from)] {
+            let mut pos = lo;
+            while let Some(z) = find_zero(b, pos, hi) {
+                let mut len = zero_run(b, z, want, limit);
+                if self.pending_free_overlaps(base + z as u64, len as u64) {
+                    // Keep only the prefix that no uncommitted free covers.
+                    let mut k = 0;
+                    while k < len && !self.pending_free_overlaps(base + (z + k) as u64, 1) {
+                        k += 1;
+                    }
+                    len = k;
+                }
+                if len >= want || (any && len > 0) {
+                    return Some((z, len));
+                }
+                if len > 0 && best.is_none_or(|bb| bb.1 < len) {
+                    best = Some((z, len));
+                }
+                pos = z + len.max(1);
+            }
+        }
+        best
+    }
+
+    fn take_run(&self, h: &mut Handle<'_>, g: u32, st: &mut GroupState, buf: &Arc<Buffer>, off: usize, len: usize) -> Result<(u64, u32)> {
+        {
+            let mut data = buf.write();
+            for i in off..off + len {
+                debug_assert!(!test_bit(&data, i));
+                set_bit(&mut data, i);
+            }
+            if self.geo.metadata_csum {
+                st.desc.set_block_bitmap_csum(self.geo.csum_seed, &data[..self.geo.block_bitmap_csum_len()]);
+            }
+        }
+        h.dirty(buf);
+        let v = st.desc.free_blocks_count() - len as u64;
+        st.desc.set_free_blocks_count(v);
+        self.write_group_desc(h, g, st)?;
+        self.free_blocks.fetch_sub(len as u64, Ordering::Relaxed);
+        Ok((self.geo.group_first_block(g) + off as u64, len as u32))
+    }
+
+    /// Frees `len` blocks from `start`. With `metadata`, they were metadata blocks: dropped from
+    /// the buffer cache and revoked in the journal.
+    pub(crate) fn free_blocks(&self, h: &mut Handle<'_>, start: u64, len: u64, metadata: bool) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.check_block(start, len, &|| "freeing blocks".to_string())?;
+        let geo = &self.geo;
+        let mut blk = start;
+        let end = start + len;
+        while blk < end {
+            let g = geo.block_group(blk);
+            let gfirst = geo.group_first_block(g);
+            let gend = (gfirst + geo.blocks_in_group(g) as u64).min(end);
+            let mut st = self.groups[g as usize].lock();
+            let buf = self.block_bitmap(h, g, &mut st)?;
+            {
+                let mut data = buf.write();
+                for b in blk..gend {
+                    let i = (b - gfirst) as usize;
+                    if !test_bit(&data, i) {
+                        drop(data);
+                        return Err(self.fail(
+                            Error::corrupt(format!("freeing block {b}, which is already free (group {g})")),
+                            0,
+                            b,
+                            "free_blocks",
+                        ));
+                    }
+                    clear_bit(&mut data, i);
+                }
+                if self.geo.metadata_csum {
+                    st.desc.set_block_bitmap_csum(self.geo.csum_seed, &data[..self.geo.block_bitmap_csum_len()]);
+                }
+            }
+            h.dirty(&buf);
+            let v = st.desc.free_blocks_count() + (gend - blk);
+            st.desc.set_free_blocks_count(v);
+            self.write_group_desc(h, g, &mut st)?;
+            drop(st);
+            self.free_blocks.fetch_add(gend - blk, Ordering::Relaxed);
+            blk = gend;
+        }
+        if metadata {
+            for b in start..end {
+                self.bcache.forget(b);
+                h.revoke(b);
+            }
+        }
+        self.pending_free.lock().insert(start, (len, h.tid()));
+        Ok(())
+    }
+
+    /// Whether `[blk, blk+len)` overlaps blocks freed by a transaction not yet committed.
+    pub(crate) fn pending_free_overlaps(&self, blk: u64, len: u64) -> bool {
+        let p = self.pending_free.lock();
+        if p.is_empty() {
+            return false;
+        }
+        if let Some((&s, &(l, _))) = p.range(..blk + len).next_back() {
+            return s + l > blk;
+        }
+        false
+    }
+
+    /// Forgets pending frees of transactions up to `tid` (called after they commit).
+    pub(crate) fn release_pending_frees(&self, tid: u64) {
+        self.pending_free.lock().retain(|_, (_, t)| *t > tid);
+    }
+
+    /// Whether block `blk` is marked in use in its group's bitmap (for checks and tests).
+    pub fn block_in_use(&self, blk: u64) -> Result<bool> {
+        let g = self.geo.block_group(blk);
+        let st = self.groups[g as usize].lock();
+        if self.uninit_block_bitmap(&st) {
+            let mut data = vec![0u8; self.geo.block_size as usize];
+            self.init_block_bitmap(g, &mut data);
+            return Ok(test_bit(&data, (blk - self.geo.group_first_block(g)) as usize));
+        }
+        let buf = self.read_block_bitmap(g, &st)?;
+        let r = test_bit(&buf.read(), (blk - self.geo.group_first_block(g)) as usize);
+        Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn bit_search() {
+        let mut b = vec![0xFFu8; 32];
+        clear_bit(&mut b, 70);
+        clear_bit(&mut b, 71);
+        clear_bit(&mut b, 72);
+        assert_eq!(find_zero(&b, 0, 256), Some(70));
+        assert_eq!(zero_run(&b, 70, 10, 256), 3);
+        assert_eq!(find_zero(&b, 73, 256), None);
+        let z = vec![0u8; 32];
+        assert_eq!(zero_run(&z, 0, 1000, 256), 256);
+        assert_eq!(zero_run(&z, 3, 100, 256), 100);
+    }
+}

@@ -1,0 +1,656 @@
+//! The filesystem: opening an image, its geometry, group descriptors, and commit.
+//!
+//! `Fs` is `Send + Sync`: every public operation may be called from many threads at once. Lock
+//! ranking (take in this order, never the reverse):
+//!   1. `Fs::rename_lock` (only cross-directory renames)
+//!   2. directory inode `io_lock`s (parent before child; two unrelated ones in inode-number order)
+//!   3. file inode `io_lock` (shared for read/overwrite, exclusive when the mapping or size changes)
+//!   4. transaction barrier (by starting a handle)
+//!   5. inode `state` mutex
+//!   6. group locks (`groups[g]`), in ascending group order
+//!   7. buffer locks
+//!   8. `Fs::sb` and the transaction's running-list mutex (leaf locks)
+
+use crate::bcache::BufferCache;
+use crate::blockdev::{BlockDevice, IoCounters};
+use crate::error::{Error, Result};
+use crate::format::features::*;
+use crate::format::group_desc::{GdCsum, GroupDesc, BG_BLOCK_UNINIT, BG_INODE_UNINIT};
+use crate::format::inode::RawInode;
+use crate::format::superblock::*;
+use crate::inode::InodeCache;
+use crate::transaction::{Handle, TxnManager};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Options for opening a filesystem.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    pub read_only: bool,
+    /// What to do on a corruption error.
+    pub errors: ErrorsBehaviour,
+    /// Seconds between background commits (0: only on fsync, size threshold and unmount).
+    pub commit_interval_secs: u64,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions { read_only: false, errors: ErrorsBehaviour::RemountRo, commit_interval_secs: 5 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorsBehaviour {
+    Continue,
+    RemountRo,
+    Panic,
+}
+
+/// Immutable facts about the filesystem, computed once at open.
+#[derive(Clone, Debug)]
+pub struct Geometry {
+    pub block_size: u32,
+    pub log_block_size: u32,
+    pub blocks_count: u64,
+    pub first_data_block: u64,
+    pub blocks_per_group: u32,
+    pub inodes_per_group: u32,
+    pub inodes_count: u32,
+    pub group_count: u32,
+    pub inode_size: u32,
+    pub desc_size: u32,
+    pub descs_per_block: u32,
+    /// Blocks of group descriptor table (not counting reserved GDT blocks).
+    pub gdt_blocks: u32,
+    pub reserved_gdt_blocks: u32,
+    pub first_ino: u32,
+    pub csum_seed: u32,
+    pub metadata_csum: bool,
+    pub gd_csum: GdCsum,
+    pub sparse_super: bool,
+    pub flex_bg_size: u32,
+    pub has_64bit: bool,
+    pub filetype: bool,
+    pub dir_index: bool,
+    pub huge_file: bool,
+    pub dir_nlink: bool,
+    pub extents: bool,
+    pub hash_seed: [u32; 4],
+    pub def_hash_version: u8,
+    pub unsigned_hash: bool,
+    pub uuid: [u8; 16],
+}
+
+impl Geometry {
+    /// First block of group `g`.
+    pub fn group_first_block(&self, g: u32) -> u64 {
+        self.first_data_block + g as u64 * self.blocks_per_group as u64
+    }
+    /// Number of blocks in group `g` (the last may be short).
+    pub fn blocks_in_group(&self, g: u32) -> u32 {
+        let first = self.group_first_block(g);
+        (self.blocks_count - first).min(self.blocks_per_group as u64) as u32
+    }
+    pub fn block_group(&self, blk: u64) -> u32 {
+        ((blk - self.first_data_block) / self.blocks_per_group as u64) as u32
+    }
+    /// Whether group `g` holds a superblock backup (and GDT copy).
+    pub fn group_has_super(&self, g: u32) -> bool {
+        if g == 0 || !self.sparse_super {
+            return true;
+        }
+        if g == 1 {
+            return true;
+        }
+        for base in [3u32, 5, 7] {
+            let mut p = base;
+            while p < g {
+                p = match p.checked_mul(base) {
+                    Some(v) => v,
+                    None => break,
+                };
+            }
+            if p == g {
+                return true;
+            }
+        }
+        false
+    }
+    /// Blocks at the start of group `g` used by the superblock, GDT and reserved GDT.
+    pub fn group_overhead(&self, g: u32) -> u32 {
+        if self.group_has_super(g) {
+            1 + self.gdt_blocks + self.reserved_gdt_blocks
+        } else {
+            0
+        }
+    }
+    /// Block holding the descriptor of group `g` in the primary table.
+    pub fn gdt_block_of(&self, g: u32) -> u64 {
+        self.first_data_block + 1 + (g / self.descs_per_block) as u64
+    }
+    pub fn ino_group(&self, ino: u32) -> u32 {
+        (ino - 1) / self.inodes_per_group
+    }
+    /// Size in bytes of the part of a block bitmap that is checksummed.
+    pub fn block_bitmap_csum_len(&self) -> usize {
+        self.blocks_per_group as usize / 8
+    }
+    pub fn inode_bitmap_csum_len(&self) -> usize {
+        self.inodes_per_group as usize / 8
+    }
+}
+
+/// Per-group state. The mutex around it is the group's allocation lock.
+pub struct GroupState {
+    pub desc: GroupDesc,
+}
+
+/// Engine counters (besides the transaction's and the device's), shown by `uext4 stats`.
+#[derive(Default, Debug)]
+pub struct FsStats {
+    pub ops: AtomicU64,
+    pub overwrites: AtomicU64,
+    pub allocating_writes: AtomicU64,
+    pub user_bytes_written: AtomicU64,
+    pub user_bytes_read: AtomicU64,
+    pub zeroed_bytes: AtomicU64,
+}
+
+pub struct Fs {
+    pub(crate) dev: Arc<dyn BlockDevice>,
+    pub(crate) io: Arc<IoCounters>,
+    pub(crate) bcache: BufferCache,
+    pub geo: Geometry,
+    /// The in-memory superblock; free counts live in the atomics below and are stored at commit.
+    pub(crate) sb: Mutex<Superblock>,
+    pub(crate) groups: Vec<Mutex<GroupState>>,
+    pub(crate) free_blocks: AtomicU64,
+    pub(crate) free_inodes: AtomicU64,
+    pub(crate) icache: InodeCache,
+    pub(crate) txn: TxnManager,
+    pub(crate) read_only: AtomicBool,
+    /// Set after a corruption error: no more writes (unless errors=continue).
+    pub(crate) stopped: Mutex<Option<String>>,
+    pub(crate) opts: MountOptions,
+    /// Serialises renames that move an entry between directories (rank 1).
+    pub(crate) rename_lock: Mutex<()>,
+    pub(crate) ro_reason: Option<String>,
+    pub stats: FsStats,
+    /// Rotor for spreading new directories over groups.
+    pub(crate) dir_rotor: AtomicU64,
+    /// Blocks freed by transactions not yet committed: start -> (length, tid). Not reused
+    /// until their transaction commits.
+    pub(crate) pending_free: Mutex<std::collections::BTreeMap<u64, (u64, u64)>>,
+}
+
+/// Wraps a device to count its traffic while sharing the counters with `Fs`.
+struct Counted {
+    inner: Arc<dyn BlockDevice>,
+    io: Arc<IoCounters>,
+}
+
+impl BlockDevice for Counted {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.io.reads.fetch_add(1, Ordering::Relaxed);
+        self.io.bytes_read.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.inner.read_at(off, buf)
+    }
+    fn write_at(&self, off: u64, buf: &[u8]) -> std::io::Result<()> {
+        self.io.writes.fetch_add(1, Ordering::Relaxed);
+        self.io.bytes_written.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.inner.write_at(off, buf)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.io.flushes.fetch_add(1, Ordering::Relaxed);
+        self.inner.flush()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_only(&self) -> bool {
+        self.inner.read_only()
+    }
+}
+
+/// Reads and validates the superblock of a device.
+pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
+    if dev.size() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
+        return Err(Error::NotExt4(format!("device is only {} bytes, too small to hold a superblock", dev.size())));
+    }
+    let mut buf = vec![0u8; SUPERBLOCK_SIZE];
+    dev.read_at(SUPERBLOCK_OFFSET, &mut buf)?;
+    let sb = Superblock::from_bytes(&buf);
+    if sb.magic() != EXT4_MAGIC {
+        return Err(Error::NotExt4(format!("bad superblock magic {:#06x} (expected 0xef53)", sb.magic())));
+    }
+    if sb.has_metadata_csum() && sb.checksum_type() != CRC32C_CHKSUM {
+        return Err(Error::corrupt(format!("superblock: unknown checksum type {}", sb.checksum_type())));
+    }
+    if !sb.verify_csum() {
+        return Err(Error::BadChecksum(format!(
+            "superblock checksum {:#010x} does not match computed {:#010x}",
+            sb.checksum(),
+            sb.csum()
+        )));
+    }
+    Ok(sb)
+}
+
+fn geometry(sb: &Superblock, dev_size: u64) -> Result<Geometry> {
+    let bad = |m: String| Err(Error::corrupt(format!("superblock: {m}")));
+    if sb.log_block_size() > 6 {
+        return bad(format!("block size 2^(10+{}) is out of range", sb.log_block_size()));
+    }
+    let block_size = sb.block_size();
+    if sb.has_ro_compat(RO_COMPAT_BIGALLOC) || sb.log_cluster_size() != sb.log_block_size() && sb.rev_level() > 0 && sb.has_ro_compat(RO_COMPAT_BIGALLOC) {
+        return Err(Error::Unsupported("bigalloc".into()));
+    }
+    let blocks_count = sb.blocks_count();
+    let bpg = sb.blocks_per_group();
+    let ipg = sb.inodes_per_group();
+    if bpg == 0 || bpg > block_size * 8 || bpg % 8 != 0 {
+        return bad(format!("blocks per group {bpg} is invalid for block size {block_size}"));
+    }
+    if ipg == 0 || ipg > block_size * 8 || ipg % 8 != 0 {
+        return bad(format!("inodes per group {ipg} is invalid for block size {block_size}"));
+    }
+    let first_data_block = sb.first_data_block() as u64;
+    if first_data_block != (block_size == 1024) as u64 {
+        return bad(format!("first data block {first_data_block} is wrong for block size {block_size}"));
+    }
+    if blocks_count <= first_data_block {
+        return bad(format!("block count {blocks_count} is too small"));
+    }
+    if blocks_count.saturating_mul(block_size as u64) > dev_size {
+        return bad(format!(
+            "block count {blocks_count} x {block_size} bytes is larger than the device ({dev_size} bytes)"
+        ));
+    }
+    let group_count = ((blocks_count - first_data_block + bpg as u64 - 1) / bpg as u64) as u32;
+    if group_count as u64 * ipg as u64 != sb.inodes_count() as u64 {
+        return bad(format!(
+            "inode count {} is not groups ({group_count}) x inodes per group ({ipg})",
+            sb.inodes_count()
+        ));
+    }
+    let inode_size = sb.inode_size() as u32;
+    if inode_size < 128 || inode_size > block_size || !inode_size.is_power_of_two() {
+        return bad(format!("inode size {inode_size} is invalid"));
+    }
+    let desc_size = sb.desc_size() as u32;
+    if sb.is_64bit() && (desc_size < 64 || desc_size > 1024 || !desc_size.is_power_of_two()) {
+        return bad(format!("group descriptor size {desc_size} is invalid"));
+    }
+    let descs_per_block = block_size / desc_size;
+    let gdt_blocks = group_count.div_ceil(descs_per_block);
+    let flex = if sb.has_incompat(INCOMPAT_FLEX_BG) {
+        if sb.log_groups_per_flex() > 31 {
+            return bad(format!("log groups per flex {} is invalid", sb.log_groups_per_flex()));
+        }
+        1u32 << sb.log_groups_per_flex()
+    } else {
+        1
+    };
+    let gd_csum = if sb.has_metadata_csum() {
+        GdCsum::Crc32c { seed: sb.csum_seed() }
+    } else if sb.has_gdt_csum() {
+        GdCsum::Crc16 { uuid: sb.uuid() }
+    } else {
+        GdCsum::None
+    };
+    let first_ino = sb.first_ino_checked();
+    if first_ino < 11 || first_ino > sb.inodes_count() {
+        return bad(format!("first inode {first_ino} is invalid"));
+    }
+    Ok(Geometry {
+        block_size,
+        log_block_size: sb.log_block_size() + 10,
+        blocks_count,
+        first_data_block,
+        blocks_per_group: bpg,
+        inodes_per_group: ipg,
+        inodes_count: sb.inodes_count(),
+        group_count,
+        inode_size,
+        desc_size,
+        descs_per_block,
+        gdt_blocks,
+        reserved_gdt_blocks: if sb.has_compat(COMPAT_RESIZE_INODE) { sb.reserved_gdt_blocks() as u32 } else { 0 },
+        first_ino,
+        csum_seed: sb.csum_seed(),
+        metadata_csum: sb.has_metadata_csum(),
+        gd_csum,
+        sparse_super: sb.has_ro_compat(RO_COMPAT_SPARSE_SUPER),
+        flex_bg_size: flex,
+        has_64bit: sb.is_64bit(),
+        filetype: sb.has_incompat(INCOMPAT_FILETYPE),
+        dir_index: sb.has_compat(COMPAT_DIR_INDEX),
+        huge_file: sb.has_ro_compat(RO_COMPAT_HUGE_FILE),
+        dir_nlink: sb.has_ro_compat(RO_COMPAT_DIR_NLINK),
+        extents: sb.has_incompat(INCOMPAT_EXTENTS),
+        hash_seed: sb.hash_seed(),
+        def_hash_version: sb.def_hash_version(),
+        unsigned_hash: sb.flags() & FLAGS_UNSIGNED_HASH != 0,
+        uuid: sb.uuid(),
+    })
+}
+
+/// Checks feature flags: an unknown incompat flag refuses, an unknown ro_compat flag forces
+/// read-only (returned as the reason).
+pub fn check_features(sb: &Superblock) -> Result<Option<String>> {
+    let unknown_incompat = sb.feature_incompat() & !INCOMPAT_SUPPORTED;
+    if unknown_incompat != 0 {
+        return Err(Error::UnsupportedIncompat(names(unknown_incompat, INCOMPAT_NAMES).join(", ")));
+    }
+    if sb.has_compat(COMPAT_HAS_JOURNAL) && sb.journal_inum() == 0 {
+        return Err(Error::Unsupported(
+            "external journal device (journal_dev set, no journal inode); only internal journals are supported".into(),
+        ));
+    }
+    let unknown_ro = sb.feature_ro_compat() & !RO_COMPAT_SUPPORTED;
+    if unknown_ro != 0 {
+        return Ok(Some(format!(
+            "unsupported read-only-compatible feature: {}",
+            names(unknown_ro, RO_COMPAT_NAMES).join(", ")
+        )));
+    }
+    Ok(None)
+}
+
+impl Fs {
+    /// Opens the filesystem on `dev`: checks the superblock, features and group descriptors.
+    pub fn open(dev: Arc<dyn BlockDevice>, mut opts: MountOptions) -> Result<Arc<Fs>> {
+        let sb = read_superblock(&*dev)?;
+        let ro_reason = check_features(&sb)?;
+        if ro_reason.is_some() || dev.read_only() {
+            opts.read_only = true;
+        }
+        let geo = geometry(&sb, dev.size())?;
+        let io = Arc::new(IoCounters::default());
+        let counted: Arc<dyn BlockDevice> = Arc::new(Counted { inner: dev.clone(), io: io.clone() });
+        let bcache = BufferCache::new(counted.clone(), geo.block_size as usize, geo.blocks_count);
+
+        // Group descriptors.
+        let mut groups = Vec::with_capacity(geo.group_count as usize);
+        let mut free_blocks = 0u64;
+        let mut free_inodes = 0u64;
+        for g in 0..geo.group_count {
+            let blk = geo.gdt_block_of(g);
+            let buf = bcache.get(blk)?;
+            let data = buf.read();
+            let off = (g % geo.descs_per_block) as usize * geo.desc_size as usize;
+            let desc = GroupDesc::from_bytes(&data[off..off + geo.desc_size.min(64) as usize]);
+            drop(data);
+            if !desc.verify_csum(geo.gd_csum, g) {
+                return Err(Error::BadChecksum(format!("group descriptor {g} (in block {blk})")));
+            }
+            check_desc(&geo, g, &desc)?;
+            free_blocks += desc.free_blocks_count();
+            free_inodes += desc.free_inodes_count();
+            groups.push(Mutex::new(GroupState { desc }));
+        }
+
+        let max_txn = 4096usize;
+        let fs = Arc::new(Fs {
+            dev: counted,
+            io,
+            bcache,
+            geo,
+            sb: Mutex::new(sb),
+            groups,
+            free_blocks: AtomicU64::new(free_blocks),
+            free_inodes: AtomicU64::new(free_inodes),
+            icache: InodeCache::new(),
+            txn: TxnManager::new(1, max_txn),
+            read_only: AtomicBool::new(opts.read_only),
+            stopped: Mutex::new(None),
+            opts,
+            rename_lock: Mutex::new(()),
+            ro_reason,
+            stats: FsStats::default(),
+            dir_rotor: AtomicU64::new(0),
+            pending_free: Mutex::new(std::collections::BTreeMap::new()),
+        });
+        if !fs.is_read_only() {
+            fs.mark_mounted()?;
+        }
+        Ok(fs)
+    }
+
+    /// Opens an image file or block device by path.
+    pub fn open_path(path: &std::path::Path, opts: MountOptions) -> Result<Arc<Fs>> {
+        let dev = crate::blockdev::FileDevice::open(path, opts.read_only).or_else(|e| {
+            if e.raw_os_error() == Some(libc::EACCES) || e.raw_os_error() == Some(libc::EROFS) {
+                crate::blockdev::FileDevice::open(path, true)
+            } else {
+                Err(e)
+            }
+        })?;
+        Fs::open(Arc::new(dev), opts)
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only.load(Ordering::Relaxed)
+    }
+
+    /// Why the filesystem was opened read-only, if it was forced.
+    pub fn read_only_reason(&self) -> Option<&str> {
+        self.ro_reason.as_deref()
+    }
+
+    pub fn superblock(&self) -> Superblock {
+        self.sb.lock().clone()
+    }
+
+    pub fn io_counters(&self) -> &IoCounters {
+        &self.io
+    }
+
+    pub fn txn_stats(&self) -> &crate::transaction::TxnStats {
+        &self.txn.stats
+    }
+
+    /// Fails if the filesystem may not be written.
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        if let Some(why) = &*self.stopped.lock() {
+            return Err(Error::Stopped(why.clone()));
+        }
+        if self.is_read_only() {
+            return Err(Error::ReadOnly(match &self.ro_reason {
+                Some(r) => format!(" ({r})"),
+                None => String::new(),
+            }));
+        }
+        Ok(())
+    }
+
+    /// Starts a handle for a metadata change of at most `credits` blocks, committing first if
+    /// the running transaction is full.
+    pub(crate) fn start(&self, credits: usize) -> Result<Handle<'_>> {
+        self.check_writable()?;
+        if self.txn.wants_commit() {
+            self.commit()?;
+        }
+        Ok(self.txn.start(credits))
+    }
+
+    /// Marks the superblock as mounted (state not clean) and writes it.
+    fn mark_mounted(&self) -> Result<()> {
+        let mut sb = self.sb.lock();
+        let now = crate::format::inode::Timestamp::now().sec as u32;
+        sb.set_mtime(now);
+        let v = sb.mnt_count().wrapping_add(1);
+        sb.set_mnt_count(v);
+        let v = sb.state() & !STATE_VALID;
+        sb.set_state(v);
+        sb.set_csum();
+        let bytes = sb.bytes().to_vec();
+        drop(sb);
+        self.dev.write_at(SUPERBLOCK_OFFSET, &bytes)?;
+        Ok(())
+    }
+
+    /// Records a corruption in the superblock error fields, as the kernel does, and stops
+    /// further writes (per the errors= behaviour). Returns the error for `?`.
+    pub(crate) fn fail(&self, err: Error, ino: u32, blk: u64, func: &str) -> Error {
+        if !err.is_corruption() {
+            return err;
+        }
+        tracing::error!(ino, blk, func, "{err}");
+        if self.opts.errors == ErrorsBehaviour::Panic {
+            panic!("uext4: {err} (errors=panic)");
+        }
+        if self.dev.read_only() {
+            return err;
+        }
+        {
+            let mut sb = self.sb.lock();
+            let now = crate::format::inode::Timestamp::now().sec as u32;
+            let v = sb.state() | STATE_ERROR;
+            sb.set_state(v);
+            let v = sb.error_count().wrapping_add(1);
+            sb.set_error_count(v);
+            if sb.first_error_time() == 0 {
+                sb.set_first_error_time(now);
+                sb.set_first_error_ino(ino);
+                sb.set_first_error_block(blk);
+                sb.set_error_func(true, func);
+                sb.set_first_error_errcode(117); // EUCLEAN, as the kernel's EXT4_ERR_EFSCORRUPTED maps
+            }
+            sb.set_last_error_time(now);
+            sb.set_last_error_ino(ino);
+            sb.set_last_error_block(blk);
+            sb.set_error_func(false, func);
+            sb.set_last_error_errcode(117);
+            sb.set_csum();
+            let bytes = sb.bytes().to_vec();
+            drop(sb);
+            let _ = self.dev.write_at(SUPERBLOCK_OFFSET, &bytes);
+            let _ = self.dev.flush();
+        }
+        if self.opts.errors == ErrorsBehaviour::RemountRo {
+            let mut s = self.stopped.lock();
+            if s.is_none() {
+                *s = Some(err.to_string());
+            }
+        }
+        err
+    }
+
+    /// Writes the descriptor of group `g` (already changed in `state`) into its GDT block.
+    pub(crate) fn write_group_desc(&self, h: &mut Handle<'_>, g: u32, state: &mut GroupState) -> Result<()> {
+        state.desc.set_csum(self.geo.gd_csum, g);
+        let blk = self.geo.gdt_block_of(g);
+        let buf = self.bcache.get(blk)?;
+        {
+            let mut data = buf.write();
+            let off = (g % self.geo.descs_per_block) as usize * self.geo.desc_size as usize;
+            let bytes = state.desc.as_bytes();
+            data[off..off + bytes.len()].copy_from_slice(bytes);
+        }
+        h.dirty(&buf);
+        Ok(())
+    }
+
+    /// Total and free counts, for statfs.
+    pub fn statfs(&self) -> StatFs {
+        let sb = self.sb.lock();
+        let overhead = self.overhead_blocks();
+        StatFs {
+            block_size: self.geo.block_size,
+            blocks: self.geo.blocks_count - overhead,
+            blocks_free: self.free_blocks.load(Ordering::Relaxed),
+            blocks_avail: self.free_blocks.load(Ordering::Relaxed).saturating_sub(sb.r_blocks_count()),
+            files: self.geo.inodes_count as u64,
+            files_free: self.free_inodes.load(Ordering::Relaxed),
+            name_max: 255,
+        }
+    }
+
+    /// Blocks used by the filesystem's own fixed metadata (superblocks, GDT, bitmaps, inode
+    /// tables), as the kernel subtracts them in statfs.
+    fn overhead_blocks(&self) -> u64 {
+        let g = &self.geo;
+        let itb = (g.inodes_per_group as u64 * g.inode_size as u64).div_ceil(g.block_size as u64);
+        let mut o = g.first_data_block;
+        for grp in 0..g.group_count {
+            o += g.group_overhead(grp) as u64 + 2 + itb;
+        }
+        o
+    }
+
+    /// Writes the superblock (with current free counts) through a handle.
+    pub(crate) fn write_superblock_to_buffer(&self, h: &mut Handle<'_>) -> Result<()> {
+        let bytes = {
+            let mut sb = self.sb.lock();
+            sb.set_free_blocks_count(self.free_blocks.load(Ordering::Relaxed));
+            sb.set_free_inodes_count(self.free_inodes.load(Ordering::Relaxed) as u32);
+            sb.set_csum();
+            sb.bytes().to_vec()
+        };
+        // The superblock lives at byte 1024: block 1 with 1 KiB blocks, inside block 0 otherwise.
+        let (blk, off) = if self.geo.block_size == 1024 { (1u64, 0usize) } else { (0u64, 1024usize) };
+        let buf = self.bcache.get(blk)?;
+        buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
+        h.dirty(&buf);
+        Ok(())
+    }
+
+    /// Reads group `g`'s descriptor (a copy).
+    pub fn group_desc(&self, g: u32) -> GroupDesc {
+        self.groups[g as usize].lock().desc.clone()
+    }
+
+    /// Whether a block number is inside the filesystem and outside the fixed metadata of group 0's
+    /// superblock area: used to validate pointers read from disk.
+    pub(crate) fn check_block(&self, blk: u64, len: u64, what: &dyn Fn() -> String) -> Result<()> {
+        if blk < self.geo.first_data_block + 1 || blk.checked_add(len).is_none_or(|e| e > self.geo.blocks_count) {
+            return Err(Error::corrupt(format!("{}: block {blk} (+{len}) is outside the filesystem", what())));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn uninit_flags(&self, g: u32) -> (bool, bool) {
+        let d = &self.groups[g as usize].lock().desc;
+        let csum = !matches!(self.geo.gd_csum, GdCsum::None);
+        (csum && d.flags() & BG_BLOCK_UNINIT != 0, csum && d.flags() & BG_INODE_UNINIT != 0)
+    }
+
+    pub(crate) fn new_raw_inode(&self) -> RawInode {
+        RawInode::new(self.geo.inode_size as usize)
+    }
+}
+
+fn check_desc(geo: &Geometry, g: u32, d: &GroupDesc) -> Result<()> {
+    let itb = (geo.inodes_per_group as u64 * geo.inode_size as u64).div_ceil(geo.block_size as u64);
+    let in_fs = |b: u64, n: u64| b > geo.first_data_block && b + n <= geo.blocks_count;
+    if !in_fs(d.block_bitmap(), 1) {
+        return Err(Error::corrupt(format!("group {g}: block bitmap at block {} is outside the filesystem", d.block_bitmap())));
+    }
+    if !in_fs(d.inode_bitmap(), 1) {
+        return Err(Error::corrupt(format!("group {g}: inode bitmap at block {} is outside the filesystem", d.inode_bitmap())));
+    }
+    if !in_fs(d.inode_table(), itb) {
+        return Err(Error::corrupt(format!("group {g}: inode table at block {} is outside the filesystem", d.inode_table())));
+    }
+    if d.free_blocks_count() > geo.blocks_per_group as u64 {
+        return Err(Error::corrupt(format!("group {g}: free block count {} exceeds blocks per group", d.free_blocks_count())));
+    }
+    if d.free_inodes_count() > geo.inodes_per_group as u64 {
+        return Err(Error::corrupt(format!("group {g}: free inode count {} exceeds inodes per group", d.free_inodes_count())));
+    }
+    Ok(())
+}
+
+/// statfs numbers.
+#[derive(Clone, Copy, Debug)]
+pub struct StatFs {
+    pub block_size: u32,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub blocks_avail: u64,
+    pub files: u64,
+    pub files_free: u64,
+    pub name_max: u32,
+}

@@ -1,0 +1,315 @@
+//! In-memory inodes and the inode cache; reading and writing inodes in the inode table.
+//!
+//! An [`Inode`] has two locks. `io_lock` is the kernel's i_rwsem: shared for reads and for
+//! overwrites of allocated blocks, exclusive for anything that changes the block mapping or the
+//! size (allocation, extension, truncate, punch) and for directory changes. `state` guards the
+//! on-disk fields and the extent cache; it is held only for short, non-blocking sections.
+
+use crate::error::{Error, Result};
+use crate::extents::ExtentCache;
+use crate::format::inode::{RawInode, Timestamp, FL_EXTENTS, FL_INLINE_DATA, ROOT_INO};
+use crate::fs::Fs;
+use crate::transaction::Handle;
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub struct InodeState {
+    pub raw: RawInode,
+    /// The file's extents, loaded on first use (None until then).
+    pub extents: Option<ExtentCache>,
+    /// Set when the inode was unlinked while open: freed at last close.
+    pub orphaned: bool,
+    /// Set when the inode has been freed (its number may be reused).
+    pub deleted: bool,
+}
+
+pub struct Inode {
+    pub ino: u32,
+    pub io_lock: RwLock<()>,
+    pub state: Mutex<InodeState>,
+    /// Open file handles (FUSE open/release, library open/close).
+    pub open_count: AtomicU32,
+    /// Transaction id of the last change to this inode (for fsync: commit only if newer than
+    /// the last committed).
+    pub last_tid: AtomicU64,
+    /// Transaction id of the last change that fdatasync must commit (size or mapping).
+    pub last_data_tid: AtomicU64,
+}
+
+pub type InodeRef = Arc<Inode>;
+
+const SHARDS: usize = 64;
+
+pub struct InodeCache {
+    shards: Vec<Mutex<HashMap<u32, InodeRef>>>,
+}
+
+impl Default for InodeCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl InodeCache {
+    pub fn new() -> Self {
+        InodeCache { shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect() }
+    }
+    fn shard(&self, ino: u32) -> &Mutex<HashMap<u32, InodeRef>> {
+        &self.shards[ino as usize % SHARDS]
+    }
+    pub fn get_cached(&self, ino: u32) -> Option<InodeRef> {
+        self.shard(ino).lock().get(&ino).cloned()
+    }
+    pub fn remove(&self, ino: u32) {
+        self.shard(ino).lock().remove(&ino);
+    }
+    /// Drops cached inodes that nobody holds and that are not open.
+    pub fn trim(&self, keep: usize) {
+        for s in &self.shards {
+            let mut m = s.lock();
+            if m.len() > keep / SHARDS {
+                m.retain(|_, i| Arc::strong_count(i) > 1 || i.open_count.load(Ordering::Relaxed) > 0);
+            }
+        }
+    }
+}
+
+impl Fs {
+    /// Where inode `ino` lives: (block, byte offset in block).
+    pub(crate) fn inode_location(&self, ino: u32) -> Result<(u64, usize)> {
+        if ino == 0 || ino > self.geo.inodes_count {
+            return Err(Error::corrupt(format!("inode number {ino} is out of range (1..={})", self.geo.inodes_count)));
+        }
+        let g = self.geo.ino_group(ino);
+        let index = (ino - 1) % self.geo.inodes_per_group;
+        let table = self.groups[g as usize].lock().desc.inode_table();
+        let byte = index as u64 * self.geo.inode_size as u64;
+        let blk = table + byte / self.geo.block_size as u64;
+        Ok((blk, (byte % self.geo.block_size as u64) as usize))
+    }
+
+    /// Reads inode `ino` from its table and verifies it.
+    pub(crate) fn read_raw_inode(&self, ino: u32) -> Result<RawInode> {
+        let (blk, off) = self.inode_location(ino)?;
+        let buf = self.bcache.get(blk)?;
+        let data = buf.read();
+        let raw = RawInode(data[off..off + self.geo.inode_size as usize].to_vec());
+        drop(data);
+        if self.geo.inode_size > 128 {
+            let extra = raw.extra_isize() as u32;
+            if extra > self.geo.inode_size - 128 || extra % 4 != 0 {
+                return Err(self.fail(
+                    Error::corrupt(format!("inode {ino}: i_extra_isize {extra} is invalid")),
+                    ino,
+                    blk,
+                    "read_inode",
+                ));
+            }
+        }
+        if self.geo.metadata_csum && !raw.verify_csum(self.geo.csum_seed, ino) && !is_all_zero(&raw.0) {
+            return Err(self.fail(
+                Error::BadChecksum(format!("inode {ino} (in block {blk})")),
+                ino,
+                blk,
+                "read_inode",
+            ));
+        }
+        Ok(raw)
+    }
+
+    /// The in-memory inode, read from disk on first use. Fails for inodes that are not in use.
+    pub fn iget(&self, ino: u32) -> Result<InodeRef> {
+        if let Some(i) = self.icache.get_cached(ino) {
+            if i.state.lock().deleted {
+                return Err(Error::NotFound);
+            }
+            return Ok(i);
+        }
+        let raw = self.read_raw_inode(ino)?;
+        if raw.links_count() == 0 && raw.mode() == 0 {
+            return Err(Error::corrupt(format!("inode {ino} is referenced but not in use")));
+        }
+        if raw.flags() & FL_INLINE_DATA != 0 {
+            return Err(Error::Unsupported(format!("inode {ino} uses inline_data")));
+        }
+        let inode = Arc::new(Inode {
+            ino,
+            io_lock: RwLock::new(()),
+            state: Mutex::new(InodeState { raw, extents: None, orphaned: false, deleted: false }),
+            open_count: AtomicU32::new(0),
+            last_tid: AtomicU64::new(0),
+            last_data_tid: AtomicU64::new(0),
+        });
+        let mut shard = self.icache.shard(ino).lock();
+        Ok(shard.entry(ino).or_insert(inode).clone())
+    }
+
+    /// Creates the in-memory inode for a freshly allocated inode number.
+    pub(crate) fn iget_new(&self, ino: u32, raw: RawInode) -> InodeRef {
+        let inode = Arc::new(Inode {
+            ino,
+            io_lock: RwLock::new(()),
+            state: Mutex::new(InodeState { raw, extents: Some(ExtentCache::empty()), orphaned: false, deleted: false }),
+            open_count: AtomicU32::new(0),
+            last_tid: AtomicU64::new(0),
+            last_data_tid: AtomicU64::new(0),
+        });
+        self.icache.shard(ino).lock().insert(ino, inode.clone());
+        inode
+    }
+
+    /// Writes an inode's fields into its inode-table block, through the handle.
+    pub(crate) fn write_inode(&self, h: &mut Handle<'_>, ino: u32, raw: &mut RawInode) -> Result<()> {
+        if self.geo.metadata_csum {
+            raw.set_csum(self.geo.csum_seed, ino);
+        }
+        let (blk, off) = self.inode_location(ino)?;
+        let buf = self.bcache.get(blk)?;
+        buf.write()[off..off + raw.0.len()].copy_from_slice(&raw.0);
+        h.dirty(&buf);
+        Ok(())
+    }
+
+    /// Writes the in-memory inode through the handle and records the transaction in it.
+    pub(crate) fn mark_inode_dirty(&self, h: &mut Handle<'_>, inode: &Inode, st: &mut InodeState) -> Result<()> {
+        self.write_inode(h, inode.ino, &mut st.raw)?;
+        inode.last_tid.fetch_max(h.tid(), Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Copies an in-memory inode into its table block without a handle: only at commit, with
+    /// the transaction barrier held exclusively (see transaction.rs).
+    pub(crate) fn write_inode_at_commit(&self, ino: u32) -> Result<Option<Arc<crate::bcache::Buffer>>> {
+        let Some(inode) = self.icache.get_cached(ino) else { return Ok(None) };
+        let mut st = inode.state.lock();
+        if st.deleted {
+            return Ok(None);
+        }
+        if self.geo.metadata_csum {
+            st.raw.set_csum(self.geo.csum_seed, ino);
+        }
+        let (blk, off) = self.inode_location(ino)?;
+        let buf = self.bcache.get(blk)?;
+        buf.write()[off..off + st.raw.0.len()].copy_from_slice(&st.raw.0);
+        Ok(Some(buf))
+    }
+}
+
+fn is_all_zero(b: &[u8]) -> bool {
+    b.iter().all(|&x| x == 0)
+}
+
+/// File attributes, as getattr returns them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u32,
+    pub mode: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    /// 512-byte sectors allocated.
+    pub blocks: u64,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    pub crtime: Timestamp,
+    pub rdev: u32,
+    pub generation: u32,
+    pub flags: u32,
+    pub block_size: u32,
+}
+
+impl Attr {
+    pub fn is_dir(&self) -> bool {
+        self.mode & crate::format::inode::S_IFMT == crate::format::inode::S_IFDIR
+    }
+}
+
+/// Device number stored in i_block of character and block device inodes (old or new encoding).
+pub fn decode_rdev(raw: &RawInode) -> u32 {
+    let b = raw.i_block();
+    let old = u32::from_le_bytes(b[0..4].try_into().unwrap());
+    if old != 0 {
+        // old 16-bit encoding: major in bits 8-15, minor in 0-7
+        let major = (old >> 8) & 0xff;
+        let minor = old & 0xff;
+        return libc_makedev(major, minor);
+    }
+    let new = u32::from_le_bytes(b[4..8].try_into().unwrap());
+    let major = (new & 0xfff00) >> 8;
+    let minor = (new & 0xff) | ((new >> 12) & 0xfff00);
+    libc_makedev(major, minor)
+}
+
+/// Stores a device number in i_block (the kernel's encoding: old format when it fits).
+pub fn encode_rdev(raw: &mut RawInode, rdev: u32) {
+    let (major, minor) = (rdev_major(rdev), rdev_minor(rdev));
+    let b = raw.i_block_mut();
+    b[..12].fill(0);
+    if major < 256 && minor < 256 {
+        b[0..4].copy_from_slice(&((major << 8) | minor).to_le_bytes());
+    } else {
+        let new = (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12);
+        b[4..8].copy_from_slice(&new.to_le_bytes());
+    }
+}
+
+/// Linux's dev_t as FUSE passes it (32-bit "new_encode_dev" form: major 12 bits, minor 20 bits).
+pub fn libc_makedev(major: u32, minor: u32) -> u32 {
+    (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
+}
+pub fn rdev_major(dev: u32) -> u32 {
+    (dev & 0xfff00) >> 8
+}
+pub fn rdev_minor(dev: u32) -> u32 {
+    (dev & 0xff) | ((dev >> 12) & 0xfff00)
+}
+
+impl Fs {
+    /// Attributes of an in-memory inode.
+    pub(crate) fn attr_of(&self, ino: u32, raw: &RawInode) -> Attr {
+        let ft = raw.file_type();
+        let rdev = if ft == crate::format::inode::S_IFCHR || ft == crate::format::inode::S_IFBLK {
+            decode_rdev(raw)
+        } else {
+            0
+        };
+        let links = raw.links_count() as u32;
+        Attr {
+            ino,
+            mode: raw.mode(),
+            // dir_nlink: a directory with more than 65000 subdirectories stores 1.
+            nlink: if raw.is_dir() && links == 1 { 1 } else { links },
+            uid: raw.uid(),
+            gid: raw.gid(),
+            size: raw.size(),
+            blocks: raw.blocks_512(self.geo.block_size),
+            atime: raw.atime(),
+            mtime: raw.mtime(),
+            ctime: raw.ctime(),
+            crtime: raw.crtime().unwrap_or_default(),
+            rdev,
+            generation: raw.generation(),
+            flags: raw.flags(),
+            block_size: self.geo.block_size,
+        }
+    }
+
+    pub fn getattr(&self, ino: u32) -> Result<Attr> {
+        let inode = self.iget(ino)?;
+        let st = inode.state.lock();
+        Ok(self.attr_of(ino, &st.raw))
+    }
+
+    pub fn root_ino(&self) -> u32 {
+        ROOT_INO
+    }
+
+    /// Whether the inode's blocks are mapped by an extent tree (else: the old block map).
+    pub(crate) fn uses_extents(raw: &RawInode) -> bool {
+        raw.flags() & FL_EXTENTS != 0
+    }
+}

@@ -1,0 +1,1 @@
+//! jbd2 (in progress)

@@ -1,0 +1,36 @@
+//! uext4: a userspace ext4 engine.
+//!
+//! Layers, bottom to top (see DESIGN.md in the shared design notes and the README):
+//! - [`blockdev`]: the device trait and its backends;
+//! - [`format`]: on-disk structures, no I/O;
+//! - [`bcache`]: metadata blocks in memory;
+//! - [`journal`]: jbd2, knowing nothing of ext4;
+//! - [`transaction`]: handles and commit;
+//! - [`balloc`], [`ialloc`]: block and inode allocators, locked per group;
+//! - [`extents`]: the extent tree and the in-memory extent cache;
+//! - [`dir`], [`htree`]: directory entries and the hashed index;
+//! - [`xattr`]: extended attributes;
+//! - [`inode`], [`namei`], [`file`]: inodes, namespace operations, file I/O;
+//! - [`mkfs`]: making a new filesystem.
+
+pub mod balloc;
+pub mod bcache;
+pub mod blockdev;
+pub mod dir;
+pub mod error;
+pub mod extents;
+pub mod file;
+pub mod format;
+pub mod fs;
+pub mod htree;
+pub mod ialloc;
+pub mod inode;
+pub mod journal;
+pub mod mkfs;
+pub mod namei;
+pub mod transaction;
+pub mod xattr;
+
+pub use error::{Error, Result};
+pub use fs::{Fs, MountOptions, StatFs};
+pub use inode::Attr;
