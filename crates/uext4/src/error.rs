@@ -64,6 +64,11 @@ pub enum Error {
     Loop,
     #[error("filesystem has stopped writing after an error: {0}")]
     Stopped(String),
+    /// lseek SEEK_DATA/SEEK_HOLE past the end, or no more data.
+    #[error("no such device or address (offset past the end of the data)")]
+    Nxio,
+    #[error("device or resource busy")]
+    Busy,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -103,6 +108,8 @@ impl Error {
             Error::NotSupported(_) => libc::EOPNOTSUPP,
             Error::Loop => libc::EINVAL,
             Error::Stopped(_) => libc::EROFS,
+            Error::Nxio => libc::ENXIO,
+            Error::Busy => libc::EBUSY,
         }
     }
 }

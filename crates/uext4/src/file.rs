@@ -1,1 +1,572 @@
-//! (in progress)
+//! File I/O: read, write, truncate, fallocate, lseek, fsync (DESIGN.md R1-R4).
+//!
+//! - Overwrites (the whole range already mapped to written blocks, inside i_size) take the
+//!   inode's `io_lock` shared, map through the extent cache, start no handle and do one device
+//!   write per contiguous run; the mtime/ctime change stays in memory and is logged with the
+//!   next commit (R1, R2).
+//! - Everything that changes the mapping or the size takes `io_lock` exclusively. New blocks are
+//!   allocated a whole run at a time, the data is written to them first, and only then does the
+//!   extent pointing at them enter the tree, in the same handle as the size change (R4): no
+//!   unwritten-to-written conversion and no window where a reader or a crash sees stale data.
+//! - Only the parts of a new block that the write does not cover are zeroed (R3); the bytes
+//!   zeroed are counted in `FsStats::zeroed_bytes`.
+
+use crate::error::{Error, Result};
+use crate::format::extent::{Extent, MAX_INIT_LEN, MAX_UNWRITTEN_LEN};
+use crate::format::inode::{Timestamp, S_IFDIR, S_IFMT, S_IFREG, S_IFLNK};
+use crate::fs::Fs;
+use crate::inode::{Inode, InodeState};
+use crate::namei::credits;
+use std::sync::atomic::Ordering;
+
+pub const FALLOC_FL_KEEP_SIZE: i32 = 0x01;
+pub const FALLOC_FL_PUNCH_HOLE: i32 = 0x02;
+pub const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
+
+/// Largest write chunk per handle, so one write cannot grow a transaction without bound.
+const WRITE_CHUNK_BLOCKS: u64 = 8192;
+
+impl Fs {
+    fn bs(&self) -> u64 {
+        self.geo.block_size as u64
+    }
+
+    /// Largest file size: 2^32 blocks with extents.
+    pub fn max_file_size(&self) -> u64 {
+        (1u64 << 32) * self.bs()
+    }
+
+    pub fn read(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize> {
+        self.stats.ops.fetch_add(1, Ordering::Relaxed);
+        let inode = self.iget(ino)?;
+        let _g = inode.io_lock.read();
+        let size = {
+            let st = inode.state.lock();
+            if st.raw.file_type() == S_IFDIR {
+                return Err(Error::IsDir);
+            }
+            st.raw.size()
+        };
+        if off >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let len = (buf.len() as u64).min(size - off) as usize;
+        self.read_mapped(&inode, off, &mut buf[..len])?;
+        self.stats.user_bytes_read.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(len)
+    }
+
+    /// Reads `buf.len()` bytes at `off` through the block mapping: holes and unwritten extents
+    /// read as zeros without touching the device.
+    fn read_mapped(&self, inode: &Inode, off: u64, buf: &mut [u8]) -> Result<()> {
+        let bs = self.bs();
+        let end = off + buf.len() as u64;
+        let mut pos = off;
+        while pos < end {
+            let lblk = pos / bs;
+            let (m, next) = {
+                let mut st = inode.state.lock();
+                if !Self::has_data_blocks(&st.raw) {
+                    return Err(Error::Invalid("inode has no data blocks".into()));
+                }
+                let m = self.ext_map(inode.ino, &mut st, lblk as u32)?;
+                let next = if m.is_none() { self.ext_next(inode.ino, &mut st, lblk as u32)? } else { None };
+                (m, next)
+            };
+            let b = (pos - off) as usize;
+            match m {
+                Some(e) => {
+                    let run_end = (e.lblk as u64 + e.len as u64) * bs;
+                    let chunk = (end.min(run_end) - pos) as usize;
+                    if e.unwritten {
+                        buf[b..b + chunk].fill(0);
+                    } else {
+                        let phys = (e.pblk + (lblk - e.lblk as u64)) * bs + pos % bs;
+                        self.dev.read_at(phys, &mut buf[b..b + chunk])?;
+                    }
+                    pos += chunk as u64;
+                }
+                None => {
+                    let hole_end = next.map(|n| n.lblk as u64 * bs).unwrap_or(u64::MAX).max(pos + 1);
+                    let chunk = (end.min(hole_end) - pos) as usize;
+                    buf[b..b + chunk].fill(0);
+                    pos += chunk as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn write(&self, ino: u32, off: u64, data: &[u8]) -> Result<usize> {
+        self.stats.ops.fetch_add(1, Ordering::Relaxed);
+        self.check_writable()?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let end = off.checked_add(data.len() as u64).ok_or(Error::FileTooBig)?;
+        if end > self.max_file_size() {
+            return Err(Error::FileTooBig);
+        }
+        let inode = self.iget(ino)?;
+        // Overwrite fast path: shared lock, no handle.
+        {
+            let _g = inode.io_lock.read();
+            if let Some(runs) = self.overwrite_runs(&inode, off, data.len() as u64)? {
+                let mut b = 0usize;
+                for (phys, len) in runs {
+                    self.dev.write_at(phys, &data[b..b + len as usize])?;
+                    b += len as usize;
+                }
+                self.touch_lazily(&inode);
+                self.stats.overwrites.fetch_add(1, Ordering::Relaxed);
+                self.stats.user_bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
+                return Ok(data.len());
+            }
+        }
+        let _g = inode.io_lock.write();
+        {
+            let st = inode.state.lock();
+            match st.raw.file_type() {
+                S_IFREG | S_IFLNK => {}
+                S_IFDIR => return Err(Error::IsDir),
+                _ => return Err(Error::Invalid("write to a special file".into())),
+            }
+        }
+        let size = inode.state.lock().raw.size();
+        self.write_new_blocks_locked(&inode, off, data, size.max(end))?;
+        self.stats.allocating_writes.fetch_add(1, Ordering::Relaxed);
+        self.stats.user_bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(data.len())
+    }
+
+    /// If `[off, off+len)` lies inside i_size on written blocks, the device byte ranges to write.
+    fn overwrite_runs(&self, inode: &Inode, off: u64, len: u64) -> Result<Option<Vec<(u64, u64)>>> {
+        let bs = self.bs();
+        let mut st = inode.state.lock();
+        if st.raw.file_type() != S_IFREG || off + len > st.raw.size() {
+            return Ok(None);
+        }
+        let mut runs = Vec::new();
+        let mut pos = off;
+        let end = off + len;
+        while pos < end {
+            let lblk = pos / bs;
+            match self.ext_map(inode.ino, &mut st, lblk as u32)? {
+                Some(e) if !e.unwritten => {
+                    let run_end = (e.lblk as u64 + e.len as u64) * bs;
+                    let chunk = end.min(run_end) - pos;
+                    let phys = (e.pblk + (lblk - e.lblk as u64)) * bs + pos % bs;
+                    match runs.last_mut() {
+                        Some((p, l)) if *p + *l == phys => *l += chunk,
+                        _ => runs.push((phys, chunk)),
+                    }
+                    pos += chunk;
+                }
+                _ => return Ok(None),
+            }
+        }
+        Ok(Some(runs))
+    }
+
+    /// Updates mtime and ctime in memory only; the inode is written at the next commit (R1).
+    fn touch_lazily(&self, inode: &Inode) {
+        let now = Timestamp::now();
+        {
+            let mut st = inode.state.lock();
+            st.raw.set_mtime(now);
+            st.raw.set_ctime(now);
+        }
+        let running = self.txn.running_tid.load(Ordering::Acquire);
+        if inode.lazy_tid.load(Ordering::Acquire) != running {
+            let tid = self.txn.dirty_inode_lazily(inode.ino);
+            inode.lazy_tid.store(tid, Ordering::Release);
+            inode.last_tid.fetch_max(tid, Ordering::AcqRel);
+        }
+    }
+
+    /// The general write path, `io_lock` held exclusively: overwrites what is mapped, converts
+    /// unwritten extents it covers, allocates holes (data first, then the extent), and sets
+    /// i_size to at least `new_size` (clamped to what was written).
+    pub(crate) fn write_new_blocks_locked(&self, inode: &Inode, off: u64, data: &[u8], new_size: u64) -> Result<()> {
+        let bs = self.bs();
+        let ino = inode.ino;
+        let end = off + data.len() as u64;
+        let last = (end - 1) / bs;
+        let mut lblk = off / bs;
+        while lblk <= last {
+            let mut h = self.start(credits::WRITE_PER_EXTENT + 4)?;
+            let mut st = inode.state.lock();
+            let m = self.ext_map(ino, &mut st, lblk as u32)?;
+            match m {
+                Some(e) if !e.unwritten => {
+                    let run_last = (e.lblk as u64 + e.len as u64 - 1).min(last);
+                    let p = e.pblk + (lblk - e.lblk as u64);
+                    drop(st);
+                    self.write_range(p, lblk, run_last - lblk + 1, off, data, false)?;
+                    lblk = run_last + 1;
+                    continue;
+                }
+                Some(e) => {
+                    // Preallocated: write the data (zeroing what the write does not cover in
+                    // the edge blocks), then mark written within this handle.
+                    let run_last = (e.lblk as u64 + e.len as u64 - 1).min(last);
+                    let n = run_last - lblk + 1;
+                    let p = e.pblk + (lblk - e.lblk as u64);
+                    self.write_range(p, lblk, n, off, data, true)?;
+                    self.ext_mark_written(&mut h, ino, &mut st, lblk as u32, n as u32)?;
+                    self.finish_write_step(&mut h, inode, &mut st, end.min((run_last + 1) * bs), new_size)?;
+                    lblk = run_last + 1;
+                }
+                None => {
+                    let next = self.ext_next(ino, &mut st, lblk as u32)?.map(|e| e.lblk as u64).unwrap_or(u64::MAX);
+                    let hole_last = (next - 1).min(last).min(lblk + WRITE_CHUNK_BLOCKS - 1);
+                    let want = (hole_last - lblk + 1).min(MAX_INIT_LEN as u64) as u32;
+                    let goal = self.alloc_goal(ino, &mut st, lblk)?;
+                    let (p, n) = self.alloc_blocks(&mut h, goal, want)?;
+                    if let Err(e) = self.write_range(p, lblk, n as u64, off, data, true) {
+                        let _ = self.free_blocks(&mut h, p, n as u64, false);
+                        return Err(e);
+                    }
+                    let ext = Extent { lblk: lblk as u32, len: n, pblk: p, unwritten: false };
+                    if let Err(e) = self.ext_insert(&mut h, ino, &mut st, ext) {
+                        let _ = self.free_blocks(&mut h, p, n as u64, false);
+                        return Err(e);
+                    }
+                    let upto = end.min((lblk + n as u64) * bs);
+                    self.finish_write_step(&mut h, inode, &mut st, upto, new_size)?;
+                    lblk += n as u64;
+                }
+            }
+        }
+        // The loop may have only overwritten: still update size and times.
+        let mut h = self.start(credits::SETATTR)?;
+        let mut st = inode.state.lock();
+        self.finish_write_step(&mut h, inode, &mut st, end, new_size)
+    }
+
+    /// Size and times after part of a write, logged in the same handle as its extent.
+    fn finish_write_step(&self, h: &mut crate::transaction::Handle<'_>, inode: &Inode, st: &mut InodeState, written_to: u64, new_size: u64) -> Result<()> {
+        let now = Timestamp::now();
+        let size = st.raw.size();
+        let target = written_to.min(new_size);
+        if target > size {
+            st.raw.set_size(target);
+        }
+        st.raw.set_mtime(now);
+        st.raw.set_ctime(now);
+        self.mark_inode_dirty(h, inode, st)?;
+        inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Where to look for blocks for logical block `lblk`: right after the previous block's
+    /// physical block, else near the inode's group.
+    fn alloc_goal(&self, ino: u32, st: &mut InodeState, lblk: u64) -> Result<u64> {
+        if lblk > 0 {
+            if let Some(e) = self.ext_map(ino, st, (lblk - 1) as u32)? {
+                return Ok(e.pblk + (lblk - 1 - e.lblk as u64) + 1);
+            }
+        }
+        let g = self.geo.ino_group(ino);
+        // Files in a flex group start after its metadata; the allocator skips used blocks.
+        let flex_first = g - g % self.geo.flex_bg_size.max(1);
+        Ok(self.geo.group_first_block(flex_first.max(g.min(flex_first + 1))))
+    }
+
+    /// Writes the part of `data` (which starts at file byte `off`) that falls in logical blocks
+    /// `[lblk, lblk+n)`, mapped from physical block `p`. With `zero_uncovered`, the parts of those
+    /// blocks the data does not cover are zeroed (new or unwritten blocks).
+    fn write_range(&self, p: u64, lblk: u64, n: u64, off: u64, data: &[u8], zero_uncovered: bool) -> Result<()> {
+        let bs = self.bs();
+        let rs = lblk * bs;
+        let re = (lblk + n) * bs;
+        let ds = off.max(rs);
+        let de = (off + data.len() as u64).min(re);
+        let phys = |x: u64| p * bs + (x - rs);
+        if zero_uncovered {
+            if ds > rs {
+                self.write_zeros(phys(rs), ds - rs)?;
+            }
+            if de < re {
+                self.write_zeros(phys(de), re - de)?;
+            }
+        }
+        if de > ds {
+            self.dev.write_at(phys(ds), &data[(ds - off) as usize..(de - off) as usize])?;
+        }
+        Ok(())
+    }
+
+    fn write_zeros(&self, at: u64, len: u64) -> Result<()> {
+        const Z: [u8; 65536] = [0; 65536];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(Z.len() as u64) as usize;
+            self.dev.write_at(at + done, &Z[..n])?;
+            done += n as u64;
+        }
+        self.stats.zeroed_bytes.fetch_add(len, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Zeroes the written blocks' bytes in `[from, to)` (within one block), if mapped.
+    fn zero_partial(&self, ino: u32, st: &mut InodeState, from: u64, to: u64) -> Result<()> {
+        if from >= to {
+            return Ok(());
+        }
+        let bs = self.bs();
+        let lblk = from / bs;
+        if let Some(e) = self.ext_map(ino, st, lblk as u32)? {
+            if !e.unwritten {
+                let phys = (e.pblk + (lblk - e.lblk as u64)) * bs + from % bs;
+                self.write_zeros(phys, to - from)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn truncate(&self, ino: u32, size: u64) -> Result<()> {
+        self.stats.ops.fetch_add(1, Ordering::Relaxed);
+        self.check_writable()?;
+        if size > self.max_file_size() {
+            return Err(Error::FileTooBig);
+        }
+        let inode = self.iget(ino)?;
+        let _g = inode.io_lock.write();
+        let mut h = self.start(credits::UNLINK)?;
+        let mut st = inode.state.lock();
+        match st.raw.file_type() {
+            S_IFREG => {}
+            S_IFDIR => return Err(Error::IsDir),
+            _ => return Err(Error::Invalid("truncate of a file that is not regular".into())),
+        }
+        let old = st.raw.size();
+        let bs = self.bs();
+        if size < old {
+            self.ext_remove(&mut h, ino, &mut st, size.div_ceil(bs) as u32, 1u64 << 32)?;
+            if size % bs != 0 {
+                self.zero_partial(ino, &mut st, size, (size / bs + 1) * bs)?;
+            }
+        }
+        st.raw.set_size(size);
+        let now = Timestamp::now();
+        if size != old {
+            st.raw.set_mtime(now);
+        }
+        st.raw.set_ctime(now);
+        self.mark_inode_dirty(&mut h, &inode, &mut st)?;
+        inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
+        Ok(())
+    }
+
+    pub fn fallocate(&self, ino: u32, mode: i32, off: u64, len: u64) -> Result<()> {
+        self.stats.ops.fetch_add(1, Ordering::Relaxed);
+        self.check_writable()?;
+        if len == 0 {
+            return Err(Error::Invalid("fallocate: length 0".into()));
+        }
+        let end = off.checked_add(len).ok_or(Error::FileTooBig)?;
+        if end > self.max_file_size() {
+            return Err(Error::FileTooBig);
+        }
+        let known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
+        if mode & !known != 0 {
+            return Err(Error::NotSupported(format!("fallocate mode {mode:#x}")));
+        }
+        let punch = mode & FALLOC_FL_PUNCH_HOLE != 0;
+        let zero = mode & FALLOC_FL_ZERO_RANGE != 0;
+        let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
+        if punch && (zero || !keep) {
+            return Err(Error::NotSupported("PUNCH_HOLE needs KEEP_SIZE and excludes ZERO_RANGE".into()));
+        }
+        let inode = self.iget(ino)?;
+        let _g = inode.io_lock.write();
+        {
+            let st = inode.state.lock();
+            match st.raw.file_type() {
+                S_IFREG => {}
+                S_IFDIR => return Err(Error::IsDir),
+                _ => return Err(Error::NotSupported("fallocate of a file that is not regular".into())),
+            }
+        }
+        let bs = self.bs();
+        if punch || zero {
+            let mut h = self.start(credits::UNLINK)?;
+            let mut st = inode.state.lock();
+            let size = st.raw.size();
+            let pend = if punch { end.min(size.div_ceil(bs) * bs) } else { end };
+            if off < pend {
+                let first_full = off.div_ceil(bs);
+                let last_full = pend / bs; // exclusive
+                if first_full >= last_full {
+                    // Inside one block (or two partial ones without a full block between).
+                    self.zero_partial(ino, &mut st, off, pend.min((off / bs + 1) * bs))?;
+                    if pend > (off / bs + 1) * bs {
+                        self.zero_partial(ino, &mut st, (pend / bs) * bs, pend)?;
+                    }
+                } else {
+                    self.zero_partial(ino, &mut st, off, first_full * bs)?;
+                    self.zero_partial(ino, &mut st, last_full * bs, pend)?;
+                    self.ext_remove(&mut h, ino, &mut st, first_full as u32, last_full)?;
+                }
+            }
+            let now = Timestamp::now();
+            st.raw.set_mtime(now);
+            st.raw.set_ctime(now);
+            self.mark_inode_dirty(&mut h, &inode, &mut st)?;
+            inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
+            drop(st);
+            drop(h);
+            if punch {
+                return Ok(());
+            }
+        }
+        // Preallocate unwritten extents over the holes in the range (also the second half of
+        // ZERO_RANGE, which just emptied its full blocks).
+        let first = off / bs;
+        let last = (end - 1) / bs;
+        let mut lblk = first;
+        while lblk <= last {
+            let mut h = self.start(credits::WRITE_PER_EXTENT + 4)?;
+            let mut st = inode.state.lock();
+            if let Some(e) = self.ext_map(ino, &mut st, lblk as u32)? {
+                lblk = e.lblk as u64 + e.len as u64;
+                continue;
+            }
+            let next = self.ext_next(ino, &mut st, lblk as u32)?.map(|e| e.lblk as u64).unwrap_or(u64::MAX);
+            let hole_last = (next - 1).min(last).min(lblk + WRITE_CHUNK_BLOCKS - 1);
+            let want = (hole_last - lblk + 1).min(MAX_UNWRITTEN_LEN as u64) as u32;
+            let goal = self.alloc_goal(ino, &mut st, lblk)?;
+            let (p, n) = self.alloc_blocks(&mut h, goal, want)?;
+            let ext = Extent { lblk: lblk as u32, len: n, pblk: p, unwritten: true };
+            if let Err(e) = self.ext_insert(&mut h, ino, &mut st, ext) {
+                let _ = self.free_blocks(&mut h, p, n as u64, false);
+                return Err(e);
+            }
+            if !keep {
+                let upto = end.min((lblk + n as u64) * bs);
+                if upto > st.raw.size() {
+                    st.raw.set_size(upto);
+                }
+            }
+            self.mark_inode_dirty(&mut h, &inode, &mut st)?;
+            inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
+            lblk += n as u64;
+        }
+        let mut h = self.start(credits::SETATTR)?;
+        let mut st = inode.state.lock();
+        if !keep && end > st.raw.size() {
+            st.raw.set_size(end);
+        }
+        st.raw.set_ctime(Timestamp::now());
+        self.mark_inode_dirty(&mut h, &inode, &mut st)?;
+        inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// SEEK_DATA (`data`) or SEEK_HOLE from `off`. Unwritten extents count as holes.
+    pub fn lseek_data_hole(&self, ino: u32, off: u64, data: bool) -> Result<u64> {
+        let inode = self.iget(ino)?;
+        let _g = inode.io_lock.read();
+        let mut st = inode.state.lock();
+        let size = st.raw.size();
+        if off >= size {
+            return Err(Error::Nxio);
+        }
+        if !Self::has_data_blocks(&st.raw) || st.raw.file_type() & S_IFMT != S_IFREG {
+            return if data { Ok(off) } else { Ok(size) };
+        }
+        let bs = self.bs();
+        let mut pos = off;
+        if data {
+            loop {
+                let lblk = pos / bs;
+                match self.ext_map(ino, &mut st, lblk as u32)? {
+                    Some(e) if !e.unwritten => return Ok(pos),
+                    Some(e) => pos = (e.lblk as u64 + e.len as u64) * bs,
+                    None => match self.ext_next(ino, &mut st, lblk as u32)? {
+                        Some(n) => pos = pos.max(n.lblk as u64 * bs),
+                        None => return Err(Error::Nxio),
+                    },
+                }
+                if pos >= size {
+                    return Err(Error::Nxio);
+                }
+            }
+        }
+        loop {
+            let lblk = pos / bs;
+            match self.ext_map(ino, &mut st, lblk as u32)? {
+                Some(e) if !e.unwritten => pos = (e.lblk as u64 + e.len as u64) * bs,
+                _ => return Ok(pos.min(size)),
+            }
+            if pos >= size {
+                return Ok(size);
+            }
+        }
+    }
+
+    /// Makes the file's data and metadata durable. Concurrent fsyncs share one commit; one that
+    /// finds its changes committed only flushes the device; fdatasync does not commit for a
+    /// timestamp-only change.
+    pub fn fsync(&self, ino: u32, datasync: bool) -> Result<()> {
+        self.stats.ops.fetch_add(1, Ordering::Relaxed);
+        let inode = self.iget(ino)?;
+        let tid = if datasync {
+            inode.last_data_tid.load(Ordering::Acquire)
+        } else {
+            inode.last_tid.load(Ordering::Acquire)
+        };
+        if tid > self.txn.committed_tid() && !self.is_read_only() {
+            self.commit_upto(tid)
+        } else {
+            self.txn.stats.fsync_already_committed.fetch_add(1, Ordering::Relaxed);
+            if !self.is_read_only() {
+                self.dev.flush()?;
+            }
+            Ok(())
+        }
+    }
+
+    /// The engine's counters as a JSON object.
+    pub fn stats_json(&self) -> String {
+        let t = &self.txn.stats;
+        let io = &self.io;
+        let s = &self.stats;
+        let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let user = l(&s.user_bytes_written).max(1);
+        format!(
+            concat!(
+                "{{\"ops\":{},\"overwrites\":{},\"allocating_writes\":{},\"handles_started\":{},",
+                "\"commits\":{},\"commit_blocks\":{},\"log_blocks\":{},\"fsync_already_committed\":{},",
+                "\"lock_waits\":{},\"device_bytes_read\":{},\"device_bytes_written\":{},\"device_writes\":{},",
+                "\"device_flushes\":{},\"user_bytes_read\":{},\"user_bytes_written\":{},\"zeroed_bytes\":{},",
+                "\"device_bytes_per_user_byte\":{:.3},\"free_blocks\":{},\"free_inodes\":{}}}"
+            ),
+            l(&s.ops),
+            l(&s.overwrites),
+            l(&s.allocating_writes),
+            l(&t.handles_started),
+            l(&t.commits),
+            l(&t.commit_blocks),
+            self.journal_log_blocks(),
+            l(&t.fsync_already_committed),
+            l(&t.barrier_waits),
+            l(&io.bytes_read),
+            l(&io.bytes_written),
+            l(&io.writes),
+            l(&io.flushes),
+            l(&s.user_bytes_read),
+            l(&s.user_bytes_written),
+            l(&s.zeroed_bytes),
+            l(&io.bytes_written) as f64 / user as f64,
+            self.free_blocks.load(Ordering::Relaxed),
+            self.free_inodes.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Log blocks written by the journal so far (0 without a journal).
+    pub(crate) fn journal_log_blocks(&self) -> u64 {
+        0
+    }
+}

@@ -182,6 +182,8 @@ pub struct Fs {
     /// Blocks freed by transactions not yet committed: start -> (length, tid). Not reused
     /// until their transaction commits.
     pub(crate) pending_free: Mutex<std::collections::BTreeMap<u64, (u64, u64)>>,
+    /// The orphan list in chain order, head first (see orphan.rs). A leaf lock.
+    pub(crate) orphans: Mutex<Vec<u32>>,
 }
 
 /// Wraps a device to count its traffic while sharing the counters with `Fs`.
@@ -360,7 +362,8 @@ pub fn check_features(sb: &Superblock) -> Result<Option<String>> {
 
 impl Fs {
     /// Opens the filesystem on `dev`: checks the superblock, features and group descriptors.
-    pub fn open(dev: Arc<dyn BlockDevice>, mut opts: MountOptions) -> Result<Arc<Fs>> {
+    /// (`Fs::open_path` opens a file or block device by path; `fs.open(ino)` opens a file.)
+    pub fn open_dev(dev: Arc<dyn BlockDevice>, mut opts: MountOptions) -> Result<Arc<Fs>> {
         let sb = read_superblock(&*dev)?;
         let ro_reason = check_features(&sb)?;
         if ro_reason.is_some() || dev.read_only() {
@@ -411,9 +414,14 @@ impl Fs {
             stats: FsStats::default(),
             dir_rotor: AtomicU64::new(0),
             pending_free: Mutex::new(std::collections::BTreeMap::new()),
+            orphans: Mutex::new(Vec::new()),
         });
         if !fs.is_read_only() {
             fs.mark_mounted()?;
+            let n = fs.process_orphans()?;
+            if n > 0 {
+                tracing::info!("freed {n} orphaned inodes left by a crash");
+            }
         }
         Ok(fs)
     }
@@ -427,7 +435,7 @@ impl Fs {
                 Err(e)
             }
         })?;
-        Fs::open(Arc::new(dev), opts)
+        Fs::open_dev(Arc::new(dev), opts)
     }
 
     pub fn is_read_only(&self) -> bool {

@@ -36,6 +36,8 @@ pub struct Inode {
     pub last_tid: AtomicU64,
     /// Transaction id of the last change that fdatasync must commit (size or mapping).
     pub last_data_tid: AtomicU64,
+    /// The transaction whose lazy-inode list already holds this inode (overwrite path).
+    pub lazy_tid: AtomicU64,
 }
 
 pub type InodeRef = Arc<Inode>;
@@ -141,6 +143,7 @@ impl Fs {
             open_count: AtomicU32::new(0),
             last_tid: AtomicU64::new(0),
             last_data_tid: AtomicU64::new(0),
+            lazy_tid: AtomicU64::new(0),
         });
         let mut shard = self.icache.shard(ino).lock();
         Ok(shard.entry(ino).or_insert(inode).clone())
@@ -155,6 +158,7 @@ impl Fs {
             open_count: AtomicU32::new(0),
             last_tid: AtomicU64::new(0),
             last_data_tid: AtomicU64::new(0),
+            lazy_tid: AtomicU64::new(0),
         });
         self.icache.shard(ino).lock().insert(ino, inode.clone());
         inode
@@ -174,6 +178,9 @@ impl Fs {
 
     /// Writes the in-memory inode through the handle and records the transaction in it.
     pub(crate) fn mark_inode_dirty(&self, h: &mut Handle<'_>, inode: &Inode, st: &mut InodeState) -> Result<()> {
+        if st.orphaned {
+            st.raw.set_dtime(self.orphan_next(inode.ino));
+        }
         self.write_inode(h, inode.ino, &mut st.raw)?;
         inode.last_tid.fetch_max(h.tid(), Ordering::AcqRel);
         Ok(())
@@ -186,6 +193,10 @@ impl Fs {
         let mut st = inode.state.lock();
         if st.deleted {
             return Ok(None);
+        }
+        if st.orphaned {
+            let next = self.orphan_next(ino);
+            st.raw.set_dtime(next);
         }
         if self.geo.metadata_csum {
             st.raw.set_csum(self.geo.csum_seed, ino);

@@ -28,6 +28,8 @@ pub mod inode;
 pub mod journal;
 pub mod mkfs;
 pub mod namei;
+pub mod orphan;
+mod pending_api;
 pub mod transaction;
 pub mod xattr;
 

@@ -1,1 +1,789 @@
-//! (in progress)
+//! Namespace operations: lookup, create, mknod, mkdir, symlink, link, unlink, rmdir, rename,
+//! readdir, setattr, readlink.
+//!
+//! Locking (see the ranking in fs.rs): a directory change takes the directory's `io_lock`
+//! exclusively (lookups take it shared); a rename between two directories first takes
+//! `Fs::rename_lock`, then both directories' `io_lock`s in inode-number order. The handle is
+//! started after the `io_lock`s and before any inode `state` mutex.
+
+use crate::error::{Error, Result};
+use crate::format::inode::*;
+use crate::fs::Fs;
+use crate::inode::{encode_rdev, Attr, Inode, InodeRef, InodeState};
+use crate::transaction::Handle;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Largest link count; directories past it (dir_nlink) store 1.
+pub const LINK_MAX: u16 = 65000;
+
+/// File types as directory entries store them.
+pub const FT_UNKNOWN: u8 = 0;
+pub const FT_REG: u8 = 1;
+pub const FT_DIR: u8 = 2;
+pub const FT_CHRDEV: u8 = 3;
+pub const FT_BLKDEV: u8 = 4;
+pub const FT_FIFO: u8 = 5;
+pub const FT_SOCK: u8 = 6;
+pub const FT_SYMLINK: u8 = 7;
+
+pub fn ftype_of(mode: u16) -> u8 {
+    match mode & S_IFMT {
+        S_IFREG => FT_REG,
+        S_IFDIR => FT_DIR,
+        S_IFCHR => FT_CHRDEV,
+        S_IFBLK => FT_BLKDEV,
+        S_IFIFO => FT_FIFO,
+        S_IFSOCK => FT_SOCK,
+        S_IFLNK => FT_SYMLINK,
+        _ => FT_UNKNOWN,
+    }
+}
+
+/// Which attributes `setattr` changes.
+#[derive(Clone, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+    pub ctime: Option<Timestamp>,
+    pub crtime: Option<Timestamp>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum TimeSet {
+    Now,
+    At(Timestamp),
+}
+
+impl TimeSet {
+    fn resolve(self, now: Timestamp) -> Timestamp {
+        match self {
+            TimeSet::Now => now,
+            TimeSet::At(t) => t,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RenameFlags {
+    pub noreplace: bool,
+    pub exchange: bool,
+}
+
+/// One directory entry as readdir returns it.
+#[derive(Clone, Debug)]
+pub struct DirEntry {
+    pub ino: u32,
+    /// ext4 file type (FT_*).
+    pub kind: u8,
+    pub name: Vec<u8>,
+    /// The offset to pass to readdir to continue after this entry.
+    pub next_offset: u64,
+}
+
+static GENERATION: AtomicU32 = AtomicU32::new(0);
+
+fn next_generation() -> u32 {
+    let g = GENERATION.fetch_add(0x9E37_79B9, Ordering::Relaxed);
+    if g == 0 {
+        let seed = Timestamp::now();
+        GENERATION.store(seed.nsec ^ (seed.sec as u32).rotate_left(16), Ordering::Relaxed);
+    }
+    g ^ 0x5bd1_e995
+}
+
+pub(crate) fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::NotFound);
+    }
+    if name.len() > 255 {
+        return Err(Error::NameTooLong);
+    }
+    if name.contains(&b'/') || name.contains(&0) {
+        return Err(Error::Invalid(format!("file name {:?} contains '/' or NUL", String::from_utf8_lossy(name))));
+    }
+    Ok(())
+}
+
+fn is_dot(name: &[u8]) -> bool {
+    name == b"." || name == b".."
+}
+
+fn inc_nlink(raw: &mut RawInode) -> Result<()> {
+    let n = raw.links_count();
+    if raw.is_dir() {
+        if n == 1 || n >= LINK_MAX - 1 {
+            raw.set_links_count(1); // dir_nlink: "many"
+        } else {
+            raw.set_links_count(n + 1);
+        }
+        return Ok(());
+    }
+    if n >= LINK_MAX {
+        return Err(Error::TooManyLinks);
+    }
+    raw.set_links_count(n + 1);
+    Ok(())
+}
+
+fn dec_nlink(raw: &mut RawInode) {
+    let n = raw.links_count();
+    if raw.is_dir() && n == 1 {
+        return; // "many" stays many (the kernel does the same) until rmdir sets it to 0
+    }
+    raw.set_links_count(n.saturating_sub(1));
+}
+
+impl Fs {
+    pub(crate) fn dir_inode(&self, dir: u32) -> Result<InodeRef> {
+        let d = self.iget(dir)?;
+        let st = d.state.lock();
+        if !st.raw.is_dir() {
+            return Err(Error::NotDir);
+        }
+        drop(st);
+        Ok(d)
+    }
+
+    /// Looks a name up in a directory (the caller holds the directory's io_lock).
+    fn find(&self, d: &Inode, name: &[u8]) -> Result<Option<(u32, u8)>> {
+        let mut st = d.state.lock();
+        if st.raw.links_count() == 0 {
+            return Ok(None);
+        }
+        self.dir_lookup(d.ino, &mut st, name)
+    }
+
+    pub fn lookup(&self, dir: u32, name: &[u8]) -> Result<Attr> {
+        self.stats.ops.fetch_add(1, Ordering::Relaxed);
+        if name.len() > 255 {
+            return Err(Error::NameTooLong);
+        }
+        let d = self.dir_inode(dir)?;
+        let _g = d.io_lock.read();
+        match self.find(&d, name)? {
+            Some((ino, _)) => self.getattr(ino),
+            None => Err(Error::NotFound),
+        }
+    }
+
+    /// Creates a regular file (or, with another type in `mode`, that kind of node).
+    pub fn create(&self, dir: u32, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        let mode = if mode & S_IFMT as u32 == 0 { mode | S_IFREG as u32 } else { mode };
+        self.mknod(dir, name, mode, 0, uid, gid)
+    }
+
+    pub fn mknod(&self, dir: u32, name: &[u8], mode: u32, rdev: u32, uid: u32, gid: u32) -> Result<Attr> {
+        let ft = (mode as u16) & S_IFMT;
+        match ft {
+            S_IFREG | S_IFCHR | S_IFBLK | S_IFIFO | S_IFSOCK => {}
+            S_IFDIR => return self.mkdir(dir, name, mode, uid, gid),
+            _ => return Err(Error::Invalid(format!("mknod: unsupported file type {:o}", ft))),
+        }
+        self.new_node(dir, name, mode as u16, uid, gid, |fs, _h, raw| {
+            if ft == S_IFCHR || ft == S_IFBLK {
+                encode_rdev(raw, rdev);
+            } else if ft == S_IFREG && fs.geo.extents {
+                Fs::ext_init_root(raw);
+            }
+            Ok(())
+        })
+    }
+
+    pub fn mkdir(&self, dir: u32, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        let mode = (mode as u16 & !S_IFMT) | S_IFDIR;
+        self.new_node(dir, name, mode, uid, gid, |fs, _h, raw| {
+            if fs.geo.extents {
+                Fs::ext_init_root(raw);
+            }
+            raw.set_links_count(2);
+            Ok(())
+        })
+    }
+
+    pub fn symlink(&self, dir: u32, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+        if target.is_empty() {
+            return Err(Error::NotFound);
+        }
+        if target.len() >= self.geo.block_size as usize || target.len() > 4095 {
+            return Err(Error::NameTooLong);
+        }
+        let mode = S_IFLNK | 0o777;
+        self.new_node(dir, name, mode, uid, gid, |fs, _h, raw| {
+            raw.set_size(target.len() as u64);
+            if target.len() < I_BLOCK_SIZE {
+                // Fast symlink: the target lives in i_block.
+                raw.i_block_mut()[..target.len()].copy_from_slice(target);
+            } else if fs.geo.extents {
+                Fs::ext_init_root(raw);
+            }
+            Ok(())
+        })
+        .and_then(|attr| {
+            if target.len() >= I_BLOCK_SIZE {
+                // Slow symlink: the target is the file's data (written like any file data).
+                self.write_symlink_block(attr.ino, target)?;
+                return self.getattr(attr.ino);
+            }
+            Ok(attr)
+        })
+    }
+
+    fn write_symlink_block(&self, ino: u32, target: &[u8]) -> Result<()> {
+        let inode = self.iget(ino)?;
+        let _g = inode.io_lock.write();
+        let mut block = vec![0u8; self.geo.block_size as usize];
+        block[..target.len()].copy_from_slice(target);
+        self.write_new_blocks_locked(&inode, 0, &block, target.len() as u64)
+    }
+
+    /// Allocates an inode, lets `init` fill in type-specific fields, and links it into `dir`.
+    fn new_node(
+        &self,
+        dir: u32,
+        name: &[u8],
+        mode: u16,
+        uid: u32,
+        gid: u32,
+        init: impl FnOnce(&Fs, &mut Handle<'_>, &mut RawInode) -> Result<()>,
+    ) -> Result<Attr> {
+        self.stats.ops.fetch_add(1, Ordering::Relaxed);
+        check_name(name)?;
+        self.check_writable()?;
+        let d = self.dir_inode(dir)?;
+        let _g = d.io_lock.write();
+        if is_dot(name) || self.find(&d, name)?.is_some() {
+            return Err(Error::Exists);
+        }
+        if d.state.lock().raw.links_count() == 0 {
+            return Err(Error::NotFound);
+        }
+        let is_dir = mode & S_IFMT == S_IFDIR;
+        let mut h = self.start(credits::CREATE)?;
+        let ino = self.alloc_inode(&mut h, dir, is_dir)?;
+        let now = Timestamp::now();
+        let mut raw = self.new_raw_inode();
+        raw.set_mode(mode);
+        raw.set_uid(uid);
+        raw.set_gid(gid);
+        raw.set_links_count(1);
+        raw.set_atime(now);
+        raw.set_mtime(now);
+        raw.set_ctime(now);
+        raw.set_crtime(now);
+        raw.set_generation(next_generation());
+        if let Err(e) = init(self, &mut h, &mut raw) {
+            self.free_inode(&mut h, ino, is_dir)?;
+            return Err(e);
+        }
+        let inode = self.iget_new(ino, raw);
+        let result = (|| -> Result<()> {
+            let mut ist = inode.state.lock();
+            if is_dir {
+                self.dir_init(&mut h, ino, &mut ist, dir)?;
+            }
+            self.mark_inode_dirty(&mut h, &inode, &mut ist)?;
+            drop(ist);
+            let mut dst = d.state.lock();
+            self.dir_add(&mut h, dir, &mut dst, name, ino, ftype_of(mode))?;
+            if is_dir {
+                inc_nlink(&mut dst.raw)?;
+            }
+            dst.raw.set_mtime(now);
+            dst.raw.set_ctime(now);
+            self.mark_inode_dirty(&mut h, &d, &mut dst)?;
+            Ok(())
+        })();
+        if let Err(e) = result {
+            // Undo: release whatever the new inode got, and its number.
+            let mut ist = inode.state.lock();
+            let _ = self.evict_blocks(&mut h, &inode, &mut ist);
+            ist.deleted = true;
+            drop(ist);
+            self.icache.remove(ino);
+            self.free_inode(&mut h, ino, is_dir)?;
+            return Err(e);
+        }
+        let st = inode.state.lock();
+        Ok(self.attr_of(ino, &st.raw))
+    }
+
+    pub fn link(&self, ino: u32, newdir: u32, newname: &[u8]) -> Result<Attr> {
+        self.stats.ops.fetch_add(1, Ordering::Relaxed);
+        check_name(newname)?;
+        self.check_writable()?;
+        let inode = self.iget(ino)?;
+        if inode.state.lock().raw.is_dir() {
+            return Err(Error::Perm);
+        }
+        let d = self.dir_inode(newdir)?;
+        let _g = d.io_lock.write();
+        if is_dot(newname) || self.find(&d, newname)?.is_some() {
+            return Err(Error::Exists);
+        }
+        let mut h = self.start(credits::LINK)?;
+        let now = Timestamp::now();
+        let ft;
+        {
+            let mut ist = inode.state.lock();
+            if ist.raw.links_count() == 0 && !ist.orphaned {
+                return Err(Error::NotFound);
+            }
+            if ist.raw.links_count() >= LINK_MAX {
+                return Err(Error::TooManyLinks);
+            }
+            ft = ftype_of(ist.raw.mode());
+        }
+        {
+            let mut dst = d.state.lock();
+            self.dir_add(&mut h, newdir, &mut dst, newname, ino, ft)?;
+            dst.raw.set_mtime(now);
+            dst.raw.set_ctime(now);
+            self.mark_inode_dirty(&mut h, &d, &mut dst)?;
+        }
+        let mut ist = inode.state.lock();
+        inc_nlink(&mut ist.raw)?;
+        ist.raw.set_ctime(now);
+        if ist.orphaned && ist.raw.links_count() > 0 {
+            self.orphan_del(&mut h, &inode, &mut ist)?;
+        }
+        self.mark_inode_dirty(&mut h, &inode, &mut ist)?;
+        Ok(self.attr_of(ino, &ist.raw))
+    }
+
+    pub fn unlink(&self, dir: u32, name: &[u8]) -> Result<()> {
+        self.remove_entry(dir, name, false)
+    }
+
+    pub fn rmdir(&self, dir: u32, name: &[u8]) -> Result<()> {
+        if name == b"." {
+            return Err(Error::Invalid("rmdir of \".\"".into()));
+        }
+        if name == b".." {
+            return Err(Error::NotEmpty);
+        }
+        self.remove_entry(dir, name, true)
+    }
+
+    fn remove_entry(&self, dir: u32, name: &[u8], want_dir: bool) -> Result<()> {
+        self.stats.ops.fetch_add(1, Ordering::Relaxed);
+        if name.len() > 255 {
+            return Err(Error::NameTooLong);
+        }
+        self.check_writable()?;
+        let d = self.dir_inode(dir)?;
+        let _g = d.io_lock.write();
+        let Some((ino, _)) = self.find(&d, name)? else { return Err(Error::NotFound) };
+        let inode = self.iget(ino)?;
+        let is_dir = inode.state.lock().raw.is_dir();
+        if want_dir && !is_dir {
+            return Err(Error::NotDir);
+        }
+        if !want_dir && is_dir {
+            return Err(Error::IsDir);
+        }
+        let _cg = if is_dir { Some(inode.io_lock.write()) } else { None };
+        if is_dir {
+            let mut cst = inode.state.lock();
+            if !self.dir_is_empty(ino, &mut cst)? {
+                return Err(Error::NotEmpty);
+            }
+        }
+        let mut h = self.start(credits::UNLINK)?;
+        let now = Timestamp::now();
+        {
+            let mut dst = d.state.lock();
+            self.dir_remove(&mut h, dir, &mut dst, name)?;
+            if is_dir {
+                dec_nlink(&mut dst.raw);
+            }
+            dst.raw.set_mtime(now);
+            dst.raw.set_ctime(now);
+            self.mark_inode_dirty(&mut h, &d, &mut dst)?;
+        }
+        let mut ist = inode.state.lock();
+        if is_dir {
+            ist.raw.set_links_count(0);
+        } else {
+            dec_nlink(&mut ist.raw);
+        }
+        ist.raw.set_ctime(now);
+        self.drop_link_finish(&mut h, &inode, &mut ist)
+    }
+
+    /// After an inode lost a link: delete it if it has none left and nobody has it open, or
+    /// put it on the orphan list until its last close.
+    pub(crate) fn drop_link_finish(&self, h: &mut Handle<'_>, inode: &Inode, ist: &mut InodeState) -> Result<()> {
+        if ist.raw.links_count() > 0 {
+            return self.mark_inode_dirty(h, inode, ist);
+        }
+        if inode.open_count.load(Ordering::Acquire) > 0 {
+            if !ist.orphaned {
+                self.orphan_add(h, inode, ist)?;
+            }
+            return self.mark_inode_dirty(h, inode, ist);
+        }
+        self.delete_inode(h, inode, ist)
+    }
+
+    /// Frees an inode with no links: its blocks, its xattr block, its number.
+    pub(crate) fn delete_inode(&self, h: &mut Handle<'_>, inode: &Inode, ist: &mut InodeState) -> Result<()> {
+        let was_dir = ist.raw.is_dir();
+        if ist.orphaned {
+            self.orphan_del(h, inode, ist)?;
+        }
+        self.evict_blocks(h, inode, ist)?;
+        self.xattr_free_all(h, inode.ino, ist)?;
+        ist.raw.set_dtime(Timestamp::now().sec as u32);
+        ist.raw.set_size(0);
+        self.mark_inode_dirty(h, inode, ist)?;
+        ist.deleted = true;
+        self.icache.remove(inode.ino);
+        self.free_inode(h, inode.ino, was_dir)
+    }
+
+    /// Releases every data and tree block of an inode.
+    pub(crate) fn evict_blocks(&self, h: &mut Handle<'_>, inode: &Inode, ist: &mut InodeState) -> Result<()> {
+        if Self::has_data_blocks(&ist.raw) {
+            self.ext_remove(h, inode.ino, ist, 0, 1u64 << 32)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the inode's i_block holds a block mapping (not a fast symlink or device number).
+    pub(crate) fn has_data_blocks(raw: &RawInode) -> bool {
+        match raw.file_type() {
+            S_IFREG | S_IFDIR => true,
+            S_IFLNK => !Self::is_fast_symlink(raw),
+            _ => false,
+        }
+    }
+
+    pub(crate) fn is_fast_symlink(raw: &RawInode) -> bool {
+        raw.is_symlink() && raw.flags() & FL_EXTENTS == 0 && raw.size() < I_BLOCK_SIZE as u64 && {
+            // i_blocks counts an xattr block too; a fast symlink has no data blocks.
+            let xattr_sectors = if raw.file_acl() != 0 { 1 } else { 0 };
+            raw.blocks_lo() as u64 <= xattr_sectors * 8 || raw.blocks_lo() == 0
+        }
+    }
+
+    pub fn readlink(&self, ino: u32) -> Result<Vec<u8>> {
+        self.stats.ops.fetch_add(1, Ordering::Relaxed);
+        let inode = self.iget(ino)?;
+        let (fast, size) = {
+            let st = inode.state.lock();
+            if !st.raw.is_symlink() {
+                return Err(Error::Invalid("not a symbolic link".into()));
+            }
+            let size = st.raw.size();
+            if Self::is_fast_symlink(&st.raw) {
+                return Ok(st.raw.i_block()[..size as usize].to_vec());
+            }
+            (false, size)
+        };
+        let _ = fast;
+        if size > self.geo.block_size as u64 {
+            return Err(Error::corrupt(format!("inode {ino}: symlink size {size} exceeds a block")));
+        }
+        let mut buf = vec![0u8; size as usize];
+        let n = self.read(ino, 0, &mut buf)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    pub fn readdir(&self, dir: u32, offset: u64, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()> {
+        self.stats.ops.fetch_add(1, Ordering::Relaxed);
+        let d = self.dir_inode(dir)?;
+        let _g = d.io_lock.read();
+        let mut st = d.state.lock();
+        if st.raw.links_count() == 0 {
+            return Ok(());
+        }
+        self.dir_iter(dir, &mut st, offset, &mut |next, ino, kind, name| {
+            f(DirEntry { ino, kind, name: name.to_vec(), next_offset: next })
+        })
+    }
+
+    pub fn setattr(&self, ino: u32, set: &SetAttr) -> Result<Attr> {
+        self.stats.ops.fetch_add(1, Ordering::Relaxed);
+        self.check_writable()?;
+        if let Some(size) = set.size {
+            self.truncate(ino, size)?;
+        }
+        let inode = self.iget(ino)?;
+        let mut h = self.start(credits::SETATTR)?;
+        let mut st = inode.state.lock();
+        let now = Timestamp::now();
+        let mut changed = set.size.is_some();
+        if let Some(m) = set.mode {
+            let m = (m as u16 & !S_IFMT) | st.raw.file_type();
+            st.raw.set_mode(m);
+            changed = true;
+        }
+        if let Some(u) = set.uid {
+            st.raw.set_uid(u);
+            changed = true;
+        }
+        if let Some(g) = set.gid {
+            st.raw.set_gid(g);
+            changed = true;
+        }
+        if let Some(t) = set.atime {
+            st.raw.set_atime(t.resolve(now));
+            changed = true;
+        }
+        if let Some(t) = set.mtime {
+            st.raw.set_mtime(t.resolve(now));
+            changed = true;
+        }
+        if let Some(t) = set.crtime {
+            st.raw.set_crtime(t);
+        }
+        if let Some(t) = set.ctime {
+            st.raw.set_ctime(t);
+        } else if changed {
+            st.raw.set_ctime(now);
+        }
+        self.mark_inode_dirty(&mut h, &inode, &mut st)?;
+        Ok(self.attr_of(ino, &st.raw))
+    }
+
+    pub fn rename(&self, odir: u32, oname: &[u8], ndir: u32, nname: &[u8], flags: RenameFlags) -> Result<()> {
+        self.stats.ops.fetch_add(1, Ordering::Relaxed);
+        check_name(oname)?;
+        check_name(nname)?;
+        if is_dot(oname) || is_dot(nname) {
+            return Err(Error::Busy);
+        }
+        if flags.exchange && flags.noreplace {
+            return Err(Error::Invalid("RENAME_EXCHANGE with RENAME_NOREPLACE".into()));
+        }
+        self.check_writable()?;
+        let cross = odir != ndir;
+        let _rl = if cross { Some(self.rename_lock.lock()) } else { None };
+        let od = self.dir_inode(odir)?;
+        let nd = if cross { self.dir_inode(ndir)? } else { od.clone() };
+        // Directory io_locks in inode-number order.
+        let (_g1, _g2) = if !cross {
+            (Some(od.io_lock.write()), None)
+        } else if odir < ndir {
+            let a = od.io_lock.write();
+            (Some(a), Some(nd.io_lock.write()))
+        } else {
+            let b = nd.io_lock.write();
+            (Some(b), Some(od.io_lock.write()))
+        };
+        let Some((sino, sft)) = self.find(&od, oname)? else { return Err(Error::NotFound) };
+        let target = self.find(&nd, nname)?;
+        if flags.exchange && target.is_none() {
+            return Err(Error::NotFound);
+        }
+        if flags.noreplace && target.is_some() {
+            return Err(Error::Exists);
+        }
+        let src = self.iget(sino)?;
+        let src_is_dir = src.state.lock().raw.is_dir();
+        let tgt = match target {
+            Some((tino, _)) => Some(self.iget(tino)?),
+            None => None,
+        };
+        let tgt_is_dir = tgt.as_ref().map(|t| t.state.lock().raw.is_dir()).unwrap_or(false);
+        if let Some((tino, _)) = target {
+            if tino == sino {
+                return Ok(()); // both names are links to one inode: POSIX says do nothing
+            }
+        }
+        if cross {
+            // A directory may not move into its own subtree.
+            if src_is_dir {
+                self.check_not_ancestor(sino, ndir)?;
+            }
+            if flags.exchange && tgt_is_dir {
+                self.check_not_ancestor(target.unwrap().0, odir)?;
+            }
+        }
+        if !flags.exchange {
+            if let Some(t) = &tgt {
+                if src_is_dir && !tgt_is_dir {
+                    return Err(Error::NotDir);
+                }
+                if !src_is_dir && tgt_is_dir {
+                    return Err(Error::IsDir);
+                }
+                if tgt_is_dir {
+                    let _tg = t.io_lock.read();
+                    let mut tst = t.state.lock();
+                    if !self.dir_is_empty(t.ino, &mut tst)? {
+                        return Err(Error::NotEmpty);
+                    }
+                }
+            }
+        }
+        let mut h = self.start(credits::RENAME)?;
+        let now = Timestamp::now();
+        if flags.exchange {
+            let t = tgt.unwrap();
+            let (tino, tft) = target.unwrap();
+            {
+                let mut s = od.state.lock();
+                self.dir_set(&mut h, odir, &mut s, oname, tino, tft)?;
+                s.raw.set_mtime(now);
+                s.raw.set_ctime(now);
+                if cross && src_is_dir != tgt_is_dir {
+                    if tgt_is_dir {
+                        inc_nlink(&mut s.raw)?;
+                    } else {
+                        dec_nlink(&mut s.raw);
+                    }
+                }
+                self.mark_inode_dirty(&mut h, &od, &mut s)?;
+            }
+            {
+                let mut s = nd.state.lock();
+                self.dir_set(&mut h, ndir, &mut s, nname, sino, sft)?;
+                if cross {
+                    s.raw.set_mtime(now);
+                    s.raw.set_ctime(now);
+                    if src_is_dir != tgt_is_dir {
+                        if src_is_dir {
+                            inc_nlink(&mut s.raw)?;
+                        } else {
+                            dec_nlink(&mut s.raw);
+                        }
+                    }
+                }
+                self.mark_inode_dirty(&mut h, &nd, &mut s)?;
+            }
+            for (node, newparent, is_dir) in [(&src, ndir, src_is_dir), (&t, odir, tgt_is_dir)] {
+                let mut s = node.state.lock();
+                if cross && is_dir {
+                    self.dir_set(&mut h, node.ino, &mut s, b"..", newparent, FT_DIR)?;
+                }
+                s.raw.set_ctime(now);
+                self.mark_inode_dirty(&mut h, node, &mut s)?;
+            }
+            return Ok(());
+        }
+
+        // Plain rename: point (or add) the new name at the source, then remove the old name.
+        let mut replaced: Option<InodeRef> = None;
+        {
+            let mut s = nd.state.lock();
+            if target.is_some() {
+                self.dir_set(&mut h, ndir, &mut s, nname, sino, sft)?;
+                replaced = tgt;
+            } else {
+                self.dir_add(&mut h, ndir, &mut s, nname, sino, sft)?;
+            }
+            if src_is_dir && cross && replaced.is_none() {
+                inc_nlink(&mut s.raw)?;
+            }
+            if src_is_dir && replaced.is_some() && !cross {
+                // the replaced directory's ".." link to this parent goes away
+                dec_nlink(&mut s.raw);
+            }
+            s.raw.set_mtime(now);
+            s.raw.set_ctime(now);
+            self.mark_inode_dirty(&mut h, &nd, &mut s)?;
+        }
+        {
+            let mut s = od.state.lock();
+            self.dir_remove(&mut h, odir, &mut s, oname)?;
+            if src_is_dir && cross {
+                dec_nlink(&mut s.raw);
+            }
+            s.raw.set_mtime(now);
+            s.raw.set_ctime(now);
+            self.mark_inode_dirty(&mut h, &od, &mut s)?;
+        }
+        {
+            let mut s = src.state.lock();
+            if src_is_dir && cross {
+                self.dir_set(&mut h, sino, &mut s, b"..", ndir, FT_DIR)?;
+            }
+            s.raw.set_ctime(now);
+            self.mark_inode_dirty(&mut h, &src, &mut s)?;
+        }
+        if let Some(t) = replaced {
+            let _tg = if tgt_is_dir { Some(t.io_lock.write()) } else { None };
+            let mut ts = t.state.lock();
+            if tgt_is_dir {
+                ts.raw.set_links_count(0);
+            } else {
+                dec_nlink(&mut ts.raw);
+            }
+            ts.raw.set_ctime(now);
+            self.drop_link_finish(&mut h, &t, &mut ts)?;
+        }
+        Ok(())
+    }
+
+    /// Fails with `Error::Loop` if directory `ancestor` is `dir` or one of its ancestors.
+    fn check_not_ancestor(&self, ancestor: u32, mut dir: u32) -> Result<()> {
+        let mut steps = 0;
+        while dir != ROOT_INO {
+            if dir == ancestor {
+                return Err(Error::Loop);
+            }
+            let d = self.iget(dir)?;
+            let mut st = d.state.lock();
+            let parent = self.dir_lookup(dir, &mut st, b"..")?.map(|p| p.0).unwrap_or(ROOT_INO);
+            drop(st);
+            dir = parent;
+            steps += 1;
+            if steps > 65536 {
+                return Err(Error::corrupt(format!("directory {dir}: '..' chain does not reach the root")));
+            }
+        }
+        if ancestor == ROOT_INO {
+            return Err(Error::Loop);
+        }
+        Ok(())
+    }
+
+    /// Opens an inode: counts it so that an unlink keeps it until the last release.
+    pub fn open(&self, ino: u32) -> Result<()> {
+        let inode = self.iget(ino)?;
+        inode.open_count.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Closes an inode; the last close of an unlinked inode frees it.
+    pub fn release(&self, ino: u32) -> Result<()> {
+        let Some(inode) = self.icache.get_cached(ino) else { return Ok(()) };
+        let prev = inode.open_count.fetch_sub(1, Ordering::AcqRel);
+        if prev == 1 {
+            let orphaned = inode.state.lock().orphaned;
+            if orphaned && !self.is_read_only() {
+                let _g = inode.io_lock.write();
+                let mut h = self.start(credits::UNLINK)?;
+                let mut st = inode.state.lock();
+                if st.orphaned && st.raw.links_count() == 0 && inode.open_count.load(Ordering::Acquire) == 0 {
+                    self.delete_inode(&mut h, &inode, &mut st)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Credit estimates: the most metadata blocks each operation can dirty, before an extent split
+/// or htree split asks for more (`Handle::extend`). They bound the running transaction's size
+/// against the journal (a transaction must fit in a quarter of the log).
+pub mod credits {
+    /// Inode bitmap, group descriptor, inode table block, parent inode block, directory block
+    /// (or an htree split: two leaves and up to three index blocks), block bitmap and
+    /// descriptor for a new directory block, superblock.
+    pub const CREATE: usize = 16;
+    pub const LINK: usize = 8;
+    /// As create, plus freeing: block bitmaps, descriptors and extent blocks of the victim.
+    pub const UNLINK: usize = 32;
+    pub const RENAME: usize = 24;
+    pub const SETATTR: usize = 4;
+    /// Per extent inserted: the leaf, a split (new leaf and the index), a depth increase, and
+    /// the block bitmap and descriptor of the data.
+    pub const WRITE_PER_EXTENT: usize = 8;
+}

@@ -49,6 +49,8 @@ pub struct TxnManager {
     pub(crate) commit_lock: Mutex<u64>,
     /// The last committed tid, readable without the lock (fsync's fast path).
     pub(crate) committed: AtomicU64,
+    /// The running transaction's tid, readable without a lock (the overwrite path's check).
+    pub(crate) running_tid: AtomicU64,
     /// Commit when the running transaction holds this many blocks.
     pub(crate) max_blocks: usize,
     pub stats: TxnStats,
@@ -61,6 +63,7 @@ impl TxnManager {
             running: Mutex::new(RunningTxn { tid: first_tid, ..Default::default() }),
             commit_lock: Mutex::new(first_tid.saturating_sub(1)),
             committed: AtomicU64::new(first_tid.saturating_sub(1)),
+            running_tid: AtomicU64::new(first_tid),
             max_blocks: max_blocks.max(16),
             stats: TxnStats::default(),
         }
@@ -184,6 +187,7 @@ impl crate::fs::Fs {
                     return Ok(());
                 }
                 let next = RunningTxn { tid: r.tid + 1, ..Default::default() };
+                self.txn.running_tid.store(r.tid + 1, Ordering::Release);
                 std::mem::replace(&mut *r, next)
             };
             let mut blocks = old.blocks;
