@@ -422,6 +422,9 @@ impl Fs {
             if n > 0 {
                 tracing::info!("freed {n} orphaned inodes left by a crash");
             }
+            if fs.opts.commit_interval_secs > 0 {
+                spawn_committer(Arc::downgrade(&fs), fs.opts.commit_interval_secs);
+            }
         }
         Ok(fs)
     }
@@ -628,6 +631,28 @@ impl Fs {
     pub(crate) fn new_raw_inode(&self) -> RawInode {
         RawInode::new(self.geo.inode_size as usize)
     }
+}
+
+/// Commits the running transaction every `secs` seconds while the filesystem lives.
+fn spawn_committer(fs: std::sync::Weak<Fs>, secs: u64) {
+    let tick = std::time::Duration::from_millis(200);
+    let _ = std::thread::Builder::new().name("uext4-commit".into()).spawn(move || {
+        let mut waited = std::time::Duration::ZERO;
+        loop {
+            std::thread::sleep(tick);
+            waited += tick;
+            let Some(fs) = fs.upgrade() else { return };
+            if fs.is_read_only() {
+                return;
+            }
+            if waited.as_secs() >= secs {
+                waited = std::time::Duration::ZERO;
+                if let Err(e) = fs.commit() {
+                    tracing::error!("background commit failed: {e}");
+                }
+            }
+        }
+    });
 }
 
 fn check_desc(geo: &Geometry, g: u32, d: &GroupDesc) -> Result<()> {

@@ -1,0 +1,96 @@
+//! Helpers shared by the engine's integration tests: scratch images, e2fsck, environment checks.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A scratch image path in /dev/shm (or the temp dir), removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::env::var_os("UEXT4_KEEP_IMAGES").is_none() {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+pub fn scratch(tag: &str) -> Scratch {
+    let dir = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    Scratch(dir.join(format!("uext4-test-{}-{}-{}.img", tag, std::process::id(), n)))
+}
+
+/// Makes an image with mke2fs (the oracle), `size` like "64M", extra args like ["-b", "1024"].
+pub fn mke2fs(path: &Path, size: &str, extra: &[&str]) {
+    let _ = std::fs::remove_file(path);
+    let st = Command::new("mke2fs")
+        .args(["-q", "-F", "-t", "ext4"])
+        .args(extra)
+        .arg(path)
+        .arg(size)
+        .status()
+        .expect("mke2fs must be installed (e2fsprogs)");
+    assert!(st.success(), "mke2fs failed for {}", path.display());
+}
+
+/// Runs `e2fsck -fn` and panics with its output on any complaint.
+pub fn e2fsck_clean(path: &Path) {
+    let out = Command::new("e2fsck").args(["-fn"]).arg(path).output().expect("e2fsck must be installed");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "e2fsck -fn found problems in {}:\n{}", path.display(), text);
+}
+
+pub fn is_root() -> bool {
+    unsafe { libc_geteuid() == 0 }
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+/// Whether loop mounts of ext4 work here (root, loop devices, ext4 in the kernel).
+pub fn can_loop_mount() -> bool {
+    if !is_root() {
+        eprintln!("SKIP: not root, kernel loop-mount comparison not run");
+        return false;
+    }
+    if !Path::new("/dev/loop-control").exists() {
+        eprintln!("SKIP: no /dev/loop-control, kernel loop-mount comparison not run");
+        return false;
+    }
+    true
+}
+
+/// Mounts `img` with the kernel at a fresh directory; unmounts on drop.
+pub struct KernelMount {
+    pub dir: PathBuf,
+}
+
+impl KernelMount {
+    pub fn new(img: &Path) -> KernelMount {
+        let dir = std::env::temp_dir().join(format!("uext4-kmnt-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = Command::new("mount").args(["-t", "ext4", "-o", "loop"]).arg(img).arg(&dir).output().unwrap();
+        assert!(out.status.success(), "kernel mount failed: {}", String::from_utf8_lossy(&out.stderr));
+        KernelMount { dir }
+    }
+}
+
+impl Drop for KernelMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Runs a shell command, panicking with its output on failure.
+pub fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap();
+    assert!(out.status.success(), "`{cmd}` failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
