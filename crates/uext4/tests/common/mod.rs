@@ -27,8 +27,12 @@ pub fn scratch(tag: &str) -> Scratch {
 /// Makes an image with mke2fs (the oracle), `size` like "64M", extra args like ["-b", "1024"].
 pub fn mke2fs(path: &Path, size: &str, extra: &[&str]) {
     let _ = std::fs::remove_file(path);
+    // mke2fs picks 1 KiB blocks for images under 512 MiB ("small"): default to 4 KiB unless the
+    // caller asks.
+    let bs: &[&str] = if extra.contains(&"-b") { &[] } else { &["-b", "4096"] };
     let st = Command::new("mke2fs")
         .args(["-q", "-F", "-t", "ext4"])
+        .args(bs)
         .args(extra)
         .arg(path)
         .arg(size)
