@@ -166,3 +166,78 @@ impl<D: BlockDevice + ?Sized> BlockDevice for CountingDevice<D> {
         self.inner.read_only()
     }
 }
+
+/// One thing a [`RecordingDevice`] saw.
+#[derive(Clone, Debug)]
+pub enum Record {
+    Write { off: u64, data: Vec<u8> },
+    Flush,
+}
+
+/// A memory device that logs every write and flush, for the crash-consistency checker: any
+/// prefix of the log, with any subset of the writes after the last flush in it dropped, is a
+/// state the device could be in after a power cut.
+pub struct RecordingDevice {
+    base: Vec<u8>,
+    current: MemDevice,
+    log: parking_lot::Mutex<Vec<Record>>,
+}
+
+impl RecordingDevice {
+    pub fn new(image: Vec<u8>) -> Self {
+        RecordingDevice { current: MemDevice::from_vec(image.clone()), base: image, log: parking_lot::Mutex::new(Vec::new()) }
+    }
+    /// The log so far.
+    pub fn log(&self) -> Vec<Record> {
+        self.log.lock().clone()
+    }
+    pub fn log_len(&self) -> usize {
+        self.log.lock().len()
+    }
+    /// The device image before any logged write.
+    pub fn base(&self) -> &[u8] {
+        &self.base
+    }
+    /// Rebuilds the device as a power cut would leave it: every write before `upto` (an index
+    /// into the log) that precedes the last flush before `upto` is applied; of the writes after
+    /// that flush, those for which `keep(i)` is true are applied.
+    pub fn crash_image(&self, upto: usize, keep: &mut dyn FnMut(usize) -> bool) -> Vec<u8> {
+        let log = self.log.lock();
+        let upto = upto.min(log.len());
+        let last_flush = log[..upto].iter().rposition(|r| matches!(r, Record::Flush));
+        let mut img = self.base.clone();
+        for (i, r) in log[..upto].iter().enumerate() {
+            if let Record::Write { off, data } = r {
+                let durable = last_flush.is_some_and(|f| i < f);
+                if durable || keep(i) {
+                    img[*off as usize..*off as usize + data.len()].copy_from_slice(data);
+                }
+            }
+        }
+        img
+    }
+    /// Indices of the flushes in the log.
+    pub fn flush_points(&self) -> Vec<usize> {
+        self.log.lock().iter().enumerate().filter(|(_, r)| matches!(r, Record::Flush)).map(|(i, _)| i + 1).collect()
+    }
+}
+
+impl BlockDevice for RecordingDevice {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.current.read_at(off, buf)
+    }
+    fn write_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
+        // Log and apply under one lock so the log order is the device's order.
+        let mut log = self.log.lock();
+        self.current.write_at(off, buf)?;
+        log.push(Record::Write { off, data: buf.to_vec() });
+        Ok(())
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.log.lock().push(Record::Flush);
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        self.current.size()
+    }
+}
