@@ -241,3 +241,139 @@ impl BlockDevice for RecordingDevice {
         self.current.size()
     }
 }
+
+/// The DAX backend: the image is mapped into memory, so a read or a write is one memory copy
+/// and no system call (DESIGN.md R3). A flush writes back only the dirty parts of the mapping:
+/// writes mark 64 KiB chunks in a lock-free bitmap, and `flush` msyncs the marked runs.
+pub struct MappedDevice {
+    map: memmap2::MmapRaw,
+    dirty: Vec<AtomicU64>,
+    /// Use non-temporal stores for large aligned copies (see `copy_nt`).
+    non_temporal: bool,
+}
+
+const DAX_CHUNK_SHIFT: u32 = 16;
+
+impl MappedDevice {
+    pub fn open(path: &Path, non_temporal: bool) -> io::Result<Self> {
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        let map = memmap2::MmapOptions::new().map_raw(&file)?;
+        let chunks = (map.len() as u64 >> DAX_CHUNK_SHIFT) + 1;
+        let dirty = (0..chunks.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
+        Ok(MappedDevice { map, dirty, non_temporal })
+    }
+
+    fn check(&self, off: u64, len: usize) -> io::Result<()> {
+        range_check(off, len, self.map.len()).map(|_| ())
+    }
+
+    fn mark_dirty(&self, off: u64, len: usize) {
+        let first = off >> DAX_CHUNK_SHIFT;
+        let last = (off + len as u64 - 1) >> DAX_CHUNK_SHIFT;
+        for c in first..=last {
+            let w = &self.dirty[(c / 64) as usize];
+            let bit = 1u64 << (c % 64);
+            if w.load(Ordering::Relaxed) & bit == 0 {
+                w.fetch_or(bit, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Copies with non-temporal (streaming) stores where the CPU has them, bypassing the cache for
+/// large writes; falls back to a plain copy.
+fn copy_nt(dst: *mut u8, src: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        // SAFETY: `dst` points at `src.len()` writable bytes of the mapping (range-checked by the
+        // caller). Streaming stores need 16-byte aligned destinations: the unaligned head and
+        // tail are copied normally. SSE2 is part of the x86_64 baseline.
+        unsafe {
+            let mut i = 0usize;
+            let head = (16 - (dst as usize & 15)) & 15;
+            let head = head.min(src.len());
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, head);
+            i += head;
+            while i + 16 <= src.len() {
+                let v = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+                _mm_stream_si128(dst.add(i) as *mut __m128i, v);
+                i += 16;
+            }
+            std::ptr::copy_nonoverlapping(src.as_ptr().add(i), dst.add(i), src.len() - i);
+            _mm_sfence();
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: as above.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
+    }
+}
+
+impl BlockDevice for MappedDevice {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.check(off, buf.len())?;
+        // SAFETY: the range is inside the mapping (checked above); the mapping lives as long as
+        // self. Concurrent writers to the same bytes are the filesystem's business (the engine's
+        // locks order them), as with pread/pwrite on a shared file.
+        unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(off as usize), buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+    fn write_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
+        self.check(off, buf.len())?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: as in read_at.
+        let dst = unsafe { self.map.as_mut_ptr().add(off as usize) };
+        if self.non_temporal && buf.len() >= 4096 {
+            copy_nt(dst, buf);
+        } else {
+            // SAFETY: as in read_at.
+            unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, buf.len()) };
+        }
+        self.mark_dirty(off, buf.len());
+        Ok(())
+    }
+    fn flush(&self) -> io::Result<()> {
+        let chunk = 1u64 << DAX_CHUNK_SHIFT;
+        let len = self.map.len() as u64;
+        let mut run: Option<(u64, u64)> = None;
+        let mut sync = |r: (u64, u64)| -> io::Result<()> {
+            let end = r.1.min(len);
+            self.map.flush_range(r.0 as usize, (end - r.0) as usize)
+        };
+        for (wi, w) in self.dirty.iter().enumerate() {
+            let bits = w.swap(0, Ordering::AcqRel);
+            if bits == 0 {
+                if let Some(r) = run.take() {
+                    sync(r)?;
+                }
+                continue;
+            }
+            for b in 0..64 {
+                let c = wi as u64 * 64 + b;
+                if bits & (1 << b) != 0 {
+                    run = match run {
+                        Some((s, e)) if e == c * chunk => Some((s, e + chunk)),
+                        Some(r) => {
+                            sync(r)?;
+                            Some((c * chunk, (c + 1) * chunk))
+                        }
+                        None => Some((c * chunk, (c + 1) * chunk)),
+                    };
+                } else if let Some(r) = run.take() {
+                    sync(r)?;
+                }
+            }
+        }
+        if let Some(r) = run {
+            sync(r)?;
+        }
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        self.map.len() as u64
+    }
+}

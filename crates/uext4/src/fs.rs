@@ -32,11 +32,21 @@ pub struct MountOptions {
     pub errors: ErrorsBehaviour,
     /// Seconds between background commits (0: only on fsync, size threshold and unmount).
     pub commit_interval_secs: u64,
+    /// DAX: map the image into memory (`open_path` only): reads and writes are one memory copy.
+    pub dax: bool,
+    /// With `dax`, copy large writes with non-temporal stores instead of cached copies.
+    pub dax_non_temporal: bool,
 }
 
 impl Default for MountOptions {
     fn default() -> Self {
-        MountOptions { read_only: false, errors: ErrorsBehaviour::RemountRo, commit_interval_secs: 5 }
+        MountOptions {
+            read_only: false,
+            errors: ErrorsBehaviour::RemountRo,
+            commit_interval_secs: 5,
+            dax: false,
+            dax_non_temporal: false,
+        }
     }
 }
 
@@ -431,6 +441,10 @@ impl Fs {
 
     /// Opens an image file or block device by path.
     pub fn open_path(path: &std::path::Path, opts: MountOptions) -> Result<Arc<Fs>> {
+        if opts.dax && !opts.read_only {
+            let dev = crate::blockdev::MappedDevice::open(path, opts.dax_non_temporal)?;
+            return Fs::open_dev(Arc::new(dev), opts);
+        }
         let dev = crate::blockdev::FileDevice::open(path, opts.read_only).or_else(|e| {
             if e.raw_os_error() == Some(libc::EACCES) || e.raw_os_error() == Some(libc::EROFS) {
                 crate::blockdev::FileDevice::open(path, true)
