@@ -132,7 +132,13 @@ impl Fs {
                 _ => return Err(Error::Invalid("write to a special file".into())),
             }
         }
-        let size = inode.state.lock().raw.size();
+        let size = {
+            let st = inode.state.lock();
+            if st.deleted {
+                return Err(Error::NotFound);
+            }
+            st.raw.size()
+        };
         self.write_new_blocks_locked(&inode, off, data, size.max(end))?;
         self.stats.allocating_writes.fetch_add(1, Ordering::Relaxed);
         self.stats.user_bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
@@ -335,6 +341,9 @@ impl Fs {
         let _g = inode.io_lock.write();
         let mut h = self.start(credits::UNLINK)?;
         let mut st = inode.state.lock();
+        if st.deleted {
+            return Err(Error::NotFound);
+        }
         match st.raw.file_type() {
             S_IFREG => {}
             S_IFDIR => return Err(Error::IsDir),
@@ -383,6 +392,9 @@ impl Fs {
         let _g = inode.io_lock.write();
         {
             let st = inode.state.lock();
+            if st.deleted {
+                return Err(Error::NotFound);
+            }
             match st.raw.file_type() {
                 S_IFREG => {}
                 S_IFDIR => return Err(Error::IsDir),

@@ -130,8 +130,9 @@ impl Fs {
             return Ok(i);
         }
         let raw = self.read_raw_inode(ino)?;
-        if raw.links_count() == 0 && raw.mode() == 0 {
-            return Err(Error::corrupt(format!("inode {ino} is referenced but not in use")));
+        if (raw.links_count() == 0 && raw.mode() == 0) || !self.inode_in_use(ino)? {
+            // A stale number (the inode was freed): callers see "no such file".
+            return Err(Error::NotFound);
         }
         if raw.flags() & FL_INLINE_DATA != 0 {
             return Err(Error::Unsupported(format!("inode {ino} uses inline_data")));

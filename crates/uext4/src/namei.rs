@@ -516,6 +516,9 @@ impl Fs {
         let inode = self.iget(ino)?;
         let mut h = self.start(credits::SETATTR)?;
         let mut st = inode.state.lock();
+        if st.deleted {
+            return Err(Error::NotFound);
+        }
         let now = Timestamp::now();
         let mut changed = set.size.is_some();
         if let Some(m) = set.mode {
