@@ -340,7 +340,7 @@ impl BlockDevice for MappedDevice {
         let chunk = 1u64 << DAX_CHUNK_SHIFT;
         let len = self.map.len() as u64;
         let mut run: Option<(u64, u64)> = None;
-        let mut sync = |r: (u64, u64)| -> io::Result<()> {
+        let sync = |r: (u64, u64)| -> io::Result<()> {
             let end = r.1.min(len);
             self.map.flush_range(r.0 as usize, (end - r.0) as usize)
         };

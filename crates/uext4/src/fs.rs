@@ -636,12 +636,6 @@ impl Fs {
         Ok(())
     }
 
-    pub(crate) fn uninit_flags(&self, g: u32) -> (bool, bool) {
-        let d = &self.groups[g as usize].lock().desc;
-        let csum = !matches!(self.geo.gd_csum, GdCsum::None);
-        (csum && d.flags() & BG_BLOCK_UNINIT != 0, csum && d.flags() & BG_INODE_UNINIT != 0)
-    }
-
     pub(crate) fn new_raw_inode(&self) -> RawInode {
         RawInode::new(self.geo.inode_size as usize)
     }

@@ -320,8 +320,5 @@ impl Fs {
         ROOT_INO
     }
 
-    /// Whether the inode's blocks are mapped by an extent tree (else: the old block map).
-    pub(crate) fn uses_extents(raw: &RawInode) -> bool {
-        raw.flags() & FL_EXTENTS != 0
-    }
+}
 }

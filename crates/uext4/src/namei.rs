@@ -328,7 +328,7 @@ impl Fs {
         let now = Timestamp::now();
         let ft;
         {
-            let mut ist = inode.state.lock();
+            let ist = inode.state.lock();
             if ist.raw.links_count() == 0 && !ist.orphaned {
                 return Err(Error::NotFound);
             }
