@@ -319,6 +319,4 @@ impl Fs {
     pub fn root_ino(&self) -> u32 {
         ROOT_INO
     }
-
-}
 }
