@@ -15,7 +15,7 @@ use crate::bcache::BufferCache;
 use crate::blockdev::{BlockDevice, IoCounters};
 use crate::error::{Error, Result};
 use crate::format::features::*;
-use crate::format::group_desc::{GdCsum, GroupDesc, BG_BLOCK_UNINIT, BG_INODE_UNINIT};
+use crate::format::group_desc::{GdCsum, GroupDesc};
 use crate::format::inode::RawInode;
 use crate::format::superblock::*;
 use crate::inode::InodeCache;

@@ -7,7 +7,7 @@
 
 use crate::error::{Error, Result};
 use crate::extents::ExtentCache;
-use crate::format::inode::{RawInode, Timestamp, FL_EXTENTS, FL_INLINE_DATA, ROOT_INO};
+use crate::format::inode::{RawInode, Timestamp, FL_INLINE_DATA, ROOT_INO};
 use crate::fs::Fs;
 use crate::transaction::Handle;
 use parking_lot::{Mutex, RwLock};
