@@ -354,3 +354,83 @@ mod tests {
         assert_eq!(zero_run(&z, 3, 100, 256), 100);
     }
 }
+
+#[cfg(test)]
+mod image_tests {
+    use crate::fs::{Fs, MountOptions};
+    use std::process::Command;
+
+    fn mkimg(tag: &str, size: &str, extra: &[&str]) -> std::path::PathBuf {
+        let p = std::path::PathBuf::from(format!("/dev/shm/uext4-balloc-{tag}-{}.img", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let st = Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).args(extra).arg(&p).arg(size).status().unwrap();
+        assert!(st.success());
+        p
+    }
+
+    fn fsck(p: &std::path::Path) {
+        let out = Command::new("e2fsck").arg("-fn").arg(p).output().unwrap();
+        assert!(out.status.success(), "e2fsck: {}", String::from_utf8_lossy(&out.stdout));
+    }
+
+    /// Allocates across groups (including never-used BLOCK_UNINIT groups, whose bitmaps must be
+    /// built exactly as e2fsck expects), frees everything, and checks the image and counts.
+    fn alloc_free_roundtrip(extra: &[&str]) {
+        let p = mkimg(&extra.join("").replace(['^', ',', '-'], ""), "600M", extra);
+        let fs = Fs::open_path(&p, MountOptions { commit_interval_secs: 0, ..Default::default() }).unwrap();
+        let before = fs.statfs();
+        let mut got = Vec::new();
+        {
+            let mut h = fs.start(64).unwrap();
+            for (i, want) in [1u32, 7, 100, 5000, 40000, 3].iter().enumerate() {
+                let g = (i as u32 * 3) % fs.geo.group_count;
+                let goal = fs.geo.group_first_block(g) + 10;
+                let (s, n) = fs.alloc_blocks(&mut h, goal, *want).unwrap();
+                assert!(n >= 1 && n <= *want);
+                for b in s..s + n as u64 {
+                    assert!(fs.block_in_use(b).unwrap());
+                }
+                for &(s2, n2) in &got {
+                    let (s2, n2): (u64, u32) = (s2, n2);
+                    assert!(s + n as u64 <= s2 || s2 + n2 as u64 <= s, "overlapping allocations");
+                }
+                got.push((s, n));
+            }
+            let ino = fs.alloc_inode(&mut h, 2, false).unwrap();
+            let dir = fs.alloc_inode(&mut h, 2, true).unwrap();
+            fs.free_inode(&mut h, ino, false).unwrap();
+            fs.free_inode(&mut h, dir, true).unwrap();
+            for &(s, n) in &got {
+                fs.free_blocks(&mut h, s, n as u64, false).unwrap();
+            }
+        }
+        fs.commit().unwrap();
+        let after = fs.statfs();
+        assert_eq!(before.blocks_free, after.blocks_free);
+        assert_eq!(before.files_free, after.files_free);
+        // Blocks freed by a committed transaction are reusable again.
+        {
+            let mut h = fs.start(8).unwrap();
+            let (s, n) = fs.alloc_blocks(&mut h, got[0].0, 1).unwrap();
+            fs.free_blocks(&mut h, s, n as u64, false).unwrap();
+        }
+        fs.unmount().unwrap();
+        fsck(&p);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn alloc_free_roundtrip_default() {
+        alloc_free_roundtrip(&["-b", "4096"]);
+    }
+
+    #[test]
+    fn alloc_free_roundtrip_1k_uninit_bg() {
+        alloc_free_roundtrip(&["-b", "1024", "-O", "^metadata_csum,uninit_bg"]);
+    }
+
+    #[test]
+    fn alloc_free_roundtrip_no_flex_no_64bit() {
+        alloc_free_roundtrip(&["-b", "4096", "-O", "^flex_bg,^64bit,^metadata_csum,^uninit_bg"]);
+    }
+}
