@@ -4,34 +4,12 @@
 #![allow(unused_variables)]
 
 use crate::error::{Error, Result};
-use crate::format::extent::Extent;
-use crate::format::inode::RawInode;
 use crate::fs::Fs;
 use crate::inode::InodeState;
 use crate::transaction::Handle;
 
 fn pending(what: &str) -> Error {
     Error::NotSupported(format!("{what} is not implemented yet"))
-}
-
-// ---- extents.rs ----
-impl Fs {
-    pub(crate) fn ext_map(&self, ino: u32, st: &mut InodeState, lblk: u32) -> Result<Option<Extent>> {
-        Err(pending("ext_map"))
-    }
-    pub(crate) fn ext_next(&self, ino: u32, st: &mut InodeState, lblk: u32) -> Result<Option<Extent>> {
-        Err(pending("ext_next"))
-    }
-    pub(crate) fn ext_insert(&self, h: &mut Handle<'_>, ino: u32, st: &mut InodeState, e: Extent) -> Result<()> {
-        Err(pending("ext_insert"))
-    }
-    pub(crate) fn ext_remove(&self, h: &mut Handle<'_>, ino: u32, st: &mut InodeState, start: u32, end: u64) -> Result<()> {
-        Err(pending("ext_remove"))
-    }
-    pub(crate) fn ext_mark_written(&self, h: &mut Handle<'_>, ino: u32, st: &mut InodeState, start: u32, len: u32) -> Result<()> {
-        Err(pending("ext_mark_written"))
-    }
-    pub(crate) fn ext_init_root(raw: &mut RawInode) {}
 }
 
 // ---- dir.rs ----
