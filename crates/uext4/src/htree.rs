@@ -263,15 +263,18 @@ pub fn verify_dx_csum(seed: u32, b: &[u8], count_off: usize) -> bool {
 mod tests {
     use super::*;
 
-    /// Values from `debugfs -R "dx_hash -h <alg> -s <seed> <name>"` (e2fsprogs 1.47).
+    /// Values from `debugfs -R "dx_hash -h <alg> [-s <seed>] <name>"` (e2fsprogs 1.47).
     #[test]
     fn hashes_match_debugfs() {
         let zero = [0u32; 4];
-        // Computed with the zero (default) seed.
-        let cases: &[(&str, u8)] = &[("hello", DX_HASH_HALF_MD4), ("hello", DX_HASH_TEA), ("hello", DX_HASH_LEGACY)];
-        for &(name, v) in cases {
-            let (h, _) = dirhash(name.as_bytes(), v, &zero);
-            assert_eq!(h & 1, 0);
-        }
+        // Seed 01234567-89ab-cdef-0123-456789abcdef, as the superblock stores it.
+        let seed = [0x6745_2301, 0xefcd_ab89, 0x6745_2301, 0xefcd_ab89];
+        let long = b"a-much-longer-file-name-that-spans-more-than-thirty-two-bytes";
+        assert_eq!(dirhash(b"hello", DX_HASH_HALF_MD4, &zero), (0x1746da32, 0x420013b5));
+        assert_eq!(dirhash(long, DX_HASH_HALF_MD4, &seed), (0xfbf799c6, 0xc1749341));
+        assert_eq!(dirhash(b"hello", DX_HASH_TEA, &zero), (0x6f5bb1a8, 0x231917c2));
+        assert_eq!(dirhash(long, DX_HASH_TEA, &seed), (0xcbc3f652, 0xfc72fb09));
+        assert_eq!(dirhash(b"hello", DX_HASH_LEGACY, &zero).0, 0x32252546);
+        assert_eq!(dirhash(long, DX_HASH_LEGACY, &seed).0, 0x2e5820e2);
     }
 }
