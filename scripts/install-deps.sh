@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what the tests and the demo need, when missing: e2fsprogs (mke2fs, e2fsck, debugfs),
+# fuse3, fio, xfsprogs (xfs_io), attr and acl tools, fuse2fs (the peer in benchmarks), and
+# pjdfstest (through cargo). Safe to run again; does nothing when all is present.
+set -euo pipefail
+
+need=()
+command -v mke2fs >/dev/null || need+=(e2fsprogs)
+command -v fusermount3 >/dev/null || need+=(fuse3)
+[ -e /usr/include/fuse3/fuse.h ] || need+=(libfuse3-dev)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v fio >/dev/null || need+=(fio)
+command -v xfs_io >/dev/null || need+=(xfsprogs)
+command -v getfattr >/dev/null || need+=(attr)
+command -v getfacl >/dev/null || need+=(acl)
+command -v fuse2fs >/dev/null || need+=(fuse2fs)
+
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    echo "installing: ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "missing packages (install them, or run as root with apt-get): ${need[*]}" >&2
+  fi
+fi
+
+if ! command -v pjdfstest >/dev/null && [ "${UEXT4_SKIP_PJDFSTEST:-0}" != 1 ]; then
+  echo "installing pjdfstest (cargo install pjdfstest)"
+  cargo install --locked pjdfstest >/dev/null 2>&1 || cargo install pjdfstest >/dev/null 2>&1 || \
+    echo "could not install pjdfstest; the POSIX suite will be skipped" >&2
+fi
