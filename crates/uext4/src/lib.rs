@@ -29,7 +29,6 @@ pub mod journal;
 pub mod mkfs;
 pub mod namei;
 pub mod orphan;
-mod pending_api;
 pub mod transaction;
 pub mod xattr;
 
