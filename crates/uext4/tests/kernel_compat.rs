@@ -28,29 +28,103 @@ struct Entry {
     xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
-fn digest(data: &[u8]) -> Vec<u8> {
-    // A cheap but position-sensitive digest (FNV-1a 64 over data, plus length).
-    let mut h: u64 = 0xcbf29ce484222325;
-    for &b in data {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100000001b3);
+/// A position-sensitive digest of a file's non-zero 4 KiB blocks (FNV-1a 64 over offset and
+/// bytes), computed over the data segments only, so sparse files are cheap and hole layout does
+/// not matter.
+#[derive(Default)]
+struct Digest(u64);
+
+impl Digest {
+    fn new() -> Self {
+        Digest(0xcbf29ce484222325)
     }
-    let mut v = h.to_le_bytes().to_vec();
-    v.extend_from_slice(&(data.len() as u64).to_le_bytes());
-    v
+    fn add(&mut self, off: u64, data: &[u8]) {
+        for (i, blk) in data.chunks(4096).enumerate() {
+            if blk.iter().all(|&b| b == 0) {
+                continue;
+            }
+            for b in (off + i as u64 * 4096).to_le_bytes().iter().chain(blk) {
+                self.0 ^= *b as u64;
+                self.0 = self.0.wrapping_mul(0x100000001b3);
+            }
+        }
+    }
+    fn finish(self, size: u64) -> Vec<u8> {
+        let mut v = self.0.to_le_bytes().to_vec();
+        v.extend_from_slice(&size.to_le_bytes());
+        v
+    }
+}
+
+/// Digest of a host file, reading only its data segments (SEEK_DATA/SEEK_HOLE).
+fn host_digest(p: &Path) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::File::open(p).unwrap();
+    let size = f.metadata().unwrap().len();
+    let mut d = Digest::new();
+    let mut pos = 0i64;
+    loop {
+        let data = unsafe { libc::lseek(f.as_raw_fd(), pos, libc::SEEK_DATA) };
+        if data < 0 {
+            break;
+        }
+        let hole = unsafe { libc::lseek(f.as_raw_fd(), data, libc::SEEK_HOLE) };
+        let mut off = data as u64;
+        while off < hole as u64 {
+            let n = ((hole as u64 - off).min(1 << 20)) as usize;
+            let mut buf = vec![0u8; n];
+            f.read_exact_at(&mut buf, off).unwrap();
+            d.add(off, &buf);
+            off += n as u64;
+        }
+        pos = hole;
+    }
+    d.finish(size)
+}
+
+/// Digest of a file read through uext4, data segments only.
+fn uext4_digest(fs: &Fs, ino: u32, size: u64) -> Vec<u8> {
+    let mut d = Digest::new();
+    let mut pos = 0u64;
+    while pos < size {
+        let Ok(data) = fs.lseek_data_hole(ino, pos, true) else { break };
+        let hole = fs.lseek_data_hole(ino, data, false).unwrap();
+        let mut off = data;
+        while off < hole {
+            let n = ((hole - off).min(1 << 20)) as usize;
+            let mut buf = vec![0u8; n];
+            let got = fs.read(ino, off, &mut buf).unwrap();
+            assert_eq!(got, n, "short read");
+            d.add(off, &buf);
+            off += n as u64;
+        }
+        pos = hole;
+    }
+    d.finish(size)
 }
 
 fn host_xattrs(p: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
     let mut out = BTreeMap::new();
-    let list = sh(&format!("getfattr -h -d -m - --absolute-names -e hex '{}' 2>/dev/null || true", p.display()));
-    for line in list.lines() {
-        if let Some((k, v)) = line.split_once('=') {
-            let v = v.trim_start_matches("0x");
-            let bytes = (0..v.len() / 2).map(|i| u8::from_str_radix(&v[2 * i..2 * i + 2], 16).unwrap()).collect();
-            out.insert(k.as_bytes().to_vec(), bytes);
-        }
+    let mut names = vec![0u8; 65536];
+    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr() as *mut libc::c_char, names.len()) };
+    if n <= 0 {
+        return out;
     }
-    out.remove(&b"security.selinux"[..].to_vec());
+    for name in names[..n as usize].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        if name == b"security.selinux" {
+            continue;
+        }
+        let cn = CString::new(name).unwrap();
+        let mut val = vec![0u8; 65536];
+        let m = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), val.as_mut_ptr() as *mut libc::c_void, val.len()) };
+        assert!(m >= 0, "lgetxattr {:?}", String::from_utf8_lossy(name));
+        val.truncate(m as usize);
+        out.insert(name.to_vec(), val);
+    }
     out
 }
 
@@ -70,7 +144,7 @@ fn walk_host(root: &Path) -> BTreeMap<String, Entry> {
             let content = if md.file_type().is_symlink() {
                 std::fs::read_link(e.path()).unwrap().into_os_string().into_encoded_bytes()
             } else if md.is_file() {
-                digest(&std::fs::read(e.path()).unwrap())
+                host_digest(&e.path())
             } else {
                 Vec::new()
             };
@@ -116,14 +190,7 @@ fn walk_uext4(fs: &Fs) -> BTreeMap<String, Entry> {
             let content = if kind == 0o120000 {
                 fs.readlink(e.ino).unwrap()
             } else if kind == 0o100000 {
-                let mut buf = vec![0u8; a.size as usize];
-                let mut done = 0;
-                while done < buf.len() {
-                    let n = fs.read(e.ino, done as u64, &mut buf[done..]).unwrap();
-                    assert!(n > 0, "short read of {path}");
-                    done += n;
-                }
-                digest(&buf)
+                uext4_digest(fs, e.ino, a.size)
             } else {
                 Vec::new()
             };
