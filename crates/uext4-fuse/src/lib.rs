@@ -1,1 +1,627 @@
-//! FUSE server (in progress)
+//! The FUSE server: serves a [`uext4::Fs`] to the kernel through the fuser crate, with one
+//! event-loop thread per CPU (at least 2). Every engine error becomes an errno in one place
+//! ([`errno`]); inode numbers are the filesystem's own, except that FUSE's root (1) is ext4's
+//! root (2).
+
+use fuser::{
+    AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use uext4::format::inode::{Timestamp, S_IFMT};
+use uext4::namei::{SetAttr, TimeSet};
+use uext4::{Attr, Error, Fs};
+
+/// The virtual attribute on the mount's root that `uext4 stats` reads.
+pub const STATS_XATTR: &[u8] = b"user.uext4.stats";
+
+const TTL: Duration = Duration::from_secs(1);
+const S_ISGID: u32 = 0o2000;
+
+/// Mount options, as `-o` gives them.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub read_only: bool,
+    pub threads: usize,
+    pub allow_other: bool,
+    pub default_permissions: bool,
+    pub writeback_cache: bool,
+    pub direct_io: bool,
+    pub commit_secs: u64,
+    pub errors: uext4::fs::ErrorsBehaviour,
+    pub dax: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+        Options {
+            read_only: false,
+            threads: cpus.max(2),
+            allow_other: false,
+            default_permissions: true,
+            writeback_cache: false,
+            direct_io: false,
+            commit_secs: 5,
+            errors: uext4::fs::ErrorsBehaviour::RemountRo,
+            dax: false,
+        }
+    }
+}
+
+impl Options {
+    /// Parses a comma-separated option list; an unknown option is an error naming it.
+    pub fn parse(list: &str) -> Result<Options, String> {
+        let mut o = Options::default();
+        for opt in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (k, v) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            let num = |v: Option<&str>| -> Result<u64, String> {
+                v.ok_or_else(|| format!("option {k} needs a value ({k}=N)"))?
+                    .parse::<u64>()
+                    .map_err(|_| format!("option {k}: {:?} is not a number", v.unwrap_or("")))
+            };
+            match k {
+                "ro" => o.read_only = true,
+                "rw" => o.read_only = false,
+                "threads" => o.threads = (num(v)? as usize).clamp(1, 1024),
+                "allow_other" => o.allow_other = true,
+                "default_permissions" => o.default_permissions = true,
+                "nodefault_permissions" => o.default_permissions = false,
+                "writeback_cache" => o.writeback_cache = true,
+                "direct_io" => o.direct_io = true,
+                "commit" => o.commit_secs = num(v)?,
+                "dax" => o.dax = true,
+                "errors" => {
+                    o.errors = match v {
+                        Some("remount-ro") => uext4::fs::ErrorsBehaviour::RemountRo,
+                        Some("continue") => uext4::fs::ErrorsBehaviour::Continue,
+                        Some("panic") => uext4::fs::ErrorsBehaviour::Panic,
+                        _ => return Err("option errors= takes remount-ro, continue or panic".into()),
+                    }
+                }
+                _ => return Err(format!("unknown mount option {opt:?} (known: ro, rw, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax)")),
+            }
+        }
+        Ok(o)
+    }
+
+    pub fn mount_options(&self) -> uext4::MountOptions {
+        uext4::MountOptions {
+            read_only: self.read_only,
+            errors: self.errors,
+            commit_interval_secs: self.commit_secs,
+            dax: self.dax,
+            ..Default::default()
+        }
+    }
+}
+
+/// The one mapping from engine errors to errno.
+pub fn errno(e: &Error) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn to_ext(ino: INodeNo) -> u32 {
+    match ino.0 {
+        1 => 2,
+        x => x as u32,
+    }
+}
+
+fn to_fuse(ino: u32) -> INodeNo {
+    INodeNo(if ino == 2 { 1 } else { ino as u64 })
+}
+
+fn systime(t: Timestamp) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs((-t.sec) as u64) + Duration::from_nanos(t.nsec as u64)
+    }
+}
+
+fn timestamp(t: SystemTime) -> Timestamp {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() },
+        Err(e) => {
+            let d = e.duration();
+            let (s, n) = (d.as_secs() as i64, d.subsec_nanos());
+            if n == 0 {
+                Timestamp { sec: -s, nsec: 0 }
+            } else {
+                Timestamp { sec: -s - 1, nsec: 1_000_000_000 - n }
+            }
+        }
+    }
+}
+
+fn kind_of(mode: u16) -> FileType {
+    match mode & S_IFMT {
+        0o040000 => FileType::Directory,
+        0o120000 => FileType::Symlink,
+        0o020000 => FileType::CharDevice,
+        0o060000 => FileType::BlockDevice,
+        0o010000 => FileType::NamedPipe,
+        0o140000 => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn kind_of_ft(ft: u8) -> FileType {
+    match ft {
+        2 => FileType::Directory,
+        7 => FileType::Symlink,
+        3 => FileType::CharDevice,
+        4 => FileType::BlockDevice,
+        5 => FileType::NamedPipe,
+        6 => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: to_fuse(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: systime(a.atime),
+        mtime: systime(a.mtime),
+        ctime: systime(a.ctime),
+        crtime: systime(a.crtime),
+        kind: kind_of(a.mode),
+        perm: a.mode & 0o7777,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: a.block_size,
+        flags: 0,
+    }
+}
+
+/// The FUSE filesystem.
+pub struct Uext4Fuse {
+    fs: Arc<Fs>,
+    opts: Options,
+    /// Lookup counts the kernel holds, per inode (FUSE's lookup/forget protocol).
+    lookups: Mutex<HashMap<u32, u64>>,
+    next_fh: AtomicU64,
+}
+
+impl Uext4Fuse {
+    pub fn new(fs: Arc<Fs>, opts: Options) -> Self {
+        Uext4Fuse { fs, opts, lookups: Mutex::new(HashMap::new()), next_fh: AtomicU64::new(1) }
+    }
+
+    fn counted(&self, a: &Attr) {
+        *self.lookups.lock().entry(a.ino).or_insert(0) += 1;
+    }
+
+    fn entry(&self, r: uext4::Result<Attr>, reply: ReplyEntry) {
+        match r {
+            Ok(a) => {
+                self.counted(&a);
+                reply.entry(&TTL, &file_attr(&a), Generation(a.generation as u64));
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// Owner of a new inode: the caller, with the group of a setgid parent.
+    fn owner(&self, req: &Request, parent: u32) -> (u32, u32, bool) {
+        match self.fs.getattr(parent) {
+            Ok(p) if p.mode as u32 & S_ISGID != 0 => (req.uid(), p.gid, true),
+            _ => (req.uid(), req.gid(), false),
+        }
+    }
+
+    fn open_flags(&self) -> FopenFlags {
+        let mut f = FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
+        if self.opts.direct_io {
+            f |= FopenFlags::FOPEN_DIRECT_IO;
+        }
+        f
+    }
+}
+
+fn empty(r: uext4::Result<()>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+impl Filesystem for Uext4Fuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let mut caps = InitFlags::FUSE_PARALLEL_DIROPS;
+        if self.opts.writeback_cache {
+            caps |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        let _ = config.add_capabilities(caps);
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_time_granularity(Duration::from_nanos(1));
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Err(e) = self.fs.unmount() {
+            eprintln!("uext4: unmount: {e}");
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.entry(self.fs.lookup(to_ext(parent), name.as_bytes()), reply);
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let mut l = self.lookups.lock();
+        let k = to_ext(ino);
+        if let Some(c) = l.get_mut(&k) {
+            *c = c.saturating_sub(nlookup);
+            if *c == 0 {
+                l.remove(&k);
+            }
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(to_ext(ino)) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let conv = |t: TimeOrNow| match t {
+            TimeOrNow::Now => TimeSet::Now,
+            TimeOrNow::SpecificTime(s) => TimeSet::At(timestamp(s)),
+        };
+        let ext = to_ext(ino);
+        let mut mode = mode;
+        // chown by a non-root caller clears set-user-ID and set-group-ID, as the kernel does.
+        if (uid.is_some() || gid.is_some()) && mode.is_none() && req.uid() != 0 {
+            if let Ok(a) = self.fs.getattr(ext) {
+                if a.mode & 0o6000 != 0 && a.mode & S_IFMT != 0o040000 {
+                    mode = Some(a.mode as u32 & !0o6000);
+                }
+            }
+        }
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(conv),
+            mtime: mtime.map(conv),
+            ctime: ctime.map(timestamp),
+            crtime: crtime.map(timestamp),
+        };
+        match self.fs.setattr(ext, &set) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(to_ext(ino)) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        let p = to_ext(parent);
+        let (uid, gid, _) = self.owner(req, p);
+        self.entry(self.fs.mknod(p, name.as_bytes(), mode & !umask, rdev, uid, gid), reply);
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let p = to_ext(parent);
+        let (uid, gid, sgid) = self.owner(req, p);
+        let mode = (mode & !umask & 0o7777) | if sgid { S_ISGID } else { 0 };
+        self.entry(self.fs.mkdir(p, name.as_bytes(), mode, uid, gid), reply);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(self.fs.unlink(to_ext(parent), name.as_bytes()), reply);
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(self.fs.rmdir(to_ext(parent), name.as_bytes()), reply);
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let p = to_ext(parent);
+        let (uid, gid, _) = self.owner(req, p);
+        self.entry(self.fs.symlink(p, link_name.as_bytes(), target.as_os_str().as_bytes(), uid, gid), reply);
+    }
+
+    fn rename(&self, _req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            return reply.error(Errno::EINVAL);
+        }
+        let f = uext4::namei::RenameFlags {
+            noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+        };
+        empty(self.fs.rename(to_ext(parent), name.as_bytes(), to_ext(newparent), newname.as_bytes(), f), reply);
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        self.entry(self.fs.link(to_ext(ino), to_ext(newparent), newname.as_bytes()), reply);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open(to_ext(ino)) {
+            Ok(()) => reply.opened(FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed)), self.open_flags()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn read(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<LockOwner>, reply: ReplyData) {
+        let mut buf = vec![0u8; size as usize];
+        match self.fs.read(to_ext(ino), offset, &mut buf) {
+            Ok(n) => reply.data(&buf[..n]),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, data: &[u8], _wf: WriteFlags, _flags: OpenFlags, _lock: Option<LockOwner>, reply: ReplyWrite) {
+        let ext = to_ext(ino);
+        match self.fs.write(ext, offset, data) {
+            Ok(n) => {
+                // A write by someone other than root clears set-user-ID (and set-group-ID when
+                // group-executable), as the kernel's file_remove_privs does.
+                if req.uid() != 0 {
+                    if let Ok(a) = self.fs.getattr(ext) {
+                        let m = a.mode as u32;
+                        let drop = if m & 0o4000 != 0 { 0o4000 } else { 0 } | if m & 0o2010 == 0o2010 { 0o2000 } else { 0 };
+                        if drop != 0 {
+                            let _ = self.fs.setattr(ext, &SetAttr { mode: Some(m & !drop), ..Default::default() });
+                        }
+                    }
+                }
+                reply.written(n as u32)
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock: LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn release(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, _lock: Option<LockOwner>, _flush: bool, reply: ReplyEmpty) {
+        empty(self.fs.release(to_ext(ino)), reply);
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        empty(self.fs.fsync(to_ext(ino), datasync), reply);
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.getattr(to_ext(ino)) {
+            Ok(a) if a.is_dir() => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(_) => reply.error(Errno::ENOTDIR),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let r = self.fs.readdir(to_ext(ino), offset, &mut |e| !reply.add(to_fuse(e.ino), e.next_offset, kind_of_ft(e.kind), OsStr::from_bytes(&e.name)));
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let mut entries = Vec::new();
+        let r = self.fs.readdir(to_ext(ino), offset, &mut |e| {
+            entries.push(e);
+            entries.len() < 512
+        });
+        if let Err(e) = r {
+            return reply.error(errno(&e));
+        }
+        for e in entries {
+            let Ok(a) = self.fs.getattr(e.ino) else { continue };
+            let dot = e.name == b"." || e.name == b"..";
+            if reply.add(to_fuse(e.ino), e.next_offset, OsStr::from_bytes(&e.name), &TTL, &file_attr(&a), Generation(a.generation as u64)) {
+                break;
+            }
+            if !dot {
+                self.counted(&a);
+            }
+        }
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        empty(self.fs.fsync(to_ext(ino), datasync), reply);
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.fs.statfs();
+        reply.statfs(s.blocks, s.blocks_free, s.blocks_avail, s.files, s.files_free, s.block_size, s.name_max, s.block_size);
+    }
+
+    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+        let f = if flags & libc::XATTR_CREATE != 0 {
+            uext4::xattr::XattrFlags::Create
+        } else if flags & libc::XATTR_REPLACE != 0 {
+            uext4::xattr::XattrFlags::Replace
+        } else {
+            uext4::xattr::XattrFlags::Any
+        };
+        empty(self.fs.setxattr(to_ext(ino), name.as_bytes(), value, f), reply);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let ext = to_ext(ino);
+        let v = if ext == 2 && name.as_bytes() == STATS_XATTR {
+            Ok(self.fs.stats_json().into_bytes())
+        } else {
+            self.fs.getxattr(ext, name.as_bytes())
+        };
+        match v {
+            Ok(v) if size == 0 => reply.size(v.len() as u32),
+            Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
+            Ok(v) => reply.data(&v),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(to_ext(ino)) {
+            Ok(names) => {
+                let mut buf = Vec::new();
+                for n in names {
+                    buf.extend_from_slice(&n);
+                    buf.push(0);
+                }
+                if size == 0 {
+                    reply.size(buf.len() as u32)
+                } else if buf.len() > size as usize {
+                    reply.error(Errno::ERANGE)
+                } else {
+                    reply.data(&buf)
+                }
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(self.fs.removexattr(to_ext(ino), name.as_bytes()), reply);
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // With default_permissions the kernel checks the mode bits itself.
+        match self.fs.getattr(to_ext(ino)) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        let p = to_ext(parent);
+        let (uid, gid, _) = self.owner(req, p);
+        let r = self.fs.create(p, name.as_bytes(), mode & !umask, uid, gid);
+        let a = match r {
+            Ok(a) => a,
+            Err(Error::Exists) if flags & libc::O_EXCL == 0 => match self.fs.lookup(p, name.as_bytes()) {
+                Ok(a) => a,
+                Err(e) => return reply.error(errno(&e)),
+            },
+            Err(e) => return reply.error(errno(&e)),
+        };
+        if let Err(e) = self.fs.open(a.ino) {
+            return reply.error(errno(&e));
+        }
+        self.counted(&a);
+        reply.created(&TTL, &file_attr(&a), Generation(a.generation as u64), FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed)), self.open_flags());
+    }
+
+    fn fallocate(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+        empty(self.fs.fallocate(to_ext(ino), mode, offset, length), reply);
+    }
+
+    fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        if offset < 0 {
+            return reply.error(Errno::EINVAL);
+        }
+        let r = match whence {
+            libc::SEEK_DATA => self.fs.lseek_data_hole(to_ext(ino), offset as u64, true),
+            libc::SEEK_HOLE => self.fs.lseek_data_hole(to_ext(ino), offset as u64, false),
+            libc::SEEK_SET => Ok(offset as u64),
+            _ => return reply.error(Errno::EINVAL),
+        };
+        match r {
+            Ok(o) => reply.offset(o as i64),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
+/// The fuser configuration for these options.
+pub fn fuse_config(image: &Path, opts: &Options) -> Config {
+    let mut c = Config::default();
+    c.mount_options = vec![MountOption::FSName(image.display().to_string()), MountOption::Subtype("uext4".into())];
+    if opts.default_permissions {
+        c.mount_options.push(MountOption::DefaultPermissions);
+    }
+    c.mount_options.push(if opts.read_only { MountOption::RO } else { MountOption::RW });
+    c.mount_options.push(MountOption::Dev);
+    c.mount_options.push(MountOption::Suid);
+    if opts.allow_other {
+        c.acl = SessionACL::All;
+    }
+    c.n_threads = Some(opts.threads);
+    c.clone_fd = true;
+    c
+}
+
+/// Mounts `image` at `mountpoint` and serves it until it is unmounted. Returns once the
+/// session has ended and the filesystem has been written and marked clean.
+pub fn serve(fs: Arc<Fs>, image: &Path, mountpoint: &Path, opts: &Options) -> std::io::Result<fuser::BackgroundSession> {
+    let config = fuse_config(image, opts);
+    fuser::spawn_mount2(Uext4Fuse::new(fs, opts.clone()), mountpoint, &config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_and_reject() {
+        let o = Options::parse("ro,threads=4,allow_other,writeback_cache,commit=7,errors=continue,dax").unwrap();
+        assert!(o.read_only && o.allow_other && o.writeback_cache && o.dax);
+        assert_eq!((o.threads, o.commit_secs), (4, 7));
+        let e = Options::parse("rw,bogus").unwrap_err();
+        assert!(e.contains("bogus"), "{e}");
+        assert!(Options::parse("threads=x").is_err());
+        assert!(Options::parse("errors=explode").is_err());
+        assert!(Options::default().threads >= 2);
+    }
+
+    #[test]
+    fn timestamps_convert_both_ways() {
+        for t in [Timestamp { sec: 0, nsec: 0 }, Timestamp { sec: 1_700_000_000, nsec: 5 }, Timestamp { sec: -5, nsec: 250 }] {
+            assert_eq!(timestamp(systime(t)), t);
+        }
+    }
+}
