@@ -1,1 +1,47 @@
-fn main() {}
+//! `uext4`: mount an ext4 image through FUSE, work on images without mounting, make new ones,
+//! and benchmark against the kernel's ext4 and fuse2fs.
+
+mod bench;
+mod mount;
+mod tools;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "uext4", version, about = "Userspace ext4: mount, inspect and modify ext4 images", disable_help_subcommand = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Mount an image or block device through FUSE.
+    Mount(mount::MountArgs),
+    /// Print a mounted filesystem's engine counters as JSON.
+    Stats {
+        mountpoint: std::path::PathBuf,
+    },
+    /// Run the reference workloads side by side against the kernel, fuse2fs and uext4.
+    Bench(bench::BenchArgs),
+    #[command(flatten)]
+    Tool(tools::ToolCmd),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let (name, result) = match cli.cmd {
+        Cmd::Mount(a) => ("mount", mount::run_mount(a)),
+        Cmd::Stats { mountpoint } => ("stats", mount::run_stats(&mountpoint)),
+        Cmd::Bench(a) => ("bench", bench::run(a)),
+        Cmd::Tool(t) => (t.name(), tools::run(t)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("uext4: {name}: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! `uext4 mount` and `uext4 stats`.
+//!
+//! Without -f, `mount` starts itself again with -f in the background (a new session, output to
+//! a log file next to nothing the user sees) and returns once the mount shows up in
+//! /proc/self/mountinfo, or prints the child's error if it exits first. In the foreground it
+//! serves until SIGINT/SIGTERM/SIGHUP (then it unmounts) or until someone else unmounts it
+//! (`umount`, `fusermount3 -u`); either way it commits everything, marks the image clean and
+//! exits 0.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use uext4::Fs;
+use uext4_fuse::Options;
+
+#[derive(Args, Debug)]
+pub struct MountArgs {
+    /// Stay in the foreground.
+    #[arg(short = 'f')]
+    foreground: bool,
+    /// Comma-separated options: ro, rw, threads=N, allow_other, default_permissions,
+    /// writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax.
+    #[arg(short = 'o')]
+    options: Vec<String>,
+    image: PathBuf,
+    mountpoint: PathBuf,
+}
+
+/// Whether `mountpoint` is currently a mount point (per /proc/self/mountinfo).
+pub fn is_mounted(mountpoint: &Path) -> bool {
+    let Ok(canon) = std::fs::canonicalize(mountpoint).or_else(|_| Ok::<_, std::io::Error>(mountpoint.to_path_buf())) else {
+        return false;
+    };
+    let want = canon.to_string_lossy().replace(' ', "\\040");
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|s| s.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str())))
+        .unwrap_or(false)
+}
+
+pub fn run_mount(a: MountArgs) -> Result<()> {
+    let opts = Options::parse(&a.options.join(",")).map_err(anyhow::Error::msg)?;
+    if !a.image.exists() {
+        bail!("{}: no such image file or device", a.image.display());
+    }
+    if !a.mountpoint.is_dir() {
+        bail!("{}: mount point is not a directory", a.mountpoint.display());
+    }
+    if !a.foreground {
+        return daemonize(&a);
+    }
+    serve_foreground(&a.image, &a.mountpoint, &opts)
+}
+
+fn daemonize(a: &MountArgs) -> Result<()> {
+    let exe = std::env::current_exe()?;
+    let log = std::env::temp_dir().join(format!("uext4-mount-{}.log", std::process::id()));
+    let logf = std::fs::File::create(&log)?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("mount").arg("-f");
+    for o in &a.options {
+        cmd.arg("-o").arg(o);
+    }
+    cmd.arg(&a.image).arg(&a.mountpoint);
+    cmd.stdin(std::process::Stdio::null()).stdout(logf.try_clone()?).stderr(logf);
+    // A new session, so the terminal's signals do not reach the server.
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setsid is async-signal-safe and takes no arguments.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("starting the server")?;
+    let start = Instant::now();
+    loop {
+        if is_mounted(&a.mountpoint) {
+            let _ = std::fs::remove_file(&log);
+            return Ok(());
+        }
+        if let Some(st) = child.try_wait()? {
+            let msg = std::fs::read_to_string(&log).unwrap_or_default();
+            let _ = std::fs::remove_file(&log);
+            let line = msg.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim_start_matches("uext4: mount: ").to_string();
+            bail!("the server exited ({st}) before the mount was ready: {line}");
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            bail!("the mount did not become ready within 30 seconds");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<()> {
+    // Block the stop signals in every thread; this one waits for them.
+    // SAFETY: plain signal-mask manipulation on the current thread before threads start.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    let fs = Fs::open_path(image, opts.mount_options()).with_context(|| image.display().to_string())?;
+    if let Some(r) = fs.read_only_reason() {
+        eprintln!("uext4: mounting read-only: {r}");
+    }
+    if opts.dax {
+        eprintln!("uext4: dax: the image is mapped; reads and writes are memory copies");
+    }
+    let session = uext4_fuse::serve(fs.clone(), image, mountpoint, opts).context("mounting (is /dev/fuse available and fusermount3 installed?)")?;
+    let mut signalled = false;
+    loop {
+        let ts = libc::timespec { tv_sec: 0, tv_nsec: 200_000_000 };
+        // SAFETY: `set` is a valid signal set; a null info pointer is allowed.
+        let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
+        if sig > 0 {
+            signalled = true;
+            break;
+        }
+        if !is_mounted(mountpoint) {
+            break;
+        }
+    }
+    if signalled {
+        if let Err(e) = session.umount_and_join() {
+            eprintln!("uext4: unmount: {e}");
+        }
+    } else {
+        let _ = session.join();
+    }
+    fs.unmount().context("writing the filesystem back")?;
+    Ok(())
+}
+
+pub fn run_stats(mountpoint: &Path) -> Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(mountpoint.as_os_str().as_bytes())?;
+    let name = CString::new(uext4_fuse::STATS_XATTR)?;
+    let mut buf = vec![0u8; 1 << 16];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let n = unsafe { libc::getxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        bail!("{}: not a uext4 mount ({e})", mountpoint.display());
+    }
+    println!("{}", String::from_utf8_lossy(&buf[..n as usize]));
+    Ok(())
+}

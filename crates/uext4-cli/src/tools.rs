@@ -1,0 +1,778 @@
+//! The image tools: mkfs, info, ls, cat, cp, mkdir, rm, mv, ln, stat, truncate. Paths inside an
+//! image are written IMAGE:PATH. Each tool opens the image, does its work and leaves the image
+//! clean (`Fs::unmount`), so no root and no mount are needed.
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand};
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use uext4::format::inode::Timestamp;
+use uext4::namei::{RenameFlags, SetAttr, TimeSet};
+use uext4::blockdev::BlockDevice;
+use uext4::{Attr, Error, Fs, MountOptions};
+
+#[derive(Subcommand)]
+pub enum ToolCmd {
+    /// Make a new ext4 filesystem (creates IMAGE if missing).
+    Mkfs(MkfsArgs),
+    /// Print a summary of the superblock and features.
+    Info { image: PathBuf },
+    /// List a directory: IMAGE:PATH.
+    Ls {
+        #[arg(short = 'l')]
+        long: bool,
+        path: String,
+    },
+    /// Print a file: IMAGE:PATH.
+    Cat { path: String },
+    /// Copy files; either side may be IMAGE:PATH.
+    Cp {
+        #[arg(short = 'r', short_alias = 'R')]
+        recursive: bool,
+        src: String,
+        dst: String,
+    },
+    /// Make directories: IMAGE:PATH.
+    Mkdir {
+        #[arg(short = 'p')]
+        parents: bool,
+        path: String,
+    },
+    /// Remove files (with -r, directories): IMAGE:PATH.
+    Rm {
+        #[arg(short = 'r', short_alias = 'R')]
+        recursive: bool,
+        #[arg(short = 'f')]
+        force: bool,
+        path: String,
+    },
+    /// Rename or move inside one image.
+    Mv { src: String, dst: String },
+    /// Make a hard link (or with -s a symbolic link) inside an image.
+    Ln {
+        #[arg(short = 's')]
+        symbolic: bool,
+        target: String,
+        link: String,
+    },
+    /// Show a file's attributes: IMAGE:PATH.
+    Stat { path: String },
+    /// Set a file's size: IMAGE:PATH.
+    Truncate {
+        #[arg(short = 's')]
+        size: String,
+        path: String,
+    },
+}
+
+impl ToolCmd {
+    pub fn name(&self) -> &'static str {
+        match self {
+            ToolCmd::Mkfs(_) => "mkfs",
+            ToolCmd::Info { .. } => "info",
+            ToolCmd::Ls { .. } => "ls",
+            ToolCmd::Cat { .. } => "cat",
+            ToolCmd::Cp { .. } => "cp",
+            ToolCmd::Mkdir { .. } => "mkdir",
+            ToolCmd::Rm { .. } => "rm",
+            ToolCmd::Mv { .. } => "mv",
+            ToolCmd::Ln { .. } => "ln",
+            ToolCmd::Stat { .. } => "stat",
+            ToolCmd::Truncate { .. } => "truncate",
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct MkfsArgs {
+    /// Size, like 64M or 2G (default: the existing file's or device's size).
+    #[arg(long)]
+    size: Option<String>,
+    #[arg(long, default_value_t = 4096)]
+    block_size: u32,
+    /// Journal size in MiB (0: no journal; default: mke2fs's default for the size).
+    #[arg(long)]
+    journal_size: Option<u32>,
+    /// Features to set or clear, mke2fs style: -O ^metadata_csum,metadata_csum_seed
+    #[arg(short = 'O')]
+    features: Option<String>,
+    #[arg(short = 'L')]
+    label: Option<String>,
+    image: PathBuf,
+}
+
+/// Parses a size like 4096, 64K, 64M, 2G, 1T.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        Some('t' | 'T') => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    let n: u64 = num.parse().map_err(|_| anyhow!("{s:?} is not a size (like 4096, 64M, 2G)"))?;
+    n.checked_mul(mult).ok_or_else(|| anyhow!("size {s:?} is too large"))
+}
+
+/// An IMAGE:PATH argument, or a host path.
+enum Loc {
+    Image(PathBuf, String),
+    Host(PathBuf),
+}
+
+fn parse_loc(s: &str) -> Loc {
+    if let Some((img, path)) = s.split_once(':') {
+        let p = Path::new(img);
+        if p.is_file() || std::fs::metadata(p).map(|m| !m.is_dir() && !m.is_file()).unwrap_or(false) {
+            let path = if path.is_empty() { "/".to_string() } else { path.to_string() };
+            return Loc::Image(p.to_path_buf(), path);
+        }
+    }
+    Loc::Host(PathBuf::from(s))
+}
+
+fn image_loc(s: &str) -> Result<(PathBuf, String)> {
+    match parse_loc(s) {
+        Loc::Image(i, p) => Ok((i, p)),
+        Loc::Host(_) => bail!("{s}: expected IMAGE:PATH with an existing image file"),
+    }
+}
+
+fn open(image: &Path, read_only: bool) -> Result<Arc<Fs>> {
+    Fs::open_path(image, MountOptions { read_only, commit_interval_secs: 0, ..Default::default() })
+        .with_context(|| image.display().to_string())
+}
+
+/// Walks `path` from the root, following symlinks in the middle (and at the end with
+/// `follow`). Returns the inode.
+fn resolve(fs: &Fs, path: &str, follow: bool) -> uext4::Result<u32> {
+    resolve_from(fs, 2, path, follow, &mut 0)
+}
+
+fn resolve_from(fs: &Fs, start: u32, path: &str, follow: bool, depth: &mut u32) -> uext4::Result<u32> {
+    let mut cur = if path.starts_with('/') { 2 } else { start };
+    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    for (i, c) in comps.iter().enumerate() {
+        let a = fs.lookup(cur, c.as_bytes())?;
+        let last = i + 1 == comps.len();
+        if a.mode & 0o170000 == 0o120000 && (!last || follow) {
+            *depth += 1;
+            if *depth > 40 {
+                return Err(Error::Invalid("too many levels of symbolic links".into()));
+            }
+            let t = fs.readlink(a.ino)?;
+            cur = resolve_from(fs, cur, &String::from_utf8_lossy(&t), true, depth)?;
+        } else {
+            cur = a.ino;
+        }
+    }
+    Ok(cur)
+}
+
+/// Splits "a/b/c" into the parent's inode and "c".
+fn parent_of(fs: &Fs, path: &str) -> Result<(u32, Vec<u8>)> {
+    let trimmed = path.trim_end_matches('/');
+    let (dir, name) = match trimmed.rsplit_once('/') {
+        Some((d, n)) => (if d.is_empty() { "/" } else { d }, n),
+        None => ("/", trimmed),
+    };
+    if name.is_empty() {
+        bail!("{path}: needs a file name");
+    }
+    let d = resolve(fs, dir, true).with_context(|| dir.to_string())?;
+    Ok((d, name.as_bytes().to_vec()))
+}
+
+pub fn run(cmd: ToolCmd) -> Result<()> {
+    match cmd {
+        ToolCmd::Mkfs(a) => mkfs(a),
+        ToolCmd::Info { image } => info(&image),
+        ToolCmd::Ls { long, path } => ls(&path, long),
+        ToolCmd::Cat { path } => cat(&path),
+        ToolCmd::Cp { recursive, src, dst } => cp(&src, &dst, recursive),
+        ToolCmd::Mkdir { parents, path } => mkdir(&path, parents),
+        ToolCmd::Rm { recursive, force, path } => rm(&path, recursive, force),
+        ToolCmd::Mv { src, dst } => mv(&src, &dst),
+        ToolCmd::Ln { symbolic, target, link } => ln(&target, &link, symbolic),
+        ToolCmd::Stat { path } => stat(&path),
+        ToolCmd::Truncate { size, path } => truncate(&path, &size),
+    }
+}
+
+fn mkfs(a: MkfsArgs) -> Result<()> {
+    let exists = a.image.exists();
+    let cur = if exists { uext4::blockdev::FileDevice::open(&a.image, true)?.size() } else { 0 };
+    let size = match &a.size {
+        Some(s) => parse_size(s)?,
+        None if cur > 0 => cur,
+        None => bail!("{}: the image does not exist: give --size (like --size 1G)", a.image.display()),
+    };
+    let is_file = !exists || std::fs::metadata(&a.image)?.is_file();
+    let fresh = is_file && (!exists || cur == 0);
+    if is_file {
+        let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&a.image)
+            .with_context(|| a.image.display().to_string())?;
+        if f.metadata()?.len() < size {
+            f.set_len(size)?;
+        }
+    }
+    let dev = uext4::blockdev::FileDevice::open(&a.image, false).with_context(|| a.image.display().to_string())?;
+    let mut o = uext4::mkfs::MkfsOptions::default_for(size);
+    if a.block_size != 1024 && a.block_size != 4096 {
+        bail!("--block-size {}: use 1024 or 4096", a.block_size);
+    }
+    o.block_size = a.block_size;
+    o.journal_blocks = a.journal_size.map(|m| ((m as u64) << 20).div_ceil(a.block_size as u64) as u32);
+    o.label = a.label.unwrap_or_default();
+    o.assume_zeroed = fresh;
+    if let Some(f) = &a.features {
+        o.features.apply(f)?;
+    }
+    uext4::mkfs::mkfs(&dev, &o).with_context(|| a.image.display().to_string())?;
+    Ok(())
+}
+
+fn info(image: &Path) -> Result<()> {
+    let fs = open(image, true)?;
+    let sb = fs.superblock();
+    let g = &fs.geo;
+    use uext4::format::features::*;
+    let uuid = sb.uuid();
+    let u = |r: std::ops::Range<usize>| uuid[r].iter().map(|b| format!("{b:02x}")).collect::<String>();
+    println!("Filesystem UUID:          {}-{}-{}-{}-{}", u(0..4), u(4..6), u(6..8), u(8..10), u(10..16));
+    println!("Volume name:              {}", sb.volume_name());
+    let mut feats = names(sb.feature_compat(), COMPAT_NAMES);
+    feats.extend(names(sb.feature_incompat(), INCOMPAT_NAMES));
+    feats.extend(names(sb.feature_ro_compat(), RO_COMPAT_NAMES));
+    println!("Features:                 {}", feats.join(" "));
+    println!("State:                    {}", if sb.state() & 1 != 0 { "clean" } else { "not clean" });
+    println!("Block size:               {}", g.block_size);
+    println!("Block count:              {}", g.blocks_count);
+    println!("Free blocks:              {}", sb.free_blocks_count());
+    println!("Inode count:              {}", g.inodes_count);
+    println!("Free inodes:              {}", sb.free_inodes_count());
+    println!("Inode size:               {}", g.inode_size);
+    println!("Groups:                   {} ({} blocks, {} inodes each)", g.group_count, g.blocks_per_group, g.inodes_per_group);
+    if g.flex_bg_size > 1 {
+        println!("Flex group size:          {}", g.flex_bg_size);
+    }
+    if sb.has_compat(COMPAT_HAS_JOURNAL) {
+        let j = fs.getattr(sb.journal_inum()).map(|a| a.size).unwrap_or(0);
+        println!("Journal:                  inode {}, {} KiB", sb.journal_inum(), j / 1024);
+    }
+    if sb.error_count() > 0 {
+        println!("Errors recorded:          {} (last at inode {}, block {})", sb.error_count(), sb.last_error_ino(), sb.last_error_block());
+    }
+    if let Some(r) = fs.read_only_reason() {
+        println!("Opens read-only:          {r}");
+    }
+    Ok(())
+}
+
+fn mode_string(mode: u16) -> String {
+    let t = match mode & 0o170000 {
+        0o040000 => 'd',
+        0o120000 => 'l',
+        0o020000 => 'c',
+        0o060000 => 'b',
+        0o010000 => 'p',
+        0o140000 => 's',
+        _ => '-',
+    };
+    let mut s = String::from(t);
+    for (i, c) in "rwxrwxrwx".chars().enumerate() {
+        s.push(if mode & (1 << (8 - i)) != 0 { c } else { '-' });
+    }
+    s
+}
+
+fn fmt_time(t: Timestamp) -> String {
+    format!("{}.{:09}", t.sec, t.nsec)
+}
+
+fn ls(path: &str, long: bool) -> Result<()> {
+    let (img, p) = image_loc(path)?;
+    let fs = open(&img, true)?;
+    let ino = resolve(&fs, &p, true).with_context(|| path.to_string())?;
+    let a = fs.getattr(ino)?;
+    let mut out = std::io::stdout().lock();
+    let mut show = |name: &[u8], a: &Attr| -> Result<()> {
+        if long {
+            let link = if a.mode & 0o170000 == 0o120000 {
+                format!(" -> {}", String::from_utf8_lossy(&fs.readlink(a.ino)?))
+            } else {
+                String::new()
+            };
+            writeln!(out, "{} {:>3} {:>5} {:>5} {:>12} {} {}{}", mode_string(a.mode), a.nlink, a.uid, a.gid, a.size, a.mtime.sec, String::from_utf8_lossy(name), link)?;
+        } else {
+            writeln!(out, "{}", String::from_utf8_lossy(name))?;
+        }
+        Ok(())
+    };
+    if !a.is_dir() {
+        return show(p.as_bytes(), &a);
+    }
+    let mut entries = Vec::new();
+    fs.readdir(ino, 0, &mut |e| {
+        entries.push(e);
+        true
+    })?;
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    for e in entries {
+        if e.name == b"." || e.name == b".." {
+            continue;
+        }
+        let a = fs.getattr(e.ino)?;
+        show(&e.name, &a)?;
+    }
+    Ok(())
+}
+
+fn cat(path: &str) -> Result<()> {
+    let (img, p) = image_loc(path)?;
+    let fs = open(&img, true)?;
+    let ino = resolve(&fs, &p, true).with_context(|| path.to_string())?;
+    let size = fs.getattr(ino)?.size;
+    let mut out = std::io::stdout().lock();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0;
+    while off < size {
+        let n = fs.read(ino, off, &mut buf).with_context(|| path.to_string())?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n])?;
+        off += n as u64;
+    }
+    Ok(())
+}
+
+fn stat(path: &str) -> Result<()> {
+    let (img, p) = image_loc(path)?;
+    let fs = open(&img, true)?;
+    let ino = resolve(&fs, &p, false).with_context(|| path.to_string())?;
+    let a = fs.getattr(ino)?;
+    println!("  File: {p}");
+    println!("  Size: {}\tBlocks: {}\tIO Block: {}", a.size, a.blocks, a.block_size);
+    println!("Inode: {}\tLinks: {}\tGeneration: {}", a.ino, a.nlink, a.generation);
+    println!("Access: ({:04o}/{})  Uid: {}  Gid: {}", a.mode & 0o7777, mode_string(a.mode), a.uid, a.gid);
+    println!("Access: {}", fmt_time(a.atime));
+    println!("Modify: {}", fmt_time(a.mtime));
+    println!("Change: {}", fmt_time(a.ctime));
+    println!(" Birth: {}", fmt_time(a.crtime));
+    if let Ok(x) = fs.listxattr(ino) {
+        for n in x {
+            println!("xattr: {}", String::from_utf8_lossy(&n));
+        }
+    }
+    Ok(())
+}
+
+fn mkdir(path: &str, parents: bool) -> Result<()> {
+    let (img, p) = image_loc(path)?;
+    let fs = open(&img, false)?;
+    let r = (|| -> Result<()> {
+        if parents {
+            let mut cur = 2u32;
+            for c in p.split('/').filter(|c| !c.is_empty()) {
+                cur = match fs.lookup(cur, c.as_bytes()) {
+                    Ok(a) if a.is_dir() => a.ino,
+                    Ok(_) => bail!("{c}: exists and is not a directory"),
+                    Err(Error::NotFound) => fs.mkdir(cur, c.as_bytes(), 0o755, 0, 0)?.ino,
+                    Err(e) => return Err(e.into()),
+                };
+            }
+        } else {
+            let (d, n) = parent_of(&fs, &p)?;
+            fs.mkdir(d, &n, 0o755, 0, 0)?;
+        }
+        Ok(())
+    })();
+    fs.unmount()?;
+    r.with_context(|| path.to_string())
+}
+
+fn remove_tree(fs: &Fs, dir: u32, name: &[u8]) -> uext4::Result<()> {
+    let a = fs.lookup(dir, name)?;
+    if a.is_dir() {
+        loop {
+            let mut names = Vec::new();
+            fs.readdir(a.ino, 0, &mut |e| {
+                if e.name != b"." && e.name != b".." {
+                    names.push(e.name);
+                }
+                names.len() < 1024
+            })?;
+            if names.is_empty() {
+                break;
+            }
+            for n in names {
+                remove_tree(fs, a.ino, &n)?;
+            }
+        }
+        fs.rmdir(dir, name)
+    } else {
+        fs.unlink(dir, name)
+    }
+}
+
+fn rm(path: &str, recursive: bool, force: bool) -> Result<()> {
+    let (img, p) = image_loc(path)?;
+    let fs = open(&img, false)?;
+    let r = (|| -> Result<()> {
+        let (d, n) = parent_of(&fs, &p)?;
+        let res = if recursive {
+            remove_tree(&fs, d, &n)
+        } else {
+            match fs.lookup(d, &n) {
+                Ok(a) if a.is_dir() => Err(Error::IsDir),
+                Ok(_) => fs.unlink(d, &n),
+                Err(e) => Err(e),
+            }
+        };
+        match res {
+            Err(Error::NotFound) if force => Ok(()),
+            r => Ok(r?),
+        }
+    })();
+    fs.unmount()?;
+    r.with_context(|| path.to_string())
+}
+
+fn mv(src: &str, dst: &str) -> Result<()> {
+    let (img, s) = image_loc(src)?;
+    let (img2, d) = image_loc(dst)?;
+    if img != img2 {
+        bail!("{dst}: mv works inside one image; use cp and rm between images");
+    }
+    let fs = open(&img, false)?;
+    let r = (|| -> Result<()> {
+        let (sd, sn) = parent_of(&fs, &s)?;
+        // Moving onto an existing directory puts the source inside it.
+        let (dd, dn) = match resolve(&fs, &d, true) {
+            Ok(ino) if fs.getattr(ino)?.is_dir() => (ino, sn.clone()),
+            _ => parent_of(&fs, &d)?,
+        };
+        fs.rename(sd, &sn, dd, &dn, RenameFlags::default())?;
+        Ok(())
+    })();
+    fs.unmount()?;
+    r.with_context(|| format!("{src} -> {dst}"))
+}
+
+fn ln(target: &str, link: &str, symbolic: bool) -> Result<()> {
+    let (img, l) = image_loc(link)?;
+    let fs = open(&img, false)?;
+    let r = (|| -> Result<()> {
+        let (d, n) = parent_of(&fs, &l)?;
+        if symbolic {
+            fs.symlink(d, &n, target.as_bytes(), 0, 0)?;
+        } else {
+            let t = match parse_loc(target) {
+                Loc::Image(i, p) if i == img => p,
+                Loc::Image(..) => bail!("{target}: hard links must stay inside one image"),
+                Loc::Host(p) => p.to_string_lossy().into_owned(),
+            };
+            let ino = resolve(&fs, &t, false).with_context(|| t.clone())?;
+            fs.link(ino, d, &n)?;
+        }
+        Ok(())
+    })();
+    fs.unmount()?;
+    r.with_context(|| link.to_string())
+}
+
+fn truncate(path: &str, size: &str) -> Result<()> {
+    let (img, p) = image_loc(path)?;
+    let size = parse_size(size)?;
+    let fs = open(&img, false)?;
+    let r = resolve(&fs, &p, true).and_then(|ino| fs.truncate(ino, size));
+    fs.unmount()?;
+    r.with_context(|| path.to_string())
+}
+
+// ---- cp ----
+
+/// A progress bar over the bytes a copy moves, shown on large copies to a terminal.
+struct Progress(Option<indicatif::ProgressBar>);
+
+impl Progress {
+    fn new(total: u64) -> Progress {
+        use std::io::IsTerminal;
+        if total >= 64 << 20 && std::io::stderr().is_terminal() {
+            let pb = indicatif::ProgressBar::new(total);
+            pb.set_style(
+                indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} {eta}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            Progress(Some(pb))
+        } else {
+            Progress(None)
+        }
+    }
+    fn add(&self, n: u64) {
+        if let Some(p) = &self.0 {
+            p.inc(n);
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(p) = &self.0 {
+            p.finish_and_clear();
+        }
+    }
+}
+
+fn host_total(p: &Path) -> u64 {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => std::fs::read_dir(p).map(|rd| rd.flatten().map(|e| host_total(&e.path())).sum()).unwrap_or(0),
+        Ok(m) => m.len(),
+        Err(_) => 0,
+    }
+}
+
+fn ts(sec: i64, nsec: i64) -> Timestamp {
+    Timestamp { sec, nsec: nsec as u32 }
+}
+
+/// Host data segments of a file: (offset, length), via SEEK_DATA/SEEK_HOLE.
+fn host_segments(f: &std::fs::File, size: u64) -> Vec<(u64, u64)> {
+    use std::os::unix::io::AsRawFd;
+    let mut out = Vec::new();
+    let mut pos: i64 = 0;
+    while (pos as u64) < size {
+        // SAFETY: plain lseek on an open descriptor.
+        let d = unsafe { libc::lseek(f.as_raw_fd(), pos, libc::SEEK_DATA) };
+        if d < 0 {
+            break;
+        }
+        let h = unsafe { libc::lseek(f.as_raw_fd(), d, libc::SEEK_HOLE) };
+        let h = if h < 0 { size as i64 } else { h };
+        out.push((d as u64, (h - d) as u64));
+        pos = h;
+    }
+    out
+}
+
+struct HostToImage<'a> {
+    fs: &'a Fs,
+    links: HashMap<(u64, u64), u32>,
+    progress: Progress,
+}
+
+impl HostToImage<'_> {
+    fn copy(&mut self, src: &Path, dir: u32, name: &[u8], recursive: bool) -> Result<()> {
+        let md = std::fs::symlink_metadata(src).with_context(|| src.display().to_string())?;
+        let fs = self.fs;
+        let ft = md.file_type();
+        let ino = if ft.is_dir() {
+            if !recursive {
+                bail!("{}: is a directory (use -r)", src.display());
+            }
+            let ino = match fs.lookup(dir, name) {
+                Ok(a) if a.is_dir() => a.ino,
+                _ => fs.mkdir(dir, name, md.mode(), md.uid(), md.gid())?.ino,
+            };
+            let mut entries: Vec<_> = std::fs::read_dir(src)?.flatten().collect();
+            entries.sort_by_key(|e| e.file_name());
+            for e in entries {
+                self.copy(&e.path(), ino, e.file_name().as_bytes(), true)?;
+            }
+            ino
+        } else if let Some(&existing) = self.links.get(&(md.dev(), md.ino())).filter(|_| md.nlink() > 1) {
+            fs.link(existing, dir, name)?;
+            return Ok(());
+        } else if ft.is_symlink() {
+            let t = std::fs::read_link(src)?;
+            fs.symlink(dir, name, t.as_os_str().as_bytes(), md.uid(), md.gid())?.ino
+        } else if ft.is_file() {
+            if let Ok(a) = fs.lookup(dir, name) {
+                if !a.is_dir() {
+                    fs.unlink(dir, name)?;
+                }
+            }
+            let ino = fs.create(dir, name, md.mode(), md.uid(), md.gid())?.ino;
+            let f = std::fs::File::open(src).with_context(|| src.display().to_string())?;
+            let mut buf = vec![0u8; 1 << 20];
+            for (start, len) in host_segments(&f, md.len()) {
+                let mut off = start;
+                while off < start + len {
+                    let n = ((start + len - off) as usize).min(buf.len());
+                    f.read_exact_at(&mut buf[..n], off)?;
+                    fs.write(ino, off, &buf[..n])?;
+                    self.progress.add(n as u64);
+                    off += n as u64;
+                }
+            }
+            if fs.getattr(ino)?.size != md.len() {
+                fs.truncate(ino, md.len())?;
+            }
+            ino
+        } else {
+            fs.mknod(dir, name, md.mode(), md.rdev() as u32, md.uid(), md.gid())?.ino
+        };
+        if md.nlink() > 1 && !ft.is_dir() {
+            self.links.insert((md.dev(), md.ino()), ino);
+        }
+        let set = SetAttr {
+            mode: if ft.is_symlink() { None } else { Some(md.mode()) },
+            atime: Some(TimeSet::At(ts(md.atime(), md.atime_nsec()))),
+            mtime: Some(TimeSet::At(ts(md.mtime(), md.mtime_nsec()))),
+            ..Default::default()
+        };
+        fs.setattr(ino, &set)?;
+        Ok(())
+    }
+}
+
+fn set_host_times(p: &Path, a: &Attr) -> Result<()> {
+    use std::ffi::CString;
+    let c = CString::new(p.as_os_str().as_bytes())?;
+    let t = [
+        libc::timespec { tv_sec: a.atime.sec as libc::time_t, tv_nsec: a.atime.nsec as libc::c_long },
+        libc::timespec { tv_sec: a.mtime.sec as libc::time_t, tv_nsec: a.mtime.nsec as libc::c_long },
+    ];
+    // SAFETY: valid C string and a two-element timespec array.
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), t.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: as above.
+    unsafe { libc::lchown(c.as_ptr(), a.uid, a.gid) };
+    Ok(())
+}
+
+struct ImageToHost<'a> {
+    fs: &'a Fs,
+    links: HashMap<u32, PathBuf>,
+    progress: Progress,
+}
+
+impl ImageToHost<'_> {
+    fn copy(&mut self, ino: u32, dst: &Path, recursive: bool) -> Result<()> {
+        let fs = self.fs;
+        let a = fs.getattr(ino)?;
+        match a.mode & 0o170000 {
+            0o040000 => {
+                if !recursive {
+                    bail!("{}: is a directory (use -r)", dst.display());
+                }
+                if !dst.is_dir() {
+                    std::fs::create_dir(dst).with_context(|| dst.display().to_string())?;
+                }
+                let mut entries = Vec::new();
+                fs.readdir(ino, 0, &mut |e| {
+                    entries.push(e);
+                    true
+                })?;
+                for e in entries {
+                    if e.name == b"." || e.name == b".." {
+                        continue;
+                    }
+                    self.copy(e.ino, &dst.join(std::ffi::OsStr::from_bytes(&e.name)), true)?;
+                }
+                std::fs::set_permissions(dst, std::fs::Permissions::from_mode(a.mode as u32 & 0o7777))?;
+            }
+            0o120000 => {
+                let t = fs.readlink(ino)?;
+                let _ = std::fs::remove_file(dst);
+                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&t), dst).with_context(|| dst.display().to_string())?;
+            }
+            0o100000 => {
+                if a.nlink > 1 {
+                    if let Some(first) = self.links.get(&ino) {
+                        let _ = std::fs::remove_file(dst);
+                        std::fs::hard_link(first, dst)?;
+                        return Ok(());
+                    }
+                    self.links.insert(ino, dst.to_path_buf());
+                }
+                let f = std::fs::OpenOptions::new().create(true).truncate(true).write(true).open(dst)
+                    .with_context(|| dst.display().to_string())?;
+                let mut buf = vec![0u8; 1 << 20];
+                let mut pos = 0u64;
+                while pos < a.size {
+                    let Ok(d) = fs.lseek_data_hole(ino, pos, true) else { break };
+                    let h = fs.lseek_data_hole(ino, d, false)?;
+                    let mut off = d;
+                    while off < h {
+                        let n = ((h - off) as usize).min(buf.len());
+                        let got = fs.read(ino, off, &mut buf[..n])?;
+                        f.write_all_at(&buf[..got], off)?;
+                        self.progress.add(got as u64);
+                        off += got as u64;
+                        if got == 0 {
+                            break;
+                        }
+                    }
+                    pos = h;
+                }
+                f.set_len(a.size)?;
+                std::fs::set_permissions(dst, std::fs::Permissions::from_mode(a.mode as u32 & 0o7777))?;
+            }
+            _ => {
+                use std::ffi::CString;
+                let c = CString::new(dst.as_os_str().as_bytes())?;
+                // SAFETY: valid C string.
+                if unsafe { libc::mknod(c.as_ptr(), a.mode as libc::mode_t, a.rdev as libc::dev_t) } != 0 {
+                    return Err(std::io::Error::last_os_error()).with_context(|| dst.display().to_string());
+                }
+            }
+        }
+        set_host_times(dst, &a)
+    }
+}
+
+fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
+    match (parse_loc(src), parse_loc(dst)) {
+        (Loc::Host(s), Loc::Image(img, d)) => {
+            let fs = open(&img, false)?;
+            let total = host_total(&s);
+            let r = (|| -> Result<()> {
+                let name = s.file_name().ok_or_else(|| anyhow!("{src}: no file name"))?.as_bytes().to_vec();
+                let (dir, n) = match resolve(&fs, &d, true) {
+                    Ok(ino) if fs.getattr(ino)?.is_dir() => (ino, name),
+                    _ => parent_of(&fs, &d)?,
+                };
+                let mut c = HostToImage { fs: &fs, links: HashMap::new(), progress: Progress::new(total) };
+                c.copy(&s, dir, &n, recursive)
+            })();
+            fs.unmount()?;
+            r.with_context(|| format!("{src} -> {dst}"))
+        }
+        (Loc::Image(img, s), Loc::Host(d)) => {
+            let fs = open(&img, true)?;
+            let ino = resolve(&fs, &s, false).with_context(|| src.to_string())?;
+            let total = fs.getattr(ino)?.size;
+            let target = if d.is_dir() {
+                let name = s.trim_end_matches('/').rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("root");
+                d.join(name)
+            } else {
+                d
+            };
+            let mut c = ImageToHost { fs: &fs, links: HashMap::new(), progress: Progress::new(total) };
+            c.copy(ino, &target, recursive).with_context(|| format!("{src} -> {dst}"))
+        }
+        (Loc::Image(si, s), Loc::Image(di, d)) => {
+            // Through a temporary host copy: simple, and the two images may be the same file.
+            let tmp = std::env::temp_dir().join(format!("uext4-cp-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&tmp);
+            std::fs::create_dir_all(&tmp)?;
+            let r = (|| -> Result<()> {
+                let name = s.trim_end_matches('/').rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("root").to_string();
+                cp(&format!("{}:{}", si.display(), s), &tmp.display().to_string(), recursive)?;
+                cp(&tmp.join(&name).display().to_string(), &format!("{}:{}", di.display(), d), recursive)
+            })();
+            let _ = std::fs::remove_dir_all(&tmp);
+            r
+        }
+        (Loc::Host(_), Loc::Host(_)) => bail!("one side of cp must be IMAGE:PATH (an existing image file)"),
+    }
+}
