@@ -194,6 +194,10 @@ pub struct Fs {
     pub(crate) pending_free: Mutex<std::collections::BTreeMap<u64, (u64, u64)>>,
     /// The orphan list in chain order, head first (see orphan.rs). A leaf lock.
     pub(crate) orphans: Mutex<Vec<u32>>,
+    /// Inode numbers a front end still refers to (FUSE lookups the kernel has not forgotten):
+    /// not reused for new inodes even when freed, so a stale kernel inode never aliases a new
+    /// file. A leaf lock.
+    pub(crate) pinned: Mutex<std::collections::HashSet<u32>>,
 }
 
 /// Wraps a device to count its traffic while sharing the counters with `Fs`.
@@ -425,6 +429,7 @@ impl Fs {
             dir_rotor: AtomicU64::new(0),
             pending_free: Mutex::new(std::collections::BTreeMap::new()),
             orphans: Mutex::new(Vec::new()),
+            pinned: Mutex::new(std::collections::HashSet::new()),
         });
         if !fs.is_read_only() {
             fs.mark_mounted()?;
@@ -620,6 +625,16 @@ impl Fs {
         buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
         h.dirty(&buf);
         Ok(())
+    }
+
+    /// Keeps (or stops keeping) an inode number from being reused while a front end refers to it.
+    pub fn pin_ino(&self, ino: u32, pinned: bool) {
+        let mut p = self.pinned.lock();
+        if pinned {
+            p.insert(ino);
+        } else {
+            p.remove(&ino);
+        }
     }
 
     /// Reads group `g`'s descriptor (a copy).

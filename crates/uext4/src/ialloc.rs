@@ -89,7 +89,17 @@ impl Fs {
             }
             let buf = self.inode_bitmap(h, g, &mut st)?;
             let first = if g == 0 { self.geo.first_ino as usize - 1 } else { 0 };
-            let found = find_zero(&buf.read(), first, ipg);
+            let found = {
+                let data = buf.read();
+                let pinned = self.pinned.lock();
+                let mut at = first;
+                loop {
+                    match find_zero(&data, at, ipg) {
+                        Some(i) if pinned.contains(&(g * ipg as u32 + i as u32 + 1)) => at = i + 1,
+                        other => break other,
+                    }
+                }
+            };
             let Some(idx) = found else {
                 continue;
             };

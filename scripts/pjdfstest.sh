@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# POSIX behaviour: runs pjdfstest (the Rust port, from crates.io) against a fresh uext4 mount
+# and fails on any failure that is not listed in tests/pjdfstest-expected-failures.txt.
+# Needs root (it switches users), /dev/fuse and fusermount3; skips with a message otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+U=${UEXT4_BIN:-target/release/uext4}
+
+if [ "$(id -u)" -ne 0 ]; then echo "SKIP pjdfstest: needs root (it switches users)"; exit 0; fi
+if [ ! -e /dev/fuse ]; then echo "SKIP pjdfstest: no /dev/fuse"; exit 0; fi
+command -v pjdfstest >/dev/null || cargo install --locked pjdfstest >/dev/null 2>&1 || cargo install pjdfstest >/dev/null 2>&1
+command -v pjdfstest >/dev/null || { echo "pjdfstest could not be installed"; exit 1; }
+[ -x "$U" ] || cargo build --release -q -p uext4-cli
+
+# The suite switches to the users nobody and tests.
+getent group tests >/dev/null || groupadd tests
+getent passwd tests >/dev/null || useradd -g tests -M -N -s /usr/sbin/nologin tests
+nobody_group=$(id -gn nobody)
+
+work=$(mktemp -d)
+img=/dev/shm/uext4-pjdfstest-$$.img
+mnt=$work/mnt
+mkdir -p "$mnt"
+cleanup() {
+  cd /
+  mountpoint -q "$mnt" && umount "$mnt"
+  rm -rf "$work" "$img"
+}
+trap cleanup EXIT
+
+cat > "$work/pjdfstest.toml" <<TOML
+[features]
+posix_fallocate = {}
+rename_ctime = {}
+utime_now = {}
+utimensat = {}
+
+[settings]
+naptime = 0.01
+allow_remount = false
+
+[dummy_auth]
+entries = [["nobody", "$nobody_group"], ["tests", "tests"]]
+TOML
+
+"$U" mkfs --size 1G "$img" || exit 1
+"$U" mount -o allow_other "$img" "$mnt" || exit 1
+chmod 777 "$mnt"
+(cd "$mnt" && timeout 900 pjdfstest -c "$work/pjdfstest.toml" -p "$mnt") > "$work/out.txt" 2>&1
+cp "$work/out.txt" "${TMPDIR:-/tmp}/uext4-pjdfstest-last.log" 2>/dev/null
+rc=$?
+umount "$mnt"
+sleep 0.5
+grep -E "FAILED|failed|panicked" "$work/out.txt" | grep -v "^test result" > "$work/failed.txt" || true
+expected=tests/pjdfstest-expected-failures.txt
+unexpected=$(grep -v -x -F -f <(grep -v '^#' "$expected" 2>/dev/null | sed 's/ *#.*//' | grep .) "$work/failed.txt" | grep . || true)
+tail -3 "$work/out.txt"
+fsck=$(e2fsck -fn "$img" 2>&1); frc=$?
+if [ $frc -ne 0 ]; then echo "$fsck" | head -20; echo "e2fsck -fn found problems after pjdfstest"; exit 1; fi
+if [ -n "$unexpected" ]; then
+  echo "unexpected pjdfstest failures:"; echo "$unexpected"
+  exit 1
+fi
+echo "pjdfstest: no unexpected failures (runner exit $rc), image e2fsck clean"
