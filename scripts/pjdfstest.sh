@@ -18,6 +18,7 @@ getent passwd tests >/dev/null || useradd -g tests -M -N -s /usr/sbin/nologin te
 nobody_group=$(id -gn nobody)
 
 work=$(mktemp -d)
+chmod 755 "$work"   # other users must reach the mount point
 img=/dev/shm/uext4-pjdfstest-$$.img
 mnt=$work/mnt
 mkdir -p "$mnt"

@@ -24,6 +24,7 @@ use uext4::{Attr, Error, Fs};
 /// The virtual attribute on the mount's root that `uext4 stats` reads.
 pub const STATS_XATTR: &[u8] = b"user.uext4.stats";
 
+/// How long the kernel may cache attributes and entries (the engine is their only writer).
 const TTL: Duration = Duration::from_secs(1);
 const S_ISGID: u32 = 0o2000;
 
@@ -597,11 +598,8 @@ pub fn fuse_config(image: &Path, opts: &Options) -> Config {
         c.acl = SessionACL::All;
     }
     c.n_threads = Some(opts.threads);
-    // One /dev/fuse descriptor shared by the loop threads. With FUSE_DEV_IOC_CLONE (a descriptor
-    // per thread) pjdfstest showed permission checks against stale attributes (22 failures that
-    // vanish with one descriptor), so cloning stays opt-in (UEXT4_FUSE_CLONE_FD=1) until that
-    // is understood.
-    c.clone_fd = std::env::var_os("UEXT4_FUSE_CLONE_FD").is_some();
+    // A /dev/fuse descriptor per loop thread (FUSE_DEV_IOC_CLONE), so requests spread over them.
+    c.clone_fd = true;
     c
 }
 
