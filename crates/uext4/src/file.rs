@@ -579,6 +579,6 @@ impl Fs {
 
     /// Log blocks written by the journal so far (0 without a journal).
     pub(crate) fn journal_log_blocks(&self) -> u64 {
-        0
+        self.journal.get().map(|j| j.log_blocks_written.load(Ordering::Relaxed)).unwrap_or(0)
     }
 }

@@ -198,6 +198,8 @@ pub struct Fs {
     /// not reused for new inodes even when freed, so a stale kernel inode never aliases a new
     /// file. A leaf lock.
     pub(crate) pinned: Mutex<std::collections::HashSet<u32>>,
+    /// The jbd2 journal (inode 8), when the filesystem has one and it is opened read-write.
+    pub(crate) journal: std::sync::OnceLock<crate::journal::Journal>,
 }
 
 /// Wraps a device to count its traffic while sharing the counters with `Fs`.
@@ -430,7 +432,40 @@ impl Fs {
             pending_free: Mutex::new(std::collections::BTreeMap::new()),
             orphans: Mutex::new(Vec::new()),
             pinned: Mutex::new(std::collections::HashSet::new()),
+            journal: std::sync::OnceLock::new(),
         });
+        if fs.superblock().has_compat(COMPAT_HAS_JOURNAL) {
+            let needs = fs.superblock().has_incompat(INCOMPAT_RECOVER);
+            let journal = fs.load_journal()?;
+            if needs || journal.needs_recovery() {
+                if fs.is_read_only() {
+                    return Err(Error::ReadOnly(
+                        " (the journal needs recovery: open the image read-write once to replay it)".into(),
+                    ));
+                }
+                let report = journal.recover()?;
+                tracing::info!(?report, "replayed the journal");
+                // Clear needs_recovery in the superblock as replayed (not our stale copy), then
+                // open again over the recovered image.
+                let bytes = {
+                    let mut sb = read_superblock(&*dev)?;
+                    let f = sb.feature_incompat() & !INCOMPAT_RECOVER;
+                    sb.set_feature_incompat(f);
+                    sb.set_csum();
+                    sb.bytes().to_vec()
+                };
+                dev.write_at(SUPERBLOCK_OFFSET, &bytes)?;
+                dev.flush()?;
+                drop(journal);
+                let opts = fs.opts.clone();
+                drop(fs);
+                return Fs::open_dev(dev, opts);
+            }
+            if !fs.is_read_only() {
+                fs.txn.max_blocks.store(journal.max_transaction_blocks(), Ordering::Relaxed);
+                let _ = fs.journal.set(journal);
+            }
+        }
         if !fs.is_read_only() {
             fs.mark_mounted()?;
             let n = fs.process_orphans()?;
@@ -514,10 +549,16 @@ impl Fs {
         sb.set_mnt_count(v);
         let v = sb.state() & !STATE_VALID;
         sb.set_state(v);
+        if self.journal.get().is_some() {
+            // As the kernel: needs_recovery is set while the journal is in use.
+            let f = sb.feature_incompat() | INCOMPAT_RECOVER;
+            sb.set_feature_incompat(f);
+        }
         sb.set_csum();
         let bytes = sb.bytes().to_vec();
         drop(sb);
         self.dev.write_at(SUPERBLOCK_OFFSET, &bytes)?;
+        self.dev.flush()?;
         Ok(())
     }
 
@@ -653,6 +694,20 @@ impl Fs {
 
     pub(crate) fn new_raw_inode(&self) -> RawInode {
         RawInode::new(self.geo.inode_size as usize)
+    }
+}
+
+impl Fs {
+    /// Opens the journal of inode s_journal_inum through its extent map.
+    fn load_journal(&self) -> Result<crate::journal::Journal> {
+        let ino = self.sb.lock().journal_inum();
+        // Straight from the inode table: bitmaps may be torn until the journal is replayed.
+        let raw = self.read_raw_inode(ino)?;
+        let mut st = crate::inode::InodeState { raw, extents: None, orphaned: false, deleted: false };
+        self.ext_load(ino, &mut st).map_err(|e| Error::corrupt(format!("journal inode {ino}: {e}")))?;
+        let extents: Vec<_> = st.extents.as_ref().map(|c| c.map.values().copied().collect()).unwrap_or_default();
+        let map = crate::journal::JournalMap(extents.iter().filter(|e| !e.unwritten).map(|e| (e.lblk, e.pblk, e.len)).collect());
+        crate::journal::Journal::open(self.dev.clone(), self.geo.block_size, map)
     }
 }
 

@@ -51,8 +51,8 @@ pub struct TxnManager {
     pub(crate) committed: AtomicU64,
     /// The running transaction's tid, readable without a lock (the overwrite path's check).
     pub(crate) running_tid: AtomicU64,
-    /// Commit when the running transaction holds this many blocks.
-    pub(crate) max_blocks: usize,
+    /// Commit when the running transaction holds this many blocks (a quarter of the journal).
+    pub(crate) max_blocks: std::sync::atomic::AtomicUsize,
     pub stats: TxnStats,
 }
 
@@ -64,7 +64,7 @@ impl TxnManager {
             commit_lock: Mutex::new(first_tid.saturating_sub(1)),
             committed: AtomicU64::new(first_tid.saturating_sub(1)),
             running_tid: AtomicU64::new(first_tid),
-            max_blocks: max_blocks.max(16),
+            max_blocks: std::sync::atomic::AtomicUsize::new(max_blocks.max(16)),
             stats: TxnStats::default(),
         }
     }
@@ -102,7 +102,7 @@ impl TxnManager {
 
     /// Whether the running transaction has grown past its size threshold.
     pub fn wants_commit(&self) -> bool {
-        self.running.lock().blocks.len() >= self.max_blocks
+        self.running.lock().blocks.len() >= self.max_blocks.load(Ordering::Relaxed)
     }
 }
 
@@ -236,9 +236,27 @@ impl crate::fs::Fs {
     /// Makes a committed transaction durable: through the journal when there is one, then at
     /// the blocks' home locations.
     fn write_transaction(&self, tid: u64, blocks: &[(u64, Vec<u8>)], revoked: &[u64]) -> crate::Result<()> {
-        let _ = (tid, revoked);
+        let _ = tid;
         // Data written by the operations in this transaction reached the device before their
-        // metadata: the flush below orders it ahead of the metadata writes.
+        // metadata: the journal's flushes (or the flush below) order it ahead of the metadata.
+        if let Some(j) = self.journal.get() {
+            match j.commit(blocks, revoked) {
+                Ok(jtid) => {
+                    let bs = self.geo.block_size as u64;
+                    for (blk, data) in blocks {
+                        self.dev.write_at(blk * bs, data)?;
+                    }
+                    self.dev.flush()?;
+                    j.checkpointed(jtid);
+                    return Ok(());
+                }
+                Err(crate::Error::Invalid(why)) => {
+                    // Larger than the log can hold: written home directly (not atomic).
+                    tracing::warn!("{why}: writing it without the journal");
+                }
+                Err(e) => return Err(e),
+            }
+        }
         self.dev.flush()?;
         let bs = self.geo.block_size as u64;
         for (blk, data) in blocks {
@@ -260,9 +278,14 @@ impl crate::fs::Fs {
             return Ok(());
         }
         self.commit()?;
+        if let Some(j) = self.journal.get() {
+            j.set_clean()?;
+        }
         use crate::format::superblock::{STATE_VALID, SUPERBLOCK_OFFSET};
         let bytes = {
             let mut sb = self.sb.lock();
+            let f = sb.feature_incompat() & !crate::format::features::INCOMPAT_RECOVER;
+            sb.set_feature_incompat(f);
             if self.stopped.lock().is_none() {
                 let v = sb.state() | STATE_VALID;
                 sb.set_state(v);

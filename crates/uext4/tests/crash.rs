@@ -329,6 +329,9 @@ fn crash_states_recover_consistently() {
             s ^= s << 17;
             s % 3 != 0
         });
+        if let Ok(dir) = std::env::var("UEXT4_CRASH_DUMP") {
+            std::fs::write(format!("{dir}/crash-{at}-{mask_seed:x}.img"), &img).unwrap();
+        }
         let bad = check_state(img, &w, at, &file);
         checked += 1;
         if !bad.is_empty() {
