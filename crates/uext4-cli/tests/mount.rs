@@ -1,0 +1,185 @@
+//! `uext4 mount`: a shell workload, a many-thread stress in shared directories, clean unmount by
+//! umount and by SIGTERM, and a kill -9 that leaves a mount `umount` clears and an image the
+//! next mount opens. Needs root and /dev/fuse; skips with a message otherwise.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_uext4")
+}
+
+fn usable() -> bool {
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root || !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIP: mount tests need root and /dev/fuse");
+        return false;
+    }
+    true
+}
+
+struct Env {
+    img: PathBuf,
+    mnt: PathBuf,
+}
+
+impl Env {
+    fn new(tag: &str) -> Env {
+        let base = std::env::temp_dir().join(format!("uext4-mt-{tag}-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&base);
+        let img = PathBuf::from(format!("/dev/shm/uext4-mt-{tag}-{}.img", std::process::id()));
+        let mnt = base.join("mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        let _ = std::fs::remove_file(&img);
+        let o = Command::new(bin()).args(["mkfs", "--size", "512M"]).arg(&img).output().unwrap();
+        assert!(o.status.success());
+        Env { img, mnt }
+    }
+    fn mount(&self) {
+        let o = Command::new(bin()).arg("mount").arg(&self.img).arg(&self.mnt).output().unwrap();
+        assert!(o.status.success(), "mount: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    fn umount(&self) {
+        assert!(Command::new("umount").arg(&self.mnt).status().unwrap().success());
+        wait_server_gone(&self.img);
+    }
+    fn fsck(&self) {
+        let o = Command::new("e2fsck").arg("-fn").arg(&self.img).output().unwrap();
+        assert!(o.status.success(), "e2fsck: {}", String::from_utf8_lossy(&o.stdout));
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).output();
+        let _ = std::fs::remove_file(&self.img);
+    }
+}
+
+/// Waits until no server process has the image open (it exits after writing everything back).
+fn wait_server_gone(img: &Path) {
+    let start = Instant::now();
+    let name = img.to_string_lossy().into_owned();
+    while start.elapsed() < Duration::from_secs(20) {
+        let busy = Command::new("pgrep").args(["-f", &format!("uext4 mount -f {name}")]).output().map(|o| o.status.success()).unwrap_or(false);
+        if !busy {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the server did not exit after unmount");
+}
+
+#[test]
+fn shell_workload_then_clean_image() {
+    if !usable() {
+        return;
+    }
+    let e = Env::new("sh");
+    e.mount();
+    let m = e.mnt.display();
+    let script = format!(
+        "set -e; cd {m}; mkdir -p a/b/c; echo hi > a/f; ln a/f a/g; ln -s f a/s; mv a/g a/b/h; \
+         dd if=/dev/urandom of=big bs=1M count=20 status=none; cp big big2; cmp big big2; \
+         truncate -s 1000 big2; setfattr -n user.k -v value a/f; getfattr -n user.k a/f >/dev/null; \
+         rm -r a/b; test ! -e a/b; test $(cat a/s) = hi; \
+         for i in $(seq 1 300); do echo $i > many$i; done; rm many1*; ls | wc -l"
+    );
+    let o = Command::new("sh").arg("-c").arg(&script).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stats = Command::new(bin()).arg("stats").arg(&e.mnt).output().unwrap();
+    assert!(String::from_utf8_lossy(&stats.stdout).contains("\"handles_started\""));
+    e.umount();
+    e.fsck();
+}
+
+#[test]
+fn concurrent_stress_in_shared_directories() {
+    if !usable() {
+        return;
+    }
+    let e = Env::new("stress");
+    e.mount();
+    let root = e.mnt.clone();
+    std::fs::create_dir(root.join("shared")).unwrap();
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let dir = root.join("shared");
+            std::thread::spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(4);
+                let mut i = 0u32;
+                while Instant::now() < deadline {
+                    let p = dir.join(format!("t{t}-{i}"));
+                    std::fs::write(&p, vec![t as u8; 1000 + (i as usize % 7) * 3000]).unwrap();
+                    if i % 3 == 0 {
+                        std::fs::rename(&p, dir.join(format!("r{t}-{i}"))).unwrap();
+                    } else if i % 3 == 1 {
+                        std::fs::remove_file(&p).unwrap();
+                    }
+                    i += 1;
+                }
+                i
+            })
+        })
+        .collect();
+    let counts: Vec<u32> = threads.into_iter().map(|h| h.join().unwrap()).collect();
+    e.umount();
+    e.fsck();
+    // Content check after a remount.
+    e.mount();
+    for (t, &n) in counts.iter().enumerate() {
+        for i in 0..n {
+            let expect = match i % 3 {
+                0 => Some(e.mnt.join(format!("shared/r{t}-{i}"))),
+                2 => Some(e.mnt.join(format!("shared/t{t}-{i}"))),
+                _ => None,
+            };
+            if let Some(p) = expect {
+                let d = std::fs::read(&p).unwrap_or_else(|err| panic!("{}: {err}", p.display()));
+                assert_eq!(d.len(), 1000 + (i as usize % 7) * 3000);
+                assert!(d.iter().all(|&b| b == t as u8));
+            }
+        }
+    }
+    e.umount();
+    e.fsck();
+}
+
+#[test]
+fn sigterm_unmounts_and_kill9_recovers() {
+    if !usable() {
+        return;
+    }
+    let e = Env::new("kill");
+    // SIGTERM: a clean unmount and exit 0.
+    let mut child = Command::new(bin()).args(["mount", "-f"]).arg(&e.img).arg(&e.mnt).spawn().unwrap();
+    let start = Instant::now();
+    while !e.mnt.join("lost+found").exists() {
+        assert!(start.elapsed() < Duration::from_secs(10), "mount did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::write(e.mnt.join("file"), b"data").unwrap();
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let st = child.wait().unwrap();
+    assert!(st.success(), "server exit status after SIGTERM: {st}");
+    e.fsck();
+    // kill -9 in the middle of work.
+    let mut child = Command::new(bin()).args(["mount", "-f"]).arg(&e.img).arg(&e.mnt).spawn().unwrap();
+    let start = Instant::now();
+    while !e.mnt.join("lost+found").exists() {
+        assert!(start.elapsed() < Duration::from_secs(10), "mount did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for i in 0..50 {
+        std::fs::write(e.mnt.join(format!("f{i}")), vec![1u8; 10_000]).unwrap();
+    }
+    child.kill().unwrap();
+    let _ = child.wait();
+    assert!(Command::new("umount").arg(&e.mnt).status().unwrap().success(), "umount clears the dead mount");
+    // The next mount works (it replays the journal) and leaves a clean image.
+    e.mount();
+    assert_eq!(std::fs::read(e.mnt.join("file")).unwrap(), b"data");
+    e.umount();
+    e.fsck();
+}
