@@ -1,13 +1,467 @@
-//! `uext4 bench` (being written).
-use anyhow::Result;
+//! `uext4 bench`: the reference workloads (the shared workloads folder, one per seed document)
+//! run side by side, in one run, against the kernel's ext4 on a loop device, fuse2fs, uext4
+//! through FUSE (default, writeback_cache, dax), uext4 in-process, the raw storage, and a FUSE
+//! server that does nothing (the transport's ceiling). Results go to JSON and a Markdown report
+//! with ratios and ASCII charts of the job sweep.
+
+mod loadgen;
+mod null;
+
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
+    /// Workloads to run (default: all): overwrite-4k, mixed-randrw-4k, fsync-randwrite-16k, pwrite-1g.
+    #[arg(long = "workload")]
+    workloads: Vec<String>,
+    /// Systems, comma-separated (default: all available): kernel, kernel-dioread_lock, fuse2fs,
+    /// uext4-fuse, uext4-fuse-wbc, uext4-fuse-dax, uext4-lib, raw, fuse-null.
+    #[arg(long)]
+    systems: Option<String>,
+    /// Job counts to sweep.
+    #[arg(long, default_value = "1,2,4,8,16")]
+    jobs: String,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 10)]
+    runtime: u64,
+    /// Where images and mounts go (default: /dev/shm/uext4-bench, or a disk folder with --backing disk).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Journal size for every image, MiB (default: mke2fs's).
+    #[arg(long)]
+    journal_size: Option<u32>,
+    /// Every system and workload, briefly (under two minutes): checks that all produce numbers.
     #[arg(long)]
     quick: bool,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+    /// shm (default) or disk.
+    #[arg(long, default_value = "shm")]
+    backing: String,
+    /// The workloads folder (default: ../shared/workloads from the repository root).
+    #[arg(long)]
+    workloads_dir: Option<PathBuf>,
+    /// Internal: serve the do-nothing FUSE filesystem at this mount point (used by fuse-null).
+    #[arg(long, hide = true)]
+    serve_null: Option<PathBuf>,
+    #[arg(long, hide = true, default_value_t = 2)]
+    null_threads: usize,
 }
 
-pub fn run(_a: BenchArgs) -> Result<()> {
-    anyhow::bail!("bench: not built yet")
+#[derive(Serialize, Clone, Debug)]
+pub struct Record {
+    pub system: String,
+    pub workload: String,
+    pub jobs: usize,
+    pub iops: f64,
+    pub bw_mib_s: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub fsck: String,
+    pub stats: Option<serde_json::Value>,
+    pub note: String,
+}
+
+const WORKLOADS: &[&str] = &["overwrite-4k", "mixed-randrw-4k", "fsync-randwrite-16k", "pwrite-1g"];
+const SYSTEMS: &[&str] = &["raw", "fuse-null", "kernel", "kernel-dioread_lock", "fuse2fs", "uext4-fuse", "uext4-fuse-wbc", "uext4-fuse-dax", "uext4-lib"];
+
+fn have(cmd: &str) -> bool {
+    Command::new("sh").arg("-c").arg(format!("command -v {cmd} >/dev/null")).status().map(|s| s.success()).unwrap_or(false)
+}
+
+fn sh(cmd: &str) -> Result<String> {
+    let o = Command::new("sh").arg("-c").arg(cmd).output()?;
+    if !o.status.success() {
+        bail!("`{cmd}` failed: {}", String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or(""));
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    if let Some(m) = &a.serve_null {
+        return null::serve(m, a.null_threads);
+    }
+    let root = unsafe { libc::geteuid() } == 0;
+    let wdir = a.workloads_dir.clone().unwrap_or_else(|| PathBuf::from("../shared/workloads"));
+    let wdir = std::fs::canonicalize(&wdir).with_context(|| format!("workloads folder {}", wdir.display()))?;
+    let workloads: Vec<String> = if a.workloads.is_empty() { WORKLOADS.iter().map(|s| s.to_string()).collect() } else { a.workloads.clone() };
+    for w in &workloads {
+        if !WORKLOADS.contains(&w.as_str()) {
+            bail!("unknown workload {w:?} (known: {})", WORKLOADS.join(", "));
+        }
+    }
+    let mut systems: Vec<String> = match &a.systems {
+        Some(s) => s.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect(),
+        None => SYSTEMS.iter().map(|s| s.to_string()).collect(),
+    };
+    for s in &systems {
+        if !SYSTEMS.contains(&s.as_str()) {
+            bail!("unknown system {s:?} (known: {})", SYSTEMS.join(", "));
+        }
+    }
+    let mut skipped = Vec::new();
+    systems.retain(|s| {
+        let why = match s.as_str() {
+            "kernel" | "kernel-dioread_lock" if !root => Some("needs root and loop devices"),
+            "fuse2fs" if !have("fuse2fs") => Some("fuse2fs is not installed"),
+            "fuse-null" | "uext4-fuse" | "uext4-fuse-wbc" | "uext4-fuse-dax" | "fuse2fs" if !Path::new("/dev/fuse").exists() => Some("no /dev/fuse"),
+            _ => None,
+        };
+        if let Some(w) = why {
+            skipped.push(format!("{s}: {w}"));
+        }
+        why.is_none()
+    });
+    if !have("fio") {
+        bail!("fio is not installed (apt-get install fio): every workload but the in-process one needs it");
+    }
+    let jobs: Vec<usize> = if a.quick { vec![2] } else { a.jobs.split(',').map(|j| j.trim().parse()).collect::<Result<_, _>>().map_err(|_| anyhow!("--jobs takes numbers like 1,2,4"))? };
+    let runtime = if a.quick { 1 } else { a.runtime };
+    let base = a.dir.clone().unwrap_or_else(|| if a.backing == "disk" { std::env::temp_dir().join("uext4-bench") } else { PathBuf::from("/dev/shm/uext4-bench") });
+    std::fs::create_dir_all(&base)?;
+    std::fs::create_dir_all(&a.out)?;
+    let exe = std::env::current_exe()?;
+    let ctx = Ctx { base, exe, wdir, runtime, quick: a.quick, journal_mib: a.journal_size };
+
+    let total = workloads.len() * systems.len() * jobs.len();
+    let pb = indicatif::ProgressBar::new(total as u64);
+    pb.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
+    let mut records = Vec::new();
+    for w in &workloads {
+        for s in &systems {
+            if s == "kernel-dioread_lock" && w != "fsync-randwrite-16k" {
+                pb.inc(jobs.len() as u64);
+                continue;
+            }
+            let sweep: Vec<usize> = if w == "pwrite-1g" { vec![1] } else { jobs.clone() };
+            for &j in &sweep {
+                pb.set_message(format!("{w} on {s}, {j} jobs"));
+                let r = ctx.measure(s, w, j).unwrap_or_else(|e| Record {
+                    system: s.clone(),
+                    workload: w.clone(),
+                    jobs: j,
+                    iops: 0.0,
+                    bw_mib_s: 0.0,
+                    p50_us: 0.0,
+                    p99_us: 0.0,
+                    fsck: "-".into(),
+                    stats: None,
+                    note: format!("error: {e:#}"),
+                });
+                pb.println(format!("{:>22} {:>20} {:>3} jobs: {:>10.0} IOPS {:>9.1} MiB/s  fsck {}{}", s, w, j, r.iops, r.bw_mib_s, r.fsck, if r.note.is_empty() { String::new() } else { format!("  ({})", r.note) }));
+                records.push(r);
+            }
+            if w == "pwrite-1g" {
+                pb.inc((jobs.len() - 1) as u64);
+            }
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    std::fs::write(a.out.join("results.json"), serde_json::to_string_pretty(&records)?)?;
+    let report = report(&records, &skipped, &jobs, runtime);
+    std::fs::write(a.out.join("report.md"), &report)?;
+    println!("{report}");
+    println!("results: {}/results.json, {}/report.md", a.out.display(), a.out.display());
+    if a.quick {
+        let missing: Vec<String> = records.iter().filter(|r| r.iops <= 0.0).map(|r| format!("{} {} {}: {}", r.system, r.workload, r.jobs, r.note)).collect();
+        if !missing.is_empty() {
+            bail!("no numbers for: {}", missing.join("; "));
+        }
+    }
+    Ok(())
+}
+
+struct Ctx {
+    base: PathBuf,
+    exe: PathBuf,
+    wdir: PathBuf,
+    runtime: u64,
+    quick: bool,
+    journal_mib: Option<u32>,
+}
+
+/// A mounted system under test; unmounts on drop.
+struct Mounted {
+    dir: PathBuf,
+    img: Option<PathBuf>,
+    umount: bool,
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if self.umount {
+            let _ = Command::new("umount").arg(&self.dir).status();
+            // The FUSE servers write everything back after the unmount: wait for them.
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(30) {
+                let busy = Command::new("sh").arg("-c").arg(format!("grep -qs ' {} ' /proc/mounts", self.dir.display())).status().map(|s| s.success()).unwrap_or(false);
+                if !busy {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+impl Ctx {
+    fn job_file(&self, w: &str) -> Result<PathBuf> {
+        let src = self.wdir.join(format!("{w}.fio"));
+        let text = std::fs::read_to_string(&src).with_context(|| src.display().to_string())?;
+        let mut out = String::new();
+        for line in text.lines() {
+            let l = line.trim();
+            let line = if self.quick && l.starts_with("size=") {
+                "size=64m".to_string()
+            } else if self.quick && l.starts_with("filesize=") {
+                "filesize=4m".to_string()
+            } else if l.starts_with("runtime=") {
+                format!("runtime={}", self.runtime)
+            } else if l.starts_with("ramp_time=") {
+                if self.quick { "ramp_time=0".to_string() } else { line.to_string() }
+            } else {
+                line.to_string()
+            };
+            out.push_str(&line);
+            out.push('\n');
+        }
+        let p = self.base.join(format!("{w}.fio"));
+        std::fs::write(&p, out)?;
+        Ok(p)
+    }
+
+    fn image_size(&self) -> &'static str {
+        if self.quick {
+            "1G"
+        } else {
+            "6G"
+        }
+    }
+
+    fn mke2fs(&self, img: &Path, journal_mib: Option<u32>) -> Result<()> {
+        let _ = std::fs::remove_file(img);
+        let j = journal_mib.or(self.journal_mib).map(|m| format!("-J size={m}")).unwrap_or_default();
+        sh(&format!("mke2fs -q -F -t ext4 -b 4096 {j} {} {}", img.display(), self.image_size()))?;
+        Ok(())
+    }
+
+    fn setup(&self, system: &str, w: &str) -> Result<Mounted> {
+        let dir = self.base.join(format!("mnt-{system}"));
+        let _ = Command::new("umount").arg(&dir).output();
+        std::fs::create_dir_all(&dir)?;
+        let img = self.base.join(format!("{system}.img"));
+        let journal = if w == "fsync-randwrite-16k" && self.journal_mib.is_none() { Some(4) } else { None };
+        match system {
+            "raw" => {
+                let _ = std::fs::remove_dir_all(&dir);
+                std::fs::create_dir_all(&dir)?;
+                Ok(Mounted { dir, img: None, umount: false })
+            }
+            "fuse-null" => {
+                let mut c = Command::new(&self.exe);
+                c.args(["bench", "--serve-null"]).arg(&dir).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+                c.spawn()?;
+                wait_mounted(&dir)?;
+                Ok(Mounted { dir, img: None, umount: true })
+            }
+            "kernel" | "kernel-dioread_lock" => {
+                self.mke2fs(&img, journal)?;
+                let opt = if system == "kernel" { "loop" } else { "loop,dioread_lock" };
+                sh(&format!("mount -t ext4 -o {opt} {} {}", img.display(), dir.display()))?;
+                Ok(Mounted { dir, img: Some(img), umount: true })
+            }
+            "fuse2fs" => {
+                self.mke2fs(&img, journal)?;
+                sh(&format!("fuse2fs {} {} -o fakeroot,allow_other >/dev/null 2>&1", img.display(), dir.display()))?;
+                wait_mounted(&dir)?;
+                Ok(Mounted { dir, img: Some(img), umount: true })
+            }
+            s if s.starts_with("uext4-fuse") => {
+                self.mke2fs(&img, journal)?;
+                let mut c = Command::new(&self.exe);
+                c.arg("mount");
+                match s {
+                    "uext4-fuse-wbc" => {
+                        c.args(["-o", "writeback_cache"]);
+                    }
+                    "uext4-fuse-dax" => {
+                        c.args(["-o", "dax"]);
+                    }
+                    _ => {}
+                }
+                let o = c.arg(&img).arg(&dir).output()?;
+                if !o.status.success() {
+                    bail!("uext4 mount: {}", String::from_utf8_lossy(&o.stderr).trim());
+                }
+                Ok(Mounted { dir, img: Some(img), umount: true })
+            }
+            other => bail!("system {other} is not a mount"),
+        }
+    }
+
+    fn measure(&self, system: &str, w: &str, jobs: usize) -> Result<Record> {
+        if system == "uext4-lib" {
+            let img = self.base.join("uext4-lib.img");
+            let journal = if w == "fsync-randwrite-16k" && self.journal_mib.is_none() { Some(4) } else { None };
+            self.mke2fs(&img, journal)?;
+            let r = loadgen::run(&img, w, jobs, self.runtime, self.quick)?;
+            let fsck = fsck(&img);
+            let _ = std::fs::remove_file(&img);
+            return Ok(Record { system: system.into(), workload: w.into(), jobs, iops: r.iops, bw_mib_s: r.bw_mib_s, p50_us: r.p50_us, p99_us: r.p99_us, fsck, stats: serde_json::from_str(&r.stats).ok(), note: String::new() });
+        }
+        let m = self.setup(system, w)?;
+        let dirs = m.dir.display().to_string();
+        let (iops, bw, p50, p99) = if w == "pwrite-1g" {
+            if !have("xfs_io") {
+                bail!("xfs_io is not installed (apt-get install xfsprogs)");
+            }
+            let size = if self.quick { "64m" } else { "1g" };
+            let mut secs = 0.0;
+            for b in ["4k", "16m"] {
+                let f = format!("{dirs}/pwrite-1g.dat");
+                let _ = std::fs::remove_file(&f);
+                for _phase in ["allocate", "overwrite"] {
+                    let t0 = Instant::now();
+                    sh(&format!("xfs_io -f -c 'pwrite -q -b {b} 0 {size}' -c fsync {f}"))?;
+                    secs += t0.elapsed().as_secs_f64();
+                }
+                let _ = std::fs::remove_file(&f);
+            }
+            let mib = if self.quick { 64.0 } else { 1024.0 } * 4.0;
+            (mib / secs, mib / secs, 0.0, 0.0)
+        } else {
+            let job = self.job_file(w)?;
+            let layout = format!("cd {dirs} && DIR={dirs} fio --create_only=1 --numjobs={jobs} {} >/dev/null 2>&1", job.display());
+            sh(&layout)?;
+            let out = sh(&format!("cd {dirs} && DIR={dirs} fio --output-format=json --numjobs={jobs} {}", job.display()))?;
+            parse_fio(&out)?
+        };
+        let stats = if system.starts_with("uext4-fuse") {
+            Command::new(&self.exe).arg("stats").arg(&m.dir).output().ok().and_then(|o| serde_json::from_slice(&o.stdout).ok())
+        } else {
+            None
+        };
+        let img = m.img.clone();
+        drop(m);
+        let fsck = match &img {
+            Some(i) => {
+                let r = fsck(i);
+                let _ = std::fs::remove_file(i);
+                r
+            }
+            None => "-".into(),
+        };
+        Ok(Record { system: system.into(), workload: w.into(), jobs, iops, bw_mib_s: bw, p50_us: p50, p99_us: p99, fsck, stats, note: String::new() })
+    }
+}
+
+fn wait_mounted(dir: &Path) -> Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(15) {
+        if crate::mount::is_mounted(dir) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("{} did not get mounted", dir.display())
+}
+
+fn fsck(img: &Path) -> String {
+    match Command::new("e2fsck").arg("-fn").arg(img).output() {
+        Ok(o) if o.status.success() => "clean".into(),
+        Ok(o) => format!("ERRORS: {}", String::from_utf8_lossy(&o.stdout).lines().nth(1).unwrap_or("").trim()),
+        Err(e) => format!("e2fsck: {e}"),
+    }
+}
+
+fn parse_fio(out: &str) -> Result<(f64, f64, f64, f64)> {
+    let start = out.find('{').ok_or_else(|| anyhow!("fio printed no JSON"))?;
+    let v: serde_json::Value = serde_json::from_str(&out[start..]).context("parsing fio's JSON")?;
+    let job = &v["jobs"][0];
+    if job["error"].as_i64().unwrap_or(0) != 0 {
+        bail!("fio job error {}", job["error"]);
+    }
+    let mut iops = 0.0;
+    let mut bw = 0.0;
+    let mut p50: f64 = 0.0;
+    let mut p99: f64 = 0.0;
+    for d in ["read", "write"] {
+        let x = &job[d];
+        iops += x["iops"].as_f64().unwrap_or(0.0);
+        bw += x["bw"].as_f64().unwrap_or(0.0) / 1024.0;
+        let pct = &x["clat_ns"]["percentile"];
+        p50 = p50.max(pct["50.000000"].as_f64().unwrap_or(0.0) / 1000.0);
+        p99 = p99.max(pct["99.000000"].as_f64().unwrap_or(0.0) / 1000.0);
+    }
+    Ok((iops, bw, p50, p99))
+}
+
+fn bar(v: f64, max: f64, width: usize) -> String {
+    let n = if max > 0.0 { ((v / max) * width as f64).round() as usize } else { 0 };
+    "#".repeat(n.min(width))
+}
+
+fn report(records: &[Record], skipped: &[String], jobs: &[usize], runtime: u64) -> String {
+    let mut s = String::new();
+    s.push_str(&format!("# uext4 bench\n\nOne run, side by side; {runtime} s per measurement; IOPS (pwrite-1g: MiB/s including fsync).\n\n"));
+    if !skipped.is_empty() {
+        s.push_str(&format!("Skipped: {}\n\n", skipped.join("; ")));
+    }
+    let mut by_w: BTreeMap<&str, Vec<&Record>> = BTreeMap::new();
+    for r in records {
+        by_w.entry(r.workload.as_str()).or_default().push(r);
+    }
+    for (w, rs) in by_w {
+        s.push_str(&format!("## {w}\n\n"));
+        let js: Vec<usize> = if w == "pwrite-1g" { vec![1] } else { jobs.to_vec() };
+        s.push_str("| system |");
+        for j in &js {
+            s.push_str(&format!(" {j} jobs |"));
+        }
+        s.push_str(" vs kernel | vs fuse-null | e2fsck |\n|---|");
+        for _ in &js {
+            s.push_str("---|");
+        }
+        s.push_str("---|---|---|\n");
+        let get = |sys: &str, j: usize| rs.iter().find(|r| r.system == sys && r.jobs == j).map(|r| r.iops);
+        let mut systems: Vec<&str> = rs.iter().map(|r| r.system.as_str()).collect();
+        systems.dedup();
+        let lastj = *js.last().unwrap();
+        for sys in &systems {
+            s.push_str(&format!("| {sys} |"));
+            for &j in &js {
+                match get(sys, j) {
+                    Some(v) => s.push_str(&format!(" {v:.0} |")),
+                    None => s.push_str(" - |"),
+                }
+            }
+            let ratio = |other: &str| match (get(sys, lastj), get(other, lastj)) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+                _ => "-".into(),
+            };
+            let fs = rs.iter().find(|r| r.system == *sys).map(|r| r.fsck.clone()).unwrap_or_default();
+            s.push_str(&format!(" {} | {} | {} |\n", ratio("kernel"), ratio("fuse-null"), fs));
+        }
+        s.push_str(&format!("\nRatios at {lastj} jobs.\n\n```\n"));
+        let max = rs.iter().map(|r| r.iops).fold(0.0, f64::max);
+        for sys in &systems {
+            for &j in &js {
+                if let Some(v) = get(sys, j) {
+                    s.push_str(&format!("{sys:>20} {j:>3} | {:<50} {v:.0}\n", bar(v, max, 50)));
+                }
+            }
+        }
+        s.push_str("```\n\n");
+        for r in rs.iter().filter(|r| !r.note.is_empty()) {
+            s.push_str(&format!("- {} {} jobs: {}\n", r.system, r.jobs, r.note));
+        }
+    }
+    s
 }
