@@ -617,7 +617,10 @@ impl Fs {
                     return Err(Error::IsDir);
                 }
                 if tgt_is_dir {
-                    let _tg = t.io_lock.read();
+                    // The target may be one of the two directories already locked (renaming
+                    // over an ancestor's own entry): do not lock it twice.
+                    let held = t.ino == odir || t.ino == ndir;
+                    let _tg = if held { None } else { Some(t.io_lock.read()) };
                     let mut tst = t.state.lock();
                     if !self.dir_is_empty(t.ino, &mut tst)? {
                         return Err(Error::NotEmpty);
@@ -711,7 +714,7 @@ impl Fs {
             self.mark_inode_dirty(&mut h, &src, &mut s)?;
         }
         if let Some(t) = replaced {
-            let _tg = if tgt_is_dir { Some(t.io_lock.write()) } else { None };
+            let _tg = if tgt_is_dir && t.ino != odir && t.ino != ndir { Some(t.io_lock.write()) } else { None };
             let mut ts = t.state.lock();
             if tgt_is_dir {
                 ts.raw.set_links_count(0);

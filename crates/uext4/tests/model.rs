@@ -393,6 +393,14 @@ proptest! {
     fn random_ops_1k_no_csum(ops in proptest::collection::vec(op_strategy(), 1..80)) {
         run_case(&ops, &["-b", "1024", "-O", "^metadata_csum,^64bit"]);
     }
+    #[test]
+    fn random_ops_csum_seed_orphan_file(ops in proptest::collection::vec(op_strategy(), 1..60)) {
+        run_case(&ops, &["-O", "metadata_csum_seed,orphan_file"]);
+    }
+    #[test]
+    fn random_ops_uninit_bg_no_64bit(ops in proptest::collection::vec(op_strategy(), 1..60)) {
+        run_case(&ops, &["-O", "^metadata_csum,uninit_bg,^64bit,^flex_bg"]);
+    }
 }
 
 #[test]

@@ -154,7 +154,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     stats: None,
                     note: format!("error: {e:#}"),
                 });
-                pb.println(format!("{:>22} {:>20} {:>3} jobs: {:>10.0} IOPS {:>9.1} MiB/s  fsck {}{}", s, w, j, r.iops, r.bw_mib_s, r.fsck, if r.note.is_empty() { String::new() } else { format!("  ({})", r.note) }));
+                let line = format!("{:>22} {:>20} {:>3} jobs: {:>10.0} IOPS {:>9.1} MiB/s  fsck {}{}", s, w, j, r.iops, r.bw_mib_s, r.fsck, if r.note.is_empty() { String::new() } else { format!("  ({})", r.note) });
+                if pb.is_hidden() {
+                    eprintln!("{line}");
+                } else {
+                    pb.println(line);
+                }
                 records.push(r);
             }
             if w == "pwrite-1g" {
