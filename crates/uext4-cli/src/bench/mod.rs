@@ -212,6 +212,19 @@ impl Drop for Mounted {
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
+            // A FUSE server goes on writing back after the kernel drops the mount: wait for
+            // whatever process still has the image open (uext4, fuse2fs) before e2fsck runs.
+            if let Some(img) = &self.img {
+                let start = Instant::now();
+                while start.elapsed() < Duration::from_secs(60) {
+                    let pat = format!("{}", img.display());
+                    let busy = Command::new("pgrep").args(["-f", &pat]).output().map(|o| o.status.success()).unwrap_or(false);
+                    if !busy {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
         }
     }
 }
