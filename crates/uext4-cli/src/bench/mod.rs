@@ -255,22 +255,26 @@ impl Ctx {
         Ok(p)
     }
 
-    fn image_size(&self) -> &'static str {
+    /// Image size in MiB: room for the workload's files (fsync-randwrite-16k: 28.8 MB per job).
+    fn image_mib(&self, w: &str, jobs: usize) -> u64 {
         if self.quick {
-            "1G"
+            1024
+        } else if w == "fsync-randwrite-16k" {
+            (jobs as u64 * 30 + 2048).max(6144)
         } else {
-            "6G"
+            6144
         }
     }
 
-    fn mke2fs(&self, img: &Path, journal_mib: Option<u32>) -> Result<()> {
+    fn mke2fs(&self, img: &Path, journal_mib: Option<u32>, mib: u64) -> Result<()> {
         let _ = std::fs::remove_file(img);
         let j = journal_mib.or(self.journal_mib).map(|m| format!("-J size={m}")).unwrap_or_default();
-        sh(&format!("mke2fs -q -F -t ext4 -b 4096 {j} {} {}", img.display(), self.image_size()))?;
+        sh(&format!("mke2fs -q -F -t ext4 -b 4096 {j} {} {mib}M", img.display()))?;
         Ok(())
     }
 
-    fn setup(&self, system: &str, w: &str) -> Result<Mounted> {
+    fn setup(&self, system: &str, w: &str, jobs: usize) -> Result<Mounted> {
+        let mib = self.image_mib(w, jobs);
         let dir = self.base.join(format!("mnt-{system}"));
         let _ = Command::new("umount").arg(&dir).output();
         std::fs::create_dir_all(&dir)?;
@@ -290,19 +294,19 @@ impl Ctx {
                 Ok(Mounted { dir, img: None, umount: true })
             }
             "kernel" | "kernel-dioread_lock" => {
-                self.mke2fs(&img, journal)?;
+                self.mke2fs(&img, journal, mib)?;
                 let opt = if system == "kernel" { "loop" } else { "loop,dioread_lock" };
                 sh(&format!("mount -t ext4 -o {opt} {} {}", img.display(), dir.display()))?;
                 Ok(Mounted { dir, img: Some(img), umount: true })
             }
             "fuse2fs" => {
-                self.mke2fs(&img, journal)?;
+                self.mke2fs(&img, journal, mib)?;
                 sh(&format!("fuse2fs {} {} -o fakeroot,allow_other >/dev/null 2>&1", img.display(), dir.display()))?;
                 wait_mounted(&dir)?;
                 Ok(Mounted { dir, img: Some(img), umount: true })
             }
             s if s.starts_with("uext4-fuse") => {
-                self.mke2fs(&img, journal)?;
+                self.mke2fs(&img, journal, mib)?;
                 let mut c = Command::new(&self.exe);
                 c.arg("mount");
                 match s {
@@ -328,13 +332,13 @@ impl Ctx {
         if system == "uext4-lib" {
             let img = self.base.join("uext4-lib.img");
             let journal = if w == "fsync-randwrite-16k" && self.journal_mib.is_none() { Some(4) } else { None };
-            self.mke2fs(&img, journal)?;
+            self.mke2fs(&img, journal, self.image_mib(w, jobs))?;
             let r = loadgen::run(&img, w, jobs, self.runtime, self.quick)?;
             let fsck = fsck(&img);
             let _ = std::fs::remove_file(&img);
             return Ok(Record { system: system.into(), workload: w.into(), jobs, iops: r.iops, bw_mib_s: r.bw_mib_s, p50_us: r.p50_us, p99_us: r.p99_us, fsck, stats: serde_json::from_str(&r.stats).ok(), note: String::new() });
         }
-        let m = self.setup(system, w)?;
+        let m = self.setup(system, w, jobs)?;
         let dirs = m.dir.display().to_string();
         let (iops, bw, p50, p99) = if w == "pwrite-1g" {
             if !have("xfs_io") {
