@@ -9,7 +9,12 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "uext4", version, about = "Userspace ext4: mount, inspect and modify ext4 images", disable_help_subcommand = true)]
+#[command(
+    name = "uext4",
+    version,
+    about = "Userspace ext4: mount, inspect and modify ext4 images",
+    disable_help_subcommand = true
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -20,9 +25,7 @@ enum Cmd {
     /// Mount an image or block device through FUSE.
     Mount(mount::MountArgs),
     /// Print a mounted filesystem's engine counters as JSON.
-    Stats {
-        mountpoint: std::path::PathBuf,
-    },
+    Stats { mountpoint: std::path::PathBuf },
     /// Run the reference workloads side by side against the kernel, fuse2fs and uext4.
     Bench(bench::BenchArgs),
     #[command(flatten)]

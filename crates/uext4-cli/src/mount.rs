@@ -29,12 +29,17 @@ pub struct MountArgs {
 
 /// Whether `mountpoint` is currently a mount point (per /proc/self/mountinfo).
 pub fn is_mounted(mountpoint: &Path) -> bool {
-    let Ok(canon) = std::fs::canonicalize(mountpoint).or_else(|_| Ok::<_, std::io::Error>(mountpoint.to_path_buf())) else {
+    let Ok(canon) = std::fs::canonicalize(mountpoint)
+        .or_else(|_| Ok::<_, std::io::Error>(mountpoint.to_path_buf()))
+    else {
         return false;
     };
     let want = canon.to_string_lossy().replace(' ', "\\040");
     std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|s| s.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str())))
+        .map(|s| {
+            s.lines()
+                .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+        })
         .unwrap_or(false)
 }
 
@@ -62,7 +67,9 @@ fn daemonize(a: &MountArgs) -> Result<()> {
         cmd.arg("-o").arg(o);
     }
     cmd.arg(&a.image).arg(&a.mountpoint);
-    cmd.stdin(std::process::Stdio::null()).stdout(logf.try_clone()?).stderr(logf);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(logf.try_clone()?)
+        .stderr(logf);
     // A new session, so the terminal's signals do not reach the server.
     use std::os::unix::process::CommandExt;
     // SAFETY: setsid is async-signal-safe and takes no arguments.
@@ -82,7 +89,13 @@ fn daemonize(a: &MountArgs) -> Result<()> {
         if let Some(st) = child.try_wait()? {
             let msg = std::fs::read_to_string(&log).unwrap_or_default();
             let _ = std::fs::remove_file(&log);
-            let line = msg.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim_start_matches("uext4: mount: ").to_string();
+            let line = msg
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim_start_matches("uext4: mount: ")
+                .to_string();
             bail!("the server exited ({st}) before the mount was ready: {line}");
         }
         if start.elapsed() > Duration::from_secs(30) {
@@ -105,17 +118,22 @@ fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<(
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     };
-    let fs = Fs::open_path(image, opts.mount_options()).with_context(|| image.display().to_string())?;
+    let fs =
+        Fs::open_path(image, opts.mount_options()).with_context(|| image.display().to_string())?;
     if let Some(r) = fs.read_only_reason() {
         eprintln!("uext4: mounting read-only: {r}");
     }
     if opts.dax {
         eprintln!("uext4: dax: the image is mapped; reads and writes are memory copies");
     }
-    let session = uext4_fuse::serve(fs.clone(), image, mountpoint, opts).context("mounting (is /dev/fuse available and fusermount3 installed?)")?;
+    let session = uext4_fuse::serve(fs.clone(), image, mountpoint, opts)
+        .context("mounting (is /dev/fuse available and fusermount3 installed?)")?;
     let mut signalled = false;
     loop {
-        let ts = libc::timespec { tv_sec: 0, tv_nsec: 200_000_000 };
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 200_000_000,
+        };
         // SAFETY: `set` is a valid signal set; a null info pointer is allowed.
         let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
         if sig > 0 {
@@ -144,7 +162,14 @@ pub fn run_stats(mountpoint: &Path) -> Result<()> {
     let name = CString::new(uext4_fuse::STATS_XATTR)?;
     let mut buf = vec![0u8; 1 << 16];
     // SAFETY: valid C strings and a buffer of the given length.
-    let n = unsafe { libc::getxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+    let n = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+        )
+    };
     if n < 0 {
         let e = std::io::Error::last_os_error();
         bail!("{}: not a uext4 mount ({e})", mountpoint.display());

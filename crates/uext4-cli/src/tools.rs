@@ -10,9 +10,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use uext4::blockdev::BlockDevice;
 use uext4::format::inode::Timestamp;
 use uext4::namei::{RenameFlags, SetAttr, TimeSet};
-use uext4::blockdev::BlockDevice;
 use uext4::{Attr, Error, Fs, MountOptions};
 
 #[derive(Subcommand)]
@@ -115,8 +115,11 @@ pub fn parse_size(s: &str) -> Result<u64> {
         Some('t' | 'T') => (&s[..s.len() - 1], 1 << 40),
         _ => (s, 1),
     };
-    let n: u64 = num.parse().map_err(|_| anyhow!("{s:?} is not a size (like 4096, 64M, 2G)"))?;
-    n.checked_mul(mult).ok_or_else(|| anyhow!("size {s:?} is too large"))
+    let n: u64 = num
+        .parse()
+        .map_err(|_| anyhow!("{s:?} is not a size (like 4096, 64M, 2G)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| anyhow!("size {s:?} is too large"))
 }
 
 /// An IMAGE:PATH argument, or a host path.
@@ -128,8 +131,16 @@ enum Loc {
 fn parse_loc(s: &str) -> Loc {
     if let Some((img, path)) = s.split_once(':') {
         let p = Path::new(img);
-        if p.is_file() || std::fs::metadata(p).map(|m| !m.is_dir() && !m.is_file()).unwrap_or(false) {
-            let path = if path.is_empty() { "/".to_string() } else { path.to_string() };
+        if p.is_file()
+            || std::fs::metadata(p)
+                .map(|m| !m.is_dir() && !m.is_file())
+                .unwrap_or(false)
+        {
+            let path = if path.is_empty() {
+                "/".to_string()
+            } else {
+                path.to_string()
+            };
             return Loc::Image(p.to_path_buf(), path);
         }
     }
@@ -144,8 +155,15 @@ fn image_loc(s: &str) -> Result<(PathBuf, String)> {
 }
 
 fn open(image: &Path, read_only: bool) -> Result<Arc<Fs>> {
-    Fs::open_path(image, MountOptions { read_only, commit_interval_secs: 0, ..Default::default() })
-        .with_context(|| image.display().to_string())
+    Fs::open_path(
+        image,
+        MountOptions {
+            read_only,
+            commit_interval_secs: 0,
+            ..Default::default()
+        },
+    )
+    .with_context(|| image.display().to_string())
 }
 
 /// Walks `path` from the root, following symlinks in the middle (and at the end with
@@ -154,9 +172,18 @@ fn resolve(fs: &Fs, path: &str, follow: bool) -> uext4::Result<u32> {
     resolve_from(fs, 2, path, follow, &mut 0)
 }
 
-fn resolve_from(fs: &Fs, start: u32, path: &str, follow: bool, depth: &mut u32) -> uext4::Result<u32> {
+fn resolve_from(
+    fs: &Fs,
+    start: u32,
+    path: &str,
+    follow: bool,
+    depth: &mut u32,
+) -> uext4::Result<u32> {
     let mut cur = if path.starts_with('/') { 2 } else { start };
-    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    let comps: Vec<&str> = path
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
     for (i, c) in comps.iter().enumerate() {
         let a = fs.lookup(cur, c.as_bytes())?;
         let last = i + 1 == comps.len();
@@ -194,11 +221,23 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
         ToolCmd::Info { image } => info(&image),
         ToolCmd::Ls { long, path } => ls(&path, long),
         ToolCmd::Cat { path } => cat(&path),
-        ToolCmd::Cp { recursive, src, dst } => cp(&src, &dst, recursive),
+        ToolCmd::Cp {
+            recursive,
+            src,
+            dst,
+        } => cp(&src, &dst, recursive),
         ToolCmd::Mkdir { parents, path } => mkdir(&path, parents),
-        ToolCmd::Rm { recursive, force, path } => rm(&path, recursive, force),
+        ToolCmd::Rm {
+            recursive,
+            force,
+            path,
+        } => rm(&path, recursive, force),
         ToolCmd::Mv { src, dst } => mv(&src, &dst),
-        ToolCmd::Ln { symbolic, target, link } => ln(&target, &link, symbolic),
+        ToolCmd::Ln {
+            symbolic,
+            target,
+            link,
+        } => ln(&target, &link, symbolic),
         ToolCmd::Stat { path } => stat(&path),
         ToolCmd::Truncate { size, path } => truncate(&path, &size),
     }
@@ -206,28 +245,42 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
 
 fn mkfs(a: MkfsArgs) -> Result<()> {
     let exists = a.image.exists();
-    let cur = if exists { uext4::blockdev::FileDevice::open(&a.image, true)?.size() } else { 0 };
+    let cur = if exists {
+        uext4::blockdev::FileDevice::open(&a.image, true)?.size()
+    } else {
+        0
+    };
     let size = match &a.size {
         Some(s) => parse_size(s)?,
         None if cur > 0 => cur,
-        None => bail!("{}: the image does not exist: give --size (like --size 1G)", a.image.display()),
+        None => bail!(
+            "{}: the image does not exist: give --size (like --size 1G)",
+            a.image.display()
+        ),
     };
     let is_file = !exists || std::fs::metadata(&a.image)?.is_file();
     let fresh = is_file && (!exists || cur == 0);
     if is_file {
-        let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&a.image)
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&a.image)
             .with_context(|| a.image.display().to_string())?;
         if f.metadata()?.len() < size {
             f.set_len(size)?;
         }
     }
-    let dev = uext4::blockdev::FileDevice::open(&a.image, false).with_context(|| a.image.display().to_string())?;
+    let dev = uext4::blockdev::FileDevice::open(&a.image, false)
+        .with_context(|| a.image.display().to_string())?;
     let mut o = uext4::mkfs::MkfsOptions::default_for(size);
     if a.block_size != 1024 && a.block_size != 4096 {
         bail!("--block-size {}: use 1024 or 4096", a.block_size);
     }
     o.block_size = a.block_size;
-    o.journal_blocks = a.journal_size.map(|m| ((m as u64) << 20).div_ceil(a.block_size as u64) as u32);
+    o.journal_blocks = a
+        .journal_size
+        .map(|m| ((m as u64) << 20).div_ceil(a.block_size as u64) as u32);
     o.label = a.label.unwrap_or_default();
     o.assume_zeroed = fresh;
     if let Some(f) = &a.features {
@@ -243,30 +296,61 @@ fn info(image: &Path) -> Result<()> {
     let g = &fs.geo;
     use uext4::format::features::*;
     let uuid = sb.uuid();
-    let u = |r: std::ops::Range<usize>| uuid[r].iter().map(|b| format!("{b:02x}")).collect::<String>();
-    println!("Filesystem UUID:          {}-{}-{}-{}-{}", u(0..4), u(4..6), u(6..8), u(8..10), u(10..16));
+    let u = |r: std::ops::Range<usize>| {
+        uuid[r]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    println!(
+        "Filesystem UUID:          {}-{}-{}-{}-{}",
+        u(0..4),
+        u(4..6),
+        u(6..8),
+        u(8..10),
+        u(10..16)
+    );
     println!("Volume name:              {}", sb.volume_name());
     let mut feats = names(sb.feature_compat(), COMPAT_NAMES);
     feats.extend(names(sb.feature_incompat(), INCOMPAT_NAMES));
     feats.extend(names(sb.feature_ro_compat(), RO_COMPAT_NAMES));
     println!("Features:                 {}", feats.join(" "));
-    println!("State:                    {}", if sb.state() & 1 != 0 { "clean" } else { "not clean" });
+    println!(
+        "State:                    {}",
+        if sb.state() & 1 != 0 {
+            "clean"
+        } else {
+            "not clean"
+        }
+    );
     println!("Block size:               {}", g.block_size);
     println!("Block count:              {}", g.blocks_count);
     println!("Free blocks:              {}", sb.free_blocks_count());
     println!("Inode count:              {}", g.inodes_count);
     println!("Free inodes:              {}", sb.free_inodes_count());
     println!("Inode size:               {}", g.inode_size);
-    println!("Groups:                   {} ({} blocks, {} inodes each)", g.group_count, g.blocks_per_group, g.inodes_per_group);
+    println!(
+        "Groups:                   {} ({} blocks, {} inodes each)",
+        g.group_count, g.blocks_per_group, g.inodes_per_group
+    );
     if g.flex_bg_size > 1 {
         println!("Flex group size:          {}", g.flex_bg_size);
     }
     if sb.has_compat(COMPAT_HAS_JOURNAL) {
         let j = fs.getattr(sb.journal_inum()).map(|a| a.size).unwrap_or(0);
-        println!("Journal:                  inode {}, {} KiB", sb.journal_inum(), j / 1024);
+        println!(
+            "Journal:                  inode {}, {} KiB",
+            sb.journal_inum(),
+            j / 1024
+        );
     }
     if sb.error_count() > 0 {
-        println!("Errors recorded:          {} (last at inode {}, block {})", sb.error_count(), sb.last_error_ino(), sb.last_error_block());
+        println!(
+            "Errors recorded:          {} (last at inode {}, block {})",
+            sb.error_count(),
+            sb.last_error_ino(),
+            sb.last_error_block()
+        );
     }
     if let Some(r) = fs.read_only_reason() {
         println!("Opens read-only:          {r}");
@@ -308,7 +392,18 @@ fn ls(path: &str, long: bool) -> Result<()> {
             } else {
                 String::new()
             };
-            writeln!(out, "{} {:>3} {:>5} {:>5} {:>12} {} {}{}", mode_string(a.mode), a.nlink, a.uid, a.gid, a.size, a.mtime.sec, String::from_utf8_lossy(name), link)?;
+            writeln!(
+                out,
+                "{} {:>3} {:>5} {:>5} {:>12} {} {}{}",
+                mode_string(a.mode),
+                a.nlink,
+                a.uid,
+                a.gid,
+                a.size,
+                a.mtime.sec,
+                String::from_utf8_lossy(name),
+                link
+            )?;
         } else {
             writeln!(out, "{}", String::from_utf8_lossy(name))?;
         }
@@ -342,7 +437,9 @@ fn cat(path: &str) -> Result<()> {
     let mut buf = vec![0u8; 1 << 20];
     let mut off = 0;
     while off < size {
-        let n = fs.read(ino, off, &mut buf).with_context(|| path.to_string())?;
+        let n = fs
+            .read(ino, off, &mut buf)
+            .with_context(|| path.to_string())?;
         if n == 0 {
             break;
         }
@@ -358,9 +455,21 @@ fn stat(path: &str) -> Result<()> {
     let ino = resolve(&fs, &p, false).with_context(|| path.to_string())?;
     let a = fs.getattr(ino)?;
     println!("  File: {p}");
-    println!("  Size: {}\tBlocks: {}\tIO Block: {}", a.size, a.blocks, a.block_size);
-    println!("Inode: {}\tLinks: {}\tGeneration: {}", a.ino, a.nlink, a.generation);
-    println!("Access: ({:04o}/{})  Uid: {}  Gid: {}", a.mode & 0o7777, mode_string(a.mode), a.uid, a.gid);
+    println!(
+        "  Size: {}\tBlocks: {}\tIO Block: {}",
+        a.size, a.blocks, a.block_size
+    );
+    println!(
+        "Inode: {}\tLinks: {}\tGeneration: {}",
+        a.ino, a.nlink, a.generation
+    );
+    println!(
+        "Access: ({:04o}/{})  Uid: {}  Gid: {}",
+        a.mode & 0o7777,
+        mode_string(a.mode),
+        a.uid,
+        a.gid
+    );
     println!("Access: {}", fmt_time(a.atime));
     println!("Modify: {}", fmt_time(a.mtime));
     println!("Change: {}", fmt_time(a.ctime));
@@ -507,8 +616,10 @@ impl Progress {
         if total >= 64 << 20 && std::io::stderr().is_terminal() {
             let pb = indicatif::ProgressBar::new(total);
             pb.set_style(
-                indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} {eta}")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                indicatif::ProgressStyle::with_template(
+                    "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
             Progress(Some(pb))
         } else {
@@ -532,14 +643,19 @@ impl Drop for Progress {
 
 fn host_total(p: &Path) -> u64 {
     match std::fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => std::fs::read_dir(p).map(|rd| rd.flatten().map(|e| host_total(&e.path())).sum()).unwrap_or(0),
+        Ok(m) if m.is_dir() => std::fs::read_dir(p)
+            .map(|rd| rd.flatten().map(|e| host_total(&e.path())).sum())
+            .unwrap_or(0),
         Ok(m) => m.len(),
         Err(_) => 0,
     }
 }
 
 fn ts(sec: i64, nsec: i64) -> Timestamp {
-    Timestamp { sec, nsec: nsec as u32 }
+    Timestamp {
+        sec,
+        nsec: nsec as u32,
+    }
 }
 
 /// Host data segments of a file: (offset, length), via SEEK_DATA/SEEK_HOLE.
@@ -586,12 +702,17 @@ impl HostToImage<'_> {
                 self.copy(&e.path(), ino, e.file_name().as_bytes(), true)?;
             }
             ino
-        } else if let Some(&existing) = self.links.get(&(md.dev(), md.ino())).filter(|_| md.nlink() > 1) {
+        } else if let Some(&existing) = self
+            .links
+            .get(&(md.dev(), md.ino()))
+            .filter(|_| md.nlink() > 1)
+        {
             fs.link(existing, dir, name)?;
             return Ok(());
         } else if ft.is_symlink() {
             let t = std::fs::read_link(src)?;
-            fs.symlink(dir, name, t.as_os_str().as_bytes(), md.uid(), md.gid())?.ino
+            fs.symlink(dir, name, t.as_os_str().as_bytes(), md.uid(), md.gid())?
+                .ino
         } else if ft.is_file() {
             if let Ok(a) = fs.lookup(dir, name) {
                 if !a.is_dir() {
@@ -616,13 +737,18 @@ impl HostToImage<'_> {
             }
             ino
         } else {
-            fs.mknod(dir, name, md.mode(), md.rdev() as u32, md.uid(), md.gid())?.ino
+            fs.mknod(dir, name, md.mode(), md.rdev() as u32, md.uid(), md.gid())?
+                .ino
         };
         if md.nlink() > 1 && !ft.is_dir() {
             self.links.insert((md.dev(), md.ino()), ino);
         }
         let set = SetAttr {
-            mode: if ft.is_symlink() { None } else { Some(md.mode()) },
+            mode: if ft.is_symlink() {
+                None
+            } else {
+                Some(md.mode())
+            },
             atime: Some(TimeSet::At(ts(md.atime(), md.atime_nsec()))),
             mtime: Some(TimeSet::At(ts(md.mtime(), md.mtime_nsec()))),
             ..Default::default()
@@ -636,11 +762,24 @@ fn set_host_times(p: &Path, a: &Attr) -> Result<()> {
     use std::ffi::CString;
     let c = CString::new(p.as_os_str().as_bytes())?;
     let t = [
-        libc::timespec { tv_sec: a.atime.sec as libc::time_t, tv_nsec: a.atime.nsec as libc::c_long },
-        libc::timespec { tv_sec: a.mtime.sec as libc::time_t, tv_nsec: a.mtime.nsec as libc::c_long },
+        libc::timespec {
+            tv_sec: a.atime.sec as libc::time_t,
+            tv_nsec: a.atime.nsec as libc::c_long,
+        },
+        libc::timespec {
+            tv_sec: a.mtime.sec as libc::time_t,
+            tv_nsec: a.mtime.nsec as libc::c_long,
+        },
     ];
     // SAFETY: valid C string and a two-element timespec array.
-    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), t.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
+    let r = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            t.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
     if r != 0 {
         return Err(std::io::Error::last_os_error().into());
     }
@@ -678,12 +817,16 @@ impl ImageToHost<'_> {
                     }
                     self.copy(e.ino, &dst.join(std::ffi::OsStr::from_bytes(&e.name)), true)?;
                 }
-                std::fs::set_permissions(dst, std::fs::Permissions::from_mode(a.mode as u32 & 0o7777))?;
+                std::fs::set_permissions(
+                    dst,
+                    std::fs::Permissions::from_mode(a.mode as u32 & 0o7777),
+                )?;
             }
             0o120000 => {
                 let t = fs.readlink(ino)?;
                 let _ = std::fs::remove_file(dst);
-                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&t), dst).with_context(|| dst.display().to_string())?;
+                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&t), dst)
+                    .with_context(|| dst.display().to_string())?;
             }
             0o100000 => {
                 if a.nlink > 1 {
@@ -694,12 +837,18 @@ impl ImageToHost<'_> {
                     }
                     self.links.insert(ino, dst.to_path_buf());
                 }
-                let f = std::fs::OpenOptions::new().create(true).truncate(true).write(true).open(dst)
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(true)
+                    .write(true)
+                    .open(dst)
                     .with_context(|| dst.display().to_string())?;
                 let mut buf = vec![0u8; 1 << 20];
                 let mut pos = 0u64;
                 while pos < a.size {
-                    let Ok(d) = fs.lseek_data_hole(ino, pos, true) else { break };
+                    let Ok(d) = fs.lseek_data_hole(ino, pos, true) else {
+                        break;
+                    };
                     let h = fs.lseek_data_hole(ino, d, false)?;
                     let mut off = d;
                     while off < h {
@@ -715,14 +864,20 @@ impl ImageToHost<'_> {
                     pos = h;
                 }
                 f.set_len(a.size)?;
-                std::fs::set_permissions(dst, std::fs::Permissions::from_mode(a.mode as u32 & 0o7777))?;
+                std::fs::set_permissions(
+                    dst,
+                    std::fs::Permissions::from_mode(a.mode as u32 & 0o7777),
+                )?;
             }
             _ => {
                 use std::ffi::CString;
                 let c = CString::new(dst.as_os_str().as_bytes())?;
                 // SAFETY: valid C string.
-                if unsafe { libc::mknod(c.as_ptr(), a.mode as libc::mode_t, a.rdev as libc::dev_t) } != 0 {
-                    return Err(std::io::Error::last_os_error()).with_context(|| dst.display().to_string());
+                if unsafe { libc::mknod(c.as_ptr(), a.mode as libc::mode_t, a.rdev as libc::dev_t) }
+                    != 0
+                {
+                    return Err(std::io::Error::last_os_error())
+                        .with_context(|| dst.display().to_string());
                 }
             }
         }
@@ -736,12 +891,20 @@ fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
             let fs = open(&img, false)?;
             let total = host_total(&s);
             let r = (|| -> Result<()> {
-                let name = s.file_name().ok_or_else(|| anyhow!("{src}: no file name"))?.as_bytes().to_vec();
+                let name = s
+                    .file_name()
+                    .ok_or_else(|| anyhow!("{src}: no file name"))?
+                    .as_bytes()
+                    .to_vec();
                 let (dir, n) = match resolve(&fs, &d, true) {
                     Ok(ino) if fs.getattr(ino)?.is_dir() => (ino, name),
                     _ => parent_of(&fs, &d)?,
                 };
-                let mut c = HostToImage { fs: &fs, links: HashMap::new(), progress: Progress::new(total) };
+                let mut c = HostToImage {
+                    fs: &fs,
+                    links: HashMap::new(),
+                    progress: Progress::new(total),
+                };
                 c.copy(&s, dir, &n, recursive)
             })();
             fs.unmount()?;
@@ -752,13 +915,23 @@ fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
             let ino = resolve(&fs, &s, false).with_context(|| src.to_string())?;
             let total = fs.getattr(ino)?.size;
             let target = if d.is_dir() {
-                let name = s.trim_end_matches('/').rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("root");
+                let name = s
+                    .trim_end_matches('/')
+                    .rsplit('/')
+                    .next()
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or("root");
                 d.join(name)
             } else {
                 d
             };
-            let mut c = ImageToHost { fs: &fs, links: HashMap::new(), progress: Progress::new(total) };
-            c.copy(ino, &target, recursive).with_context(|| format!("{src} -> {dst}"))
+            let mut c = ImageToHost {
+                fs: &fs,
+                links: HashMap::new(),
+                progress: Progress::new(total),
+            };
+            c.copy(ino, &target, recursive)
+                .with_context(|| format!("{src} -> {dst}"))
         }
         (Loc::Image(si, s), Loc::Image(di, d)) => {
             // Through a temporary host copy: simple, and the two images may be the same file.
@@ -766,13 +939,29 @@ fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
             let _ = std::fs::remove_dir_all(&tmp);
             std::fs::create_dir_all(&tmp)?;
             let r = (|| -> Result<()> {
-                let name = s.trim_end_matches('/').rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("root").to_string();
-                cp(&format!("{}:{}", si.display(), s), &tmp.display().to_string(), recursive)?;
-                cp(&tmp.join(&name).display().to_string(), &format!("{}:{}", di.display(), d), recursive)
+                let name = s
+                    .trim_end_matches('/')
+                    .rsplit('/')
+                    .next()
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or("root")
+                    .to_string();
+                cp(
+                    &format!("{}:{}", si.display(), s),
+                    &tmp.display().to_string(),
+                    recursive,
+                )?;
+                cp(
+                    &tmp.join(&name).display().to_string(),
+                    &format!("{}:{}", di.display(), d),
+                    recursive,
+                )
             })();
             let _ = std::fs::remove_dir_all(&tmp);
             r
         }
-        (Loc::Host(_), Loc::Host(_)) => bail!("one side of cp must be IMAGE:PATH (an existing image file)"),
+        (Loc::Host(_), Loc::Host(_)) => {
+            bail!("one side of cp must be IMAGE:PATH (an existing image file)")
+        }
     }
 }

@@ -7,7 +7,11 @@ use std::process::Command;
 #[test]
 fn quick_bench_produces_numbers_for_every_system() {
     let root = unsafe { libc::geteuid() } == 0;
-    let fio = Command::new("sh").args(["-c", "command -v fio"]).output().map(|o| o.status.success()).unwrap_or(false);
+    let fio = Command::new("sh")
+        .args(["-c", "command -v fio"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
     let workloads = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/workloads");
     if !root || !fio || !workloads.is_dir() {
         eprintln!("SKIP: bench --quick needs root, fio and ../shared/workloads");
@@ -23,18 +27,38 @@ fn quick_bench_produces_numbers_for_every_system() {
         .output()
         .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(o.status.success(), "bench --quick failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
+    assert!(
+        o.status.success(),
+        "bench --quick failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
     let recs = json.as_array().unwrap();
-    for w in ["overwrite-4k", "mixed-randrw-4k", "fsync-randwrite-16k", "pwrite-1g"] {
+    for w in [
+        "overwrite-4k",
+        "mixed-randrw-4k",
+        "fsync-randwrite-16k",
+        "pwrite-1g",
+    ] {
         for s in ["raw", "uext4-fuse", "uext4-lib"] {
-            let r = recs.iter().find(|r| r["workload"] == w && r["system"] == s).unwrap_or_else(|| panic!("no record for {s} {w}"));
-            assert!(r["iops"].as_f64().unwrap() > 0.0, "{s} {w}: no numbers ({})", r["note"]);
+            let r = recs
+                .iter()
+                .find(|r| r["workload"] == w && r["system"] == s)
+                .unwrap_or_else(|| panic!("no record for {s} {w}"));
+            assert!(
+                r["iops"].as_f64().unwrap() > 0.0,
+                "{s} {w}: no numbers ({})",
+                r["note"]
+            );
             if s != "raw" {
                 assert_eq!(r["fsck"], "clean", "{s} {w}: e2fsck after the run");
             }
         }
     }
-    assert!(std::fs::read_to_string(out.join("report.md")).unwrap().contains("vs kernel"));
+    assert!(std::fs::read_to_string(out.join("report.md"))
+        .unwrap()
+        .contains("vs kernel"));
     let _ = std::fs::remove_dir_all(&out);
 }

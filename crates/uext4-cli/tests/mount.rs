@@ -28,25 +28,53 @@ impl Env {
     fn new(tag: &str) -> Env {
         let base = std::env::temp_dir().join(format!("uext4-mt-{tag}-{}", std::process::id()));
         let _ = std::fs::create_dir_all(&base);
-        let img = PathBuf::from(format!("/dev/shm/uext4-mt-{tag}-{}.img", std::process::id()));
+        let img = PathBuf::from(format!(
+            "/dev/shm/uext4-mt-{tag}-{}.img",
+            std::process::id()
+        ));
         let mnt = base.join("mnt");
         std::fs::create_dir_all(&mnt).unwrap();
         let _ = std::fs::remove_file(&img);
-        let o = Command::new(bin()).args(["mkfs", "--size", "512M"]).arg(&img).output().unwrap();
+        let o = Command::new(bin())
+            .args(["mkfs", "--size", "512M"])
+            .arg(&img)
+            .output()
+            .unwrap();
         assert!(o.status.success());
         Env { img, mnt }
     }
     fn mount(&self) {
-        let o = Command::new(bin()).arg("mount").arg(&self.img).arg(&self.mnt).output().unwrap();
-        assert!(o.status.success(), "mount: {}", String::from_utf8_lossy(&o.stderr));
+        let o = Command::new(bin())
+            .arg("mount")
+            .arg(&self.img)
+            .arg(&self.mnt)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "mount: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
     fn umount(&self) {
-        assert!(Command::new("umount").arg(&self.mnt).status().unwrap().success());
+        assert!(Command::new("umount")
+            .arg(&self.mnt)
+            .status()
+            .unwrap()
+            .success());
         wait_server_gone(&self.img);
     }
     fn fsck(&self) {
-        let o = Command::new("e2fsck").arg("-fn").arg(&self.img).output().unwrap();
-        assert!(o.status.success(), "e2fsck: {}", String::from_utf8_lossy(&o.stdout));
+        let o = Command::new("e2fsck")
+            .arg("-fn")
+            .arg(&self.img)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "e2fsck: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
     }
 }
 
@@ -62,7 +90,11 @@ fn wait_server_gone(img: &Path) {
     let start = Instant::now();
     let name = img.to_string_lossy().into_owned();
     while start.elapsed() < Duration::from_secs(20) {
-        let busy = Command::new("pgrep").args(["-f", &format!("uext4 mount -f {name}")]).output().map(|o| o.status.success()).unwrap_or(false);
+        let busy = Command::new("pgrep")
+            .args(["-f", &format!("uext4 mount -f {name}")])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
         if !busy {
             return;
         }
@@ -88,7 +120,11 @@ fn shell_workload_then_clean_image() {
     );
     let o = Command::new("sh").arg("-c").arg(&script).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let stats = Command::new(bin()).arg("stats").arg(&e.mnt).output().unwrap();
+    let stats = Command::new(bin())
+        .arg("stats")
+        .arg(&e.mnt)
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&stats.stdout).contains("\"handles_started\""));
     e.umount();
     e.fsck();
@@ -153,10 +189,18 @@ fn sigterm_unmounts_and_kill9_recovers() {
     }
     let e = Env::new("kill");
     // SIGTERM: a clean unmount and exit 0.
-    let mut child = Command::new(bin()).args(["mount", "-f"]).arg(&e.img).arg(&e.mnt).spawn().unwrap();
+    let mut child = Command::new(bin())
+        .args(["mount", "-f"])
+        .arg(&e.img)
+        .arg(&e.mnt)
+        .spawn()
+        .unwrap();
     let start = Instant::now();
     while !e.mnt.join("lost+found").exists() {
-        assert!(start.elapsed() < Duration::from_secs(10), "mount did not come up");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "mount did not come up"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     std::fs::write(e.mnt.join("file"), b"data").unwrap();
@@ -165,10 +209,18 @@ fn sigterm_unmounts_and_kill9_recovers() {
     assert!(st.success(), "server exit status after SIGTERM: {st}");
     e.fsck();
     // kill -9 in the middle of work.
-    let mut child = Command::new(bin()).args(["mount", "-f"]).arg(&e.img).arg(&e.mnt).spawn().unwrap();
+    let mut child = Command::new(bin())
+        .args(["mount", "-f"])
+        .arg(&e.img)
+        .arg(&e.mnt)
+        .spawn()
+        .unwrap();
     let start = Instant::now();
     while !e.mnt.join("lost+found").exists() {
-        assert!(start.elapsed() < Duration::from_secs(10), "mount did not come up");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "mount did not come up"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     for i in 0..50 {
@@ -176,7 +228,14 @@ fn sigterm_unmounts_and_kill9_recovers() {
     }
     child.kill().unwrap();
     let _ = child.wait();
-    assert!(Command::new("umount").arg(&e.mnt).status().unwrap().success(), "umount clears the dead mount");
+    assert!(
+        Command::new("umount")
+            .arg(&e.mnt)
+            .status()
+            .unwrap()
+            .success(),
+        "umount clears the dead mount"
+    );
     // The next mount works (it replays the journal) and leaves a clean image.
     e.mount();
     assert_eq!(std::fs::read(e.mnt.join("file")).unwrap(), b"data");

@@ -10,7 +10,11 @@ fn bin() -> &'static str {
 }
 
 fn tmp(tag: &str) -> PathBuf {
-    let d = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let d = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
     d.join(format!("uext4-tools-{tag}-{}", std::process::id()))
 }
 
@@ -20,7 +24,11 @@ fn run(args: &[&str]) -> Output {
 
 fn ok(args: &[&str]) -> String {
     let o = run(args);
-    assert!(o.status.success(), "uext4 {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "uext4 {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
@@ -29,13 +37,20 @@ fn fails(args: &[&str]) -> String {
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(!o.status.success(), "uext4 {args:?} should fail");
     assert!(!err.contains("panicked"), "uext4 {args:?} panicked: {err}");
-    assert!(err.trim().lines().count() == 1, "uext4 {args:?}: expected a one-line error, got {err:?}");
+    assert!(
+        err.trim().lines().count() == 1,
+        "uext4 {args:?}: expected a one-line error, got {err:?}"
+    );
     err
 }
 
 fn fsck(img: &Path) {
     let o = Command::new("e2fsck").arg("-fn").arg(img).output().unwrap();
-    assert!(o.status.success(), "e2fsck: {}", String::from_utf8_lossy(&o.stdout));
+    assert!(
+        o.status.success(),
+        "e2fsck: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
 }
 
 #[test]
@@ -48,13 +63,21 @@ fn tools_roundtrip_a_tree() {
     let _ = std::fs::remove_dir_all(&back);
     std::fs::create_dir_all(src.join("sub/deeper")).unwrap();
     std::fs::write(src.join("a.txt"), b"hello\n").unwrap();
-    std::fs::write(src.join("sub/b.bin"), (0..200_000u32).map(|i| i as u8).collect::<Vec<u8>>()).unwrap();
+    std::fs::write(
+        src.join("sub/b.bin"),
+        (0..200_000u32).map(|i| i as u8).collect::<Vec<u8>>(),
+    )
+    .unwrap();
     std::os::unix::fs::symlink("a.txt", src.join("link")).unwrap();
     std::fs::hard_link(src.join("a.txt"), src.join("sub/hard")).unwrap();
     let sparse = std::fs::File::create(src.join("sparse")).unwrap();
     sparse.set_len(50 << 20).unwrap();
     drop(sparse);
-    std::fs::set_permissions(src.join("sub/deeper"), std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(
+        src.join("sub/deeper"),
+        std::fs::Permissions::from_mode(0o711),
+    )
+    .unwrap();
     let i = img.to_str().unwrap();
     ok(&["mkfs", "--size", "128M", i]);
     fsck(&img);
@@ -62,7 +85,10 @@ fn tools_roundtrip_a_tree() {
     ok(&["cp", "-r", src.to_str().unwrap(), &format!("{i}:/src")]);
     fsck(&img);
     let ls = ok(&["ls", "-l", &format!("{i}:/src")]);
-    assert!(ls.contains("a.txt") && ls.contains("link -> a.txt") && ls.contains("sub"), "{ls}");
+    assert!(
+        ls.contains("a.txt") && ls.contains("link -> a.txt") && ls.contains("sub"),
+        "{ls}"
+    );
     assert_eq!(ok(&["cat", &format!("{i}:/src/link")]), "hello\n");
     assert!(ok(&["stat", &format!("{i}:/src/sub/hard")]).contains("Links: 2"));
     ok(&["mkdir", "-p", &format!("{i}:/x/y/z")]);
@@ -79,15 +105,38 @@ fn tools_roundtrip_a_tree() {
     std::fs::create_dir_all(&back).unwrap();
     ok(&["cp", "-r", &format!("{i}:/src"), back.to_str().unwrap()]);
     let b = back.join("src");
-    assert_eq!(std::fs::read(b.join("sub/b.bin")).unwrap(), std::fs::read(src.join("sub/b.bin")).unwrap());
-    assert_eq!(std::fs::read_link(b.join("link")).unwrap(), PathBuf::from("a.txt"));
-    let (m1, m2) = (std::fs::metadata(src.join("sub/b.bin")).unwrap(), std::fs::metadata(b.join("sub/b.bin")).unwrap());
-    assert_eq!((m1.mtime(), m1.mtime_nsec()), (m2.mtime(), m2.mtime_nsec()), "mtime kept with nanoseconds");
-    assert_eq!(std::fs::metadata(b.join("sub/deeper")).unwrap().mode() & 0o7777, 0o711);
+    assert_eq!(
+        std::fs::read(b.join("sub/b.bin")).unwrap(),
+        std::fs::read(src.join("sub/b.bin")).unwrap()
+    );
+    assert_eq!(
+        std::fs::read_link(b.join("link")).unwrap(),
+        PathBuf::from("a.txt")
+    );
+    let (m1, m2) = (
+        std::fs::metadata(src.join("sub/b.bin")).unwrap(),
+        std::fs::metadata(b.join("sub/b.bin")).unwrap(),
+    );
+    assert_eq!(
+        (m1.mtime(), m1.mtime_nsec()),
+        (m2.mtime(), m2.mtime_nsec()),
+        "mtime kept with nanoseconds"
+    );
+    assert_eq!(
+        std::fs::metadata(b.join("sub/deeper")).unwrap().mode() & 0o7777,
+        0o711
+    );
     let sp = std::fs::metadata(b.join("sparse")).unwrap();
     assert_eq!(sp.len(), 50 << 20);
-    assert!(sp.blocks() < 1024, "the sparse file stayed sparse ({} blocks)", sp.blocks());
-    assert_eq!(std::fs::metadata(b.join("sub/hard")).unwrap().ino(), std::fs::metadata(b.join("a.txt")).unwrap().ino());
+    assert!(
+        sp.blocks() < 1024,
+        "the sparse file stayed sparse ({} blocks)",
+        sp.blocks()
+    );
+    assert_eq!(
+        std::fs::metadata(b.join("sub/hard")).unwrap().ino(),
+        std::fs::metadata(b.join("a.txt")).unwrap().ino()
+    );
     let _ = std::fs::remove_file(&img);
     let _ = std::fs::remove_dir_all(&src);
     let _ = std::fs::remove_dir_all(&back);

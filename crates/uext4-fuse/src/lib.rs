@@ -4,10 +4,10 @@
 //! root (2).
 
 use fuser::{
-    AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
+    AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -44,7 +44,9 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2);
         Options {
             read_only: false,
             threads: cpus.max(2),
@@ -135,14 +137,20 @@ fn systime(t: Timestamp) -> SystemTime {
 
 fn timestamp(t: SystemTime) -> Timestamp {
     match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() },
+        Ok(d) => Timestamp {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        },
         Err(e) => {
             let d = e.duration();
             let (s, n) = (d.as_secs() as i64, d.subsec_nanos());
             if n == 0 {
                 Timestamp { sec: -s, nsec: 0 }
             } else {
-                Timestamp { sec: -s - 1, nsec: 1_000_000_000 - n }
+                Timestamp {
+                    sec: -s - 1,
+                    nsec: 1_000_000_000 - n,
+                }
             }
         }
     }
@@ -203,7 +211,12 @@ pub struct Uext4Fuse {
 
 impl Uext4Fuse {
     pub fn new(fs: Arc<Fs>, opts: Options) -> Self {
-        Uext4Fuse { fs, opts, lookups: Mutex::new(HashMap::new()), next_fh: AtomicU64::new(1) }
+        Uext4Fuse {
+            fs,
+            opts,
+            lookups: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }
     }
 
     fn counted(&self, a: &Attr) {
@@ -347,13 +360,34 @@ impl Filesystem for Uext4Fuse {
         }
     }
 
-    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
         let p = to_ext(parent);
         let (uid, gid, _) = self.owner(req, p);
-        self.entry(self.fs.mknod(p, name.as_bytes(), mode & !umask, rdev, uid, gid), reply);
+        self.entry(
+            self.fs
+                .mknod(p, name.as_bytes(), mode & !umask, rdev, uid, gid),
+            reply,
+        );
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
         let p = to_ext(parent);
         let (uid, gid, sgid) = self.owner(req, p);
         let mode = (mode & !umask & 0o7777) | if sgid { S_ISGID } else { 0 };
@@ -368,13 +402,38 @@ impl Filesystem for Uext4Fuse {
         empty(self.fs.rmdir(to_ext(parent), name.as_bytes()), reply);
     }
 
-    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
         let p = to_ext(parent);
         let (uid, gid, _) = self.owner(req, p);
-        self.entry(self.fs.symlink(p, link_name.as_bytes(), target.as_os_str().as_bytes(), uid, gid), reply);
+        self.entry(
+            self.fs.symlink(
+                p,
+                link_name.as_bytes(),
+                target.as_os_str().as_bytes(),
+                uid,
+                gid,
+            ),
+            reply,
+        );
     }
 
-    fn rename(&self, _req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
         if flags.contains(RenameFlags::RENAME_WHITEOUT) {
             return reply.error(Errno::EINVAL);
         }
@@ -382,22 +441,55 @@ impl Filesystem for Uext4Fuse {
             noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
         };
-        empty(self.fs.rename(to_ext(parent), name.as_bytes(), to_ext(newparent), newname.as_bytes(), f), reply);
+        empty(
+            self.fs.rename(
+                to_ext(parent),
+                name.as_bytes(),
+                to_ext(newparent),
+                newname.as_bytes(),
+                f,
+            ),
+            reply,
+        );
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
-        self.entry(self.fs.link(to_ext(ino), to_ext(newparent), newname.as_bytes()), reply);
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        self.entry(
+            self.fs
+                .link(to_ext(ino), to_ext(newparent), newname.as_bytes()),
+            reply,
+        );
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(to_ext(ino)) {
-            Ok(()) => reply.opened(FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed)), self.open_flags()),
+            Ok(()) => reply.opened(
+                FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed)),
+                self.open_flags(),
+            ),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn read(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<LockOwner>, reply: ReplyData) {
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
         let mut buf = vec![0u8; size as usize];
         match self.fs.read(to_ext(ino), offset, &mut buf) {
             Ok(n) => reply.data(&buf[..n]),
@@ -406,7 +498,18 @@ impl Filesystem for Uext4Fuse {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn write(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, data: &[u8], _wf: WriteFlags, _flags: OpenFlags, _lock: Option<LockOwner>, reply: ReplyWrite) {
+    fn write(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _wf: WriteFlags,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
         let ext = to_ext(ino);
         match self.fs.write(ext, offset, data) {
             Ok(n) => {
@@ -415,9 +518,16 @@ impl Filesystem for Uext4Fuse {
                 if req.uid() != 0 {
                     if let Ok(a) = self.fs.getattr(ext) {
                         let m = a.mode as u32;
-                        let drop = if m & 0o4000 != 0 { 0o4000 } else { 0 } | if m & 0o2010 == 0o2010 { 0o2000 } else { 0 };
+                        let drop = if m & 0o4000 != 0 { 0o4000 } else { 0 }
+                            | if m & 0o2010 == 0o2010 { 0o2000 } else { 0 };
                         if drop != 0 {
-                            let _ = self.fs.setattr(ext, &SetAttr { mode: Some(m & !drop), ..Default::default() });
+                            let _ = self.fs.setattr(
+                                ext,
+                                &SetAttr {
+                                    mode: Some(m & !drop),
+                                    ..Default::default()
+                                },
+                            );
                         }
                     }
                 }
@@ -427,15 +537,38 @@ impl Filesystem for Uext4Fuse {
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         reply.ok();
     }
 
-    fn release(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, _lock: Option<LockOwner>, _flush: bool, reply: ReplyEmpty) {
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
         empty(self.fs.release(to_ext(ino)), reply);
     }
 
-    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         empty(self.fs.fsync(to_ext(ino), datasync), reply);
     }
 
@@ -447,15 +580,36 @@ impl Filesystem for Uext4Fuse {
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let r = self.fs.readdir(to_ext(ino), offset, &mut |e| !reply.add(to_fuse(e.ino), e.next_offset, kind_of_ft(e.kind), OsStr::from_bytes(&e.name)));
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let r = self.fs.readdir(to_ext(ino), offset, &mut |e| {
+            !reply.add(
+                to_fuse(e.ino),
+                e.next_offset,
+                kind_of_ft(e.kind),
+                OsStr::from_bytes(&e.name),
+            )
+        });
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
         let mut entries = Vec::new();
         let r = self.fs.readdir(to_ext(ino), offset, &mut |e| {
             entries.push(e);
@@ -465,9 +619,18 @@ impl Filesystem for Uext4Fuse {
             return reply.error(errno(&e));
         }
         for e in entries {
-            let Ok(a) = self.fs.getattr(e.ino) else { continue };
+            let Ok(a) = self.fs.getattr(e.ino) else {
+                continue;
+            };
             let dot = e.name == b"." || e.name == b"..";
-            if reply.add(to_fuse(e.ino), e.next_offset, OsStr::from_bytes(&e.name), &TTL, &file_attr(&a), Generation(a.generation as u64)) {
+            if reply.add(
+                to_fuse(e.ino),
+                e.next_offset,
+                OsStr::from_bytes(&e.name),
+                &TTL,
+                &file_attr(&a),
+                Generation(a.generation as u64),
+            ) {
                 break;
             }
             if !dot {
@@ -477,16 +640,41 @@ impl Filesystem for Uext4Fuse {
         reply.ok();
     }
 
-    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         empty(self.fs.fsync(to_ext(ino), datasync), reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let s = self.fs.statfs();
-        reply.statfs(s.blocks, s.blocks_free, s.blocks_avail, s.files, s.files_free, s.block_size, s.name_max, s.block_size);
+        reply.statfs(
+            s.blocks,
+            s.blocks_free,
+            s.blocks_avail,
+            s.files,
+            s.files_free,
+            s.block_size,
+            s.name_max,
+            s.block_size,
+        );
     }
 
-    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
         let f = if flags & libc::XATTR_CREATE != 0 {
             uext4::xattr::XattrFlags::Create
         } else if flags & libc::XATTR_REPLACE != 0 {
@@ -494,7 +682,10 @@ impl Filesystem for Uext4Fuse {
         } else {
             uext4::xattr::XattrFlags::Any
         };
-        empty(self.fs.setxattr(to_ext(ino), name.as_bytes(), value, f), reply);
+        empty(
+            self.fs.setxattr(to_ext(ino), name.as_bytes(), value, f),
+            reply,
+        );
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -544,30 +735,64 @@ impl Filesystem for Uext4Fuse {
         }
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
         let p = to_ext(parent);
         let (uid, gid, _) = self.owner(req, p);
         let r = self.fs.create(p, name.as_bytes(), mode & !umask, uid, gid);
         let a = match r {
             Ok(a) => a,
-            Err(Error::Exists) if flags & libc::O_EXCL == 0 => match self.fs.lookup(p, name.as_bytes()) {
-                Ok(a) => a,
-                Err(e) => return reply.error(errno(&e)),
-            },
+            Err(Error::Exists) if flags & libc::O_EXCL == 0 => {
+                match self.fs.lookup(p, name.as_bytes()) {
+                    Ok(a) => a,
+                    Err(e) => return reply.error(errno(&e)),
+                }
+            }
             Err(e) => return reply.error(errno(&e)),
         };
         if let Err(e) = self.fs.open(a.ino) {
             return reply.error(errno(&e));
         }
         self.counted(&a);
-        reply.created(&TTL, &file_attr(&a), Generation(a.generation as u64), FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed)), self.open_flags());
+        reply.created(
+            &TTL,
+            &file_attr(&a),
+            Generation(a.generation as u64),
+            FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed)),
+            self.open_flags(),
+        );
     }
 
-    fn fallocate(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
         empty(self.fs.fallocate(to_ext(ino), mode, offset, length), reply);
     }
 
-    fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
         if offset < 0 {
             return reply.error(Errno::EINVAL);
         }
@@ -587,11 +812,18 @@ impl Filesystem for Uext4Fuse {
 /// The fuser configuration for these options.
 pub fn fuse_config(image: &Path, opts: &Options) -> Config {
     let mut c = Config::default();
-    c.mount_options = vec![MountOption::FSName(image.display().to_string()), MountOption::Subtype("uext4".into())];
+    c.mount_options = vec![
+        MountOption::FSName(image.display().to_string()),
+        MountOption::Subtype("uext4".into()),
+    ];
     if opts.default_permissions {
         c.mount_options.push(MountOption::DefaultPermissions);
     }
-    c.mount_options.push(if opts.read_only { MountOption::RO } else { MountOption::RW });
+    c.mount_options.push(if opts.read_only {
+        MountOption::RO
+    } else {
+        MountOption::RW
+    });
     c.mount_options.push(MountOption::Dev);
     c.mount_options.push(MountOption::Suid);
     if opts.allow_other {
@@ -605,7 +837,12 @@ pub fn fuse_config(image: &Path, opts: &Options) -> Config {
 
 /// Mounts `image` at `mountpoint` and serves it until it is unmounted. Returns once the
 /// session has ended and the filesystem has been written and marked clean.
-pub fn serve(fs: Arc<Fs>, image: &Path, mountpoint: &Path, opts: &Options) -> std::io::Result<fuser::BackgroundSession> {
+pub fn serve(
+    fs: Arc<Fs>,
+    image: &Path,
+    mountpoint: &Path,
+    opts: &Options,
+) -> std::io::Result<fuser::BackgroundSession> {
     let config = fuse_config(image, opts);
     fuser::spawn_mount2(Uext4Fuse::new(fs, opts.clone()), mountpoint, &config)
 }
@@ -616,7 +853,9 @@ mod tests {
 
     #[test]
     fn options_parse_and_reject() {
-        let o = Options::parse("ro,threads=4,allow_other,writeback_cache,commit=7,errors=continue,dax").unwrap();
+        let o =
+            Options::parse("ro,threads=4,allow_other,writeback_cache,commit=7,errors=continue,dax")
+                .unwrap();
         assert!(o.read_only && o.allow_other && o.writeback_cache && o.dax);
         assert_eq!((o.threads, o.commit_secs), (4, 7));
         let e = Options::parse("rw,bogus").unwrap_err();
@@ -628,7 +867,14 @@ mod tests {
 
     #[test]
     fn timestamps_convert_both_ways() {
-        for t in [Timestamp { sec: 0, nsec: 0 }, Timestamp { sec: 1_700_000_000, nsec: 5 }, Timestamp { sec: -5, nsec: 250 }] {
+        for t in [
+            Timestamp { sec: 0, nsec: 0 },
+            Timestamp {
+                sec: 1_700_000_000,
+                nsec: 5,
+            },
+            Timestamp { sec: -5, nsec: 250 },
+        ] {
             assert_eq!(timestamp(systime(t)), t);
         }
     }

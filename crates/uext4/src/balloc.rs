@@ -85,7 +85,10 @@ impl Fs {
                 let v = st.desc.flags() & !BG_BLOCK_UNINIT;
                 st.desc.set_flags(v);
                 if self.geo.metadata_csum {
-                    st.desc.set_block_bitmap_csum(self.geo.csum_seed, &data[..self.geo.block_bitmap_csum_len()]);
+                    st.desc.set_block_bitmap_csum(
+                        self.geo.csum_seed,
+                        &data[..self.geo.block_bitmap_csum_len()],
+                    );
                 }
             }
             h.dirty(&buf);
@@ -96,7 +99,8 @@ impl Fs {
     }
 
     fn uninit_block_bitmap(&self, st: &GroupState) -> bool {
-        !matches!(self.geo.gd_csum, crate::format::group_desc::GdCsum::None) && st.desc.flags() & BG_BLOCK_UNINIT != 0
+        !matches!(self.geo.gd_csum, crate::format::group_desc::GdCsum::None)
+            && st.desc.flags() & BG_BLOCK_UNINIT != 0
     }
 
     /// Reads (and on first read verifies) a group's block bitmap. Caller holds the group lock.
@@ -105,7 +109,10 @@ impl Fs {
         let cached = self.bcache.get(blk)?;
         if self.geo.metadata_csum && !cached.dirty.load(Ordering::Acquire) {
             let data = cached.read();
-            if !st.desc.verify_block_bitmap_csum(self.geo.csum_seed, &data[..self.geo.block_bitmap_csum_len()]) {
+            if !st.desc.verify_block_bitmap_csum(
+                self.geo.csum_seed,
+                &data[..self.geo.block_bitmap_csum_len()],
+            ) {
                 drop(data);
                 return Err(self.fail(
                     Error::BadChecksum(format!("block bitmap of group {g} (block {blk})")),
@@ -129,7 +136,8 @@ impl Fs {
         for i in 0..geo.group_overhead(g) as usize {
             set_bit(data, i);
         }
-        let itb = (geo.inodes_per_group as u64 * geo.inode_size as u64).div_ceil(geo.block_size as u64);
+        let itb =
+            (geo.inodes_per_group as u64 * geo.inode_size as u64).div_ceil(geo.block_size as u64);
         let mark = |data: &mut [u8], b: u64, len: u64| {
             for x in b..b + len {
                 if x >= first && x < first + n {
@@ -160,11 +168,20 @@ impl Fs {
     }
 
     /// Allocates up to `want` contiguous blocks near `goal`. Returns (first block, count).
-    pub(crate) fn alloc_blocks(&self, h: &mut Handle<'_>, goal: u64, want: u32) -> Result<(u64, u32)> {
+    pub(crate) fn alloc_blocks(
+        &self,
+        h: &mut Handle<'_>,
+        goal: u64,
+        want: u32,
+    ) -> Result<(u64, u32)> {
         self.check_writable()?;
         let want = want.max(1);
         let geo = &self.geo;
-        let goal = if goal < geo.first_data_block || goal >= geo.blocks_count { geo.first_data_block } else { goal };
+        let goal = if goal < geo.first_data_block || goal >= geo.blocks_count {
+            geo.first_data_block
+        } else {
+            goal
+        };
         let start_group = geo.block_group(goal);
         let mut best: Option<(u32, usize, usize)> = None; // (group, offset, len)
         for pass in 0..2 {
@@ -174,7 +191,11 @@ impl Fs {
                 if st.desc.free_blocks_count() == 0 {
                     continue;
                 }
-                let from = if g == start_group && i == 0 { (goal - geo.group_first_block(g)) as usize } else { 0 };
+                let from = if g == start_group && i == 0 {
+                    (goal - geo.group_first_block(g)) as usize
+                } else {
+                    0
+                };
                 let buf = self.block_bitmap(h, g, &mut st)?;
                 let limit = geo.blocks_in_group(g) as usize;
                 let found = {
@@ -195,7 +216,9 @@ impl Fs {
                 let buf = self.block_bitmap(h, g, &mut st)?;
                 // Re-check under the lock: another thread may have taken it meanwhile.
                 let still = zero_run(&buf.read(), off, len, geo.blocks_in_group(g) as usize);
-                if still > 0 && !self.pending_free_overlaps(geo.group_first_block(g) + off as u64, 1) {
+                if still > 0
+                    && !self.pending_free_overlaps(geo.group_first_block(g) + off as u64, 1)
+                {
                     return self.take_run(h, g, &mut st, &buf, off, still);
                 }
             }
@@ -205,7 +228,15 @@ impl Fs {
 
     /// Finds a free run in one bitmap: the first of `want` blocks from `from` (then from the
     /// group's start); or with `any`, the first free run at all. Returns (offset, length).
-    fn search_run(&self, g: u32, b: &[u8], from: usize, want: usize, limit: usize, any: bool) -> Option<(usize, usize)> {
+    fn search_run(
+        &self,
+        g: u32,
+        b: &[u8],
+        from: usize,
+        want: usize,
+        limit: usize,
+        any: bool,
+    ) -> Option<(usize, usize)> {
         let base = self.geo.group_first_block(g);
         let from = from.min(limit);
         let mut best: Option<(usize, usize)> = None;
@@ -233,7 +264,15 @@ impl Fs {
         best
     }
 
-    fn take_run(&self, h: &mut Handle<'_>, g: u32, st: &mut GroupState, buf: &Arc<Buffer>, off: usize, len: usize) -> Result<(u64, u32)> {
+    fn take_run(
+        &self,
+        h: &mut Handle<'_>,
+        g: u32,
+        st: &mut GroupState,
+        buf: &Arc<Buffer>,
+        off: usize,
+        len: usize,
+    ) -> Result<(u64, u32)> {
         {
             let mut data = buf.write();
             for i in off..off + len {
@@ -241,7 +280,10 @@ impl Fs {
                 set_bit(&mut data, i);
             }
             if self.geo.metadata_csum {
-                st.desc.set_block_bitmap_csum(self.geo.csum_seed, &data[..self.geo.block_bitmap_csum_len()]);
+                st.desc.set_block_bitmap_csum(
+                    self.geo.csum_seed,
+                    &data[..self.geo.block_bitmap_csum_len()],
+                );
             }
         }
         h.dirty(buf);
@@ -254,7 +296,13 @@ impl Fs {
 
     /// Frees `len` blocks from `start`. With `metadata`, they were metadata blocks: dropped from
     /// the buffer cache and revoked in the journal.
-    pub(crate) fn free_blocks(&self, h: &mut Handle<'_>, start: u64, len: u64, metadata: bool) -> Result<()> {
+    pub(crate) fn free_blocks(
+        &self,
+        h: &mut Handle<'_>,
+        start: u64,
+        len: u64,
+        metadata: bool,
+    ) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -275,7 +323,9 @@ impl Fs {
                     if !test_bit(&data, i) {
                         drop(data);
                         return Err(self.fail(
-                            Error::corrupt(format!("freeing block {b}, which is already free (group {g})")),
+                            Error::corrupt(format!(
+                                "freeing block {b}, which is already free (group {g})"
+                            )),
                             0,
                             b,
                             "free_blocks",
@@ -284,7 +334,10 @@ impl Fs {
                     clear_bit(&mut data, i);
                 }
                 if self.geo.metadata_csum {
-                    st.desc.set_block_bitmap_csum(self.geo.csum_seed, &data[..self.geo.block_bitmap_csum_len()]);
+                    st.desc.set_block_bitmap_csum(
+                        self.geo.csum_seed,
+                        &data[..self.geo.block_bitmap_csum_len()],
+                    );
                 }
             }
             h.dirty(&buf);
@@ -329,7 +382,10 @@ impl Fs {
         if self.uninit_block_bitmap(&st) {
             let mut data = vec![0u8; self.geo.block_size as usize];
             self.init_block_bitmap(g, &mut data);
-            return Ok(test_bit(&data, (blk - self.geo.group_first_block(g)) as usize));
+            return Ok(test_bit(
+                &data,
+                (blk - self.geo.group_first_block(g)) as usize,
+            ));
         }
         let buf = self.read_block_bitmap(g, &st)?;
         let r = test_bit(&buf.read(), (blk - self.geo.group_first_block(g)) as usize);
@@ -361,23 +417,43 @@ mod image_tests {
     use std::process::Command;
 
     fn mkimg(tag: &str, size: &str, extra: &[&str]) -> std::path::PathBuf {
-        let p = std::path::PathBuf::from(format!("/dev/shm/uext4-balloc-{tag}-{}.img", std::process::id()));
+        let p = std::path::PathBuf::from(format!(
+            "/dev/shm/uext4-balloc-{tag}-{}.img",
+            std::process::id()
+        ));
         let _ = std::fs::remove_file(&p);
-        let st = Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).args(extra).arg(&p).arg(size).status().unwrap();
+        let st = Command::new("mke2fs")
+            .args(["-q", "-F", "-t", "ext4"])
+            .args(extra)
+            .arg(&p)
+            .arg(size)
+            .status()
+            .unwrap();
         assert!(st.success());
         p
     }
 
     fn fsck(p: &std::path::Path) {
         let out = Command::new("e2fsck").arg("-fn").arg(p).output().unwrap();
-        assert!(out.status.success(), "e2fsck: {}", String::from_utf8_lossy(&out.stdout));
+        assert!(
+            out.status.success(),
+            "e2fsck: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
     }
 
     /// Allocates across groups (including never-used BLOCK_UNINIT groups, whose bitmaps must be
     /// built exactly as e2fsck expects), frees everything, and checks the image and counts.
     fn alloc_free_roundtrip(extra: &[&str]) {
         let p = mkimg(&extra.join("").replace(['^', ',', '-'], ""), "600M", extra);
-        let fs = Fs::open_path(&p, MountOptions { commit_interval_secs: 0, ..Default::default() }).unwrap();
+        let fs = Fs::open_path(
+            &p,
+            MountOptions {
+                commit_interval_secs: 0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let before = fs.statfs();
         let mut got = Vec::new();
         {
@@ -392,7 +468,10 @@ mod image_tests {
                 }
                 for &(s2, n2) in &got {
                     let (s2, n2): (u64, u32) = (s2, n2);
-                    assert!(s + n as u64 <= s2 || s2 + n2 as u64 <= s, "overlapping allocations");
+                    assert!(
+                        s + n as u64 <= s2 || s2 + n2 as u64 <= s,
+                        "overlapping allocations"
+                    );
                 }
                 got.push((s, n));
             }
@@ -431,6 +510,11 @@ mod image_tests {
 
     #[test]
     fn alloc_free_roundtrip_no_flex_no_64bit() {
-        alloc_free_roundtrip(&["-b", "4096", "-O", "^flex_bg,^64bit,^metadata_csum,^uninit_bg"]);
+        alloc_free_roundtrip(&[
+            "-b",
+            "4096",
+            "-O",
+            "^flex_bg,^64bit,^metadata_csum,^uninit_bg",
+        ]);
     }
 }

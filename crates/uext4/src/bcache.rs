@@ -114,7 +114,11 @@ impl BufferCache {
         if shard.len() >= self.per_shard_limit {
             shard.retain(|_, b| Arc::strong_count(b) > 1 || b.dirty.load(Ordering::Acquire));
         }
-        let b = Arc::new(Buffer { blk, data: RwLock::new(data), dirty: AtomicBool::new(false) });
+        let b = Arc::new(Buffer {
+            blk,
+            data: RwLock::new(data),
+            dirty: AtomicBool::new(false),
+        });
         shard.insert(blk, b.clone());
         b
     }

@@ -55,7 +55,11 @@ impl FileDevice {
             let mut f = &file;
             f.seek(io::SeekFrom::End(0))?
         };
-        Ok(FileDevice { file, size, read_only })
+        Ok(FileDevice {
+            file,
+            size,
+            read_only,
+        })
     }
 }
 
@@ -90,10 +94,14 @@ pub struct MemDevice {
 
 impl MemDevice {
     pub fn new(size: u64) -> Self {
-        MemDevice { data: RwLock::new(vec![0; size as usize]) }
+        MemDevice {
+            data: RwLock::new(vec![0; size as usize]),
+        }
     }
     pub fn from_vec(v: Vec<u8>) -> Self {
-        MemDevice { data: RwLock::new(v) }
+        MemDevice {
+            data: RwLock::new(v),
+        }
     }
     pub fn to_vec(&self) -> Vec<u8> {
         self.data.read().clone()
@@ -140,19 +148,26 @@ pub struct CountingDevice<D: BlockDevice + ?Sized> {
 
 impl<D: BlockDevice + ?Sized> CountingDevice<D> {
     pub fn new(inner: Box<D>) -> Self {
-        CountingDevice { counters: IoCounters::default(), inner }
+        CountingDevice {
+            counters: IoCounters::default(),
+            inner,
+        }
     }
 }
 
 impl<D: BlockDevice + ?Sized> BlockDevice for CountingDevice<D> {
     fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
-        self.counters.bytes_read.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.counters
+            .bytes_read
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         self.inner.read_at(off, buf)
     }
     fn write_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        self.counters.bytes_written.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.counters
+            .bytes_written
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         self.inner.write_at(off, buf)
     }
     fn flush(&self) -> io::Result<()> {
@@ -185,7 +200,11 @@ pub struct RecordingDevice {
 
 impl RecordingDevice {
     pub fn new(image: Vec<u8>) -> Self {
-        RecordingDevice { current: MemDevice::from_vec(image.clone()), base: image, log: parking_lot::Mutex::new(Vec::new()) }
+        RecordingDevice {
+            current: MemDevice::from_vec(image.clone()),
+            base: image,
+            log: parking_lot::Mutex::new(Vec::new()),
+        }
     }
     /// The log so far.
     pub fn log(&self) -> Vec<Record> {
@@ -218,7 +237,13 @@ impl RecordingDevice {
     }
     /// Indices of the flushes in the log.
     pub fn flush_points(&self) -> Vec<usize> {
-        self.log.lock().iter().enumerate().filter(|(_, r)| matches!(r, Record::Flush)).map(|(i, _)| i + 1).collect()
+        self.log
+            .lock()
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| matches!(r, Record::Flush))
+            .map(|(i, _)| i + 1)
+            .collect()
     }
 }
 
@@ -230,7 +255,10 @@ impl BlockDevice for RecordingDevice {
         // Log and apply under one lock so the log order is the device's order.
         let mut log = self.log.lock();
         self.current.write_at(off, buf)?;
-        log.push(Record::Write { off, data: buf.to_vec() });
+        log.push(Record::Write {
+            off,
+            data: buf.to_vec(),
+        });
         Ok(())
     }
     fn flush(&self) -> io::Result<()> {
@@ -259,8 +287,14 @@ impl MappedDevice {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let map = memmap2::MmapOptions::new().map_raw(&file)?;
         let chunks = (map.len() as u64 >> DAX_CHUNK_SHIFT) + 1;
-        let dirty = (0..chunks.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
-        Ok(MappedDevice { map, dirty, non_temporal })
+        let dirty = (0..chunks.div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect();
+        Ok(MappedDevice {
+            map,
+            dirty,
+            non_temporal,
+        })
     }
 
     fn check(&self, off: u64, len: usize) -> io::Result<()> {
@@ -317,7 +351,13 @@ impl BlockDevice for MappedDevice {
         // SAFETY: the range is inside the mapping (checked above); the mapping lives as long as
         // self. Concurrent writers to the same bytes are the filesystem's business (the engine's
         // locks order them), as with pread/pwrite on a shared file.
-        unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(off as usize), buf.as_mut_ptr(), buf.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.map.as_ptr().add(off as usize),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
         Ok(())
     }
     fn write_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {

@@ -75,7 +75,12 @@ impl Fs {
     }
 
     fn dir_err(&self, dir: u32, lblk: u32, pblk: u64, what: String) -> Error {
-        self.fail(Error::corrupt(format!("directory inode {dir}, block {lblk}: {what}")), dir, pblk, "dir")
+        self.fail(
+            Error::corrupt(format!("directory inode {dir}, block {lblk}: {what}")),
+            dir,
+            pblk,
+            "dir",
+        )
     }
 
     /// Physical block of directory block `lblk`.
@@ -91,14 +96,28 @@ impl Fs {
     }
 
     /// Parses and validates a leaf block; verifies its checksum.
-    fn parse_leaf(&self, dir: u32, st: &InodeState, lblk: u32, pblk: u64, b: &[u8]) -> Result<Vec<Dirent>> {
+    fn parse_leaf(
+        &self,
+        dir: u32,
+        st: &InodeState,
+        lblk: u32,
+        pblk: u64,
+        b: &[u8],
+    ) -> Result<Vec<Dirent>> {
         let bs = b.len();
-        let end = if self.geo.metadata_csum && self.has_tail(b) { bs - TAIL_SIZE } else { bs };
+        let end = if self.geo.metadata_csum && self.has_tail(b) {
+            bs - TAIL_SIZE
+        } else {
+            bs
+        };
         if self.geo.metadata_csum && end != bs {
-            let want = crate::format::csum::crc32c(self.dir_seed(dir, &st.raw), &b[..bs - TAIL_SIZE]);
+            let want =
+                crate::format::csum::crc32c(self.dir_seed(dir, &st.raw), &b[..bs - TAIL_SIZE]);
             if le32(b, bs - 4) != want {
                 return Err(self.fail(
-                    Error::BadChecksum(format!("directory inode {dir}, block {lblk} (physical {pblk})")),
+                    Error::BadChecksum(format!(
+                        "directory inode {dir}, block {lblk} (physical {pblk})"
+                    )),
                     dir,
                     pblk,
                     "dir",
@@ -109,19 +128,44 @@ impl Fs {
         let mut off = 0;
         while off < end {
             if off + 8 > end {
-                return Err(self.dir_err(dir, lblk, pblk, format!("entry at offset {off} overruns the block")));
+                return Err(self.dir_err(
+                    dir,
+                    lblk,
+                    pblk,
+                    format!("entry at offset {off} overruns the block"),
+                ));
             }
             let rec_len = decode_rec_len(le16(b, off + 4), bs);
             let name_len = b[off + 6] as usize;
             let inode = le32(b, off);
-            if rec_len < 8 || rec_len % 4 != 0 || off + rec_len > end || (inode != 0 && 8 + name_len > rec_len) {
-                return Err(self.dir_err(dir, lblk, pblk, format!("bad entry at offset {off} (rec_len {rec_len}, name_len {name_len})")));
+            if rec_len < 8
+                || rec_len % 4 != 0
+                || off + rec_len > end
+                || (inode != 0 && 8 + name_len > rec_len)
+            {
+                return Err(self.dir_err(
+                    dir,
+                    lblk,
+                    pblk,
+                    format!("bad entry at offset {off} (rec_len {rec_len}, name_len {name_len})"),
+                ));
             }
             if inode > self.geo.inodes_count {
-                return Err(self.dir_err(dir, lblk, pblk, format!("entry at offset {off} points at inode {inode}, past the last")));
+                return Err(self.dir_err(
+                    dir,
+                    lblk,
+                    pblk,
+                    format!("entry at offset {off} points at inode {inode}, past the last"),
+                ));
             }
             let ftype = if self.geo.filetype { b[off + 7] } else { 0 };
-            out.push(Dirent { off, inode, rec_len, name_len, ftype });
+            out.push(Dirent {
+                off,
+                inode,
+                rec_len,
+                name_len,
+                ftype,
+            });
             off += rec_len;
         }
         Ok(out)
@@ -129,7 +173,10 @@ impl Fs {
 
     fn has_tail(&self, b: &[u8]) -> bool {
         let t = b.len() - TAIL_SIZE;
-        le32(b, t) == 0 && le16(b, t + 4) as usize == TAIL_SIZE && b[t + 6] == 0 && b[t + 7] == TAIL_FT
+        le32(b, t) == 0
+            && le16(b, t + 4) as usize == TAIL_SIZE
+            && b[t + 6] == 0
+            && b[t + 7] == TAIL_FT
     }
 
     /// Writes the checksum tail of a leaf block.
@@ -165,31 +212,58 @@ impl Fs {
     }
 
     /// Reads an index block and checks it.
-    fn read_dx(&self, dir: u32, st: &mut InodeState, lblk: u32, root: bool) -> Result<(u64, Vec<u8>, DxNode)> {
+    fn read_dx(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        lblk: u32,
+        root: bool,
+    ) -> Result<(u64, Vec<u8>, DxNode)> {
         let pblk = self.dir_pblk(dir, st, lblk)?;
         let data = self.bcache.get(pblk)?.read().to_vec();
         let off = if root { ROOT_COUNT } else { NODE_COUNT };
         if root && (data[ROOT_INFO + 5] != 8 || data[ROOT_INFO + 6] > 2) {
             return Err(self.dir_err(dir, lblk, pblk, "bad htree root info".into()));
         }
-        let node = DxNode::parse(&data, off).ok_or_else(|| self.dir_err(dir, lblk, pblk, "bad htree count/limit".into()))?;
+        let node = DxNode::parse(&data, off)
+            .ok_or_else(|| self.dir_err(dir, lblk, pblk, "bad htree count/limit".into()))?;
         if node.limit != dx_limit(data.len(), root, self.geo.metadata_csum) {
-            return Err(self.dir_err(dir, lblk, pblk, format!("htree limit {} is wrong", node.limit)));
+            return Err(self.dir_err(
+                dir,
+                lblk,
+                pblk,
+                format!("htree limit {} is wrong", node.limit),
+            ));
         }
         if self.geo.metadata_csum && !verify_dx_csum(self.dir_seed(dir, &st.raw), &data, off) {
-            return Err(self.fail(Error::BadChecksum(format!("directory inode {dir}, htree block {lblk}")), dir, pblk, "dir"));
+            return Err(self.fail(
+                Error::BadChecksum(format!("directory inode {dir}, htree block {lblk}")),
+                dir,
+                pblk,
+                "dir",
+            ));
         }
         let nblocks = self.dir_blocks(st);
         for &(_, b) in &node.entries {
             if b == 0 || b >= nblocks {
-                return Err(self.dir_err(dir, lblk, pblk, format!("htree points at block {b} (directory has {nblocks})")));
+                return Err(self.dir_err(
+                    dir,
+                    lblk,
+                    pblk,
+                    format!("htree points at block {b} (directory has {nblocks})"),
+                ));
             }
         }
         Ok((pblk, data, node))
     }
 
     /// Walks the index to the leaf for `hash`. Returns the path: (lblk, node, position) per level.
-    fn dx_probe(&self, dir: u32, st: &mut InodeState, hash: u32) -> Result<(Vec<(u32, DxNode, usize)>, u8)> {
+    fn dx_probe(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        hash: u32,
+    ) -> Result<(Vec<(u32, DxNode, usize)>, u8)> {
         let (_, root, node) = self.read_dx(dir, st, 0, true)?;
         let levels = root[ROOT_INFO + 6] as usize;
         let version = self.dir_hash_version(&root);
@@ -215,11 +289,20 @@ impl Fs {
     }
 
     /// Searches one leaf block for `name`.
-    fn leaf_find(&self, dir: u32, st: &mut InodeState, lblk: u32, name: &[u8]) -> Result<Option<(u32, u8, usize)>> {
+    fn leaf_find(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        lblk: u32,
+        name: &[u8],
+    ) -> Result<Option<(u32, u8, usize)>> {
         let pblk = self.dir_pblk(dir, st, lblk)?;
         let data = self.bcache.get(pblk)?.read().to_vec();
         for e in self.parse_leaf(dir, st, lblk, pblk, &data)? {
-            if e.inode != 0 && e.name_len == name.len() && &data[e.off + 8..e.off + 8 + e.name_len] == name {
+            if e.inode != 0
+                && e.name_len == name.len()
+                && &data[e.off + 8..e.off + 8 + e.name_len] == name
+            {
                 return Ok(Some((e.inode, e.ftype, e.off)));
             }
         }
@@ -227,7 +310,12 @@ impl Fs {
     }
 
     /// Finds `name`: (inode, type, block, offset).
-    fn dir_find(&self, dir: u32, st: &mut InodeState, name: &[u8]) -> Result<Option<(u32, u8, u32, usize)>> {
+    fn dir_find(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        name: &[u8],
+    ) -> Result<Option<(u32, u8, u32, usize)>> {
         if self.is_indexed(st) && name != b"." && name != b".." {
             let hash0 = {
                 let pblk = self.dir_pblk(dir, st, 0)?;
@@ -261,7 +349,12 @@ impl Fs {
     }
 
     /// Moves a probe path to the next leaf in hash order; returns that leaf's starting hash.
-    fn dx_next_leaf(&self, dir: u32, st: &mut InodeState, path: &mut Vec<(u32, DxNode, usize)>) -> Result<Option<u32>> {
+    fn dx_next_leaf(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        path: &mut Vec<(u32, DxNode, usize)>,
+    ) -> Result<Option<u32>> {
         let mut level = path.len();
         loop {
             if level == 0 {
@@ -284,12 +377,24 @@ impl Fs {
         Ok(Some(hash))
     }
 
-    pub(crate) fn dir_lookup(&self, dir: u32, st: &mut InodeState, name: &[u8]) -> Result<Option<(u32, u8)>> {
+    pub(crate) fn dir_lookup(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        name: &[u8],
+    ) -> Result<Option<(u32, u8)>> {
         Ok(self.dir_find(dir, st, name)?.map(|(i, t, _, _)| (i, t)))
     }
 
     /// Writes a changed leaf block through the handle.
-    fn put_leaf(&self, h: &mut Handle<'_>, dir: u32, st: &InodeState, pblk: u64, data: &mut [u8]) -> Result<()> {
+    fn put_leaf(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        st: &InodeState,
+        pblk: u64,
+        data: &mut [u8],
+    ) -> Result<()> {
         self.set_leaf_csum(dir, st, data);
         let buf = self.bcache.get(pblk)?;
         buf.write().copy_from_slice(data);
@@ -297,9 +402,21 @@ impl Fs {
         Ok(())
     }
 
-    fn put_dx(&self, h: &mut Handle<'_>, dir: u32, st: &InodeState, pblk: u64, data: &mut [u8], root: bool) -> Result<()> {
+    fn put_dx(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        st: &InodeState,
+        pblk: u64,
+        data: &mut [u8],
+        root: bool,
+    ) -> Result<()> {
         if self.geo.metadata_csum {
-            set_dx_csum(self.dir_seed(dir, &st.raw), data, if root { ROOT_COUNT } else { NODE_COUNT });
+            set_dx_csum(
+                self.dir_seed(dir, &st.raw),
+                data,
+                if root { ROOT_COUNT } else { NODE_COUNT },
+            );
         }
         let buf = self.bcache.get(pblk)?;
         buf.write().copy_from_slice(data);
@@ -308,7 +425,17 @@ impl Fs {
     }
 
     /// Tries to put an entry into a leaf block in memory. Returns false if there is no room.
-    fn leaf_insert(&self, dir: u32, st: &InodeState, lblk: u32, pblk: u64, data: &mut [u8], name: &[u8], ino: u32, ftype: u8) -> Result<bool> {
+    fn leaf_insert(
+        &self,
+        dir: u32,
+        st: &InodeState,
+        lblk: u32,
+        pblk: u64,
+        data: &mut [u8],
+        name: &[u8],
+        ino: u32,
+        ftype: u8,
+    ) -> Result<bool> {
         let need = rec_len_for(name.len());
         let ft = if self.geo.filetype { ftype } else { 0 };
         for e in self.parse_leaf(dir, st, lblk, pblk, data)? {
@@ -327,14 +454,29 @@ impl Fs {
     }
 
     /// Appends an empty block to the directory; returns (lblk, pblk).
-    fn dir_append_block(&self, h: &mut Handle<'_>, dir: u32, st: &mut InodeState) -> Result<(u32, u64)> {
+    fn dir_append_block(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        st: &mut InodeState,
+    ) -> Result<(u32, u64)> {
         let lblk = self.dir_blocks(st);
         let goal = match lblk.checked_sub(1) {
             Some(l) => self.dir_pblk(dir, st, l)? + 1,
             None => self.geo.group_first_block(self.geo.ino_group(dir)),
         };
         let (p, _) = self.alloc_blocks(h, goal, 1)?;
-        if let Err(e) = self.ext_insert(h, dir, st, Extent { lblk, len: 1, pblk: p, unwritten: false }) {
+        if let Err(e) = self.ext_insert(
+            h,
+            dir,
+            st,
+            Extent {
+                lblk,
+                len: 1,
+                pblk: p,
+                unwritten: false,
+            },
+        ) {
             let _ = self.free_blocks(h, p, 1, false);
             return Err(e);
         }
@@ -351,7 +493,13 @@ impl Fs {
         b
     }
 
-    pub(crate) fn dir_init(&self, h: &mut Handle<'_>, dir: u32, st: &mut InodeState, parent: u32) -> Result<()> {
+    pub(crate) fn dir_init(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        st: &mut InodeState,
+        parent: u32,
+    ) -> Result<()> {
         let (_, p) = self.dir_append_block(h, dir, st)?;
         let mut b = vec![0u8; self.geo.block_size as usize];
         let ft = if self.geo.filetype { FT_DIR } else { 0 };
@@ -360,7 +508,15 @@ impl Fs {
         self.put_leaf(h, dir, st, p, &mut b)
     }
 
-    pub(crate) fn dir_add(&self, h: &mut Handle<'_>, dir: u32, st: &mut InodeState, name: &[u8], ino: u32, ftype: u8) -> Result<()> {
+    pub(crate) fn dir_add(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        st: &mut InodeState,
+        name: &[u8],
+        ino: u32,
+        ftype: u8,
+    ) -> Result<()> {
         if self.is_indexed(st) {
             return self.dx_add(h, dir, st, name, ino, ftype);
         }
@@ -385,7 +541,15 @@ impl Fs {
     }
 
     /// Live entries of a leaf as (hash, minor, name, inode, type).
-    fn leaf_entries(&self, dir: u32, st: &InodeState, lblk: u32, pblk: u64, data: &[u8], version: u8) -> Result<Vec<(u32, u32, Vec<u8>, u32, u8)>> {
+    fn leaf_entries(
+        &self,
+        dir: u32,
+        st: &InodeState,
+        lblk: u32,
+        pblk: u64,
+        data: &[u8],
+        version: u8,
+    ) -> Result<Vec<(u32, u32, Vec<u8>, u32, u8)>> {
         let mut v = Vec::new();
         for e in self.parse_leaf(dir, st, lblk, pblk, data)? {
             if e.inode == 0 {
@@ -404,8 +568,19 @@ impl Fs {
         let space = self.leaf_space();
         let mut off = 0;
         for (i, (_, _, name, ino, ft)) in entries.iter().enumerate() {
-            let rl = if i + 1 == entries.len() { space - off } else { rec_len_for(name.len()) };
-            put_dirent(&mut b, off, *ino, rl, name, if self.geo.filetype { *ft } else { 0 });
+            let rl = if i + 1 == entries.len() {
+                space - off
+            } else {
+                rec_len_for(name.len())
+            };
+            put_dirent(
+                &mut b,
+                off,
+                *ino,
+                rl,
+                name,
+                if self.geo.filetype { *ft } else { 0 },
+            );
             off += rl;
         }
         if entries.is_empty() {
@@ -429,7 +604,11 @@ impl Fs {
         };
         let mut parent = dir;
         let mut entries = Vec::new();
-        for (i, e) in self.leaf_entries(dir, st, 0, p0, &data, version)?.into_iter().enumerate() {
+        for (i, e) in self
+            .leaf_entries(dir, st, 0, p0, &data, version)?
+            .into_iter()
+            .enumerate()
+        {
             if i == 0 && e.2 == b"." {
                 continue;
             }
@@ -454,7 +633,11 @@ impl Fs {
         root[ROOT_INFO + 4] = if version >= 3 { version - 3 } else { version };
         root[ROOT_INFO + 5] = 8;
         root[ROOT_INFO + 6] = 0;
-        let node = DxNode { count_off: ROOT_COUNT, limit: dx_limit(bs, true, self.geo.metadata_csum), entries: vec![(0, l1), (split_hash, l2)] };
+        let node = DxNode {
+            count_off: ROOT_COUNT,
+            limit: dx_limit(bs, true, self.geo.metadata_csum),
+            entries: vec![(0, l1), (split_hash, l2)],
+        };
         node.store(&mut root);
         self.put_dx(h, dir, st, p0, &mut root, true)?;
         st.raw.set_flags(st.raw.flags() | FL_INDEX);
@@ -464,7 +647,14 @@ impl Fs {
     /// Splits hash-sorted entries into two halves by size; the second half's index hash gets
     /// the collision bit when the split falls inside a run of equal hashes.
     #[allow(clippy::type_complexity)]
-    fn split_sorted(&self, mut entries: Vec<(u32, u32, Vec<u8>, u32, u8)>) -> (Vec<(u32, u32, Vec<u8>, u32, u8)>, Vec<(u32, u32, Vec<u8>, u32, u8)>, u32) {
+    fn split_sorted(
+        &self,
+        mut entries: Vec<(u32, u32, Vec<u8>, u32, u8)>,
+    ) -> (
+        Vec<(u32, u32, Vec<u8>, u32, u8)>,
+        Vec<(u32, u32, Vec<u8>, u32, u8)>,
+        u32,
+    ) {
         let total: usize = entries.iter().map(|e| rec_len_for(e.2.len())).sum();
         let mut acc = 0;
         let mut at = entries.len();
@@ -483,7 +673,15 @@ impl Fs {
     }
 
     /// Adds an entry to an indexed directory, splitting the leaf (and index nodes) when full.
-    fn dx_add(&self, h: &mut Handle<'_>, dir: u32, st: &mut InodeState, name: &[u8], ino: u32, ftype: u8) -> Result<()> {
+    fn dx_add(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        st: &mut InodeState,
+        name: &[u8],
+        ino: u32,
+        ftype: u8,
+    ) -> Result<()> {
         let p0 = self.dir_pblk(dir, st, 0)?;
         let version = self.dir_hash_version(&self.bcache.get(p0)?.read());
         let (hash, _) = self.name_hash(name, version);
@@ -510,7 +708,13 @@ impl Fs {
             // after the one pointing at the old leaf.
             let (path, _) = self.dx_probe(dir, st, split_hash & !1)?;
             let (plblk, mut pnode, _) = path.last().unwrap().clone();
-            let pos = pnode.entries.iter().position(|e| e.1 == leaf).ok_or_else(|| self.dir_err(dir, plblk, 0, "htree lost a leaf during a split".into()))?;
+            let pos = pnode
+                .entries
+                .iter()
+                .position(|e| e.1 == leaf)
+                .ok_or_else(|| {
+                    self.dir_err(dir, plblk, 0, "htree lost a leaf during a split".into())
+                })?;
             pnode.entries.insert(pos + 1, (split_hash, nl));
             let root = path.len() == 1;
             let pp = self.dir_pblk(dir, st, plblk)?;
@@ -518,12 +722,23 @@ impl Fs {
             pnode.store(&mut pdata);
             self.put_dx(h, dir, st, pp, &mut pdata, root)?;
         }
-        Err(self.dir_err(dir, 0, 0, "could not insert into the htree after splitting".into()))
+        Err(self.dir_err(
+            dir,
+            0,
+            0,
+            "could not insert into the htree after splitting".into(),
+        ))
     }
 
     /// Makes sure the bottom index node on `path` has room for one more entry: splits full
     /// nodes upwards, and adds a level when the root is full.
-    fn dx_make_room(&self, h: &mut Handle<'_>, dir: u32, st: &mut InodeState, path: &[(u32, DxNode, usize)]) -> Result<()> {
+    fn dx_make_room(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        st: &mut InodeState,
+        path: &[(u32, DxNode, usize)],
+    ) -> Result<()> {
         let bs = self.geo.block_size as usize;
         let csum = self.geo.metadata_csum;
         // Find the lowest level with room.
@@ -540,22 +755,42 @@ impl Fs {
             let p0 = self.dir_pblk(dir, st, 0)?;
             let mut root = self.bcache.get(p0)?.read().to_vec();
             let levels = root[ROOT_INFO + 6];
-            let max_levels = if self.sb.lock().has_incompat(crate::format::features::INCOMPAT_LARGEDIR) { 2 } else { 1 };
+            let max_levels = if self
+                .sb
+                .lock()
+                .has_incompat(crate::format::features::INCOMPAT_LARGEDIR)
+            {
+                2
+            } else {
+                1
+            };
             if levels >= max_levels {
                 return Err(Error::NoSpace);
             }
             let (nl, np) = self.dir_append_block(h, dir, st)?;
             let mut nb = vec![0u8; bs];
             put16(&mut nb, 4, bs as u16); // fake empty entry covering the block
-            let node = DxNode { count_off: NODE_COUNT, limit: dx_limit(bs, false, csum), entries: path[0].1.entries.clone() };
+            let node = DxNode {
+                count_off: NODE_COUNT,
+                limit: dx_limit(bs, false, csum),
+                entries: path[0].1.entries.clone(),
+            };
             node.store(&mut nb);
             self.put_dx(h, dir, st, np, &mut nb, false)?;
-            let rnode = DxNode { count_off: ROOT_COUNT, limit: path[0].1.limit, entries: vec![(0, nl)] };
+            let rnode = DxNode {
+                count_off: ROOT_COUNT,
+                limit: path[0].1.limit,
+                entries: vec![(0, nl)],
+            };
             rnode.store(&mut root);
             root[ROOT_INFO + 6] = levels + 1;
             self.put_dx(h, dir, st, p0, &mut root, true)?;
             // The new node is full (it holds what the root held): split it on the next pass.
-            let (path2, _) = self.dx_probe(dir, st, path.last().map(|p| p.1.entries[p.2].0).unwrap_or(0))?;
+            let (path2, _) = self.dx_probe(
+                dir,
+                st,
+                path.last().map(|p| p.1.entries[p.2].0).unwrap_or(0),
+            )?;
             return self.dx_make_room(h, dir, st, &path2);
         }
         // Split each full node below `level`, from the top down.
@@ -573,17 +808,30 @@ impl Fs {
             let mut rb = vec![0u8; bs];
             put16(&mut rb, 4, bs as u16);
             let rhash = right[0].0;
-            let mut right_node = DxNode { count_off: NODE_COUNT, limit: node_now.limit, entries: right };
+            let mut right_node = DxNode {
+                count_off: NODE_COUNT,
+                limit: node_now.limit,
+                entries: right,
+            };
             right_node.entries[0].0 = 0;
             right_node.store(&mut rb);
             self.put_dx(h, dir, st, rp, &mut rb, false)?;
             let lp = self.dir_pblk(dir, st, nlblk)?;
             let mut lb = self.bcache.get(lp)?.read().to_vec();
-            DxNode { count_off: NODE_COUNT, limit: node_now.limit, entries: left }.store(&mut lb);
+            DxNode {
+                count_off: NODE_COUNT,
+                limit: node_now.limit,
+                entries: left,
+            }
+            .store(&mut lb);
             self.put_dx(h, dir, st, lp, &mut lb, false)?;
             // Parent gets the new node after the old one.
             let mut parent = parent_now;
-            let pos = parent.entries.iter().position(|e| e.1 == nlblk).ok_or_else(|| self.dir_err(dir, 0, 0, "htree parent lost a node".into()))?;
+            let pos = parent
+                .entries
+                .iter()
+                .position(|e| e.1 == nlblk)
+                .ok_or_else(|| self.dir_err(dir, 0, 0, "htree parent lost a node".into()))?;
             parent.entries.insert(pos + 1, (rhash, rl));
             let plblk = path[l - 1].0;
             let pp = self.dir_pblk(dir, st, plblk)?;
@@ -594,8 +842,16 @@ impl Fs {
         Ok(())
     }
 
-    pub(crate) fn dir_remove(&self, h: &mut Handle<'_>, dir: u32, st: &mut InodeState, name: &[u8]) -> Result<(u32, u8)> {
-        let Some((ino, ft, lblk, off)) = self.dir_find(dir, st, name)? else { return Err(Error::NotFound) };
+    pub(crate) fn dir_remove(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        st: &mut InodeState,
+        name: &[u8],
+    ) -> Result<(u32, u8)> {
+        let Some((ino, ft, lblk, off)) = self.dir_find(dir, st, name)? else {
+            return Err(Error::NotFound);
+        };
         let pblk = self.dir_pblk(dir, st, lblk)?;
         let mut data = self.bcache.get(pblk)?.read().to_vec();
         let entries = self.parse_leaf(dir, st, lblk, pblk, &data)?;
@@ -604,14 +860,28 @@ impl Fs {
             put32(&mut data, off, 0);
         } else {
             let prev = &entries[i - 1];
-            put16(&mut data, prev.off + 4, (prev.rec_len + entries[i].rec_len) as u16);
+            put16(
+                &mut data,
+                prev.off + 4,
+                (prev.rec_len + entries[i].rec_len) as u16,
+            );
         }
         self.put_leaf(h, dir, st, pblk, &mut data)?;
         Ok((ino, ft))
     }
 
-    pub(crate) fn dir_set(&self, h: &mut Handle<'_>, dir: u32, st: &mut InodeState, name: &[u8], ino: u32, ftype: u8) -> Result<(u32, u8)> {
-        let Some((old, oft, lblk, off)) = self.dir_find(dir, st, name)? else { return Err(Error::NotFound) };
+    pub(crate) fn dir_set(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        st: &mut InodeState,
+        name: &[u8],
+        ino: u32,
+        ftype: u8,
+    ) -> Result<(u32, u8)> {
+        let Some((old, oft, lblk, off)) = self.dir_find(dir, st, name)? else {
+            return Err(Error::NotFound);
+        };
         let pblk = self.dir_pblk(dir, st, lblk)?;
         let mut data = self.bcache.get(pblk)?.read().to_vec();
         put32(&mut data, off, ino);
@@ -656,7 +926,13 @@ impl Fs {
         le32(b, 0) == 0 && decode_rec_len(le16(b, 4), b.len()) == b.len() && b[6] == 0
     }
 
-    pub(crate) fn dir_iter(&self, dir: u32, st: &mut InodeState, offset: u64, f: &mut dyn FnMut(u64, u32, u8, &[u8]) -> bool) -> Result<()> {
+    pub(crate) fn dir_iter(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        offset: u64,
+        f: &mut dyn FnMut(u64, u32, u8, &[u8]) -> bool,
+    ) -> Result<()> {
         if self.is_indexed(st) {
             return self.dx_iter(dir, st, offset, f);
         }
@@ -682,7 +958,13 @@ impl Fs {
     }
 
     /// readdir of an indexed directory, in hash order with hash cookies.
-    fn dx_iter(&self, dir: u32, st: &mut InodeState, offset: u64, f: &mut dyn FnMut(u64, u32, u8, &[u8]) -> bool) -> Result<()> {
+    fn dx_iter(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        offset: u64,
+        f: &mut dyn FnMut(u64, u32, u8, &[u8]) -> bool,
+    ) -> Result<()> {
         let p0 = self.dir_pblk(dir, st, 0)?;
         let root = self.bcache.get(p0)?.read().to_vec();
         let version = self.dir_hash_version(&root);
@@ -696,7 +978,11 @@ impl Fs {
             }
         }
         let cookie = |hh: u32, mm: u32| ((hh as u64) << 32 | mm as u64).max(3);
-        let start_hash = if offset <= 2 { 0 } else { (offset >> 32) as u32 };
+        let start_hash = if offset <= 2 {
+            0
+        } else {
+            (offset >> 32) as u32
+        };
         let (mut path, _) = self.dx_probe(dir, st, start_hash)?;
         // Entries with the same major hash may sit in the previous leaf (a continued run).
         let mut guard = 0u64;

@@ -93,7 +93,14 @@ impl Fs {
         raw.set_flags(raw.flags() | FL_EXTENTS);
         let b = raw.i_block_mut();
         b.fill(0);
-        ExtentHeader { magic: EXTENT_MAGIC, entries: 0, max: 4, depth: 0, generation: 0 }.write(b);
+        ExtentHeader {
+            magic: EXTENT_MAGIC,
+            entries: 0,
+            max: 4,
+            depth: 0,
+            generation: 0,
+        }
+        .write(b);
     }
 
     /// Depth of the inode's tree (0: the extents are in i_block).
@@ -109,7 +116,11 @@ impl Fs {
         let inode = self.iget(ino)?;
         let mut st = inode.state.lock();
         self.ext_load(ino, &mut st)?;
-        Ok(st.extents.as_ref().map(|c| c.map.values().copied().collect()).unwrap_or_default())
+        Ok(st
+            .extents
+            .as_ref()
+            .map(|c| c.map.values().copied().collect())
+            .unwrap_or_default())
     }
 
     /// Depth of an inode's extent tree (tests and tools).
@@ -129,7 +140,16 @@ impl Fs {
             let root = st.raw.i_block().to_vec();
             let hdr = ExtentHeader::read(&root);
             let seed = RawInode::csum_seed(self.geo.csum_seed, ino, st.raw.generation());
-            self.load_node(ino, seed, &root, None, hdr.depth, 0, u64::MAX >> 1, &mut cache.map)?;
+            self.load_node(
+                ino,
+                seed,
+                &root,
+                None,
+                hdr.depth,
+                0,
+                u64::MAX >> 1,
+                &mut cache.map,
+            )?;
         } else {
             cache.blockmap = true;
             self.load_blockmap(ino, &st.raw, &mut cache.map)?;
@@ -139,8 +159,17 @@ impl Fs {
     }
 
     fn corrupt(&self, ino: u32, blk: u64, what: String) -> Error {
-        let where_ = if blk == 0 { "extent root".to_string() } else { format!("extent block {blk}") };
-        self.fail(Error::corrupt(format!("inode {ino}: {where_}: {what}")), ino, blk, "ext_load")
+        let where_ = if blk == 0 {
+            "extent root".to_string()
+        } else {
+            format!("extent block {blk}")
+        };
+        self.fail(
+            Error::corrupt(format!("inode {ino}: {where_}: {what}")),
+            ino,
+            blk,
+            "ext_load",
+        )
     }
 
     /// Validates one node and loads its extents. `lo`/`hi` bound the logical blocks its parent
@@ -164,10 +193,18 @@ impl Fs {
         }
         let cap = node_capacity(data.len(), blk.is_none());
         if hdr.max == 0 || hdr.max > cap || hdr.entries > hdr.max {
-            return Err(self.corrupt(ino, b, format!("{} entries, max {} (capacity {cap})", hdr.entries, hdr.max)));
+            return Err(self.corrupt(
+                ino,
+                b,
+                format!("{} entries, max {} (capacity {cap})", hdr.entries, hdr.max),
+            ));
         }
         if hdr.depth != want_depth || hdr.depth > MAX_DEPTH {
-            return Err(self.corrupt(ino, b, format!("depth {} where {} was expected", hdr.depth, want_depth)));
+            return Err(self.corrupt(
+                ino,
+                b,
+                format!("depth {} where {} was expected", hdr.depth, want_depth),
+            ));
         }
         if let Some(blk) = blk {
             if self.geo.metadata_csum {
@@ -188,17 +225,34 @@ impl Fs {
             let e = &data[HEADER_SIZE + i * ENTRY_SIZE..HEADER_SIZE + (i + 1) * ENTRY_SIZE];
             if hdr.depth == 0 {
                 let x = Extent::read(e);
-                if x.len == 0 || (x.lblk as u64) < prev_end || x.lblk as u64 >= hi || x.end() > 1 << 32 {
-                    return Err(self.corrupt(ino, b, format!("extent {i} (logical {} len {}) is out of order", x.lblk, x.len)));
+                if x.len == 0
+                    || (x.lblk as u64) < prev_end
+                    || x.lblk as u64 >= hi
+                    || x.end() > 1 << 32
+                {
+                    return Err(self.corrupt(
+                        ino,
+                        b,
+                        format!(
+                            "extent {i} (logical {} len {}) is out of order",
+                            x.lblk, x.len
+                        ),
+                    ));
                 }
-                self.check_block(x.pblk, x.len as u64, &|| format!("inode {ino}: extent at logical block {}", x.lblk))
-                    .map_err(|e| self.fail(e, ino, b, "ext_load"))?;
+                self.check_block(x.pblk, x.len as u64, &|| {
+                    format!("inode {ino}: extent at logical block {}", x.lblk)
+                })
+                .map_err(|e| self.fail(e, ino, b, "ext_load"))?;
                 prev_end = x.end();
                 out.insert(x.lblk, x);
             } else {
                 let x = ExtentIdx::read(e);
                 if (x.lblk as u64) < prev_end && i > 0 {
-                    return Err(self.corrupt(ino, b, format!("index {i} (logical {}) is out of order", x.lblk)));
+                    return Err(self.corrupt(
+                        ino,
+                        b,
+                        format!("index {i} (logical {}) is out of order", x.lblk),
+                    ));
                 }
                 let next_lo = if i + 1 < hdr.entries as usize {
                     le32(data, HEADER_SIZE + (i + 1) * ENTRY_SIZE) as u64
@@ -209,7 +263,16 @@ impl Fs {
                     .map_err(|e| self.fail(e, ino, b, "ext_load"))?;
                 let buf = self.bcache.get(x.leaf)?;
                 let child = buf.read().to_vec();
-                self.load_node(ino, seed, &child, Some(x.leaf), hdr.depth - 1, x.lblk as u64, next_lo, out)?;
+                self.load_node(
+                    ino,
+                    seed,
+                    &child,
+                    Some(x.leaf),
+                    hdr.depth - 1,
+                    x.lblk as u64,
+                    next_lo,
+                    out,
+                )?;
                 prev_end = x.lblk as u64;
             }
         }
@@ -217,7 +280,12 @@ impl Fs {
     }
 
     /// Reads the indirect block map of a non-extent file into extents.
-    fn load_blockmap(&self, ino: u32, raw: &RawInode, out: &mut BTreeMap<u32, Extent>) -> Result<()> {
+    fn load_blockmap(
+        &self,
+        ino: u32,
+        raw: &RawInode,
+        out: &mut BTreeMap<u32, Extent>,
+    ) -> Result<()> {
         let per = self.geo.block_size as u64 / 4;
         let ib = raw.i_block();
         let mut push = |lblk: u64, pblk: u64| {
@@ -225,12 +293,23 @@ impl Fs {
                 return;
             }
             if let Some((_, last)) = out.iter_mut().next_back() {
-                if last.end() == lblk && last.pblk + last.len as u64 == pblk && last.len < MAX_INIT_LEN {
+                if last.end() == lblk
+                    && last.pblk + last.len as u64 == pblk
+                    && last.len < MAX_INIT_LEN
+                {
                     last.len += 1;
                     return;
                 }
             }
-            out.insert(lblk as u32, Extent { lblk: lblk as u32, len: 1, pblk, unwritten: false });
+            out.insert(
+                lblk as u32,
+                Extent {
+                    lblk: lblk as u32,
+                    len: 1,
+                    pblk,
+                    unwritten: false,
+                },
+            );
         };
         let mut blocks: Vec<(u64, u64)> = Vec::new();
         for i in 0..12u64 {
@@ -252,9 +331,19 @@ impl Fs {
         Ok(())
     }
 
-    fn walk_indirect(&self, ino: u32, blk: u64, level: u32, start: u64, out: &mut Vec<(u64, u64)>, guard: u32) -> Result<()> {
+    fn walk_indirect(
+        &self,
+        ino: u32,
+        blk: u64,
+        level: u32,
+        start: u64,
+        out: &mut Vec<(u64, u64)>,
+        guard: u32,
+    ) -> Result<()> {
         if guard > 3 {
-            return Err(Error::corrupt(format!("inode {ino}: indirect block map nested too deep")));
+            return Err(Error::corrupt(format!(
+                "inode {ino}: indirect block map nested too deep"
+            )));
         }
         self.check_block(blk, 1, &|| format!("inode {ino}: indirect block"))?;
         let per = self.geo.block_size as u64 / 4;
@@ -275,13 +364,23 @@ impl Fs {
     }
 
     /// The extent containing `lblk`, or None for a hole.
-    pub(crate) fn ext_map(&self, ino: u32, st: &mut InodeState, lblk: u32) -> Result<Option<Extent>> {
+    pub(crate) fn ext_map(
+        &self,
+        ino: u32,
+        st: &mut InodeState,
+        lblk: u32,
+    ) -> Result<Option<Extent>> {
         self.ext_load(ino, st)?;
         Ok(st.extents.as_ref().unwrap().lookup(lblk))
     }
 
     /// The first extent that ends after `lblk` (containing it or after it).
-    pub(crate) fn ext_next(&self, ino: u32, st: &mut InodeState, lblk: u32) -> Result<Option<Extent>> {
+    pub(crate) fn ext_next(
+        &self,
+        ino: u32,
+        st: &mut InodeState,
+        lblk: u32,
+    ) -> Result<Option<Extent>> {
         self.ext_load(ino, st)?;
         Ok(st.extents.as_ref().unwrap().next(lblk))
     }
@@ -297,13 +396,22 @@ impl Fs {
     }
 
     /// Maps a hole: inserts `e`, merging it with a contiguous neighbour.
-    pub(crate) fn ext_insert(&self, h: &mut Handle<'_>, ino: u32, st: &mut InodeState, e: Extent) -> Result<()> {
+    pub(crate) fn ext_insert(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+        e: Extent,
+    ) -> Result<()> {
         self.writable_tree(ino, st)?;
         let cache = st.extents.as_ref().unwrap();
         if let Some(x) = cache.next(e.lblk) {
             if (x.lblk as u64) < e.end() {
                 return Err(self.fail(
-                    Error::corrupt(format!("inode {ino}: new extent at {} overlaps the one at {}", e.lblk, x.lblk)),
+                    Error::corrupt(format!(
+                        "inode {ino}: new extent at {} overlaps the one at {}",
+                        e.lblk, x.lblk
+                    )),
                     ino,
                     0,
                     "ext_insert",
@@ -311,24 +419,45 @@ impl Fs {
             }
         }
         let left = e.lblk.checked_sub(1).and_then(|l| cache.lookup(l));
-        let right = cache.map.get(&(e.end() as u32)).copied().filter(|_| e.end() < 1 << 32);
+        let right = cache
+            .map
+            .get(&(e.end() as u32))
+            .copied()
+            .filter(|_| e.end() < 1 << 32);
         let max = Extent::max_len(e.unwritten);
         let joins = |a: &Extent, b: &Extent| {
-            a.unwritten == b.unwritten && a.end() == b.lblk as u64 && a.pblk + a.len as u64 == b.pblk && a.len + b.len <= max
+            a.unwritten == b.unwritten
+                && a.end() == b.lblk as u64
+                && a.pblk + a.len as u64 == b.pblk
+                && a.len + b.len <= max
         };
         let delta = e.len as u64 * self.sectors_per_block();
-        match (left.filter(|l| joins(l, &e)), right.filter(|r| joins(&e, r))) {
+        match (
+            left.filter(|l| joins(l, &e)),
+            right.filter(|r| joins(&e, r)),
+        ) {
             (Some(l), Some(r)) if l.len + e.len + r.len <= max => {
-                let merged = Extent { len: l.len + e.len + r.len, ..l };
+                let merged = Extent {
+                    len: l.len + e.len + r.len,
+                    ..l
+                };
                 self.leaf_edit(h, ino, st, r.lblk, Some(r.lblk), vec![])?;
                 self.leaf_edit(h, ino, st, l.lblk, Some(l.lblk), vec![merged])?;
             }
             (Some(l), _) => {
-                let merged = Extent { len: l.len + e.len, ..l };
+                let merged = Extent {
+                    len: l.len + e.len,
+                    ..l
+                };
                 self.leaf_edit(h, ino, st, l.lblk, Some(l.lblk), vec![merged])?;
             }
             (None, Some(r)) => {
-                let merged = Extent { lblk: e.lblk, len: e.len + r.len, pblk: e.pblk, unwritten: e.unwritten };
+                let merged = Extent {
+                    lblk: e.lblk,
+                    len: e.len + r.len,
+                    pblk: e.pblk,
+                    unwritten: e.unwritten,
+                };
                 self.leaf_edit(h, ino, st, r.lblk, Some(r.lblk), vec![merged])?;
             }
             (None, None) => self.leaf_edit(h, ino, st, e.lblk, None, vec![e])?,
@@ -339,41 +468,79 @@ impl Fs {
     }
 
     /// Unmaps logical blocks `[start, end)` and frees their data blocks.
-    pub(crate) fn ext_remove(&self, h: &mut Handle<'_>, ino: u32, st: &mut InodeState, start: u32, end: u64) -> Result<()> {
+    pub(crate) fn ext_remove(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+        start: u32,
+        end: u64,
+    ) -> Result<()> {
         self.ext_load(ino, st)?;
         if st.extents.as_ref().unwrap().map.is_empty() || end <= start as u64 {
             return Ok(());
         }
         self.writable_tree(ino, st)?;
         loop {
-            let victim = st.extents.as_ref().unwrap().next(start).filter(|x| (x.lblk as u64) < end);
+            let victim = st
+                .extents
+                .as_ref()
+                .unwrap()
+                .next(start)
+                .filter(|x| (x.lblk as u64) < end);
             let Some(x) = victim else { break };
             let cut_lo = (start as u64).max(x.lblk as u64);
             let cut_hi = end.min(x.end());
             let mut keep = Vec::new();
             if (x.lblk as u64) < cut_lo {
-                keep.push(Extent { len: (cut_lo - x.lblk as u64) as u32, ..x });
+                keep.push(Extent {
+                    len: (cut_lo - x.lblk as u64) as u32,
+                    ..x
+                });
             }
             if cut_hi < x.end() {
                 let off = cut_hi - x.lblk as u64;
-                keep.push(Extent { lblk: cut_hi as u32, len: (x.end() - cut_hi) as u32, pblk: x.pblk + off, unwritten: x.unwritten });
+                keep.push(Extent {
+                    lblk: cut_hi as u32,
+                    len: (x.end() - cut_hi) as u32,
+                    pblk: x.pblk + off,
+                    unwritten: x.unwritten,
+                });
             }
             self.leaf_edit(h, ino, st, x.lblk, Some(x.lblk), keep)?;
             let freed = cut_hi - cut_lo;
             self.free_blocks(h, x.pblk + (cut_lo - x.lblk as u64), freed, false)?;
-            let b = st.raw.blocks_512(self.geo.block_size).saturating_sub(freed * self.sectors_per_block());
+            let b = st
+                .raw
+                .blocks_512(self.geo.block_size)
+                .saturating_sub(freed * self.sectors_per_block());
             st.raw.set_blocks_512(b);
         }
         Ok(())
     }
 
     /// Converts the unwritten extents in `[start, start+len)` to written.
-    pub(crate) fn ext_mark_written(&self, h: &mut Handle<'_>, ino: u32, st: &mut InodeState, start: u32, len: u32) -> Result<()> {
+    pub(crate) fn ext_mark_written(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+        start: u32,
+        len: u32,
+    ) -> Result<()> {
         self.writable_tree(ino, st)?;
         let end = start as u64 + len as u64;
         let mut pos = start;
         while (pos as u64) < end {
-            let Some(x) = st.extents.as_ref().unwrap().next(pos).filter(|x| (x.lblk as u64) < end) else { break };
+            let Some(x) = st
+                .extents
+                .as_ref()
+                .unwrap()
+                .next(pos)
+                .filter(|x| (x.lblk as u64) < end)
+            else {
+                break;
+            };
             if !x.unwritten {
                 pos = x.end() as u32;
                 continue;
@@ -382,11 +549,24 @@ impl Fs {
             let hi = end.min(x.end());
             let mut parts = Vec::new();
             if (x.lblk as u64) < lo {
-                parts.push(Extent { len: (lo - x.lblk as u64) as u32, ..x });
+                parts.push(Extent {
+                    len: (lo - x.lblk as u64) as u32,
+                    ..x
+                });
             }
-            parts.push(Extent { lblk: lo as u32, len: (hi - lo) as u32, pblk: x.pblk + (lo - x.lblk as u64), unwritten: false });
+            parts.push(Extent {
+                lblk: lo as u32,
+                len: (hi - lo) as u32,
+                pblk: x.pblk + (lo - x.lblk as u64),
+                unwritten: false,
+            });
             if hi < x.end() {
-                parts.push(Extent { lblk: hi as u32, len: (x.end() - hi) as u32, pblk: x.pblk + (hi - x.lblk as u64), unwritten: true });
+                parts.push(Extent {
+                    lblk: hi as u32,
+                    len: (x.end() - hi) as u32,
+                    pblk: x.pblk + (hi - x.lblk as u64),
+                    unwritten: true,
+                });
             }
             // Insert the pieces one by one so that each leaf edit stays small.
             self.leaf_edit(h, ino, st, x.lblk, Some(x.lblk), vec![parts[0]])?;
@@ -408,7 +588,11 @@ impl Fs {
         let hdr = ExtentHeader::read(&data);
         let n = (hdr.entries as usize).min((data.len() - HEADER_SIZE) / ENTRY_SIZE);
         let entries = (0..n)
-            .map(|i| data[HEADER_SIZE + i * ENTRY_SIZE..HEADER_SIZE + (i + 1) * ENTRY_SIZE].try_into().unwrap())
+            .map(|i| {
+                data[HEADER_SIZE + i * ENTRY_SIZE..HEADER_SIZE + (i + 1) * ENTRY_SIZE]
+                    .try_into()
+                    .unwrap()
+            })
             .collect();
         Ok((hdr, entries))
     }
@@ -420,29 +604,51 @@ impl Fs {
         }
     }
 
-    fn write_node(&self, h: &mut Handle<'_>, ino: u32, st: &mut InodeState, node: Node, depth: u16, entries: &[Entry], fresh: bool) -> Result<()> {
+    fn write_node(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+        node: Node,
+        depth: u16,
+        entries: &[Entry],
+        fresh: bool,
+    ) -> Result<()> {
         let max = self.node_cap(node) as u16;
-        let hdr = ExtentHeader { magic: EXTENT_MAGIC, entries: entries.len() as u16, max, depth, generation: 0 };
+        let hdr = ExtentHeader {
+            magic: EXTENT_MAGIC,
+            entries: entries.len() as u16,
+            max,
+            depth,
+            generation: 0,
+        };
         match node {
             Node::Root => {
                 let b = st.raw.i_block_mut();
                 b.fill(0);
                 hdr.write(b);
                 for (i, e) in entries.iter().enumerate() {
-                    b[HEADER_SIZE + i * ENTRY_SIZE..HEADER_SIZE + (i + 1) * ENTRY_SIZE].copy_from_slice(e);
+                    b[HEADER_SIZE + i * ENTRY_SIZE..HEADER_SIZE + (i + 1) * ENTRY_SIZE]
+                        .copy_from_slice(e);
                 }
             }
             Node::Block(blk) => {
-                let buf = if fresh { self.bcache.get_new(blk)? } else { self.bcache.get(blk)? };
+                let buf = if fresh {
+                    self.bcache.get_new(blk)?
+                } else {
+                    self.bcache.get(blk)?
+                };
                 {
                     let mut d = buf.write();
                     d.fill(0);
                     hdr.write(&mut d);
                     for (i, e) in entries.iter().enumerate() {
-                        d[HEADER_SIZE + i * ENTRY_SIZE..HEADER_SIZE + (i + 1) * ENTRY_SIZE].copy_from_slice(e);
+                        d[HEADER_SIZE + i * ENTRY_SIZE..HEADER_SIZE + (i + 1) * ENTRY_SIZE]
+                            .copy_from_slice(e);
                     }
                     if self.geo.metadata_csum {
-                        let seed = RawInode::csum_seed(self.geo.csum_seed, ino, st.raw.generation());
+                        let seed =
+                            RawInode::csum_seed(self.geo.csum_seed, ino, st.raw.generation());
                         let t = tail_offset(max);
                         let c = crate::format::csum::crc32c(seed, &d[..t]);
                         put32(&mut d, t, c);
@@ -455,8 +661,18 @@ impl Fs {
     }
 
     /// A new tree block near the file's data.
-    fn alloc_tree_block(&self, h: &mut Handle<'_>, ino: u32, st: &mut InodeState, near: u64) -> Result<u64> {
-        let goal = if near != 0 { near } else { self.geo.group_first_block(self.geo.ino_group(ino)) };
+    fn alloc_tree_block(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+        near: u64,
+    ) -> Result<u64> {
+        let goal = if near != 0 {
+            near
+        } else {
+            self.geo.group_first_block(self.geo.ino_group(ino))
+        };
         let (b, _) = self.alloc_blocks(h, goal, 1)?;
         let v = st.raw.blocks_512(self.geo.block_size) + self.sectors_per_block();
         st.raw.set_blocks_512(v);
@@ -466,14 +682,25 @@ impl Fs {
 
     fn free_tree_block(&self, h: &mut Handle<'_>, st: &mut InodeState, blk: u64) -> Result<()> {
         self.free_blocks(h, blk, 1, true)?;
-        let v = st.raw.blocks_512(self.geo.block_size).saturating_sub(self.sectors_per_block());
+        let v = st
+            .raw
+            .blocks_512(self.geo.block_size)
+            .saturating_sub(self.sectors_per_block());
         st.raw.set_blocks_512(v);
         Ok(())
     }
 
     /// Edits the leaf that holds logical block `at`: removes the extent keyed `remove` (if any),
     /// adds `add`, and pushes the change up the tree. Keeps the cache in step.
-    fn leaf_edit(&self, h: &mut Handle<'_>, ino: u32, st: &mut InodeState, at: u32, remove: Option<u32>, add: Vec<Extent>) -> Result<()> {
+    fn leaf_edit(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+        at: u32,
+        remove: Option<u32>,
+        add: Vec<Extent>,
+    ) -> Result<()> {
         // Descend.
         let mut path: Vec<Step> = Vec::new();
         let mut node = Node::Root;
@@ -481,18 +708,36 @@ impl Fs {
         loop {
             let (hdr, entries) = self.read_node(st, node)?;
             if hdr.magic != EXTENT_MAGIC {
-                return Err(self.corrupt(ino, if let Node::Block(b) = node { b } else { 0 }, "bad magic".into()));
+                return Err(self.corrupt(
+                    ino,
+                    if let Node::Block(b) = node { b } else { 0 },
+                    "bad magic".into(),
+                ));
             }
             if hdr.depth == 0 {
-                path.push(Step { node, depth: 0, entries, idx: 0 });
+                path.push(Step {
+                    node,
+                    depth: 0,
+                    entries,
+                    idx: 0,
+                });
                 break;
             }
             if entries.is_empty() {
-                return Err(self.corrupt(ino, if let Node::Block(b) = node { b } else { 0 }, "empty index node".into()));
+                return Err(self.corrupt(
+                    ino,
+                    if let Node::Block(b) = node { b } else { 0 },
+                    "empty index node".into(),
+                ));
             }
             let idx = entries.iter().rposition(|e| key(e) <= at).unwrap_or(0);
             let child = ExtentIdx::read(&entries[idx]).leaf;
-            path.push(Step { node, depth: hdr.depth, entries, idx });
+            path.push(Step {
+                node,
+                depth: hdr.depth,
+                entries,
+                idx,
+            });
             node = Node::Block(child);
             guard += 1;
             if guard > MAX_DEPTH as usize {
@@ -504,7 +749,11 @@ impl Fs {
         let mut appended_last = false;
         if let Some(k) = remove {
             let Some(p) = leaf.entries.iter().position(|e| key(e) == k) else {
-                return Err(self.corrupt(ino, 0, format!("extent at logical block {k} is not in its leaf")));
+                return Err(self.corrupt(
+                    ino,
+                    0,
+                    format!("extent at logical block {k} is not in its leaf"),
+                ));
             };
             leaf.entries.remove(p);
         }
@@ -523,7 +772,16 @@ impl Fs {
     }
 
     /// Writes back an edited node and propagates splits, frees and key changes to its parents.
-    fn push_up(&self, h: &mut Handle<'_>, ino: u32, st: &mut InodeState, mut path: Vec<Step>, mut cur: Step, near: u64, appended: bool) -> Result<()> {
+    fn push_up(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+        mut path: Vec<Step>,
+        mut cur: Step,
+        near: u64,
+        appended: bool,
+    ) -> Result<()> {
         loop {
             let cap = self.node_cap(cur.node);
             if cur.entries.is_empty() {
@@ -562,7 +820,15 @@ impl Fs {
                     let b = self.alloc_tree_block(h, ino, st, near)?;
                     self.write_node(h, ino, st, Node::Block(b), cur.depth, &cur.entries, true)?;
                     let first = key(&cur.entries[0]);
-                    return self.write_node(h, ino, st, Node::Root, cur.depth + 1, &[index_entry(first, b)], false);
+                    return self.write_node(
+                        h,
+                        ino,
+                        st,
+                        Node::Root,
+                        cur.depth + 1,
+                        &[index_entry(first, b)],
+                        false,
+                    );
                 }
                 Node::Block(_) => {
                     let n = cur.entries.len();
@@ -575,7 +841,9 @@ impl Fs {
                     let first = key(&cur.entries[0]);
                     let child = ExtentIdx::read(&parent.entries[parent.idx]).leaf;
                     parent.entries[parent.idx] = index_entry(first, child);
-                    parent.entries.insert(parent.idx + 1, index_entry(key(&right[0]), nb));
+                    parent
+                        .entries
+                        .insert(parent.idx + 1, index_entry(key(&right[0]), nb));
                     cur = parent;
                 }
             }
@@ -590,8 +858,24 @@ mod tests {
     #[test]
     fn cache_lookup_and_next() {
         let mut c = ExtentCache::empty();
-        c.map.insert(10, Extent { lblk: 10, len: 5, pblk: 100, unwritten: false });
-        c.map.insert(20, Extent { lblk: 20, len: 1, pblk: 200, unwritten: true });
+        c.map.insert(
+            10,
+            Extent {
+                lblk: 10,
+                len: 5,
+                pblk: 100,
+                unwritten: false,
+            },
+        );
+        c.map.insert(
+            20,
+            Extent {
+                lblk: 20,
+                len: 1,
+                pblk: 200,
+                unwritten: true,
+            },
+        );
         assert_eq!(c.lookup(9), None);
         assert_eq!(c.lookup(10).unwrap().pblk, 100);
         assert_eq!(c.lookup(14).unwrap().pblk, 100);
@@ -608,9 +892,18 @@ mod image_tests {
     use std::process::Command;
 
     fn mkimg(tag: &str, extra: &[&str]) -> std::path::PathBuf {
-        let p = std::path::PathBuf::from(format!("/dev/shm/uext4-ext-{tag}-{}.img", std::process::id()));
+        let p = std::path::PathBuf::from(format!(
+            "/dev/shm/uext4-ext-{tag}-{}.img",
+            std::process::id()
+        ));
         let _ = std::fs::remove_file(&p);
-        let st = Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).args(extra).arg(&p).arg("256M").status().unwrap();
+        let st = Command::new("mke2fs")
+            .args(["-q", "-F", "-t", "ext4"])
+            .args(extra)
+            .arg(&p)
+            .arg("256M")
+            .status()
+            .unwrap();
         assert!(st.success());
         p
     }
@@ -620,7 +913,14 @@ mod image_tests {
     /// step; freeing the inode leaves an e2fsck-clean image.
     fn scattered(tag: &str, extra: &[&str], n: u64) {
         let p = mkimg(tag, extra);
-        let fs = Fs::open_path(&p, MountOptions { commit_interval_secs: 0, ..Default::default() }).unwrap();
+        let fs = Fs::open_path(
+            &p,
+            MountOptions {
+                commit_interval_secs: 0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let bs = fs.geo.block_size as u64;
         let ino = {
             let mut h = fs.start(16).unwrap();
@@ -640,7 +940,9 @@ mod image_tests {
         let mut order: Vec<u64> = (0..n).collect();
         let mut s = 12345u64;
         for i in (1..order.len()).rev() {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             order.swap(i, (s >> 33) as usize % (i + 1));
         }
         for &i in &order {
@@ -662,10 +964,18 @@ mod image_tests {
         }
         // Punch a range in the middle, truncate the tail.
         fs.fallocate(ino, 0x3, 10 * bs, 400 * bs).unwrap();
-        assert!(fs.ext_list(ino).unwrap().iter().all(|e| e.lblk < 10 || e.lblk >= 410));
+        assert!(fs
+            .ext_list(ino)
+            .unwrap()
+            .iter()
+            .all(|e| e.lblk < 10 || e.lblk >= 410));
         fs.truncate(ino, (n / 2) * 2 * bs).unwrap();
         fs.icache.get_cached(ino).unwrap().state.lock().extents = None;
-        assert!(fs.ext_list(ino).unwrap().iter().all(|e| (e.lblk as u64) < n));
+        assert!(fs
+            .ext_list(ino)
+            .unwrap()
+            .iter()
+            .all(|e| (e.lblk as u64) < n));
         // Free everything.
         {
             let inode = fs.iget(ino).unwrap();
@@ -673,7 +983,11 @@ mod image_tests {
             let mut st = inode.state.lock();
             st.raw.set_links_count(0);
             fs.evict_blocks(&mut h, &inode, &mut st).unwrap();
-            assert_eq!(st.raw.blocks_512(fs.geo.block_size), 0, "i_blocks after freeing everything");
+            assert_eq!(
+                st.raw.blocks_512(fs.geo.block_size),
+                0,
+                "i_blocks after freeing everything"
+            );
             st.raw.set_dtime(Timestamp::now().sec as u32);
             fs.mark_inode_dirty(&mut h, &inode, &mut st).unwrap();
             st.deleted = true;
@@ -681,7 +995,11 @@ mod image_tests {
         }
         fs.unmount().unwrap();
         let out = Command::new("e2fsck").arg("-fn").arg(&p).output().unwrap();
-        assert!(out.status.success(), "e2fsck: {}", String::from_utf8_lossy(&out.stdout));
+        assert!(
+            out.status.success(),
+            "e2fsck: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
         let _ = std::fs::remove_file(&p);
     }
 

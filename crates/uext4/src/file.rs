@@ -13,7 +13,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::extent::{Extent, MAX_INIT_LEN, MAX_UNWRITTEN_LEN};
-use crate::format::inode::{Timestamp, S_IFDIR, S_IFMT, S_IFREG, S_IFLNK};
+use crate::format::inode::{Timestamp, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::fs::Fs;
 use crate::inode::{Inode, InodeState};
 use crate::namei::credits;
@@ -52,7 +52,9 @@ impl Fs {
         }
         let len = (buf.len() as u64).min(size - off) as usize;
         self.read_mapped(&inode, off, &mut buf[..len])?;
-        self.stats.user_bytes_read.fetch_add(len as u64, Ordering::Relaxed);
+        self.stats
+            .user_bytes_read
+            .fetch_add(len as u64, Ordering::Relaxed);
         Ok(len)
     }
 
@@ -70,7 +72,11 @@ impl Fs {
                     return Err(Error::Invalid("inode has no data blocks".into()));
                 }
                 let m = self.ext_map(inode.ino, &mut st, lblk as u32)?;
-                let next = if m.is_none() { self.ext_next(inode.ino, &mut st, lblk as u32)? } else { None };
+                let next = if m.is_none() {
+                    self.ext_next(inode.ino, &mut st, lblk as u32)?
+                } else {
+                    None
+                };
                 (m, next)
             };
             let b = (pos - off) as usize;
@@ -87,7 +93,10 @@ impl Fs {
                     pos += chunk as u64;
                 }
                 None => {
-                    let hole_end = next.map(|n| n.lblk as u64 * bs).unwrap_or(u64::MAX).max(pos + 1);
+                    let hole_end = next
+                        .map(|n| n.lblk as u64 * bs)
+                        .unwrap_or(u64::MAX)
+                        .max(pos + 1);
                     let chunk = (end.min(hole_end) - pos) as usize;
                     buf[b..b + chunk].fill(0);
                     pos += chunk as u64;
@@ -103,7 +112,9 @@ impl Fs {
         if data.is_empty() {
             return Ok(0);
         }
-        let end = off.checked_add(data.len() as u64).ok_or(Error::FileTooBig)?;
+        let end = off
+            .checked_add(data.len() as u64)
+            .ok_or(Error::FileTooBig)?;
         if end > self.max_file_size() {
             return Err(Error::FileTooBig);
         }
@@ -119,7 +130,9 @@ impl Fs {
                 }
                 self.touch_lazily(&inode);
                 self.stats.overwrites.fetch_add(1, Ordering::Relaxed);
-                self.stats.user_bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
+                self.stats
+                    .user_bytes_written
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
                 return Ok(data.len());
             }
         }
@@ -141,7 +154,9 @@ impl Fs {
         };
         self.write_new_blocks_locked(&inode, off, data, size.max(end))?;
         self.stats.allocating_writes.fetch_add(1, Ordering::Relaxed);
-        self.stats.user_bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.stats
+            .user_bytes_written
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
         Ok(data.len())
     }
 
@@ -193,7 +208,13 @@ impl Fs {
     /// The general write path, `io_lock` held exclusively: overwrites what is mapped, converts
     /// unwritten extents it covers, allocates holes (data first, then the extent), and sets
     /// i_size to at least `new_size` (clamped to what was written).
-    pub(crate) fn write_new_blocks_locked(&self, inode: &Inode, off: u64, data: &[u8], new_size: u64) -> Result<()> {
+    pub(crate) fn write_new_blocks_locked(
+        &self,
+        inode: &Inode,
+        off: u64,
+        data: &[u8],
+        new_size: u64,
+    ) -> Result<()> {
         let bs = self.bs();
         let ino = inode.ino;
         let end = off + data.len() as u64;
@@ -220,11 +241,20 @@ impl Fs {
                     let p = e.pblk + (lblk - e.lblk as u64);
                     self.write_range(p, lblk, n, off, data, true)?;
                     self.ext_mark_written(&mut h, ino, &mut st, lblk as u32, n as u32)?;
-                    self.finish_write_step(&mut h, inode, &mut st, end.min((run_last + 1) * bs), new_size)?;
+                    self.finish_write_step(
+                        &mut h,
+                        inode,
+                        &mut st,
+                        end.min((run_last + 1) * bs),
+                        new_size,
+                    )?;
                     lblk = run_last + 1;
                 }
                 None => {
-                    let next = self.ext_next(ino, &mut st, lblk as u32)?.map(|e| e.lblk as u64).unwrap_or(u64::MAX);
+                    let next = self
+                        .ext_next(ino, &mut st, lblk as u32)?
+                        .map(|e| e.lblk as u64)
+                        .unwrap_or(u64::MAX);
                     let hole_last = (next - 1).min(last).min(lblk + WRITE_CHUNK_BLOCKS - 1);
                     let want = (hole_last - lblk + 1).min(MAX_INIT_LEN as u64) as u32;
                     let goal = self.alloc_goal(ino, &mut st, lblk)?;
@@ -233,7 +263,12 @@ impl Fs {
                         let _ = self.free_blocks(&mut h, p, n as u64, false);
                         return Err(e);
                     }
-                    let ext = Extent { lblk: lblk as u32, len: n, pblk: p, unwritten: false };
+                    let ext = Extent {
+                        lblk: lblk as u32,
+                        len: n,
+                        pblk: p,
+                        unwritten: false,
+                    };
                     if let Err(e) = self.ext_insert(&mut h, ino, &mut st, ext) {
                         let _ = self.free_blocks(&mut h, p, n as u64, false);
                         return Err(e);
@@ -251,7 +286,14 @@ impl Fs {
     }
 
     /// Size and times after part of a write, logged in the same handle as its extent.
-    fn finish_write_step(&self, h: &mut crate::transaction::Handle<'_>, inode: &Inode, st: &mut InodeState, written_to: u64, new_size: u64) -> Result<()> {
+    fn finish_write_step(
+        &self,
+        h: &mut crate::transaction::Handle<'_>,
+        inode: &Inode,
+        st: &mut InodeState,
+        written_to: u64,
+        new_size: u64,
+    ) -> Result<()> {
         let now = Timestamp::now();
         let size = st.raw.size();
         let target = written_to.min(new_size);
@@ -276,13 +318,23 @@ impl Fs {
         let g = self.geo.ino_group(ino);
         // Files in a flex group start after its metadata; the allocator skips used blocks.
         let flex_first = g - g % self.geo.flex_bg_size.max(1);
-        Ok(self.geo.group_first_block(flex_first.max(g.min(flex_first + 1))))
+        Ok(self
+            .geo
+            .group_first_block(flex_first.max(g.min(flex_first + 1))))
     }
 
     /// Writes the part of `data` (which starts at file byte `off`) that falls in logical blocks
     /// `[lblk, lblk+n)`, mapped from physical block `p`. With `zero_uncovered`, the parts of those
     /// blocks the data does not cover are zeroed (new or unwritten blocks).
-    fn write_range(&self, p: u64, lblk: u64, n: u64, off: u64, data: &[u8], zero_uncovered: bool) -> Result<()> {
+    fn write_range(
+        &self,
+        p: u64,
+        lblk: u64,
+        n: u64,
+        off: u64,
+        data: &[u8],
+        zero_uncovered: bool,
+    ) -> Result<()> {
         let bs = self.bs();
         let rs = lblk * bs;
         let re = (lblk + n) * bs;
@@ -298,7 +350,8 @@ impl Fs {
             }
         }
         if de > ds {
-            self.dev.write_at(phys(ds), &data[(ds - off) as usize..(de - off) as usize])?;
+            self.dev
+                .write_at(phys(ds), &data[(ds - off) as usize..(de - off) as usize])?;
         }
         Ok(())
     }
@@ -347,7 +400,11 @@ impl Fs {
         match st.raw.file_type() {
             S_IFREG => {}
             S_IFDIR => return Err(Error::IsDir),
-            _ => return Err(Error::Invalid("truncate of a file that is not regular".into())),
+            _ => {
+                return Err(Error::Invalid(
+                    "truncate of a file that is not regular".into(),
+                ))
+            }
         }
         let old = st.raw.size();
         let bs = self.bs();
@@ -386,7 +443,9 @@ impl Fs {
         let zero = mode & FALLOC_FL_ZERO_RANGE != 0;
         let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
         if punch && (zero || !keep) {
-            return Err(Error::NotSupported("PUNCH_HOLE needs KEEP_SIZE and excludes ZERO_RANGE".into()));
+            return Err(Error::NotSupported(
+                "PUNCH_HOLE needs KEEP_SIZE and excludes ZERO_RANGE".into(),
+            ));
         }
         let inode = self.iget(ino)?;
         let _g = inode.io_lock.write();
@@ -398,7 +457,11 @@ impl Fs {
             match st.raw.file_type() {
                 S_IFREG => {}
                 S_IFDIR => return Err(Error::IsDir),
-                _ => return Err(Error::NotSupported("fallocate of a file that is not regular".into())),
+                _ => {
+                    return Err(Error::NotSupported(
+                        "fallocate of a file that is not regular".into(),
+                    ))
+                }
             }
         }
         let bs = self.bs();
@@ -406,7 +469,11 @@ impl Fs {
             let mut h = self.start(credits::UNLINK)?;
             let mut st = inode.state.lock();
             let size = st.raw.size();
-            let pend = if punch { end.min(size.div_ceil(bs) * bs) } else { end };
+            let pend = if punch {
+                end.min(size.div_ceil(bs) * bs)
+            } else {
+                end
+            };
             if off < pend {
                 let first_full = off.div_ceil(bs);
                 let last_full = pend / bs; // exclusive
@@ -445,12 +512,20 @@ impl Fs {
                 lblk = e.lblk as u64 + e.len as u64;
                 continue;
             }
-            let next = self.ext_next(ino, &mut st, lblk as u32)?.map(|e| e.lblk as u64).unwrap_or(u64::MAX);
+            let next = self
+                .ext_next(ino, &mut st, lblk as u32)?
+                .map(|e| e.lblk as u64)
+                .unwrap_or(u64::MAX);
             let hole_last = (next - 1).min(last).min(lblk + WRITE_CHUNK_BLOCKS - 1);
             let want = (hole_last - lblk + 1).min(MAX_UNWRITTEN_LEN as u64) as u32;
             let goal = self.alloc_goal(ino, &mut st, lblk)?;
             let (p, n) = self.alloc_blocks(&mut h, goal, want)?;
-            let ext = Extent { lblk: lblk as u32, len: n, pblk: p, unwritten: true };
+            let ext = Extent {
+                lblk: lblk as u32,
+                len: n,
+                pblk: p,
+                unwritten: true,
+            };
             if let Err(e) = self.ext_insert(&mut h, ino, &mut st, ext) {
                 let _ = self.free_blocks(&mut h, p, n as u64, false);
                 return Err(e);
@@ -532,7 +607,10 @@ impl Fs {
         if tid > self.txn.committed_tid() && !self.is_read_only() {
             self.commit_upto(tid)
         } else {
-            self.txn.stats.fsync_already_committed.fetch_add(1, Ordering::Relaxed);
+            self.txn
+                .stats
+                .fsync_already_committed
+                .fetch_add(1, Ordering::Relaxed);
             if !self.is_read_only() {
                 self.dev.flush()?;
             }
@@ -579,6 +657,9 @@ impl Fs {
 
     /// Log blocks written by the journal so far (0 without a journal).
     pub(crate) fn journal_log_blocks(&self) -> u64 {
-        self.journal.get().map(|j| j.log_blocks_written.load(Ordering::Relaxed)).unwrap_or(0)
+        self.journal
+            .get()
+            .map(|j| j.log_blocks_written.load(Ordering::Relaxed))
+            .unwrap_or(0)
     }
 }

@@ -211,12 +211,16 @@ struct Counted {
 impl BlockDevice for Counted {
     fn read_at(&self, off: u64, buf: &mut [u8]) -> std::io::Result<()> {
         self.io.reads.fetch_add(1, Ordering::Relaxed);
-        self.io.bytes_read.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.io
+            .bytes_read
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         self.inner.read_at(off, buf)
     }
     fn write_at(&self, off: u64, buf: &[u8]) -> std::io::Result<()> {
         self.io.writes.fetch_add(1, Ordering::Relaxed);
-        self.io.bytes_written.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.io
+            .bytes_written
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         self.inner.write_at(off, buf)
     }
     fn flush(&self) -> std::io::Result<()> {
@@ -234,16 +238,25 @@ impl BlockDevice for Counted {
 /// Reads and validates the superblock of a device.
 pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
     if dev.size() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
-        return Err(Error::NotExt4(format!("device is only {} bytes, too small to hold a superblock", dev.size())));
+        return Err(Error::NotExt4(format!(
+            "device is only {} bytes, too small to hold a superblock",
+            dev.size()
+        )));
     }
     let mut buf = vec![0u8; SUPERBLOCK_SIZE];
     dev.read_at(SUPERBLOCK_OFFSET, &mut buf)?;
     let sb = Superblock::from_bytes(&buf);
     if sb.magic() != EXT4_MAGIC {
-        return Err(Error::NotExt4(format!("bad superblock magic {:#06x} (expected 0xef53)", sb.magic())));
+        return Err(Error::NotExt4(format!(
+            "bad superblock magic {:#06x} (expected 0xef53)",
+            sb.magic()
+        )));
     }
     if sb.has_metadata_csum() && sb.checksum_type() != CRC32C_CHKSUM {
-        return Err(Error::corrupt(format!("superblock: unknown checksum type {}", sb.checksum_type())));
+        return Err(Error::corrupt(format!(
+            "superblock: unknown checksum type {}",
+            sb.checksum_type()
+        )));
     }
     if !sb.verify_csum() {
         return Err(Error::BadChecksum(format!(
@@ -258,24 +271,37 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
 fn geometry(sb: &Superblock, dev_size: u64) -> Result<Geometry> {
     let bad = |m: String| Err(Error::corrupt(format!("superblock: {m}")));
     if sb.log_block_size() > 6 {
-        return bad(format!("block size 2^(10+{}) is out of range", sb.log_block_size()));
+        return bad(format!(
+            "block size 2^(10+{}) is out of range",
+            sb.log_block_size()
+        ));
     }
     let block_size = sb.block_size();
-    if sb.has_ro_compat(RO_COMPAT_BIGALLOC) || sb.log_cluster_size() != sb.log_block_size() && sb.rev_level() > 0 && sb.has_ro_compat(RO_COMPAT_BIGALLOC) {
+    if sb.has_ro_compat(RO_COMPAT_BIGALLOC)
+        || sb.log_cluster_size() != sb.log_block_size()
+            && sb.rev_level() > 0
+            && sb.has_ro_compat(RO_COMPAT_BIGALLOC)
+    {
         return Err(Error::Unsupported("bigalloc".into()));
     }
     let blocks_count = sb.blocks_count();
     let bpg = sb.blocks_per_group();
     let ipg = sb.inodes_per_group();
     if bpg == 0 || bpg > block_size * 8 || bpg % 8 != 0 {
-        return bad(format!("blocks per group {bpg} is invalid for block size {block_size}"));
+        return bad(format!(
+            "blocks per group {bpg} is invalid for block size {block_size}"
+        ));
     }
     if ipg == 0 || ipg > block_size * 8 || ipg % 8 != 0 {
-        return bad(format!("inodes per group {ipg} is invalid for block size {block_size}"));
+        return bad(format!(
+            "inodes per group {ipg} is invalid for block size {block_size}"
+        ));
     }
     let first_data_block = sb.first_data_block() as u64;
     if first_data_block != (block_size == 1024) as u64 {
-        return bad(format!("first data block {first_data_block} is wrong for block size {block_size}"));
+        return bad(format!(
+            "first data block {first_data_block} is wrong for block size {block_size}"
+        ));
     }
     if blocks_count <= first_data_block {
         return bad(format!("block count {blocks_count} is too small"));
@@ -304,14 +330,19 @@ fn geometry(sb: &Superblock, dev_size: u64) -> Result<Geometry> {
     let gdt_blocks = group_count.div_ceil(descs_per_block);
     let flex = if sb.has_incompat(INCOMPAT_FLEX_BG) {
         if sb.log_groups_per_flex() > 31 {
-            return bad(format!("log groups per flex {} is invalid", sb.log_groups_per_flex()));
+            return bad(format!(
+                "log groups per flex {} is invalid",
+                sb.log_groups_per_flex()
+            ));
         }
         1u32 << sb.log_groups_per_flex()
     } else {
         1
     };
     let gd_csum = if sb.has_metadata_csum() {
-        GdCsum::Crc32c { seed: sb.csum_seed() }
+        GdCsum::Crc32c {
+            seed: sb.csum_seed(),
+        }
     } else if sb.has_gdt_csum() {
         GdCsum::Crc16 { uuid: sb.uuid() }
     } else {
@@ -334,7 +365,11 @@ fn geometry(sb: &Superblock, dev_size: u64) -> Result<Geometry> {
         desc_size,
         descs_per_block,
         gdt_blocks,
-        reserved_gdt_blocks: if sb.has_compat(COMPAT_RESIZE_INODE) { sb.reserved_gdt_blocks() as u32 } else { 0 },
+        reserved_gdt_blocks: if sb.has_compat(COMPAT_RESIZE_INODE) {
+            sb.reserved_gdt_blocks() as u32
+        } else {
+            0
+        },
         first_ino,
         csum_seed: sb.csum_seed(),
         metadata_csum: sb.has_metadata_csum(),
@@ -359,7 +394,9 @@ fn geometry(sb: &Superblock, dev_size: u64) -> Result<Geometry> {
 pub fn check_features(sb: &Superblock) -> Result<Option<String>> {
     let unknown_incompat = sb.feature_incompat() & !INCOMPAT_SUPPORTED;
     if unknown_incompat != 0 {
-        return Err(Error::UnsupportedIncompat(names(unknown_incompat, INCOMPAT_NAMES).join(", ")));
+        return Err(Error::UnsupportedIncompat(
+            names(unknown_incompat, INCOMPAT_NAMES).join(", "),
+        ));
     }
     if sb.has_compat(COMPAT_HAS_JOURNAL) && sb.journal_inum() == 0 {
         return Err(Error::Unsupported(
@@ -387,7 +424,10 @@ impl Fs {
         }
         let geo = geometry(&sb, dev.size())?;
         let io = Arc::new(IoCounters::default());
-        let counted: Arc<dyn BlockDevice> = Arc::new(Counted { inner: dev.clone(), io: io.clone() });
+        let counted: Arc<dyn BlockDevice> = Arc::new(Counted {
+            inner: dev.clone(),
+            io: io.clone(),
+        });
         let bcache = BufferCache::new(counted.clone(), geo.block_size as usize, geo.blocks_count);
 
         // Group descriptors.
@@ -402,7 +442,9 @@ impl Fs {
             let desc = GroupDesc::from_bytes(&data[off..off + geo.desc_size.min(64) as usize]);
             drop(data);
             if !desc.verify_csum(geo.gd_csum, g) {
-                return Err(Error::BadChecksum(format!("group descriptor {g} (in block {blk})")));
+                return Err(Error::BadChecksum(format!(
+                    "group descriptor {g} (in block {blk})"
+                )));
             }
             check_desc(&geo, g, &desc)?;
             free_blocks += desc.free_blocks_count();
@@ -462,7 +504,9 @@ impl Fs {
                 return Fs::open_dev(dev, opts);
             }
             if !fs.is_read_only() {
-                fs.txn.max_blocks.store(journal.max_transaction_blocks(), Ordering::Relaxed);
+                fs.txn
+                    .max_blocks
+                    .store(journal.max_transaction_blocks(), Ordering::Relaxed);
                 let _ = fs.journal.set(journal);
             }
         }
@@ -610,7 +654,12 @@ impl Fs {
     }
 
     /// Writes the descriptor of group `g` (already changed in `state`) into its GDT block.
-    pub(crate) fn write_group_desc(&self, h: &mut Handle<'_>, g: u32, state: &mut GroupState) -> Result<()> {
+    pub(crate) fn write_group_desc(
+        &self,
+        h: &mut Handle<'_>,
+        g: u32,
+        state: &mut GroupState,
+    ) -> Result<()> {
         state.desc.set_csum(self.geo.gd_csum, g);
         let blk = self.geo.gdt_block_of(g);
         let buf = self.bcache.get(blk)?;
@@ -632,7 +681,10 @@ impl Fs {
             block_size: self.geo.block_size,
             blocks: self.geo.blocks_count - overhead,
             blocks_free: self.free_blocks.load(Ordering::Relaxed),
-            blocks_avail: self.free_blocks.load(Ordering::Relaxed).saturating_sub(sb.r_blocks_count()),
+            blocks_avail: self
+                .free_blocks
+                .load(Ordering::Relaxed)
+                .saturating_sub(sb.r_blocks_count()),
             files: self.geo.inodes_count as u64,
             files_free: self.free_inodes.load(Ordering::Relaxed),
             name_max: 255,
@@ -661,7 +713,11 @@ impl Fs {
             sb.bytes().to_vec()
         };
         // The superblock lives at byte 1024: block 1 with 1 KiB blocks, inside block 0 otherwise.
-        let (blk, off) = if self.geo.block_size == 1024 { (1u64, 0usize) } else { (0u64, 1024usize) };
+        let (blk, off) = if self.geo.block_size == 1024 {
+            (1u64, 0usize)
+        } else {
+            (0u64, 1024usize)
+        };
         let buf = self.bcache.get(blk)?;
         buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
         h.dirty(&buf);
@@ -686,8 +742,15 @@ impl Fs {
     /// Whether a block number is inside the filesystem and outside the fixed metadata of group 0's
     /// superblock area: used to validate pointers read from disk.
     pub(crate) fn check_block(&self, blk: u64, len: u64, what: &dyn Fn() -> String) -> Result<()> {
-        if blk < self.geo.first_data_block + 1 || blk.checked_add(len).is_none_or(|e| e > self.geo.blocks_count) {
-            return Err(Error::corrupt(format!("{}: block {blk} (+{len}) is outside the filesystem", what())));
+        if blk < self.geo.first_data_block + 1
+            || blk
+                .checked_add(len)
+                .is_none_or(|e| e > self.geo.blocks_count)
+        {
+            return Err(Error::corrupt(format!(
+                "{}: block {blk} (+{len}) is outside the filesystem",
+                what()
+            )));
         }
         Ok(())
     }
@@ -703,10 +766,26 @@ impl Fs {
         let ino = self.sb.lock().journal_inum();
         // Straight from the inode table: bitmaps may be torn until the journal is replayed.
         let raw = self.read_raw_inode(ino)?;
-        let mut st = crate::inode::InodeState { raw, extents: None, orphaned: false, deleted: false };
-        self.ext_load(ino, &mut st).map_err(|e| Error::corrupt(format!("journal inode {ino}: {e}")))?;
-        let extents: Vec<_> = st.extents.as_ref().map(|c| c.map.values().copied().collect()).unwrap_or_default();
-        let map = crate::journal::JournalMap(extents.iter().filter(|e| !e.unwritten).map(|e| (e.lblk, e.pblk, e.len)).collect());
+        let mut st = crate::inode::InodeState {
+            raw,
+            extents: None,
+            orphaned: false,
+            deleted: false,
+        };
+        self.ext_load(ino, &mut st)
+            .map_err(|e| Error::corrupt(format!("journal inode {ino}: {e}")))?;
+        let extents: Vec<_> = st
+            .extents
+            .as_ref()
+            .map(|c| c.map.values().copied().collect())
+            .unwrap_or_default();
+        let map = crate::journal::JournalMap(
+            extents
+                .iter()
+                .filter(|e| !e.unwritten)
+                .map(|e| (e.lblk, e.pblk, e.len))
+                .collect(),
+        );
         crate::journal::Journal::open(self.dev.clone(), self.geo.block_size, map)
     }
 }
@@ -714,42 +793,59 @@ impl Fs {
 /// Commits the running transaction every `secs` seconds while the filesystem lives.
 fn spawn_committer(fs: std::sync::Weak<Fs>, secs: u64) {
     let tick = std::time::Duration::from_millis(200);
-    let _ = std::thread::Builder::new().name("uext4-commit".into()).spawn(move || {
-        let mut waited = std::time::Duration::ZERO;
-        loop {
-            std::thread::sleep(tick);
-            waited += tick;
-            let Some(fs) = fs.upgrade() else { return };
-            if fs.is_read_only() {
-                return;
-            }
-            if waited.as_secs() >= secs {
-                waited = std::time::Duration::ZERO;
-                if let Err(e) = fs.commit() {
-                    tracing::error!("background commit failed: {e}");
+    let _ = std::thread::Builder::new()
+        .name("uext4-commit".into())
+        .spawn(move || {
+            let mut waited = std::time::Duration::ZERO;
+            loop {
+                std::thread::sleep(tick);
+                waited += tick;
+                let Some(fs) = fs.upgrade() else { return };
+                if fs.is_read_only() {
+                    return;
+                }
+                if waited.as_secs() >= secs {
+                    waited = std::time::Duration::ZERO;
+                    if let Err(e) = fs.commit() {
+                        tracing::error!("background commit failed: {e}");
+                    }
                 }
             }
-        }
-    });
+        });
 }
 
 fn check_desc(geo: &Geometry, g: u32, d: &GroupDesc) -> Result<()> {
     let itb = (geo.inodes_per_group as u64 * geo.inode_size as u64).div_ceil(geo.block_size as u64);
     let in_fs = |b: u64, n: u64| b > geo.first_data_block && b + n <= geo.blocks_count;
     if !in_fs(d.block_bitmap(), 1) {
-        return Err(Error::corrupt(format!("group {g}: block bitmap at block {} is outside the filesystem", d.block_bitmap())));
+        return Err(Error::corrupt(format!(
+            "group {g}: block bitmap at block {} is outside the filesystem",
+            d.block_bitmap()
+        )));
     }
     if !in_fs(d.inode_bitmap(), 1) {
-        return Err(Error::corrupt(format!("group {g}: inode bitmap at block {} is outside the filesystem", d.inode_bitmap())));
+        return Err(Error::corrupt(format!(
+            "group {g}: inode bitmap at block {} is outside the filesystem",
+            d.inode_bitmap()
+        )));
     }
     if !in_fs(d.inode_table(), itb) {
-        return Err(Error::corrupt(format!("group {g}: inode table at block {} is outside the filesystem", d.inode_table())));
+        return Err(Error::corrupt(format!(
+            "group {g}: inode table at block {} is outside the filesystem",
+            d.inode_table()
+        )));
     }
     if d.free_blocks_count() > geo.blocks_per_group as u64 {
-        return Err(Error::corrupt(format!("group {g}: free block count {} exceeds blocks per group", d.free_blocks_count())));
+        return Err(Error::corrupt(format!(
+            "group {g}: free block count {} exceeds blocks per group",
+            d.free_blocks_count()
+        )));
     }
     if d.free_inodes_count() > geo.inodes_per_group as u64 {
-        return Err(Error::corrupt(format!("group {g}: free inode count {} exceeds inodes per group", d.free_inodes_count())));
+        return Err(Error::corrupt(format!(
+            "group {g}: free inode count {} exceeds inodes per group",
+            d.free_inodes_count()
+        )));
     }
     Ok(())
 }

@@ -34,7 +34,11 @@ fn str2hashbuf(msg: &[u8], num: usize, signed: bool) -> [u32; 8] {
     let mut w = 0;
     let mut left = num as i32;
     for (i, &c) in msg[..n].iter().enumerate() {
-        let c = if signed { c as i8 as i32 as u32 } else { c as u32 };
+        let c = if signed {
+            c as i8 as i32 as u32
+        } else {
+            c as u32
+        };
         val = c.wrapping_add(val << 8);
         if i % 4 == 3 {
             out[w] = val;
@@ -62,8 +66,12 @@ fn tea_transform(buf: &mut [u32; 4], inp: &[u32]) {
     let (a, b, c, d) = (inp[0], inp[1], inp[2], inp[3]);
     for _ in 0..16 {
         sum = sum.wrapping_add(0x9E37_79B9);
-        b0 = b0.wrapping_add(((b1 << 4).wrapping_add(a)) ^ (b1.wrapping_add(sum)) ^ ((b1 >> 5).wrapping_add(b)));
-        b1 = b1.wrapping_add(((b0 << 4).wrapping_add(c)) ^ (b0.wrapping_add(sum)) ^ ((b0 >> 5).wrapping_add(d)));
+        b0 = b0.wrapping_add(
+            ((b1 << 4).wrapping_add(a)) ^ (b1.wrapping_add(sum)) ^ ((b1 >> 5).wrapping_add(b)),
+        );
+        b1 = b1.wrapping_add(
+            ((b0 << 4).wrapping_add(c)) ^ (b0.wrapping_add(sum)) ^ ((b0 >> 5).wrapping_add(d)),
+        );
     }
     buf[0] = buf[0].wrapping_add(b0);
     buf[1] = buf[1].wrapping_add(b1);
@@ -78,7 +86,10 @@ fn half_md4_transform(buf: &mut [u32; 4], x: &[u32; 8]) {
     let (mut a, mut b, mut c, mut d) = (buf[0], buf[1], buf[2], buf[3]);
     macro_rules! round {
         ($f:ident, $a:ident, $b:ident, $c:ident, $d:ident, $x:expr, $s:expr) => {
-            $a = $a.wrapping_add($f($b, $c, $d)).wrapping_add($x).rotate_left($s);
+            $a = $a
+                .wrapping_add($f($b, $c, $d))
+                .wrapping_add($x)
+                .rotate_left($s);
         };
     }
     round!(f, a, b, c, d, x[0], 3);
@@ -192,7 +203,11 @@ impl DxNode {
         for i in 1..count {
             entries.push((le32(b, count_off + i * 8), le32(b, count_off + i * 8 + 4)));
         }
-        Some(DxNode { count_off, limit, entries })
+        Some(DxNode {
+            count_off,
+            limit,
+            entries,
+        })
     }
 
     /// Writes the count/limit header and the entries (not the checksum).
@@ -270,9 +285,18 @@ mod tests {
         // Seed 01234567-89ab-cdef-0123-456789abcdef, as the superblock stores it.
         let seed = [0x6745_2301, 0xefcd_ab89, 0x6745_2301, 0xefcd_ab89];
         let long = b"a-much-longer-file-name-that-spans-more-than-thirty-two-bytes";
-        assert_eq!(dirhash(b"hello", DX_HASH_HALF_MD4, &zero), (0x1746da32, 0x420013b5));
-        assert_eq!(dirhash(long, DX_HASH_HALF_MD4, &seed), (0xfbf799c6, 0xc1749341));
-        assert_eq!(dirhash(b"hello", DX_HASH_TEA, &zero), (0x6f5bb1a8, 0x231917c2));
+        assert_eq!(
+            dirhash(b"hello", DX_HASH_HALF_MD4, &zero),
+            (0x1746da32, 0x420013b5)
+        );
+        assert_eq!(
+            dirhash(long, DX_HASH_HALF_MD4, &seed),
+            (0xfbf799c6, 0xc1749341)
+        );
+        assert_eq!(
+            dirhash(b"hello", DX_HASH_TEA, &zero),
+            (0x6f5bb1a8, 0x231917c2)
+        );
         assert_eq!(dirhash(long, DX_HASH_TEA, &seed), (0xcbc3f652, 0xfc72fb09));
         assert_eq!(dirhash(b"hello", DX_HASH_LEGACY, &zero).0, 0x32252546);
         assert_eq!(dirhash(long, DX_HASH_LEGACY, &seed).0, 0x2e5820e2);

@@ -1,8 +1,8 @@
 //! The inode allocator. New directories are spread over groups with free space (a simple form of
 //! the kernel's Orlov allocator); other inodes go near their parent directory.
 
+use crate::balloc::{clear_bit, find_zero, set_bit, test_bit};
 use crate::bcache::Buffer;
-use crate::balloc::{find_zero, set_bit, clear_bit, test_bit};
 use crate::error::{Error, Result};
 use crate::format::group_desc::{GdCsum, BG_BLOCK_UNINIT, BG_INODE_UNINIT};
 use crate::fs::{Fs, GroupState};
@@ -28,7 +28,10 @@ impl Fs {
                 let v = st.desc.flags() & !BG_INODE_UNINIT;
                 st.desc.set_flags(v);
                 if self.geo.metadata_csum {
-                    st.desc.set_inode_bitmap_csum(self.geo.csum_seed, &data[..self.geo.inode_bitmap_csum_len()]);
+                    st.desc.set_inode_bitmap_csum(
+                        self.geo.csum_seed,
+                        &data[..self.geo.inode_bitmap_csum_len()],
+                    );
                 }
             }
             h.dirty(&buf);
@@ -42,7 +45,10 @@ impl Fs {
         let buf = self.bcache.get(blk)?;
         if self.geo.metadata_csum && !buf.dirty.load(Ordering::Acquire) {
             let data = buf.read();
-            if !st.desc.verify_inode_bitmap_csum(self.geo.csum_seed, &data[..self.geo.inode_bitmap_csum_len()]) {
+            if !st.desc.verify_inode_bitmap_csum(
+                self.geo.csum_seed,
+                &data[..self.geo.inode_bitmap_csum_len()],
+            ) {
                 drop(data);
                 return Err(self.fail(
                     Error::BadChecksum(format!("inode bitmap of group {g} (block {blk})")),
@@ -88,7 +94,11 @@ impl Fs {
                 continue;
             }
             let buf = self.inode_bitmap(h, g, &mut st)?;
-            let first = if g == 0 { self.geo.first_ino as usize - 1 } else { 0 };
+            let first = if g == 0 {
+                self.geo.first_ino as usize - 1
+            } else {
+                0
+            };
             let found = {
                 let data = buf.read();
                 let pinned = self.pinned.lock();
@@ -108,7 +118,10 @@ impl Fs {
                 debug_assert!(!test_bit(&data, idx));
                 set_bit(&mut data, idx);
                 if self.geo.metadata_csum {
-                    st.desc.set_inode_bitmap_csum(self.geo.csum_seed, &data[..self.geo.inode_bitmap_csum_len()]);
+                    st.desc.set_inode_bitmap_csum(
+                        self.geo.csum_seed,
+                        &data[..self.geo.inode_bitmap_csum_len()],
+                    );
                 }
             }
             h.dirty(&buf);
@@ -121,7 +134,10 @@ impl Fs {
                         let mut data = bbuf.write();
                         self.init_block_bitmap(g, &mut data);
                         if self.geo.metadata_csum {
-                            st.desc.set_block_bitmap_csum(self.geo.csum_seed, &data[..self.geo.block_bitmap_csum_len()]);
+                            st.desc.set_block_bitmap_csum(
+                                self.geo.csum_seed,
+                                &data[..self.geo.block_bitmap_csum_len()],
+                            );
                         }
                     }
                     let v = st.desc.flags() & !BG_BLOCK_UNINIT;
@@ -156,11 +172,19 @@ impl Fs {
             let mut data = buf.write();
             if !test_bit(&data, idx) {
                 drop(data);
-                return Err(self.fail(Error::corrupt(format!("freeing inode {ino}, which is already free")), ino, 0, "free_inode"));
+                return Err(self.fail(
+                    Error::corrupt(format!("freeing inode {ino}, which is already free")),
+                    ino,
+                    0,
+                    "free_inode",
+                ));
             }
             clear_bit(&mut data, idx);
             if self.geo.metadata_csum {
-                st.desc.set_inode_bitmap_csum(self.geo.csum_seed, &data[..self.geo.inode_bitmap_csum_len()]);
+                st.desc.set_inode_bitmap_csum(
+                    self.geo.csum_seed,
+                    &data[..self.geo.inode_bitmap_csum_len()],
+                );
             }
         }
         h.dirty(&buf);
@@ -183,7 +207,10 @@ impl Fs {
             return Ok(false);
         }
         let buf = self.read_inode_bitmap(g, &st)?;
-        let r = test_bit(&buf.read(), ((ino - 1) % self.geo.inodes_per_group) as usize);
+        let r = test_bit(
+            &buf.read(),
+            ((ino - 1) % self.geo.inodes_per_group) as usize,
+        );
         Ok(r)
     }
 }

@@ -56,7 +56,9 @@ impl Default for InodeCache {
 
 impl InodeCache {
     pub fn new() -> Self {
-        InodeCache { shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect() }
+        InodeCache {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
     }
     fn shard(&self, ino: u32) -> &Mutex<HashMap<u32, InodeRef>> {
         &self.shards[ino as usize % SHARDS]
@@ -72,7 +74,9 @@ impl InodeCache {
         for s in &self.shards {
             let mut m = s.lock();
             if m.len() > keep / SHARDS {
-                m.retain(|_, i| Arc::strong_count(i) > 1 || i.open_count.load(Ordering::Relaxed) > 0);
+                m.retain(|_, i| {
+                    Arc::strong_count(i) > 1 || i.open_count.load(Ordering::Relaxed) > 0
+                });
             }
         }
     }
@@ -82,7 +86,10 @@ impl Fs {
     /// Where inode `ino` lives: (block, byte offset in block).
     pub(crate) fn inode_location(&self, ino: u32) -> Result<(u64, usize)> {
         if ino == 0 || ino > self.geo.inodes_count {
-            return Err(Error::corrupt(format!("inode number {ino} is out of range (1..={})", self.geo.inodes_count)));
+            return Err(Error::corrupt(format!(
+                "inode number {ino} is out of range (1..={})",
+                self.geo.inodes_count
+            )));
         }
         let g = self.geo.ino_group(ino);
         let index = (ino - 1) % self.geo.inodes_per_group;
@@ -110,7 +117,10 @@ impl Fs {
                 ));
             }
         }
-        if self.geo.metadata_csum && !raw.verify_csum(self.geo.csum_seed, ino) && !is_all_zero(&raw.0) {
+        if self.geo.metadata_csum
+            && !raw.verify_csum(self.geo.csum_seed, ino)
+            && !is_all_zero(&raw.0)
+        {
             return Err(self.fail(
                 Error::BadChecksum(format!("inode {ino} (in block {blk})")),
                 ino,
@@ -140,7 +150,12 @@ impl Fs {
         let inode = Arc::new(Inode {
             ino,
             io_lock: RwLock::new(()),
-            state: Mutex::new(InodeState { raw, extents: None, orphaned: false, deleted: false }),
+            state: Mutex::new(InodeState {
+                raw,
+                extents: None,
+                orphaned: false,
+                deleted: false,
+            }),
             open_count: AtomicU32::new(0),
             last_tid: AtomicU64::new(0),
             last_data_tid: AtomicU64::new(0),
@@ -155,7 +170,12 @@ impl Fs {
         let inode = Arc::new(Inode {
             ino,
             io_lock: RwLock::new(()),
-            state: Mutex::new(InodeState { raw, extents: Some(ExtentCache::empty()), orphaned: false, deleted: false }),
+            state: Mutex::new(InodeState {
+                raw,
+                extents: Some(ExtentCache::empty()),
+                orphaned: false,
+                deleted: false,
+            }),
             open_count: AtomicU32::new(0),
             last_tid: AtomicU64::new(0),
             last_data_tid: AtomicU64::new(0),
@@ -166,7 +186,12 @@ impl Fs {
     }
 
     /// Writes an inode's fields into its inode-table block, through the handle.
-    pub(crate) fn write_inode(&self, h: &mut Handle<'_>, ino: u32, raw: &mut RawInode) -> Result<()> {
+    pub(crate) fn write_inode(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        raw: &mut RawInode,
+    ) -> Result<()> {
         if self.geo.metadata_csum {
             raw.set_csum(self.geo.csum_seed, ino);
         }
@@ -178,7 +203,12 @@ impl Fs {
     }
 
     /// Writes the in-memory inode through the handle and records the transaction in it.
-    pub(crate) fn mark_inode_dirty(&self, h: &mut Handle<'_>, inode: &Inode, st: &mut InodeState) -> Result<()> {
+    pub(crate) fn mark_inode_dirty(
+        &self,
+        h: &mut Handle<'_>,
+        inode: &Inode,
+        st: &mut InodeState,
+    ) -> Result<()> {
         if st.orphaned {
             st.raw.set_dtime(self.orphan_next(inode.ino));
         }
@@ -189,8 +219,13 @@ impl Fs {
 
     /// Copies an in-memory inode into its table block without a handle: only at commit, with
     /// the transaction barrier held exclusively (see transaction.rs).
-    pub(crate) fn write_inode_at_commit(&self, ino: u32) -> Result<Option<Arc<crate::bcache::Buffer>>> {
-        let Some(inode) = self.icache.get_cached(ino) else { return Ok(None) };
+    pub(crate) fn write_inode_at_commit(
+        &self,
+        ino: u32,
+    ) -> Result<Option<Arc<crate::bcache::Buffer>>> {
+        let Some(inode) = self.icache.get_cached(ino) else {
+            return Ok(None);
+        };
         let mut st = inode.state.lock();
         if st.deleted {
             return Ok(None);

@@ -31,7 +31,14 @@ pub struct FeatureSet {
 
 impl Default for FeatureSet {
     fn default() -> Self {
-        FeatureSet { metadata_csum: true, metadata_csum_seed: false, has_64bit: true, flex_bg: true, dir_index: true, extents: true }
+        FeatureSet {
+            metadata_csum: true,
+            metadata_csum_seed: false,
+            has_64bit: true,
+            flex_bg: true,
+            dir_index: true,
+            extents: true,
+        }
     }
 }
 
@@ -62,7 +69,9 @@ impl FeatureSet {
             }
         }
         if !self.extents {
-            return Err(Error::Unsupported("mkfs without the extent feature (uext4 writes extent trees only)".into()));
+            return Err(Error::Unsupported(
+                "mkfs without the extent feature (uext4 writes extent trees only)".into(),
+            ));
         }
         Ok(())
     }
@@ -158,7 +167,13 @@ fn be32(b: &mut [u8], off: usize, v: u32) {
 }
 
 /// A jbd2 v2 superblock for an empty internal journal of `maxlen` blocks.
-pub fn journal_superblock(block_size: u32, maxlen: u32, uuid: [u8; 16], csum_v3: bool, has_64bit: bool) -> Vec<u8> {
+pub fn journal_superblock(
+    block_size: u32,
+    maxlen: u32,
+    uuid: [u8; 16],
+    csum_v3: bool,
+    has_64bit: bool,
+) -> Vec<u8> {
     let mut j = vec![0u8; 1024];
     be32(&mut j, 0x0, 0xC03B_3998);
     be32(&mut j, 0x4, 4); // superblock v2
@@ -192,7 +207,11 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         return Err(Error::Invalid(format!("block size {bs}: use 1024 or 4096")));
     }
     let f = &opts.features;
-    let size = if opts.size == 0 { dev.size() } else { opts.size.min(dev.size()) };
+    let size = if opts.size == 0 {
+        dev.size()
+    } else {
+        opts.size.min(dev.size())
+    };
     let bs64 = bs as u64;
     let mut blocks = size / bs64;
     let fdb: u64 = (bs == 1024) as u64;
@@ -220,7 +239,9 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         blocks = fdb + groups as u64 * bpg as u64;
     }
     if blocks < 64 || groups == 0 {
-        return Err(Error::Invalid(format!("{size} bytes is too small for a filesystem")));
+        return Err(Error::Invalid(format!(
+            "{size} bytes is too small for a filesystem"
+        )));
     }
     let gdtb = gdt_blocks(groups);
     let flex: u32 = if f.flex_bg { 16 } else { 1 };
@@ -228,7 +249,9 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
     let gblocks = |g: u32| ((blocks - gfirst(g)).min(bpg as u64)) as u32;
     let overhead = |g: u32| if group_has_super(g) { 1 + gdtb } else { 0 };
     if (overhead(0) + flex.min(groups) * (2 + itb)) as u64 > bpg as u64 {
-        return Err(Error::Invalid("filesystem geometry does not fit (inode tables too large for a group)".into()));
+        return Err(Error::Invalid(
+            "filesystem geometry does not fit (inode tables too large for a group)".into(),
+        ));
     }
 
     // Placement of bitmaps and inode tables.
@@ -282,7 +305,12 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         }
         None
     };
-    let too_small = || Error::Invalid("filesystem too small for its metadata and journal; use a smaller --journal-size".into());
+    let too_small = || {
+        Error::Invalid(
+            "filesystem too small for its metadata and journal; use a smaller --journal-size"
+                .into(),
+        )
+    };
     let lpf_n: u64 = (16384 / bs64).max(1);
     let root_blk = find_run(&used, meta_end, 1).ok_or_else(too_small)?;
     used.push((root_blk, 1));
@@ -314,18 +342,28 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
     let mut sb = Superblock::zeroed();
     sb.set_magic(EXT4_MAGIC);
     sb.set_rev_level(1);
-    let compat = COMPAT_EXT_ATTR | if f.dir_index { COMPAT_DIR_INDEX } else { 0 } | if jblocks > 0 { COMPAT_HAS_JOURNAL } else { 0 };
+    let compat = COMPAT_EXT_ATTR
+        | if f.dir_index { COMPAT_DIR_INDEX } else { 0 }
+        | if jblocks > 0 { COMPAT_HAS_JOURNAL } else { 0 };
     let incompat = INCOMPAT_FILETYPE
         | INCOMPAT_EXTENTS
         | if f.has_64bit { INCOMPAT_64BIT } else { 0 }
         | if f.flex_bg { INCOMPAT_FLEX_BG } else { 0 }
-        | if f.metadata_csum && f.metadata_csum_seed { INCOMPAT_CSUM_SEED } else { 0 };
+        | if f.metadata_csum && f.metadata_csum_seed {
+            INCOMPAT_CSUM_SEED
+        } else {
+            0
+        };
     let ro = RO_COMPAT_SPARSE_SUPER
         | RO_COMPAT_LARGE_FILE
         | RO_COMPAT_HUGE_FILE
         | RO_COMPAT_DIR_NLINK
         | RO_COMPAT_EXTRA_ISIZE
-        | if f.metadata_csum { RO_COMPAT_METADATA_CSUM } else { RO_COMPAT_GDT_CSUM };
+        | if f.metadata_csum {
+            RO_COMPAT_METADATA_CSUM
+        } else {
+            RO_COMPAT_GDT_CSUM
+        };
     sb.set_feature_compat(compat);
     sb.set_feature_incompat(incompat);
     sb.set_feature_ro_compat(ro);
@@ -376,7 +414,11 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         sb.set_jnl_backup_type(1);
     }
     let csum_seed = sb.csum_seed();
-    let gd_kind = if f.metadata_csum { GdCsum::Crc32c { seed: csum_seed } } else { GdCsum::Crc16 { uuid } };
+    let gd_kind = if f.metadata_csum {
+        GdCsum::Crc32c { seed: csum_seed }
+    } else {
+        GdCsum::Crc16 { uuid }
+    };
 
     // Inodes: root, lost+found, journal, and the reserved ones (zero, checksummed).
     let write_inode = |ino: u32, raw: &mut RawInode| -> Result<()> {
@@ -408,11 +450,24 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         let mut done = 0u64;
         while done < len {
             let l = (len - done).min(32768);
-            Extent { lblk: done as u32, len: l as u32, pblk: start + done, unwritten: false }.write(&mut b[12 + 12 * n as usize..24 + 12 * n as usize]);
+            Extent {
+                lblk: done as u32,
+                len: l as u32,
+                pblk: start + done,
+                unwritten: false,
+            }
+            .write(&mut b[12 + 12 * n as usize..24 + 12 * n as usize]);
             done += l;
             n += 1;
         }
-        ExtentHeader { magic: EXTENT_MAGIC, entries: n, max: 4, depth: 0, generation: 0 }.write(b);
+        ExtentHeader {
+            magic: EXTENT_MAGIC,
+            entries: n,
+            max: 4,
+            depth: 0,
+            generation: 0,
+        }
+        .write(b);
     };
     let new_inode = |mode: u16, links: u16| {
         let mut r = RawInode::new(isz as usize);
@@ -457,7 +512,13 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         write_inode(JOURNAL_INO, &mut j)?;
         // The journal: superblock, the rest zeroed.
         let mut blk0 = vec![0u8; bs as usize];
-        blk0[..1024].copy_from_slice(&journal_superblock(bs, jblocks, uuid, f.metadata_csum, f.has_64bit));
+        blk0[..1024].copy_from_slice(&journal_superblock(
+            bs,
+            jblocks,
+            uuid,
+            f.metadata_csum,
+            f.has_64bit,
+        ));
         dev.write_at(jstart * bs64, &blk0)?;
         if !opts.assume_zeroed {
             let zero = vec![0u8; 1 << 20];
@@ -528,7 +589,9 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         for i in n as usize..bs as usize * 8 {
             bmp[i / 8] |= 1 << (i % 8);
         }
-        let used_n = (0..n as usize).filter(|&i| bmp[i / 8] & (1 << (i % 8)) != 0).count() as u64;
+        let used_n = (0..n as usize)
+            .filter(|&i| bmp[i / 8] & (1 << (i % 8)) != 0)
+            .count() as u64;
         let free = n - used_n;
         dev.write_at(bb[g as usize] * bs64, &bmp)?;
         let mut ibmp = vec![0u8; bs as usize];

@@ -90,7 +90,10 @@ fn next_generation() -> u32 {
     let g = GENERATION.fetch_add(0x9E37_79B9, Ordering::Relaxed);
     if g == 0 {
         let seed = Timestamp::now();
-        GENERATION.store(seed.nsec ^ (seed.sec as u32).rotate_left(16), Ordering::Relaxed);
+        GENERATION.store(
+            seed.nsec ^ (seed.sec as u32).rotate_left(16),
+            Ordering::Relaxed,
+        );
     }
     g ^ 0x5bd1_e995
 }
@@ -103,7 +106,10 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
         return Err(Error::NameTooLong);
     }
     if name.contains(&b'/') || name.contains(&0) {
-        return Err(Error::Invalid(format!("file name {:?} contains '/' or NUL", String::from_utf8_lossy(name))));
+        return Err(Error::Invalid(format!(
+            "file name {:?} contains '/' or NUL",
+            String::from_utf8_lossy(name)
+        )));
     }
     Ok(())
 }
@@ -172,16 +178,33 @@ impl Fs {
 
     /// Creates a regular file (or, with another type in `mode`, that kind of node).
     pub fn create(&self, dir: u32, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
-        let mode = if mode & S_IFMT as u32 == 0 { mode | S_IFREG as u32 } else { mode };
+        let mode = if mode & S_IFMT as u32 == 0 {
+            mode | S_IFREG as u32
+        } else {
+            mode
+        };
         self.mknod(dir, name, mode, 0, uid, gid)
     }
 
-    pub fn mknod(&self, dir: u32, name: &[u8], mode: u32, rdev: u32, uid: u32, gid: u32) -> Result<Attr> {
+    pub fn mknod(
+        &self,
+        dir: u32,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
         let ft = (mode as u16) & S_IFMT;
         match ft {
             S_IFREG | S_IFCHR | S_IFBLK | S_IFIFO | S_IFSOCK => {}
             S_IFDIR => return self.mkdir(dir, name, mode, uid, gid),
-            _ => return Err(Error::Invalid(format!("mknod: unsupported file type {:o}", ft))),
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "mknod: unsupported file type {:o}",
+                    ft
+                )))
+            }
         }
         self.new_node(dir, name, mode as u16, uid, gid, |fs, _h, raw| {
             if ft == S_IFCHR || ft == S_IFBLK {
@@ -204,7 +227,14 @@ impl Fs {
         })
     }
 
-    pub fn symlink(&self, dir: u32, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+    pub fn symlink(
+        &self,
+        dir: u32,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
         if target.is_empty() {
             return Err(Error::NotFound);
         }
@@ -376,7 +406,9 @@ impl Fs {
         self.check_writable()?;
         let d = self.dir_inode(dir)?;
         let _g = d.io_lock.write();
-        let Some((ino, _)) = self.find(&d, name)? else { return Err(Error::NotFound) };
+        let Some((ino, _)) = self.find(&d, name)? else {
+            return Err(Error::NotFound);
+        };
         let inode = self.iget(ino)?;
         let is_dir = inode.state.lock().raw.is_dir();
         if want_dir && !is_dir {
@@ -385,7 +417,11 @@ impl Fs {
         if !want_dir && is_dir {
             return Err(Error::IsDir);
         }
-        let _cg = if is_dir { Some(inode.io_lock.write()) } else { None };
+        let _cg = if is_dir {
+            Some(inode.io_lock.write())
+        } else {
+            None
+        };
         if is_dir {
             let mut cst = inode.state.lock();
             if !self.dir_is_empty(ino, &mut cst)? {
@@ -416,7 +452,12 @@ impl Fs {
 
     /// After an inode lost a link: delete it if it has none left and nobody has it open, or
     /// put it on the orphan list until its last close.
-    pub(crate) fn drop_link_finish(&self, h: &mut Handle<'_>, inode: &Inode, ist: &mut InodeState) -> Result<()> {
+    pub(crate) fn drop_link_finish(
+        &self,
+        h: &mut Handle<'_>,
+        inode: &Inode,
+        ist: &mut InodeState,
+    ) -> Result<()> {
         if ist.raw.links_count() > 0 {
             return self.mark_inode_dirty(h, inode, ist);
         }
@@ -430,7 +471,12 @@ impl Fs {
     }
 
     /// Frees an inode with no links: its blocks, its xattr block, its number.
-    pub(crate) fn delete_inode(&self, h: &mut Handle<'_>, inode: &Inode, ist: &mut InodeState) -> Result<()> {
+    pub(crate) fn delete_inode(
+        &self,
+        h: &mut Handle<'_>,
+        inode: &Inode,
+        ist: &mut InodeState,
+    ) -> Result<()> {
         let was_dir = ist.raw.is_dir();
         if ist.orphaned {
             self.orphan_del(h, inode, ist)?;
@@ -446,7 +492,12 @@ impl Fs {
     }
 
     /// Releases every data and tree block of an inode.
-    pub(crate) fn evict_blocks(&self, h: &mut Handle<'_>, inode: &Inode, ist: &mut InodeState) -> Result<()> {
+    pub(crate) fn evict_blocks(
+        &self,
+        h: &mut Handle<'_>,
+        inode: &Inode,
+        ist: &mut InodeState,
+    ) -> Result<()> {
         if Self::has_data_blocks(&ist.raw) {
             self.ext_remove(h, inode.ino, ist, 0, 1u64 << 32)?;
         }
@@ -486,7 +537,9 @@ impl Fs {
         };
         let _ = fast;
         if size > self.geo.block_size as u64 {
-            return Err(Error::corrupt(format!("inode {ino}: symlink size {size} exceeds a block")));
+            return Err(Error::corrupt(format!(
+                "inode {ino}: symlink size {size} exceeds a block"
+            )));
         }
         let mut buf = vec![0u8; size as usize];
         let n = self.read(ino, 0, &mut buf)?;
@@ -494,7 +547,12 @@ impl Fs {
         Ok(buf)
     }
 
-    pub fn readdir(&self, dir: u32, offset: u64, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()> {
+    pub fn readdir(
+        &self,
+        dir: u32,
+        offset: u64,
+        f: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         let d = self.dir_inode(dir)?;
         let _g = d.io_lock.read();
@@ -503,7 +561,12 @@ impl Fs {
             return Ok(());
         }
         self.dir_iter(dir, &mut st, offset, &mut |next, ino, kind, name| {
-            f(DirEntry { ino, kind, name: name.to_vec(), next_offset: next })
+            f(DirEntry {
+                ino,
+                kind,
+                name: name.to_vec(),
+                next_offset: next,
+            })
         })
     }
 
@@ -554,7 +617,14 @@ impl Fs {
         Ok(self.attr_of(ino, &st.raw))
     }
 
-    pub fn rename(&self, odir: u32, oname: &[u8], ndir: u32, nname: &[u8], flags: RenameFlags) -> Result<()> {
+    pub fn rename(
+        &self,
+        odir: u32,
+        oname: &[u8],
+        ndir: u32,
+        nname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         check_name(oname)?;
         check_name(nname)?;
@@ -562,13 +632,23 @@ impl Fs {
             return Err(Error::Busy);
         }
         if flags.exchange && flags.noreplace {
-            return Err(Error::Invalid("RENAME_EXCHANGE with RENAME_NOREPLACE".into()));
+            return Err(Error::Invalid(
+                "RENAME_EXCHANGE with RENAME_NOREPLACE".into(),
+            ));
         }
         self.check_writable()?;
         let cross = odir != ndir;
-        let _rl = if cross { Some(self.rename_lock.lock()) } else { None };
+        let _rl = if cross {
+            Some(self.rename_lock.lock())
+        } else {
+            None
+        };
         let od = self.dir_inode(odir)?;
-        let nd = if cross { self.dir_inode(ndir)? } else { od.clone() };
+        let nd = if cross {
+            self.dir_inode(ndir)?
+        } else {
+            od.clone()
+        };
         // Directory io_locks in inode-number order.
         let (_g1, _g2) = if !cross {
             (Some(od.io_lock.write()), None)
@@ -579,7 +659,9 @@ impl Fs {
             let b = nd.io_lock.write();
             (Some(b), Some(od.io_lock.write()))
         };
-        let Some((sino, sft)) = self.find(&od, oname)? else { return Err(Error::NotFound) };
+        let Some((sino, sft)) = self.find(&od, oname)? else {
+            return Err(Error::NotFound);
+        };
         let target = self.find(&nd, nname)?;
         if flags.exchange && target.is_none() {
             return Err(Error::NotFound);
@@ -593,7 +675,10 @@ impl Fs {
             Some((tino, _)) => Some(self.iget(tino)?),
             None => None,
         };
-        let tgt_is_dir = tgt.as_ref().map(|t| t.state.lock().raw.is_dir()).unwrap_or(false);
+        let tgt_is_dir = tgt
+            .as_ref()
+            .map(|t| t.state.lock().raw.is_dir())
+            .unwrap_or(false);
         if let Some((tino, _)) = target {
             if tino == sino {
                 return Ok(()); // both names are links to one inode: POSIX says do nothing
@@ -714,7 +799,11 @@ impl Fs {
             self.mark_inode_dirty(&mut h, &src, &mut s)?;
         }
         if let Some(t) = replaced {
-            let _tg = if tgt_is_dir && t.ino != odir && t.ino != ndir { Some(t.io_lock.write()) } else { None };
+            let _tg = if tgt_is_dir && t.ino != odir && t.ino != ndir {
+                Some(t.io_lock.write())
+            } else {
+                None
+            };
             let mut ts = t.state.lock();
             if tgt_is_dir {
                 ts.raw.set_links_count(0);
@@ -736,12 +825,17 @@ impl Fs {
             }
             let d = self.iget(dir)?;
             let mut st = d.state.lock();
-            let parent = self.dir_lookup(dir, &mut st, b"..")?.map(|p| p.0).unwrap_or(ROOT_INO);
+            let parent = self
+                .dir_lookup(dir, &mut st, b"..")?
+                .map(|p| p.0)
+                .unwrap_or(ROOT_INO);
             drop(st);
             dir = parent;
             steps += 1;
             if steps > 65536 {
-                return Err(Error::corrupt(format!("directory {dir}: '..' chain does not reach the root")));
+                return Err(Error::corrupt(format!(
+                    "directory {dir}: '..' chain does not reach the root"
+                )));
             }
         }
         if ancestor == ROOT_INO {
@@ -759,7 +853,9 @@ impl Fs {
 
     /// Closes an inode; the last close of an unlinked inode frees it.
     pub fn release(&self, ino: u32) -> Result<()> {
-        let Some(inode) = self.icache.get_cached(ino) else { return Ok(()) };
+        let Some(inode) = self.icache.get_cached(ino) else {
+            return Ok(());
+        };
         let prev = inode.open_count.fetch_sub(1, Ordering::AcqRel);
         if prev == 1 {
             let orphaned = inode.state.lock().orphaned;
@@ -767,7 +863,10 @@ impl Fs {
                 let _g = inode.io_lock.write();
                 let mut h = self.start(credits::UNLINK)?;
                 let mut st = inode.state.lock();
-                if st.orphaned && st.raw.links_count() == 0 && inode.open_count.load(Ordering::Acquire) == 0 {
+                if st.orphaned
+                    && st.raw.links_count() == 0
+                    && inode.open_count.load(Ordering::Acquire) == 0
+                {
                     self.delete_inode(&mut h, &inode, &mut st)?;
                 }
             }

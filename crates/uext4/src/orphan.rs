@@ -15,7 +15,12 @@ use crate::transaction::Handle;
 
 impl Fs {
     /// Puts an inode (whose state the caller holds) at the head of the orphan list.
-    pub(crate) fn orphan_add(&self, h: &mut Handle<'_>, inode: &Inode, st: &mut InodeState) -> Result<()> {
+    pub(crate) fn orphan_add(
+        &self,
+        h: &mut Handle<'_>,
+        inode: &Inode,
+        st: &mut InodeState,
+    ) -> Result<()> {
         {
             let mut o = self.orphans.lock();
             o.insert(0, inode.ino);
@@ -36,7 +41,12 @@ impl Fs {
     }
 
     /// Takes an inode off the orphan list.
-    pub(crate) fn orphan_del(&self, h: &mut Handle<'_>, inode: &Inode, st: &mut InodeState) -> Result<()> {
+    pub(crate) fn orphan_del(
+        &self,
+        h: &mut Handle<'_>,
+        inode: &Inode,
+        st: &mut InodeState,
+    ) -> Result<()> {
         let (pred, next) = {
             let mut o = self.orphans.lock();
             let Some(p) = o.iter().position(|&i| i == inode.ino) else {
@@ -85,7 +95,10 @@ impl Fs {
         use crate::format::features::RO_COMPAT_ORPHAN_PRESENT;
         let (ino, present) = {
             let sb = self.sb.lock();
-            (sb.orphan_file_inum(), sb.has_ro_compat(RO_COMPAT_ORPHAN_PRESENT))
+            (
+                sb.orphan_file_inum(),
+                sb.has_ro_compat(RO_COMPAT_ORPHAN_PRESENT),
+            )
         };
         if ino == 0 || !present {
             return Ok(0);
@@ -108,7 +121,10 @@ impl Fs {
             let buf = self.bcache.get(pblk)?;
             let entries: Vec<u32> = {
                 let d = buf.read();
-                (0..per_block).map(|i| crate::format::le32(&d, 4 * i)).filter(|&x| x != 0).collect()
+                (0..per_block)
+                    .map(|i| crate::format::le32(&d, 4 * i))
+                    .filter(|&x| x != 0)
+                    .collect()
             };
             if entries.is_empty() {
                 continue;
@@ -142,7 +158,9 @@ impl Fs {
     /// past i_size (a truncate or extension that was in flight).
     fn finish_orphan(&self, ino: u32) -> Result<()> {
         if ino == 0 || ino > self.geo.inodes_count {
-            return Err(Error::corrupt(format!("orphan inode number {ino} is out of range")));
+            return Err(Error::corrupt(format!(
+                "orphan inode number {ino} is out of range"
+            )));
         }
         let inode = self.iget(ino)?;
         let _g = inode.io_lock.write();
@@ -169,7 +187,9 @@ impl Fs {
         let mut seen = std::collections::HashSet::new();
         while ino != 0 {
             if !seen.insert(ino) || ino > self.geo.inodes_count {
-                return Err(Error::corrupt(format!("orphan list: inode {ino} is out of range or repeats (a cycle)")));
+                return Err(Error::corrupt(format!(
+                    "orphan list: inode {ino} is out of range or repeats (a cycle)"
+                )));
             }
             let raw = self.read_raw_inode(ino)?;
             let next = raw.dtime();

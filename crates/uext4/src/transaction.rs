@@ -60,7 +60,10 @@ impl TxnManager {
     pub fn new(first_tid: u64, max_blocks: usize) -> Self {
         TxnManager {
             barrier: RwLock::new(()),
-            running: Mutex::new(RunningTxn { tid: first_tid, ..Default::default() }),
+            running: Mutex::new(RunningTxn {
+                tid: first_tid,
+                ..Default::default()
+            }),
             commit_lock: Mutex::new(first_tid.saturating_sub(1)),
             committed: AtomicU64::new(first_tid.saturating_sub(1)),
             running_tid: AtomicU64::new(first_tid),
@@ -90,7 +93,14 @@ impl TxnManager {
             }
         };
         let tid = self.running.lock().tid;
-        Handle { mgr: self, _guard: guard, tid, blocks: Vec::new(), revoked: Vec::new(), credits }
+        Handle {
+            mgr: self,
+            _guard: guard,
+            tid,
+            blocks: Vec::new(),
+            revoked: Vec::new(),
+            credits,
+        }
     }
 
     /// Records that inode `ino` changed only in memory; it is written at the next commit.
@@ -127,7 +137,11 @@ impl Handle<'_> {
             buf.dirty.store(true, Ordering::Release);
             self.blocks.push(buf.clone());
             if self.blocks.len() > self.credits {
-                tracing::debug!(credits = self.credits, used = self.blocks.len(), "handle exceeded its credits");
+                tracing::debug!(
+                    credits = self.credits,
+                    used = self.blocks.len(),
+                    "handle exceeded its credits"
+                );
             }
         }
     }
@@ -168,12 +182,18 @@ impl crate::fs::Fs {
     /// Commits if transaction `tid` (or an earlier one) is not yet committed.
     pub fn commit_upto(&self, tid: u64) -> crate::Result<()> {
         if self.txn.committed_tid() >= tid {
-            self.txn.stats.fsync_already_committed.fetch_add(1, Ordering::Relaxed);
+            self.txn
+                .stats
+                .fsync_already_committed
+                .fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
         let mut committed = self.txn.commit_lock.lock();
         if *committed >= tid {
-            self.txn.stats.fsync_already_committed.fetch_add(1, Ordering::Relaxed);
+            self.txn
+                .stats
+                .fsync_already_committed
+                .fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
         if self.is_read_only() {
@@ -186,7 +206,10 @@ impl crate::fs::Fs {
                 if r.blocks.is_empty() && r.lazy_inodes.is_empty() && r.revoked.is_empty() {
                     return Ok(());
                 }
-                let next = RunningTxn { tid: r.tid + 1, ..Default::default() };
+                let next = RunningTxn {
+                    tid: r.tid + 1,
+                    ..Default::default()
+                };
                 self.txn.running_tid.store(r.tid + 1, Ordering::Release);
                 std::mem::replace(&mut *r, next)
             };
@@ -199,13 +222,19 @@ impl crate::fs::Fs {
             // The superblock carries the free counts; it goes with every commit.
             let sb_buf = self.superblock_buffer_for_commit()?;
             blocks.insert(sb_buf.blk, sb_buf);
-            let mut snap: Vec<(u64, Vec<u8>)> = blocks.values().map(|b| (b.blk, b.read().to_vec())).collect();
+            let mut snap: Vec<(u64, Vec<u8>)> = blocks
+                .values()
+                .map(|b| (b.blk, b.read().to_vec()))
+                .collect();
             snap.sort_unstable_by_key(|s| s.0);
             let revoked: Vec<u64> = old.revoked.into_iter().collect();
             (old.tid, snap, revoked)
         };
         self.txn.stats.commits.fetch_add(1, Ordering::Relaxed);
-        self.txn.stats.commit_blocks.fetch_add(snapshot.len() as u64, Ordering::Relaxed);
+        self.txn
+            .stats
+            .commit_blocks
+            .fetch_add(snapshot.len() as u64, Ordering::Relaxed);
         self.write_transaction(this_tid, &snapshot, &revoked)?;
         *committed = this_tid;
         self.txn.committed.store(this_tid, Ordering::Release);
@@ -227,7 +256,11 @@ impl crate::fs::Fs {
             sb.set_csum();
             sb.bytes().to_vec()
         };
-        let (blk, off) = if self.geo.block_size == 1024 { (1u64, 0usize) } else { (0u64, 1024usize) };
+        let (blk, off) = if self.geo.block_size == 1024 {
+            (1u64, 0usize)
+        } else {
+            (0u64, 1024usize)
+        };
         let buf = self.bcache.get(blk)?;
         buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
         Ok(buf)
@@ -235,7 +268,12 @@ impl crate::fs::Fs {
 
     /// Makes a committed transaction durable: through the journal when there is one, then at
     /// the blocks' home locations.
-    fn write_transaction(&self, tid: u64, blocks: &[(u64, Vec<u8>)], revoked: &[u64]) -> crate::Result<()> {
+    fn write_transaction(
+        &self,
+        tid: u64,
+        blocks: &[(u64, Vec<u8>)],
+        revoked: &[u64],
+    ) -> crate::Result<()> {
         let _ = tid;
         // Data written by the operations in this transaction reached the device before their
         // metadata: the journal's flushes (or the flush below) order it ahead of the metadata.
@@ -297,7 +335,11 @@ impl crate::fs::Fs {
         };
         self.dev.write_at(SUPERBLOCK_OFFSET, &bytes)?;
         self.dev.flush()?;
-        let (blk, _) = if self.geo.block_size == 1024 { (1u64, 0usize) } else { (0u64, 1024usize) };
+        let (blk, _) = if self.geo.block_size == 1024 {
+            (1u64, 0usize)
+        } else {
+            (0u64, 1024usize)
+        };
         self.bcache.forget(blk);
         self.read_only.store(true, Ordering::Relaxed);
         Ok(())

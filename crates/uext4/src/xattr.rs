@@ -38,7 +38,8 @@ const PREFIXES: &[(u8, &str)] = &[
 ];
 
 fn split_name(name: &[u8]) -> Result<(u8, Vec<u8>)> {
-    let s = std::str::from_utf8(name).map_err(|_| Error::NotSupported("attribute name is not UTF-8".into()))?;
+    let s = std::str::from_utf8(name)
+        .map_err(|_| Error::NotSupported("attribute name is not UTF-8".into()))?;
     for &(idx, p) in PREFIXES {
         if idx == 2 || idx == 3 || idx == 8 {
             if s == p {
@@ -46,7 +47,9 @@ fn split_name(name: &[u8]) -> Result<(u8, Vec<u8>)> {
             }
         } else if let Some(rest) = s.strip_prefix(p) {
             if rest.is_empty() {
-                return Err(Error::Invalid(format!("attribute name {s:?} has an empty suffix")));
+                return Err(Error::Invalid(format!(
+                    "attribute name {s:?} has an empty suffix"
+                )));
             }
             if rest.len() > 255 {
                 return Err(Error::NameTooLong);
@@ -97,18 +100,29 @@ fn entry_hash(a: &Attr) -> u32 {
 }
 
 /// Parses entries starting at `first` in `area`; value offsets are relative to `base`.
-fn parse_entries(area: &[u8], first: usize, base: usize, what: &dyn Fn() -> String) -> Result<Vec<Attr>> {
+fn parse_entries(
+    area: &[u8],
+    first: usize,
+    base: usize,
+    what: &dyn Fn() -> String,
+) -> Result<Vec<Attr>> {
     let mut out = Vec::new();
     let mut off = first;
     loop {
         if off + 4 > area.len() {
-            return Err(Error::corrupt(format!("{}: attribute list runs past the end", what())));
+            return Err(Error::corrupt(format!(
+                "{}: attribute list runs past the end",
+                what()
+            )));
         }
         if le32(area, off) == 0 {
             break;
         }
         if off + ENTRY_HEADER > area.len() {
-            return Err(Error::corrupt(format!("{}: attribute entry at {off} overruns", what())));
+            return Err(Error::corrupt(format!(
+                "{}: attribute entry at {off} overruns",
+                what()
+            )));
         }
         let name_len = area[off] as usize;
         let index = area[off + 1];
@@ -116,15 +130,27 @@ fn parse_entries(area: &[u8], first: usize, base: usize, what: &dyn Fn() -> Stri
         let value_inum = le32(area, off + 4);
         let value_size = le32(area, off + 8) as usize;
         if value_inum != 0 {
-            return Err(Error::Unsupported(format!("{}: attribute values in inodes (ea_inode)", what())));
+            return Err(Error::Unsupported(format!(
+                "{}: attribute values in inodes (ea_inode)",
+                what()
+            )));
         }
         let name_end = off + ENTRY_HEADER + name_len;
         if name_end > area.len() {
-            return Err(Error::corrupt(format!("{}: attribute name at {off} overruns", what())));
+            return Err(Error::corrupt(format!(
+                "{}: attribute name at {off} overruns",
+                what()
+            )));
         }
         let vstart = base + value_offs;
-        if vstart.checked_add(value_size).is_none_or(|e| e > area.len()) {
-            return Err(Error::corrupt(format!("{}: attribute value at {vstart} (+{value_size}) overruns", what())));
+        if vstart
+            .checked_add(value_size)
+            .is_none_or(|e| e > area.len())
+        {
+            return Err(Error::corrupt(format!(
+                "{}: attribute value at {vstart} (+{value_size}) overruns",
+                what()
+            )));
         }
         out.push(Attr {
             index,
@@ -133,7 +159,10 @@ fn parse_entries(area: &[u8], first: usize, base: usize, what: &dyn Fn() -> Stri
         });
         off += (ENTRY_HEADER + name_len + 3) & !3;
         if out.len() > 4096 {
-            return Err(Error::corrupt(format!("{}: too many attribute entries", what())));
+            return Err(Error::corrupt(format!(
+                "{}: too many attribute entries",
+                what()
+            )));
         }
     }
     Ok(out)
@@ -150,7 +179,15 @@ fn write_entries(area: &mut [u8], first: usize, base: usize, attrs: &[Attr]) {
         area[vend..vend + a.value.len()].copy_from_slice(&a.value);
         area[off] = a.name.len() as u8;
         area[off + 1] = a.index;
-        put16(area, off + 2, if a.value.is_empty() { 0 } else { (vend - base) as u16 });
+        put16(
+            area,
+            off + 2,
+            if a.value.is_empty() {
+                0
+            } else {
+                (vend - base) as u16
+            },
+        );
         put32(area, off + 4, 0);
         put32(area, off + 8, a.value.len() as u32);
         put32(area, off + 12, entry_hash(a));
@@ -182,7 +219,9 @@ fn acl_to_disk(v: &[u8]) -> Result<Vec<u8>> {
         let tag = le16(e, 0);
         let perm = le16(e, 2);
         if perm & !7 != 0 {
-            return Err(Error::Invalid("POSIX ACL permission bits out of range".into()));
+            return Err(Error::Invalid(
+                "POSIX ACL permission bits out of range".into(),
+            ));
         }
         out.extend_from_slice(&tag.to_le_bytes());
         out.extend_from_slice(&perm.to_le_bytes());
@@ -252,13 +291,25 @@ impl Fs {
                 .map_err(|e| self.fail(e, ino, blk, "xattr"))?;
             let data = self.bcache.get(blk)?.read().to_vec();
             if le32(&data, 0) != XATTR_MAGIC || le32(&data, 8) != 1 {
-                return Err(self.fail(Error::corrupt(format!("inode {ino}: xattr block {blk}: bad header")), ino, blk, "xattr"));
+                return Err(self.fail(
+                    Error::corrupt(format!("inode {ino}: xattr block {blk}: bad header")),
+                    ino,
+                    blk,
+                    "xattr",
+                ));
             }
             if self.geo.metadata_csum && le32(&data, 0x10) != self.xattr_block_csum(blk, &data) {
-                return Err(self.fail(Error::BadChecksum(format!("inode {ino}: xattr block {blk}")), ino, blk, "xattr"));
+                return Err(self.fail(
+                    Error::BadChecksum(format!("inode {ino}: xattr block {blk}")),
+                    ino,
+                    blk,
+                    "xattr",
+                ));
             }
-            block_attrs = parse_entries(&data, BLOCK_HEADER, 0, &|| format!("inode {ino}: xattr block {blk}"))
-                .map_err(|e| self.fail(e, ino, blk, "xattr"))?;
+            block_attrs = parse_entries(&data, BLOCK_HEADER, 0, &|| {
+                format!("inode {ino}: xattr block {blk}")
+            })
+            .map_err(|e| self.fail(e, ino, blk, "xattr"))?;
         }
         Ok((inode_attrs, block_attrs))
     }
@@ -276,7 +327,11 @@ impl Fs {
         let _g = inode.io_lock.read();
         let st = inode.state.lock();
         let (a, b) = self.read_xattrs(ino, &st.raw)?;
-        let found = a.into_iter().chain(b).find(|x| x.index == index && x.name == short).ok_or(Error::NoAttr)?;
+        let found = a
+            .into_iter()
+            .chain(b)
+            .find(|x| x.index == index && x.name == short)
+            .ok_or(Error::NoAttr)?;
         if index == 2 || index == 3 {
             return acl_from_disk(&found.value, ino);
         }
@@ -288,12 +343,19 @@ impl Fs {
         let _g = inode.io_lock.read();
         let st = inode.state.lock();
         let (a, b) = self.read_xattrs(ino, &st.raw)?;
-        Ok(a.into_iter().chain(b).filter_map(|x| full_name(x.index, &x.name)).collect())
+        Ok(a.into_iter()
+            .chain(b)
+            .filter_map(|x| full_name(x.index, &x.name))
+            .collect())
     }
 
     pub fn setxattr(&self, ino: u32, name: &[u8], value: &[u8], flags: XattrFlags) -> Result<()> {
         let (index, short) = split_name(name)?;
-        let value = if index == 2 || index == 3 { acl_to_disk(value)? } else { value.to_vec() };
+        let value = if index == 2 || index == 3 {
+            acl_to_disk(value)?
+        } else {
+            value.to_vec()
+        };
         self.change_xattr(ino, index, short, Some(value), flags)
     }
 
@@ -302,8 +364,17 @@ impl Fs {
         self.change_xattr(ino, index, short, None, XattrFlags::Replace)
     }
 
-    fn change_xattr(&self, ino: u32, index: u8, name: Vec<u8>, value: Option<Vec<u8>>, flags: XattrFlags) -> Result<()> {
-        self.stats.ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    fn change_xattr(
+        &self,
+        ino: u32,
+        index: u8,
+        name: Vec<u8>,
+        value: Option<Vec<u8>>,
+        flags: XattrFlags,
+    ) -> Result<()> {
+        self.stats
+            .ops
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.check_writable()?;
         let inode = self.iget(ino)?;
         let _g = inode.io_lock.write();
@@ -324,7 +395,11 @@ impl Fs {
             all.remove(p);
         }
         if let Some(v) = value {
-            all.push(Attr { index, name, value: v });
+            all.push(Attr {
+                index,
+                name,
+                value: v,
+            });
         }
         self.store_xattrs(&mut h, ino, &mut st, all)?;
         st.raw.set_ctime(crate::format::inode::Timestamp::now());
@@ -333,9 +408,17 @@ impl Fs {
 
     /// Lays `attrs` out over the inode area and the block, allocating, copying or freeing the
     /// block as needed.
-    fn store_xattrs(&self, h: &mut Handle<'_>, ino: u32, st: &mut InodeState, mut attrs: Vec<Attr>) -> Result<()> {
+    fn store_xattrs(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+        mut attrs: Vec<Attr>,
+    ) -> Result<()> {
         let bs = self.geo.block_size as usize;
-        let inode_room = Self::inode_xattr_area(&st.raw).map(|r| r.len().saturating_sub(4 + 4)).unwrap_or(0);
+        let inode_room = Self::inode_xattr_area(&st.raw)
+            .map(|r| r.len().saturating_sub(4 + 4))
+            .unwrap_or(0);
         let block_room = bs - BLOCK_HEADER - 4;
         // Smallest first into the inode.
         attrs.sort_by_key(|a| a.cost());
@@ -367,7 +450,11 @@ impl Fs {
         }
         // The block.
         let old = st.raw.file_acl();
-        let old_refs = if old != 0 { le32(&self.bcache.get(old)?.read(), 4) } else { 0 };
+        let old_refs = if old != 0 {
+            le32(&self.bcache.get(old)?.read(), 4)
+        } else {
+            0
+        };
         if in_block.is_empty() {
             if old != 0 {
                 self.drop_xattr_block(h, st, old, old_refs)?;
@@ -381,7 +468,10 @@ impl Fs {
             if old != 0 {
                 self.drop_xattr_block(h, st, old, old_refs)?;
             }
-            let goal = self.groups[self.geo.ino_group(ino) as usize].lock().desc.inode_table();
+            let goal = self.groups[self.geo.ino_group(ino) as usize]
+                .lock()
+                .desc
+                .inode_table();
             let (b, _) = self.alloc_blocks(h, goal, 1)?;
             let v = st.raw.blocks_512(self.geo.block_size) + self.geo.block_size as u64 / 512;
             st.raw.set_blocks_512(v);
@@ -410,7 +500,13 @@ impl Fs {
     }
 
     /// Drops this inode's reference to an xattr block: frees it or decrements its refcount.
-    fn drop_xattr_block(&self, h: &mut Handle<'_>, st: &mut InodeState, blk: u64, refs: u32) -> Result<()> {
+    fn drop_xattr_block(
+        &self,
+        h: &mut Handle<'_>,
+        st: &mut InodeState,
+        blk: u64,
+        refs: u32,
+    ) -> Result<()> {
         if refs > 1 {
             let buf = self.bcache.get(blk)?;
             {
@@ -425,13 +521,21 @@ impl Fs {
         } else {
             self.free_blocks(h, blk, 1, true)?;
         }
-        let v = st.raw.blocks_512(self.geo.block_size).saturating_sub(self.geo.block_size as u64 / 512);
+        let v = st
+            .raw
+            .blocks_512(self.geo.block_size)
+            .saturating_sub(self.geo.block_size as u64 / 512);
         st.raw.set_blocks_512(v);
         Ok(())
     }
 
     /// When an inode is deleted: releases its xattr block.
-    pub(crate) fn xattr_free_all(&self, h: &mut Handle<'_>, ino: u32, st: &mut InodeState) -> Result<()> {
+    pub(crate) fn xattr_free_all(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+    ) -> Result<()> {
         let blk = st.raw.file_acl();
         if blk == 0 {
             return Ok(());
@@ -451,7 +555,13 @@ mod tests {
     #[test]
     fn acl_roundtrip() {
         let mut v = 2u32.to_le_bytes().to_vec();
-        for (tag, perm, id) in [(ACL_USER_OBJ, 6u16, u32::MAX), (ACL_USER, 4, 1000), (ACL_GROUP_OBJ, 4, u32::MAX), (ACL_MASK, 6, u32::MAX), (ACL_OTHER, 0, u32::MAX)] {
+        for (tag, perm, id) in [
+            (ACL_USER_OBJ, 6u16, u32::MAX),
+            (ACL_USER, 4, 1000),
+            (ACL_GROUP_OBJ, 4, u32::MAX),
+            (ACL_MASK, 6, u32::MAX),
+            (ACL_OTHER, 0, u32::MAX),
+        ] {
             v.extend_from_slice(&tag.to_le_bytes());
             v.extend_from_slice(&perm.to_le_bytes());
             v.extend_from_slice(&id.to_le_bytes());
@@ -467,6 +577,9 @@ mod tests {
         assert_eq!(split_name(b"user.foo").unwrap(), (1, b"foo".to_vec()));
         assert_eq!(split_name(b"system.posix_acl_access").unwrap(), (2, vec![]));
         assert!(split_name(b"bogus.x").is_err());
-        assert_eq!(full_name(6, b"selinux").unwrap(), b"security.selinux".to_vec());
+        assert_eq!(
+            full_name(6, b"selinux").unwrap(),
+            b"security.selinux".to_vec()
+        );
     }
 }

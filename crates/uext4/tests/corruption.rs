@@ -9,7 +9,11 @@ use std::path::Path;
 use uext4::{Error, Fs, MountOptions};
 
 fn flip(path: &Path, off: u64, xor: u8) {
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, off).unwrap();
     b[0] ^= xor;
@@ -67,14 +71,22 @@ fn base_image(extra: &[&str]) -> Scratch {
     let img = scratch("corrupt");
     mke2fs(&img.0, "16M", extra);
     let src = scratch("corrupt-src");
-    std::fs::write(&src.0, (0..200_000u32).map(|i| i as u8).collect::<Vec<u8>>()).unwrap();
+    std::fs::write(
+        &src.0,
+        (0..200_000u32).map(|i| i as u8).collect::<Vec<u8>>(),
+    )
+    .unwrap();
     let cmds = format!(
         "mkdir d\nwrite {0} d/f\nwrite {0} g\nsymlink s /some/where\nmkdir d/e\nwrite {0} d/e/h\nea_set g user.a hello\n",
         src.0.display()
     );
     let script = scratch("corrupt-cmds");
     std::fs::write(&script.0, cmds).unwrap();
-    sh(&format!("debugfs -w -f {} {} >/dev/null 2>&1", script.0.display(), img.0.display()));
+    sh(&format!(
+        "debugfs -w -f {} {} >/dev/null 2>&1",
+        script.0.display(),
+        img.0.display()
+    ));
     e2fsck_clean(&img.0);
     img
 }
@@ -109,14 +121,21 @@ fn group_descriptor_corruption_is_named() {
     // 4 KiB blocks: descriptors start at block 1. Break group 0's inode table pointer.
     flip(&img.0, 4096 + 0x8, 0xff);
     match open_rw(&img.0) {
-        Err(e @ (Error::BadChecksum(_) | Error::Corrupt(_))) => assert!(e.to_string().contains("group"), "{e}"),
-        other => panic!("expected a group descriptor error, got {:?}", other.map(|_| ())),
+        Err(e @ (Error::BadChecksum(_) | Error::Corrupt(_))) => {
+            assert!(e.to_string().contains("group"), "{e}")
+        }
+        other => panic!(
+            "expected a group descriptor error, got {:?}",
+            other.map(|_| ())
+        ),
     }
     // Without metadata_csum (and no gdt_csum) the pointer itself is checked.
     let img = base_image(&["-O", "^metadata_csum,^uninit_bg"]);
     put(&img.0, 4096 + 0x8, &0xFFFF_FF00u32.to_le_bytes());
     match open_rw(&img.0) {
-        Err(Error::Corrupt(m)) => assert!(m.contains("group 0") && m.contains("inode table"), "{m}"),
+        Err(Error::Corrupt(m)) => {
+            assert!(m.contains("group 0") && m.contains("inode table"), "{m}")
+        }
         other => panic!("expected Corrupt, got {:?}", other.map(|_| ())),
     }
 }
@@ -134,7 +153,10 @@ fn inode_corruption_names_the_inode() {
     assert!(e.to_string().contains("inode 2"), "{e}");
     // The error is recorded in the superblock as the kernel does.
     let sb = fs.superblock();
-    assert!(sb.error_count() >= 1 && sb.first_error_ino() == 2, "error not recorded");
+    assert!(
+        sb.error_count() >= 1 && sb.first_error_ino() == 2,
+        "error not recorded"
+    );
 }
 
 #[test]
@@ -148,7 +170,10 @@ fn directory_block_corruption_is_an_error() {
     let fs = open_rw(&img.0).unwrap();
     let e = walk(&fs).unwrap_err();
     assert!(e.is_corruption(), "{e}");
-    assert!(e.to_string().contains("directory") || e.to_string().contains("inode 2"), "{e}");
+    assert!(
+        e.to_string().contains("directory") || e.to_string().contains("inode 2"),
+        "{e}"
+    );
 }
 
 /// Random byte flips over the metadata area: every operation returns Ok or an error; no panic,
@@ -177,7 +202,13 @@ fn random_metadata_flips_never_panic() {
         }
         std::fs::write(&img.0, &bytes).unwrap();
         let r = std::panic::catch_unwind(|| {
-            if let Ok(fs) = Fs::open_path(&img.0, MountOptions { read_only: true, ..Default::default() }) {
+            if let Ok(fs) = Fs::open_path(
+                &img.0,
+                MountOptions {
+                    read_only: true,
+                    ..Default::default()
+                },
+            ) {
                 let _ = walk(&fs);
             }
         });
@@ -185,5 +216,8 @@ fn random_metadata_flips_never_panic() {
             panics += 1;
         }
     }
-    assert_eq!(panics, 0, "{panics} of {iterations} corrupted images made the engine panic");
+    assert_eq!(
+        panics, 0,
+        "{panics} of {iterations} corrupted images made the engine panic"
+    );
 }

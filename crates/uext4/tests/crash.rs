@@ -80,7 +80,10 @@ fn read_all(fs: &Fs, ino: u32) -> Vec<u8> {
 
 /// Runs the workloads of the issue on `fs`, recording what each fsync acknowledged.
 fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
-    let mut w = Workload { acks: Vec::new(), owner: HashMap::new() };
+    let mut w = Workload {
+        acks: Vec::new(),
+        owner: HashMap::new(),
+    };
     let ack = |w: &mut Workload, f: Fact| w.acks.push((dev.log_len(), f));
     // 1. create / write / fsync.
     let d = fs.mkdir(2, b"w1", 0o755, 0, 0).unwrap().ino;
@@ -109,8 +112,12 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
         let t = fs.create(2, b"db.tmp", 0o644, 0, 0).unwrap().ino;
         fs.write(t, 0, &next).unwrap();
         fs.fsync(t, false).unwrap();
-        ack(&mut w, Fact::OneOf(db.clone(), vec![cur.clone(), next.clone()]));
-        fs.rename(2, b"db.tmp", 2, b"db", RenameFlags::default()).unwrap();
+        ack(
+            &mut w,
+            Fact::OneOf(db.clone(), vec![cur.clone(), next.clone()]),
+        );
+        fs.rename(2, b"db.tmp", 2, b"db", RenameFlags::default())
+            .unwrap();
         fs.fsync(2, false).unwrap();
         ack(&mut w, Fact::Equals(db.clone(), next.clone()));
         cur = next;
@@ -154,7 +161,10 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
     fs.fsync(f, false).unwrap();
     w.owner.insert(p(&["a", "b", "x"]), 11);
     w.owner.insert(p(&["c", "b", "x"]), 11);
-    ack(&mut w, Fact::AtAny(vec![p(&["a", "b", "x"]), p(&["c", "b", "x"])], xd.clone()));
+    ack(
+        &mut w,
+        Fact::AtAny(vec![p(&["a", "b", "x"]), p(&["c", "b", "x"])], xd.clone()),
+    );
     fs.rename(2, b"a", 2, b"c", RenameFlags::default()).unwrap();
     fs.fsync(2, false).unwrap();
     ack(&mut w, Fact::Equals(p(&["c", "b", "x"]), xd.clone()));
@@ -211,7 +221,13 @@ fn check_state(img: Vec<u8>, w: &Workload, at: usize, file: &Scratch) -> Vec<Str
     let mut bad = Vec::new();
     // Recover (journal replay, orphans) as a mount would, then leave the image clean.
     let dev = Arc::new(MemDevice::from_vec(img));
-    match Fs::open_dev(dev.clone(), MountOptions { commit_interval_secs: 0, ..Default::default() }) {
+    match Fs::open_dev(
+        dev.clone(),
+        MountOptions {
+            commit_interval_secs: 0,
+            ..Default::default()
+        },
+    ) {
         Ok(fs) => {
             if let Err(e) = fs.unmount() {
                 bad.push(format!("unmount after recovery failed: {e}"));
@@ -224,11 +240,29 @@ fn check_state(img: Vec<u8>, w: &Workload, at: usize, file: &Scratch) -> Vec<Str
     }
     let img = dev.to_vec();
     std::fs::write(&file.0, &img).unwrap();
-    let out = std::process::Command::new("e2fsck").arg("-fn").arg(&file.0).output().unwrap();
+    let out = std::process::Command::new("e2fsck")
+        .arg("-fn")
+        .arg(&file.0)
+        .output()
+        .unwrap();
     if !out.status.success() {
-        bad.push(format!("e2fsck -fn: {}", String::from_utf8_lossy(&out.stdout).lines().take(8).collect::<Vec<_>>().join(" | ")));
+        bad.push(format!(
+            "e2fsck -fn: {}",
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .take(8)
+                .collect::<Vec<_>>()
+                .join(" | ")
+        ));
     }
-    let fs = Fs::open_dev(Arc::new(MemDevice::from_vec(img)), MountOptions { read_only: true, ..Default::default() }).unwrap();
+    let fs = Fs::open_dev(
+        Arc::new(MemDevice::from_vec(img)),
+        MountOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     for (when, fact) in &w.acks {
         if *when > at {
             continue;
@@ -238,8 +272,23 @@ fn check_state(img: Vec<u8>, w: &Workload, at: usize, file: &Scratch) -> Vec<Str
                 Ok(ino) if read_all(&fs, ino) == *want => {}
                 Ok(ino) => {
                     let got = read_all(&fs, ino);
-                    let tag = |d: &[u8]| if d.len() >= 4 { format!("len {} file {} version {}", d.len(), u16::from_le_bytes([d[0], d[1]]), u16::from_le_bytes([d[2], d[3]])) } else { format!("len {}", d.len()) };
-                    bad.push(format!("{path:?}: acknowledged content differs: want {}, got {}", tag(want), tag(&got)))
+                    let tag = |d: &[u8]| {
+                        if d.len() >= 4 {
+                            format!(
+                                "len {} file {} version {}",
+                                d.len(),
+                                u16::from_le_bytes([d[0], d[1]]),
+                                u16::from_le_bytes([d[2], d[3]])
+                            )
+                        } else {
+                            format!("len {}", d.len())
+                        }
+                    };
+                    bad.push(format!(
+                        "{path:?}: acknowledged content differs: want {}, got {}",
+                        tag(want),
+                        tag(&got)
+                    ))
                 }
                 Err(e) => bad.push(format!("{path:?}: acknowledged file missing ({e})")),
             },
@@ -247,15 +296,23 @@ fn check_state(img: Vec<u8>, w: &Workload, at: usize, file: &Scratch) -> Vec<Str
                 Ok(ino) => {
                     let got = read_all(&fs, ino);
                     if !wants.contains(&got) {
-                        bad.push(format!("{path:?}: content is neither the old nor the new version"));
+                        bad.push(format!(
+                            "{path:?}: content is neither the old nor the new version"
+                        ));
                     }
                 }
                 Err(e) => bad.push(format!("{path:?}: file missing ({e})")),
             },
             Fact::AtAny(paths, want) => {
-                let ok = paths.iter().any(|path| resolve(&fs, path).map(|ino| read_all(&fs, ino) == *want).unwrap_or(false));
+                let ok = paths.iter().any(|path| {
+                    resolve(&fs, path)
+                        .map(|ino| read_all(&fs, ino) == *want)
+                        .unwrap_or(false)
+                });
                 if !ok {
-                    bad.push(format!("{paths:?}: acknowledged file found at none of its paths"));
+                    bad.push(format!(
+                        "{paths:?}: acknowledged file found at none of its paths"
+                    ));
                 }
             }
             Fact::Absent(path) => {
@@ -276,7 +333,9 @@ fn check_state(img: Vec<u8>, w: &Workload, at: usize, file: &Scratch) -> Vec<Str
                 let id = u16::from_le_bytes([word[0], word[1]]);
                 let hi = word[7] & 0x80 != 0;
                 if id != owner || !hi {
-                    bad.push(format!("{path:?}: word {i} holds data that was never written to this file"));
+                    bad.push(format!(
+                        "{path:?}: word {i} holds data that was never written to this file"
+                    ));
                     break;
                 }
             }
@@ -287,12 +346,22 @@ fn check_state(img: Vec<u8>, w: &Workload, at: usize, file: &Scratch) -> Vec<Str
 
 #[test]
 fn crash_states_recover_consistently() {
-    let states: usize = std::env::var("UEXT4_CRASH_STATES").ok().and_then(|s| s.parse().ok()).unwrap_or(120);
+    let states: usize = std::env::var("UEXT4_CRASH_STATES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(120);
     let scale = if states > 1000 { 4 } else { 1 };
     let base = scratch("crash-base");
     mke2fs(&base.0, "32M", &["-J", "size=4"]);
     let dev = Arc::new(RecordingDevice::new(std::fs::read(&base.0).unwrap()));
-    let fs = Fs::open_dev(dev.clone(), MountOptions { commit_interval_secs: 0, ..Default::default() }).unwrap();
+    let fs = Fs::open_dev(
+        dev.clone(),
+        MountOptions {
+            commit_interval_secs: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let w = run_workloads(&fs, &dev, scale);
     fs.unmount().unwrap();
     drop(fs);
@@ -342,5 +411,8 @@ fn crash_states_recover_consistently() {
         }
     }
     println!("crash checker: {checked} crash states checked, {violations} violated a rule ({} log entries, {} flushes)", total, flushes.len());
-    assert_eq!(violations, 0, "{violations} of {checked} crash states violated a rule");
+    assert_eq!(
+        violations, 0,
+        "{violations} of {checked} crash states violated a rule"
+    );
 }

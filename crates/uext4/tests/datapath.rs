@@ -12,7 +12,14 @@ use uext4::{Fs, MountOptions};
 fn open(tag: &str) -> (Scratch, Arc<Fs>) {
     let img = scratch(tag);
     mke2fs(&img.0, "128M", &[]);
-    let fs = Fs::open_path(&img.0, MountOptions { commit_interval_secs: 0, ..Default::default() }).unwrap();
+    let fs = Fs::open_path(
+        &img.0,
+        MountOptions {
+            commit_interval_secs: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     (img, fs)
 }
 
@@ -24,7 +31,8 @@ fn overwrites_start_no_handles() {
     fs.fsync(f, false).unwrap();
     let h0 = fs.txn_stats().handles_started.load(Ordering::Relaxed);
     for i in 0..1000u64 {
-        fs.write(f, (i * 4096 * 7) % (1 << 20), &[2u8; 4096]).unwrap();
+        fs.write(f, (i * 4096 * 7) % (1 << 20), &[2u8; 4096])
+            .unwrap();
     }
     let h1 = fs.txn_stats().handles_started.load(Ordering::Relaxed);
     assert_eq!(h1 - h0, 0, "1000 overwrites started {} handles", h1 - h0);
@@ -32,7 +40,11 @@ fn overwrites_start_no_handles() {
     let c0 = fs.txn_stats().commits.load(Ordering::Relaxed);
     fs.fdatasync_then_fsync_check(f);
     let c1 = fs.txn_stats().commits.load(Ordering::Relaxed);
-    assert_eq!(c1 - c0, 1, "fdatasync commits nothing for timestamps; fsync commits them once");
+    assert_eq!(
+        c1 - c0,
+        1,
+        "fdatasync commits nothing for timestamps; fsync commits them once"
+    );
     fs.unmount().unwrap();
     e2fsck_clean(&img.0);
 }
@@ -53,9 +65,17 @@ fn zeroing_only_where_a_write_does_not_cover() {
     let (img, fs) = open("zero");
     let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
     fs.write(f, 0, &vec![1u8; 64 * 4096]).unwrap();
-    assert_eq!(fs.stats.zeroed_bytes.load(Ordering::Relaxed), 0, "full-block writes zero nothing");
+    assert_eq!(
+        fs.stats.zeroed_bytes.load(Ordering::Relaxed),
+        0,
+        "full-block writes zero nothing"
+    );
     fs.write(f, 100 * 4096 + 100, &[3u8; 200]).unwrap();
-    assert_eq!(fs.stats.zeroed_bytes.load(Ordering::Relaxed), 4096 - 200, "only the uncovered part of one block");
+    assert_eq!(
+        fs.stats.zeroed_bytes.load(Ordering::Relaxed),
+        4096 - 200,
+        "only the uncovered part of one block"
+    );
     let mut b = vec![9u8; 4096];
     let n = fs.read(f, 100 * 4096, &mut b).unwrap();
     assert_eq!(n, 300, "short read at the end of the file");
@@ -67,10 +87,18 @@ fn zeroing_only_where_a_write_does_not_cover() {
     let mut big = vec![7u8; 1 << 20];
     fs.read(g, 0, &mut big).unwrap();
     assert!(big.iter().all(|&x| x == 0));
-    assert_eq!(fs.io_counters().bytes_read.load(Ordering::Relaxed), r0, "unwritten extents read without the device");
+    assert_eq!(
+        fs.io_counters().bytes_read.load(Ordering::Relaxed),
+        r0,
+        "unwritten extents read without the device"
+    );
     fs.write(g, 4096, &[5u8; 8192]).unwrap();
     fs.read(g, 0, &mut big).unwrap();
-    assert!(big[..4096].iter().all(|&x| x == 0) && big[4096..12288].iter().all(|&x| x == 5) && big[12288..].iter().all(|&x| x == 0));
+    assert!(
+        big[..4096].iter().all(|&x| x == 0)
+            && big[4096..12288].iter().all(|&x| x == 5)
+            && big[12288..].iter().all(|&x| x == 0)
+    );
     fs.unmount().unwrap();
     e2fsck_clean(&img.0);
 }
@@ -93,7 +121,10 @@ fn readers_and_overwriters_of_one_file_run_together() {
                         fs.read(f, off, &mut buf).unwrap();
                         // Only data some writer wrote (or the initial zeros). (Like the kernel,
                         // a read racing a write of the same block may see parts of both.)
-                        assert!(buf.iter().all(|&x| x == 0 || x == 1 || x == 3), "foreign data at {off}");
+                        assert!(
+                            buf.iter().all(|&x| x == 0 || x == 1 || x == 3),
+                            "foreign data at {off}"
+                        );
                     }
                 }
             })

@@ -88,7 +88,9 @@ fn uext4_digest(fs: &Fs, ino: u32, size: u64) -> Vec<u8> {
     let mut d = Digest::new();
     let mut pos = 0u64;
     while pos < size {
-        let Ok(data) = fs.lseek_data_hole(ino, pos, true) else { break };
+        let Ok(data) = fs.lseek_data_hole(ino, pos, true) else {
+            break;
+        };
         let hole = fs.lseek_data_hole(ino, data, false).unwrap();
         let mut off = data;
         while off < hole {
@@ -110,17 +112,33 @@ fn host_xattrs(p: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let c = CString::new(p.as_os_str().as_bytes()).unwrap();
     let mut out = BTreeMap::new();
     let mut names = vec![0u8; 65536];
-    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr() as *mut libc::c_char, names.len()) };
+    let n = unsafe {
+        libc::llistxattr(
+            c.as_ptr(),
+            names.as_mut_ptr() as *mut libc::c_char,
+            names.len(),
+        )
+    };
     if n <= 0 {
         return out;
     }
-    for name in names[..n as usize].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+    for name in names[..n as usize]
+        .split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+    {
         if name == b"security.selinux" {
             continue;
         }
         let cn = CString::new(name).unwrap();
         let mut val = vec![0u8; 65536];
-        let m = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), val.as_mut_ptr() as *mut libc::c_void, val.len()) };
+        let m = unsafe {
+            libc::lgetxattr(
+                c.as_ptr(),
+                cn.as_ptr(),
+                val.as_mut_ptr() as *mut libc::c_void,
+                val.len(),
+            )
+        };
         assert!(m >= 0, "lgetxattr {:?}", String::from_utf8_lossy(name));
         val.truncate(m as usize);
         out.insert(name.to_vec(), val);
@@ -139,10 +157,17 @@ fn walk_host(root: &Path) -> BTreeMap<String, Entry> {
             if rel.is_empty() && name == "lost+found" {
                 continue;
             }
-            let path = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
+            let path = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
             let md = std::fs::symlink_metadata(e.path()).unwrap();
             let content = if md.file_type().is_symlink() {
-                std::fs::read_link(e.path()).unwrap().into_os_string().into_encoded_bytes()
+                std::fs::read_link(e.path())
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes()
             } else if md.is_file() {
                 host_digest(&e.path())
             } else {
@@ -184,7 +209,11 @@ fn walk_uext4(fs: &Fs) -> BTreeMap<String, Entry> {
             if name == "." || name == ".." || (rel.is_empty() && name == "lost+found") {
                 continue;
             }
-            let path = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
+            let path = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
             let a = fs.getattr(e.ino).unwrap();
             let kind = a.mode as u32 & 0o170000;
             let content = if kind == 0o120000 {
@@ -223,7 +252,9 @@ fn walk_uext4(fs: &Fs) -> BTreeMap<String, Entry> {
 fn assert_trees_equal(a: &BTreeMap<String, Entry>, b: &BTreeMap<String, Entry>) {
     assert_eq!(a.len(), b.len(), "different number of files");
     for (k, v) in a {
-        let w = b.get(k).unwrap_or_else(|| panic!("{k} missing on one side"));
+        let w = b
+            .get(k)
+            .unwrap_or_else(|| panic!("{k} missing on one side"));
         assert_eq!(v, w, "{k} differs");
     }
 }
@@ -244,10 +275,14 @@ fn uext4_tree_mounts_equal_under_kernel() {
     fs.write(f, 0, &data).unwrap();
     fs.link(f, 2, b"hardlink").unwrap();
     fs.symlink(d, b"fast", b"file", 0, 0).unwrap();
-    fs.symlink(d, b"slow", "long/".repeat(30).as_bytes(), 0, 0).unwrap();
-    fs.setxattr(f, b"user.small", b"v", XattrFlags::Any).unwrap();
-    fs.setxattr(f, b"user.big", &vec![b'z'; 3000], XattrFlags::Any).unwrap();
-    fs.setxattr(d, b"trusted.t", b"tt", XattrFlags::Any).unwrap();
+    fs.symlink(d, b"slow", "long/".repeat(30).as_bytes(), 0, 0)
+        .unwrap();
+    fs.setxattr(f, b"user.small", b"v", XattrFlags::Any)
+        .unwrap();
+    fs.setxattr(f, b"user.big", &vec![b'z'; 3000], XattrFlags::Any)
+        .unwrap();
+    fs.setxattr(d, b"trusted.t", b"tt", XattrFlags::Any)
+        .unwrap();
     fs.mknod(d, b"fifo", 0o010644, 0, 0, 0).unwrap();
     // A sparse file past 64 GiB with a deep extent tree: many discontiguous blocks.
     let s = fs.create(2, b"sparse", 0o600, 0, 0).unwrap().ino;
@@ -255,17 +290,33 @@ fn uext4_tree_mounts_equal_under_kernel() {
     for i in 0..nblocks {
         fs.write(s, i * 2 * 4096 * 7, &[i as u8 | 1; 100]).unwrap();
     }
-    fs.write(s, 65 << 30, b"end of a sparse file past 64 GiB").unwrap();
+    fs.write(s, 65 << 30, b"end of a sparse file past 64 GiB")
+        .unwrap();
     let depth = fs.ext_list(s).unwrap().len();
-    assert!(depth as u64 > 4 * 340, "expected enough extents for a depth-2 tree, got {depth}");
+    assert!(
+        depth as u64 > 4 * 340,
+        "expected enough extents for a depth-2 tree, got {depth}"
+    );
     // A big directory.
     let n = if big { 100_000 } else { 5_000 };
     let bd = fs.mkdir(2, b"big", 0o755, 0, 0).unwrap().ino;
     for i in 0..n {
-        fs.create(bd, format!("entry-{i:06}").as_bytes(), 0o644, 0, 0).unwrap();
+        fs.create(bd, format!("entry-{i:06}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
     }
-    let t = Timestamp { sec: 1_600_000_000, nsec: 123_456_789 };
-    fs.setattr(f, &SetAttr { mtime: Some(TimeSet::At(t)), atime: Some(TimeSet::At(t)), ..Default::default() }).unwrap();
+    let t = Timestamp {
+        sec: 1_600_000_000,
+        nsec: 123_456_789,
+    };
+    fs.setattr(
+        f,
+        &SetAttr {
+            mtime: Some(TimeSet::At(t)),
+            atime: Some(TimeSet::At(t)),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let ours = walk_uext4(&fs);
     fs.unmount().unwrap();
     e2fsck_clean(&img.0);
@@ -300,7 +351,14 @@ fn kernel_tree_reads_equal_in_uext4() {
         ));
         walk_host(&m.dir)
     };
-    let fs = Fs::open_path(&img.0, MountOptions { read_only: true, ..Default::default() }).unwrap();
+    let fs = Fs::open_path(
+        &img.0,
+        MountOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let ours = walk_uext4(&fs);
     assert_trees_equal(&theirs, &ours);
 }

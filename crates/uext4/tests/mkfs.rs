@@ -10,7 +10,12 @@ use uext4::mkfs::{mkfs, MkfsOptions};
 use uext4::{Fs, MountOptions};
 
 fn make(path: &Path, size: u64, bs: u32, features: &str) {
-    let f = std::fs::OpenOptions::new().create(true).truncate(true).write(true).open(path).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(path)
+        .unwrap();
     f.set_len(size).unwrap();
     drop(f);
     let dev = FileDevice::open(path, false).unwrap();
@@ -38,7 +43,8 @@ fn configurations_pass_e2fsck_and_open() {
         let img = scratch("mkfs");
         make(&img.0, size, bs, feat);
         e2fsck_clean(&img.0);
-        let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap_or_else(|e| panic!("{size} {bs} {feat}: {e}"));
+        let fs = Fs::open_path(&img.0, MountOptions::default())
+            .unwrap_or_else(|e| panic!("{size} {bs} {feat}: {e}"));
         let d = fs.mkdir(2, b"d", 0o755, 0, 0).unwrap().ino;
         let f = fs.create(d, b"f", 0o644, 0, 0).unwrap().ino;
         fs.write(f, 0, &vec![7u8; 100_000]).unwrap();

@@ -96,7 +96,18 @@ enum Op {
     Remount,
 }
 
-const NAMES: &[&str] = &["a", "b", "c", "dd", "eee", "f", "a-rather-long-file-name-to-fill-directory-blocks-quickly-0123456789", "g", "h", "i"];
+const NAMES: &[&str] = &[
+    "a",
+    "b",
+    "c",
+    "dd",
+    "eee",
+    "f",
+    "a-rather-long-file-name-to-fill-directory-blocks-quickly-0123456789",
+    "g",
+    "h",
+    "i",
+];
 
 fn name(i: u8) -> Vec<u8> {
     NAMES[i as usize % NAMES.len()].as_bytes().to_vec()
@@ -189,9 +200,13 @@ impl Run {
                 }
             }
             Op::Write(f, off, len, byte) => {
-                let Some(id) = pick(&m.files(), f) else { return };
+                let Some(id) = pick(&m.files(), f) else {
+                    return;
+                };
                 let data = vec![byte | 1; len as usize];
-                let n = fs.write(m.ino[id], off as u64, &data).unwrap_or_else(|e| panic!("{op:?}: {e}"));
+                let n = fs
+                    .write(m.ino[id], off as u64, &data)
+                    .unwrap_or_else(|e| panic!("{op:?}: {e}"));
                 assert_eq!(n, data.len());
                 if let Node::File(v) = &mut m.nodes[id] {
                     let end = off as usize + data.len();
@@ -202,15 +217,21 @@ impl Run {
                 }
             }
             Op::Truncate(f, size) => {
-                let Some(id) = pick(&m.files(), f) else { return };
-                fs.truncate(m.ino[id], size as u64).unwrap_or_else(|e| panic!("{op:?}: {e}"));
+                let Some(id) = pick(&m.files(), f) else {
+                    return;
+                };
+                fs.truncate(m.ino[id], size as u64)
+                    .unwrap_or_else(|e| panic!("{op:?}: {e}"));
                 if let Node::File(v) = &mut m.nodes[id] {
                     v.resize(size as usize, 0);
                 }
             }
             Op::Punch(f, off, len) => {
-                let Some(id) = pick(&m.files(), f) else { return };
-                fs.fallocate(m.ino[id], 0x01 | 0x02, off as u64, len as u64).unwrap_or_else(|e| panic!("{op:?}: {e}"));
+                let Some(id) = pick(&m.files(), f) else {
+                    return;
+                };
+                fs.fallocate(m.ino[id], 0x01 | 0x02, off as u64, len as u64)
+                    .unwrap_or_else(|e| panic!("{op:?}: {e}"));
                 if let Node::File(v) = &mut m.nodes[id] {
                     let s = (off as usize).min(v.len());
                     let e = (off as usize + len as usize).min(v.len());
@@ -220,12 +241,20 @@ impl Run {
             Op::Unlink(d, n) | Op::Rmdir(d, n) => {
                 let dir = pick(&m.dirs(), d).unwrap();
                 let names: Vec<Vec<u8>> = m.children(dir).keys().cloned().collect();
-                let nm = pick(&names.iter().collect::<Vec<_>>(), n).cloned().unwrap_or_else(|| name(n));
+                let nm = pick(&names.iter().collect::<Vec<_>>(), n)
+                    .cloned()
+                    .unwrap_or_else(|| name(n));
                 let dino = m.ino[dir];
                 let target = m.children(dir).get(&nm).copied();
                 let rmdir = matches!(op, Op::Rmdir(..));
-                let r = if rmdir { fs.rmdir(dino, &nm) } else { fs.unlink(dino, &nm) };
-                let Some(id) = target else { return expect_err(r, Error::NotFound, op) };
+                let r = if rmdir {
+                    fs.rmdir(dino, &nm)
+                } else {
+                    fs.unlink(dino, &nm)
+                };
+                let Some(id) = target else {
+                    return expect_err(r, Error::NotFound, op);
+                };
                 let is_dir = matches!(m.nodes[id], Node::Dir(_));
                 if rmdir && !is_dir {
                     return expect_err(r, Error::NotDir, op);
@@ -247,7 +276,9 @@ impl Run {
                 }
             }
             Op::Link(f, d, n) => {
-                let Some(id) = pick(&m.files(), f) else { return };
+                let Some(id) = pick(&m.files(), f) else {
+                    return;
+                };
                 let dir = pick(&m.dirs(), d).unwrap();
                 let nm = name(n);
                 let r = fs.link(m.ino[id], m.ino[dir], &nm);
@@ -265,11 +296,16 @@ impl Run {
                 let sdir = pick(&dirs, sd).unwrap();
                 let ddir = pick(&dirs, dd).unwrap();
                 let names: Vec<Vec<u8>> = m.children(sdir).keys().cloned().collect();
-                let Some(snm) = pick(&names.iter().collect::<Vec<_>>(), sn).cloned() else { return };
+                let Some(snm) = pick(&names.iter().collect::<Vec<_>>(), sn).cloned() else {
+                    return;
+                };
                 let dnm = name(dn);
                 let src = m.children(sdir)[&snm];
                 let dst = m.children(ddir).get(&dnm).copied();
-                let flags = RenameFlags { noreplace, exchange: false };
+                let flags = RenameFlags {
+                    noreplace,
+                    exchange: false,
+                };
                 let r = fs.rename(m.ino[sdir], &snm, m.ino[ddir], &dnm, flags);
                 let src_dir = matches!(m.nodes[src], Node::Dir(_));
                 if dst == Some(src) {
@@ -344,23 +380,45 @@ impl Run {
                 off = batch.last().unwrap().next_offset;
                 for e in batch {
                     if e.name != b"." && e.name != b".." && !(d == 0 && e.name == b"lost+found") {
-                        assert!(seen.insert(e.name.clone(), e.ino).is_none(), "readdir returned {:?} twice", e.name);
+                        assert!(
+                            seen.insert(e.name.clone(), e.ino).is_none(),
+                            "readdir returned {:?} twice",
+                            e.name
+                        );
                     }
                 }
             }
-            let want: BTreeMap<Vec<u8>, u32> = m.children(d).iter().map(|(k, &v)| (k.clone(), m.ino[v])).collect();
+            let want: BTreeMap<Vec<u8>, u32> = m
+                .children(d)
+                .iter()
+                .map(|(k, &v)| (k.clone(), m.ino[v]))
+                .collect();
             assert_eq!(seen, want, "directory listing of model node {d}");
             for (nm, &id) in m.children(d) {
                 let a = fs.lookup(m.ino[d], nm).unwrap();
                 assert_eq!(a.ino, m.ino[id]);
-                assert_eq!(a.nlink, m.nlink[id], "nlink of {:?}", String::from_utf8_lossy(nm));
+                assert_eq!(
+                    a.nlink,
+                    m.nlink[id],
+                    "nlink of {:?}",
+                    String::from_utf8_lossy(nm)
+                );
                 match &m.nodes[id] {
                     Node::File(data) => {
-                        assert_eq!(a.size, data.len() as u64, "size of {:?}", String::from_utf8_lossy(nm));
+                        assert_eq!(
+                            a.size,
+                            data.len() as u64,
+                            "size of {:?}",
+                            String::from_utf8_lossy(nm)
+                        );
                         let mut buf = vec![0u8; data.len() + 10];
                         let n = fs.read(a.ino, 0, &mut buf).unwrap();
                         assert_eq!(n, data.len());
-                        assert!(buf[..n] == data[..], "content of {:?} differs", String::from_utf8_lossy(nm));
+                        assert!(
+                            buf[..n] == data[..],
+                            "content of {:?} differs",
+                            String::from_utf8_lossy(nm)
+                        );
                     }
                     Node::Symlink(t) => assert_eq!(&fs.readlink(a.ino).unwrap(), t),
                     Node::Dir(_) => assert!(a.is_dir()),
@@ -406,7 +464,14 @@ proptest! {
 #[test]
 fn many_names_in_one_directory() {
     let mut r = Run::new(&[]);
-    let names: HashMap<u32, Vec<u8>> = (0..3000u32).map(|i| (i, format!("file-{i:05}-{}", "x".repeat((i % 40) as usize)).into_bytes())).collect();
+    let names: HashMap<u32, Vec<u8>> = (0..3000u32)
+        .map(|i| {
+            (
+                i,
+                format!("file-{i:05}-{}", "x".repeat((i % 40) as usize)).into_bytes(),
+            )
+        })
+        .collect();
     let d = r.fs.mkdir(2, b"big", 0o755, 0, 0).unwrap().ino;
     for i in 0..3000u32 {
         r.fs.create(d, &names[&i], 0o644, 0, 0).unwrap();

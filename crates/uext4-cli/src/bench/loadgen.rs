@@ -37,7 +37,13 @@ fn layout(fs: &Fs, name: &str, size: u64) -> Result<u32> {
     Ok(ino)
 }
 
-pub fn run(img: &Path, workload: &str, jobs: usize, runtime: u64, quick: bool) -> Result<LibResult> {
+pub fn run(
+    img: &Path,
+    workload: &str,
+    jobs: usize,
+    runtime: u64,
+    quick: bool,
+) -> Result<LibResult> {
     let fs = Fs::open_path(img, MountOptions::default())?;
     let gib: u64 = if quick { 64 << 20 } else { 1 << 30 };
     if workload == "pwrite-1g" {
@@ -59,20 +65,47 @@ pub fn run(img: &Path, workload: &str, jobs: usize, runtime: u64, quick: bool) -
         let secs = t0.elapsed().as_secs_f64();
         let stats = fs.stats_json();
         fs.unmount()?;
-        return Ok(LibResult { iops: mib / secs, bw_mib_s: mib / secs, p50_us: 0.0, p99_us: 0.0, stats });
+        return Ok(LibResult {
+            iops: mib / secs,
+            bw_mib_s: mib / secs,
+            p50_us: 0.0,
+            p99_us: 0.0,
+            stats,
+        });
     }
     // Lay out the files as fio would, then time the job.
     let (files, bs, read_pct, fsync): (Vec<u32>, usize, u64, bool) = match workload {
-        "overwrite-4k" => ((0..32).map(|i| layout(&fs, &format!("ow.{i}"), gib / 32)).collect::<Result<_>>()?, 4096, 0, false),
+        "overwrite-4k" => (
+            (0..32)
+                .map(|i| layout(&fs, &format!("ow.{i}"), gib / 32))
+                .collect::<Result<_>>()?,
+            4096,
+            0,
+            false,
+        ),
         "mixed-randrw-4k" => (vec![layout(&fs, "mixed.dat", gib)?], 4096, 50, false),
         "fsync-randwrite-16k" => {
-            let size = if quick { 4 << 20 } else { 28_800_000u64 / 16384 * 16384 };
-            ((0..jobs).map(|j| layout(&fs, &format!("job{j}"), size)).collect::<Result<_>>()?, 16384, 0, true)
+            let size = if quick {
+                4 << 20
+            } else {
+                28_800_000u64 / 16384 * 16384
+            };
+            (
+                (0..jobs)
+                    .map(|j| layout(&fs, &format!("job{j}"), size))
+                    .collect::<Result<_>>()?,
+                16384,
+                0,
+                true,
+            )
         }
         other => anyhow::bail!("no in-process shape for {other}"),
     };
     fs.sync()?;
-    let sizes: Vec<u64> = files.iter().map(|&i| fs.getattr(i).map(|a| a.size).unwrap_or(0)).collect();
+    let sizes: Vec<u64> = files
+        .iter()
+        .map(|&i| fs.getattr(i).map(|a| a.size).unwrap_or(0))
+        .collect();
     let deadline = Instant::now() + Duration::from_secs(runtime);
     let files = Arc::new(files);
     let sizes = Arc::new(sizes);
@@ -87,7 +120,11 @@ pub fn run(img: &Path, workload: &str, jobs: usize, runtime: u64, quick: bool) -
                 let mut ops = 0u64;
                 let mut lat = Vec::new();
                 while Instant::now() < deadline {
-                    let fi = if fsync { j % files.len() } else { (rng.next() % files.len() as u64) as usize };
+                    let fi = if fsync {
+                        j % files.len()
+                    } else {
+                        (rng.next() % files.len() as u64) as usize
+                    };
                     let blocks = (sizes[fi] / bs as u64).max(1);
                     let off = (rng.next() % blocks) * bs as u64;
                     let t = Instant::now();
@@ -112,14 +149,28 @@ pub fn run(img: &Path, workload: &str, jobs: usize, runtime: u64, quick: bool) -
     let mut ops = 0;
     let mut lat = Vec::new();
     for h in handles {
-        let (o, l) = h.join().map_err(|_| anyhow::anyhow!("a load thread panicked"))??;
+        let (o, l) = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("a load thread panicked"))??;
         ops += o;
         lat.extend(l);
     }
     let secs = start.elapsed().as_secs_f64().max(runtime as f64);
     lat.sort_unstable();
-    let pct = |p: f64| if lat.is_empty() { 0.0 } else { lat[((lat.len() - 1) as f64 * p) as usize] as f64 / 1000.0 };
+    let pct = |p: f64| {
+        if lat.is_empty() {
+            0.0
+        } else {
+            lat[((lat.len() - 1) as f64 * p) as usize] as f64 / 1000.0
+        }
+    };
     let stats = fs.stats_json();
     fs.unmount()?;
-    Ok(LibResult { iops: ops as f64 / secs, bw_mib_s: ops as f64 * bs as f64 / secs / (1 << 20) as f64, p50_us: pct(0.5), p99_us: pct(0.99), stats })
+    Ok(LibResult {
+        iops: ops as f64 / secs,
+        bw_mib_s: ops as f64 * bs as f64 / secs / (1 << 20) as f64,
+        p50_us: pct(0.5),
+        p99_us: pct(0.99),
+        stats,
+    })
 }

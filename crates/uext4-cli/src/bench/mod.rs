@@ -68,17 +68,43 @@ pub struct Record {
     pub note: String,
 }
 
-const WORKLOADS: &[&str] = &["overwrite-4k", "mixed-randrw-4k", "fsync-randwrite-16k", "pwrite-1g"];
-const SYSTEMS: &[&str] = &["raw", "fuse-null", "kernel", "kernel-dioread_lock", "fuse2fs", "uext4-fuse", "uext4-fuse-wbc", "uext4-fuse-dax", "uext4-lib"];
+const WORKLOADS: &[&str] = &[
+    "overwrite-4k",
+    "mixed-randrw-4k",
+    "fsync-randwrite-16k",
+    "pwrite-1g",
+];
+const SYSTEMS: &[&str] = &[
+    "raw",
+    "fuse-null",
+    "kernel",
+    "kernel-dioread_lock",
+    "fuse2fs",
+    "uext4-fuse",
+    "uext4-fuse-wbc",
+    "uext4-fuse-dax",
+    "uext4-lib",
+];
 
 fn have(cmd: &str) -> bool {
-    Command::new("sh").arg("-c").arg(format!("command -v {cmd} >/dev/null")).status().map(|s| s.success()).unwrap_or(false)
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {cmd} >/dev/null"))
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
 }
 
 fn sh(cmd: &str) -> Result<String> {
     let o = Command::new("sh").arg("-c").arg(cmd).output()?;
     if !o.status.success() {
-        bail!("`{cmd}` failed: {}", String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or(""));
+        bail!(
+            "`{cmd}` failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        );
     }
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
 }
@@ -88,16 +114,28 @@ pub fn run(a: BenchArgs) -> Result<()> {
         return null::serve(m, a.null_threads);
     }
     let root = unsafe { libc::geteuid() } == 0;
-    let wdir = a.workloads_dir.clone().unwrap_or_else(|| PathBuf::from("../shared/workloads"));
-    let wdir = std::fs::canonicalize(&wdir).with_context(|| format!("workloads folder {}", wdir.display()))?;
-    let workloads: Vec<String> = if a.workloads.is_empty() { WORKLOADS.iter().map(|s| s.to_string()).collect() } else { a.workloads.clone() };
+    let wdir = a
+        .workloads_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("../shared/workloads"));
+    let wdir = std::fs::canonicalize(&wdir)
+        .with_context(|| format!("workloads folder {}", wdir.display()))?;
+    let workloads: Vec<String> = if a.workloads.is_empty() {
+        WORKLOADS.iter().map(|s| s.to_string()).collect()
+    } else {
+        a.workloads.clone()
+    };
     for w in &workloads {
         if !WORKLOADS.contains(&w.as_str()) {
             bail!("unknown workload {w:?} (known: {})", WORKLOADS.join(", "));
         }
     }
     let mut systems: Vec<String> = match &a.systems {
-        Some(s) => s.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect(),
+        Some(s) => s
+            .split(',')
+            .map(|x| x.trim().to_string())
+            .filter(|x| !x.is_empty())
+            .collect(),
         None => SYSTEMS.iter().map(|s| s.to_string()).collect(),
     };
     for s in &systems {
@@ -110,7 +148,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let why = match s.as_str() {
             "kernel" | "kernel-dioread_lock" if !root => Some("needs root and loop devices"),
             "fuse2fs" if !have("fuse2fs") => Some("fuse2fs is not installed"),
-            "fuse-null" | "uext4-fuse" | "uext4-fuse-wbc" | "uext4-fuse-dax" | "fuse2fs" if !Path::new("/dev/fuse").exists() => Some("no /dev/fuse"),
+            "fuse-null" | "uext4-fuse" | "uext4-fuse-wbc" | "uext4-fuse-dax" | "fuse2fs"
+                if !Path::new("/dev/fuse").exists() =>
+            {
+                Some("no /dev/fuse")
+            }
             _ => None,
         };
         if let Some(w) = why {
@@ -121,17 +163,41 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !have("fio") {
         bail!("fio is not installed (apt-get install fio): every workload but the in-process one needs it");
     }
-    let jobs: Vec<usize> = if a.quick { vec![2] } else { a.jobs.split(',').map(|j| j.trim().parse()).collect::<Result<_, _>>().map_err(|_| anyhow!("--jobs takes numbers like 1,2,4"))? };
+    let jobs: Vec<usize> = if a.quick {
+        vec![2]
+    } else {
+        a.jobs
+            .split(',')
+            .map(|j| j.trim().parse())
+            .collect::<Result<_, _>>()
+            .map_err(|_| anyhow!("--jobs takes numbers like 1,2,4"))?
+    };
     let runtime = if a.quick { 1 } else { a.runtime };
-    let base = a.dir.clone().unwrap_or_else(|| if a.backing == "disk" { std::env::temp_dir().join("uext4-bench") } else { PathBuf::from("/dev/shm/uext4-bench") });
+    let base = a.dir.clone().unwrap_or_else(|| {
+        if a.backing == "disk" {
+            std::env::temp_dir().join("uext4-bench")
+        } else {
+            PathBuf::from("/dev/shm/uext4-bench")
+        }
+    });
     std::fs::create_dir_all(&base)?;
     std::fs::create_dir_all(&a.out)?;
     let exe = std::env::current_exe()?;
-    let ctx = Ctx { base, exe, wdir, runtime, quick: a.quick, journal_mib: a.journal_size };
+    let ctx = Ctx {
+        base,
+        exe,
+        wdir,
+        runtime,
+        quick: a.quick,
+        journal_mib: a.journal_size,
+    };
 
     let total = workloads.len() * systems.len() * jobs.len();
     let pb = indicatif::ProgressBar::new(total as u64);
-    pb.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
     let mut records = Vec::new();
     for w in &workloads {
         for s in &systems {
@@ -139,7 +205,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 pb.inc(jobs.len() as u64);
                 continue;
             }
-            let sweep: Vec<usize> = if w == "pwrite-1g" { vec![1] } else { jobs.clone() };
+            let sweep: Vec<usize> = if w == "pwrite-1g" {
+                vec![1]
+            } else {
+                jobs.clone()
+            };
             for &j in &sweep {
                 pb.set_message(format!("{w} on {s}, {j} jobs"));
                 let r = ctx.measure(s, w, j).unwrap_or_else(|e| Record {
@@ -154,7 +224,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     stats: None,
                     note: format!("error: {e:#}"),
                 });
-                let line = format!("{:>22} {:>20} {:>3} jobs: {:>10.0} IOPS {:>9.1} MiB/s  fsck {}{}", s, w, j, r.iops, r.bw_mib_s, r.fsck, if r.note.is_empty() { String::new() } else { format!("  ({})", r.note) });
+                let line = format!(
+                    "{:>22} {:>20} {:>3} jobs: {:>10.0} IOPS {:>9.1} MiB/s  fsck {}{}",
+                    s,
+                    w,
+                    j,
+                    r.iops,
+                    r.bw_mib_s,
+                    r.fsck,
+                    if r.note.is_empty() {
+                        String::new()
+                    } else {
+                        format!("  ({})", r.note)
+                    }
+                );
                 if pb.is_hidden() {
                     eprintln!("{line}");
                 } else {
@@ -169,13 +252,24 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     pb.finish_and_clear();
-    std::fs::write(a.out.join("results.json"), serde_json::to_string_pretty(&records)?)?;
+    std::fs::write(
+        a.out.join("results.json"),
+        serde_json::to_string_pretty(&records)?,
+    )?;
     let report = report(&records, &skipped, &jobs, runtime);
     std::fs::write(a.out.join("report.md"), &report)?;
     println!("{report}");
-    println!("results: {}/results.json, {}/report.md", a.out.display(), a.out.display());
+    println!(
+        "results: {}/results.json, {}/report.md",
+        a.out.display(),
+        a.out.display()
+    );
     if a.quick {
-        let missing: Vec<String> = records.iter().filter(|r| r.iops <= 0.0).map(|r| format!("{} {} {}: {}", r.system, r.workload, r.jobs, r.note)).collect();
+        let missing: Vec<String> = records
+            .iter()
+            .filter(|r| r.iops <= 0.0)
+            .map(|r| format!("{} {} {}: {}", r.system, r.workload, r.jobs, r.note))
+            .collect();
         if !missing.is_empty() {
             bail!("no numbers for: {}", missing.join("; "));
         }
@@ -206,7 +300,12 @@ impl Drop for Mounted {
             // The FUSE servers write everything back after the unmount: wait for them.
             let start = Instant::now();
             while start.elapsed() < Duration::from_secs(30) {
-                let busy = Command::new("sh").arg("-c").arg(format!("grep -qs ' {} ' /proc/mounts", self.dir.display())).status().map(|s| s.success()).unwrap_or(false);
+                let busy = Command::new("sh")
+                    .arg("-c")
+                    .arg(format!("grep -qs ' {} ' /proc/mounts", self.dir.display()))
+                    .status()
+                    .map(|s| s.success())
+                    .unwrap_or(false);
                 if !busy {
                     break;
                 }
@@ -218,7 +317,11 @@ impl Drop for Mounted {
                 let start = Instant::now();
                 while start.elapsed() < Duration::from_secs(60) {
                     let pat = format!("{}", img.display());
-                    let busy = Command::new("pgrep").args(["-f", &pat]).output().map(|o| o.status.success()).unwrap_or(false);
+                    let busy = Command::new("pgrep")
+                        .args(["-f", &pat])
+                        .output()
+                        .map(|o| o.status.success())
+                        .unwrap_or(false);
                     if !busy {
                         break;
                     }
@@ -243,7 +346,11 @@ impl Ctx {
             } else if l.starts_with("runtime=") {
                 format!("runtime={}", self.runtime)
             } else if l.starts_with("ramp_time=") {
-                if self.quick { "ramp_time=0".to_string() } else { line.to_string() }
+                if self.quick {
+                    "ramp_time=0".to_string()
+                } else {
+                    line.to_string()
+                }
             } else {
                 line.to_string()
             };
@@ -268,8 +375,14 @@ impl Ctx {
 
     fn mke2fs(&self, img: &Path, journal_mib: Option<u32>, mib: u64) -> Result<()> {
         let _ = std::fs::remove_file(img);
-        let j = journal_mib.or(self.journal_mib).map(|m| format!("-J size={m}")).unwrap_or_default();
-        sh(&format!("mke2fs -q -F -t ext4 -b 4096 {j} {} {mib}M", img.display()))?;
+        let j = journal_mib
+            .or(self.journal_mib)
+            .map(|m| format!("-J size={m}"))
+            .unwrap_or_default();
+        sh(&format!(
+            "mke2fs -q -F -t ext4 -b 4096 {j} {} {mib}M",
+            img.display()
+        ))?;
         Ok(())
     }
 
@@ -279,31 +392,67 @@ impl Ctx {
         let _ = Command::new("umount").arg(&dir).output();
         std::fs::create_dir_all(&dir)?;
         let img = self.base.join(format!("{system}.img"));
-        let journal = if w == "fsync-randwrite-16k" && self.journal_mib.is_none() { Some(4) } else { None };
+        let journal = if w == "fsync-randwrite-16k" && self.journal_mib.is_none() {
+            Some(4)
+        } else {
+            None
+        };
         match system {
             "raw" => {
                 let _ = std::fs::remove_dir_all(&dir);
                 std::fs::create_dir_all(&dir)?;
-                Ok(Mounted { dir, img: None, umount: false })
+                Ok(Mounted {
+                    dir,
+                    img: None,
+                    umount: false,
+                })
             }
             "fuse-null" => {
                 let mut c = Command::new(&self.exe);
-                c.args(["bench", "--serve-null"]).arg(&dir).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+                c.args(["bench", "--serve-null"])
+                    .arg(&dir)
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null());
                 c.spawn()?;
                 wait_mounted(&dir)?;
-                Ok(Mounted { dir, img: None, umount: true })
+                Ok(Mounted {
+                    dir,
+                    img: None,
+                    umount: true,
+                })
             }
             "kernel" | "kernel-dioread_lock" => {
                 self.mke2fs(&img, journal, mib)?;
-                let opt = if system == "kernel" { "loop" } else { "loop,dioread_lock" };
-                sh(&format!("mount -t ext4 -o {opt} {} {}", img.display(), dir.display()))?;
-                Ok(Mounted { dir, img: Some(img), umount: true })
+                let opt = if system == "kernel" {
+                    "loop"
+                } else {
+                    "loop,dioread_lock"
+                };
+                sh(&format!(
+                    "mount -t ext4 -o {opt} {} {}",
+                    img.display(),
+                    dir.display()
+                ))?;
+                Ok(Mounted {
+                    dir,
+                    img: Some(img),
+                    umount: true,
+                })
             }
             "fuse2fs" => {
                 self.mke2fs(&img, journal, mib)?;
-                sh(&format!("fuse2fs {} {} -o fakeroot,allow_other >/dev/null 2>&1", img.display(), dir.display()))?;
+                sh(&format!(
+                    "fuse2fs {} {} -o fakeroot,allow_other >/dev/null 2>&1",
+                    img.display(),
+                    dir.display()
+                ))?;
                 wait_mounted(&dir)?;
-                Ok(Mounted { dir, img: Some(img), umount: true })
+                Ok(Mounted {
+                    dir,
+                    img: Some(img),
+                    umount: true,
+                })
             }
             s if s.starts_with("uext4-fuse") => {
                 self.mke2fs(&img, journal, mib)?;
@@ -322,7 +471,11 @@ impl Ctx {
                 if !o.status.success() {
                     bail!("uext4 mount: {}", String::from_utf8_lossy(&o.stderr).trim());
                 }
-                Ok(Mounted { dir, img: Some(img), umount: true })
+                Ok(Mounted {
+                    dir,
+                    img: Some(img),
+                    umount: true,
+                })
             }
             other => bail!("system {other} is not a mount"),
         }
@@ -331,12 +484,27 @@ impl Ctx {
     fn measure(&self, system: &str, w: &str, jobs: usize) -> Result<Record> {
         if system == "uext4-lib" {
             let img = self.base.join("uext4-lib.img");
-            let journal = if w == "fsync-randwrite-16k" && self.journal_mib.is_none() { Some(4) } else { None };
+            let journal = if w == "fsync-randwrite-16k" && self.journal_mib.is_none() {
+                Some(4)
+            } else {
+                None
+            };
             self.mke2fs(&img, journal, self.image_mib(w, jobs))?;
             let r = loadgen::run(&img, w, jobs, self.runtime, self.quick)?;
             let fsck = fsck(&img);
             let _ = std::fs::remove_file(&img);
-            return Ok(Record { system: system.into(), workload: w.into(), jobs, iops: r.iops, bw_mib_s: r.bw_mib_s, p50_us: r.p50_us, p99_us: r.p99_us, fsck, stats: serde_json::from_str(&r.stats).ok(), note: String::new() });
+            return Ok(Record {
+                system: system.into(),
+                workload: w.into(),
+                jobs,
+                iops: r.iops,
+                bw_mib_s: r.bw_mib_s,
+                p50_us: r.p50_us,
+                p99_us: r.p99_us,
+                fsck,
+                stats: serde_json::from_str(&r.stats).ok(),
+                note: String::new(),
+            });
         }
         let m = self.setup(system, w, jobs)?;
         let dirs = m.dir.display().to_string();
@@ -351,7 +519,9 @@ impl Ctx {
                 let _ = std::fs::remove_file(&f);
                 for _phase in ["allocate", "overwrite"] {
                     let t0 = Instant::now();
-                    sh(&format!("xfs_io -f -c 'pwrite -q -b {b} 0 {size}' -c fsync {f}"))?;
+                    sh(&format!(
+                        "xfs_io -f -c 'pwrite -q -b {b} 0 {size}' -c fsync {f}"
+                    ))?;
                     secs += t0.elapsed().as_secs_f64();
                 }
                 let _ = std::fs::remove_file(&f);
@@ -360,13 +530,24 @@ impl Ctx {
             (mib / secs, mib / secs, 0.0, 0.0)
         } else {
             let job = self.job_file(w)?;
-            let layout = format!("cd {dirs} && DIR={dirs} fio --create_only=1 --numjobs={jobs} {} >/dev/null 2>&1", job.display());
+            let layout = format!(
+                "cd {dirs} && DIR={dirs} fio --create_only=1 --numjobs={jobs} {} >/dev/null 2>&1",
+                job.display()
+            );
             sh(&layout)?;
-            let out = sh(&format!("cd {dirs} && DIR={dirs} fio --output-format=json --numjobs={jobs} {}", job.display()))?;
+            let out = sh(&format!(
+                "cd {dirs} && DIR={dirs} fio --output-format=json --numjobs={jobs} {}",
+                job.display()
+            ))?;
             parse_fio(&out)?
         };
         let stats = if system.starts_with("uext4-fuse") {
-            Command::new(&self.exe).arg("stats").arg(&m.dir).output().ok().and_then(|o| serde_json::from_slice(&o.stdout).ok())
+            Command::new(&self.exe)
+                .arg("stats")
+                .arg(&m.dir)
+                .output()
+                .ok()
+                .and_then(|o| serde_json::from_slice(&o.stdout).ok())
         } else {
             None
         };
@@ -380,7 +561,18 @@ impl Ctx {
             }
             None => "-".into(),
         };
-        Ok(Record { system: system.into(), workload: w.into(), jobs, iops, bw_mib_s: bw, p50_us: p50, p99_us: p99, fsck, stats, note: String::new() })
+        Ok(Record {
+            system: system.into(),
+            workload: w.into(),
+            jobs,
+            iops,
+            bw_mib_s: bw,
+            p50_us: p50,
+            p99_us: p99,
+            fsck,
+            stats,
+            note: String::new(),
+        })
     }
 }
 
@@ -398,13 +590,22 @@ fn wait_mounted(dir: &Path) -> Result<()> {
 fn fsck(img: &Path) -> String {
     match Command::new("e2fsck").arg("-fn").arg(img).output() {
         Ok(o) if o.status.success() => "clean".into(),
-        Ok(o) => format!("ERRORS: {}", String::from_utf8_lossy(&o.stdout).lines().nth(1).unwrap_or("").trim()),
+        Ok(o) => format!(
+            "ERRORS: {}",
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .nth(1)
+                .unwrap_or("")
+                .trim()
+        ),
         Err(e) => format!("e2fsck: {e}"),
     }
 }
 
 fn parse_fio(out: &str) -> Result<(f64, f64, f64, f64)> {
-    let start = out.find('{').ok_or_else(|| anyhow!("fio printed no JSON"))?;
+    let start = out
+        .find('{')
+        .ok_or_else(|| anyhow!("fio printed no JSON"))?;
     let v: serde_json::Value = serde_json::from_str(&out[start..]).context("parsing fio's JSON")?;
     let job = &v["jobs"][0];
     if job["error"].as_i64().unwrap_or(0) != 0 {
@@ -426,7 +627,11 @@ fn parse_fio(out: &str) -> Result<(f64, f64, f64, f64)> {
 }
 
 fn bar(v: f64, max: f64, width: usize) -> String {
-    let n = if max > 0.0 { ((v / max) * width as f64).round() as usize } else { 0 };
+    let n = if max > 0.0 {
+        ((v / max) * width as f64).round() as usize
+    } else {
+        0
+    };
     "#".repeat(n.min(width))
 }
 
@@ -442,7 +647,11 @@ fn report(records: &[Record], skipped: &[String], jobs: &[usize], runtime: u64) 
     }
     for (w, rs) in by_w {
         s.push_str(&format!("## {w}\n\n"));
-        let js: Vec<usize> = if w == "pwrite-1g" { vec![1] } else { jobs.to_vec() };
+        let js: Vec<usize> = if w == "pwrite-1g" {
+            vec![1]
+        } else {
+            jobs.to_vec()
+        };
         s.push_str("| system |");
         for j in &js {
             s.push_str(&format!(" {j} jobs |"));
@@ -452,7 +661,11 @@ fn report(records: &[Record], skipped: &[String], jobs: &[usize], runtime: u64) 
             s.push_str("---|");
         }
         s.push_str("---|---|---|\n");
-        let get = |sys: &str, j: usize| rs.iter().find(|r| r.system == sys && r.jobs == j).map(|r| r.iops);
+        let get = |sys: &str, j: usize| {
+            rs.iter()
+                .find(|r| r.system == sys && r.jobs == j)
+                .map(|r| r.iops)
+        };
         let mut systems: Vec<&str> = rs.iter().map(|r| r.system.as_str()).collect();
         systems.dedup();
         let lastj = *js.last().unwrap();
@@ -468,15 +681,27 @@ fn report(records: &[Record], skipped: &[String], jobs: &[usize], runtime: u64) 
                 (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
                 _ => "-".into(),
             };
-            let fs = rs.iter().find(|r| r.system == *sys).map(|r| r.fsck.clone()).unwrap_or_default();
-            s.push_str(&format!(" {} | {} | {} |\n", ratio("kernel"), ratio("fuse-null"), fs));
+            let fs = rs
+                .iter()
+                .find(|r| r.system == *sys)
+                .map(|r| r.fsck.clone())
+                .unwrap_or_default();
+            s.push_str(&format!(
+                " {} | {} | {} |\n",
+                ratio("kernel"),
+                ratio("fuse-null"),
+                fs
+            ));
         }
         s.push_str(&format!("\nRatios at {lastj} jobs.\n\n```\n"));
         let max = rs.iter().map(|r| r.iops).fold(0.0, f64::max);
         for sys in &systems {
             for &j in &js {
                 if let Some(v) = get(sys, j) {
-                    s.push_str(&format!("{sys:>20} {j:>3} | {:<50} {v:.0}\n", bar(v, max, 50)));
+                    s.push_str(&format!(
+                        "{sys:>20} {j:>3} | {:<50} {v:.0}\n",
+                        bar(v, max, 50)
+                    ));
                 }
             }
         }

@@ -4,9 +4,10 @@
 
 use anyhow::Result;
 use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner, MountOption,
-    OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow,
+    WriteFlags,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -30,7 +31,11 @@ fn attr(ino: u64, size: u64, dir: bool) -> FileAttr {
         mtime: t,
         ctime: t,
         crtime: t,
-        kind: if dir { FileType::Directory } else { FileType::RegularFile },
+        kind: if dir {
+            FileType::Directory
+        } else {
+            FileType::RegularFile
+        },
         perm: if dir { 0o777 } else { 0o666 },
         nlink: if dir { 2 } else { 1 },
         uid: 0,
@@ -61,7 +66,24 @@ impl Filesystem for Null {
         }
     }
     #[allow(clippy::too_many_arguments)]
-    fn setattr(&self, _r: &Request, ino: INodeNo, _m: Option<u32>, _u: Option<u32>, _g: Option<u32>, size: Option<u64>, _a: Option<TimeOrNow>, _mt: Option<TimeOrNow>, _c: Option<SystemTime>, _fh: Option<FileHandle>, _cr: Option<SystemTime>, _ch: Option<SystemTime>, _b: Option<SystemTime>, _fl: Option<fuser::BsdFileFlags>, reply: ReplyAttr) {
+    fn setattr(
+        &self,
+        _r: &Request,
+        ino: INodeNo,
+        _m: Option<u32>,
+        _u: Option<u32>,
+        _g: Option<u32>,
+        size: Option<u64>,
+        _a: Option<TimeOrNow>,
+        _mt: Option<TimeOrNow>,
+        _c: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _cr: Option<SystemTime>,
+        _ch: Option<SystemTime>,
+        _b: Option<SystemTime>,
+        _fl: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
         if ino.0 == 1 {
             return reply.attr(&TTL, &attr(1, 4096, true));
         }
@@ -72,7 +94,16 @@ impl Filesystem for Null {
         let s = f.1.get(&ino.0).copied().unwrap_or(0);
         reply.attr(&TTL, &attr(ino.0, s, false));
     }
-    fn create(&self, _r: &Request, _p: INodeNo, name: &OsStr, _mode: u32, _umask: u32, _flags: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        _r: &Request,
+        _p: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
         use std::os::unix::ffi::OsStrExt;
         let mut f = self.files.lock();
         let ino = match f.0.get(name.as_bytes()) {
@@ -86,19 +117,46 @@ impl Filesystem for Null {
             }
         };
         let s = f.1[&ino];
-        reply.created(&TTL, &attr(ino, s, false), Generation(0), FileHandle(0), FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES);
+        reply.created(
+            &TTL,
+            &attr(ino, s, false),
+            Generation(0),
+            FileHandle(0),
+            FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
+        );
     }
     fn open(&self, _r: &Request, _ino: INodeNo, _f: OpenFlags, reply: ReplyOpen) {
         reply.opened(FileHandle(0), FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES);
     }
     #[allow(clippy::too_many_arguments)]
-    fn read(&self, _r: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32, _f: OpenFlags, _l: Option<LockOwner>, reply: ReplyData) {
+    fn read(
+        &self,
+        _r: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _f: OpenFlags,
+        _l: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
         let len = self.files.lock().1.get(&ino.0).copied().unwrap_or(0);
         let n = len.saturating_sub(offset).min(size as u64) as usize;
         reply.data(&vec![0u8; n]);
     }
     #[allow(clippy::too_many_arguments)]
-    fn write(&self, _r: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, data: &[u8], _w: WriteFlags, _f: OpenFlags, _l: Option<LockOwner>, reply: ReplyWrite) {
+    fn write(
+        &self,
+        _r: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _w: WriteFlags,
+        _f: OpenFlags,
+        _l: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
         let end = offset + data.len() as u64;
         let mut f = self.files.lock();
         let s = f.1.entry(ino.0).or_insert(0);
@@ -124,13 +182,25 @@ impl Filesystem for Null {
             None => reply.error(Errno::ENOENT),
         }
     }
-    fn readdir(&self, _r: &Request, _ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _r: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         let f = self.files.lock();
         let mut names: Vec<(&Vec<u8>, &u64)> = f.0.iter().collect();
         names.sort();
         for (i, (n, &ino)) in names.into_iter().enumerate().skip(offset as usize) {
             use std::os::unix::ffi::OsStrExt;
-            if reply.add(INodeNo(ino), i as u64 + 1, FileType::RegularFile, OsStr::from_bytes(n)) {
+            if reply.add(
+                INodeNo(ino),
+                i as u64 + 1,
+                FileType::RegularFile,
+                OsStr::from_bytes(n),
+            ) {
                 break;
             }
         }
@@ -148,6 +218,12 @@ pub fn serve(mountpoint: &Path, threads: usize) -> Result<()> {
     c.acl = SessionACL::All;
     c.n_threads = Some(threads.max(2));
     c.clone_fd = true;
-    fuser::mount2(Null { files: Mutex::new((HashMap::new(), HashMap::new(), 1)) }, mountpoint, &c)?;
+    fuser::mount2(
+        Null {
+            files: Mutex::new((HashMap::new(), HashMap::new(), 1)),
+        },
+        mountpoint,
+        &c,
+    )?;
     Ok(())
 }

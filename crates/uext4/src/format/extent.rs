@@ -53,7 +53,11 @@ pub struct Extent {
 impl Extent {
     pub fn read(b: &[u8]) -> Self {
         let raw_len = le16(b, 4) as u32;
-        let (len, unwritten) = if raw_len > MAX_INIT_LEN { (raw_len - MAX_INIT_LEN, true) } else { (raw_len, false) };
+        let (len, unwritten) = if raw_len > MAX_INIT_LEN {
+            (raw_len - MAX_INIT_LEN, true)
+        } else {
+            (raw_len, false)
+        };
         Extent {
             lblk: le32(b, 0),
             len,
@@ -63,7 +67,11 @@ impl Extent {
     }
     pub fn write(&self, b: &mut [u8]) {
         put32(b, 0, self.lblk);
-        let raw = if self.unwritten { self.len + MAX_INIT_LEN } else { self.len };
+        let raw = if self.unwritten {
+            self.len + MAX_INIT_LEN
+        } else {
+            self.len
+        };
         put16(b, 4, raw as u16);
         put16(b, 6, (self.pblk >> 32) as u16);
         put32(b, 8, self.pblk as u32);
@@ -89,7 +97,10 @@ pub struct ExtentIdx {
 
 impl ExtentIdx {
     pub fn read(b: &[u8]) -> Self {
-        ExtentIdx { lblk: le32(b, 0), leaf: (le16(b, 8) as u64) << 32 | le32(b, 4) as u64 }
+        ExtentIdx {
+            lblk: le32(b, 0),
+            leaf: (le16(b, 8) as u64) << 32 | le32(b, 4) as u64,
+        }
     }
     pub fn write(&self, b: &mut [u8]) {
         put32(b, 0, self.lblk);

@@ -79,13 +79,76 @@ macro_rules! split_u32 {
 }
 
 impl GroupDesc {
-    split_u32!(block_bitmap, set_block_bitmap, block_bitmap_lo, set_block_bitmap_lo, block_bitmap_hi, set_block_bitmap_hi, u32, u32);
-    split_u32!(inode_bitmap, set_inode_bitmap, inode_bitmap_lo, set_inode_bitmap_lo, inode_bitmap_hi, set_inode_bitmap_hi, u32, u32);
-    split_u32!(inode_table, set_inode_table, inode_table_lo, set_inode_table_lo, inode_table_hi, set_inode_table_hi, u32, u32);
-    split_u32!(free_blocks_count, set_free_blocks_count, free_blocks_count_lo, set_free_blocks_count_lo, free_blocks_count_hi, set_free_blocks_count_hi, u16, u16);
-    split_u32!(free_inodes_count, set_free_inodes_count, free_inodes_count_lo, set_free_inodes_count_lo, free_inodes_count_hi, set_free_inodes_count_hi, u16, u16);
-    split_u32!(used_dirs_count, set_used_dirs_count, used_dirs_count_lo, set_used_dirs_count_lo, used_dirs_count_hi, set_used_dirs_count_hi, u16, u16);
-    split_u32!(itable_unused, set_itable_unused, itable_unused_lo, set_itable_unused_lo, itable_unused_hi, set_itable_unused_hi, u16, u16);
+    split_u32!(
+        block_bitmap,
+        set_block_bitmap,
+        block_bitmap_lo,
+        set_block_bitmap_lo,
+        block_bitmap_hi,
+        set_block_bitmap_hi,
+        u32,
+        u32
+    );
+    split_u32!(
+        inode_bitmap,
+        set_inode_bitmap,
+        inode_bitmap_lo,
+        set_inode_bitmap_lo,
+        inode_bitmap_hi,
+        set_inode_bitmap_hi,
+        u32,
+        u32
+    );
+    split_u32!(
+        inode_table,
+        set_inode_table,
+        inode_table_lo,
+        set_inode_table_lo,
+        inode_table_hi,
+        set_inode_table_hi,
+        u32,
+        u32
+    );
+    split_u32!(
+        free_blocks_count,
+        set_free_blocks_count,
+        free_blocks_count_lo,
+        set_free_blocks_count_lo,
+        free_blocks_count_hi,
+        set_free_blocks_count_hi,
+        u16,
+        u16
+    );
+    split_u32!(
+        free_inodes_count,
+        set_free_inodes_count,
+        free_inodes_count_lo,
+        set_free_inodes_count_lo,
+        free_inodes_count_hi,
+        set_free_inodes_count_hi,
+        u16,
+        u16
+    );
+    split_u32!(
+        used_dirs_count,
+        set_used_dirs_count,
+        used_dirs_count_lo,
+        set_used_dirs_count_lo,
+        used_dirs_count_hi,
+        set_used_dirs_count_hi,
+        u16,
+        u16
+    );
+    split_u32!(
+        itable_unused,
+        set_itable_unused,
+        itable_unused_lo,
+        set_itable_unused_lo,
+        itable_unused_hi,
+        set_itable_unused_hi,
+        u16,
+        u16
+    );
 
     /// Stores the checksum of a block bitmap (`bits` is the bitmap's first clusters_per_group/8 bytes).
     pub fn set_block_bitmap_csum(&mut self, seed: u32, bits: &[u8]) {

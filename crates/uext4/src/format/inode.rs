@@ -40,7 +40,13 @@ pub struct RawInode(pub Vec<u8>);
 
 impl std::fmt::Debug for RawInode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "RawInode(mode={:o} size={} links={})", self.mode(), self.size(), self.links_count())
+        write!(
+            f,
+            "RawInode(mode={:o} size={} links={})",
+            self.mode(),
+            self.size(),
+            self.links_count()
+        )
     }
 }
 
@@ -56,7 +62,10 @@ impl Timestamp {
         let d = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+        Timestamp {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        }
     }
     /// Splits into (i_xtime, i_xtime_extra): low 32 bits of seconds, and nanoseconds << 2 |
     /// epoch bits (bits 32-33 of seconds).
@@ -71,7 +80,10 @@ impl Timestamp {
             None => Timestamp { sec: base, nsec: 0 },
             Some(x) => {
                 let epoch = (x & 3) as i64;
-                Timestamp { sec: base + (epoch << 32), nsec: (x >> 2).min(999_999_999) }
+                Timestamp {
+                    sec: base + (epoch << 32),
+                    nsec: (x >> 2).min(999_999_999),
+                }
             }
         }
     }
@@ -205,7 +217,8 @@ impl RawInode {
         Timestamp::decode(self.ctime_lo(), self.fits(0x88).then(|| self.ctime_extra()))
     }
     pub fn crtime(&self) -> Option<Timestamp> {
-        self.fits(0x98).then(|| Timestamp::decode(self.crtime_lo(), Some(self.crtime_extra())))
+        self.fits(0x98)
+            .then(|| Timestamp::decode(self.crtime_lo(), Some(self.crtime_extra())))
     }
     pub fn set_atime(&mut self, t: Timestamp) {
         let (lo, x) = t.encode();
@@ -293,8 +306,19 @@ mod tests {
     use super::*;
     #[test]
     fn timestamp_roundtrip_with_epoch_bits() {
-        for sec in [0i64, 1, -1, 1_700_000_000, 0x7fff_ffff, 0x8000_0000, 0x3_0000_0000 - 0x8000_0001] {
-            let t = Timestamp { sec, nsec: 123_456_789 };
+        for sec in [
+            0i64,
+            1,
+            -1,
+            1_700_000_000,
+            0x7fff_ffff,
+            0x8000_0000,
+            0x3_0000_0000 - 0x8000_0001,
+        ] {
+            let t = Timestamp {
+                sec,
+                nsec: 123_456_789,
+            };
             let (lo, x) = t.encode();
             assert_eq!(Timestamp::decode(lo, Some(x)), t, "sec {sec}");
         }

@@ -69,7 +69,12 @@ impl Superblock {
     le_field!(feature_compat, set_feature_compat, u32, 0x5C);
     le_field!(feature_incompat, set_feature_incompat, u32, 0x60);
     le_field!(feature_ro_compat, set_feature_ro_compat, u32, 0x64);
-    le_field!(algorithm_usage_bitmap, set_algorithm_usage_bitmap, u32, 0xC8);
+    le_field!(
+        algorithm_usage_bitmap,
+        set_algorithm_usage_bitmap,
+        u32,
+        0xC8
+    );
     le_field!(reserved_gdt_blocks, set_reserved_gdt_blocks, u16, 0xCE);
     le_field!(journal_inum, set_journal_inum, u32, 0xE0);
     le_field!(journal_dev, set_journal_dev, u32, 0xE4);
@@ -155,7 +160,11 @@ impl Superblock {
 
     // Combining accessors for split fields.
     pub fn blocks_count(&self) -> u64 {
-        let hi = if self.is_64bit() { self.blocks_count_hi() as u64 } else { 0 };
+        let hi = if self.is_64bit() {
+            self.blocks_count_hi() as u64
+        } else {
+            0
+        };
         (hi << 32) | self.blocks_count_lo() as u64
     }
     pub fn set_blocks_count(&mut self, v: u64) {
@@ -165,7 +174,11 @@ impl Superblock {
         }
     }
     pub fn r_blocks_count(&self) -> u64 {
-        let hi = if self.is_64bit() { self.r_blocks_count_hi() as u64 } else { 0 };
+        let hi = if self.is_64bit() {
+            self.r_blocks_count_hi() as u64
+        } else {
+            0
+        };
         (hi << 32) | self.r_blocks_count_lo() as u64
     }
     pub fn set_r_blocks_count(&mut self, v: u64) {
@@ -175,7 +188,11 @@ impl Superblock {
         }
     }
     pub fn free_blocks_count(&self) -> u64 {
-        let hi = if self.is_64bit() { self.free_blocks_count_hi() as u64 } else { 0 };
+        let hi = if self.is_64bit() {
+            self.free_blocks_count_hi() as u64
+        } else {
+            0
+        };
         (hi << 32) | self.free_blocks_count_lo() as u64
     }
     pub fn set_free_blocks_count(&mut self, v: u64) {

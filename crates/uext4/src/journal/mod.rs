@@ -35,7 +35,8 @@ const INCOMPAT_ASYNC_COMMIT: u32 = 0x4;
 const INCOMPAT_CSUM_V2: u32 = 0x8;
 const INCOMPAT_CSUM_V3: u32 = 0x10;
 const INCOMPAT_FAST_COMMIT: u32 = 0x20;
-const INCOMPAT_KNOWN: u32 = INCOMPAT_REVOKE | INCOMPAT_64BIT | INCOMPAT_ASYNC_COMMIT | INCOMPAT_CSUM_V2 | INCOMPAT_CSUM_V3;
+const INCOMPAT_KNOWN: u32 =
+    INCOMPAT_REVOKE | INCOMPAT_64BIT | INCOMPAT_ASYNC_COMMIT | INCOMPAT_CSUM_V2 | INCOMPAT_CSUM_V3;
 
 const FLAG_ESCAPE: u32 = 1;
 const FLAG_SAME_UUID: u32 = 2;
@@ -54,7 +55,10 @@ pub struct JournalMap(pub Vec<(u32, u64, u32)>);
 
 impl JournalMap {
     fn phys(&self, jblk: u32) -> Option<u64> {
-        self.0.iter().find(|(l, _, n)| jblk >= *l && jblk < l + n).map(|(l, p, _)| p + (jblk - l) as u64)
+        self.0
+            .iter()
+            .find(|(l, _, n)| jblk >= *l && jblk < l + n)
+            .map(|(l, p, _)| p + (jblk - l) as u64)
     }
 }
 
@@ -96,18 +100,28 @@ impl Journal {
     /// Opens the journal whose blocks `map` describes, validating its superblock.
     pub fn open(dev: Arc<dyn BlockDevice>, fs_block_size: u32, map: JournalMap) -> Result<Journal> {
         let bs = fs_block_size;
-        let p0 = map.phys(0).ok_or_else(|| Error::corrupt("journal inode maps no block 0"))?;
+        let p0 = map
+            .phys(0)
+            .ok_or_else(|| Error::corrupt("journal inode maps no block 0"))?;
         let mut sb = vec![0u8; 1024];
         dev.read_at(p0 * bs as u64, &mut sb)?;
         if be32(&sb, 0) != JBD2_MAGIC {
-            return Err(Error::corrupt(format!("journal superblock: bad magic {:#010x}", be32(&sb, 0))));
+            return Err(Error::corrupt(format!(
+                "journal superblock: bad magic {:#010x}",
+                be32(&sb, 0)
+            )));
         }
         let bt = be32(&sb, 4);
         if bt != BT_SB_V1 && bt != BT_SB_V2 {
-            return Err(Error::corrupt(format!("journal superblock: unknown block type {bt}")));
+            return Err(Error::corrupt(format!(
+                "journal superblock: unknown block type {bt}"
+            )));
         }
         if be32(&sb, 0xC) != bs {
-            return Err(Error::corrupt(format!("journal block size {} differs from the filesystem's {bs}", be32(&sb, 0xC))));
+            return Err(Error::corrupt(format!(
+                "journal block size {} differs from the filesystem's {bs}",
+                be32(&sb, 0xC)
+            )));
         }
         let maxlen = be32(&sb, 0x10);
         let first = be32(&sb, 0x14);
@@ -120,10 +134,15 @@ impl Journal {
             return Err(Error::Unsupported("journal feature fast_commit".into()));
         }
         if incompat & !INCOMPAT_KNOWN != 0 {
-            return Err(Error::Unsupported(format!("journal incompatible features {:#x}", incompat & !INCOMPAT_KNOWN)));
+            return Err(Error::Unsupported(format!(
+                "journal incompatible features {:#x}",
+                incompat & !INCOMPAT_KNOWN
+            )));
         }
         if bt == BT_SB_V2 && be32(&sb, 0x40) > 1 {
-            return Err(Error::Unsupported("a journal shared by several filesystems (external journal device)".into()));
+            return Err(Error::Unsupported(
+                "a journal shared by several filesystems (external journal device)".into(),
+            ));
         }
         let csum_v3 = incompat & INCOMPAT_CSUM_V3 != 0;
         let csum_v2 = incompat & INCOMPAT_CSUM_V2 != 0;
@@ -147,7 +166,12 @@ impl Journal {
             csum_v2,
             has_64bit: incompat & INCOMPAT_64BIT != 0,
             seed: crc32c(!0, &uuid),
-            log: Mutex::new(Log { sb, head: first, next_tid: seq, empty_on_disk: start == 0 }),
+            log: Mutex::new(Log {
+                sb,
+                head: first,
+                next_tid: seq,
+                empty_on_disk: start == 0,
+            }),
             log_blocks_written: AtomicU64::new(0),
             commits: AtomicU64::new(0),
         })
@@ -180,14 +204,20 @@ impl Journal {
     }
 
     fn read_jblock(&self, jblk: u32) -> Result<Vec<u8>> {
-        let p = self.map.phys(jblk).ok_or_else(|| Error::corrupt(format!("journal block {jblk} is not mapped")))?;
+        let p = self
+            .map
+            .phys(jblk)
+            .ok_or_else(|| Error::corrupt(format!("journal block {jblk} is not mapped")))?;
         let mut b = vec![0u8; self.bs as usize];
         self.dev.read_at(p * self.bs as u64, &mut b)?;
         Ok(b)
     }
 
     fn write_jblock(&self, jblk: u32, data: &[u8]) -> Result<()> {
-        let p = self.map.phys(jblk).ok_or_else(|| Error::corrupt(format!("journal block {jblk} is not mapped")))?;
+        let p = self
+            .map
+            .phys(jblk)
+            .ok_or_else(|| Error::corrupt(format!("journal block {jblk} is not mapped")))?;
         self.dev.write_at(p * self.bs as u64, data)?;
         self.log_blocks_written.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -233,9 +263,15 @@ impl Journal {
         let per_desc = (bs - 12 - tail - 16) / tag;
         let rec = if self.has_64bit { 8 } else { 4 };
         let per_revoke = (bs - 16 - tail) / rec;
-        let needed = blocks.len() + blocks.len().div_ceil(per_desc.max(1)) + revoked.len().div_ceil(per_revoke) + 1;
+        let needed = blocks.len()
+            + blocks.len().div_ceil(per_desc.max(1))
+            + revoked.len().div_ceil(per_revoke)
+            + 1;
         if needed as u32 + 2 > self.maxlen - self.first {
-            return Err(Error::Invalid(format!("transaction of {needed} blocks does not fit the journal ({} blocks)", self.maxlen)));
+            return Err(Error::Invalid(format!(
+                "transaction of {needed} blocks does not fit the journal ({} blocks)",
+                self.maxlen
+            )));
         }
         let mut log = self.log.lock();
         let tid = log.next_tid;
@@ -371,15 +407,38 @@ impl Journal {
             return Ok(report);
         }
         if start < self.first || start >= self.maxlen {
-            return Err(Error::corrupt(format!("journal superblock: log start {start} is outside the log")));
+            return Err(Error::corrupt(format!(
+                "journal superblock: log start {start} is outside the log"
+            )));
         }
         // PASS_SCAN: find the end of the last whole transaction.
-        let end_tid = self.pass(start, seq, None, &mut HashMap::new(), &mut report, Pass::Scan)?;
+        let end_tid = self.pass(
+            start,
+            seq,
+            None,
+            &mut HashMap::new(),
+            &mut report,
+            Pass::Scan,
+        )?;
         // PASS_REVOKE.
         let mut revoked: HashMap<u64, u32> = HashMap::new();
-        self.pass(start, seq, Some(end_tid), &mut revoked, &mut report, Pass::Revoke)?;
+        self.pass(
+            start,
+            seq,
+            Some(end_tid),
+            &mut revoked,
+            &mut report,
+            Pass::Revoke,
+        )?;
         // PASS_REPLAY.
-        self.pass(start, seq, Some(end_tid), &mut revoked, &mut report, Pass::Replay)?;
+        self.pass(
+            start,
+            seq,
+            Some(end_tid),
+            &mut revoked,
+            &mut report,
+            Pass::Replay,
+        )?;
         self.dev.flush()?;
         report.transactions = end_tid.wrapping_sub(seq);
         report.last_tid = end_tid.wrapping_sub(1);
@@ -391,7 +450,15 @@ impl Journal {
         Ok(report)
     }
 
-    fn pass(&self, start: u32, seq: u32, end: Option<u32>, revoked: &mut HashMap<u64, u32>, report: &mut RecoveryReport, pass: Pass) -> Result<u32> {
+    fn pass(
+        &self,
+        start: u32,
+        seq: u32,
+        end: Option<u32>,
+        revoked: &mut HashMap<u64, u32>,
+        report: &mut RecoveryReport,
+        pass: Pass,
+    ) -> Result<u32> {
         let bs = self.bs as usize;
         let tag = self.tag_bytes();
         let mut at = start;
@@ -427,10 +494,22 @@ impl Journal {
                         }
                         let lo = be32(&b, off) as u64;
                         let (flags, hi, csum) = if self.csum_v3 {
-                            (be32(&b, off + 4), if self.has_64bit { be32(&b, off + 8) as u64 } else { 0 }, be32(&b, off + 12))
+                            (
+                                be32(&b, off + 4),
+                                if self.has_64bit {
+                                    be32(&b, off + 8) as u64
+                                } else {
+                                    0
+                                },
+                                be32(&b, off + 12),
+                            )
                         } else {
                             let f = u16::from_be_bytes([b[off + 6], b[off + 7]]) as u32;
-                            let h = if self.has_64bit { be32(&b, off + 8) as u64 } else { 0 };
+                            let h = if self.has_64bit {
+                                be32(&b, off + 8) as u64
+                            } else {
+                                0
+                            };
                             (f, h, u16::from_be_bytes([b[off + 4], b[off + 5]]) as u32)
                         };
                         off += tag;
@@ -446,12 +525,19 @@ impl Journal {
                             }
                             if self.csum() {
                                 let c = crc32c(crc32c(self.seed, &tid.to_be_bytes()), &data);
-                                let ok = if self.csum_v3 { c == csum } else { (c & 0xFFFF) == csum };
+                                let ok = if self.csum_v3 {
+                                    c == csum
+                                } else {
+                                    (c & 0xFFFF) == csum
+                                };
                                 if !ok {
                                     return Err(Error::BadChecksum(format!("journal data block {at} (for block {home}, transaction {tid})")));
                                 }
                             }
-                            if revoked.get(&home).is_some_and(|&r| r.wrapping_sub(tid) as i32 >= 0) {
+                            if revoked
+                                .get(&home)
+                                .is_some_and(|&r| r.wrapping_sub(tid) as i32 >= 0)
+                            {
                                 report.blocks_revoked += 1;
                             } else {
                                 if home * self.bs as u64 + bs as u64 > self.dev.size() {
@@ -491,7 +577,11 @@ impl Journal {
                         let rec = if self.has_64bit { 8 } else { 4 };
                         let mut off = 16;
                         while off + rec <= count {
-                            let r = if rec == 8 { u64::from_be_bytes(b[off..off + 8].try_into().unwrap()) } else { be32(&b, off) as u64 };
+                            let r = if rec == 8 {
+                                u64::from_be_bytes(b[off..off + 8].try_into().unwrap())
+                            } else {
+                                be32(&b, off) as u64
+                            };
                             let e = revoked.entry(r).or_insert(tid);
                             if tid.wrapping_sub(*e) as i32 > 0 {
                                 *e = tid;

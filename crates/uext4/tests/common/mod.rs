@@ -19,9 +19,18 @@ impl Drop for Scratch {
 }
 
 pub fn scratch(tag: &str) -> Scratch {
-    let dir = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let dir = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    Scratch(dir.join(format!("uext4-test-{}-{}-{}.img", tag, std::process::id(), n)))
+    Scratch(dir.join(format!(
+        "uext4-test-{}-{}-{}.img",
+        tag,
+        std::process::id(),
+        n
+    )))
 }
 
 /// Makes an image with mke2fs (the oracle), `size` like "64M", extra args like ["-b", "1024"].
@@ -29,7 +38,11 @@ pub fn mke2fs(path: &Path, size: &str, extra: &[&str]) {
     let _ = std::fs::remove_file(path);
     // mke2fs picks 1 KiB blocks for images under 512 MiB ("small"): default to 4 KiB unless the
     // caller asks.
-    let bs: &[&str] = if extra.contains(&"-b") { &[] } else { &["-b", "4096"] };
+    let bs: &[&str] = if extra.contains(&"-b") {
+        &[]
+    } else {
+        &["-b", "4096"]
+    };
     let st = Command::new("mke2fs")
         .args(["-q", "-F", "-t", "ext4"])
         .args(bs)
@@ -43,9 +56,22 @@ pub fn mke2fs(path: &Path, size: &str, extra: &[&str]) {
 
 /// Runs `e2fsck -fn` and panics with its output on any complaint.
 pub fn e2fsck_clean(path: &Path) {
-    let out = Command::new("e2fsck").args(["-fn"]).arg(path).output().expect("e2fsck must be installed");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "e2fsck -fn found problems in {}:\n{}", path.display(), text);
+    let out = Command::new("e2fsck")
+        .args(["-fn"])
+        .arg(path)
+        .output()
+        .expect("e2fsck must be installed");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "e2fsck -fn found problems in {}:\n{}",
+        path.display(),
+        text
+    );
 }
 
 pub fn is_root() -> bool {
@@ -77,10 +103,23 @@ pub struct KernelMount {
 
 impl KernelMount {
     pub fn new(img: &Path) -> KernelMount {
-        let dir = std::env::temp_dir().join(format!("uext4-kmnt-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
+        let dir = std::env::temp_dir().join(format!(
+            "uext4-kmnt-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::create_dir_all(&dir).unwrap();
-        let out = Command::new("mount").args(["-t", "ext4", "-o", "loop"]).arg(img).arg(&dir).output().unwrap();
-        assert!(out.status.success(), "kernel mount failed: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new("mount")
+            .args(["-t", "ext4", "-o", "loop"])
+            .arg(img)
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kernel mount failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         KernelMount { dir }
     }
 }
@@ -95,6 +134,11 @@ impl Drop for KernelMount {
 /// Runs a shell command, panicking with its output on failure.
 pub fn sh(cmd: &str) -> String {
     let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap();
-    assert!(out.status.success(), "`{cmd}` failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
