@@ -824,8 +824,12 @@ pub fn fuse_config(image: &Path, opts: &Options) -> Config {
     } else {
         MountOption::RW
     });
-    c.mount_options.push(MountOption::Dev);
-    c.mount_options.push(MountOption::Suid);
+    // Device nodes and set-user-ID work for root's mounts; fusermount3 refuses them to others.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        c.mount_options.push(MountOption::Dev);
+        c.mount_options.push(MountOption::Suid);
+    }
     if opts.allow_other {
         c.acl = SessionACL::All;
     }
