@@ -6,6 +6,7 @@
 
 mod loadgen;
 mod null;
+mod png;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -256,7 +257,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         a.out.join("results.json"),
         serde_json::to_string_pretty(&records)?,
     )?;
-    let report = report(&records, &skipped, &jobs, runtime);
+    let report = report(&records, &skipped, &jobs, runtime, &a.out);
     std::fs::write(a.out.join("report.md"), &report)?;
     println!("{report}");
     println!(
@@ -635,7 +636,13 @@ fn bar(v: f64, max: f64, width: usize) -> String {
     "#".repeat(n.min(width))
 }
 
-fn report(records: &[Record], skipped: &[String], jobs: &[usize], runtime: u64) -> String {
+fn report(
+    records: &[Record],
+    skipped: &[String],
+    jobs: &[usize],
+    runtime: u64,
+    out: &Path,
+) -> String {
     let mut s = String::new();
     s.push_str(&format!("# uext4 bench\n\nOne run, side by side; {runtime} s per measurement; IOPS (pwrite-1g: MiB/s including fsync).\n\n"));
     if !skipped.is_empty() {
@@ -706,6 +713,22 @@ fn report(records: &[Record], skipped: &[String], jobs: &[usize], runtime: u64) 
             }
         }
         s.push_str("```\n\n");
+        let groups: Vec<Vec<f64>> = systems
+            .iter()
+            .map(|sys| js.iter().filter_map(|&j| get(sys, j)).collect())
+            .collect();
+        let png = format!("{w}.png");
+        if png::bar_chart(&out.join(&png), &groups).is_ok() {
+            let legend: Vec<String> = systems
+                .iter()
+                .enumerate()
+                .map(|(i, sys)| format!("{sys} {}", png::color_name(i)))
+                .collect();
+            s.push_str(&format!(
+                "![{w}]({png}) (bars: each system's job sweep, left to right; {})\n\n",
+                legend.join(", ")
+            ));
+        }
         for r in rs.iter().filter(|r| !r.note.is_empty()) {
             s.push_str(&format!("- {} {} jobs: {}\n", r.system, r.jobs, r.note));
         }
