@@ -52,10 +52,11 @@ cp "$work/out.txt" "${TMPDIR:-/tmp}/uext4-pjdfstest-last.log" 2>/dev/null
 rc=$?
 umount "$mnt"
 sleep 0.5
-grep -E "FAILED|failed|panicked" "$work/out.txt" | grep -v "^test result" > "$work/failed.txt" || true
+# Test lines end in "ok", "skipped" or "FAILED" (colours stripped); names may contain "failed".
+sed 's/\x1b\[[0-9;]*m//g' "$work/out.txt" | awk '$NF == "FAILED" {print $1}' > "$work/failed.txt"
 expected=tests/pjdfstest-expected-failures.txt
 unexpected=$(grep -v -x -F -f <(grep -v '^#' "$expected" 2>/dev/null | sed 's/ *#.*//' | grep .) "$work/failed.txt" | grep . || true)
-tail -3 "$work/out.txt"
+grep -a "^Summary" "$work/out.txt" || tail -3 "$work/out.txt"
 fsck=$(e2fsck -fn "$img" 2>&1); frc=$?
 if [ $frc -ne 0 ]; then echo "$fsck" | head -20; echo "e2fsck -fn found problems after pjdfstest"; exit 1; fi
 if [ -n "$unexpected" ]; then
