@@ -251,28 +251,10 @@ impl Fs {
                     lblk = run_last + 1;
                 }
                 None => {
-                    let next = self
-                        .ext_next(ino, &mut st, lblk as u32)?
-                        .map(|e| e.lblk as u64)
-                        .unwrap_or(u64::MAX);
-                    let hole_last = (next - 1).min(last).min(lblk + WRITE_CHUNK_BLOCKS - 1);
-                    let want = (hole_last - lblk + 1).min(MAX_INIT_LEN as u64) as u32;
-                    let goal = self.alloc_goal(ino, &mut st, lblk)?;
-                    let (p, n) = self.alloc_blocks(&mut h, goal, want)?;
-                    if let Err(e) = self.write_range(p, lblk, n as u64, off, data, true) {
-                        let _ = self.free_blocks(&mut h, p, n as u64, false);
-                        return Err(e);
-                    }
-                    let ext = Extent {
-                        lblk: lblk as u32,
-                        len: n,
-                        pblk: p,
-                        unwritten: false,
-                    };
-                    if let Err(e) = self.ext_insert(&mut h, ino, &mut st, ext) {
-                        let _ = self.free_blocks(&mut h, p, n as u64, false);
-                        return Err(e);
-                    }
+                    let n =
+                        self.map_hole(&mut h, ino, &mut st, lblk, last, false, &mut |p, n| {
+                            self.write_range(p, lblk, n as u64, off, data, true)
+                        })?;
                     let upto = end.min((lblk + n as u64) * bs);
                     self.finish_write_step(&mut h, inode, &mut st, upto, new_size)?;
                     lblk += n as u64;
@@ -305,6 +287,47 @@ impl Fs {
         self.mark_inode_dirty(h, inode, st)?;
         inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
         Ok(())
+    }
+
+    /// Maps the hole that starts at `lblk` (up to `last`, the next extent and one chunk): allocates
+    /// one run of blocks, lets `fill` write them (new data goes down before the extent that makes
+    /// it visible, R4), then inserts the extent. On failure the blocks are freed. Returns how many
+    /// blocks were mapped.
+    #[allow(clippy::too_many_arguments)]
+    fn map_hole(
+        &self,
+        h: &mut crate::transaction::Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+        lblk: u64,
+        last: u64,
+        unwritten: bool,
+        fill: &mut dyn FnMut(u64, u32) -> Result<()>,
+    ) -> Result<u32> {
+        let next = self
+            .ext_next(ino, st, lblk as u32)?
+            .map(|e| e.lblk as u64)
+            .unwrap_or(u64::MAX);
+        let hole_last = (next - 1).min(last).min(lblk + WRITE_CHUNK_BLOCKS - 1);
+        let max = if unwritten {
+            MAX_UNWRITTEN_LEN
+        } else {
+            MAX_INIT_LEN
+        };
+        let want = (hole_last - lblk + 1).min(max as u64) as u32;
+        let goal = self.alloc_goal(ino, st, lblk)?;
+        let (p, n) = self.alloc_blocks(h, goal, want)?;
+        let ext = Extent {
+            lblk: lblk as u32,
+            len: n,
+            pblk: p,
+            unwritten,
+        };
+        if let Err(e) = fill(p, n).and_then(|()| self.ext_insert(h, ino, st, ext)) {
+            let _ = self.free_blocks(h, p, n as u64, false);
+            return Err(e);
+        }
+        Ok(n)
     }
 
     /// Where to look for blocks for logical block `lblk`: right after the previous block's
@@ -512,24 +535,7 @@ impl Fs {
                 lblk = e.lblk as u64 + e.len as u64;
                 continue;
             }
-            let next = self
-                .ext_next(ino, &mut st, lblk as u32)?
-                .map(|e| e.lblk as u64)
-                .unwrap_or(u64::MAX);
-            let hole_last = (next - 1).min(last).min(lblk + WRITE_CHUNK_BLOCKS - 1);
-            let want = (hole_last - lblk + 1).min(MAX_UNWRITTEN_LEN as u64) as u32;
-            let goal = self.alloc_goal(ino, &mut st, lblk)?;
-            let (p, n) = self.alloc_blocks(&mut h, goal, want)?;
-            let ext = Extent {
-                lblk: lblk as u32,
-                len: n,
-                pblk: p,
-                unwritten: true,
-            };
-            if let Err(e) = self.ext_insert(&mut h, ino, &mut st, ext) {
-                let _ = self.free_blocks(&mut h, p, n as u64, false);
-                return Err(e);
-            }
+            let n = self.map_hole(&mut h, ino, &mut st, lblk, last, true, &mut |_, _| Ok(()))?;
             if !keep {
                 let upto = end.min((lblk + n as u64) * bs);
                 if upto > st.raw.size() {
