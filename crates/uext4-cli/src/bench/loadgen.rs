@@ -37,14 +37,21 @@ fn layout(fs: &Fs, name: &str, size: u64) -> Result<u32> {
     Ok(ino)
 }
 
+/// `dax`: None for pread/pwrite on the image file, Some(non_temporal) for the mapped image.
 pub fn run(
     img: &Path,
     workload: &str,
     jobs: usize,
     runtime: u64,
     quick: bool,
+    dax: Option<bool>,
 ) -> Result<LibResult> {
-    let fs = Fs::open_path(img, MountOptions::default())?;
+    let opts = MountOptions {
+        dax: dax.is_some(),
+        dax_non_temporal: dax.unwrap_or(false),
+        ..Default::default()
+    };
+    let fs = Fs::open_path(img, opts)?;
     let gib: u64 = if quick { 64 << 20 } else { 1 << 30 };
     if workload == "pwrite-1g" {
         let t0 = Instant::now();

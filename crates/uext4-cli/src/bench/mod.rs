@@ -85,6 +85,8 @@ const SYSTEMS: &[&str] = &[
     "uext4-fuse-wbc",
     "uext4-fuse-dax",
     "uext4-lib",
+    "uext4-lib-dax",
+    "uext4-lib-dax-nt",
 ];
 
 fn have(cmd: &str) -> bool {
@@ -483,7 +485,12 @@ impl Ctx {
     }
 
     fn measure(&self, system: &str, w: &str, jobs: usize) -> Result<Record> {
-        if system == "uext4-lib" {
+        if system.starts_with("uext4-lib") {
+            let dax = match system {
+                "uext4-lib-dax" => Some(false),
+                "uext4-lib-dax-nt" => Some(true),
+                _ => None,
+            };
             let img = self.base.join("uext4-lib.img");
             let journal = if w == "fsync-randwrite-16k" && self.journal_mib.is_none() {
                 Some(4)
@@ -491,7 +498,7 @@ impl Ctx {
                 None
             };
             self.mke2fs(&img, journal, self.image_mib(w, jobs))?;
-            let r = loadgen::run(&img, w, jobs, self.runtime, self.quick)?;
+            let r = loadgen::run(&img, w, jobs, self.runtime, self.quick, dax)?;
             let fsck = fsck(&img);
             let _ = std::fs::remove_file(&img);
             return Ok(Record {
