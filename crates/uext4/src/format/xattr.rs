@@ -1,1 +1,683 @@
+//! Extended attributes on disk (Documentation/filesystems/ext4/attributes.rst). No I/O.
+//!
+//! Two places hold them:
+//! - the inode body after `i_extra_isize`: a 4-byte magic, then entries; value offsets count
+//!   from the first entry and values sit at the end of the inode;
+//! - one external block: a 32-byte header (magic, refcount, blocks = 1, hash, checksum), then
+//!   entries sorted by (index, name length, name); value offsets count from the block start and
+//!   values sit at the end of the block.
+//!
+//! An entry is 16 bytes (name length, name index, value offset, value inode, value size, hash)
+//! followed by the name, padded to 4 bytes; a list ends with 4 zero bytes. Values are padded to
+//! 4 bytes too.
+//!
+//! POSIX ACLs are stored in ext4's compact form (version 1; 4-byte entries for the owner, owning
+//! group, mask and other classes, 8-byte entries with an id for named users and groups) and
+//! exchanged with callers in the VFS form (`posix_acl_xattr`, version 2, 8-byte entries).
 
+use super::csum::crc32c;
+use super::{le16, le32, put16, put32};
+use crate::error::{Error, Result};
+
+pub const XATTR_MAGIC: u32 = 0xEA02_0000;
+/// Bytes of the in-inode header (the magic).
+pub const IBODY_HEADER_LEN: usize = 4;
+/// Bytes of the block header.
+pub const BLOCK_HEADER_LEN: usize = 32;
+/// Bytes of an entry before its name.
+pub const ENTRY_LEN: usize = 16;
+/// The longest full attribute name (prefix included), as the VFS allows.
+pub const NAME_MAX: usize = 255;
+/// The largest value the VFS passes (XATTR_SIZE_MAX).
+pub const VALUE_MAX: usize = 65536;
+/// The kernel stops sharing a block at this many references.
+pub const REFCOUNT_MAX: u32 = 1024;
+
+// Block header fields (struct ext4_xattr_header).
+pub const H_MAGIC: usize = 0x0;
+pub const H_REFCOUNT: usize = 0x4;
+pub const H_BLOCKS: usize = 0x8;
+pub const H_HASH: usize = 0xC;
+pub const H_CHECKSUM: usize = 0x10;
+
+// Name indexes (e_name_index).
+pub const INDEX_USER: u8 = 1;
+pub const INDEX_POSIX_ACL_ACCESS: u8 = 2;
+pub const INDEX_POSIX_ACL_DEFAULT: u8 = 3;
+pub const INDEX_TRUSTED: u8 = 4;
+pub const INDEX_SECURITY: u8 = 6;
+pub const INDEX_SYSTEM: u8 = 7;
+pub const INDEX_RICHACL: u8 = 8;
+
+/// Name prefixes by index. The ACL and richacl indexes stand for a whole name (empty suffix);
+/// they are listed before "system." so that they match first.
+const PREFIXES: &[(u8, &str, bool)] = &[
+    (INDEX_POSIX_ACL_ACCESS, "system.posix_acl_access", true),
+    (INDEX_POSIX_ACL_DEFAULT, "system.posix_acl_default", true),
+    (INDEX_RICHACL, "system.richacl", true),
+    (INDEX_USER, "user.", false),
+    (INDEX_TRUSTED, "trusted.", false),
+    (INDEX_SECURITY, "security.", false),
+    (INDEX_SYSTEM, "system.", false),
+];
+
+/// Splits a full name ("user.foo") into its index and the suffix stored on disk.
+/// Errors: `NameTooLong` past 255 bytes, `NotSupported` for an unknown namespace, `Invalid` for
+/// an empty suffix.
+pub fn split_name(full: &[u8]) -> Result<(u8, &[u8])> {
+    if full.len() > NAME_MAX {
+        return Err(Error::NameTooLong);
+    }
+    for &(index, prefix, whole) in PREFIXES {
+        let p = prefix.as_bytes();
+        if whole {
+            if full == p {
+                return Ok((index, &full[full.len()..]));
+            }
+        } else if let Some(rest) = full.strip_prefix(p) {
+            if rest.is_empty() {
+                return Err(Error::Invalid(format!(
+                    "attribute name {:?} has an empty suffix",
+                    String::from_utf8_lossy(full)
+                )));
+            }
+            return Ok((index, rest));
+        }
+    }
+    Err(Error::NotSupported(format!(
+        "attribute namespace of {:?}",
+        String::from_utf8_lossy(full)
+    )))
+}
+
+/// The full name of an entry, or None for an index this engine does not know.
+pub fn join_name(index: u8, name: &[u8]) -> Option<Vec<u8>> {
+    let &(_, prefix, whole) = PREFIXES.iter().find(|(i, _, _)| *i == index)?;
+    let mut v = prefix.as_bytes().to_vec();
+    if !whole {
+        v.extend_from_slice(name);
+    }
+    Some(v)
+}
+
+#[inline]
+pub fn pad4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// One attribute as stored: index, suffix, value (in the on-disk encoding).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XattrEntry {
+    pub index: u8,
+    pub name: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
+impl XattrEntry {
+    /// Bytes of the entry itself (header and padded name).
+    pub fn entry_len(&self) -> usize {
+        ENTRY_LEN + pad4(self.name.len())
+    }
+    /// Bytes of the padded value.
+    pub fn value_len(&self) -> usize {
+        pad4(self.value.len())
+    }
+    /// Bytes the attribute takes in a list.
+    pub fn cost(&self) -> usize {
+        self.entry_len() + self.value_len()
+    }
+    /// The kernel's entry hash (ext4_xattr_hash_entry): name bytes rotated in by 5 bits, then
+    /// the value's 32-bit little-endian words (zero padded) rotated in by 16.
+    pub fn hash(&self) -> u32 {
+        let mut h: u32 = 0;
+        for &c in &self.name {
+            h = h.rotate_left(5) ^ c as u32;
+        }
+        for w in self.value.chunks(4) {
+            let mut word = [0u8; 4];
+            word[..w.len()].copy_from_slice(w);
+            h = h.rotate_left(16) ^ u32::from_le_bytes(word);
+        }
+        h
+    }
+    /// The order of entries in a block (the kernel's sorted lookup).
+    pub fn sort_key(&self) -> (u8, usize, &[u8]) {
+        (self.index, self.name.len(), &self.name)
+    }
+}
+
+/// The kernel's block hash (ext4_xattr_rehash) over the entries' hashes, in list order.
+pub fn block_hash(entries: &[XattrEntry]) -> u32 {
+    let mut h: u32 = 0;
+    for e in entries {
+        let eh = e.hash();
+        if eh == 0 {
+            return 0;
+        }
+        h = h.rotate_left(16) ^ eh;
+    }
+    h
+}
+
+/// The block checksum: crc32c over the fs seed, the block number (le64) and the block with
+/// h_checksum zeroed.
+pub fn block_csum(fs_seed: u32, blk: u64, data: &[u8]) -> u32 {
+    let mut c = crc32c(fs_seed, &blk.to_le_bytes());
+    c = crc32c(c, &data[..H_CHECKSUM]);
+    c = crc32c(c, &[0u8; 4]);
+    crc32c(c, &data[H_CHECKSUM + 4..])
+}
+
+/// Parses an entry list starting at `first` in `area`; value offsets count from `base`.
+/// Everything is bounds-checked as the kernel checks it (ext4_xattr_check_entries): entries
+/// inside the area, values after the list's terminator and inside the area. A value held in an
+/// inode (ea_inode) is `Unsupported`. `what` names the place for error messages.
+pub fn parse_entries(
+    area: &[u8],
+    first: usize,
+    base: usize,
+    what: &str,
+) -> Result<Vec<XattrEntry>> {
+    struct Raw {
+        index: u8,
+        name: std::ops::Range<usize>,
+        offs: usize,
+        size: usize,
+    }
+    let mut raws = Vec::new();
+    let mut off = first;
+    loop {
+        if off.checked_add(4).is_none_or(|e| e > area.len()) {
+            return Err(Error::corrupt(format!(
+                "{what}: attribute list has no terminator"
+            )));
+        }
+        if le32(area, off) == 0 {
+            break;
+        }
+        if off + ENTRY_LEN > area.len() {
+            return Err(Error::corrupt(format!(
+                "{what}: attribute entry at byte {off} overruns the area"
+            )));
+        }
+        let name_len = area[off] as usize;
+        let index = area[off + 1];
+        let offs = le16(area, off + 2) as usize;
+        let inum = le32(area, off + 4);
+        let size = le32(area, off + 8) as usize;
+        let name = off + ENTRY_LEN..off + ENTRY_LEN + name_len;
+        if name.end > area.len() {
+            return Err(Error::corrupt(format!(
+                "{what}: attribute name at byte {off} overruns the area"
+            )));
+        }
+        if inum != 0 {
+            return Err(Error::Unsupported(format!(
+                "{what}: attribute {:?} keeps its value in inode {inum} (ea_inode)",
+                String::from_utf8_lossy(&area[name.clone()])
+            )));
+        }
+        raws.push(Raw {
+            index,
+            name,
+            offs,
+            size,
+        });
+        off += ENTRY_LEN + pad4(name_len);
+    }
+    let list_end = off + 4;
+    let mut out = Vec::with_capacity(raws.len());
+    for r in raws {
+        let value = if r.size == 0 {
+            Vec::new()
+        } else {
+            let start = base + r.offs;
+            if start < list_end
+                || start
+                    .checked_add(pad4(r.size))
+                    .is_none_or(|e| e > area.len())
+            {
+                return Err(Error::corrupt(format!(
+                    "{what}: attribute value at byte {start} (+{}) is outside the value area",
+                    r.size
+                )));
+            }
+            area[start..start + r.size].to_vec()
+        };
+        out.push(XattrEntry {
+            index: r.index,
+            name: area[r.name].to_vec(),
+            value,
+        });
+    }
+    Ok(out)
+}
+
+/// Bytes an entry list takes, terminator included.
+pub fn list_len(entries: &[XattrEntry]) -> usize {
+    entries.iter().map(|e| e.cost()).sum::<usize>() + 4
+}
+
+/// Writes `entries` into `area` from `first` (values packed at the end, offsets relative to
+/// `base`), zeroing the rest. The caller checked that `first + list_len(entries) <= area.len()`
+/// and that names are at most 255 bytes.
+pub fn write_entries(area: &mut [u8], first: usize, base: usize, entries: &[XattrEntry]) {
+    area[first..].fill(0);
+    let mut off = first;
+    let mut vend = area.len();
+    for e in entries {
+        let offs = if e.value.is_empty() {
+            0
+        } else {
+            vend -= e.value_len();
+            area[vend..vend + e.value.len()].copy_from_slice(&e.value);
+            (vend - base) as u16
+        };
+        area[off] = e.name.len() as u8;
+        area[off + 1] = e.index;
+        put16(area, off + 2, offs);
+        put32(area, off + 4, 0);
+        put32(area, off + 8, e.value.len() as u32);
+        put32(area, off + 12, e.hash());
+        area[off + ENTRY_LEN..off + ENTRY_LEN + e.name.len()].copy_from_slice(&e.name);
+        off += e.entry_len();
+    }
+}
+
+/// Builds a whole xattr block holding `entries` (sorted by the caller) with refcount 1.
+pub fn build_block(
+    block_size: usize,
+    entries: &[XattrEntry],
+    blk: u64,
+    csum_seed: Option<u32>,
+) -> Vec<u8> {
+    let mut data = vec![0u8; block_size];
+    put32(&mut data, H_MAGIC, XATTR_MAGIC);
+    put32(&mut data, H_REFCOUNT, 1);
+    put32(&mut data, H_BLOCKS, 1);
+    write_entries(&mut data, BLOCK_HEADER_LEN, 0, entries);
+    put32(&mut data, H_HASH, block_hash(entries));
+    if let Some(seed) = csum_seed {
+        let c = block_csum(seed, blk, &data);
+        put32(&mut data, H_CHECKSUM, c);
+    }
+    data
+}
+
+/// Checks a block's header (and checksum when `csum_seed` is given) and parses its entries.
+pub fn parse_block(
+    data: &[u8],
+    blk: u64,
+    csum_seed: Option<u32>,
+    what: &str,
+) -> Result<Vec<XattrEntry>> {
+    if data.len() < BLOCK_HEADER_LEN + 4 {
+        return Err(Error::corrupt(format!(
+            "{what}: xattr block {blk} is too short"
+        )));
+    }
+    if le32(data, H_MAGIC) != XATTR_MAGIC {
+        return Err(Error::corrupt(format!(
+            "{what}: xattr block {blk} has bad magic {:#x}",
+            le32(data, H_MAGIC)
+        )));
+    }
+    if le32(data, H_BLOCKS) != 1 {
+        return Err(Error::corrupt(format!(
+            "{what}: xattr block {blk} claims {} blocks",
+            le32(data, H_BLOCKS)
+        )));
+    }
+    if let Some(seed) = csum_seed {
+        if le32(data, H_CHECKSUM) != block_csum(seed, blk, data) {
+            return Err(Error::BadChecksum(format!("{what}: xattr block {blk}")));
+        }
+    }
+    parse_entries(
+        data,
+        BLOCK_HEADER_LEN,
+        0,
+        &format!("{what}: xattr block {blk}"),
+    )
+}
+
+// ---- POSIX ACLs ----
+
+pub const ACL_USER_OBJ: u16 = 0x01;
+pub const ACL_USER: u16 = 0x02;
+pub const ACL_GROUP_OBJ: u16 = 0x04;
+pub const ACL_GROUP: u16 = 0x08;
+pub const ACL_MASK: u16 = 0x10;
+pub const ACL_OTHER: u16 = 0x20;
+/// The VFS form's version (POSIX_ACL_XATTR_VERSION).
+pub const ACL_VFS_VERSION: u32 = 2;
+/// ext4's on-disk form's version (EXT4_ACL_VERSION).
+pub const ACL_DISK_VERSION: u32 = 1;
+const ACL_UNDEFINED_ID: u32 = u32::MAX;
+
+/// One ACL entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AclEntry {
+    pub tag: u16,
+    pub perm: u16,
+    pub id: u32,
+}
+
+/// Checks an ACL as the kernel does (posix_acl_valid): owner, named users, owning group, named
+/// groups, mask (required when there are named entries), other; permissions within rwx.
+pub fn acl_valid(acl: &[AclEntry]) -> Result<()> {
+    #[derive(PartialEq)]
+    enum St {
+        UserObj,
+        User,
+        Group,
+        Other,
+        Done,
+    }
+    let bad = |why: &str| Err(Error::Invalid(format!("malformed POSIX ACL: {why}")));
+    let mut st = St::UserObj;
+    let mut named = false;
+    for e in acl {
+        if e.perm & !7 != 0 {
+            return bad("permission bits beyond rwx");
+        }
+        match e.tag {
+            ACL_USER_OBJ if st == St::UserObj => st = St::User,
+            ACL_USER if st == St::User => {
+                if e.id == ACL_UNDEFINED_ID {
+                    return bad("named user without an id");
+                }
+                named = true;
+            }
+            ACL_GROUP_OBJ if st == St::User => st = St::Group,
+            ACL_GROUP if st == St::Group => {
+                if e.id == ACL_UNDEFINED_ID {
+                    return bad("named group without an id");
+                }
+                named = true;
+            }
+            ACL_MASK if st == St::Group => st = St::Other,
+            ACL_OTHER if st == St::Other || (st == St::Group && !named) => st = St::Done,
+            ACL_USER_OBJ | ACL_USER | ACL_GROUP_OBJ | ACL_GROUP | ACL_MASK | ACL_OTHER => {
+                return bad("entries out of order or missing");
+            }
+            t => return Err(Error::Invalid(format!("unknown POSIX ACL tag {t:#x}"))),
+        }
+    }
+    if st != St::Done {
+        return bad("incomplete");
+    }
+    Ok(())
+}
+
+/// Decodes the VFS form. `Ok(None)` for an ACL with no entries (the caller removes it).
+pub fn acl_from_vfs(v: &[u8]) -> Result<Option<Vec<AclEntry>>> {
+    if v.is_empty() {
+        return Ok(None);
+    }
+    if v.len() < 4 || (v.len() - 4) % 8 != 0 {
+        return Err(Error::Invalid(format!(
+            "POSIX ACL of {} bytes is not a header and whole entries",
+            v.len()
+        )));
+    }
+    if le32(v, 0) != ACL_VFS_VERSION {
+        return Err(Error::Invalid(format!(
+            "POSIX ACL version {} (expected {ACL_VFS_VERSION})",
+            le32(v, 0)
+        )));
+    }
+    if v.len() == 4 {
+        return Ok(None);
+    }
+    let acl: Vec<AclEntry> = v[4..]
+        .chunks_exact(8)
+        .map(|e| AclEntry {
+            tag: le16(e, 0),
+            perm: le16(e, 2),
+            id: match le16(e, 0) {
+                ACL_USER | ACL_GROUP => le32(e, 4),
+                _ => ACL_UNDEFINED_ID,
+            },
+        })
+        .collect();
+    acl_valid(&acl)?;
+    Ok(Some(acl))
+}
+
+/// Encodes the VFS form.
+pub fn acl_to_vfs(acl: &[AclEntry]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + 8 * acl.len());
+    out.extend_from_slice(&ACL_VFS_VERSION.to_le_bytes());
+    for e in acl {
+        out.extend_from_slice(&e.tag.to_le_bytes());
+        out.extend_from_slice(&e.perm.to_le_bytes());
+        out.extend_from_slice(&e.id.to_le_bytes());
+    }
+    out
+}
+
+/// Encodes ext4's on-disk form.
+pub fn acl_to_disk(acl: &[AclEntry]) -> Vec<u8> {
+    let mut out = ACL_DISK_VERSION.to_le_bytes().to_vec();
+    for e in acl {
+        out.extend_from_slice(&e.tag.to_le_bytes());
+        out.extend_from_slice(&e.perm.to_le_bytes());
+        if matches!(e.tag, ACL_USER | ACL_GROUP) {
+            out.extend_from_slice(&e.id.to_le_bytes());
+        }
+    }
+    out
+}
+
+/// Decodes ext4's on-disk form; `Err` carries what is wrong.
+pub fn acl_from_disk(v: &[u8]) -> std::result::Result<Vec<AclEntry>, String> {
+    if v.len() < 4 {
+        return Err(format!("ACL of {} bytes has no header", v.len()));
+    }
+    if le32(v, 0) != ACL_DISK_VERSION {
+        return Err(format!("ACL version {}", le32(v, 0)));
+    }
+    let mut acl = Vec::new();
+    let mut off = 4;
+    while off < v.len() {
+        if off + 4 > v.len() {
+            return Err(format!("ACL entry at byte {off} is cut short"));
+        }
+        let tag = le16(v, off);
+        let perm = le16(v, off + 2);
+        let id = match tag {
+            ACL_USER | ACL_GROUP => {
+                if off + 8 > v.len() {
+                    return Err(format!("ACL entry at byte {off} is cut short"));
+                }
+                let id = le32(v, off + 4);
+                off += 8;
+                id
+            }
+            ACL_USER_OBJ | ACL_GROUP_OBJ | ACL_MASK | ACL_OTHER => {
+                off += 4;
+                ACL_UNDEFINED_ID
+            }
+            t => return Err(format!("unknown ACL tag {t:#x}")),
+        };
+        acl.push(AclEntry { tag, perm, id });
+    }
+    Ok(acl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vfs(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+        acl_to_vfs(
+            &entries
+                .iter()
+                .map(|&(tag, perm, id)| AclEntry { tag, perm, id })
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(split_name(b"user.foo").unwrap(), (1, &b"foo"[..]));
+        assert_eq!(
+            split_name(b"system.posix_acl_access").unwrap(),
+            (2, &b""[..])
+        );
+        assert_eq!(
+            split_name(b"system.posix_acl_default").unwrap(),
+            (3, &b""[..])
+        );
+        assert_eq!(split_name(b"system.data").unwrap(), (7, &b"data"[..]));
+        assert_eq!(
+            split_name(b"security.selinux").unwrap(),
+            (6, &b"selinux"[..])
+        );
+        assert!(matches!(
+            split_name(b"bogus.x"),
+            Err(Error::NotSupported(_))
+        ));
+        assert!(matches!(split_name(b"user."), Err(Error::Invalid(_))));
+        let long = [b"user.".to_vec(), vec![b'a'; 251]].concat();
+        assert!(matches!(split_name(&long), Err(Error::NameTooLong)));
+        assert!(split_name(&long[..255]).is_ok());
+        assert_eq!(join_name(6, b"selinux").unwrap(), b"security.selinux");
+        assert_eq!(join_name(2, b"").unwrap(), b"system.posix_acl_access");
+        assert_eq!(join_name(5, b"x"), None);
+    }
+
+    #[test]
+    fn entry_hash_matches_kernel_formula() {
+        // Worked by hand: name "a" -> 0x61; value "b" (padded to 4) -> 0x61 << 16 ^ 0x62.
+        let e = XattrEntry {
+            index: 1,
+            name: b"a".to_vec(),
+            value: b"b".to_vec(),
+        };
+        assert_eq!(e.hash(), 0x0061_0062);
+        assert_eq!(block_hash(std::slice::from_ref(&e)), 0x0061_0062);
+    }
+
+    #[test]
+    fn entries_roundtrip_and_bounds() {
+        let entries = vec![
+            XattrEntry {
+                index: 1,
+                name: b"x".to_vec(),
+                value: b"hello".to_vec(),
+            },
+            XattrEntry {
+                index: 4,
+                name: b"empty".to_vec(),
+                value: vec![],
+            },
+        ];
+        let blk = build_block(1024, &entries, 77, Some(0x1234));
+        assert_eq!(parse_block(&blk, 77, Some(0x1234), "t").unwrap(), entries);
+        assert!(matches!(
+            parse_block(&blk, 78, Some(0x1234), "t"),
+            Err(Error::BadChecksum(_))
+        ));
+        // A value offset pointing into the entry list is corrupt, not a panic.
+        let mut bad = blk.clone();
+        put16(&mut bad, BLOCK_HEADER_LEN + 2, 8);
+        assert!(matches!(
+            parse_block(&bad, 77, None, "t"),
+            Err(Error::Corrupt(_))
+        ));
+        // Value size running off the end.
+        let mut bad = blk.clone();
+        put32(&mut bad, BLOCK_HEADER_LEN + 8, 5000);
+        assert!(matches!(
+            parse_block(&bad, 77, None, "t"),
+            Err(Error::Corrupt(_))
+        ));
+        // ea_inode values.
+        let mut bad = blk.clone();
+        put32(&mut bad, BLOCK_HEADER_LEN + 4, 12);
+        assert!(matches!(
+            parse_block(&bad, 77, None, "t"),
+            Err(Error::Unsupported(_))
+        ));
+        // No terminator: every byte non-zero.
+        let garbage = vec![0xffu8; 100];
+        assert!(parse_entries(&garbage, 4, 4, "t").is_err());
+        // Random garbage never panics.
+        let mut seed = 1u32;
+        for _ in 0..2000 {
+            let mut area = vec![0u8; 96];
+            for b in area.iter_mut() {
+                seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                *b = (seed >> 16) as u8 & if seed & 0x100 != 0 { 0xff } else { 0x1f };
+            }
+            let _ = parse_entries(&area, 4, 4, "t");
+        }
+    }
+
+    #[test]
+    fn acl_conversions() {
+        let v = vfs(&[
+            (ACL_USER_OBJ, 6, u32::MAX),
+            (ACL_USER, 6, 1000),
+            (ACL_GROUP_OBJ, 4, u32::MAX),
+            (ACL_GROUP, 5, 50),
+            (ACL_MASK, 7, u32::MAX),
+            (ACL_OTHER, 0, u32::MAX),
+        ]);
+        let acl = acl_from_vfs(&v).unwrap().unwrap();
+        let d = acl_to_disk(&acl);
+        assert_eq!(d.len(), 4 + 4 + 8 + 4 + 8 + 4 + 4);
+        assert_eq!(acl_to_vfs(&acl_from_disk(&d).unwrap()), v);
+        // Minimal ACL without a mask.
+        let v = vfs(&[
+            (ACL_USER_OBJ, 7, u32::MAX),
+            (ACL_GROUP_OBJ, 5, u32::MAX),
+            (ACL_OTHER, 5, u32::MAX),
+        ]);
+        assert!(acl_from_vfs(&v).unwrap().is_some());
+        // Empty: remove.
+        assert_eq!(acl_from_vfs(&2u32.to_le_bytes()).unwrap(), None);
+        assert_eq!(acl_from_vfs(&[]).unwrap(), None);
+        // Malformed ones.
+        for bad in [
+            vec![1, 2, 3],
+            1u32.to_le_bytes().to_vec(),
+            // named user but no mask
+            vfs(&[
+                (ACL_USER_OBJ, 6, u32::MAX),
+                (ACL_USER, 6, 1000),
+                (ACL_GROUP_OBJ, 4, u32::MAX),
+                (ACL_OTHER, 0, u32::MAX),
+            ]),
+            // out of order
+            vfs(&[
+                (ACL_GROUP_OBJ, 4, u32::MAX),
+                (ACL_USER_OBJ, 6, u32::MAX),
+                (ACL_OTHER, 0, u32::MAX),
+            ]),
+            // bad perm
+            vfs(&[
+                (ACL_USER_OBJ, 8, u32::MAX),
+                (ACL_GROUP_OBJ, 4, u32::MAX),
+                (ACL_OTHER, 0, u32::MAX),
+            ]),
+            // unknown tag
+            vfs(&[
+                (ACL_USER_OBJ, 6, u32::MAX),
+                (0x40, 4, u32::MAX),
+                (ACL_OTHER, 0, u32::MAX),
+            ]),
+            // missing other
+            vfs(&[(ACL_USER_OBJ, 6, u32::MAX), (ACL_GROUP_OBJ, 4, u32::MAX)]),
+        ] {
+            assert!(
+                matches!(acl_from_vfs(&bad), Err(Error::Invalid(_))),
+                "{bad:?} accepted"
+            );
+        }
+        assert!(acl_from_disk(&[1, 0, 0, 0, 2, 0, 6]).is_err());
+        assert!(acl_from_disk(&[2, 0, 0, 0]).is_err());
+    }
+}
