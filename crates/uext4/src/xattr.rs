@@ -141,36 +141,54 @@ impl Fs {
     }
 
     /// Sets attribute `name` of inode `ino`. POSIX ACLs are given in the VFS form; an ACL with
-    /// no entries removes the attribute.
+    /// no entries removes the attribute. An access ACL also sets the permission bits it implies
+    /// (owner, mask or owning group, other) as the kernel does, and one that says no more than
+    /// those bits is not stored (an existing one is removed).
     pub fn setxattr(&self, ino: u32, name: &[u8], value: &[u8], flags: XattrFlags) -> Result<()> {
         let (index, short) = split_name(name)?;
-        let value = if is_acl(index) {
-            match acl_from_vfs(value)? {
-                Some(acl) => Some(acl_to_disk(&acl)),
-                None => None,
+        if !is_acl(index) {
+            if value.len() > VALUE_MAX {
+                return Err(Error::NoSpace);
             }
-        } else {
-            Some(value.to_vec())
+            return self.xattr_change(ino, index, short, Some(value.to_vec()), flags, None);
+        }
+        let acl = match acl_from_vfs(value)? {
+            Some(acl) => acl,
+            None => {
+                // Setting an empty ACL removes it; absence is not an error then.
+                return match self.xattr_change(ino, index, short, None, flags, None) {
+                    Err(Error::NoAttr) if flags != XattrFlags::Replace => Ok(()),
+                    r => r,
+                };
+            }
         };
-        if value.as_ref().is_some_and(|v| v.len() > VALUE_MAX) {
-            return Err(Error::NoSpace);
+        if index == INDEX_POSIX_ACL_DEFAULT {
+            return self.xattr_change(ino, index, short, Some(acl_to_disk(&acl)), flags, None);
         }
-        if value.is_none() {
-            // Setting an empty ACL removes it; absence is not an error then.
-            return match self.xattr_change(ino, index, short, None, XattrFlags::Replace) {
-                Err(Error::NoAttr) if flags != XattrFlags::Replace => Ok(()),
-                r => r,
-            };
-        }
-        self.xattr_change(ino, index, short, value, flags)
+        let perm = |tag| acl.iter().find(|e| e.tag == tag).map_or(0, |e| e.perm & 7);
+        let group = if acl.iter().any(|e| e.tag == ACL_MASK) {
+            perm(ACL_MASK)
+        } else {
+            perm(ACL_GROUP_OBJ)
+        };
+        let bits = perm(ACL_USER_OBJ) << 6 | group << 3 | perm(ACL_OTHER);
+        let value = (acl.len() > 3).then(|| acl_to_disk(&acl));
+        let flags = if value.is_none() {
+            XattrFlags::Any
+        } else {
+            flags
+        };
+        self.xattr_change(ino, index, short, value, flags, Some(bits))
     }
 
     /// Removes attribute `name` of inode `ino` (`Error::NoAttr` if absent).
     pub fn removexattr(&self, ino: u32, name: &[u8]) -> Result<()> {
         let (index, short) = split_name(name)?;
-        self.xattr_change(ino, index, short, None, XattrFlags::Replace)
+        self.xattr_change(ino, index, short, None, XattrFlags::Replace, None)
     }
 
+    /// Sets (`value` Some) or removes (None) one attribute. Removing with `XattrFlags::Any`
+    /// tolerates absence. `mode_bits` replaces the inode's rwx bits.
     fn xattr_change(
         &self,
         ino: u32,
@@ -178,6 +196,7 @@ impl Fs {
         name: &[u8],
         value: Option<Vec<u8>>,
         flags: XattrFlags,
+        mode_bits: Option<u16>,
     ) -> Result<()> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         self.check_writable()?;
@@ -199,12 +218,13 @@ impl Fs {
         let pos = all.iter().position(|e| e.index == index && e.name == name);
         match (pos, value.is_some(), flags) {
             (Some(_), true, XattrFlags::Create) => return Err(Error::Exists),
-            (None, _, XattrFlags::Replace) | (None, false, _) => return Err(Error::NoAttr),
+            (None, _, XattrFlags::Replace) => return Err(Error::NoAttr),
             _ => {}
         }
         if let Some(p) = pos {
             all.remove(p);
         }
+        let changed = pos.is_some() || value.is_some();
         if let Some(value) = value {
             all.push(XattrEntry {
                 index,
@@ -212,7 +232,13 @@ impl Fs {
                 value,
             });
         }
-        self.xattr_store(&mut h, ino, &mut st, all, l.blk, &old_block)?;
+        if changed {
+            self.xattr_store(&mut h, ino, &mut st, all, l.blk, &old_block)?;
+        }
+        if let Some(bits) = mode_bits {
+            let m = st.raw.mode();
+            st.raw.set_mode(m & !0o777 | bits);
+        }
         st.raw.set_ctime(Timestamp::now());
         self.mark_inode_dirty(&mut h, &inode, &mut st)
     }

@@ -277,6 +277,21 @@ fn populate(fs: &Fs, block_size: usize, ibody: bool) -> Vec<(String, Xattrs)> {
     fs.setxattr(e, b"system.posix_acl_access", &access, XattrFlags::Any)
         .unwrap();
     assert_eq!(fs.getxattr(e, b"system.posix_acl_access").unwrap(), access);
+    // The access ACL sets the mode's rwx bits: owner 6, mask 6, other 0.
+    assert_eq!(fs.getattr(e).unwrap().mode & 0o7777, 0o660);
+    // A minimal ACL only sets the mode bits and is not stored.
+    fs.setxattr(
+        a,
+        b"system.posix_acl_access",
+        &acl_vfs(&[(0x01, 7, U), (0x04, 5, U), (0x20, 1, U)]),
+        XattrFlags::Any,
+    )
+    .unwrap();
+    assert_eq!(fs.getattr(a).unwrap().mode & 0o7777, 0o751);
+    assert!(matches!(
+        fs.getxattr(a, b"system.posix_acl_access"),
+        Err(Error::NoAttr)
+    ));
     let default = acl_vfs(&[
         (0x01, 7, U),
         (0x02, 5, 1000),
@@ -370,6 +385,12 @@ fn kernel_compare(img: &Path, expect: &[(String, Xattrs)]) {
         m.dir.join("dir").display()
     ));
     assert!(dfacl.contains("default:user:1000:r-x"), "{dfacl}");
+    let modes = sh(&format!(
+        "stat -c %a {} {}",
+        m.dir.join("dir/acl").display(),
+        m.dir.join("inode-only").display()
+    ));
+    assert_eq!(modes, "660\n751\n");
     // The kernel can change what we wrote: its view after a change is what e2fsck accepts.
     sh(&format!(
         "set -e; cd {}; setfattr -n user.kernel -v k many; setfattr -x user.big block; \
