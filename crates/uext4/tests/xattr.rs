@@ -56,15 +56,17 @@ fn getfattr(paths: &[&Path]) -> BTreeMap<String, Xattrs> {
         .map(|p| (p.display().to_string(), Xattrs::new()))
         .collect();
     let mut cur = String::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        if let Some(f) = line.strip_prefix("# file: ") {
-            cur = f.to_string();
+    for line in out.stdout.split(|&b| b == b'\n') {
+        if let Some(f) = line.strip_prefix(b"# file: ") {
+            cur = String::from_utf8(f.to_vec()).unwrap();
         } else if !line.is_empty() {
-            let (n, v) = line.split_once('=').unwrap_or((line, "0x"));
+            // Names are printed raw; the value is the hex after the last '='.
+            let eq = line.iter().rposition(|&b| b == b'=').expect("name=value");
+            let v = std::str::from_utf8(&line[eq + 1..]).unwrap();
             let v = v.strip_prefix("0x").expect("hex value");
             res.get_mut(&cur)
                 .expect("getfattr printed a path we did not ask for")
-                .insert(n.as_bytes().to_vec(), unhex(v));
+                .insert(line[..eq].to_vec(), unhex(v));
         }
     }
     res
@@ -141,7 +143,9 @@ fn kernel_written_xattrs_read_back() {
                  setfacl -m u:1000:rw,g:50:r acl; setfattr -n user.after-acl -v 1 acl; \
                  setfacl -d -m u:1000:rx dacl; setfacl -m u:7:x dacl; \
                  setfattr -n user.same -v $(head -c 600 /dev/zero | tr '\\0' s) shared1; \
-                 setfattr -n user.same -v $(head -c 600 /dev/zero | tr '\\0' s) shared2"
+                 setfattr -n user.same -v $(head -c 600 /dev/zero | tr '\\0' s) shared2; \
+                 python3 -c \"import os; os.setxattr('many', b'user.\\xc3\\xbc\\xff', b'hi'); \
+                 os.setxattr('big', b'trusted.\\xe6\\x97\\xa5', b'x' * 150)\""
             ));
             let paths: Vec<_> = names.iter().map(|n| m.dir.join(n)).collect();
             let refs: Vec<&Path> = paths.iter().map(|p| p.as_path()).collect();
@@ -153,7 +157,7 @@ fn kernel_written_xattrs_read_back() {
                 .collect::<BTreeMap<_, _>>()
         };
         e2fsck_clean(&img.0);
-        assert_eq!(expect["many"].len(), 20);
+        assert_eq!(expect["many"].len(), 21);
         assert!(expect["acl"].contains_key(&b"system.posix_acl_access"[..]));
         assert!(expect["dacl"].contains_key(&b"system.posix_acl_default"[..]));
         let fs = Fs::open_path(
@@ -341,6 +345,16 @@ fn populate(fs: &Fs, block_size: usize, ibody: bool) -> Vec<(String, Xattrs)> {
             .unwrap();
     }
 
+    // Names with bytes above 0x7f (the kernel hashes them unsigned; e2fsck checks).
+    let u = fs.create(2, b"unicode", 0o644, 0, 0).unwrap().ino;
+    let uname = "user.\u{fc}n\u{ef}c\u{f6}d\u{e9}-\u{65e5}\u{672c}".as_bytes();
+    fs.setxattr(u, uname, b"small", XattrFlags::Any).unwrap();
+    let uname2 = [b"trusted.".to_vec(), vec![0xff, 0x80, 0xc3]].concat();
+    fs.setxattr(u, &uname2, &vec![3u8; block_size / 2], XattrFlags::Any)
+        .unwrap();
+    assert_eq!(fs.getxattr(u, uname).unwrap(), b"small");
+    assert_eq!(fs.listxattr(u).unwrap().len(), 2);
+
     // The root directory.
     fs.setxattr(2, b"user.root", b"on the root", XattrFlags::Any)
         .unwrap();
@@ -397,8 +411,33 @@ fn kernel_compare(img: &Path, expect: &[(String, Xattrs)]) {
          setfacl -m u:2000:r dir/acl",
         m.dir.display()
     ));
+    let after = {
+        let paths: Vec<_> = expect.iter().map(|(p, _)| m.dir.join(p)).collect();
+        let refs: Vec<&Path> = paths.iter().map(|p| p.as_path()).collect();
+        let got = getfattr(&refs);
+        paths
+            .iter()
+            .map(|p| got[&p.display().to_string()].clone())
+            .collect::<Vec<_>>()
+    };
     drop(m);
     e2fsck_clean(img);
+    // And uext4 reads the kernel's changes back.
+    let fs = Fs::open_path(
+        img,
+        MountOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for ((p, _), want) in expect.iter().zip(after.iter()) {
+        assert_eq!(
+            &ours(&fs, lookup_path(&fs, p)),
+            want,
+            "after the kernel: /{p}"
+        );
+    }
 }
 
 /// Attributes written by uext4: e2fsck clean, equal under the kernel; on several geometries.
