@@ -11,6 +11,7 @@
 //! `inode.state`, then group locks (allocation) and buffer locks, per the ranking in fs.rs.
 
 use crate::error::{Error, Result};
+use crate::format::features::COMPAT_EXT_ATTR;
 use crate::format::inode::{RawInode, Timestamp};
 use crate::format::xattr::*;
 use crate::format::{le32, put32};
@@ -224,7 +225,8 @@ impl Fs {
         if let Some(p) = pos {
             all.remove(p);
         }
-        let changed = pos.is_some() || value.is_some();
+        let value_added = value.is_some();
+        let changed = pos.is_some() || value_added;
         if let Some(value) = value {
             all.push(XattrEntry {
                 index,
@@ -232,8 +234,24 @@ impl Fs {
                 value,
             });
         }
+        let adding = value_added;
         if changed {
             self.xattr_store(&mut h, ino, &mut st, all, l.blk, &old_block)?;
+        }
+        if adding {
+            // As the kernel does: the first attribute turns on the ext_attr feature.
+            let missing = {
+                let mut sb = self.sb.lock();
+                let missing = !sb.has_compat(COMPAT_EXT_ATTR);
+                if missing {
+                    let f = sb.feature_compat() | COMPAT_EXT_ATTR;
+                    sb.set_feature_compat(f);
+                }
+                missing
+            };
+            if missing {
+                self.write_superblock_to_buffer(&mut h)?;
+            }
         }
         if let Some(bits) = mode_bits {
             let m = st.raw.mode();
