@@ -234,11 +234,10 @@ impl Fs {
                 value,
             });
         }
-        let adding = value_added;
         if changed {
             self.xattr_store(&mut h, ino, &mut st, all, l.blk, &old_block)?;
         }
-        if adding {
+        if value_added {
             // As the kernel does: the first attribute turns on the ext_attr feature.
             let missing = {
                 let mut sb = self.sb.lock();

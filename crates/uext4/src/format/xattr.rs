@@ -415,7 +415,7 @@ pub fn acl_from_vfs(v: &[u8]) -> Result<Option<Vec<AclEntry>>> {
     if v.is_empty() {
         return Ok(None);
     }
-    if v.len() < 4 || (v.len() - 4) % 8 != 0 {
+    if v.len() < 4 || !(v.len() - 4).is_multiple_of(8) {
         return Err(Error::Invalid(format!(
             "POSIX ACL of {} bytes is not a header and whole entries",
             v.len()
