@@ -49,6 +49,66 @@ impl ExtentCache {
     }
 }
 
+/// Removes logical blocks `[start, end)` from a cache, trimming and splitting extents.
+fn cache_cut(map: &mut BTreeMap<u32, Extent>, start: u64, end: u64) {
+    let hit: Vec<Extent> = map
+        .range(..)
+        .map(|(_, e)| *e)
+        .filter(|e| e.end() > start && (e.lblk as u64) < end)
+        .collect();
+    for x in hit {
+        map.remove(&x.lblk);
+        if (x.lblk as u64) < start {
+            let e = Extent {
+                len: (start - x.lblk as u64) as u32,
+                ..x
+            };
+            map.insert(e.lblk, e);
+        }
+        if x.end() > end {
+            let e = Extent {
+                lblk: end as u32,
+                len: (x.end() - end) as u32,
+                pblk: x.pblk + (end - x.lblk as u64),
+                unwritten: x.unwritten,
+            };
+            map.insert(e.lblk, e);
+        }
+    }
+}
+
+/// Frees blocks in contiguous runs (data and metadata apart) and counts them.
+#[derive(Default)]
+struct Freer {
+    run: Option<(u64, u64)>,
+    count: u64,
+}
+
+impl Freer {
+    fn data(&mut self, fs: &Fs, h: &mut Handle<'_>, p: u64) -> Result<()> {
+        self.count += 1;
+        if let Some((s, l)) = self.run.as_mut() {
+            if *s + *l == p {
+                *l += 1;
+                return Ok(());
+            }
+        }
+        self.flush(fs, h)?;
+        self.run = Some((p, 1));
+        Ok(())
+    }
+    fn meta(&mut self, fs: &Fs, h: &mut Handle<'_>, p: u64) -> Result<()> {
+        self.count += 1;
+        fs.free_blocks(h, p, 1, true)
+    }
+    fn flush(&mut self, fs: &Fs, h: &mut Handle<'_>) -> Result<()> {
+        if let Some((s, l)) = self.run.take() {
+            fs.free_blocks(h, s, l, false)?;
+        }
+        Ok(())
+    }
+}
+
 /// A node of the tree: the root in i_block, or a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Node {
@@ -57,6 +117,15 @@ enum Node {
 }
 
 type Entry = [u8; ENTRY_SIZE];
+
+/// How errors name a tree node: block 0 is the root in i_block.
+fn node_name(blk: u64) -> String {
+    if blk == 0 {
+        "extent root".to_string()
+    } else {
+        format!("extent block {blk}")
+    }
+}
 
 fn key(e: &Entry) -> u32 {
     le32(e, 0)
@@ -159,13 +228,8 @@ impl Fs {
     }
 
     fn corrupt(&self, ino: u32, blk: u64, what: String) -> Error {
-        let where_ = if blk == 0 {
-            "extent root".to_string()
-        } else {
-            format!("extent block {blk}")
-        };
         self.fail(
-            Error::corrupt(format!("inode {ino}: {where_}: {what}")),
+            Error::corrupt(format!("inode {ino}: {}: {what}", node_name(blk))),
             ino,
             blk,
             "ext_load",
@@ -173,7 +237,7 @@ impl Fs {
     }
 
     /// Validates one node and loads its extents. `lo`/`hi` bound the logical blocks its parent
-    /// said it covers.
+    /// said it covers (`lo` is the parent's key for this node).
     #[allow(clippy::too_many_arguments)]
     fn load_node(
         &self,
@@ -191,12 +255,16 @@ impl Fs {
         if hdr.magic != EXTENT_MAGIC {
             return Err(self.corrupt(ino, b, format!("bad magic {:#06x}", hdr.magic)));
         }
+        // e2fsprogs accepts eh_max from capacity-2 to capacity; the kernel anything up to it.
         let cap = node_capacity(data.len(), blk.is_none());
-        if hdr.max == 0 || hdr.max > cap || hdr.entries > hdr.max {
+        if hdr.max > cap || hdr.max + 2 < cap || hdr.entries > hdr.max {
             return Err(self.corrupt(
                 ino,
                 b,
-                format!("{} entries, max {} (capacity {cap})", hdr.entries, hdr.max),
+                format!(
+                    "{} entries, eh_max {} (node capacity {cap})",
+                    hdr.entries, hdr.max
+                ),
             ));
         }
         if hdr.depth != want_depth || hdr.depth > MAX_DEPTH {
@@ -210,9 +278,13 @@ impl Fs {
             if self.geo.metadata_csum {
                 let t = tail_offset(hdr.max);
                 let want = crate::format::csum::crc32c(seed, &data[..t]);
-                if le32(data, t) != want {
+                let have = le32(data, t);
+                if have != want {
                     return Err(self.fail(
-                        Error::BadChecksum(format!("inode {ino}: extent block {blk}")),
+                        Error::BadChecksum(format!(
+                            "inode {ino}: extent block {blk}: checksum {have:#010x}, \
+                             computed {want:#010x}"
+                        )),
                         ino,
                         blk,
                         "ext_load",
@@ -220,47 +292,67 @@ impl Fs {
                 }
             }
         }
+        let n = hdr.entries as usize;
+        let entry =
+            |i: usize| &data[HEADER_SIZE + i * ENTRY_SIZE..HEADER_SIZE + (i + 1) * ENTRY_SIZE];
         let mut prev_end = lo;
-        for i in 0..hdr.entries as usize {
-            let e = &data[HEADER_SIZE + i * ENTRY_SIZE..HEADER_SIZE + (i + 1) * ENTRY_SIZE];
+        for i in 0..n {
+            let e = entry(i);
             if hdr.depth == 0 {
                 let x = Extent::read(e);
-                if x.len == 0
-                    || (x.lblk as u64) < prev_end
-                    || x.lblk as u64 >= hi
-                    || x.end() > 1 << 32
-                {
+                if x.len == 0 || (x.lblk as u64) < prev_end || x.end() > hi.min(1 << 32) {
                     return Err(self.corrupt(
                         ino,
                         b,
                         format!(
-                            "extent {i} (logical {} len {}) is out of order",
+                            "extent {i} (logical {} len {}) overlaps its neighbours or lies \
+                             outside [{lo}, {hi})",
                             x.lblk, x.len
                         ),
                     ));
                 }
-                self.check_block(x.pblk, x.len as u64, &|| {
-                    format!("inode {ino}: extent at logical block {}", x.lblk)
-                })
-                .map_err(|e| self.fail(e, ino, b, "ext_load"))?;
+                if let Err(err) = self.check_block(x.pblk, x.len as u64, &|| {
+                    format!(
+                        "inode {ino}: {}: extent {i} (logical {})",
+                        node_name(b),
+                        x.lblk
+                    )
+                }) {
+                    return Err(self.fail(err, ino, b, "ext_load"));
+                }
                 prev_end = x.end();
                 out.insert(x.lblk, x);
             } else {
                 let x = ExtentIdx::read(e);
-                if (x.lblk as u64) < prev_end && i > 0 {
+                let first_ok = if i == 0 {
+                    x.lblk as u64 >= lo
+                } else {
+                    x.lblk as u64 > prev_end
+                };
+                if !first_ok || x.lblk as u64 >= hi {
                     return Err(self.corrupt(
                         ino,
                         b,
-                        format!("index {i} (logical {}) is out of order", x.lblk),
+                        format!(
+                            "index {i} (logical {}) is out of order or outside [{lo}, {hi})",
+                            x.lblk
+                        ),
                     ));
                 }
-                let next_lo = if i + 1 < hdr.entries as usize {
-                    le32(data, HEADER_SIZE + (i + 1) * ENTRY_SIZE) as u64
+                let next_lo = if i + 1 < n {
+                    (le32(entry(i + 1), 0) as u64).min(hi)
                 } else {
                     hi
                 };
-                self.check_block(x.leaf, 1, &|| format!("inode {ino}: extent index {i}"))
-                    .map_err(|e| self.fail(e, ino, b, "ext_load"))?;
+                if let Err(err) = self.check_block(x.leaf, 1, &|| {
+                    format!(
+                        "inode {ino}: {}: index {i} (logical {})",
+                        node_name(b),
+                        x.lblk
+                    )
+                }) {
+                    return Err(self.fail(err, ino, b, "ext_load"));
+                }
                 let buf = self.bcache.get(x.leaf)?;
                 let child = buf.read().to_vec();
                 self.load_node(
@@ -270,7 +362,7 @@ impl Fs {
                     Some(x.leaf),
                     hdr.depth - 1,
                     x.lblk as u64,
-                    next_lo,
+                    next_lo.max(x.lblk as u64 + 1),
                     out,
                 )?;
                 prev_end = x.lblk as u64;
@@ -286,49 +378,63 @@ impl Fs {
         raw: &RawInode,
         out: &mut BTreeMap<u32, Extent>,
     ) -> Result<()> {
-        let per = self.geo.block_size as u64 / 4;
         let ib = raw.i_block();
-        let mut push = |lblk: u64, pblk: u64| {
-            if pblk == 0 || lblk >= 1 << 32 {
-                return;
-            }
-            if let Some((_, last)) = out.iter_mut().next_back() {
-                if last.end() == lblk
-                    && last.pblk + last.len as u64 == pblk
-                    && last.len < MAX_INIT_LEN
-                {
-                    last.len += 1;
-                    return;
-                }
-            }
-            out.insert(
-                lblk as u32,
-                Extent {
-                    lblk: lblk as u32,
-                    len: 1,
-                    pblk,
-                    unwritten: false,
-                },
-            );
-        };
         let mut blocks: Vec<(u64, u64)> = Vec::new();
         for i in 0..12u64 {
-            blocks.push((i, le32(ib, 4 * i as usize) as u64));
+            let p = le32(ib, 4 * i as usize) as u64;
+            if p != 0 {
+                self.bm_check(ino, 0, p, &|| format!("direct pointer {i}"))?;
+                blocks.push((i, p));
+            }
         }
-        let roots = [(12u64, 1u32), (12 + per, 2), (12 + per + per * per, 3)];
-        for (n, &(start, level)) in roots.iter().enumerate() {
+        for (n, (start, level)) in self.bm_roots().into_iter().enumerate() {
             let b = le32(ib, 48 + 4 * n) as u64;
             if b != 0 {
-                self.walk_indirect(ino, b, level, start, &mut blocks, 0)?;
+                self.bm_check(ino, 0, b, &|| format!("indirect pointer {}", 12 + n))?;
+                self.walk_indirect(ino, b, level, start, &mut blocks)?;
             }
         }
+        // `blocks` is in logical order: join runs into extents.
+        let mut cur: Option<Extent> = None;
         for (l, p) in blocks {
-            if p != 0 {
-                self.check_block(p, 1, &|| format!("inode {ino}: mapped block"))?;
+            if let Some(c) = cur.as_mut() {
+                if c.end() == l && c.pblk + c.len as u64 == p && c.len < MAX_INIT_LEN {
+                    c.len += 1;
+                    continue;
+                }
+                out.insert(c.lblk, *c);
             }
-            push(l, p);
+            cur = Some(Extent {
+                lblk: l as u32,
+                len: 1,
+                pblk: p,
+                unwritten: false,
+            });
+        }
+        if let Some(c) = cur {
+            out.insert(c.lblk, c);
         }
         Ok(())
+    }
+
+    /// The three indirect trees of a block map: (first logical block, levels).
+    fn bm_roots(&self) -> [(u64, u32); 3] {
+        let per = self.geo.block_size as u64 / 4;
+        [(12, 1), (12 + per, 2), (12 + per + per * per, 3)]
+    }
+
+    /// A block-map pointer must lie inside the filesystem; `parent` is the indirect block
+    /// holding it (0: i_block).
+    fn bm_check(&self, ino: u32, parent: u64, p: u64, what: &dyn Fn() -> String) -> Result<()> {
+        let name = || {
+            if parent == 0 {
+                format!("inode {ino}: block map: {}", what())
+            } else {
+                format!("inode {ino}: indirect block {parent}: {}", what())
+            }
+        };
+        self.check_block(p, 1, &name)
+            .map_err(|e| self.fail(e, ino, if parent == 0 { p } else { parent }, "ext_load"))
     }
 
     fn walk_indirect(
@@ -338,14 +444,7 @@ impl Fs {
         level: u32,
         start: u64,
         out: &mut Vec<(u64, u64)>,
-        guard: u32,
     ) -> Result<()> {
-        if guard > 3 {
-            return Err(Error::corrupt(format!(
-                "inode {ino}: indirect block map nested too deep"
-            )));
-        }
-        self.check_block(blk, 1, &|| format!("inode {ino}: indirect block"))?;
         let per = self.geo.block_size as u64 / 4;
         let data = self.bcache.get(blk)?.read().to_vec();
         let span = per.pow(level - 1);
@@ -354,13 +453,116 @@ impl Fs {
             if p == 0 {
                 continue;
             }
+            self.bm_check(ino, blk, p, &|| format!("entry {i}"))?;
+            let l = start + i * span;
             if level == 1 {
-                out.push((start + i, p));
+                if l < 1 << 32 {
+                    out.push((l, p));
+                }
             } else {
-                self.walk_indirect(ino, p, level - 1, start + i * span, out, guard + 1)?;
+                // `level` strictly decreases: at most three nested reads.
+                self.walk_indirect(ino, p, level - 1, l, out)?;
             }
         }
         Ok(())
+    }
+
+    /// Unmaps `[start, end)` of a file with an indirect block map: frees its data blocks and
+    /// every indirect block left empty, and clears their pointers (journaled like any metadata).
+    fn blockmap_remove(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+        start: u64,
+        end: u64,
+    ) -> Result<()> {
+        let mut fr = Freer::default();
+        let mut ib = st.raw.i_block().to_vec();
+        for i in 0..12u64 {
+            let p = le32(&ib, 4 * i as usize) as u64;
+            if p != 0 && i >= start && i < end {
+                self.bm_check(ino, 0, p, &|| format!("direct pointer {i}"))?;
+                fr.data(self, h, p)?;
+                put32(&mut ib, 4 * i as usize, 0);
+            }
+        }
+        let per = self.geo.block_size as u64 / 4;
+        for (n, (first, level)) in self.bm_roots().into_iter().enumerate() {
+            let p = le32(&ib, 48 + 4 * n) as u64;
+            let last = first + per.pow(level);
+            if p == 0 || end <= first || start >= last {
+                continue;
+            }
+            self.bm_check(ino, 0, p, &|| format!("indirect pointer {}", 12 + n))?;
+            if self.trim_indirect(h, ino, p, level, first, start, end, &mut fr)? {
+                fr.meta(self, h, p)?;
+                put32(&mut ib, 48 + 4 * n, 0);
+            }
+        }
+        fr.flush(self, h)?;
+        st.raw.i_block_mut().copy_from_slice(&ib);
+        let b = st
+            .raw
+            .blocks_512(self.geo.block_size)
+            .saturating_sub(fr.count * self.sectors_per_block());
+        st.raw.set_blocks_512(b);
+        if let Some(c) = st.extents.as_mut() {
+            cache_cut(&mut c.map, start, end);
+        }
+        Ok(())
+    }
+
+    /// Clears the pointers of `[start, end)` under indirect block `blk` (covering logical blocks
+    /// from `base`, `level` levels above the data). Returns whether the block is now empty.
+    #[allow(clippy::too_many_arguments)]
+    fn trim_indirect(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        blk: u64,
+        level: u32,
+        base: u64,
+        start: u64,
+        end: u64,
+        fr: &mut Freer,
+    ) -> Result<bool> {
+        let per = self.geo.block_size as u64 / 4;
+        let span = per.pow(level - 1);
+        let buf = self.bcache.get(blk)?;
+        let mut data = buf.read().to_vec();
+        let mut changed = false;
+        for i in 0..per {
+            let lo = base + i * span;
+            let hi = lo + span;
+            let off = 4 * i as usize;
+            let p = le32(&data, off) as u64;
+            if p == 0 || hi <= start || lo >= end {
+                continue;
+            }
+            self.bm_check(ino, blk, p, &|| format!("entry {i}"))?;
+            let gone = if level == 1 {
+                fr.data(self, h, p)?;
+                true
+            } else if self.trim_indirect(h, ino, p, level - 1, lo, start, end, fr)? {
+                fr.meta(self, h, p)?;
+                true
+            } else {
+                false
+            };
+            if gone {
+                put32(&mut data, off, 0);
+                changed = true;
+            }
+        }
+        if data.iter().all(|&x| x == 0) {
+            return Ok(true);
+        }
+        if changed {
+            buf.write().copy_from_slice(&data);
+            h.dirty(&buf);
+        }
+        Ok(false)
     }
 
     /// The extent containing `lblk`, or None for a hole.
@@ -389,7 +591,7 @@ impl Fs {
         self.ext_load(ino, st)?;
         if st.extents.as_ref().unwrap().blockmap {
             return Err(Error::Unsupported(format!(
-                "inode {ino}: changing a file with an indirect block map (not extents)"
+                "inode {ino}: writing to a file with an indirect block map (not extents)"
             )));
         }
         Ok(())
@@ -404,6 +606,15 @@ impl Fs {
         e: Extent,
     ) -> Result<()> {
         self.writable_tree(ino, st)?;
+        if e.len == 0 || e.len > Extent::max_len(e.unwritten) || e.end() > 1 << 32 {
+            return Err(Error::Invalid(format!(
+                "inode {ino}: cannot map {} blocks at logical block {}",
+                e.len, e.lblk
+            )));
+        }
+        self.check_block(e.pblk, e.len as u64, &|| {
+            format!("inode {ino}: new extent at logical block {}", e.lblk)
+        })?;
         let cache = st.extents.as_ref().unwrap();
         if let Some(x) = cache.next(e.lblk) {
             if (x.lblk as u64) < e.end() {
@@ -477,10 +688,14 @@ impl Fs {
         end: u64,
     ) -> Result<()> {
         self.ext_load(ino, st)?;
+        let end = end.min(1 << 32);
         if st.extents.as_ref().unwrap().map.is_empty() || end <= start as u64 {
             return Ok(());
         }
-        self.writable_tree(ino, st)?;
+        if st.extents.as_ref().unwrap().blockmap {
+            // Truncating and deleting old (ext2/ext3) files works; mapping new blocks does not.
+            return self.blockmap_remove(h, ino, st, start as u64, end);
+        }
         loop {
             let victim = st
                 .extents
