@@ -42,7 +42,7 @@ fn unhex(s: &str) -> Vec<u8> {
 /// map to an empty set.
 fn getfattr(paths: &[&Path]) -> BTreeMap<String, Xattrs> {
     let out = Command::new("getfattr")
-        .args(["--absolute-names", "-d", "-m", "-", "-e", "hex"])
+        .args(["--absolute-names", "-h", "-d", "-m", "-", "-e", "hex"])
         .args(paths)
         .output()
         .expect("getfattr");
@@ -355,6 +355,18 @@ fn populate(fs: &Fs, block_size: usize, ibody: bool) -> Vec<(String, Xattrs)> {
     assert_eq!(fs.getxattr(u, uname).unwrap(), b"small");
     assert_eq!(fs.listxattr(u).unwrap().len(), 2);
 
+    // A fast symlink and a fifo with attributes (an xattr block on a fast symlink must not
+    // make it look like a slow one).
+    let sl = fs.symlink(2, b"sl", b"inode-only", 0, 0).unwrap().ino;
+    fs.setxattr(sl, b"trusted.big", &big, XattrFlags::Any)
+        .unwrap();
+    fs.setxattr(sl, b"trusted.s", b"s", XattrFlags::Any)
+        .unwrap();
+    assert_eq!(fs.readlink(sl).unwrap(), b"inode-only");
+    let fifo = fs.mknod(2, b"fifo", 0o010644, 0, 0, 0).unwrap().ino;
+    fs.setxattr(fifo, b"trusted.f", &big[..100], XattrFlags::Any)
+        .unwrap();
+
     // The root directory.
     fs.setxattr(2, b"user.root", b"on the root", XattrFlags::Any)
         .unwrap();
@@ -366,6 +378,8 @@ fn populate(fs: &Fs, block_size: usize, ibody: bool) -> Vec<(String, Xattrs)> {
         ("dir", d),
         ("dir/acl", e),
         ("removed", f),
+        ("sl", sl),
+        ("fifo", fifo),
         ("", 2),
     ]
     .into_iter()
@@ -405,6 +419,10 @@ fn kernel_compare(img: &Path, expect: &[(String, Xattrs)]) {
         m.dir.join("inode-only").display()
     ));
     assert_eq!(modes, "660\n751\n");
+    assert_eq!(
+        std::fs::read_link(m.dir.join("sl")).unwrap(),
+        Path::new("inode-only")
+    );
     // The kernel can change what we wrote: its view after a change is what e2fsck accepts.
     sh(&format!(
         "set -e; cd {}; setfattr -n user.kernel -v k many; setfattr -x user.big block; \
@@ -562,8 +580,16 @@ fn unlink_frees_xattr_block() {
     let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
     fs.setxattr(f, b"user.big", &vec![1u8; 3000], XattrFlags::Any)
         .unwrap();
+    let l = fs.symlink(2, b"l", b"f", 0, 0).unwrap().ino;
+    fs.setxattr(l, b"trusted.big", &vec![2u8; 3000], XattrFlags::Any)
+        .unwrap();
+    let d = fs.mkdir(2, b"d", 0o755, 0, 0).unwrap().ino;
+    fs.setxattr(d, b"user.big", &vec![3u8; 3000], XattrFlags::Any)
+        .unwrap();
     assert!(fs.statfs().blocks_free < free0);
     fs.unlink(2, b"f").unwrap();
+    fs.unlink(2, b"l").unwrap();
+    fs.rmdir(2, b"d").unwrap();
     fs.unmount().unwrap();
     drop(fs);
     e2fsck_clean(&img.0);
