@@ -367,6 +367,15 @@ fn populate(fs: &Fs, block_size: usize, ibody: bool) -> Vec<(String, Xattrs)> {
     fs.setxattr(fifo, b"trusted.f", &big[..100], XattrFlags::Any)
         .unwrap();
 
+    // The largest value one block holds: header 32, entry 16 + name 4, terminator 4.
+    let mx = fs.create(2, b"max", 0o644, 0, 0).unwrap().ino;
+    assert!(matches!(
+        fs.setxattr(mx, b"user.x", &vec![9u8; block_size - 55], XattrFlags::Any),
+        Err(Error::NoSpace)
+    ));
+    fs.setxattr(mx, b"user.x", &vec![9u8; block_size - 56], XattrFlags::Any)
+        .unwrap();
+
     // The root directory.
     fs.setxattr(2, b"user.root", b"on the root", XattrFlags::Any)
         .unwrap();
@@ -379,6 +388,7 @@ fn populate(fs: &Fs, block_size: usize, ibody: bool) -> Vec<(String, Xattrs)> {
         ("dir/acl", e),
         ("removed", f),
         ("sl", sl),
+        ("max", mx),
         ("fifo", fifo),
         ("", 2),
     ]
