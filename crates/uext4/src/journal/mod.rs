@@ -14,6 +14,8 @@
 //! collect revokes, replay), checking every checksum; an incomplete last transaction is
 //! discarded.
 
+pub mod format;
+
 use crate::blockdev::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::csum::crc32c;
