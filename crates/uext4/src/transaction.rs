@@ -274,11 +274,10 @@ impl crate::fs::Fs {
         blocks: &[(u64, Vec<u8>)],
         revoked: &[u64],
     ) -> crate::Result<()> {
-        let _ = tid;
         // Data written by the operations in this transaction reached the device before their
         // metadata: the journal's flushes (or the flush below) order it ahead of the metadata.
         if let Some(j) = self.journal.get() {
-            match j.commit(blocks, revoked) {
+            match j.commit(tid, blocks, revoked) {
                 Ok(jtid) => {
                     let bs = self.geo.block_size as u64;
                     for (blk, data) in blocks {
