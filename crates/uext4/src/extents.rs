@@ -323,6 +323,24 @@ impl Fs {
                 prev_end = x.end();
                 out.insert(x.lblk, x);
             } else {
+                if i == 0 {
+                    // Every key first, so that a bad key is blamed on this node, not a child.
+                    let mut prev = lo;
+                    for j in 0..n {
+                        let k = le32(entry(j), 0) as u64;
+                        if (j == 0 && k < lo) || (j > 0 && k <= prev) || k >= hi {
+                            return Err(self.corrupt(
+                                ino,
+                                b,
+                                format!(
+                                    "index {j} (logical {k}) is out of order or outside \
+                                     [{lo}, {hi})"
+                                ),
+                            ));
+                        }
+                        prev = k;
+                    }
+                }
                 let x = ExtentIdx::read(e);
                 let first_ok = if i == 0 {
                     x.lblk as u64 >= lo
@@ -1555,5 +1573,661 @@ mod model_tests {
             eprintln!("deep tree {cfg:?}: depth {depth}");
             assert!(depth >= 1, "depth {depth}");
         }
+    }
+}
+
+/// Merging stops at the on-disk length limits (32768 written, 32767 unwritten).
+#[cfg(test)]
+mod merge_tests {
+    use super::model_tests::*;
+    use super::*;
+
+    #[test]
+    fn appends_merge_up_to_the_length_limits() {
+        // 4 KiB blocks, 32768 per group; groups 2 and 6 have no superblock backup (and the
+        // journal sits in group 4).
+        let img = mkimg("merge", "1G", &["-t", "ext4", "-b", "4096"]);
+        let fs = open(&img.0, false);
+        // Group 2 (from block 65536) and group 6 (from 196608) are wholly free: chunks of 256
+        // fill 32768 exactly, chunks of 151 fill 32767.
+        for (name, unwritten, goal0, chunk) in [
+            (&b"w"[..], false, 65536, 256),
+            (&b"u"[..], true, 196608, 151),
+        ] {
+            let ino = fs.create(2, name, 0o100644, 0, 0).unwrap().ino;
+            let inode = fs.iget(ino).unwrap();
+            let mut lblk = 0u32;
+            let mut goal = goal0;
+            while lblk < 40000 {
+                let mut h = fs.start(16).unwrap();
+                let mut st = inode.state.lock();
+                let (p, got) = fs.alloc_blocks(&mut h, goal, chunk).unwrap();
+                let e = Extent {
+                    lblk,
+                    len: got,
+                    pblk: p,
+                    unwritten,
+                };
+                fs.ext_insert(&mut h, ino, &mut st, e).unwrap();
+                if !unwritten {
+                    st.raw.set_size((lblk + got) as u64 * 4096);
+                }
+                fs.mark_inode_dirty(&mut h, &inode, &mut st).unwrap();
+                lblk += got;
+                goal = p + got as u64;
+            }
+            let list = fs.ext_list(ino).unwrap();
+            let max = Extent::max_len(unwritten);
+            assert!(list.iter().any(|e| e.len == max), "{list:?}");
+            for w in list.windows(2) {
+                let contiguous =
+                    w[0].end() == w[1].lblk as u64 && w[0].pblk + w[0].len as u64 == w[1].pblk;
+                assert!(
+                    !contiguous || w[0].len + w[1].len > max,
+                    "left unmerged: {w:?}"
+                );
+            }
+            assert!(list
+                .iter()
+                .all(|e| e.len <= max && e.unwritten == unwritten));
+            assert_eq!(list.iter().map(|e| e.len as u64).sum::<u64>(), lblk as u64);
+        }
+        fs.unmount().unwrap();
+        drop(fs);
+        e2fsck_clean(&img.0);
+    }
+
+    /// Unwritten conversion in the middle of an extent splits it in three, and converting the
+    /// rest merges nothing wrongly: the written pieces stay apart from unwritten neighbours.
+    #[test]
+    fn mark_written_splits() {
+        let img = mkimg("split", "64M", &["-t", "ext4", "-b", "1024"]);
+        let fs = open(&img.0, false);
+        let ino = fs.create(2, b"f", 0o100644, 0, 0).unwrap().ino;
+        let inode = fs.iget(ino).unwrap();
+        let p;
+        {
+            let mut h = fs.start(16).unwrap();
+            let mut st = inode.state.lock();
+            let (p0, got) = fs.alloc_blocks(&mut h, 0, 100).unwrap();
+            assert_eq!(got, 100);
+            p = p0;
+            let e = Extent {
+                lblk: 0,
+                len: 100,
+                pblk: p,
+                unwritten: true,
+            };
+            fs.ext_insert(&mut h, ino, &mut st, e).unwrap();
+            fs.ext_mark_written(&mut h, ino, &mut st, 40, 10).unwrap();
+            st.raw.set_size(100 * 1024);
+            fs.mark_inode_dirty(&mut h, &inode, &mut st).unwrap();
+        }
+        let ext = |lblk, len, pblk, unwritten| Extent {
+            lblk,
+            len,
+            pblk,
+            unwritten,
+        };
+        assert_eq!(
+            fs.ext_list(ino).unwrap(),
+            vec![
+                ext(0, 40, p, true),
+                ext(40, 10, p + 40, false),
+                ext(50, 50, p + 50, true)
+            ]
+        );
+        {
+            let mut h = fs.start(16).unwrap();
+            let mut st = inode.state.lock();
+            fs.ext_mark_written(&mut h, ino, &mut st, 0, 1000).unwrap();
+            fs.mark_inode_dirty(&mut h, &inode, &mut st).unwrap();
+            let l: Vec<Extent> = st.extents.as_ref().unwrap().map.values().copied().collect();
+            assert!(l.iter().all(|e| !e.unwritten));
+            assert_eq!(l.iter().map(|e| e.len).sum::<u32>(), 100);
+        }
+        fs.unmount().unwrap();
+        drop(fs);
+        e2fsck_clean(&img.0);
+    }
+}
+
+/// Corrupt trees are reported by inode and block, never with a panic.
+#[cfg(test)]
+mod corruption_tests {
+    use super::model_tests::*;
+    use super::*;
+    use crate::format::{le16, put16};
+    use std::os::unix::fs::FileExt;
+
+    /// A file of `n` discontiguous one-block extents; returns (ino, its inode's byte offset in
+    /// the image).
+    fn build(fs: &Fs, n: u32) -> (u32, u64) {
+        let ino = fs.create(2, b"f", 0o100644, 0, 0).unwrap().ino;
+        let inode = fs.iget(ino).unwrap();
+        for i in 0..n {
+            let mut h = fs.start(16).unwrap();
+            let mut st = inode.state.lock();
+            let (p, _) = fs.alloc_blocks(&mut h, 0, 1).unwrap();
+            let e = Extent {
+                lblk: i * 2,
+                len: 1,
+                pblk: p,
+                unwritten: false,
+            };
+            fs.ext_insert(&mut h, ino, &mut st, e).unwrap();
+            st.raw
+                .set_size((i as u64 * 2 + 1) * fs.geo.block_size as u64);
+            fs.mark_inode_dirty(&mut h, &inode, &mut st).unwrap();
+        }
+        let (blk, off) = fs.inode_location(ino).unwrap();
+        (ino, blk * fs.geo.block_size as u64 + off as u64)
+    }
+
+    /// The first index entry's child of a node.
+    fn child(node: &[u8], i: usize) -> u64 {
+        ExtentIdx::read(&node[HEADER_SIZE + i * ENTRY_SIZE..]).leaf
+    }
+
+    fn message(r: Result<Vec<Extent>>) -> (Error, String) {
+        let e = match r {
+            Ok(l) => panic!("a corrupt tree loaded ({} extents)", l.len()),
+            Err(e) => e,
+        };
+        let m = e.to_string();
+        (e, m)
+    }
+
+    /// Magic and checksum damage written into the image file, found by a fresh open.
+    #[test]
+    fn bad_magic_and_bad_checksum_in_the_image() {
+        let img = mkimg("corrupt", "64M", &["-t", "ext4", "-b", "1024"]);
+        let fs = open(&img.0, false);
+        let (ino, _) = build(&fs, 200);
+        let root = fs.iget(ino).unwrap().state.lock().raw.i_block().to_vec();
+        assert_eq!(ExtentHeader::read(&root).depth, 1);
+        let leaf = child(&root, 1);
+        fs.unmount().unwrap();
+        drop(fs);
+        e2fsck_clean(&img.0);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&img.0)
+            .unwrap();
+        let at = leaf * 1024;
+        let mut orig = [0u8; 32];
+        f.read_exact_at(&mut orig, at).unwrap();
+
+        // A byte of an entry: the checksum catches it.
+        let mut b = orig;
+        b[HEADER_SIZE + 3] ^= 0x40;
+        f.write_all_at(&b, at).unwrap();
+        let fs = open(&img.0, true);
+        let (e, m) = message(fs.ext_list(ino));
+        assert!(matches!(e, Error::BadChecksum(_)), "{m}");
+        assert!(
+            m.contains(&format!("inode {ino}")) && m.contains(&format!("extent block {leaf}")),
+            "{m}"
+        );
+        drop(fs);
+
+        // The magic: a structural error, recorded in the superblock on a writable mount.
+        let mut b = orig;
+        b[0] = 0;
+        f.write_all_at(&b, at).unwrap();
+        let fs = open(&img.0, false);
+        let (e, m) = message(fs.ext_list(ino));
+        assert!(matches!(e, Error::Corrupt(_)), "{m}");
+        assert!(
+            m.contains(&format!("inode {ino}"))
+                && m.contains(&format!("extent block {leaf}"))
+                && m.contains("magic"),
+            "{m}"
+        );
+        let sb = fs.superblock();
+        assert_eq!(sb.first_error_ino(), ino);
+        assert_eq!(sb.first_error_block(), leaf);
+        drop(fs);
+        // e2fsck sees the same damage.
+        let out = std::process::Command::new("e2fsck")
+            .arg("-fn")
+            .arg(&img.0)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "e2fsck missed the damage");
+    }
+
+    /// Structural damage to the root and to blocks (no metadata_csum, so only the structure
+    /// checks can catch it), made in memory on a read-only mount.
+    #[test]
+    fn structural_damage_is_named() {
+        let img = mkimg(
+            "struct",
+            "64M",
+            &["-t", "ext4", "-b", "1024", "-O", "^metadata_csum"],
+        );
+        let fs = open(&img.0, false);
+        let (ino, _) = build(&fs, 1000);
+        fs.unmount().unwrap();
+        drop(fs);
+        e2fsck_clean(&img.0);
+        let fs = open(&img.0, true);
+        let inode = fs.iget(ino).unwrap();
+        let root = inode.state.lock().raw.i_block().to_vec();
+        assert_eq!(ExtentHeader::read(&root).depth, 2);
+        let mid = child(&root, 0);
+        let mid_data = fs.bcache.get(mid).unwrap().read().to_vec();
+        let leaf = child(&mid_data, 0);
+        let leaf2 = child(&mid_data, 1);
+        let leaf_data = fs.bcache.get(leaf).unwrap().read().to_vec();
+        let count = fs.geo.blocks_count;
+
+        // (what is damaged, the node the message must name, the damage)
+        type Damage = Box<dyn Fn(&mut Vec<u8>, &mut Vec<u8>, &mut Vec<u8>)>;
+        let cases: Vec<(&str, String, Damage)> = vec![
+            (
+                "root magic",
+                "extent root".into(),
+                Box::new(|r, _, _| r[0] = 0),
+            ),
+            (
+                "root depth 6",
+                "extent root".into(),
+                Box::new(|r, _, _| r[6] = 6),
+            ),
+            (
+                "root eh_max 5",
+                "extent root".into(),
+                Box::new(|r, _, _| r[4] = 5),
+            ),
+            (
+                "root entries > max",
+                "extent root".into(),
+                Box::new(|r, _, _| r[2] = 5),
+            ),
+            (
+                "root index outside the disk",
+                "extent root".into(),
+                Box::new(move |r, _, _| put32(r, HEADER_SIZE + 4, count as u32 + 7)),
+            ),
+            (
+                "index keys out of order",
+                format!("extent block {mid}"),
+                Box::new(|_, m, _| {
+                    let k = le32(m, HEADER_SIZE + ENTRY_SIZE);
+                    put32(m, HEADER_SIZE, k + 1)
+                }),
+            ),
+            (
+                "index node points to itself",
+                format!("extent block {mid}"),
+                Box::new(move |_, m, _| put32(m, HEADER_SIZE + 4, mid as u32)),
+            ),
+            (
+                "leaf magic",
+                format!("extent block {leaf}"),
+                Box::new(|_, _, l| l[1] = 0),
+            ),
+            (
+                "leaf depth",
+                format!("extent block {leaf}"),
+                Box::new(|_, _, l| l[6] = 1),
+            ),
+            (
+                "leaf eh_max",
+                format!("extent block {leaf}"),
+                Box::new(|_, _, l| put16(l, 4, 300)),
+            ),
+            (
+                "leaf entries > max",
+                format!("extent block {leaf}"),
+                Box::new(|_, _, l| put16(l, 2, 85)),
+            ),
+            (
+                "leaf extent outside the disk",
+                format!("extent block {leaf}"),
+                Box::new(move |_, _, l| put32(l, HEADER_SIZE + 8, count as u32 + 10)),
+            ),
+            (
+                "leaf extent of length 0",
+                format!("extent block {leaf}"),
+                Box::new(|_, _, l| put16(l, HEADER_SIZE + 4, 0)),
+            ),
+            (
+                "leaf extents out of order",
+                format!("extent block {leaf}"),
+                Box::new(|_, _, l| {
+                    let k = le32(l, HEADER_SIZE + ENTRY_SIZE);
+                    put32(l, HEADER_SIZE, k + 1)
+                }),
+            ),
+            (
+                "last extent of a leaf overlaps the next leaf",
+                format!("extent block {leaf}"),
+                Box::new(|_, _, l| {
+                    let n = le16(l, 2) as usize;
+                    put16(l, HEADER_SIZE + (n - 1) * ENTRY_SIZE + 4, 3)
+                }),
+            ),
+            (
+                "extent before its parent's key",
+                format!("extent block {leaf2}"),
+                Box::new(|_, _, _| {}),
+            ),
+        ];
+        for (what, node, damage) in cases {
+            let mut r = root.clone();
+            let mut m = mid_data.clone();
+            let mut l = leaf_data.clone();
+            let mut l2 = None;
+            if what == "extent before its parent's key" {
+                let mut d = fs.bcache.get(leaf2).unwrap().read().to_vec();
+                let k = le32(&d, HEADER_SIZE);
+                put32(&mut d, HEADER_SIZE, k - 1);
+                l2 = Some(d);
+            } else {
+                damage(&mut r, &mut m, &mut l);
+            }
+            let orig2 = fs.bcache.get(leaf2).unwrap().read().to_vec();
+            {
+                let mut st = inode.state.lock();
+                st.raw.i_block_mut().copy_from_slice(&r);
+                st.extents = None;
+            }
+            fs.bcache.get(mid).unwrap().write().copy_from_slice(&m);
+            fs.bcache.get(leaf).unwrap().write().copy_from_slice(&l);
+            if let Some(d) = &l2 {
+                fs.bcache.get(leaf2).unwrap().write().copy_from_slice(d);
+            }
+            let (e, msg) = message(fs.ext_list(ino));
+            assert!(matches!(e, Error::Corrupt(_)), "{what}: {msg}");
+            assert!(
+                msg.contains(&format!("inode {ino}:")) && msg.contains(&node),
+                "{what}: {msg} (should name {node})"
+            );
+            // Put everything back: the undamaged tree loads again.
+            {
+                let mut st = inode.state.lock();
+                st.raw.i_block_mut().copy_from_slice(&root);
+                st.extents = None;
+            }
+            fs.bcache
+                .get(mid)
+                .unwrap()
+                .write()
+                .copy_from_slice(&mid_data);
+            fs.bcache
+                .get(leaf)
+                .unwrap()
+                .write()
+                .copy_from_slice(&leaf_data);
+            fs.bcache
+                .get(leaf2)
+                .unwrap()
+                .write()
+                .copy_from_slice(&orig2);
+            assert_eq!(fs.ext_list(ino).unwrap().len(), 1000, "{what}: restore");
+        }
+    }
+
+    /// Random byte damage in the root and the tree blocks: an error or a tree whose every
+    /// extent is inside the disk, never a panic.
+    #[test]
+    fn random_damage_never_panics() {
+        let img = mkimg(
+            "fuzz",
+            "64M",
+            &["-t", "ext4", "-b", "1024", "-O", "^metadata_csum"],
+        );
+        let fs = open(&img.0, false);
+        let (ino, _) = build(&fs, 1000);
+        fs.unmount().unwrap();
+        drop(fs);
+        let fs = open(&img.0, true);
+        let inode = fs.iget(ino).unwrap();
+        let root = inode.state.lock().raw.i_block().to_vec();
+        let mut blocks = vec![];
+        let mut todo = vec![child(&root, 0), child(&root, 1)];
+        while let Some(b) = todo.pop() {
+            let d = fs.bcache.get(b).unwrap().read().to_vec();
+            if ExtentHeader::read(&d).depth > 0 {
+                for i in 0..le16(&d, 2) as usize {
+                    todo.push(child(&d, i));
+                }
+            }
+            blocks.push((b, d));
+        }
+        let mut s = 7u64;
+        let mut rnd = |n: u64| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 33) % n
+        };
+        let (mut errors, mut loads) = (0, 0);
+        for _ in 0..600 {
+            let mut r = root.clone();
+            let target = rnd(blocks.len() as u64 + 1) as usize;
+            let hits = 1 + rnd(4);
+            let mut damaged = None;
+            if target == blocks.len() {
+                for _ in 0..hits {
+                    r[rnd(60) as usize] = rnd(256) as u8;
+                }
+            } else {
+                let (b, d) = &blocks[target];
+                let mut d = d.clone();
+                for _ in 0..hits {
+                    // Mostly the header and the first entries, where damage matters most.
+                    let at = if rnd(2) == 0 { rnd(64) } else { rnd(1024) } as usize;
+                    d[at] = rnd(256) as u8;
+                }
+                fs.bcache.get(*b).unwrap().write().copy_from_slice(&d);
+                damaged = Some(*b);
+            }
+            {
+                let mut st = inode.state.lock();
+                st.raw.i_block_mut().copy_from_slice(&r);
+                st.extents = None;
+            }
+            match fs.ext_list(ino) {
+                Ok(list) => {
+                    loads += 1;
+                    for e in &list {
+                        assert!(e.pblk > 0 && e.pblk + e.len as u64 <= fs.geo.blocks_count);
+                    }
+                    for w in list.windows(2) {
+                        assert!(w[0].end() <= w[1].lblk as u64);
+                    }
+                }
+                Err(e) => {
+                    errors += 1;
+                    assert!(e.to_string().contains(&format!("inode {ino}")), "{e}");
+                }
+            }
+            if let Some(b) = damaged {
+                let orig = &blocks.iter().find(|x| x.0 == b).unwrap().1;
+                fs.bcache.get(b).unwrap().write().copy_from_slice(orig);
+            }
+        }
+        assert!(errors > 100 && loads > 10, "{errors} errors, {loads} loads");
+    }
+}
+
+/// Files with the old indirect block map (written by debugfs on an ext3 image): read through
+/// the cache, refused for new mappings, truncated and deleted cleanly.
+#[cfg(test)]
+mod blockmap_tests {
+    use super::model_tests::*;
+    use super::*;
+    use std::os::unix::fs::FileExt;
+    use std::process::Command;
+
+    fn have(cmd: &str) -> bool {
+        Command::new(cmd).arg("-V").output().is_ok()
+    }
+
+    /// A source file: nonzero 1 KiB blocks at `blocks` (a pattern naming the block), holes
+    /// elsewhere, `size` bytes.
+    fn source(path: &std::path::Path, blocks: &[u64], size: u64) {
+        let _ = std::fs::remove_file(path);
+        let f = std::fs::File::create(path).unwrap();
+        f.set_len(size).unwrap();
+        for &b in blocks {
+            f.write_all_at(&pattern(b), b * 1024).unwrap();
+        }
+        f.set_len(size).unwrap();
+    }
+
+    fn pattern(b: u64) -> Vec<u8> {
+        (0..1024u64)
+            .map(|i| ((b * 7 + i * 13) % 251) as u8 + 1)
+            .collect()
+    }
+
+    #[test]
+    fn indirect_block_maps() {
+        if !have("debugfs") {
+            eprintln!("skipped: debugfs (e2fsprogs) is not installed");
+            return;
+        }
+        let img = mkimg("ext3", "128M", &["-t", "ext3", "-b", "1024"]);
+        let dir = img.0.parent().unwrap().to_path_buf();
+        let tag = format!("{}", std::process::id());
+        // Direct only; into the double-indirect tree (12 + 256 = 268 blocks); sparse, out to
+        // the triple-indirect tree (from block 12 + 256 + 65536).
+        let small: Vec<u64> = (0..5).collect();
+        let medium: Vec<u64> = (0..1000).collect();
+        let sparse: Vec<u64> = [0u64, 1, 11, 12, 13, 200, 267, 268, 269, 5000, 65803, 65804]
+            .into_iter()
+            .chain(66000..66100)
+            .chain([70000, 100000])
+            .collect();
+        let files: [(&str, &Vec<u64>, u64); 3] = [
+            ("small", &small, 5 * 1024 - 100),
+            ("medium", &medium, 1000 * 1024),
+            ("sparse", &sparse, 100001 * 1024),
+        ];
+        for (name, blocks, size) in files {
+            let src = dir.join(format!("uext4-extm-src-{name}-{tag}"));
+            source(&src, blocks, size);
+            let out = Command::new("debugfs")
+                .arg("-w")
+                .arg("-R")
+                .arg(format!("write {} {name}", src.display()))
+                .arg(&img.0)
+                .output()
+                .unwrap();
+            let _ = std::fs::remove_file(&src);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        e2fsck_clean(&img.0);
+
+        let fs = open(&img.0, false);
+        let free0 = fs.statfs().blocks_free;
+        for (name, blocks, size) in files {
+            let ino = fs.lookup(2, name.as_bytes()).unwrap().ino;
+            let list = fs.ext_list(ino).unwrap();
+            let mapped: Vec<u64> = list.iter().flat_map(|e| e.lblk as u64..e.end()).collect();
+            assert_eq!(&mapped, blocks, "{name}: mapped blocks");
+            // Runs of physically contiguous blocks became single extents.
+            for w in list.windows(2) {
+                assert!(
+                    w[0].end() != w[1].lblk as u64 || w[0].pblk + w[0].len as u64 != w[1].pblk,
+                    "{name}: unjoined run {w:?}"
+                );
+            }
+            for &b in blocks.iter() {
+                let mut buf = vec![0u8; 1024];
+                let n = fs.read(ino, b * 1024, &mut buf).unwrap();
+                let want = pattern(b);
+                let n2 = (size - b * 1024).min(1024) as usize;
+                assert_eq!(n, n2);
+                assert_eq!(&buf[..n], &want[..n], "{name}: block {b}");
+            }
+            // A hole reads as zeros.
+            if name == "sparse" {
+                let mut buf = vec![1u8; 1024];
+                fs.read(ino, 4000 * 1024, &mut buf).unwrap();
+                assert!(buf.iter().all(|&x| x == 0));
+            }
+        }
+        // Mapping a new block is refused by name; nothing changes.
+        let sparse_ino = fs.lookup(2, b"sparse").unwrap().ino;
+        let err = fs.write(sparse_ino, 3000 * 1024, b"new").unwrap_err();
+        assert!(
+            matches!(&err, Error::Unsupported(m) if m.contains("indirect block map")),
+            "{err}"
+        );
+        // Truncate the medium file into its single-indirect range, punch the sparse one,
+        // delete the small one.
+        let medium_ino = fs.lookup(2, b"medium").unwrap().ino;
+        let blocks_before = fs.getattr(medium_ino).unwrap().blocks;
+        fs.truncate(medium_ino, 100 * 1024 + 10).unwrap();
+        let a = fs.getattr(medium_ino).unwrap();
+        // 101 data blocks + the single-indirect block stay.
+        assert_eq!(
+            a.blocks,
+            (101 + 1) * 2,
+            "i_blocks after truncation (was {blocks_before})"
+        );
+        let mut buf = vec![0u8; 1024];
+        fs.read(medium_ino, 99 * 1024, &mut buf).unwrap();
+        assert_eq!(buf, pattern(99));
+        assert_eq!(fs.ext_list(medium_ino).unwrap().last().unwrap().end(), 101);
+        fs.fallocate(sparse_ino, 0x3, 13 * 1024, (66050 - 13) * 1024)
+            .unwrap();
+        let left: Vec<u64> = fs
+            .ext_list(sparse_ino)
+            .unwrap()
+            .iter()
+            .flat_map(|e| e.lblk as u64..e.end())
+            .collect();
+        let want: Vec<u64> = sparse
+            .iter()
+            .copied()
+            .filter(|&b| !(13..66050).contains(&b))
+            .collect();
+        assert_eq!(left, want);
+        fs.unlink(2, b"small").unwrap();
+        fs.unmount().unwrap();
+        let freed = fs.statfs().blocks_free - free0;
+        assert!(freed > 900, "only {freed} blocks freed");
+        drop(fs);
+        e2fsck_clean(&img.0);
+        // The survivors read back after a fresh open, from the tree on disk.
+        let fs = open(&img.0, true);
+        assert_eq!(
+            fs.ext_list(sparse_ino)
+                .unwrap()
+                .iter()
+                .flat_map(|e| e.lblk as u64..e.end())
+                .collect::<Vec<_>>(),
+            want
+        );
+        let mut buf = vec![0u8; 1024];
+        fs.read(sparse_ino, 70000 * 1024, &mut buf).unwrap();
+        assert_eq!(buf, pattern(70000));
+        drop(fs);
+        // Delete the rest: every block of the three files comes back.
+        let fs = open(&img.0, false);
+        fs.unlink(2, b"medium").unwrap();
+        fs.unlink(2, b"sparse").unwrap();
+        fs.unmount().unwrap();
+        drop(fs);
+        e2fsck_clean(&img.0);
+        let out = Command::new("debugfs")
+            .arg("-R")
+            .arg("ls -l /")
+            .arg(&img.0)
+            .output()
+            .unwrap();
+        let ls = String::from_utf8_lossy(&out.stdout);
+        assert!(!ls.contains("sparse") && !ls.contains("medium"), "{ls}");
     }
 }
