@@ -350,6 +350,8 @@ pub struct Geometry {
     pub desc_size: u32,
     pub desc_blocks: u32,
     pub reserved_gdt_blocks: u32,
+    /// The resize inode is made (even with no reserved GDT blocks, as mke2fs).
+    pub resize_inode: bool,
     pub r_blocks: u64,
 }
 
@@ -439,6 +441,7 @@ pub fn geometry(dev_size: u64, opts: &MkfsOptions) -> Result<Geometry> {
         };
         inodes_count = ipg as u64 * groups as u64;
         let mut rsv = 0u32;
+        let mut resize_inode = f.resize_inode;
         if f.resize_inode {
             let max_blocks: u64 = if blocks < 0xFFFF_FFFFu64 / 1024 {
                 blocks * 1024
@@ -462,6 +465,7 @@ pub fn geometry(dev_size: u64, opts: &MkfsOptions) -> Result<Geometry> {
             }
             // mke2fs would switch to meta_bg; uext4 drops the reserved GDT blocks instead.
             rsv = 0;
+            resize_inode = false;
         }
         if 3 + itb + rsv > bpg {
             return Err(Error::Invalid(
@@ -496,6 +500,7 @@ pub fn geometry(dev_size: u64, opts: &MkfsOptions) -> Result<Geometry> {
             desc_size,
             desc_blocks,
             reserved_gdt_blocks: rsv,
+            resize_inode,
             r_blocks,
         });
     }
@@ -674,10 +679,11 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         if flex > 0 {
             let last_grp = (g | (flex - 1)).min(groups - 1);
             rem = last_grp - g + 1;
-            table_offset = if g % flex == 0 && last_grp == groups - 1 {
-                (last_grp % flex) as u64 + 1
-            } else {
-                flex as u64
+            // As mke2fs: the last flex group keeps its tables contiguous, except when it
+            // has a single group.
+            table_offset = match last_grp % flex {
+                r if g % flex == 0 && last_grp == groups - 1 && r != 0 => r as u64 + 1,
+                _ => flex as u64,
             };
             let prev = if g % flex != 0 {
                 bb[g as usize - 1] + 1
@@ -758,7 +764,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         goal = b;
     }
     let backups = backup_groups(groups, f.sparse_super);
-    let resize_dind = if rsv > 0 {
+    let resize_dind = if geo.resize_inode {
         let goal = fdb + gdtb as u64 + rsv as u64 + 2 + itb as u64;
         let b = bm.new_block(goal).ok_or_else(too_small)?;
         bm.mark(b, 1, true);
@@ -791,7 +797,8 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
     };
     let jruns = if jblocks > 0 {
         let free_total = blocks - (0..blocks).filter(|&b| bm.test(b)).count() as u64;
-        if jblocks > free_total / 2 {
+        // mke2fs checks only a size it was given.
+        if opts.journal_blocks.is_some() && jblocks > free_total / 2 {
             return Err(too_small());
         }
         let mut group = bm.group_of((blocks - fdb) / 2);
@@ -850,7 +857,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         flag(f.ext_attr, COMPAT_EXT_ATTR)
             | flag(f.dir_index, COMPAT_DIR_INDEX)
             | flag(jblocks > 0, COMPAT_HAS_JOURNAL)
-            | flag(rsv > 0, COMPAT_RESIZE_INODE)
+            | flag(geo.resize_inode, COMPAT_RESIZE_INODE)
             | flag(f.orphan_file, COMPAT_ORPHAN_FILE),
     );
     sb.set_feature_incompat(
@@ -862,7 +869,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
     );
     sb.set_feature_ro_compat(
         flag(f.sparse_super, RO_COMPAT_SPARSE_SUPER)
-            | flag(f.large_file || rsv > 0, RO_COMPAT_LARGE_FILE)
+            | flag(f.large_file || geo.resize_inode, RO_COMPAT_LARGE_FILE)
             | flag(f.huge_file, RO_COMPAT_HUGE_FILE)
             | flag(f.dir_nlink, RO_COMPAT_DIR_NLINK)
             | flag(f.extra_isize, RO_COMPAT_EXTRA_ISIZE)
@@ -1065,7 +1072,9 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         };
 
     for ino in 1..GOOD_OLD_FIRST_INO {
-        if ino == ROOT_INO || (ino == JOURNAL_INO && jblocks > 0) || (ino == RESIZE_INO && rsv > 0)
+        if ino == ROOT_INO
+            || (ino == JOURNAL_INO && jblocks > 0)
+            || (ino == RESIZE_INO && geo.resize_inode)
         {
             continue;
         }
