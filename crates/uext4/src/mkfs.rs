@@ -1173,18 +1173,17 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         o.set_blocks_512((orphan_blocks + extra) * sectors);
         write_inode(orphan_ino, &mut o)?;
         let per_block = (bs as usize - 8) / 4;
-        let mut lblk = 0u64;
         for &(s, l) in &oruns {
             for i in 0..l {
                 let mut b = vec![0u8; bs as usize];
                 put32(&mut b, bs as usize - 8, 0x0B10_CA04);
                 if f.metadata_csum {
-                    let c = crc32c(inode_seed(orphan_ino), &lblk.to_le_bytes());
+                    // Seeded with the physical block number, as the kernel.
+                    let c = crc32c(inode_seed(orphan_ino), &(s + i).to_le_bytes());
                     let c = crc32c(c, &b[..per_block * 4]);
                     put32(&mut b, bs as usize - 4, c);
                 }
                 put((s + i) * bs64, &b)?;
-                lblk += 1;
             }
         }
     }
