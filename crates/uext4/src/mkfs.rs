@@ -998,8 +998,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
     };
     let inode_seed = |ino: u32| RawInode::csum_seed(csum_seed, ino, 0);
     // An extent tree over `runs`: in i_block if it fits, else one leaf block below it.
-    let mut leaf_goal = fdb;
-    let mut extent_tree =
+    let extent_tree =
         |bm: &mut Blocks, ino: u32, raw: &mut RawInode, runs: &[(u64, u64)]| -> Result<u64> {
             raw.set_flags(raw.flags() | FL_EXTENTS);
             let mut exts = Vec::new();
@@ -1035,9 +1034,10 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
                     "free space too fragmented for the journal".into(),
                 ));
             }
-            let leaf = bm.new_block(leaf_goal).ok_or_else(too_small)?;
+            // As libext2fs: the leaf goes after the data it maps.
+            let (ls, ll) = runs[runs.len() - 1];
+            let leaf = bm.new_block(ls + ll).ok_or_else(too_small)?;
             bm.mark(leaf, 1, true);
-            leaf_goal = leaf;
             let mut b = vec![0u8; bs as usize];
             ExtentHeader {
                 magic: EXTENT_MAGIC,
