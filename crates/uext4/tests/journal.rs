@@ -214,3 +214,215 @@ fn replay_case(base: &Scratch) {
     }
     assert!(checked > 3);
 }
+
+// ---- The journal module on its own, against debugfs, e2fsck and the kernel ----
+
+use uext4::blockdev::{BlockDevice, FileDevice};
+use uext4::journal::{Journal, JournalMap, RecoveryReport};
+
+/// The journal inode's runs, from `debugfs -R "stat <8>"` ("(0-1023):1234-2257, ...").
+fn journal_map(img: &std::path::Path) -> JournalMap {
+    let out = sh(&format!("debugfs -R 'stat <8>' {} 2>/dev/null", img.display()));
+    let ext = out
+        .split("EXTENTS:")
+        .nth(1)
+        .expect("journal inode has extents");
+    let mut runs = Vec::new();
+    for item in ext.split([',', '\n']) {
+        let item = item.trim();
+        let Some((l, p)) = item.strip_prefix('(').and_then(|s| s.split_once("):")) else {
+            continue;
+        };
+        if l.starts_with("ETB") {
+            continue;
+        }
+        let (l0, l1) = l.split_once('-').unwrap_or((l, l));
+        let (p0, _) = p.split_once('-').unwrap_or((p, p));
+        let (l0, l1): (u32, u32) = (l0.parse().unwrap(), l1.parse().unwrap());
+        runs.push((l0, p0.trim().parse::<u64>().unwrap(), l1 - l0 + 1));
+    }
+    assert!(!runs.is_empty(), "no journal extents in {out}");
+    JournalMap(runs)
+}
+
+fn block_size_of(img: &std::path::Path) -> u32 {
+    let b = std::fs::read(img).unwrap();
+    1024 << u32::from_le_bytes(b[1024 + 0x18..1024 + 0x1C].try_into().unwrap())
+}
+
+fn open_journal(img: &std::path::Path) -> (Arc<FileDevice>, Journal) {
+    let dev = Arc::new(FileDevice::open(img, false).unwrap());
+    let j = Journal::open(dev.clone(), block_size_of(img), journal_map(img)).unwrap();
+    (dev, j)
+}
+
+fn our_recover(img: &std::path::Path) -> RecoveryReport {
+    open_journal(img).1.recover().unwrap()
+}
+
+/// Sets or clears needs_recovery in the primary superblock (checksum updated).
+fn set_needs_recovery(img: &std::path::Path, on: bool) {
+    use uext4::format::features::INCOMPAT_RECOVER;
+    let dev = FileDevice::open(img, false).unwrap();
+    let mut raw = vec![0u8; 1024];
+    dev.read_at(1024, &mut raw).unwrap();
+    let mut sb = uext4::format::superblock::Superblock::from_bytes(&raw);
+    let f = sb.feature_incompat();
+    sb.set_feature_incompat(if on {
+        f | INCOMPAT_RECOVER
+    } else {
+        f & !INCOMPAT_RECOVER
+    });
+    sb.set_csum();
+    dev.write_at(1024, sb.bytes()).unwrap();
+    dev.flush().unwrap();
+}
+
+fn e2fsck_fy(img: &std::path::Path) -> String {
+    let out = std::process::Command::new("e2fsck")
+        .arg("-fy")
+        .arg(img)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.code().unwrap_or(8) <= 1, "e2fsck -fy {}: {text}", img.display());
+    text
+}
+
+/// Block numbers where two images differ.
+fn differing_blocks(a: &[u8], b: &[u8], bs: usize) -> Vec<usize> {
+    assert_eq!(a.len(), b.len());
+    (0..a.len() / bs)
+        .filter(|&i| a[i * bs..(i + 1) * bs] != b[i * bs..(i + 1) * bs])
+        .collect()
+}
+
+/// e2fsck -fy on one copy (it replays), our `recover` on the other and then e2fsck -fy
+/// (which finds nothing to replay): the two images must be identical, byte for byte.
+fn replay_both_and_compare(img: &std::path::Path, what: &str) -> (RecoveryReport, Vec<u8>) {
+    let a = scratch("jcmp-e2fsck");
+    let b = scratch("jcmp-ours");
+    std::fs::copy(img, &a.0).unwrap();
+    std::fs::copy(img, &b.0).unwrap();
+    let text = e2fsck_fy(&a.0);
+    let report = our_recover(&b.0);
+    assert!(!open_journal(&b.0).1.needs_recovery());
+    set_needs_recovery(&b.0, false);
+    let text_b = e2fsck_fy(&b.0);
+    let (mut ia, mut ib) = (std::fs::read(&a.0).unwrap(), std::fs::read(&b.0).unwrap());
+    // The only fields allowed to differ: s_wtime and s_lastcheck (the clock may tick between
+    // the two runs), s_kbytes_written (what each tool wrote) and so the checksum.
+    for i in [&mut ia, &mut ib] {
+        i[1024 + 0x30..1024 + 0x34].fill(0);
+        i[1024 + 0x40..1024 + 0x44].fill(0);
+        i[1024 + 0x178..1024 + 0x180].fill(0);
+        i[1024 + 0x3FC..1024 + 0x400].fill(0);
+    }
+    let bs = block_size_of(img) as usize;
+    let d = differing_blocks(&ia, &ib, bs);
+    assert!(
+        d.is_empty(),
+        "{what}: blocks {d:?} differ between e2fsck's replay and ours\ne2fsck:\n{text}\nours then e2fsck:\n{text_b}"
+    );
+    e2fsck_clean(&b.0);
+    (report, ib)
+}
+
+#[test]
+fn debugfs_transactions_replay_byte_for_byte_like_e2fsck() {
+    for (bs, extra, jo) in [
+        ("4096", &[][..], "jo -c"),
+        ("4096", &["-O", "^metadata_csum"][..], "jo"),
+        ("1024", &[][..], "jo -c"),
+        ("1024", &["-O", "^metadata_csum,^64bit"][..], "jo"),
+    ] {
+        let what = format!("bs {bs} {extra:?} {jo}");
+        let img = scratch("jdbg");
+        let mut args = vec!["-b", bs];
+        args.extend_from_slice(extra);
+        mke2fs(&img.0, "64M", &args);
+        let bsz: u64 = bs.parse().unwrap();
+        let base = (64 << 20) / bsz - 64; // free data blocks at the end of the last group
+        let d1 = scratch("jd1");
+        let d2 = scratch("jd2");
+        std::fs::write(&d1.0, (0..2 * bsz).map(|i| (i * 7 % 253) as u8).collect::<Vec<u8>>())
+            .unwrap();
+        // A block beginning with the jbd2 magic: escaped in the log.
+        let mut m = vec![0xC0, 0x3B, 0x39, 0x98];
+        m.extend((4..bsz).map(|i| (i % 13) as u8));
+        std::fs::write(&d2.0, &m).unwrap();
+        let cmds = scratch("jcmds");
+        let (b0, b1, b2, b3, b4) = (base, base + 1, base + 2, base + 3, base + 4);
+        std::fs::write(
+            &cmds.0,
+            format!(
+                "{jo}\njw -b {b0},{b1} {d1}\njc\njo\njw -b {b2} {d2}\njw -r {b0}\njc\njo\njw -b {b3},{b0} {d1}\njc\njo\njw -b {b4} {d1}\njc\n",
+                d1 = d1.0.display(),
+                d2 = d2.0.display()
+            ),
+        )
+        .unwrap();
+        sh(&format!(
+            "debugfs -w -f {} {} >/dev/null 2>&1",
+            cmds.0.display(),
+            img.0.display()
+        ));
+        // Tear the last transaction: zero its commit block (found through our own reader of
+        // the log: the last block before the end of the log that is a commit block).
+        let (dev, j) = open_journal(&img.0);
+        let sb = j.superblock();
+        assert!(j.needs_recovery(), "{what}: debugfs left no transactions");
+        let map = journal_map(&img.0);
+        let mut last_commit = None;
+        for jb in sb.first..sb.maxlen {
+            let p = map.0.iter().find(|r| jb >= r.0 && jb < r.0 + r.2).map(|r| r.1 + (jb - r.0) as u64).unwrap();
+            let mut b = vec![0u8; bsz as usize];
+            dev.read_at(p * bsz, &mut b).unwrap();
+            if b[..4] == [0xC0, 0x3B, 0x39, 0x98] && b[7] == 2 {
+                last_commit = Some(p);
+            }
+        }
+        drop(j);
+        let torn = scratch("jtorn");
+        std::fs::copy(&img.0, &torn.0).unwrap();
+        let p = last_commit.unwrap();
+        let t = FileDevice::open(&torn.0, false).unwrap();
+        t.write_at(p * bsz, &vec![0u8; bsz as usize]).unwrap();
+        drop(t);
+
+        // Whole log: 5 transactions.
+        let (r, ib) = replay_both_and_compare(&img.0, &what);
+        assert_eq!(r.transactions, 5, "{what}: {r:?}");
+        assert_eq!(r.blocks_revoked, 1, "{what}: {r:?}");
+        assert_eq!(r.blocks_replayed, 5, "{what}: {r:?}");
+        let blk = |i: u64| &ib[(i * bsz) as usize..((i + 1) * bsz) as usize];
+        let dd1 = std::fs::read(&d1.0).unwrap();
+        let bsu = bsz as usize;
+        assert!(blk(b2) == &m[..], "{what}: escaped block restored");
+        assert!(blk(b1) == &dd1[bsu..], "{what}: block of T1");
+        assert!(blk(b0) == &dd1[bsu..], "{what}: re-logged (second of T4) after its revoke");
+        assert!(blk(b4) == &dd1[..bsu], "{what}: T5");
+        // Torn last transaction: discarded by both.
+        let (r, ib) = replay_both_and_compare(&torn.0, &format!("{what}, torn"));
+        assert_eq!(r.transactions, 4, "{what}: {r:?}");
+        let blk = |i: u64| &ib[(i * bsz) as usize..((i + 1) * bsz) as usize];
+        assert!(blk(b4).iter().all(|&x| x == 0), "{what}: torn transaction replayed");
+
+        // The kernel replays the same blocks.
+        if can_loop_mount() {
+            let k = scratch("jdbg-kernel");
+            std::fs::copy(&img.0, &k.0).unwrap();
+            {
+                let _m = KernelMount::new(&k.0);
+            }
+            e2fsck_clean(&k.0);
+            let ik = std::fs::read(&k.0).unwrap();
+            let (r, ib) = replay_both_and_compare(&img.0, &what);
+            assert_eq!(r.transactions, 5);
+            for b in [b0, b1, b2, b3, b4] {
+                let r = (b * bsz) as usize..((b + 1) * bsz) as usize;
+                assert!(ik[r.clone()] == ib[r], "{what}: block {b} differs from the kernel's replay");
+            }
+        }
+    }
+}
