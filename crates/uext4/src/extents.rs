@@ -749,7 +749,35 @@ impl Fs {
                 .saturating_sub(freed * self.sectors_per_block());
             st.raw.set_blocks_512(b);
         }
-        Ok(())
+        self.shrink_root(h, ino, st)
+    }
+
+    /// Pulls the root's only child into i_block while its entries fit there (the tree gets
+    /// shallower after removals), freeing the child.
+    fn shrink_root(&self, h: &mut Handle<'_>, ino: u32, st: &mut InodeState) -> Result<()> {
+        loop {
+            let (hdr, entries) = self.read_node(st, Node::Root)?;
+            if hdr.depth == 0 || entries.len() != 1 {
+                return Ok(());
+            }
+            let child = ExtentIdx::read(&entries[0]).leaf;
+            let (ch, ce) = self.read_node(st, Node::Block(child))?;
+            if ch.magic != EXTENT_MAGIC || ch.depth + 1 != hdr.depth {
+                return Err(self.corrupt(
+                    ino,
+                    child,
+                    format!(
+                        "magic {:#06x} depth {} under a root of depth {}",
+                        ch.magic, ch.depth, hdr.depth
+                    ),
+                ));
+            }
+            if ce.len() > self.node_cap(Node::Root) {
+                return Ok(());
+            }
+            self.write_node(h, ino, st, Node::Root, ch.depth, &ce, false)?;
+            self.free_tree_block(h, st, child)?;
+        }
     }
 
     /// Converts the unwritten extents in `[start, start+len)` to written.
@@ -1544,14 +1572,16 @@ mod model_tests {
 
     /// Runs `ops` on a new file of a new image, checks against the model, then commits, runs
     /// e2fsck, reopens, compares, deletes the file and checks that every block came back.
-    fn run_case(extra: &[&str], ops: &[Op], check_every: usize) -> u16 {
+    fn run_case(extra: &[&str], ops: &[Op], check_every: usize) -> (u16, u16) {
         let img = mkimg("model", "64M", extra);
         let fs = open(&img.0, false);
         let free0 = fs.statfs().blocks_free;
         let ino = fs.create(2, b"f", 0o100644, 0, 0).unwrap().ino;
         let mut model = Model::new();
+        let mut peak = 0;
         for (i, op) in ops.iter().enumerate() {
             apply(&fs, ino, op, &mut model);
+            peak = peak.max(fs.ext_tree_depth(ino).unwrap());
             if check_every > 0 && i % check_every == 0 {
                 check(&fs, ino, &model);
             }
@@ -1583,7 +1613,7 @@ mod model_tests {
         assert_eq!(fs.statfs().blocks_free, free0, "blocks leaked");
         drop(fs);
         e2fsck_clean(&img.0);
-        depth
+        (peak, depth)
     }
 
     const CONFIGS: [&[&str]; 3] = [
@@ -1646,9 +1676,11 @@ mod model_tests {
                 });
             }
             ops.push(Op::Truncate { start: 3000 });
-            let depth = run_case(cfg, &ops, 500);
-            eprintln!("deep tree {cfg:?}: depth {depth}");
-            assert!(depth >= 1, "depth {depth}");
+            // Down to at most 3 extents: the tree folds back into i_block.
+            ops.push(Op::Truncate { start: 6 });
+            let (peak, depth) = run_case(cfg, &ops, 500);
+            eprintln!("deep tree {cfg:?}: depth {peak}, then {depth}");
+            assert_eq!((peak, depth), (2, 0));
         }
     }
 }
