@@ -81,7 +81,7 @@ impl Fs {
             let buf = self.bcache.get_new(blk)?;
             {
                 let mut data = buf.write();
-                self.init_block_bitmap(g, &mut data);
+                self.init_block_bitmap(g, &st.desc, &mut data);
                 let v = st.desc.flags() & !BG_BLOCK_UNINIT;
                 st.desc.set_flags(v);
                 if self.geo.metadata_csum {
@@ -128,7 +128,14 @@ impl Fs {
     /// Builds the bitmap of a group that was never used: its own fixed metadata (superblock
     /// backup, GDT, reserved GDT, and any group's bitmaps and inode table that flex_bg placed
     /// here) is in use, and so are the bits past the end of the last group.
-    pub(crate) fn init_block_bitmap(&self, g: u32, data: &mut [u8]) {
+    /// `own` is group `g`'s descriptor (its lock is the caller's): without flex_bg its tables
+    /// lie in the group itself.
+    pub(crate) fn init_block_bitmap(
+        &self,
+        g: u32,
+        own: &crate::format::group_desc::GroupDesc,
+        data: &mut [u8],
+    ) {
         data.fill(0);
         let geo = &self.geo;
         let first = geo.group_first_block(g);
@@ -148,6 +155,9 @@ impl Fs {
         for (og, grp) in self.groups.iter().enumerate() {
             // The caller holds group g's lock: read our own descriptor without relocking.
             if og as u32 == g {
+                mark(data, own.block_bitmap(), 1);
+                mark(data, own.inode_bitmap(), 1);
+                mark(data, own.inode_table(), itb);
                 continue;
             }
             if let Some(st) = grp.try_lock() {
@@ -381,7 +391,7 @@ impl Fs {
         let st = self.groups[g as usize].lock();
         if self.uninit_block_bitmap(&st) {
             let mut data = vec![0u8; self.geo.block_size as usize];
-            self.init_block_bitmap(g, &mut data);
+            self.init_block_bitmap(g, &st.desc, &mut data);
             return Ok(test_bit(
                 &data,
                 (blk - self.geo.group_first_block(g)) as usize,
