@@ -506,6 +506,10 @@ impl Fs {
                 return Fs::open_dev(dev, opts);
             }
             if !fs.is_read_only() {
+                // As the kernel at mount: checksum v3 tags with metadata_csum, 64-bit with 64bit.
+                let mut journal = journal;
+                let sb = fs.superblock();
+                journal.set_features(sb.has_metadata_csum(), sb.is_64bit())?;
                 fs.txn
                     .max_blocks
                     .store(journal.max_transaction_blocks(), Ordering::Relaxed);
