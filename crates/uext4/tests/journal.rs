@@ -222,7 +222,10 @@ use uext4::journal::{Journal, JournalMap, RecoveryReport};
 
 /// The journal inode's runs, from `debugfs -R "stat <8>"` ("(0-1023):1234-2257, ...").
 fn journal_map(img: &std::path::Path) -> JournalMap {
-    let out = sh(&format!("debugfs -R 'stat <8>' {} 2>/dev/null", img.display()));
+    let out = sh(&format!(
+        "debugfs -R 'stat <8>' {} 2>/dev/null",
+        img.display()
+    ));
     let ext = out
         .split("EXTENTS:")
         .nth(1)
@@ -285,7 +288,11 @@ fn e2fsck_fy(img: &std::path::Path) -> String {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.code().unwrap_or(8) <= 1, "e2fsck -fy {}: {text}", img.display());
+    assert!(
+        out.status.code().unwrap_or(8) <= 1,
+        "e2fsck -fy {}: {text}",
+        img.display()
+    );
     text
 }
 
@@ -346,8 +353,13 @@ fn debugfs_transactions_replay_byte_for_byte_like_e2fsck() {
         let base = (64 << 20) / bsz - 64; // free data blocks at the end of the last group
         let d1 = scratch("jd1");
         let d2 = scratch("jd2");
-        std::fs::write(&d1.0, (0..2 * bsz).map(|i| (i * 7 % 253) as u8).collect::<Vec<u8>>())
-            .unwrap();
+        std::fs::write(
+            &d1.0,
+            (0..2 * bsz)
+                .map(|i| (i * 7 % 253) as u8)
+                .collect::<Vec<u8>>(),
+        )
+        .unwrap();
         // A block beginning with the jbd2 magic: escaped in the log.
         let mut m = vec![0xC0, 0x3B, 0x39, 0x98];
         m.extend((4..bsz).map(|i| (i % 13) as u8));
@@ -376,7 +388,12 @@ fn debugfs_transactions_replay_byte_for_byte_like_e2fsck() {
         let map = journal_map(&img.0);
         let mut last_commit = None;
         for jb in sb.first..sb.maxlen {
-            let p = map.0.iter().find(|r| jb >= r.0 && jb < r.0 + r.2).map(|r| r.1 + (jb - r.0) as u64).unwrap();
+            let p = map
+                .0
+                .iter()
+                .find(|r| jb >= r.0 && jb < r.0 + r.2)
+                .map(|r| r.1 + (jb - r.0) as u64)
+                .unwrap();
             let mut b = vec![0u8; bsz as usize];
             dev.read_at(p * bsz, &mut b).unwrap();
             if b[..4] == [0xC0, 0x3B, 0x39, 0x98] && b[7] == 2 {
@@ -401,13 +418,19 @@ fn debugfs_transactions_replay_byte_for_byte_like_e2fsck() {
         let bsu = bsz as usize;
         assert!(blk(b2) == &m[..], "{what}: escaped block restored");
         assert!(blk(b1) == &dd1[bsu..], "{what}: block of T1");
-        assert!(blk(b0) == &dd1[bsu..], "{what}: re-logged (second of T4) after its revoke");
+        assert!(
+            blk(b0) == &dd1[bsu..],
+            "{what}: re-logged (second of T4) after its revoke"
+        );
         assert!(blk(b4) == &dd1[..bsu], "{what}: T5");
         // Torn last transaction: discarded by both.
         let (r, ib) = replay_both_and_compare(&torn.0, &format!("{what}, torn"));
         assert_eq!(r.transactions, 4, "{what}: {r:?}");
         let blk = |i: u64| &ib[(i * bsz) as usize..((i + 1) * bsz) as usize];
-        assert!(blk(b4).iter().all(|&x| x == 0), "{what}: torn transaction replayed");
+        assert!(
+            blk(b4).iter().all(|&x| x == 0),
+            "{what}: torn transaction replayed"
+        );
 
         // The kernel replays the same blocks.
         if can_loop_mount() {
@@ -422,7 +445,10 @@ fn debugfs_transactions_replay_byte_for_byte_like_e2fsck() {
             assert_eq!(r.transactions, 5);
             for b in [b0, b1, b2, b3, b4] {
                 let r = (b * bsz) as usize..((b + 1) * bsz) as usize;
-                assert!(ik[r.clone()] == ib[r], "{what}: block {b} differs from the kernel's replay");
+                assert!(
+                    ik[r.clone()] == ib[r],
+                    "{what}: block {b} differs from the kernel's replay"
+                );
             }
         }
     }
@@ -475,7 +501,12 @@ fn commit_block_of(img: &std::path::Path, tid: u32) -> u64 {
     let map = journal_map(img);
     let bs = sb.block_size as u64;
     for jb in sb.first..sb.maxlen {
-        let p = map.0.iter().find(|r| jb >= r.0 && jb < r.0 + r.2).map(|r| r.1 + (jb - r.0) as u64).unwrap();
+        let p = map
+            .0
+            .iter()
+            .find(|r| jb >= r.0 && jb < r.0 + r.2)
+            .map(|r| r.1 + (jb - r.0) as u64)
+            .unwrap();
         let mut b = vec![0u8; bs as usize];
         dev.read_at(p * bs, &mut b).unwrap();
         if b[..4] == [0xC0, 0x3B, 0x39, 0x98] && b[7] == 2 && b[8..12] == tid.to_be_bytes() {
@@ -503,8 +534,11 @@ fn uext4_commits_replay_in_e2fsck_and_kernel() {
         std::fs::copy(&base.0, &after.0).unwrap();
         let d1 = scratch("jc-d1");
         let d2 = scratch("jc-d2");
-        std::fs::write(&d1.0, (0..50_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>())
-            .unwrap();
+        std::fs::write(
+            &d1.0,
+            (0..50_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>(),
+        )
+        .unwrap();
         let mut m = vec![0xC0, 0x3B, 0x39, 0x98]; // a data block that needs escaping
         m.extend((0..9000u32).map(|i| (i % 7) as u8));
         std::fs::write(&d2.0, &m).unwrap();
@@ -515,7 +549,10 @@ fn uext4_commits_replay_in_e2fsck_and_kernel() {
             d2.0.display()
         ));
         e2fsck_clean(&after.0);
-        let (ib, ia) = (std::fs::read(&base.0).unwrap(), std::fs::read(&after.0).unwrap());
+        let (ib, ia) = (
+            std::fs::read(&base.0).unwrap(),
+            std::fs::read(&after.0).unwrap(),
+        );
         let changed: Vec<u64> = differing_blocks(&ib, &ia, bsz as usize)
             .into_iter()
             .map(|b| b as u64)
@@ -557,8 +594,14 @@ fn uext4_commits_replay_in_e2fsck_and_kernel() {
         assert_eq!(r.blocks_revoked, 1, "{what}: {r:?}");
         assert_eq!(r.blocks_replayed, changed.len() as u64, "{what}: {r:?}");
         let blk = |i: u64| &replayed[(i * bsz) as usize..((i + 1) * bsz) as usize];
-        assert!(blk(spare).iter().all(|&x| x == 0), "{what}: revoked block replayed");
-        assert!(blk(spare - 1).iter().all(|&x| x == 0), "{what}: torn transaction replayed");
+        assert!(
+            blk(spare).iter().all(|&x| x == 0),
+            "{what}: revoked block replayed"
+        );
+        assert!(
+            blk(spare - 1).iter().all(|&x| x == 0),
+            "{what}: torn transaction replayed"
+        );
         let ours = scratch("jc-ours");
         std::fs::write(&ours.0, &replayed).unwrap();
         let want = ro_tree(&after.0);
@@ -584,7 +627,9 @@ fn uext4_commits_replay_in_e2fsck_and_kernel() {
                 }
                 assert!(ik[r.clone()] == replayed[r], "{what}: block {b}");
             }
-            assert!(ik[(spare * bsz) as usize..((spare + 1) * bsz) as usize].iter().all(|&x| x == 0));
+            assert!(ik[(spare * bsz) as usize..((spare + 1) * bsz) as usize]
+                .iter()
+                .all(|&x| x == 0));
         }
     }
 }
@@ -616,8 +661,10 @@ fn wrap_around_in_a_1mib_journal() {
             let blocks: Vec<(u64, Vec<u8>)> = (0..n)
                 .map(|i| {
                     let b = top + (gen as u64 * 7 + i * 3) % 60;
-                    let mut d: Vec<u8> = (0..bsz).map(|x| (x as u32 ^ gen ^ b as u32) as u8).collect();
-                    if (gen + i as u32) % 4 == 0 {
+                    let mut d: Vec<u8> = (0..bsz)
+                        .map(|x| (x as u32 ^ gen ^ b as u32) as u8)
+                        .collect();
+                    if (gen + i as u32).is_multiple_of(4) {
                         d[..4].copy_from_slice(&[0xC0, 0x3B, 0x39, 0x98]);
                     }
                     (b, d)
@@ -642,7 +689,11 @@ fn wrap_around_in_a_1mib_journal() {
             }
         }
         assert!(!pending.is_empty());
-        assert_eq!(j.checkpoint_waits.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(
+            j.checkpoint_waits
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
         drop(j);
         set_needs_recovery(&img.0, true);
         let (r, replayed) = replay_both_and_compare(&img.0, &what);
@@ -661,7 +712,10 @@ fn wrap_around_in_a_1mib_journal() {
             let ik = std::fs::read(&k.0).unwrap();
             for b in model.keys() {
                 let r = (b * bsz) as usize..((b + 1) * bsz) as usize;
-                assert!(ik[r.clone()] == replayed[r], "{what}: block {b} differs from the kernel's replay");
+                assert!(
+                    ik[r.clone()] == replayed[r],
+                    "{what}: block {b} differs from the kernel's replay"
+                );
             }
         }
     }

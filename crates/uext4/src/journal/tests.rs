@@ -57,7 +57,7 @@ fn pattern(bs: u32, blk: u64, gen: u32) -> Vec<u8> {
     let mut v: Vec<u8> = (0..bs)
         .map(|i| (i as u64 * 7 + blk * 13 + gen as u64 * 31) as u8)
         .collect();
-    if gen % 3 == 0 {
+    if gen.is_multiple_of(3) {
         // Some blocks begin with the jbd2 magic and must be escaped.
         v[..4].copy_from_slice(&JBD2_MAGIC.to_be_bytes());
     }
@@ -278,7 +278,8 @@ fn wrap_around_with_checkpoints_and_crash_at_every_point() {
 fn full_log_waits_for_the_checkpoint_callback() {
     let s = Arc::new(setup(1024, 32, INCOMPAT_CSUM_V3));
     let j = Arc::new(s.open());
-    let pending: Arc<Mutex<Vec<(u32, Vec<(u64, Vec<u8>)>)>>> = Default::default();
+    type Pending = Vec<(u32, Vec<(u64, Vec<u8>)>)>;
+    let pending: Arc<Mutex<Pending>> = Default::default();
     {
         let (s, j2, pending) = (s.clone(), Arc::downgrade(&j), pending.clone());
         j.set_checkpoint_callback(Box::new(move || {
