@@ -298,12 +298,10 @@ fn backup_groups(groups: u32, sparse: bool) -> Vec<u32> {
     out
 }
 
-/// Big-endian helper for the journal superblock.
-fn be32(b: &mut [u8], off: usize, v: u32) {
-    b[off..off + 4].copy_from_slice(&v.to_be_bytes());
-}
-
-/// A jbd2 v2 superblock for an empty internal journal of `maxlen` blocks (1024 bytes).
+/// A jbd2 v2 superblock for an empty internal journal of `maxlen` blocks (1024 bytes): the
+/// journal module's [`JournalSuperblock::new_v2`](crate::journal::format::JournalSuperblock)
+/// with the filesystem as its one user (s_users[0] = the UUID), checksummed (crc32c from ~0
+/// over the superblock with the checksum zeroed) when `csum_v3`.
 pub fn journal_superblock(
     block_size: u32,
     maxlen: u32,
@@ -311,28 +309,14 @@ pub fn journal_superblock(
     csum_v3: bool,
     has_64bit: bool,
 ) -> Vec<u8> {
-    let mut j = vec![0u8; 1024];
-    be32(&mut j, 0x0, 0xC03B_3998); // h_magic
-    be32(&mut j, 0x4, 4); // h_blocktype: superblock v2
-    be32(&mut j, 0xC, block_size);
-    be32(&mut j, 0x10, maxlen);
-    be32(&mut j, 0x14, 1); // s_first
-    be32(&mut j, 0x18, 1); // s_sequence
-    let mut incompat = 0;
-    if has_64bit {
-        incompat |= 0x2; // JBD2_FEATURE_INCOMPAT_64BIT
-    }
-    if csum_v3 {
-        incompat |= 0x10; // JBD2_FEATURE_INCOMPAT_CSUM_V3
-    }
-    be32(&mut j, 0x28, incompat);
-    j[0x30..0x40].copy_from_slice(&uuid);
-    be32(&mut j, 0x40, 1); // s_nr_users
-    j[0x100..0x110].copy_from_slice(&uuid); // s_users[0]
-    if csum_v3 {
-        j[0x50] = 4; // s_checksum_type: crc32c
+    use crate::journal::format::{put_be32, JournalSuperblock};
+    let jsb = JournalSuperblock::new_v2(block_size, maxlen, uuid, csum_v3, has_64bit);
+    let mut j = jsb.to_bytes();
+    j[0x100..0x110].copy_from_slice(&uuid);
+    if jsb.has_csum_v2or3() {
+        put_be32(&mut j, 0xFC, 0);
         let c = crc32c(!0, &j);
-        be32(&mut j, 0xFC, c);
+        put_be32(&mut j, 0xFC, c);
     }
     j
 }
@@ -1403,6 +1387,19 @@ mod tests {
             u32::from_be_bytes(j[0xFC..0x100].try_into().unwrap()),
             crc32c(!0, &z)
         );
+        let p = crate::journal::format::JournalSuperblock::parse(&j).unwrap();
+        assert_eq!(
+            (p.block_size, p.maxlen, p.first, p.sequence, p.start),
+            (4096, 1024, 1, 1, 0)
+        );
+        assert_eq!(
+            (p.feature_incompat, p.checksum_type, p.nr_users),
+            (0x12, 4, 1)
+        );
+        assert_eq!((p.uuid, &j[0x100..0x110]), ([7; 16], &[7u8; 16][..]));
+        let plain = journal_superblock(1024, 2048, [9; 16], false, false);
+        let p = crate::journal::format::JournalSuperblock::parse(&plain).unwrap();
+        assert_eq!((p.feature_incompat, p.checksum_type), (0, 0));
     }
 
     #[test]

@@ -20,6 +20,10 @@ fn have(tool: &str) -> bool {
 
 /// Makes `path` a sparse file of `size` bytes and runs our mkfs on it.
 fn make(path: &Path, size: u64, bs: u32, features: &str) {
+    make_with(path, size, bs, 256, 16384, features)
+}
+
+fn make_with(path: &Path, size: u64, bs: u32, isz: u16, ratio: u32, features: &str) {
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(true)
@@ -31,6 +35,8 @@ fn make(path: &Path, size: u64, bs: u32, features: &str) {
     let dev = FileDevice::open(path, false).unwrap();
     let mut o = MkfsOptions::default_for(size);
     o.block_size = bs;
+    o.inode_size = isz;
+    o.inode_ratio = ratio;
     o.assume_zeroed = true;
     o.features.apply(features).unwrap();
     mkfs(&dev, &o).unwrap_or_else(|e| panic!("mkfs {size} {bs} {features:?}: {e}"));
@@ -209,40 +215,64 @@ fn layout_matches_mke2fs() {
         eprintln!("SKIP: e2fsprogs (mke2fs, dumpe2fs, debugfs) not installed");
         return;
     }
-    let cases: &[(u64, u32, &str, &str)] = &[
-        (8 * MIB, 1024, "", ""),
-        (8 * MIB, 4096, "", ""),
-        (64 * MIB, 4096, "", ""),
-        (600 * MIB, 1024, "", ""),
-        (600 * MIB, 4096, "", ""),
-        (5 << 30, 4096, "", ""),
-        (5 << 30, 1024, "^flex_bg", "^flex_bg"),
+    let cases: &[(u64, u32, u16, u32, &str, &str)] = &[
+        (8 * MIB, 1024, 256, 16384, "", ""),
+        (8 * MIB, 4096, 256, 16384, "", ""),
+        (64 * MIB, 4096, 256, 16384, "", ""),
+        (600 * MIB, 1024, 256, 16384, "", ""),
+        (600 * MIB, 4096, 256, 16384, "", ""),
+        (5 << 30, 4096, 256, 16384, "", ""),
+        (5 << 30, 1024, 256, 16384, "^flex_bg", "^flex_bg"),
         (
             600 * MIB,
             1024,
+            256,
+            16384,
             "^metadata_csum",
             "^metadata_csum,uninit_bg",
         ),
-        (600 * MIB, 4096, "^64bit", "^64bit"),
-        (600 * MIB, 1024, "^resize_inode", "^resize_inode"),
-        (64 * MIB, 1024, "orphan_file", "orphan_file"),
-        (600 * MIB, 4096, "orphan_file", "orphan_file"),
+        (600 * MIB, 4096, 256, 16384, "^64bit", "^64bit"),
+        (
+            600 * MIB,
+            1024,
+            256,
+            16384,
+            "^resize_inode",
+            "^resize_inode",
+        ),
+        (64 * MIB, 1024, 256, 16384, "orphan_file", "orphan_file"),
+        (600 * MIB, 4096, 256, 16384, "orphan_file", "orphan_file"),
         (
             64 * MIB,
             4096,
+            256,
+            16384,
             "^metadata_csum,^uninit_bg",
             "^metadata_csum",
         ),
+        // mke2fs's "small" type: inode tables of a flex group run past the first group.
+        (600 * MIB, 1024, 256, 4096, "", ""),
+        (64 * MIB, 1024, 128, 4096, "", ""),
+        (600 * MIB, 2048, 256, 16384, "", ""),
+        (
+            300 * MIB,
+            4096,
+            512,
+            8192,
+            "^64bit,^metadata_csum",
+            "^64bit,^metadata_csum,uninit_bg",
+        ),
     ];
-    for &(size, bs, ours, theirs) in cases {
-        let what = format!("{} MiB, {bs}, {ours:?}", size / MIB);
+    for &(size, bs, isz, ratio, ours, theirs) in cases {
+        let what = format!("{} MiB, {bs}, inode {isz}/{ratio}, {ours:?}", size / MIB);
         let reference = scratch("mkfs-ref");
         std::fs::File::create(&reference.0)
             .unwrap()
             .set_len(size)
             .unwrap();
         let mut cmd = Command::new("mke2fs");
-        cmd.args(["-q", "-F", "-t", "ext4", "-I", "256", "-i", "16384"])
+        cmd.args(["-q", "-F", "-t", "ext4"])
+            .args(["-I", &isz.to_string(), "-i", &ratio.to_string()])
             .args(["-b", &bs.to_string()]);
         if !theirs.is_empty() {
             cmd.args(["-O", theirs]);
@@ -250,7 +280,7 @@ fn layout_matches_mke2fs() {
         let st = cmd.arg(&reference.0).status().unwrap();
         assert!(st.success(), "mke2fs for {what}");
         let ours_img = scratch("mkfs-ours");
-        make(&ours_img.0, size, bs, ours);
+        make_with(&ours_img.0, size, bs, isz, ratio, ours);
         e2fsck_strict(&ours_img.0, &what);
         let a = dumpe2fs_stable(&reference.0);
         let b = dumpe2fs_stable(&ours_img.0);
