@@ -139,7 +139,7 @@ impl Fs {
                 d[..per_block * 4].fill(0);
                 if self.geo.metadata_csum {
                     let seed = RawInode::csum_seed(self.geo.csum_seed, ino, gen);
-                    let c = crate::format::csum::crc32c(seed, &lblk.to_le_bytes());
+                    let c = crate::format::csum::crc32c(seed, &pblk.to_le_bytes());
                     let c = crate::format::csum::crc32c(c, &d[..per_block * 4]);
                     crate::format::put32(&mut d, bs as usize - 4, c);
                 }
