@@ -416,3 +416,37 @@ fn dirty_device_is_overwritten() {
         e2fsck_strict(&img.0, "dirty device, after the kernel wrote");
     }
 }
+
+/// The kernel puts an open, unlinked file in our orphan file; the image is copied as if the
+/// machine had crashed; uext4 replays the journal, processes the orphan file (freeing the
+/// file) and leaves orphan blocks whose checksums e2fsck accepts.
+#[test]
+fn kernel_orphan_in_our_orphan_file() {
+    if !can_loop_mount() {
+        return;
+    }
+    let img = scratch("mkfs-orphan");
+    make(&img.0, 64 * MIB, 4096, "orphan_file");
+    let crashed = scratch("mkfs-orphan-crash");
+    {
+        let m = KernelMount::new(&img.0);
+        let victim = m.dir.join("victim");
+        std::fs::write(&victim, vec![5u8; 2 << 20]).unwrap();
+        let held = std::fs::File::open(&victim).unwrap();
+        std::fs::remove_file(&victim).unwrap();
+        sh("sync");
+        std::fs::copy(&img.0, &crashed.0).unwrap();
+        drop(held);
+    }
+    let h = Command::new("dumpe2fs")
+        .arg("-h")
+        .arg(&crashed.0)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&h.stdout).contains("orphan_present"),
+        "the kernel should have listed the file in the orphan file"
+    );
+    use_in_uext4(&crashed.0, "after a crash with an orphan");
+    e2fsck_strict(&crashed.0, "after uext4 processed the orphan file");
+}
