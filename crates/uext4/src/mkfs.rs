@@ -535,7 +535,7 @@ impl Blocks {
         let num = num.max(1);
         let mut steps = 0u64;
         loop {
-            if b + num - 1 >= self.total {
+            if b + num > self.total {
                 if finish > start {
                     return None;
                 }
@@ -956,8 +956,8 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
     };
 
     if !opts.assume_zeroed {
-        for g in 0..groups as usize {
-            zero_range(it[g], itb as u64)?;
+        for &t in &it {
+            zero_range(t, itb as u64)?;
         }
     }
 
