@@ -150,7 +150,11 @@ fn parse_loc(s: &str) -> Loc {
 fn image_loc(s: &str) -> Result<(PathBuf, String)> {
     match parse_loc(s) {
         Loc::Image(i, p) => Ok((i, p)),
-        Loc::Host(_) => bail!("{s}: expected IMAGE:PATH with an existing image file"),
+        Loc::Host(_) => match s.split_once(':') {
+            Some((img, _)) if !Path::new(img).exists() => bail!("{img}: no such image file"),
+            Some((img, _)) => bail!("{img}: not an image file (a directory?)"),
+            None => bail!("{s}: expected IMAGE:PATH"),
+        },
     }
 }
 
@@ -164,6 +168,29 @@ fn open(image: &Path, read_only: bool) -> Result<Arc<Fs>> {
         },
     )
     .with_context(|| image.display().to_string())
+}
+
+/// The user running the tool, who owns what it makes (as files made through a mount would be).
+fn caller() -> (u32, u32) {
+    // SAFETY: plain getters without arguments.
+    unsafe { (libc::geteuid(), libc::getegid()) }
+}
+
+/// The process umask (read by setting and restoring it).
+fn umask() -> u32 {
+    // SAFETY: umask only swaps the process's mask.
+    unsafe {
+        let m = libc::umask(0o022);
+        libc::umask(m);
+        m as u32
+    }
+}
+
+/// Leaves the image clean; the operation's own error comes first when both fail.
+fn finish(fs: &Fs, image: &Path, r: Result<()>) -> Result<()> {
+    let u = fs.unmount();
+    r?;
+    u.with_context(|| image.display().to_string())
 }
 
 /// Walks `path` from the root, following symlinks in the middle (and at the end with
@@ -375,8 +402,35 @@ fn mode_string(mode: u16) -> String {
     s
 }
 
+/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// "2026-11-22 13:49:01" (UTC).
+fn fmt_date(sec: i64) -> String {
+    let (y, mo, d) = civil_from_days(sec.div_euclid(86_400));
+    let s = sec.rem_euclid(86_400);
+    format!(
+        "{y:04}-{mo:02}-{d:02} {:02}:{:02}:{:02}",
+        s / 3600,
+        s / 60 % 60,
+        s % 60
+    )
+}
+
+/// stat(1) style: "2026-11-22 13:49:01.150985199 +0000".
 fn fmt_time(t: Timestamp) -> String {
-    format!("{}.{:09}", t.sec, t.nsec)
+    format!("{}.{:09} +0000", fmt_date(t.sec), t.nsec)
 }
 
 fn ls(path: &str, long: bool) -> Result<()> {
@@ -399,8 +453,16 @@ fn ls(path: &str, long: bool) -> Result<()> {
                 a.nlink,
                 a.uid,
                 a.gid,
-                a.size,
-                a.mtime.sec,
+                if a.mode & 0o170000 == 0o020000 || a.mode & 0o170000 == 0o060000 {
+                    format!(
+                        "{}, {}",
+                        (a.rdev >> 8) & 0xfff,
+                        (a.rdev & 0xff) | ((a.rdev >> 12) & 0xfff00)
+                    )
+                } else {
+                    a.size.to_string()
+                },
+                &fmt_date(a.mtime.sec)[..16],
                 String::from_utf8_lossy(name),
                 link
             )?;
@@ -455,10 +517,27 @@ fn stat(path: &str) -> Result<()> {
     let ino = resolve(&fs, &p, false).with_context(|| path.to_string())?;
     let a = fs.getattr(ino)?;
     println!("  File: {p}");
+    let kind = match a.mode & 0o170000 {
+        0o040000 => "directory",
+        0o120000 => "symbolic link",
+        0o020000 => "character special file",
+        0o060000 => "block special file",
+        0o010000 => "fifo",
+        0o140000 => "socket",
+        _ if a.size == 0 => "regular empty file",
+        _ => "regular file",
+    };
     println!(
-        "  Size: {}\tBlocks: {}\tIO Block: {}",
+        "  Size: {}\tBlocks: {}\tIO Block: {}\t{kind}",
         a.size, a.blocks, a.block_size
     );
+    if matches!(a.mode & 0o170000, 0o020000 | 0o060000) {
+        println!(
+            "Device type: {},{}",
+            (a.rdev >> 8) & 0xfff,
+            (a.rdev & 0xff) | ((a.rdev >> 12) & 0xfff00)
+        );
+    }
     println!(
         "Inode: {}\tLinks: {}\tGeneration: {}",
         a.ino, a.nlink, a.generation
@@ -491,19 +570,32 @@ fn mkdir(path: &str, parents: bool) -> Result<()> {
             for c in p.split('/').filter(|c| !c.is_empty()) {
                 cur = match fs.lookup(cur, c.as_bytes()) {
                     Ok(a) if a.is_dir() => a.ino,
+                    Ok(a) if a.mode & 0o170000 == 0o120000 => {
+                        let t = fs.readlink(a.ino)?;
+                        let ino =
+                            resolve_from(&fs, cur, &String::from_utf8_lossy(&t), true, &mut 0)
+                                .with_context(|| c.to_string())?;
+                        if !fs.getattr(ino)?.is_dir() {
+                            bail!("{c}: exists and is not a directory");
+                        }
+                        ino
+                    }
                     Ok(_) => bail!("{c}: exists and is not a directory"),
-                    Err(Error::NotFound) => fs.mkdir(cur, c.as_bytes(), 0o755, 0, 0)?.ino,
+                    Err(Error::NotFound) => {
+                        let (uid, gid) = caller();
+                        fs.mkdir(cur, c.as_bytes(), 0o777 & !umask(), uid, gid)?.ino
+                    }
                     Err(e) => return Err(e.into()),
                 };
             }
         } else {
             let (d, n) = parent_of(&fs, &p)?;
-            fs.mkdir(d, &n, 0o755, 0, 0)?;
+            let (uid, gid) = caller();
+            fs.mkdir(d, &n, 0o777 & !umask(), uid, gid)?;
         }
         Ok(())
     })();
-    fs.unmount()?;
-    r.with_context(|| path.to_string())
+    finish(&fs, &img, r.with_context(|| path.to_string()))
 }
 
 fn remove_tree(fs: &Fs, dir: u32, name: &[u8]) -> uext4::Result<()> {
@@ -549,8 +641,7 @@ fn rm(path: &str, recursive: bool, force: bool) -> Result<()> {
             r => Ok(r?),
         }
     })();
-    fs.unmount()?;
-    r.with_context(|| path.to_string())
+    finish(&fs, &img, r.with_context(|| path.to_string()))
 }
 
 fn mv(src: &str, dst: &str) -> Result<()> {
@@ -570,8 +661,7 @@ fn mv(src: &str, dst: &str) -> Result<()> {
         fs.rename(sd, &sn, dd, &dn, RenameFlags::default())?;
         Ok(())
     })();
-    fs.unmount()?;
-    r.with_context(|| format!("{src} -> {dst}"))
+    finish(&fs, &img, r.with_context(|| format!("{src} -> {dst}")))
 }
 
 fn ln(target: &str, link: &str, symbolic: bool) -> Result<()> {
@@ -580,7 +670,8 @@ fn ln(target: &str, link: &str, symbolic: bool) -> Result<()> {
     let r = (|| -> Result<()> {
         let (d, n) = parent_of(&fs, &l)?;
         if symbolic {
-            fs.symlink(d, &n, target.as_bytes(), 0, 0)?;
+            let (uid, gid) = caller();
+            fs.symlink(d, &n, target.as_bytes(), uid, gid)?;
         } else {
             let t = match parse_loc(target) {
                 Loc::Image(i, p) if i == img => p,
@@ -592,8 +683,7 @@ fn ln(target: &str, link: &str, symbolic: bool) -> Result<()> {
         }
         Ok(())
     })();
-    fs.unmount()?;
-    r.with_context(|| link.to_string())
+    finish(&fs, &img, r.with_context(|| link.to_string()))
 }
 
 fn truncate(path: &str, size: &str) -> Result<()> {
@@ -601,8 +691,7 @@ fn truncate(path: &str, size: &str) -> Result<()> {
     let size = parse_size(size)?;
     let fs = open(&img, false)?;
     let r = resolve(&fs, &p, true).and_then(|ino| fs.truncate(ino, size));
-    fs.unmount()?;
-    r.with_context(|| path.to_string())
+    finish(&fs, &img, r.with_context(|| path.to_string()))
 }
 
 // ---- cp ----
@@ -649,6 +738,31 @@ fn host_total(p: &Path) -> u64 {
         Ok(m) => m.len(),
         Err(_) => 0,
     }
+}
+
+/// Bytes of regular files under `ino` (to size the progress bar; errors count as 0).
+fn image_total(fs: &Fs, ino: u32, depth: u32) -> u64 {
+    let Ok(a) = fs.getattr(ino) else { return 0 };
+    if !a.is_dir() {
+        return if a.mode & 0o170000 == 0o100000 {
+            a.size
+        } else {
+            0
+        };
+    }
+    if depth > 256 {
+        return 0;
+    }
+    let mut kids = Vec::new();
+    let _ = fs.readdir(ino, 0, &mut |e| {
+        if e.name != b"." && e.name != b".." {
+            kids.push(e.ino);
+        }
+        true
+    });
+    kids.into_iter()
+        .map(|k| image_total(fs, k, depth + 1))
+        .sum()
 }
 
 fn ts(sec: i64, nsec: i64) -> Timestamp {
@@ -846,8 +960,10 @@ impl ImageToHost<'_> {
                 let mut buf = vec![0u8; 1 << 20];
                 let mut pos = 0u64;
                 while pos < a.size {
-                    let Ok(d) = fs.lseek_data_hole(ino, pos, true) else {
-                        break;
+                    let d = match fs.lseek_data_hole(ino, pos, true) {
+                        Ok(d) => d,
+                        Err(Error::Nxio) => break,
+                        Err(e) => return Err(e.into()),
                     };
                     let h = fs.lseek_data_hole(ino, d, false)?;
                     let mut off = d;
@@ -907,13 +1023,16 @@ fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
                 };
                 c.copy(&s, dir, &n, recursive)
             })();
-            fs.unmount()?;
-            r.with_context(|| format!("{src} -> {dst}"))
+            finish(&fs, &img, r.with_context(|| format!("{src} -> {dst}")))
         }
         (Loc::Image(img, s), Loc::Host(d)) => {
             let fs = open(&img, true)?;
             let ino = resolve(&fs, &s, false).with_context(|| src.to_string())?;
-            let total = fs.getattr(ino)?.size;
+            let total = if recursive {
+                image_total(&fs, ino, 0)
+            } else {
+                fs.getattr(ino)?.size
+            };
             let target = if d.is_dir() {
                 let name = s
                     .trim_end_matches('/')
