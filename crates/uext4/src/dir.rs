@@ -4,38 +4,35 @@
 //!
 //! Every function here runs with the caller holding the directory's `io_lock` (shared for
 //! lookups and iteration, exclusive for changes) and its `state` mutex (passed as `st`).
-//! Directory blocks are read and written through the buffer cache as metadata.
+//! Directory blocks are file blocks of the directory mapped through its extent tree, read and
+//! written through the buffer cache as metadata.
 //!
 //! readdir cookies: for a linear directory, the byte position of the next entry (entries never
 //! move in a linear directory); for an indexed one, the entry's (major hash << 32 | minor hash),
-//! so that a cookie stays meaningful when leaves split under a reader, as in the kernel.
+//! so that a cookie stays meaningful when leaves split under a reader, as in the kernel's
+//! ext4_dx_readdir. "." and ".." of an indexed directory come first with cookies 1 and 2.
 
 use crate::error::{Error, Result};
+use crate::format::dir_entry::*;
 use crate::format::extent::Extent;
+use crate::format::features::INCOMPAT_LARGEDIR;
 use crate::format::inode::{RawInode, FL_INDEX};
-use crate::format::{le16, le32, put16, put32};
+use crate::format::{le16, le32, put32};
 use crate::fs::Fs;
 use crate::htree::*;
 use crate::inode::InodeState;
 use crate::transaction::Handle;
 
-const TAIL_SIZE: usize = 12;
-const TAIL_FT: u8 = 0xDE;
-const FT_DIR: u8 = 2;
+pub use crate::format::dir_entry::rec_len_for;
 
-/// The size a directory entry with a `name_len`-byte name needs.
-pub fn rec_len_for(name_len: usize) -> usize {
-    (8 + name_len + 3) & !3
-}
-
-/// One entry as parsed from a block.
+/// One entry as parsed (and checked) from a block.
 #[derive(Clone, Debug)]
-struct Dirent {
-    off: usize,
-    inode: u32,
-    rec_len: usize,
-    name_len: usize,
-    ftype: u8,
+pub(crate) struct Dirent {
+    pub off: usize,
+    pub inode: u32,
+    pub rec_len: usize,
+    pub name_len: usize,
+    pub ftype: u8,
 }
 
 impl Dirent {
@@ -46,23 +43,17 @@ impl Dirent {
             rec_len_for(self.name_len)
         }
     }
-}
-
-fn put_dirent(b: &mut [u8], off: usize, inode: u32, rec_len: usize, name: &[u8], ftype: u8) {
-    put32(b, off, inode);
-    put16(b, off + 4, rec_len as u16);
-    b[off + 6] = name.len() as u8;
-    b[off + 7] = ftype;
-    b[off + 8..off + 8 + name.len()].copy_from_slice(name);
-}
-
-fn decode_rec_len(v: u16, bs: usize) -> usize {
-    if v == 0 || v == 65535 {
-        bs.min(65536)
-    } else {
-        v as usize
+    fn name<'a>(&self, b: &'a [u8]) -> &'a [u8] {
+        &b[self.off + DIRENT_HEADER..self.off + DIRENT_HEADER + self.name_len]
     }
 }
+
+/// A live entry with its hash: (major, minor, name, inode, type).
+type Hashed = (u32, u32, Vec<u8>, u32, u8);
+
+/// One level of a walk down the index: (logical block of the index block, its entries, the
+/// position taken).
+type PathStep = (u32, DxNode, usize);
 
 impl Fs {
     fn dir_seed(&self, ino: u32, raw: &RawInode) -> u32 {
@@ -71,7 +62,20 @@ impl Fs {
 
     /// Bytes of a leaf block available to entries (the tail takes the last 12 with checksums).
     fn leaf_space(&self) -> usize {
-        self.geo.block_size as usize - if self.geo.metadata_csum { TAIL_SIZE } else { 0 }
+        self.geo.block_size as usize
+            - if self.geo.metadata_csum {
+                DIRENT_TAIL_SIZE
+            } else {
+                0
+            }
+    }
+
+    fn ft(&self, ftype: u8) -> u8 {
+        if self.geo.filetype {
+            ftype
+        } else {
+            0
+        }
     }
 
     fn dir_err(&self, dir: u32, lblk: u32, pblk: u64, what: String) -> Error {
@@ -83,20 +87,49 @@ impl Fs {
         )
     }
 
-    /// Physical block of directory block `lblk`.
-    fn dir_pblk(&self, dir: u32, st: &mut InodeState, lblk: u32) -> Result<u64> {
+    fn dir_csum_err(&self, dir: u32, lblk: u32, pblk: u64, what: &str) -> Error {
+        self.fail(
+            Error::BadChecksum(format!(
+                "directory inode {dir}, block {lblk} (physical {pblk}): {what}"
+            )),
+            dir,
+            pblk,
+            "dir",
+        )
+    }
+
+    /// Physical block of directory block `lblk`, None for a hole.
+    fn dir_pblk_opt(&self, dir: u32, st: &mut InodeState, lblk: u32) -> Result<Option<u64>> {
         match self.ext_map(dir, st, lblk)? {
-            Some(e) if !e.unwritten => Ok(e.pblk + (lblk - e.lblk) as u64),
-            _ => Err(self.dir_err(dir, lblk, 0, "hole in directory".into())),
+            Some(e) if !e.unwritten && lblk >= e.lblk && lblk - e.lblk < e.len => {
+                Ok(Some(e.pblk + (lblk - e.lblk) as u64))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Physical block of directory block `lblk`; a hole is corruption.
+    fn dir_pblk(&self, dir: u32, st: &mut InodeState, lblk: u32) -> Result<u64> {
+        match self.dir_pblk_opt(dir, st, lblk)? {
+            Some(p) => Ok(p),
+            None => Err(self.dir_err(dir, lblk, 0, "hole in directory".into())),
         }
     }
 
     fn dir_blocks(&self, st: &InodeState) -> u32 {
-        (st.raw.size() / self.geo.block_size as u64) as u32
+        (st.raw.size() / self.geo.block_size as u64).min(u32::MAX as u64) as u32
     }
 
-    /// Parses and validates a leaf block; verifies its checksum.
-    fn parse_leaf(
+    /// A copy of directory block `lblk`: (physical block, bytes).
+    fn dir_read(&self, dir: u32, st: &mut InodeState, lblk: u32) -> Result<(u64, Vec<u8>)> {
+        let pblk = self.dir_pblk(dir, st, lblk)?;
+        let data = self.bcache.get(pblk)?.read().to_vec();
+        Ok((pblk, data))
+    }
+
+    /// Checks a leaf block (every entry's rec_len, name_len and inode; the checksum tail with
+    /// metadata_csum) and returns its entries, the unused ones included.
+    pub(crate) fn dir_validate_block(
         &self,
         dir: u32,
         st: &InodeState,
@@ -105,29 +138,21 @@ impl Fs {
         b: &[u8],
     ) -> Result<Vec<Dirent>> {
         let bs = b.len();
-        let end = if self.geo.metadata_csum && self.has_tail(b) {
-            bs - TAIL_SIZE
-        } else {
-            bs
-        };
-        if self.geo.metadata_csum && end != bs {
-            let want =
-                crate::format::csum::crc32c(self.dir_seed(dir, &st.raw), &b[..bs - TAIL_SIZE]);
-            if le32(b, bs - 4) != want {
-                return Err(self.fail(
-                    Error::BadChecksum(format!(
-                        "directory inode {dir}, block {lblk} (physical {pblk})"
-                    )),
-                    dir,
-                    pblk,
-                    "dir",
-                ));
+        let mut end = bs;
+        if self.geo.metadata_csum {
+            if !has_tail(b) {
+                return Err(self.dir_csum_err(dir, lblk, pblk, "no directory checksum tail"));
+            }
+            end = bs - DIRENT_TAIL_SIZE;
+            let want = crate::format::csum::crc32c(self.dir_seed(dir, &st.raw), &b[..end]);
+            if tail_csum(b) != want {
+                return Err(self.dir_csum_err(dir, lblk, pblk, "leaf checksum mismatch"));
             }
         }
         let mut out = Vec::new();
         let mut off = 0;
         while off < end {
-            if off + 8 > end {
+            if off + DIRENT_HEADER > end {
                 return Err(self.dir_err(
                     dir,
                     lblk,
@@ -135,48 +160,45 @@ impl Fs {
                     format!("entry at offset {off} overruns the block"),
                 ));
             }
-            let rec_len = decode_rec_len(le16(b, off + 4), bs);
+            let rec_len = rec_len_from_disk(le16(b, off + 4), bs);
             let name_len = b[off + 6] as usize;
             let inode = le32(b, off);
-            if rec_len < 8
-                || rec_len % 4 != 0
-                || off + rec_len > end
-                || (inode != 0 && 8 + name_len > rec_len)
-            {
+            let bad = if rec_len < MIN_REC_LEN {
+                Some("rec_len is smaller than minimal")
+            } else if rec_len % 4 != 0 {
+                Some("rec_len % 4 != 0")
+            } else if off + rec_len > end {
+                Some("directory entry overrun")
+            } else if rec_len < rec_len_for(name_len) {
+                Some("rec_len is too small for name_len")
+            } else if inode != 0 && name_len == 0 {
+                Some("empty name")
+            } else if inode > self.geo.inodes_count {
+                Some("inode out of bounds")
+            } else {
+                None
+            };
+            if let Some(why) = bad {
                 return Err(self.dir_err(
                     dir,
                     lblk,
                     pblk,
-                    format!("bad entry at offset {off} (rec_len {rec_len}, name_len {name_len})"),
+                    format!(
+                        "bad entry at offset {off}: {why} (inode {inode}, rec_len {rec_len}, \
+                         name_len {name_len})"
+                    ),
                 ));
             }
-            if inode > self.geo.inodes_count {
-                return Err(self.dir_err(
-                    dir,
-                    lblk,
-                    pblk,
-                    format!("entry at offset {off} points at inode {inode}, past the last"),
-                ));
-            }
-            let ftype = if self.geo.filetype { b[off + 7] } else { 0 };
             out.push(Dirent {
                 off,
                 inode,
                 rec_len,
                 name_len,
-                ftype,
+                ftype: self.ft(b[off + 7]),
             });
             off += rec_len;
         }
         Ok(out)
-    }
-
-    fn has_tail(&self, b: &[u8]) -> bool {
-        let t = b.len() - TAIL_SIZE;
-        le32(b, t) == 0
-            && le16(b, t + 4) as usize == TAIL_SIZE
-            && b[t + 6] == 0
-            && b[t + 7] == TAIL_FT
     }
 
     /// Writes the checksum tail of a leaf block.
@@ -184,22 +206,41 @@ impl Fs {
         if !self.geo.metadata_csum {
             return;
         }
-        let bs = b.len();
-        let t = bs - TAIL_SIZE;
-        put32(b, t, 0);
-        put16(b, t + 4, TAIL_SIZE as u16);
-        b[t + 6] = 0;
-        b[t + 7] = TAIL_FT;
+        let t = b.len() - DIRENT_TAIL_SIZE;
+        put_tail(b, 0);
         let c = crate::format::csum::crc32c(self.dir_seed(dir, &st.raw), &b[..t]);
-        put32(b, bs - 4, c);
+        put_tail(b, c);
     }
 
+    /// Whether the directory uses its index (the flag, and dir_index on the filesystem).
     fn is_indexed(&self, st: &InodeState) -> bool {
         st.raw.flags() & FL_INDEX != 0 && self.geo.dir_index
     }
 
+    /// Whether block 0 is laid out as a dx root (whether or not we use the index).
+    fn has_index_flag(st: &InodeState) -> bool {
+        st.raw.flags() & FL_INDEX != 0
+    }
+
+    /// Whether a block of an indexed directory is an interior index node (a fake empty entry
+    /// covering the whole block, no leaf tail).
+    fn is_dx_node(&self, b: &[u8]) -> bool {
+        le32(b, 0) == 0
+            && rec_len_from_disk(le16(b, 4), b.len()) == b.len()
+            && !(self.geo.metadata_csum && has_tail(b))
+    }
+
+    fn max_index_levels(&self) -> u8 {
+        if self.sb.lock().has_incompat(INCOMPAT_LARGEDIR) {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Hash version of an indexed directory from its root, with the unsigned adjustment.
     fn dir_hash_version(&self, root: &[u8]) -> u8 {
-        let v = root[ROOT_INFO + 4];
+        let v = root[ROOT_HASH_VERSION];
         if v <= DX_HASH_TEA && self.geo.unsigned_hash {
             v + 3
         } else {
@@ -211,141 +252,128 @@ impl Fs {
         dirhash(name, version, &self.geo.hash_seed)
     }
 
-    /// Reads an index block and checks it.
-    fn read_dx(
-        &self,
-        dir: u32,
-        st: &mut InodeState,
-        lblk: u32,
-        root: bool,
-    ) -> Result<(u64, Vec<u8>, DxNode)> {
-        let pblk = self.dir_pblk(dir, st, lblk)?;
-        let data = self.bcache.get(pblk)?.read().to_vec();
-        let off = if root { ROOT_COUNT } else { NODE_COUNT };
-        if root && (data[ROOT_INFO + 5] != 8 || data[ROOT_INFO + 6] > 2) {
-            return Err(self.dir_err(dir, lblk, pblk, "bad htree root info".into()));
-        }
-        let node = DxNode::parse(&data, off)
-            .ok_or_else(|| self.dir_err(dir, lblk, pblk, "bad htree count/limit".into()))?;
-        if node.limit != dx_limit(data.len(), root, self.geo.metadata_csum) {
-            return Err(self.dir_err(
-                dir,
-                lblk,
-                pblk,
-                format!("htree limit {} is wrong", node.limit),
-            ));
-        }
-        if self.geo.metadata_csum && !verify_dx_csum(self.dir_seed(dir, &st.raw), &data, off) {
-            return Err(self.fail(
-                Error::BadChecksum(format!("directory inode {dir}, htree block {lblk}")),
-                dir,
-                pblk,
-                "dir",
-            ));
-        }
-        let nblocks = self.dir_blocks(st);
-        for &(_, b) in &node.entries {
-            if b == 0 || b >= nblocks {
+    /// Reads an index block (the root when `lblk` is 0) and checks it: layout, limit, order,
+    /// pointers and checksum.
+    fn read_dx(&self, dir: u32, st: &mut InodeState, lblk: u32) -> Result<(u64, Vec<u8>, DxNode)> {
+        let root = lblk == 0;
+        let (pblk, data) = self.dir_read(dir, st, lblk)?;
+        let bs = data.len();
+        let off = if root {
+            if data[ROOT_INFO_LENGTH] != 8
+                || data[ROOT_UNUSED_FLAGS] & 1 != 0
+                || le16(&data, 4) != 12
+                || data[6] != 1
+                || data[8] != b'.'
+                || data[12 + 6] != 2
+                || &data[12 + 8..12 + 10] != b".."
+            {
+                return Err(self.dir_err(dir, lblk, pblk, "bad htree root".into()));
+            }
+            let v = self.dir_hash_version(&data);
+            if !hash_version_known(v) {
                 return Err(self.dir_err(
                     dir,
                     lblk,
                     pblk,
-                    format!("htree points at block {b} (directory has {nblocks})"),
+                    format!(
+                        "unrecognised htree hash version {}",
+                        data[ROOT_HASH_VERSION]
+                    ),
                 ));
             }
+            if data[ROOT_INDIRECT_LEVELS] > self.max_index_levels() {
+                return Err(self.dir_err(
+                    dir,
+                    lblk,
+                    pblk,
+                    format!("htree depth {} too large", data[ROOT_INDIRECT_LEVELS]),
+                ));
+            }
+            ROOT_COUNT
+        } else {
+            if !self.is_dx_node(&data) {
+                return Err(self.dir_err(dir, lblk, pblk, "expected an htree index block".into()));
+            }
+            NODE_COUNT
+        };
+        let node = DxNode::parse(&data, off)
+            .ok_or_else(|| self.dir_err(dir, lblk, pblk, "bad htree count/limit".into()))?;
+        let want = dx_limit(bs, root, self.geo.metadata_csum);
+        if node.limit != want {
+            return Err(self.dir_err(
+                dir,
+                lblk,
+                pblk,
+                format!("htree limit {} should be {want}", node.limit),
+            ));
+        }
+        if self.geo.metadata_csum && !verify_dx_csum(self.dir_seed(dir, &st.raw), &data, off) {
+            return Err(self.dir_csum_err(dir, lblk, pblk, "htree index checksum mismatch"));
+        }
+        let nblocks = self.dir_blocks(st);
+        let mut prev = 0u32;
+        for (i, &(hash, b)) in node.entries.iter().enumerate() {
+            if b == 0 || b >= nblocks || b == lblk {
+                return Err(self.dir_err(
+                    dir,
+                    lblk,
+                    pblk,
+                    format!("htree entry {i} points at block {b} (directory has {nblocks})"),
+                ));
+            }
+            if hash < prev {
+                return Err(self.dir_err(
+                    dir,
+                    lblk,
+                    pblk,
+                    format!("htree entry {i} hash {hash:#x} out of order"),
+                ));
+            }
+            prev = hash;
         }
         Ok((pblk, data, node))
     }
 
-    /// Walks the index to the leaf for `hash`. Returns the path: (lblk, node, position) per level.
-    fn dx_probe(
-        &self,
-        dir: u32,
-        st: &mut InodeState,
-        hash: u32,
-    ) -> Result<(Vec<(u32, DxNode, usize)>, u8)> {
-        let (_, root, node) = self.read_dx(dir, st, 0, true)?;
-        let levels = root[ROOT_INFO + 6] as usize;
+    /// Walks the index to the leaf for `hash`. Returns the path (root first) and the hash
+    /// version.
+    fn dx_probe(&self, dir: u32, st: &mut InodeState, hash: u32) -> Result<(Vec<PathStep>, u8)> {
+        let (_, root, node) = self.read_dx(dir, st, 0)?;
+        let levels = root[ROOT_INDIRECT_LEVELS] as usize;
         let version = self.dir_hash_version(&root);
-        let mut path = Vec::new();
+        let mut path: Vec<PathStep> = Vec::with_capacity(levels + 1);
         let mut cur = (0u32, node);
         for level in 0..=levels {
             let pos = cur.1.find(hash);
             let child = cur.1.entries[pos].1;
-            path.push((cur.0, cur.1.clone(), pos));
+            path.push((cur.0, cur.1, pos));
             if level == levels {
                 break;
             }
-            let (_, _, n) = self.read_dx(dir, st, child, false)?;
+            if path.iter().any(|p| p.0 == child) {
+                return Err(self.dir_err(dir, child, 0, "htree index loops".into()));
+            }
+            let (_, _, n) = self.read_dx(dir, st, child)?;
             cur = (child, n);
+        }
+        let leaf = Self::path_leaf(&path);
+        if path.iter().any(|p| p.0 == leaf) {
+            return Err(self.dir_err(dir, leaf, 0, "htree leaf is an index block".into()));
         }
         Ok((path, version))
     }
 
     /// Leaf block number at the bottom of a probe path.
-    fn path_leaf(path: &[(u32, DxNode, usize)]) -> u32 {
-        let (_, n, p) = path.last().unwrap();
+    fn path_leaf(path: &[PathStep]) -> u32 {
+        let (_, n, p) = &path[path.len() - 1];
         n.entries[*p].1
     }
 
-    /// Searches one leaf block for `name`.
-    fn leaf_find(
-        &self,
-        dir: u32,
-        st: &mut InodeState,
-        lblk: u32,
-        name: &[u8],
-    ) -> Result<Option<(u32, u8, usize)>> {
-        let pblk = self.dir_pblk(dir, st, lblk)?;
-        let data = self.bcache.get(pblk)?.read().to_vec();
-        for e in self.parse_leaf(dir, st, lblk, pblk, &data)? {
-            if e.inode != 0
-                && e.name_len == name.len()
-                && &data[e.off + 8..e.off + 8 + e.name_len] == name
-            {
-                return Ok(Some((e.inode, e.ftype, e.off)));
-            }
-        }
-        Ok(None)
-    }
-
-    /// Finds `name`: (inode, type, block, offset).
-    fn dir_find(
-        &self,
-        dir: u32,
-        st: &mut InodeState,
-        name: &[u8],
-    ) -> Result<Option<(u32, u8, u32, usize)>> {
-        if self.is_indexed(st) && name != b"." && name != b".." {
-            let hash0 = {
-                let pblk = self.dir_pblk(dir, st, 0)?;
-                let root = self.bcache.get(pblk)?.read().to_vec();
-                self.name_hash(name, self.dir_hash_version(&root)).0
-            };
-            let (mut path, _) = self.dx_probe(dir, st, hash0)?;
-            let mut guard = 0;
-            loop {
-                let leaf = Self::path_leaf(&path);
-                if let Some((i, t, o)) = self.leaf_find(dir, st, leaf, name)? {
-                    return Ok(Some((i, t, leaf, o)));
-                }
-                // A hash run may continue in the next leaf (collision bit on its index entry).
-                match self.dx_next_leaf(dir, st, &mut path)? {
-                    Some(h) if h & !1 == hash0 => {}
-                    _ => return Ok(None),
-                }
-                guard += 1;
-                if guard > 1 << 20 {
-                    return Err(self.dir_err(dir, 0, 0, "htree walk does not end".into()));
-                }
-            }
-        }
-        for lblk in 0..self.dir_blocks(st) {
-            if let Some((i, t, o)) = self.leaf_find(dir, st, lblk, name)? {
-                return Ok(Some((i, t, lblk, o)));
-            }
-        }
-        Ok(None)
+    /// The starting hash of the leaf after the path's, without moving; None at the end.
+    fn dx_peek_next(path: &[PathStep]) -> Option<u32> {
+        path.iter()
+            .rev()
+            .find(|(_, n, p)| p + 1 < n.entries.len())
+            .map(|(_, n, p)| n.entries[p + 1].0)
     }
 
     /// Moves a probe path to the next leaf in hash order; returns that leaf's starting hash.
@@ -353,7 +381,7 @@ impl Fs {
         &self,
         dir: u32,
         st: &mut InodeState,
-        path: &mut Vec<(u32, DxNode, usize)>,
+        path: &mut [PathStep],
     ) -> Result<Option<u32>> {
         let mut level = path.len();
         loop {
@@ -371,10 +399,113 @@ impl Fs {
         // Descend to the leftmost leaf under the new position.
         for l in level + 1..path.len() {
             let child = path[l - 1].1.entries[path[l - 1].2].1;
-            let (_, _, n) = self.read_dx(dir, st, child, false)?;
+            let (_, _, n) = self.read_dx(dir, st, child)?;
             path[l] = (child, n, 0);
         }
         Ok(Some(hash))
+    }
+
+    /// Searches one leaf block for `name`: (inode, type, offset).
+    fn leaf_find(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        lblk: u32,
+        pblk: u64,
+        name: &[u8],
+    ) -> Result<Option<(u32, u8, usize)>> {
+        let buf = self.bcache.get(pblk)?;
+        let data = buf.read();
+        for e in self.dir_validate_block(dir, st, lblk, pblk, &data)? {
+            if e.inode != 0 && e.name_len == name.len() && e.name(&data) == name {
+                return Ok(Some((e.inode, e.ftype, e.off)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// "." and ".." of a directory whose block 0 is a dx root: (inode, type, offset).
+    fn root_dot(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        dotdot: bool,
+    ) -> Result<Option<(u32, u8, usize)>> {
+        let (pblk, b) = self.dir_read(dir, st, 0)?;
+        let off = if dotdot { 12 } else { 0 };
+        let want: &[u8] = if dotdot { b".." } else { b"." };
+        let rl = rec_len_from_disk(le16(&b, off + 4), b.len());
+        if b[off + 6] as usize != want.len()
+            || &b[off + 8..off + 8 + want.len()] != want
+            || rl < 12
+            || off + rl > b.len()
+        {
+            return Err(self.dir_err(
+                dir,
+                0,
+                pblk,
+                format!("bad {:?} entry", String::from_utf8_lossy(want)),
+            ));
+        }
+        let ino = le32(&b, off);
+        if ino == 0 || ino > self.geo.inodes_count {
+            return Err(self.dir_err(dir, 0, pblk, format!("bad inode {ino} in dot entry")));
+        }
+        Ok(Some((ino, self.ft(b[off + 7]), off)))
+    }
+
+    /// Finds `name`: (inode, type, block, offset).
+    fn dir_find(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        name: &[u8],
+    ) -> Result<Option<(u32, u8, u32, usize)>> {
+        if Self::has_index_flag(st) && (name == b"." || name == b"..") {
+            return Ok(self
+                .root_dot(dir, st, name == b"..")?
+                .map(|(i, t, o)| (i, t, 0, o)));
+        }
+        if self.is_indexed(st) {
+            let p0 = self.dir_pblk(dir, st, 0)?;
+            let version = self.dir_hash_version(&self.bcache.get(p0)?.read());
+            let hash0 = self.name_hash(name, version).0;
+            let (mut path, _) = self.dx_probe(dir, st, hash0)?;
+            let nblocks = self.dir_blocks(st);
+            let mut visited = 0u32;
+            loop {
+                let leaf = Self::path_leaf(&path);
+                let pblk = self.dir_pblk(dir, st, leaf)?;
+                if let Some((i, t, o)) = self.leaf_find(dir, st, leaf, pblk, name)? {
+                    return Ok(Some((i, t, leaf, o)));
+                }
+                // A run of equal hashes may continue in the next leaf (collision bit on its
+                // index entry).
+                match Self::dx_peek_next(&path) {
+                    Some(h) if h & 1 == 1 && h & !1 == hash0 => {
+                        self.dx_next_leaf(dir, st, &mut path)?;
+                    }
+                    _ => return Ok(None),
+                }
+                visited += 1;
+                if visited > nblocks {
+                    return Err(self.dir_err(dir, 0, p0, "htree walk does not end".into()));
+                }
+            }
+        }
+        let skip_index = Self::has_index_flag(st);
+        for lblk in 0..self.dir_blocks(st) {
+            let Some(pblk) = self.dir_pblk_opt(dir, st, lblk)? else {
+                continue;
+            };
+            if skip_index && (lblk == 0 || self.is_dx_node(&self.bcache.get(pblk)?.read())) {
+                continue;
+            }
+            if let Some((i, t, o)) = self.leaf_find(dir, st, lblk, pblk, name)? {
+                return Ok(Some((i, t, lblk, o)));
+            }
+        }
+        Ok(None)
     }
 
     pub(crate) fn dir_lookup(
@@ -386,7 +517,7 @@ impl Fs {
         Ok(self.dir_find(dir, st, name)?.map(|(i, t, _, _)| (i, t)))
     }
 
-    /// Writes a changed leaf block through the handle.
+    /// Writes a changed leaf block through the handle (checksum tail first).
     fn put_leaf(
         &self,
         h: &mut Handle<'_>,
@@ -402,6 +533,7 @@ impl Fs {
         Ok(())
     }
 
+    /// Writes a changed index block through the handle (dx checksum first).
     fn put_dx(
         &self,
         h: &mut Handle<'_>,
@@ -424,7 +556,23 @@ impl Fs {
         Ok(())
     }
 
-    /// Tries to put an entry into a leaf block in memory. Returns false if there is no room.
+    /// Stores `node` into index block `lblk` (read, change, checksum, write).
+    fn store_dx(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        st: &mut InodeState,
+        lblk: u32,
+        node: &DxNode,
+    ) -> Result<()> {
+        let (pblk, mut data) = self.dir_read(dir, st, lblk)?;
+        node.store(&mut data);
+        self.put_dx(h, dir, st, pblk, &mut data, lblk == 0)
+    }
+
+    /// Tries to put an entry into a leaf block in memory: an unused entry big enough, or the
+    /// slack after a live one. Returns false if there is no room.
+    #[allow(clippy::too_many_arguments)]
     fn leaf_insert(
         &self,
         dir: u32,
@@ -437,15 +585,15 @@ impl Fs {
         ftype: u8,
     ) -> Result<bool> {
         let need = rec_len_for(name.len());
-        let ft = if self.geo.filetype { ftype } else { 0 };
-        for e in self.parse_leaf(dir, st, lblk, pblk, data)? {
+        let ft = self.ft(ftype);
+        for e in self.dir_validate_block(dir, st, lblk, pblk, data)? {
             if e.inode == 0 && e.rec_len >= need {
                 put_dirent(data, e.off, ino, e.rec_len, name, ft);
                 return Ok(true);
             }
             let used = e.used();
             if e.inode != 0 && e.rec_len >= used + need {
-                put16(data, e.off + 4, used as u16);
+                set_rec_len(data, e.off, used);
                 put_dirent(data, e.off + used, ino, e.rec_len - used, name, ft);
                 return Ok(true);
             }
@@ -453,7 +601,8 @@ impl Fs {
         Ok(false)
     }
 
-    /// Appends an empty block to the directory; returns (lblk, pblk).
+    /// Appends a block to the directory (allocated near its last block, or near the inode
+    /// table of its group); grows i_size. Returns (lblk, pblk); the caller fills the block.
     fn dir_append_block(
         &self,
         h: &mut Handle<'_>,
@@ -461,10 +610,18 @@ impl Fs {
         st: &mut InodeState,
     ) -> Result<(u32, u64)> {
         let lblk = self.dir_blocks(st);
-        let goal = match lblk.checked_sub(1) {
-            Some(l) => self.dir_pblk(dir, st, l)? + 1,
-            None => self.geo.group_first_block(self.geo.ino_group(dir)),
+        if lblk >= u32::MAX - 1 {
+            return Err(Error::NoSpace);
+        }
+        let last = match lblk.checked_sub(1) {
+            Some(l) => self.dir_pblk_opt(dir, st, l)?,
+            None => None,
         };
+        let goal = match last {
+            Some(p) => p + 1,
+            None => self.group_desc(self.geo.ino_group(dir)).inode_table(),
+        };
+        h.extend(4);
         let (p, _) = self.alloc_blocks(h, goal, 1)?;
         if let Err(e) = self.ext_insert(
             h,
@@ -477,19 +634,22 @@ impl Fs {
                 unwritten: false,
             },
         ) {
-            let _ = self.free_blocks(h, p, 1, false);
+            let _ = self.free_blocks(h, p, 1, true);
             return Err(e);
         }
-        let size = (lblk as u64 + 1) * self.geo.block_size as u64;
-        st.raw.set_size(size);
+        st.raw
+            .set_size((lblk as u64 + 1) * self.geo.block_size as u64);
         self.bcache.get_new(p)?;
         Ok((lblk, p))
     }
 
-    /// An empty leaf block image.
+    /// An empty leaf block image (one unused entry over the whole space, and the tail).
     fn empty_leaf(&self) -> Vec<u8> {
         let mut b = vec![0u8; self.geo.block_size as usize];
-        put16(&mut b, 4, self.leaf_space() as u16);
+        set_rec_len(&mut b, 0, self.leaf_space());
+        if self.geo.metadata_csum {
+            put_tail(&mut b, 0);
+        }
         b
     }
 
@@ -502,7 +662,7 @@ impl Fs {
     ) -> Result<()> {
         let (_, p) = self.dir_append_block(h, dir, st)?;
         let mut b = vec![0u8; self.geo.block_size as usize];
-        let ft = if self.geo.filetype { FT_DIR } else { 0 };
+        let ft = self.ft(FT_DIR);
         put_dirent(&mut b, 0, dir, 12, b".", ft);
         put_dirent(&mut b, 12, parent, self.leaf_space() - 12, b"..", ft);
         self.put_leaf(h, dir, st, p, &mut b)
@@ -517,30 +677,36 @@ impl Fs {
         ino: u32,
         ftype: u8,
     ) -> Result<()> {
+        if name.is_empty() || name.len() > MAX_NAME_LEN {
+            return Err(Error::NameTooLong);
+        }
         if self.is_indexed(st) {
             return self.dx_add(h, dir, st, name, ino, ftype);
         }
+        let skip_index = Self::has_index_flag(st);
         let n = self.dir_blocks(st);
         for lblk in 0..n {
-            let pblk = self.dir_pblk(dir, st, lblk)?;
+            let Some(pblk) = self.dir_pblk_opt(dir, st, lblk)? else {
+                continue;
+            };
             let mut data = self.bcache.get(pblk)?.read().to_vec();
+            if skip_index && (lblk == 0 || self.is_dx_node(&data)) {
+                continue;
+            }
             if self.leaf_insert(dir, st, lblk, pblk, &mut data, name, ino, ftype)? {
                 return self.put_leaf(h, dir, st, pblk, &mut data);
             }
         }
-        if n == 1 && self.geo.dir_index {
+        if n == 1 && self.geo.dir_index && !skip_index {
             self.make_indexed(h, dir, st)?;
             return self.dx_add(h, dir, st, name, ino, ftype);
         }
-        let (lblk, pblk) = self.dir_append_block(h, dir, st)?;
-        let mut data = self.empty_leaf();
-        if !self.leaf_insert(dir, st, lblk, pblk, &mut data, name, ino, ftype)? {
-            return Err(Error::NameTooLong);
-        }
+        let (_, pblk) = self.dir_append_block(h, dir, st)?;
+        let mut data = self.pack_leaf(&[(0, 0, name.to_vec(), ino, ftype)]);
         self.put_leaf(h, dir, st, pblk, &mut data)
     }
 
-    /// Live entries of a leaf as (hash, minor, name, inode, type).
+    /// Live entries of a leaf with their hashes.
     fn leaf_entries(
         &self,
         dir: u32,
@@ -549,22 +715,22 @@ impl Fs {
         pblk: u64,
         data: &[u8],
         version: u8,
-    ) -> Result<Vec<(u32, u32, Vec<u8>, u32, u8)>> {
+    ) -> Result<Vec<Hashed>> {
         let mut v = Vec::new();
-        for e in self.parse_leaf(dir, st, lblk, pblk, data)? {
+        for e in self.dir_validate_block(dir, st, lblk, pblk, data)? {
             if e.inode == 0 {
                 continue;
             }
-            let name = data[e.off + 8..e.off + 8 + e.name_len].to_vec();
+            let name = e.name(data).to_vec();
             let (hh, mm) = self.name_hash(&name, version);
             v.push((hh, mm, name, e.inode, e.ftype));
         }
         Ok(v)
     }
 
-    /// Writes `entries` packed into a fresh leaf image.
-    fn pack_leaf(&self, entries: &[(u32, u32, Vec<u8>, u32, u8)]) -> Vec<u8> {
-        let mut b = vec![0u8; self.geo.block_size as usize];
+    /// `entries` packed into a fresh leaf image (the last one takes the rest of the space).
+    fn pack_leaf(&self, entries: &[Hashed]) -> Vec<u8> {
+        let mut b = self.empty_leaf();
         let space = self.leaf_space();
         let mut off = 0;
         for (i, (_, _, name, ino, ft)) in entries.iter().enumerate() {
@@ -573,18 +739,8 @@ impl Fs {
             } else {
                 rec_len_for(name.len())
             };
-            put_dirent(
-                &mut b,
-                off,
-                *ino,
-                rl,
-                name,
-                if self.geo.filetype { *ft } else { 0 },
-            );
+            put_dirent(&mut b, off, *ino, rl, name, self.ft(*ft));
             off += rl;
-        }
-        if entries.is_empty() {
-            put16(&mut b, 4, space as u16);
         }
         b
     }
@@ -592,47 +748,37 @@ impl Fs {
     /// Converts a full one-block directory into an indexed one, as the kernel's make_indexed_dir:
     /// block 0 becomes the dx root, its entries are split by hash into two new leaves.
     fn make_indexed(&self, h: &mut Handle<'_>, dir: u32, st: &mut InodeState) -> Result<()> {
-        let p0 = self.dir_pblk(dir, st, 0)?;
-        let data = self.bcache.get(p0)?.read().to_vec();
-        let version = {
-            let v = self.sb.lock().def_hash_version();
-            if v <= DX_HASH_TEA && self.geo.unsigned_hash {
-                v + 3
-            } else {
-                v
-            }
-        };
-        let mut parent = dir;
-        let mut entries = Vec::new();
-        for (i, e) in self
-            .leaf_entries(dir, st, 0, p0, &data, version)?
-            .into_iter()
-            .enumerate()
-        {
-            if i == 0 && e.2 == b"." {
-                continue;
-            }
-            if e.2 == b".." {
-                parent = e.3;
-                continue;
-            }
-            entries.push(e);
+        let (p0, data) = self.dir_read(dir, st, 0)?;
+        let mut def = self.geo.def_hash_version;
+        if def > DX_HASH_TEA {
+            def = DX_HASH_HALF_MD4;
         }
+        let version = if self.geo.unsigned_hash { def + 3 } else { def };
+        let all = self.leaf_entries(dir, st, 0, p0, &data, version)?;
+        let (Some(dot), Some(dotdot)) = (all.first(), all.get(1)) else {
+            return Err(self.dir_err(dir, 0, p0, "no \".\" and \"..\" entries".into()));
+        };
+        if dot.2 != b"." || dotdot.2 != b".." {
+            return Err(self.dir_err(dir, 0, p0, "first entries are not \".\" and \"..\"".into()));
+        }
+        let parent = dotdot.3;
+        let mut entries: Vec<Hashed> = all[2..].to_vec();
         entries.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        h.extend(8);
         let (l1, p1) = self.dir_append_block(h, dir, st)?;
         let (l2, p2) = self.dir_append_block(h, dir, st)?;
         let (left, right, split_hash) = self.split_sorted(entries);
         self.put_leaf(h, dir, st, p1, &mut self.pack_leaf(&left))?;
         self.put_leaf(h, dir, st, p2, &mut self.pack_leaf(&right))?;
-        // The root.
+        // The root: "." and "..", dx_root_info, then the two leaves.
         let bs = self.geo.block_size as usize;
         let mut root = vec![0u8; bs];
-        let ft = if self.geo.filetype { FT_DIR } else { 0 };
+        let ft = self.ft(FT_DIR);
         put_dirent(&mut root, 0, dir, 12, b".", ft);
         put_dirent(&mut root, 12, parent, bs - 12, b"..", ft);
-        root[ROOT_INFO + 4] = if version >= 3 { version - 3 } else { version };
-        root[ROOT_INFO + 5] = 8;
-        root[ROOT_INFO + 6] = 0;
+        root[ROOT_HASH_VERSION] = def;
+        root[ROOT_INFO_LENGTH] = 8;
+        root[ROOT_INDIRECT_LEVELS] = 0;
         let node = DxNode {
             count_off: ROOT_COUNT,
             limit: dx_limit(bs, true, self.geo.metadata_csum),
@@ -646,15 +792,7 @@ impl Fs {
 
     /// Splits hash-sorted entries into two halves by size; the second half's index hash gets
     /// the collision bit when the split falls inside a run of equal hashes.
-    #[allow(clippy::type_complexity)]
-    fn split_sorted(
-        &self,
-        mut entries: Vec<(u32, u32, Vec<u8>, u32, u8)>,
-    ) -> (
-        Vec<(u32, u32, Vec<u8>, u32, u8)>,
-        Vec<(u32, u32, Vec<u8>, u32, u8)>,
-        u32,
-    ) {
+    fn split_sorted(&self, mut entries: Vec<Hashed>) -> (Vec<Hashed>, Vec<Hashed>, u32) {
         let total: usize = entries.iter().map(|e| rec_len_for(e.2.len())).sum();
         let mut acc = 0;
         let mut at = entries.len();
@@ -665,7 +803,9 @@ impl Fs {
             }
             acc += rec_len_for(e.2.len());
         }
-        let at = at.clamp(1, entries.len().saturating_sub(1).max(1));
+        let at = at
+            .clamp(1, entries.len().saturating_sub(1).max(1))
+            .min(entries.len());
         let right = entries.split_off(at);
         let split = right.first().map(|e| e.0).unwrap_or(0);
         let continued = entries.last().map(|e| e.0 == split).unwrap_or(false);
@@ -685,91 +825,73 @@ impl Fs {
         let p0 = self.dir_pblk(dir, st, 0)?;
         let version = self.dir_hash_version(&self.bcache.get(p0)?.read());
         let (hash, _) = self.name_hash(name, version);
-        for _attempt in 0..4 {
-            let (path, _) = self.dx_probe(dir, st, hash)?;
+        for _attempt in 0..8 {
+            let (mut path, _) = self.dx_probe(dir, st, hash)?;
             let leaf = Self::path_leaf(&path);
-            let pblk = self.dir_pblk(dir, st, leaf)?;
-            let mut data = self.bcache.get(pblk)?.read().to_vec();
+            let (pblk, mut data) = self.dir_read(dir, st, leaf)?;
             if self.leaf_insert(dir, st, leaf, pblk, &mut data, name, ino, ftype)? {
                 return self.put_leaf(h, dir, st, pblk, &mut data);
             }
-            // Split the leaf.
+            // Split the leaf: make room for one more index entry first.
             let mut entries = self.leaf_entries(dir, st, leaf, pblk, &data, version)?;
-            entries.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
             if entries.len() < 2 {
-                return Err(Error::NoSpace);
+                return Err(self.dir_err(dir, leaf, pblk, "full leaf with one entry".into()));
             }
-            self.dx_make_room(h, dir, st, &path)?;
+            entries.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+            h.extend(4);
+            self.dx_make_room(h, dir, st, &mut path)?;
             let (nl, np) = self.dir_append_block(h, dir, st)?;
             let (left, right, split_hash) = self.split_sorted(entries);
             self.put_leaf(h, dir, st, pblk, &mut self.pack_leaf(&left))?;
             self.put_leaf(h, dir, st, np, &mut self.pack_leaf(&right))?;
-            // Re-probe (the index may have changed shape) and insert the new index entry
-            // after the one pointing at the old leaf.
-            let (path, _) = self.dx_probe(dir, st, split_hash & !1)?;
-            let (plblk, mut pnode, _) = path.last().unwrap().clone();
-            let pos = pnode
-                .entries
-                .iter()
-                .position(|e| e.1 == leaf)
-                .ok_or_else(|| {
-                    self.dir_err(dir, plblk, 0, "htree lost a leaf during a split".into())
-                })?;
-            pnode.entries.insert(pos + 1, (split_hash, nl));
-            let root = path.len() == 1;
-            let pp = self.dir_pblk(dir, st, plblk)?;
-            let mut pdata = self.bcache.get(pp)?.read().to_vec();
-            pnode.store(&mut pdata);
-            self.put_dx(h, dir, st, pp, &mut pdata, root)?;
+            let bottom = path.len() - 1;
+            let (blblk, bnode, bpos) = &mut path[bottom];
+            if bnode.entries.get(*bpos).map(|e| e.1) != Some(leaf) {
+                return Err(self.dir_err(dir, *blblk, 0, "htree lost a leaf in a split".into()));
+            }
+            bnode.entries.insert(*bpos + 1, (split_hash, nl));
+            let (blblk, bnode) = (*blblk, bnode.clone());
+            self.store_dx(h, dir, st, blblk, &bnode)?;
+            // The next pass finds the half that now has room.
         }
         Err(self.dir_err(
             dir,
             0,
-            0,
+            p0,
             "could not insert into the htree after splitting".into(),
         ))
     }
 
     /// Makes sure the bottom index node on `path` has room for one more entry: splits full
-    /// nodes upwards, and adds a level when the root is full.
+    /// nodes (from the lowest level that has room downwards) and adds a level when the root is
+    /// full. `path` is kept pointing at the same leaf.
     fn dx_make_room(
         &self,
         h: &mut Handle<'_>,
         dir: u32,
         st: &mut InodeState,
-        path: &[(u32, DxNode, usize)],
+        path: &mut Vec<PathStep>,
     ) -> Result<()> {
         let bs = self.geo.block_size as usize;
         let csum = self.geo.metadata_csum;
-        // Find the lowest level with room.
+        if !path[path.len() - 1].1.is_full() {
+            return Ok(());
+        }
         let mut level = path.len() - 1;
-        while path[level].1.entries.len() >= path[level].1.limit {
-            if level == 0 {
-                break;
-            }
+        while level > 0 && path[level].1.is_full() {
             level -= 1;
         }
-        let full_root = path[0].1.entries.len() >= path[0].1.limit;
-        if level == 0 && full_root && path[level].1.entries.len() >= path[level].1.limit {
-            // Add a level: the root's entries move into a new node.
-            let p0 = self.dir_pblk(dir, st, 0)?;
-            let mut root = self.bcache.get(p0)?.read().to_vec();
-            let levels = root[ROOT_INFO + 6];
-            let max_levels = if self
-                .sb
-                .lock()
-                .has_incompat(crate::format::features::INCOMPAT_LARGEDIR)
-            {
-                2
-            } else {
-                1
-            };
-            if levels >= max_levels {
+        if path[level].1.is_full() {
+            // The root is full: its entries move into a new node under a one-entry root.
+            let (p0, mut root) = self.dir_read(dir, st, 0)?;
+            let levels = root[ROOT_INDIRECT_LEVELS];
+            if levels >= self.max_index_levels() {
                 return Err(Error::NoSpace);
             }
+            h.extend(4);
             let (nl, np) = self.dir_append_block(h, dir, st)?;
             let mut nb = vec![0u8; bs];
-            put16(&mut nb, 4, bs as u16); // fake empty entry covering the block
+            set_rec_len(&mut nb, 0, bs);
             let node = DxNode {
                 count_off: NODE_COUNT,
                 limit: dx_limit(bs, false, csum),
@@ -783,61 +905,50 @@ impl Fs {
                 entries: vec![(0, nl)],
             };
             rnode.store(&mut root);
-            root[ROOT_INFO + 6] = levels + 1;
+            root[ROOT_INDIRECT_LEVELS] = levels + 1;
             self.put_dx(h, dir, st, p0, &mut root, true)?;
-            // The new node is full (it holds what the root held): split it on the next pass.
-            let (path2, _) = self.dx_probe(
-                dir,
-                st,
-                path.last().map(|p| p.1.entries[p.2].0).unwrap_or(0),
-            )?;
-            return self.dx_make_room(h, dir, st, &path2);
+            let pos = path[0].2;
+            path[0] = (0, rnode, 0);
+            path.insert(1, (nl, node, pos));
+            level = 1;
         }
-        // Split each full node below `level`, from the top down.
+        // path[level] has room; split every full node below it, top down.
         for l in level + 1..path.len() {
-            let parent_now = self.read_dx(dir, st, path[l - 1].0, l - 1 == 0)?.2;
-            let nlblk = path[l].0;
-            let node_now = self.read_dx(dir, st, nlblk, false)?.2;
-            if node_now.entries.len() < node_now.limit {
+            if !path[l].1.is_full() {
                 continue;
             }
-            let half = node_now.entries.len() / 2;
-            let right: Vec<(u32, u32)> = node_now.entries[half..].to_vec();
-            let left: Vec<(u32, u32)> = node_now.entries[..half].to_vec();
+            h.extend(4);
+            let (nlblk, node, pos) = path[l].clone();
+            let half = node.entries.len() / 2;
             let (rl, rp) = self.dir_append_block(h, dir, st)?;
-            let mut rb = vec![0u8; bs];
-            put16(&mut rb, 4, bs as u16);
-            let rhash = right[0].0;
-            let mut right_node = DxNode {
+            let mut right = DxNode {
                 count_off: NODE_COUNT,
-                limit: node_now.limit,
-                entries: right,
+                limit: node.limit,
+                entries: node.entries[half..].to_vec(),
             };
-            right_node.entries[0].0 = 0;
-            right_node.store(&mut rb);
-            self.put_dx(h, dir, st, rp, &mut rb, false)?;
-            let lp = self.dir_pblk(dir, st, nlblk)?;
-            let mut lb = self.bcache.get(lp)?.read().to_vec();
-            DxNode {
+            let rhash = right.entries[0].0;
+            right.entries[0].0 = 0;
+            let left = DxNode {
                 count_off: NODE_COUNT,
-                limit: node_now.limit,
-                entries: left,
+                limit: node.limit,
+                entries: node.entries[..half].to_vec(),
+            };
+            let mut rb = vec![0u8; bs];
+            set_rec_len(&mut rb, 0, bs);
+            right.store(&mut rb);
+            self.put_dx(h, dir, st, rp, &mut rb, false)?;
+            self.store_dx(h, dir, st, nlblk, &left)?;
+            // The parent gets the new node after the old one.
+            let (plblk, pnode, ppos) = &mut path[l - 1];
+            pnode.entries.insert(*ppos + 1, (rhash, rl));
+            let (plblk, pnode_c) = (*plblk, pnode.clone());
+            if pos >= half {
+                *ppos += 1;
+                path[l] = (rl, right, pos - half);
+            } else {
+                path[l] = (nlblk, left, pos);
             }
-            .store(&mut lb);
-            self.put_dx(h, dir, st, lp, &mut lb, false)?;
-            // Parent gets the new node after the old one.
-            let mut parent = parent_now;
-            let pos = parent
-                .entries
-                .iter()
-                .position(|e| e.1 == nlblk)
-                .ok_or_else(|| self.dir_err(dir, 0, 0, "htree parent lost a node".into()))?;
-            parent.entries.insert(pos + 1, (rhash, rl));
-            let plblk = path[l - 1].0;
-            let pp = self.dir_pblk(dir, st, plblk)?;
-            let mut pb = self.bcache.get(pp)?.read().to_vec();
-            parent.store(&mut pb);
-            self.put_dx(h, dir, st, pp, &mut pb, l - 1 == 0)?;
+            self.store_dx(h, dir, st, plblk, &pnode_c)?;
         }
         Ok(())
     }
@@ -849,22 +960,22 @@ impl Fs {
         st: &mut InodeState,
         name: &[u8],
     ) -> Result<(u32, u8)> {
+        if name == b"." || name == b".." {
+            return Err(Error::Invalid("cannot remove \".\" or \"..\"".into()));
+        }
         let Some((ino, ft, lblk, off)) = self.dir_find(dir, st, name)? else {
             return Err(Error::NotFound);
         };
-        let pblk = self.dir_pblk(dir, st, lblk)?;
-        let mut data = self.bcache.get(pblk)?.read().to_vec();
-        let entries = self.parse_leaf(dir, st, lblk, pblk, &data)?;
-        let i = entries.iter().position(|e| e.off == off).unwrap();
+        let (pblk, mut data) = self.dir_read(dir, st, lblk)?;
+        let entries = self.dir_validate_block(dir, st, lblk, pblk, &data)?;
+        let Some(i) = entries.iter().position(|e| e.off == off) else {
+            return Err(self.dir_err(dir, lblk, pblk, "entry moved under a lock".into()));
+        };
         if i == 0 {
             put32(&mut data, off, 0);
         } else {
             let prev = &entries[i - 1];
-            put16(
-                &mut data,
-                prev.off + 4,
-                (prev.rec_len + entries[i].rec_len) as u16,
-            );
+            set_rec_len(&mut data, prev.off, prev.rec_len + entries[i].rec_len);
         }
         self.put_leaf(h, dir, st, pblk, &mut data)?;
         Ok((ino, ft))
@@ -882,13 +993,10 @@ impl Fs {
         let Some((old, oft, lblk, off)) = self.dir_find(dir, st, name)? else {
             return Err(Error::NotFound);
         };
-        let pblk = self.dir_pblk(dir, st, lblk)?;
-        let mut data = self.bcache.get(pblk)?.read().to_vec();
+        let (pblk, mut data) = self.dir_read(dir, st, lblk)?;
         put32(&mut data, off, ino);
-        if self.geo.filetype {
-            data[off + 7] = ftype;
-        }
-        if lblk == 0 && self.is_indexed(st) {
+        data[off + 7] = self.ft(ftype);
+        if lblk == 0 && Self::has_index_flag(st) {
             self.put_dx(h, dir, st, pblk, &mut data, true)?;
         } else {
             self.put_leaf(h, dir, st, pblk, &mut data)?;
@@ -897,33 +1005,27 @@ impl Fs {
     }
 
     pub(crate) fn dir_is_empty(&self, dir: u32, st: &mut InodeState) -> Result<bool> {
-        let indexed = self.is_indexed(st);
+        let skip_index = Self::has_index_flag(st);
         for lblk in 0..self.dir_blocks(st) {
-            let pblk = self.dir_pblk(dir, st, lblk)?;
-            let data = self.bcache.get(pblk)?.read().to_vec();
-            if indexed && lblk == 0 {
+            let Some(pblk) = self.dir_pblk_opt(dir, st, lblk)? else {
+                continue;
+            };
+            let buf = self.bcache.get(pblk)?;
+            let data = buf.read();
+            if skip_index && (lblk == 0 || self.is_dx_node(&data)) {
                 continue;
             }
-            if indexed && self.is_dx_node(&data) {
-                continue;
-            }
-            for e in self.parse_leaf(dir, st, lblk, pblk, &data)? {
+            for e in self.dir_validate_block(dir, st, lblk, pblk, &data)? {
                 if e.inode == 0 {
                     continue;
                 }
-                let n = &data[e.off + 8..e.off + 8 + e.name_len];
-                if n != b"." && n != b".." {
+                let n = e.name(&data);
+                if !(lblk == 0 && (n == b"." || n == b"..")) {
                     return Ok(false);
                 }
             }
         }
         Ok(true)
-    }
-
-    /// Whether a block of an indexed directory is an interior index node (a fake empty entry
-    /// covering the whole block, followed by count/limit).
-    fn is_dx_node(&self, b: &[u8]) -> bool {
-        le32(b, 0) == 0 && decode_rec_len(le16(b, 4), b.len()) == b.len() && b[6] == 0
     }
 
     pub(crate) fn dir_iter(
@@ -937,18 +1039,41 @@ impl Fs {
             return self.dx_iter(dir, st, offset, f);
         }
         let bs = self.geo.block_size as u64;
-        let mut lblk = (offset / bs) as u32;
+        let skip_index = Self::has_index_flag(st);
+        let mut lblk = (offset / bs).min(u32::MAX as u64) as u32;
         let n = self.dir_blocks(st);
         while lblk < n {
-            let pblk = self.dir_pblk(dir, st, lblk)?;
+            let Some(pblk) = self.dir_pblk_opt(dir, st, lblk)? else {
+                lblk += 1;
+                continue;
+            };
             let data = self.bcache.get(pblk)?.read().to_vec();
-            for e in self.parse_leaf(dir, st, lblk, pblk, &data)? {
-                let pos = lblk as u64 * bs + e.off as u64;
+            let base = lblk as u64 * bs;
+            if skip_index && lblk == 0 {
+                // A dx root read linearly (dir_index off): only "." and "..".
+                for (dotdot, next) in [(false, 12u64), (true, bs)] {
+                    let (ino, ft, off) = self.root_dot(dir, st, dotdot)?.unwrap_or((0, 0, 0));
+                    if (off as u64) < offset || ino == 0 {
+                        continue;
+                    }
+                    let nm: &[u8] = if dotdot { b".." } else { b"." };
+                    if !f(next, ino, ft, nm) {
+                        return Ok(());
+                    }
+                }
+                lblk += 1;
+                continue;
+            }
+            if skip_index && self.is_dx_node(&data) {
+                lblk += 1;
+                continue;
+            }
+            for e in self.dir_validate_block(dir, st, lblk, pblk, &data)? {
+                let pos = base + e.off as u64;
                 if pos < offset || e.inode == 0 {
                     continue;
                 }
-                let name = &data[e.off + 8..e.off + 8 + e.name_len];
-                if !f(pos + e.rec_len as u64, e.inode, e.ftype, name) {
+                if !f(pos + e.rec_len as u64, e.inode, e.ftype, e.name(&data)) {
                     return Ok(());
                 }
             }
@@ -957,7 +1082,8 @@ impl Fs {
         Ok(())
     }
 
-    /// readdir of an indexed directory, in hash order with hash cookies.
+    /// readdir of an indexed directory, in hash order with hash cookies. Leaves continuing a
+    /// run of equal hashes are read together and sorted as one.
     fn dx_iter(
         &self,
         dir: u32,
@@ -965,48 +1091,66 @@ impl Fs {
         offset: u64,
         f: &mut dyn FnMut(u64, u32, u8, &[u8]) -> bool,
     ) -> Result<()> {
-        let p0 = self.dir_pblk(dir, st, 0)?;
-        let root = self.bcache.get(p0)?.read().to_vec();
-        let version = self.dir_hash_version(&root);
-        if offset < 1 && !f(1, dir, FT_DIR, b".") {
-            return Ok(());
-        }
-        if offset < 2 {
-            let parent = le32(&root, 12);
-            if !f(2, parent, FT_DIR, b"..") {
+        if offset < 1 {
+            let (ino, ft, _) = self.root_dot(dir, st, false)?.unwrap_or((dir, FT_DIR, 0));
+            if !f(1, ino, ft, b".") {
                 return Ok(());
             }
         }
-        let cookie = |hh: u32, mm: u32| ((hh as u64) << 32 | mm as u64).max(3);
+        if offset < 2 {
+            let (ino, ft, _) = self.root_dot(dir, st, true)?.unwrap_or((dir, FT_DIR, 0));
+            if !f(2, ino, ft, b"..") {
+                return Ok(());
+            }
+        }
+        let cookie = |e: &Hashed| ((e.0 as u64) << 32 | e.1 as u64).max(3);
         let start_hash = if offset <= 2 {
             0
         } else {
             (offset >> 32) as u32
         };
-        let (mut path, _) = self.dx_probe(dir, st, start_hash)?;
-        // Entries with the same major hash may sit in the previous leaf (a continued run).
-        let mut guard = 0u64;
+        let (mut path, version) = self.dx_probe(dir, st, start_hash)?;
+        let nblocks = self.dir_blocks(st) as u64;
+        let mut visited = 0u64;
         loop {
-            let leaf = Self::path_leaf(&path);
-            let pblk = self.dir_pblk(dir, st, leaf)?;
-            let data = self.bcache.get(pblk)?.read().to_vec();
-            let mut entries = self.leaf_entries(dir, st, leaf, pblk, &data, version)?;
+            let mut entries = Vec::new();
+            loop {
+                let leaf = Self::path_leaf(&path);
+                let (pblk, data) = self.dir_read(dir, st, leaf)?;
+                entries.extend(self.leaf_entries(dir, st, leaf, pblk, &data, version)?);
+                visited += 1;
+                if visited > nblocks {
+                    return Err(self.dir_err(dir, 0, 0, "htree leaves form a cycle".into()));
+                }
+                match Self::dx_peek_next(&path) {
+                    Some(h) if h & 1 == 1 => {
+                        self.dx_next_leaf(dir, st, &mut path)?;
+                    }
+                    _ => break,
+                }
+            }
             entries.sort_by(|a, b| (a.0, a.1, &a.2).cmp(&(b.0, b.1, &b.2)));
-            for (hh, mm, name, ino, ft) in entries {
-                let c = cookie(hh, mm);
-                if c <= offset {
-                    continue;
+            let mut i = 0;
+            while i < entries.len() {
+                let c = cookie(&entries[i]);
+                let mut j = i + 1;
+                while j < entries.len() && cookie(&entries[j]) == c {
+                    j += 1;
                 }
-                if !f(c, ino, ft, &name) {
-                    return Ok(());
+                if c > offset {
+                    // Entries sharing a cookie go out together: all but the last resume
+                    // before the run, so none is lost if the caller stops inside it.
+                    for (k, e) in entries[i..j].iter().enumerate() {
+                        let next = if i + k + 1 < j { c - 1 } else { c };
+                        if !f(next, e.3, e.4, &e.2) {
+                            return Ok(());
+                        }
+                    }
                 }
+                i = j;
             }
             if self.dx_next_leaf(dir, st, &mut path)?.is_none() {
                 return Ok(());
-            }
-            guard += 1;
-            if guard > self.dir_blocks(st) as u64 + 1 {
-                return Err(self.dir_err(dir, 0, p0, "htree leaves form a cycle".into()));
             }
         }
     }

@@ -5,20 +5,7 @@
 //! nodes are a fake empty directory entry followed by the same count/limit and entries. With
 //! metadata_csum every index block ends in an 8-byte `dx_tail` holding its checksum.
 
-use crate::format::csum::crc32c;
-use crate::format::{le16, le32, put16, put32};
-
-pub const DX_HASH_LEGACY: u8 = 0;
-pub const DX_HASH_HALF_MD4: u8 = 1;
-pub const DX_HASH_TEA: u8 = 2;
-pub const DX_HASH_LEGACY_UNSIGNED: u8 = 3;
-pub const DX_HASH_HALF_MD4_UNSIGNED: u8 = 4;
-pub const DX_HASH_TEA_UNSIGNED: u8 = 5;
-
-/// Offset of dx_root_info in the root block; of the count/limit header in root and nodes.
-pub const ROOT_INFO: usize = 0x18;
-pub const ROOT_COUNT: usize = 0x20;
-pub const NODE_COUNT: usize = 0x8;
+pub use crate::format::htree::*;
 
 const HTREE_EOF_32: u32 = 0x7fff_ffff;
 
@@ -180,98 +167,9 @@ pub fn dirhash(name: &[u8], version: u8, seed: &[u32; 4]) -> (u32, u32) {
     (hash, minor)
 }
 
-/// An index block's entries: `(hash, block)`; entry 0's hash is implicitly 0.
-#[derive(Clone, Debug)]
-pub struct DxNode {
-    pub count_off: usize,
-    pub limit: usize,
-    pub entries: Vec<(u32, u32)>,
-}
-
-impl DxNode {
-    pub fn parse(b: &[u8], count_off: usize) -> Option<DxNode> {
-        if count_off + 8 > b.len() {
-            return None;
-        }
-        let limit = le16(b, count_off) as usize;
-        let count = le16(b, count_off + 2) as usize;
-        if count == 0 || count > limit || count_off + limit * 8 > b.len() {
-            return None;
-        }
-        let mut entries = Vec::with_capacity(count);
-        entries.push((0, le32(b, count_off + 4)));
-        for i in 1..count {
-            entries.push((le32(b, count_off + i * 8), le32(b, count_off + i * 8 + 4)));
-        }
-        Some(DxNode {
-            count_off,
-            limit,
-            entries,
-        })
-    }
-
-    /// Writes the count/limit header and the entries (not the checksum).
-    pub fn store(&self, b: &mut [u8]) {
-        let o = self.count_off;
-        put16(b, o, self.limit as u16);
-        put16(b, o + 2, self.entries.len() as u16);
-        put32(b, o + 4, self.entries[0].1);
-        for (i, &(h, blk)) in self.entries.iter().enumerate().skip(1) {
-            put32(b, o + i * 8, h);
-            put32(b, o + i * 8 + 4, blk);
-        }
-        // Clear stale entries past the count, up to the limit.
-        for i in self.entries.len()..self.limit {
-            b[o + i * 8..o + i * 8 + 8].fill(0);
-        }
-    }
-
-    /// Index of the entry whose subtree holds `hash`.
-    pub fn find(&self, hash: u32) -> usize {
-        let mut i = 1;
-        while i < self.entries.len() && self.entries[i].0 <= hash {
-            i += 1;
-        }
-        i - 1
-    }
-}
-
-/// Capacity of an index block: root or node, with or without the checksum tail.
-pub fn dx_limit(block_size: usize, root: bool, csum: bool) -> usize {
-    let start = if root { ROOT_COUNT } else { NODE_COUNT };
-    (block_size - start - if csum { 8 } else { 0 }) / 8
-}
-
-/// The dx checksum: over the header and used entries, then the tail's reserved word and a zero
-/// checksum.
-pub fn dx_csum(seed: u32, b: &[u8], count_off: usize) -> Option<u32> {
-    let limit = le16(b, count_off) as usize;
-    let count = le16(b, count_off + 2) as usize;
-    let tail = count_off + limit * 8;
-    if tail + 8 > b.len() || count > limit {
-        return None;
-    }
-    let c = crc32c(seed, &b[..count_off + count * 8]);
-    let c = crc32c(c, &b[tail..tail + 4]);
-    Some(crc32c(c, &[0u8; 4]))
-}
-
-pub fn set_dx_csum(seed: u32, b: &mut [u8], count_off: usize) {
-    let limit = le16(b, count_off) as usize;
-    let tail = count_off + limit * 8;
-    if let Some(c) = dx_csum(seed, b, count_off) {
-        put32(b, tail, 0);
-        put32(b, tail + 4, c);
-    }
-}
-
-pub fn verify_dx_csum(seed: u32, b: &[u8], count_off: usize) -> bool {
-    let limit = le16(b, count_off) as usize;
-    let tail = count_off + limit * 8;
-    match dx_csum(seed, b, count_off) {
-        Some(c) => le32(b, tail + 4) == c,
-        None => false,
-    }
+/// Whether `v` (after the unsigned adjustment) is a hash version this engine computes.
+pub fn hash_version_known(v: u8) -> bool {
+    v <= DX_HASH_TEA_UNSIGNED
 }
 
 #[cfg(test)]
@@ -300,5 +198,84 @@ mod tests {
         assert_eq!(dirhash(long, DX_HASH_TEA, &seed), (0xcbc3f652, 0xfc72fb09));
         assert_eq!(dirhash(b"hello", DX_HASH_LEGACY, &zero).0, 0x32252546);
         assert_eq!(dirhash(long, DX_HASH_LEGACY, &seed).0, 0x2e5820e2);
+        // High-bit bytes: signed and unsigned variants differ (`dx_hash -h 0..5`).
+        let hi = "héllo-wörld-ÿÿÿÿ-and-some-more-bytes-to-pass-32".as_bytes();
+        assert_eq!(dirhash(hi, DX_HASH_LEGACY, &seed), (0x6d730bde, 0));
+        assert_eq!(
+            dirhash(hi, DX_HASH_HALF_MD4, &seed),
+            (0x5d3f2162, 0x4c868d93)
+        );
+        assert_eq!(dirhash(hi, DX_HASH_TEA, &seed), (0x0c180df0, 0x8efa2bc3));
+        assert_eq!(dirhash(hi, DX_HASH_LEGACY_UNSIGNED, &seed), (0xa6793918, 0));
+        assert_eq!(
+            dirhash(hi, DX_HASH_HALF_MD4_UNSIGNED, &seed),
+            (0x89d4a130, 0x36456be4)
+        );
+        assert_eq!(
+            dirhash(hi, DX_HASH_TEA_UNSIGNED, &seed),
+            (0xd63a1fc4, 0x85bfc66d)
+        );
+        assert_eq!(
+            dirhash(b"x", DX_HASH_TEA_UNSIGNED, &zero),
+            (0xe958e760, 0x9772c62c)
+        );
+        assert_eq!(dirhash(b"x", DX_HASH_LEGACY, &zero).0, 0xb26f0bdc);
+    }
+
+    /// Many names against debugfs in one go (skipped when debugfs is missing).
+    #[test]
+    fn hashes_match_debugfs_bulk() {
+        let seed_str = "8f3c2a10-5b6d-4e7f-9a01-23456789abcd";
+        let u = [
+            0x8f, 0x3c, 0x2a, 0x10, 0x5b, 0x6d, 0x4e, 0x7f, 0x9a, 0x01, 0x23, 0x45, 0x67, 0x89,
+            0xab, 0xcd,
+        ];
+        let seed: [u32; 4] =
+            std::array::from_fn(|i| u32::from_le_bytes(u[i * 4..i * 4 + 4].try_into().unwrap()));
+        let names: Vec<String> = (0..40)
+            .map(|i| match i % 4 {
+                0 => format!("n{i}"),
+                1 => format!("file-{i}-{}", "q".repeat(i)),
+                2 => format!("é{i}ñ{}", "Ω".repeat(i % 9)),
+                _ => "x".repeat(i * 6 + 1),
+            })
+            .collect();
+        for v in 0..=5u8 {
+            let mut script = String::new();
+            for n in &names {
+                script.push_str(&format!("dx_hash -h {v} -s {seed_str} {n}\n"));
+            }
+            let out = match std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("printf '{script}' | debugfs -f - 2>/dev/null"))
+                .output()
+            {
+                Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+                _ => {
+                    eprintln!("SKIP: debugfs not available");
+                    return;
+                }
+            };
+            let got: Vec<(u32, u32)> = out
+                .lines()
+                .filter(|l| l.starts_with("Hash of "))
+                .map(|l| {
+                    let h = l.split(" is 0x").nth(1).unwrap();
+                    let (a, b) = h.split_once(" (minor 0x").unwrap();
+                    (
+                        u32::from_str_radix(a, 16).unwrap(),
+                        u32::from_str_radix(b.trim_end_matches(')'), 16).unwrap(),
+                    )
+                })
+                .collect();
+            if got.is_empty() {
+                eprintln!("SKIP: debugfs gave no dx_hash output");
+                return;
+            }
+            assert_eq!(got.len(), names.len());
+            for (n, g) in names.iter().zip(got) {
+                assert_eq!(dirhash(n.as_bytes(), v, &seed), g, "version {v} name {n}");
+            }
+        }
     }
 }

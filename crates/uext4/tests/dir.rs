@@ -1,0 +1,454 @@
+//! Directories and the htree index against the oracles: directories the kernel made read back
+//! name by name; directories grown through uext4 (tens of thousands of names, then half removed)
+//! pass `e2fsck -fn` (which checks the htree deeply) and list fully under the kernel; a 100,000
+//! entry directory grows an index level; readdir cookies survive concurrent changes; damaged
+//! directory blocks give errors, never panics.
+
+mod common;
+
+use common::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Command;
+use uext4::namei::RenameFlags;
+use uext4::{Error, Fs, MountOptions};
+
+/// A varied name: lengths from 1 to ~60 bytes, some with high-bit bytes (signed vs unsigned
+/// hashing differ on those).
+fn name(i: usize) -> Vec<u8> {
+    let mut n = format!("f{i}").into_bytes();
+    match i % 7 {
+        0 => n.extend_from_slice(b"-a-somewhat-longer-name-to-vary-the-record-lengths"),
+        1 => n.extend_from_slice("-é-ü".as_bytes()),
+        2 => n.extend_from_slice(b"_x"),
+        3 => n.extend(std::iter::repeat(b'z').take(i % 40)),
+        _ => {}
+    }
+    n
+}
+
+fn lookup_ino(fs: &Fs, dir: u32, n: &[u8]) -> Option<u32> {
+    match fs.lookup(dir, n) {
+        Ok(a) => Some(a.ino),
+        Err(Error::NotFound) => None,
+        Err(e) => panic!("lookup {:?}: {e}", String::from_utf8_lossy(n)),
+    }
+}
+
+/// All entries of a directory through readdir, name -> (inode, type); checks no name repeats.
+fn list(fs: &Fs, dir: u32) -> BTreeMap<Vec<u8>, (u32, u8)> {
+    let mut out = BTreeMap::new();
+    fs.readdir(dir, 0, &mut |e| {
+        assert!(
+            out.insert(e.name.clone(), (e.ino, e.kind)).is_none(),
+            "readdir returned {:?} twice",
+            String::from_utf8_lossy(&e.name)
+        );
+        true
+    })
+    .unwrap();
+    out
+}
+
+/// `debugfs -R "htree <path>"` output.
+fn debugfs_htree(img: &Path, path: &str) -> String {
+    let out = Command::new("debugfs")
+        .args(["-R", &format!("htree {path}")])
+        .arg(img)
+        .output()
+        .expect("debugfs must be installed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn indirect_levels(img: &Path, path: &str) -> Option<u32> {
+    let t = debugfs_htree(img, path);
+    let i = t.find("Indirect levels: ")?;
+    t[i + 17..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn rw() -> MountOptions {
+    MountOptions::default()
+}
+
+/// Creates `n` names in a new directory through uext4, checks them, removes every other one,
+/// checks again, unmounts, runs e2fsck, reopens and checks, then lists under the kernel.
+fn grow_and_shrink(tag: &str, size: &str, extra: &[&str], n: usize) {
+    let img = scratch(tag);
+    mke2fs(&img.0, size, extra);
+    let fs = Fs::open_path(&img.0, rw()).unwrap();
+    let d = fs.mkdir(2, b"d", 0o755, 0, 0).unwrap().ino;
+    let mut inos = Vec::with_capacity(n);
+    for i in 0..n {
+        inos.push(fs.create(d, &name(i), 0o644, 0, 0).unwrap().ino);
+    }
+    for i in (0..n).step_by(97) {
+        assert_eq!(lookup_ino(&fs, d, &name(i)), Some(inos[i]), "{tag}: {i}");
+    }
+    assert!(matches!(
+        fs.create(d, &name(5), 0o644, 0, 0),
+        Err(Error::Exists)
+    ));
+    for i in (0..n).step_by(2) {
+        fs.unlink(d, &name(i)).unwrap();
+    }
+    assert!(matches!(fs.unlink(d, &name(0)), Err(Error::NotFound)));
+    let check = |fs: &Fs| {
+        let got = list(fs, d);
+        assert_eq!(got.len(), n / 2 + 2, "{tag}: readdir count");
+        assert_eq!(got[&b"."[..]].0, d);
+        assert_eq!(got[&b".."[..]].0, 2);
+        for i in 0..n {
+            let want = if i % 2 == 1 { Some(inos[i]) } else { None };
+            assert_eq!(lookup_ino(fs, d, &name(i)), want, "{tag}: lookup {i}");
+            if i % 2 == 1 {
+                assert_eq!(got[&name(i)], (inos[i], 1), "{tag}: readdir {i}");
+            }
+        }
+    };
+    check(&fs);
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+    let fs = Fs::open_path(&img.0, rw()).unwrap();
+    check(&fs);
+    // Put some back (reusing freed space), and again clean.
+    for i in (0..n).step_by(4) {
+        inos[i] = fs.create(d, &name(i), 0o644, 0, 0).unwrap().ino;
+    }
+    assert_eq!(lookup_ino(&fs, d, &name(4)), Some(inos[4]));
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+    let want = n / 2 + n.div_ceil(4);
+    if can_loop_mount() {
+        let m = KernelMount::new(&img.0);
+        let names: BTreeSet<Vec<u8>> = std::fs::read_dir(m.dir.join("d"))
+            .unwrap()
+            .map(|e| {
+                use std::os::unix::ffi::OsStrExt;
+                e.unwrap().file_name().as_bytes().to_vec()
+            })
+            .collect();
+        assert_eq!(names.len(), want, "{tag}: kernel ls count");
+        for i in (1..n).step_by(2) {
+            let md = std::fs::metadata(
+                m.dir
+                    .join("d")
+                    .join(std::ffi::OsStr::new(std::str::from_utf8(&name(i)).unwrap())),
+            )
+            .unwrap();
+            assert_eq!(md.ino(), inos[i] as u64, "{tag}: kernel lookup {i}");
+        }
+        // The kernel adds to our tree, and e2fsck still agrees.
+        for i in 0..200 {
+            std::fs::write(m.dir.join("d").join(format!("kernel-{i}")), b"").unwrap();
+        }
+        drop(m);
+        e2fsck_clean(&img.0);
+    }
+}
+
+#[test]
+fn grow_shrink_4k_csum() {
+    grow_and_shrink("dir4kc", "256M", &[], 20_000);
+}
+
+#[test]
+fn grow_shrink_1k_csum() {
+    grow_and_shrink("dir1kc", "128M", &["-b", "1024"], 20_000);
+}
+
+#[test]
+fn grow_shrink_4k_nocsum() {
+    grow_and_shrink("dir4k", "256M", &["-O", "^metadata_csum"], 20_000);
+}
+
+#[test]
+fn grow_shrink_1k_nocsum() {
+    grow_and_shrink(
+        "dir1k",
+        "128M",
+        &["-b", "1024", "-O", "^metadata_csum,^metadata_csum_seed"],
+        20_000,
+    );
+}
+
+/// Without dir_index the directory stays linear (no conversion), still clean.
+#[test]
+fn grow_shrink_linear() {
+    grow_and_shrink("dirlin", "64M", &["-O", "^dir_index"], 3000);
+}
+
+/// The kernel makes a 20,000 entry directory; every name looks up through uext4 to the inode
+/// the kernel reports, and readdir lists exactly those.
+#[test]
+fn kernel_made_directory() {
+    if !can_loop_mount() {
+        return;
+    }
+    for (tag, extra) in [
+        ("kdir4k", &[][..]),
+        ("kdir1k", &["-b", "1024", "-O", "^metadata_csum"][..]),
+    ] {
+        let img = scratch(tag);
+        mke2fs(&img.0, "256M", extra);
+        let mut want = BTreeMap::new();
+        {
+            let m = KernelMount::new(&img.0);
+            let d = m.dir.join("d");
+            std::fs::create_dir(&d).unwrap();
+            std::fs::create_dir(d.join("sub")).unwrap();
+            for i in 0..20_000 {
+                let n = String::from_utf8(name(i)).unwrap();
+                std::fs::write(d.join(&n), b"").unwrap();
+            }
+            for i in (0..20_000).step_by(3) {
+                let n = String::from_utf8(name(i)).unwrap();
+                std::fs::remove_file(d.join(&n)).unwrap();
+            }
+            for e in std::fs::read_dir(&d).unwrap() {
+                use std::os::unix::ffi::OsStrExt;
+                let e = e.unwrap();
+                want.insert(
+                    e.file_name().as_bytes().to_vec(),
+                    e.metadata().unwrap().ino(),
+                );
+            }
+        }
+        let levels = indirect_levels(&img.0, "/d");
+        assert!(levels.is_some(), "{tag}: the kernel made an htree");
+        let fs = Fs::open_path(
+            &img.0,
+            MountOptions {
+                read_only: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let d = fs.lookup(2, b"d").unwrap().ino;
+        for (n, &ino) in &want {
+            assert_eq!(lookup_ino(&fs, d, n), Some(ino as u32), "{tag}");
+        }
+        for i in (0..20_000).step_by(3) {
+            assert_eq!(lookup_ino(&fs, d, &name(i)), None);
+        }
+        let got = list(&fs, d);
+        assert_eq!(got.len(), want.len() + 2);
+        for (n, &ino) in &want {
+            let t = if n == b"sub" { 2 } else { 1 };
+            assert_eq!(got[n], (ino as u32, t));
+        }
+        drop(fs);
+        // Then change it through uext4: remove and add, e2fsck clean, kernel sees it.
+        let fs = Fs::open_path(&img.0, rw()).unwrap();
+        let d = fs.lookup(2, b"d").unwrap().ino;
+        for i in (1..20_000).step_by(3) {
+            fs.unlink(d, &name(i)).unwrap();
+        }
+        for i in 0..3000 {
+            fs.create(d, format!("new-{i}").as_bytes(), 0o644, 0, 0)
+                .unwrap();
+        }
+        fs.unmount().unwrap();
+        drop(fs);
+        e2fsck_clean(&img.0);
+        let m = KernelMount::new(&img.0);
+        let count = std::fs::read_dir(m.dir.join("d")).unwrap().count();
+        assert_eq!(count, want.len() - 6667 + 3000);
+        assert!(m.dir.join("d/new-2999").exists());
+    }
+}
+
+/// A 100,000-entry directory grows its index to indirect_levels 1 and stays correct.
+#[test]
+fn hundred_thousand_entries() {
+    let img = scratch("dir100k");
+    mke2fs(&img.0, "512M", &["-N", "120000"]);
+    let fs = Fs::open_path(&img.0, rw()).unwrap();
+    let d = fs.mkdir(2, b"big", 0o755, 0, 0).unwrap().ino;
+    let n = 100_000;
+    let mut inos = Vec::with_capacity(n);
+    for i in 0..n {
+        inos.push(fs.create(d, &name(i), 0o644, 0, 0).unwrap().ino);
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+    let levels = indirect_levels(&img.0, "/big").expect("an htree");
+    assert!(levels >= 1, "indirect levels {levels}");
+    let fs = Fs::open_path(&img.0, rw()).unwrap();
+    for i in (0..n).step_by(7) {
+        assert_eq!(lookup_ino(&fs, d, &name(i)), Some(inos[i]));
+    }
+    assert_eq!(list(&fs, d).len(), n + 2);
+    for i in (0..n).step_by(3) {
+        fs.unlink(d, &name(i)).unwrap();
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+    if can_loop_mount() {
+        let m = KernelMount::new(&img.0);
+        let count = std::fs::read_dir(m.dir.join("big")).unwrap().count();
+        assert_eq!(count, n - n.div_ceil(3));
+    }
+}
+
+/// 1 KiB blocks reach two index levels quickly: keep going past the second level's first
+/// splits, then check everything.
+#[test]
+fn two_levels_1k() {
+    let img = scratch("dirlvl");
+    mke2fs(&img.0, "256M", &["-b", "1024", "-N", "70000"]);
+    let fs = Fs::open_path(&img.0, rw()).unwrap();
+    let d = fs.mkdir(2, b"d", 0o755, 0, 0).unwrap().ino;
+    let n = 60_000;
+    for i in 0..n {
+        fs.create(d, &name(i), 0o644, 0, 0).unwrap();
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+    assert_eq!(indirect_levels(&img.0, "/d"), Some(1));
+    let fs = Fs::open_path(&img.0, rw()).unwrap();
+    assert_eq!(list(&fs, d).len(), n + 2);
+    for i in (0..n).step_by(11) {
+        assert!(lookup_ino(&fs, d, &name(i)).is_some());
+    }
+}
+
+/// readdir in small batches while names are added and removed between batches: every name
+/// present throughout is returned exactly once; nothing returned was never there.
+#[test]
+fn readdir_cookies_survive_changes() {
+    for (tag, extra, n) in [
+        ("dircookie-h", &[][..], 4000usize),
+        ("dircookie-l", &["-O", "^dir_index"][..], 1500),
+    ] {
+        let img = scratch(tag);
+        mke2fs(&img.0, "128M", extra);
+        let fs = Fs::open_path(&img.0, rw()).unwrap();
+        let d = fs.mkdir(2, b"d", 0o755, 0, 0).unwrap().ino;
+        for i in 0..n {
+            fs.create(d, &name(i), 0o644, 0, 0).unwrap();
+        }
+        let stable: BTreeSet<Vec<u8>> = (0..n).filter(|i| i % 3 != 0).map(name).collect();
+        let mut ever: BTreeSet<Vec<u8>> = (0..n).map(name).collect();
+        ever.insert(b".".to_vec());
+        ever.insert(b"..".to_vec());
+        let mut seen: BTreeMap<Vec<u8>, usize> = BTreeMap::new();
+        let mut off = 0u64;
+        let mut batch = 0usize;
+        loop {
+            let mut got = 0;
+            let mut last = off;
+            fs.readdir(d, off, &mut |e| {
+                if got == 37 {
+                    return false;
+                }
+                got += 1;
+                *seen.entry(e.name.clone()).or_default() += 1;
+                last = e.next_offset;
+                true
+            })
+            .unwrap();
+            if got == 0 {
+                break;
+            }
+            off = last;
+            // Churn: remove some of the unstable names, add new ones (which may split leaves).
+            for k in 0..20 {
+                let i = (batch * 20 + k) * 3 % n;
+                if i % 3 == 0 {
+                    let _ = fs.unlink(d, &name(i));
+                }
+                let nn = format!("churn-{batch}-{k}").into_bytes();
+                fs.create(d, &nn, 0o644, 0, 0).unwrap();
+                ever.insert(nn);
+            }
+            batch += 1;
+            assert!(batch < 10_000, "{tag}: readdir does not end");
+        }
+        for s in &stable {
+            assert_eq!(
+                seen.get(s),
+                Some(&1),
+                "{tag}: {:?}",
+                String::from_utf8_lossy(s)
+            );
+        }
+        for (s, c) in &seen {
+            assert!(ever.contains(s), "{tag}: readdir invented {s:?}");
+            assert_eq!(
+                *c,
+                1,
+                "{tag}: {:?} returned {c} times",
+                String::from_utf8_lossy(s)
+            );
+        }
+        // A refused entry comes back from the same offset.
+        let mut first = None;
+        fs.readdir(d, 0, &mut |e| {
+            first = Some((e.name.clone(), e.next_offset));
+            false
+        })
+        .unwrap();
+        let mut again = None;
+        fs.readdir(d, 0, &mut |e| {
+            again = Some(e.name.clone());
+            false
+        })
+        .unwrap();
+        assert_eq!(first.unwrap().0, again.unwrap());
+        fs.unmount().unwrap();
+        drop(fs);
+        e2fsck_clean(&img.0);
+    }
+}
+
+/// Directories and subdirectories: rmdir needs emptiness, ".." follows renames, e2fsck clean.
+#[test]
+fn subdirectories_and_rename() {
+    let img = scratch("dirsub");
+    mke2fs(&img.0, "64M", &[]);
+    let fs = Fs::open_path(&img.0, rw()).unwrap();
+    let a = fs.mkdir(2, b"a", 0o755, 0, 0).unwrap().ino;
+    let b = fs.mkdir(2, b"b", 0o755, 0, 0).unwrap().ino;
+    let mut subs = Vec::new();
+    for i in 0..300 {
+        subs.push(
+            fs.mkdir(a, format!("sub{i}").as_bytes(), 0o755, 0, 0)
+                .unwrap()
+                .ino,
+        );
+    }
+    assert!(matches!(fs.rmdir(2, b"a"), Err(Error::NotEmpty)));
+    for i in 0..150 {
+        fs.rename(
+            a,
+            format!("sub{i}").as_bytes(),
+            b,
+            format!("moved{i}").as_bytes(),
+            RenameFlags::default(),
+        )
+        .unwrap();
+    }
+    for i in 0..150 {
+        let s = fs.lookup(b, format!("moved{i}").as_bytes()).unwrap().ino;
+        assert_eq!(s, subs[i]);
+        assert_eq!(fs.lookup(s, b"..").unwrap().ino, b);
+    }
+    for i in 150..300 {
+        fs.rmdir(a, format!("sub{i}").as_bytes()).unwrap();
+    }
+    fs.rmdir(2, b"a").unwrap();
+    assert!(matches!(fs.lookup(2, b"a"), Err(Error::NotFound)));
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+}
