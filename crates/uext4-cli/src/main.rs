@@ -33,7 +33,35 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                e.exit();
+            }
+            // Usage errors: one line (clap's first), exit status 2.
+            let text = e.render().to_string();
+            let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+            let mut msg = lines
+                .next()
+                .unwrap_or("invalid usage")
+                .trim_start_matches("error: ")
+                .to_string();
+            // "the following required arguments were not provided:" names them below.
+            if msg.ends_with(':') {
+                let names: Vec<&str> = lines.take_while(|l| !l.starts_with("Usage:")).collect();
+                msg = format!("{} {}", msg, names.join(" "));
+            }
+            eprintln!("uext4: {msg} (see uext4 --help)");
+            return ExitCode::from(2);
+        }
+    };
     let (name, result) = match cli.cmd {
         Cmd::Mount(a) => ("mount", mount::run_mount(a)),
         Cmd::Stats { mountpoint } => ("stats", mount::run_stats(&mountpoint)),
