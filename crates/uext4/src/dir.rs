@@ -680,6 +680,25 @@ impl Fs {
         if name.is_empty() || name.len() > MAX_NAME_LEN {
             return Err(Error::NameTooLong);
         }
+        let (size0, flags0) = (st.raw.size(), st.raw.flags());
+        let r = self.dir_add_inner(h, dir, st, name, ino, ftype);
+        if r.is_err() && (st.raw.size(), st.raw.flags()) != (size0, flags0) {
+            // The directory grew (blocks, index) before the failure: the caller does not write
+            // the inode on an error, so write it here to keep the blocks reachable.
+            let _ = self.write_inode(h, dir, &mut st.raw);
+        }
+        r
+    }
+
+    fn dir_add_inner(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        st: &mut InodeState,
+        name: &[u8],
+        ino: u32,
+        ftype: u8,
+    ) -> Result<()> {
         if self.is_indexed(st) {
             return self.dx_add(h, dir, st, name, ino, ftype);
         }

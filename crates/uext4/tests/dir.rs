@@ -603,3 +603,54 @@ fn damaged_directories() {
         }
     }
 }
+
+/// Long names in 1 KiB blocks fill the index fast: without large_dir the directory stops at
+/// indirect_levels 1 with "no space" (as the kernel's "Directory index full"), with large_dir it
+/// grows a third level. Both stay clean, and the kernel lists the large_dir one.
+#[test]
+fn index_full_and_large_dir() {
+    let long = |i: usize| format!("{i:08}-{}", "L".repeat(190)).into_bytes();
+    for (tag, large) in [("dirfull", false), ("dirlarge", true)] {
+        let img = scratch(tag);
+        let mut args = vec!["-b", "1024"];
+        if large {
+            args.extend_from_slice(&["-O", "large_dir"]);
+        }
+        mke2fs(&img.0, "256M", &args);
+        let fs = Fs::open_path(&img.0, rw()).unwrap();
+        let d = fs.mkdir(2, b"d", 0o755, 0, 0).unwrap().ino;
+        // Names are hard links to one file (no inode per name; a failed link changes nothing
+        // else).
+        let f = fs.create(2, b"target", 0o644, 0, 0).unwrap().ino;
+        let mut made = 0;
+        for i in 0..60_000 {
+            match fs.link(f, d, &long(i)) {
+                Ok(_) => made += 1,
+                Err(Error::NoSpace) if !large => break,
+                Err(e) => panic!("{tag}: create {i}: {e}"),
+            }
+        }
+        if !large {
+            assert!(made > 20_000 && made < 60_000, "{tag}: {made} entries");
+            // The failed create left nothing behind.
+            assert!(lookup_ino(&fs, d, &long(made)).is_none());
+        } else {
+            assert_eq!(made, 60_000);
+        }
+        for i in (0..made).step_by(101) {
+            assert!(lookup_ino(&fs, d, &long(i)).is_some(), "{tag}: {i}");
+        }
+        fs.unmount().unwrap();
+        drop(fs);
+        e2fsck_clean(&img.0);
+        assert_eq!(
+            indirect_levels(&img.0, "/d"),
+            Some(if large { 2 } else { 1 }),
+            "{tag}"
+        );
+        if large && can_loop_mount() {
+            let m = KernelMount::new(&img.0);
+            assert_eq!(std::fs::read_dir(m.dir.join("d")).unwrap().count(), made);
+        }
+    }
+}
