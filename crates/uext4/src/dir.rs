@@ -48,6 +48,9 @@ impl Dirent {
     }
 }
 
+/// readdir's callback: (next offset, inode, file type, name) -> continue?
+pub(crate) type DirIterFn<'a> = dyn FnMut(u64, u32, u8, &[u8]) -> bool + 'a;
+
 /// A live entry with its hash: (major, minor, name, inode, type).
 type Hashed = (u32, u32, Vec<u8>, u32, u8);
 
@@ -165,7 +168,7 @@ impl Fs {
             let inode = le32(b, off);
             let bad = if rec_len < MIN_REC_LEN {
                 Some("rec_len is smaller than minimal")
-            } else if rec_len % 4 != 0 {
+            } else if !rec_len.is_multiple_of(4) {
                 Some("rec_len % 4 != 0")
             } else if off + rec_len > end {
                 Some("directory entry overrun")
@@ -782,7 +785,7 @@ impl Fs {
         }
         let parent = dotdot.3;
         let mut entries: Vec<Hashed> = all[2..].to_vec();
-        entries.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        entries.sort_by_key(|a| (a.0, a.1));
         h.extend(8);
         let (l1, p1) = self.dir_append_block(h, dir, st)?;
         let (l2, p2) = self.dir_append_block(h, dir, st)?;
@@ -856,7 +859,7 @@ impl Fs {
             if entries.len() < 2 {
                 return Err(self.dir_err(dir, leaf, pblk, "full leaf with one entry".into()));
             }
-            entries.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+            entries.sort_by_key(|a| (a.0, a.1));
             h.extend(4);
             self.dx_make_room(h, dir, st, &mut path)?;
             let (nl, np) = self.dir_append_block(h, dir, st)?;
@@ -1052,7 +1055,7 @@ impl Fs {
         dir: u32,
         st: &mut InodeState,
         offset: u64,
-        f: &mut dyn FnMut(u64, u32, u8, &[u8]) -> bool,
+        f: &mut DirIterFn<'_>,
     ) -> Result<()> {
         if self.is_indexed(st) {
             return self.dx_iter(dir, st, offset, f);
@@ -1108,7 +1111,7 @@ impl Fs {
         dir: u32,
         st: &mut InodeState,
         offset: u64,
-        f: &mut dyn FnMut(u64, u32, u8, &[u8]) -> bool,
+        f: &mut DirIterFn<'_>,
     ) -> Result<()> {
         if offset < 1 {
             let (ino, ft, _) = self.root_dot(dir, st, false)?.unwrap_or((dir, FT_DIR, 0));

@@ -22,7 +22,7 @@ fn name(i: usize) -> Vec<u8> {
         0 => n.extend_from_slice(b"-a-somewhat-longer-name-to-vary-the-record-lengths"),
         1 => n.extend_from_slice("-é-ü".as_bytes()),
         2 => n.extend_from_slice(b"_x"),
-        3 => n.extend(std::iter::repeat(b'z').take(i % 40)),
+        3 => n.extend(std::iter::repeat_n(b'z', i % 40)),
         _ => {}
     }
     n
@@ -78,8 +78,16 @@ fn rw() -> MountOptions {
 /// Creates `n` names in a new directory through uext4, checks them, removes every other one,
 /// checks again, unmounts, runs e2fsck, reopens and checks, then lists under the kernel.
 fn grow_and_shrink(tag: &str, size: &str, extra: &[&str], n: usize) {
+    grow_and_shrink_then(tag, size, extra, n, None)
+}
+
+/// As grow_and_shrink, with a debugfs -w command run on the new image first.
+fn grow_and_shrink_then(tag: &str, size: &str, extra: &[&str], n: usize, debugfs_w: Option<&str>) {
     let img = scratch(tag);
     mke2fs(&img.0, size, extra);
+    for cmd in debugfs_w.iter().flat_map(|c| c.split(';')) {
+        sh(&format!("debugfs -w -R '{cmd}' {} 2>&1", img.0.display()));
+    }
     let fs = Fs::open_path(&img.0, rw()).unwrap();
     let d = fs.mkdir(2, b"d", 0o755, 0, 0).unwrap().ino;
     let mut inos = Vec::with_capacity(n);
@@ -176,6 +184,20 @@ fn grow_shrink_1k_nocsum() {
         &["-b", "1024", "-O", "^metadata_csum,^metadata_csum_seed"],
         20_000,
     );
+}
+
+/// The other hash algorithms, and unsigned-char hashing (names with high-bit bytes hash
+/// differently): e2fsck recomputes every hash.
+#[test]
+fn grow_shrink_hash_variants() {
+    let tea = Some("ssv def_hash_version tea");
+    grow_and_shrink_then("dirtea", "64M", &[], 6000, tea);
+    let legacy = Some("ssv def_hash_version legacy");
+    grow_and_shrink_then("dirlegacy", "64M", &[], 6000, legacy);
+    let unsigned = Some("ssv flags 2");
+    grow_and_shrink_then("dirunsigned", "64M", &[], 6000, unsigned);
+    let both = Some("ssv flags 2;ssv def_hash_version tea");
+    grow_and_shrink_then("dirunsigned-tea", "64M", &["-b", "1024"], 6000, both);
 }
 
 /// Without dir_index the directory stays linear (no conversion), still clean.
@@ -364,7 +386,7 @@ fn readdir_cookies_survive_changes() {
             // Churn: remove some of the unstable names, add new ones (which may split leaves).
             for k in 0..20 {
                 let i = (batch * 20 + k) * 3 % n;
-                if i % 3 == 0 {
+                if i.is_multiple_of(3) {
                     let _ = fs.unlink(d, &name(i));
                 }
                 let nn = format!("churn-{batch}-{k}").into_bytes();
@@ -438,9 +460,9 @@ fn subdirectories_and_rename() {
         )
         .unwrap();
     }
-    for i in 0..150 {
+    for (i, &sub) in subs.iter().enumerate().take(150) {
         let s = fs.lookup(b, format!("moved{i}").as_bytes()).unwrap().ino;
-        assert_eq!(s, subs[i]);
+        assert_eq!(s, sub);
         assert_eq!(fs.lookup(s, b"..").unwrap().ino, b);
     }
     for i in 150..300 {
