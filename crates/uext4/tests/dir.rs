@@ -676,3 +676,63 @@ fn index_full_and_large_dir() {
         }
     }
 }
+
+/// Threads add and remove names in one shared directory (splitting leaves and index nodes)
+/// while others look names up and list it; the end state is exact and e2fsck-clean.
+#[test]
+fn concurrent_changes_in_one_directory() {
+    let img = scratch("dirconc");
+    mke2fs(&img.0, "128M", &["-b", "1024", "-N", "40000"]);
+    let fs = Fs::open_path(&img.0, rw()).unwrap();
+    let d = fs.mkdir(2, b"d", 0o755, 0, 0).unwrap().ino;
+    let writers = 4;
+    let per = 4000;
+    std::thread::scope(|s| {
+        for t in 0..writers {
+            let fs = &fs;
+            s.spawn(move || {
+                for i in 0..per {
+                    let n = format!("t{t}-{}", String::from_utf8(name(i)).unwrap());
+                    fs.create(d, n.as_bytes(), 0o644, 0, 0).unwrap();
+                    if i % 3 == 2 {
+                        let old = format!("t{t}-{}", String::from_utf8(name(i - 2)).unwrap());
+                        fs.unlink(d, old.as_bytes()).unwrap();
+                    }
+                }
+            });
+        }
+        for _ in 0..2 {
+            let fs = &fs;
+            s.spawn(move || {
+                for round in 0..20 {
+                    let mut seen = BTreeSet::new();
+                    fs.readdir(d, 0, &mut |e| {
+                        assert!(seen.insert(e.name.clone()), "duplicate in readdir");
+                        true
+                    })
+                    .unwrap();
+                    assert!(seen.contains(&b".."[..]));
+                    // A name that is never removed, once created, stays visible.
+                    let _ = fs.lookup(d, format!("t{}-{}", round % 4, "f1-é-ü").as_bytes());
+                }
+            });
+        }
+    });
+    let got = list(&fs, d);
+    let mut want = BTreeSet::new();
+    for t in 0..writers {
+        for i in 0..per {
+            let removed = i % 3 == 0 && i + 2 < per;
+            if !removed {
+                want.insert(format!("t{t}-{}", String::from_utf8(name(i)).unwrap()).into_bytes());
+            }
+        }
+    }
+    want.insert(b".".to_vec());
+    want.insert(b"..".to_vec());
+    assert_eq!(got.keys().cloned().collect::<BTreeSet<_>>(), want);
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+    assert_eq!(indirect_levels(&img.0, "/d"), Some(1));
+}
