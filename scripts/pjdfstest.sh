@@ -48,8 +48,8 @@ TOML
 "$U" mount -o allow_other "$img" "$mnt" || exit 1
 chmod 777 "$mnt"
 (cd "$mnt" && timeout 900 pjdfstest -c "$work/pjdfstest.toml" -p "$mnt") > "$work/out.txt" 2>&1
-cp "$work/out.txt" "${TMPDIR:-/tmp}/uext4-pjdfstest-last.log" 2>/dev/null
 rc=$?
+cp "$work/out.txt" "${TMPDIR:-/tmp}/uext4-pjdfstest-last.log" 2>/dev/null
 umount "$mnt"
 sleep 0.5
 # Test lines end in "ok", "skipped" or "FAILED" (colours stripped); names may contain "failed".

@@ -44,7 +44,14 @@ pub fn is_mounted(mountpoint: &Path) -> bool {
 }
 
 pub fn run_mount(a: MountArgs) -> Result<()> {
-    let opts = Options::parse(&a.options.join(",")).map_err(anyhow::Error::msg)?;
+    let opts = match Options::parse(&a.options.join(",")) {
+        Ok(o) => o,
+        Err(e) => {
+            // A usage error: one line naming the option, exit status 2.
+            eprintln!("uext4: mount: {e}");
+            std::process::exit(2);
+        }
+    };
     if !a.image.exists() {
         bail!("{}: no such image file or device", a.image.display());
     }
@@ -126,9 +133,18 @@ fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<(
     if opts.dax {
         eprintln!("uext4: dax: the image is mapped; reads and writes are memory copies");
     }
-    let session = uext4_fuse::serve(fs.clone(), image, mountpoint, opts)
-        .context("mounting (is /dev/fuse available and fusermount3 installed?)")?;
-    let mut signalled = false;
+    let session = uext4_fuse::serve(fs.clone(), image, mountpoint, opts).map_err(|e| {
+        // SAFETY: access and geteuid have no preconditions beyond a valid path.
+        let dev_ok = unsafe { libc::access(c"/dev/fuse".as_ptr(), libc::R_OK | libc::W_OK) } == 0;
+        let hint = if !dev_ok {
+            "/dev/fuse is not readable and writable by this user"
+        } else if unsafe { libc::geteuid() } != 0 {
+            "ordinary users mount through fusermount3: is it installed, and may this user write to the mount point?"
+        } else {
+            "is the fuse module loaded?"
+        };
+        anyhow::anyhow!("mounting: {e} ({hint})")
+    })?;
     loop {
         let ts = libc::timespec {
             tv_sec: 0,
@@ -137,19 +153,20 @@ fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<(
         // SAFETY: `set` is a valid signal set; a null info pointer is allowed.
         let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
         if sig > 0 {
-            signalled = true;
-            break;
+            // Unmount (detached when busy); on failure keep serving until asked again.
+            match uext4_fuse::unmount(mountpoint) {
+                Ok(()) => break,
+                Err(e) => eprintln!("uext4: unmounting {}: {e}", mountpoint.display()),
+            }
         }
         if !is_mounted(mountpoint) {
             break;
         }
     }
-    if signalled {
-        if let Err(e) = session.umount_and_join() {
-            eprintln!("uext4: unmount: {e}");
-        }
-    } else {
-        let _ = session.join();
+    // The session ends once the kernel lets go of the mount (after the last open file of a
+    // detached mount is closed).
+    if let Err(e) = session.join() {
+        eprintln!("uext4: serving {}: {e}", mountpoint.display());
     }
     fs.unmount().context("writing the filesystem back")?;
     Ok(())

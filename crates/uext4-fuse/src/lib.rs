@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -839,16 +839,97 @@ pub fn fuse_config(image: &Path, opts: &Options) -> Config {
     c
 }
 
-/// Mounts `image` at `mountpoint` and serves it until it is unmounted. Returns once the
-/// session has ended and the filesystem has been written and marked clean.
+fn fusermount_bin() -> std::ffi::OsString {
+    std::env::var_os("FUSERMOUNT_PATH").unwrap_or_else(|| "fusermount3".into())
+}
+
+/// A mount being served: the session's threads, and how to take the mount down.
+pub struct Served {
+    session: fuser::BackgroundSession,
+    mountpoint: PathBuf,
+}
+
+impl Served {
+    /// Unmounts (lazily when the mount is busy: then open files keep working until they are
+    /// closed) and waits until the session has ended.
+    pub fn unmount_and_join(self) -> std::io::Result<()> {
+        unmount(&self.mountpoint)?;
+        self.join()
+    }
+
+    /// Waits until the session ends (someone else unmounted it).
+    pub fn join(self) -> std::io::Result<()> {
+        self.session.join()
+    }
+}
+
+/// Unmounts `mountpoint`: root with umount2 (detaching when busy), others with fusermount3.
+pub fn unmount(mountpoint: &Path) -> std::io::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())?;
+        // SAFETY: a valid NUL-terminated path.
+        if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EBUSY) {
+            return Err(e);
+        }
+        eprintln!(
+            "uext4: {} is busy: detached, serving open files until they are closed",
+            mountpoint.display()
+        );
+        // SAFETY: as above.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+            return Ok(());
+        }
+        return Err(std::io::Error::last_os_error());
+    }
+    let run = |lazy: bool| {
+        let mut cmd = std::process::Command::new(fusermount_bin());
+        cmd.arg("-u").arg("-q");
+        if lazy {
+            cmd.arg("-z");
+        }
+        cmd.arg("--")
+            .arg(mountpoint)
+            .stdin(std::process::Stdio::null())
+            .output()
+    };
+    if run(false)?.status.success() {
+        return Ok(());
+    }
+    let out = run(true)?;
+    if out.status.success() {
+        eprintln!(
+            "uext4: {} is busy: detached, serving open files until they are closed",
+            mountpoint.display()
+        );
+        return Ok(());
+    }
+    Err(std::io::Error::other(format!(
+        "fusermount3 -u: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    )))
+}
+
+/// Mounts `image` at `mountpoint` and serves it from background threads until it is unmounted
+/// ([`Served::unmount_and_join`], or `umount`/`fusermount3 -u` from outside). Root mounts
+/// directly; other users through the setuid fusermount3, which opens /dev/fuse with the
+/// user's rights (so the device must be accessible to them, as it is on most distributions).
 pub fn serve(
     fs: Arc<Fs>,
     image: &Path,
     mountpoint: &Path,
     opts: &Options,
-) -> std::io::Result<fuser::BackgroundSession> {
+) -> std::io::Result<Served> {
     let config = fuse_config(image, opts);
-    fuser::spawn_mount2(Uext4Fuse::new(fs, opts.clone()), mountpoint, &config)
+    let session = fuser::spawn_mount2(Uext4Fuse::new(fs, opts.clone()), mountpoint, &config)?;
+    Ok(Served {
+        session,
+        mountpoint: mountpoint.to_path_buf(),
+    })
 }
 
 #[cfg(test)]
