@@ -44,8 +44,12 @@ impl Env {
         Env { img, mnt }
     }
     fn mount(&self) {
+        self.mount_with(&[]);
+    }
+    fn mount_with(&self, opts: &[&str]) {
         let o = Command::new(bin())
             .arg("mount")
+            .args(opts)
             .arg(&self.img)
             .arg(&self.mnt)
             .output()
@@ -91,7 +95,7 @@ fn wait_server_gone(img: &Path) {
     let name = img.to_string_lossy().into_owned();
     while start.elapsed() < Duration::from_secs(20) {
         let busy = Command::new("pgrep")
-            .args(["-f", &format!("uext4 mount -f {name}")])
+            .args(["-f", &format!("uext4 mount -f .*{name}")])
             .output()
             .map(|o| o.status.success())
             .unwrap_or(false);
@@ -241,4 +245,167 @@ fn sigterm_unmounts_and_kill9_recovers() {
     assert_eq!(std::fs::read(e.mnt.join("file")).unwrap(), b"data");
     e.umount();
     e.fsck();
+}
+
+/// Starts `uext4 mount -f` and waits until the mount shows the filesystem.
+fn mount_foreground(e: &Env) -> std::process::Child {
+    let child = Command::new(bin())
+        .args(["mount", "-f"])
+        .arg(&e.img)
+        .arg(&e.mnt)
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !e.mnt.join("lost+found").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "mount did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+fn debugfs_cat(img: &Path, path: &str) -> Vec<u8> {
+    let o = Command::new("debugfs")
+        .arg("-R")
+        .arg(format!("cat {path}"))
+        .arg(img)
+        .output()
+        .unwrap();
+    o.stdout
+}
+
+#[test]
+fn bad_options_exit_2_with_one_line() {
+    for (opt, word) in [
+        ("rw,bogus", "bogus"),
+        ("threads=x", "threads"),
+        ("errors=explode", "errors"),
+    ] {
+        let o = Command::new(bin())
+            .args(["mount", "-o", opt, "no-such-image", "no-such-dir"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "-o {opt}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains(word), "{err}");
+    }
+}
+
+#[test]
+fn read_only_mount_refuses_writes() {
+    if !usable() {
+        return;
+    }
+    let e = Env::new("ro");
+    e.mount();
+    std::fs::write(e.mnt.join("kept"), b"before").unwrap();
+    e.umount();
+    e.mount_with(&["-o", "ro,threads=2"]);
+    assert_eq!(std::fs::read(e.mnt.join("kept")).unwrap(), b"before");
+    let err = std::fs::write(e.mnt.join("new"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    let err = std::fs::remove_file(e.mnt.join("kept")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    e.umount();
+    e.fsck();
+}
+
+#[test]
+fn fusermount_unmounts_and_busy_sigterm_detaches() {
+    if !usable() {
+        return;
+    }
+    let e = Env::new("fu");
+    e.mount();
+    std::fs::write(e.mnt.join("a"), b"via fusermount").unwrap();
+    let st = Command::new("fusermount3")
+        .arg("-u")
+        .arg(&e.mnt)
+        .status()
+        .unwrap();
+    assert!(st.success(), "fusermount3 -u");
+    wait_server_gone(&e.img);
+    e.fsck();
+    assert_eq!(debugfs_cat(&e.img, "/a"), b"via fusermount");
+
+    // SIGTERM while a file is open: the mount is detached, the open file keeps working, and
+    // the server exits 0 once it is closed.
+    let mut child = mount_foreground(&e);
+    let mut f = std::fs::File::create(e.mnt.join("held")).unwrap();
+    use std::io::Write;
+    f.write_all(b"one,").unwrap();
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let start = Instant::now();
+    while e.mnt.join("a").exists() {
+        assert!(start.elapsed() < Duration::from_secs(10), "not detached");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "server left an open file"
+    );
+    f.write_all(b"two").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let st = child.wait().unwrap();
+    assert!(st.success(), "server exit status: {st}");
+    e.fsck();
+    assert_eq!(debugfs_cat(&e.img, "/held"), b"one,two");
+}
+
+#[test]
+fn ordinary_user_mounts_through_fusermount3() {
+    if !usable() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata("/dev/fuse").unwrap().permissions().mode();
+    if mode & 0o006 != 0o006 {
+        eprintln!(
+            "SKIP: /dev/fuse is mode {:o} here; fusermount3 opens it with the user's rights, so \
+             ordinary users cannot mount any FUSE filesystem on this machine",
+            mode & 0o777
+        );
+        return;
+    }
+    if Command::new("runuser").arg("--help").output().is_err() {
+        eprintln!("SKIP: runuser is not installed");
+        return;
+    }
+    let e = Env::new("user");
+    // As root: a directory the user owns.
+    e.mount();
+    std::fs::create_dir(e.mnt.join("home")).unwrap();
+    std::os::unix::fs::chown(e.mnt.join("home"), Some(65534), Some(65534)).unwrap();
+    e.umount();
+    std::os::unix::fs::chown(&e.img, Some(65534), None).unwrap();
+    std::os::unix::fs::chown(&e.mnt, Some(65534), None).unwrap();
+    let as_nobody = |args: &[&std::ffi::OsStr]| {
+        Command::new("runuser")
+            .args(["-u", "nobody", "--"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = as_nobody(&[
+        bin().as_ref(),
+        "mount".as_ref(),
+        e.img.as_os_str(),
+        e.mnt.as_os_str(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let script = format!(
+        "set -e; cd {}/home; echo mine > f; mkdir d; ln -s f s; test $(stat -c %u f) = 65534",
+        e.mnt.display()
+    );
+    let o = as_nobody(&["sh".as_ref(), "-c".as_ref(), script.as_ref()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = as_nobody(&["fusermount3".as_ref(), "-u".as_ref(), e.mnt.as_os_str()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    wait_server_gone(&e.img);
+    e.fsck();
+    assert_eq!(debugfs_cat(&e.img, "/home/f"), b"mine\n");
 }
