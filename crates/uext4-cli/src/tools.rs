@@ -399,7 +399,18 @@ fn mode_string(mode: u16) -> String {
     for (i, c) in "rwxrwxrwx".chars().enumerate() {
         s.push(if mode & (1 << (8 - i)) != 0 { c } else { '-' });
     }
-    s
+    // Set-user-id, set-group-id and sticky bits over the x positions, as ls(1).
+    let mut b: Vec<char> = s.chars().collect();
+    for (bit, pos, on, off) in [
+        (0o4000, 3, 's', 'S'),
+        (0o2000, 6, 's', 'S'),
+        (0o1000, 9, 't', 'T'),
+    ] {
+        if mode & bit != 0 {
+            b[pos] = if b[pos] == 'x' { on } else { off };
+        }
+    }
+    b.into_iter().collect()
 }
 
 /// Days since 1970-01-01 to a proleptic Gregorian (year, month, day).
@@ -494,7 +505,11 @@ fn cat(path: &str) -> Result<()> {
     let (img, p) = image_loc(path)?;
     let fs = open(&img, true)?;
     let ino = resolve(&fs, &p, true).with_context(|| path.to_string())?;
-    let size = fs.getattr(ino)?.size;
+    let a = fs.getattr(ino)?;
+    if a.is_dir() {
+        return Err(anyhow!(Error::IsDir)).with_context(|| path.to_string());
+    }
+    let size = a.size;
     let mut out = std::io::stdout().lock();
     let mut buf = vec![0u8; 1 << 20];
     let mut off = 0;
@@ -872,9 +887,17 @@ impl HostToImage<'_> {
     }
 }
 
+/// Gives a copied host file the image file's owner (when allowed: root, or the same user),
+/// mode and times, in that order: a change of owner clears set-id bits.
 fn set_host_times(p: &Path, a: &Attr) -> Result<()> {
     use std::ffi::CString;
     let c = CString::new(p.as_os_str().as_bytes())?;
+    // SAFETY: a valid C string. Failure (not root) leaves the copier's ownership, as cp -p does.
+    unsafe { libc::lchown(c.as_ptr(), a.uid, a.gid) };
+    if a.mode & 0o170000 != 0o120000 {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(a.mode as u32 & 0o7777))
+            .with_context(|| p.display().to_string())?;
+    }
     let t = [
         libc::timespec {
             tv_sec: a.atime.sec as libc::time_t,
@@ -895,10 +918,8 @@ fn set_host_times(p: &Path, a: &Attr) -> Result<()> {
         )
     };
     if r != 0 {
-        return Err(std::io::Error::last_os_error().into());
+        return Err(std::io::Error::last_os_error()).with_context(|| p.display().to_string());
     }
-    // SAFETY: as above.
-    unsafe { libc::lchown(c.as_ptr(), a.uid, a.gid) };
     Ok(())
 }
 
@@ -931,10 +952,6 @@ impl ImageToHost<'_> {
                     }
                     self.copy(e.ino, &dst.join(std::ffi::OsStr::from_bytes(&e.name)), true)?;
                 }
-                std::fs::set_permissions(
-                    dst,
-                    std::fs::Permissions::from_mode(a.mode as u32 & 0o7777),
-                )?;
             }
             0o120000 => {
                 let t = fs.readlink(ino)?;
@@ -980,10 +997,6 @@ impl ImageToHost<'_> {
                     pos = h;
                 }
                 f.set_len(a.size)?;
-                std::fs::set_permissions(
-                    dst,
-                    std::fs::Permissions::from_mode(a.mode as u32 & 0o7777),
-                )?;
             }
             _ => {
                 use std::ffi::CString;

@@ -1,6 +1,12 @@
-//! The image tools, driven through the built `uext4` binary: every writing command leaves an
-//! image that `e2fsck -fn` passes; errors are one line and never a panic.
+//! The image tools, driven through the built `uext4` binary: a host tree goes in and comes back
+//! out equal (contents, holes, modes, owners, nanosecond times, symlinks, hard links, special
+//! files); the namespace commands behave; every writing command leaves an image that
+//! `e2fsck -fn` passes; errors are one line, exit 1 (usage errors 2) and never a panic.
+//! Needs e2fsck (skips with a message without it); no root (owner checks only run as root).
 
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -9,13 +15,52 @@ fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_uext4")
 }
 
-fn tmp(tag: &str) -> PathBuf {
-    let d = if Path::new("/dev/shm").is_dir() {
-        PathBuf::from("/dev/shm")
-    } else {
-        std::env::temp_dir()
-    };
-    d.join(format!("uext4-tools-{tag}-{}", std::process::id()))
+fn have_e2fsck() -> bool {
+    let ok = Command::new("e2fsck")
+        .arg("-V")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("SKIP: the tools tests need e2fsck (e2fsprogs), which is not installed");
+    }
+    ok
+}
+
+fn is_root() -> bool {
+    // SAFETY: a plain getter.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A scratch path removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let d = if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let p = d.join(format!("uext4-tools-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        let _ = std::fs::remove_file(&p);
+        Scratch(p)
+    }
+    fn s(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+    /// IMAGE:PATH for this image.
+    fn at(&self, path: &str) -> String {
+        format!("{}:{path}", self.s())
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 fn run(args: &[&str]) -> Output {
@@ -24,142 +69,624 @@ fn run(args: &[&str]) -> Output {
 
 fn ok(args: &[&str]) -> String {
     let o = run(args);
-    assert!(
-        o.status.success(),
-        "uext4 {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "uext4 {args:?} failed: {err}");
+    assert!(!err.contains("panicked"), "uext4 {args:?}: {err}");
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// Runs a command that must fail: exit 1, one line on stderr starting "uext4: ", no panic.
 fn fails(args: &[&str]) -> String {
+    fails_with(args, 1)
+}
+
+fn fails_with(args: &[&str], code: i32) -> String {
     let o = run(args);
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert!(!o.status.success(), "uext4 {args:?} should fail");
     assert!(!err.contains("panicked"), "uext4 {args:?} panicked: {err}");
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "uext4 {args:?}: exit status (stderr {err:?})"
+    );
     assert!(
-        err.trim().lines().count() == 1,
+        err.trim().lines().count() == 1 && err.starts_with("uext4: "),
         "uext4 {args:?}: expected a one-line error, got {err:?}"
     );
     err
 }
 
-fn fsck(img: &Path) {
-    let o = Command::new("e2fsck").arg("-fn").arg(img).output().unwrap();
+/// A writing command, then `e2fsck -fn` on the image.
+fn write_ok(img: &Scratch, args: &[&str]) -> String {
+    let out = ok(args);
+    fsck(img, &format!("after uext4 {args:?}"));
+    out
+}
+
+fn fsck(img: &Scratch, when: &str) {
+    let o = Command::new("e2fsck")
+        .arg("-fn")
+        .arg(&img.0)
+        .output()
+        .unwrap();
     assert!(
         o.status.success(),
-        "e2fsck: {}",
-        String::from_utf8_lossy(&o.stdout)
+        "e2fsck {when}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
     );
 }
 
-#[test]
-fn tools_roundtrip_a_tree() {
-    let img = tmp("img");
-    let src = tmp("src");
-    let back = tmp("back");
-    let _ = std::fs::remove_file(&img);
-    let _ = std::fs::remove_dir_all(&src);
-    let _ = std::fs::remove_dir_all(&back);
-    std::fs::create_dir_all(src.join("sub/deeper")).unwrap();
-    std::fs::write(src.join("a.txt"), b"hello\n").unwrap();
+fn set_times(p: &Path, atime: (i64, i64), mtime: (i64, i64)) {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let t = [
+        libc::timespec {
+            tv_sec: atime.0 as libc::time_t,
+            tv_nsec: atime.1 as libc::c_long,
+        },
+        libc::timespec {
+            tv_sec: mtime.0 as libc::time_t,
+            tv_nsec: mtime.1 as libc::c_long,
+        },
+    ];
+    // SAFETY: a valid C string and two timespecs.
+    let r = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            t.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    assert_eq!(r, 0, "utimensat {}", p.display());
+}
+
+fn chmod(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// The host tree every copy test uses: content, holes, odd modes, nanosecond times (past 2038
+/// too), symlinks (relative, absolute, dangling), a hard link, a FIFO, a long and an odd name,
+/// a directory with a few hundred entries, and (as root) other owners.
+fn make_tree(root: &Path) {
+    std::fs::create_dir_all(root.join("sub/deeper")).unwrap();
+    std::fs::create_dir_all(root.join("many")).unwrap();
+    std::fs::write(root.join("a.txt"), b"hello\n").unwrap();
+    std::fs::write(root.join("empty"), b"").unwrap();
     std::fs::write(
-        src.join("sub/b.bin"),
-        (0..200_000u32).map(|i| i as u8).collect::<Vec<u8>>(),
+        root.join("sub/b.bin"),
+        (0..300_000u32)
+            .map(|i| (i * 7 + i / 251) as u8)
+            .collect::<Vec<u8>>(),
     )
     .unwrap();
-    std::os::unix::fs::symlink("a.txt", src.join("link")).unwrap();
-    std::fs::hard_link(src.join("a.txt"), src.join("sub/hard")).unwrap();
-    let sparse = std::fs::File::create(src.join("sparse")).unwrap();
-    sparse.set_len(50 << 20).unwrap();
-    drop(sparse);
-    std::fs::set_permissions(
-        src.join("sub/deeper"),
-        std::fs::Permissions::from_mode(0o711),
-    )
-    .unwrap();
-    let i = img.to_str().unwrap();
-    ok(&["mkfs", "--size", "128M", i]);
-    fsck(&img);
-    assert!(ok(&["info", i]).contains("metadata_csum"));
-    ok(&["cp", "-r", src.to_str().unwrap(), &format!("{i}:/src")]);
-    fsck(&img);
-    let ls = ok(&["ls", "-l", &format!("{i}:/src")]);
+    std::os::unix::fs::symlink("a.txt", root.join("link")).unwrap();
+    std::os::unix::fs::symlink("../a.txt", root.join("sub/uplink")).unwrap();
+    std::os::unix::fs::symlink("/nowhere/at/all", root.join("dangling")).unwrap();
+    let long_target = "t/".repeat(100);
+    std::os::unix::fs::symlink(&long_target, root.join("longlink")).unwrap();
+    std::fs::hard_link(root.join("a.txt"), root.join("sub/hard")).unwrap();
+    // Sparse: data at 0, at 10 MiB and at the end of 50 MiB; holes between.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::create(root.join("sparse")).unwrap();
+        f.write_all_at(b"start", 0).unwrap();
+        f.write_all_at(&[0xabu8; 8192], 10 << 20).unwrap();
+        f.write_all_at(b"end", (50 << 20) - 3).unwrap();
+    }
+    // A file that is all hole.
+    std::fs::File::create(root.join("hole"))
+        .unwrap()
+        .set_len(5 << 20)
+        .unwrap();
+    for i in 0..300 {
+        std::fs::write(root.join(format!("many/entry-{i:04}")), format!("{i}\n")).unwrap();
+    }
+    let long_name = "n".repeat(255);
+    std::fs::write(root.join(&long_name), b"long name\n").unwrap();
+    std::fs::write(root.join("with space é"), b"odd name\n").unwrap();
+    let fifo = CString::new(root.join("fifo").as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);
+    std::fs::write(root.join("setuid"), b"#!/bin/sh\n").unwrap();
+    std::fs::write(root.join("nothing"), b"x").unwrap();
+    std::fs::create_dir(root.join("sticky")).unwrap();
+    std::fs::create_dir(root.join("setgid")).unwrap();
+    chmod(&root.join("setuid"), 0o4755);
+    // Unreadable to its owner: only root can copy it.
+    chmod(&root.join("nothing"), if is_root() { 0o000 } else { 0o444 });
+    chmod(&root.join("sticky"), 0o1777);
+    chmod(&root.join("setgid"), 0o2750);
+    chmod(&root.join("sub/deeper"), 0o711);
+    if is_root() {
+        std::os::unix::fs::lchown(root.join("sub/b.bin"), Some(1234), Some(5678)).unwrap();
+        std::os::unix::fs::lchown(root.join("link"), Some(42), Some(43)).unwrap();
+        std::os::unix::fs::lchown(root.join("sticky"), Some(7), Some(8)).unwrap();
+    }
+    // Nanosecond times, one past 2038 and one before 1970; directories last.
+    set_times(
+        &root.join("a.txt"),
+        (1_600_000_000, 1),
+        (1_500_000_000, 123_456_789),
+    );
+    set_times(
+        &root.join("sub/b.bin"),
+        (2_200_000_000, 5),
+        (2_100_000_000, 987_654_321),
+    );
+    set_times(
+        &root.join("empty"),
+        (-1_000_000, 0),
+        (-86_400 * 365, 999_999_999),
+    );
+    set_times(&root.join("link"), (1_400_000_000, 7), (1_300_000_000, 700));
+    set_times(
+        &root.join("sub/deeper"),
+        (1_000_000_000, 1),
+        (1_111_111_111, 111_111_111),
+    );
+    set_times(
+        &root.join("sub"),
+        (1_000_000_000, 2),
+        (1_222_222_222, 222_222_222),
+    );
+}
+
+/// Every path under `root`, relative, with its metadata (not following symlinks).
+fn walk(root: &Path) -> Vec<(PathBuf, std::fs::Metadata)> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let md = std::fs::symlink_metadata(root.join(&rel)).unwrap();
+        if md.is_dir() {
+            for e in std::fs::read_dir(root.join(&rel)).unwrap() {
+                stack.push(rel.join(e.unwrap().file_name()));
+            }
+        }
+        out.push((rel, md));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// `back` holds the same tree as `src` (whose metadata `a` was taken before anything read it,
+/// since reading moves atimes): names, types, modes, sizes, contents, symlink targets,
+/// nanosecond times, owners (as root), hard links.
+fn assert_same_tree(src: &Path, a: &[(PathBuf, std::fs::Metadata)], back: &Path) {
+    let b = walk(back);
+    let names =
+        |v: &[(PathBuf, std::fs::Metadata)]| v.iter().map(|e| e.0.clone()).collect::<Vec<_>>();
+    assert_eq!(names(a), names(&b), "same names");
+    let mut links_a: HashMap<u64, PathBuf> = HashMap::new();
+    let mut links_b: HashMap<u64, PathBuf> = HashMap::new();
+    for ((rel, ma), (_, mb)) in a.iter().zip(b.iter()) {
+        let what = rel.display();
+        assert_eq!(ma.mode(), mb.mode(), "{what}: mode");
+        assert_eq!(ma.len(), mb.len(), "{what}: size");
+        if !ma.is_dir() {
+            assert_eq!(ma.nlink(), mb.nlink(), "{what}: links");
+        }
+        assert_eq!(
+            (ma.mtime(), ma.mtime_nsec()),
+            (mb.mtime(), mb.mtime_nsec()),
+            "{what}: mtime"
+        );
+        // (Directory atimes move when anything lists them, this walk included.)
+        if !ma.file_type().is_symlink() && !ma.is_dir() {
+            assert_eq!(
+                (ma.atime(), ma.atime_nsec()),
+                (mb.atime(), mb.atime_nsec()),
+                "{what}: atime"
+            );
+        }
+        if is_root() {
+            assert_eq!((ma.uid(), ma.gid()), (mb.uid(), mb.gid()), "{what}: owner");
+        }
+        if ma.file_type().is_symlink() {
+            assert_eq!(
+                std::fs::read_link(src.join(rel)).unwrap(),
+                std::fs::read_link(back.join(rel)).unwrap(),
+                "{what}: symlink target"
+            );
+        } else if ma.is_file() {
+            assert_eq!(
+                std::fs::read(src.join(rel)).unwrap(),
+                std::fs::read(back.join(rel)).unwrap(),
+                "{what}: contents"
+            );
+            if ma.nlink() > 1 {
+                let fa = links_a.entry(ma.ino()).or_insert(rel.clone()).clone();
+                let fb = links_b.entry(mb.ino()).or_insert(rel.clone()).clone();
+                assert_eq!(fa, fb, "{what}: hard link to the same first name");
+            }
+        }
+    }
+    // And diff(1) agrees on contents.
+    let d = Command::new("diff")
+        .args(["-r", "--no-dereference", "--exclude=fifo"])
+        .arg(src)
+        .arg(back)
+        .output();
+    if let Ok(d) = d {
+        assert!(
+            d.status.success(),
+            "diff -r: {}{}",
+            String::from_utf8_lossy(&d.stdout),
+            String::from_utf8_lossy(&d.stderr)
+        );
+    }
+}
+
+#[test]
+fn tree_goes_in_and_comes_back_equal() {
+    if !have_e2fsck() {
+        return;
+    }
+    let img = Scratch::new("rt-img");
+    let src = Scratch::new("rt-src");
+    let back = Scratch::new("rt-back");
+    make_tree(&src.0);
+    let before = walk(&src.0);
+    write_ok(&img, &["mkfs", "--size", "256M", img.s()]);
+    assert!(ok(&["info", img.s()]).contains("metadata_csum"));
+    write_ok(&img, &["cp", "-r", src.s(), &img.at("/src")]);
+
+    // Read back without mounting.
+    let ls = ok(&["ls", "-l", &img.at("/src")]);
+    for want in [
+        "a.txt",
+        "link -> a.txt",
+        "dangling -> /nowhere/at/all",
+        "prw-r-----",
+        "-rwsr-xr-x",
+        "drwxrwxrwt",
+        "drwxr-s---",
+        if is_root() {
+            "----------"
+        } else {
+            "-r--r--r--"
+        },
+        "with space é",
+    ] {
+        assert!(ls.contains(want), "ls -l lacks {want:?}:\n{ls}");
+    }
+    let plain = ok(&["ls", &img.at("/src/many")]);
+    assert_eq!(plain.lines().count(), 300);
     assert!(
-        ls.contains("a.txt") && ls.contains("link -> a.txt") && ls.contains("sub"),
-        "{ls}"
+        plain.lines().zip(plain.lines().skip(1)).all(|(a, b)| a < b),
+        "sorted"
     );
-    assert_eq!(ok(&["cat", &format!("{i}:/src/link")]), "hello\n");
-    assert!(ok(&["stat", &format!("{i}:/src/sub/hard")]).contains("Links: 2"));
-    ok(&["mkdir", "-p", &format!("{i}:/x/y/z")]);
-    ok(&["mv", &format!("{i}:/x/y"), &format!("{i}:/moved")]);
-    ok(&["ln", "-s", "/src/a.txt", &format!("{i}:/sym")]);
-    ok(&["ln", &format!("{i}:/src/a.txt"), &format!("{i}:/hard2")]);
-    ok(&["truncate", "-s", "3", &format!("{i}:/hard2")]);
-    assert_eq!(ok(&["cat", &format!("{i}:/src/a.txt")]), "hel");
-    fsck(&img);
-    ok(&["rm", "-r", &format!("{i}:/moved")]);
-    ok(&["rm", &format!("{i}:/sym")]);
-    fsck(&img);
-    // Copy back out and compare.
-    std::fs::create_dir_all(&back).unwrap();
-    ok(&["cp", "-r", &format!("{i}:/src"), back.to_str().unwrap()]);
-    let b = back.join("src");
+    assert_eq!(ok(&["cat", &img.at("/src/link")]), "hello\n");
+    assert_eq!(ok(&["cat", &img.at("/src/sub/uplink")]), "hello\n");
     assert_eq!(
-        std::fs::read(b.join("sub/b.bin")).unwrap(),
-        std::fs::read(src.join("sub/b.bin")).unwrap()
+        ok(&["cat", &img.at("/src/sub/../sub/deeper/../hard")]),
+        "hello\n"
     );
-    assert_eq!(
-        std::fs::read_link(b.join("link")).unwrap(),
-        PathBuf::from("a.txt")
+    let cat = Command::new(bin())
+        .args(["cat", &img.at("/src/sub/b.bin")])
+        .output()
+        .unwrap();
+    assert_eq!(cat.stdout, std::fs::read(src.0.join("sub/b.bin")).unwrap());
+    let st = ok(&["stat", &img.at("/src/sub/hard")]);
+    assert!(
+        st.contains("Links: 2") && st.contains("regular file"),
+        "{st}"
     );
-    let (m1, m2) = (
-        std::fs::metadata(src.join("sub/b.bin")).unwrap(),
-        std::fs::metadata(b.join("sub/b.bin")).unwrap(),
+    assert!(st.contains("Modify: 2017-07-14 02:40:00.123456789"), "{st}");
+    let st = ok(&["stat", &img.at("/src/sub/b.bin")]);
+    assert!(st.contains("Modify: 2036-07-18 13:20:00.987654321"), "{st}");
+    assert!(st.contains("Size: 300000"), "{st}");
+    let st = ok(&["stat", &img.at("/src/setuid")]);
+    assert!(st.contains("(4755/-rwsr-xr-x)"), "{st}");
+    let st = ok(&["stat", &img.at("/src/link")]);
+    assert!(
+        st.contains("symbolic link") && st.contains("Size: 5"),
+        "{st}"
     );
-    assert_eq!(
-        (m1.mtime(), m1.mtime_nsec()),
-        (m2.mtime(), m2.mtime_nsec()),
-        "mtime kept with nanoseconds"
+    // The holes stayed holes in the image: 50 MiB apparent, a few blocks allocated.
+    let st = ok(&["stat", &img.at("/src/sparse")]);
+    let blocks: u64 = st
+        .split("Blocks: ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    assert!(
+        blocks < 200,
+        "sparse file took {blocks} sectors in the image"
     );
-    assert_eq!(
-        std::fs::metadata(b.join("sub/deeper")).unwrap().mode() & 0o7777,
-        0o711
-    );
-    let sp = std::fs::metadata(b.join("sparse")).unwrap();
-    assert_eq!(sp.len(), 50 << 20);
+
+    // Out again, and equal.
+    std::fs::create_dir_all(&back.0).unwrap();
+    ok(&["cp", "-r", &img.at("/src"), back.s()]);
+    assert_same_tree(&src.0, &before, &back.0.join("src"));
+    let sp = std::fs::metadata(back.0.join("src/sparse")).unwrap();
     assert!(
         sp.blocks() < 1024,
-        "the sparse file stayed sparse ({} blocks)",
+        "the sparse file stayed sparse on the host ({} sectors)",
         sp.blocks()
     );
-    assert_eq!(
-        std::fs::metadata(b.join("sub/hard")).unwrap().ino(),
-        std::fs::metadata(b.join("a.txt")).unwrap().ino()
+    let hole = std::fs::metadata(back.0.join("src/hole")).unwrap();
+    assert_eq!((hole.len(), hole.blocks()), (5 << 20, 0));
+
+    // Image to image: into a second image, and within the same one; then out and equal.
+    let img2 = Scratch::new("rt-img2");
+    write_ok(
+        &img2,
+        &["mkfs", "--size", "128M", "--block-size", "1024", img2.s()],
     );
-    let _ = std::fs::remove_file(&img);
-    let _ = std::fs::remove_dir_all(&src);
-    let _ = std::fs::remove_dir_all(&back);
+    write_ok(&img2, &["cp", "-r", &img.at("/src"), &img2.at("/")]);
+    write_ok(&img, &["cp", "-r", &img.at("/src"), &img.at("/again")]);
+    let back2 = Scratch::new("rt-back2");
+    std::fs::create_dir_all(&back2.0).unwrap();
+    ok(&[
+        "cp",
+        "-r",
+        &img2.at("/src"),
+        &back2.0.join("one").display().to_string(),
+    ]);
+    ok(&[
+        "cp",
+        "-r",
+        &img.at("/again"),
+        &back2.0.join("two").display().to_string(),
+    ]);
+    assert_same_tree(&src.0, &before, &back2.0.join("one"));
+    assert_same_tree(&src.0, &before, &back2.0.join("two"));
+}
+
+#[test]
+fn namespace_commands_behave() {
+    if !have_e2fsck() {
+        return;
+    }
+    let img = Scratch::new("ns-img");
+    let host = Scratch::new("ns-host");
+    std::fs::create_dir_all(&host.0).unwrap();
+    write_ok(&img, &["mkfs", "--size", "64M", img.s()]);
+
+    // mkdir, mkdir -p, through a symlinked component.
+    write_ok(&img, &["mkdir", &img.at("/d")]);
+    fails(&["mkdir", &img.at("/d")]);
+    fails(&["mkdir", &img.at("/no/such/parent")]);
+    write_ok(&img, &["mkdir", "-p", &img.at("/x/y/z")]);
+    write_ok(&img, &["mkdir", "-p", &img.at("/x/y/z")]);
+    write_ok(&img, &["ln", "-s", "x/y", &img.at("/toy")]);
+    write_ok(&img, &["mkdir", "-p", &img.at("/toy/z/w")]);
+    assert_eq!(ok(&["ls", &img.at("/x/y/z")]), "w\n");
+
+    // cp of single files, into a directory and to a new name; overwrite.
+    let f = host.0.join("f.txt");
+    std::fs::write(&f, b"one\n").unwrap();
+    write_ok(&img, &["cp", f.to_str().unwrap(), &img.at("/d")]);
+    write_ok(&img, &["cp", f.to_str().unwrap(), &img.at("/d/renamed")]);
+    std::fs::write(&f, b"two, longer\n").unwrap();
+    write_ok(&img, &["cp", f.to_str().unwrap(), &img.at("/d/f.txt")]);
+    assert_eq!(ok(&["cat", &img.at("/d/f.txt")]), "two, longer\n");
+    assert_eq!(ok(&["cat", &img.at("/d/renamed")]), "one\n");
+    fails(&["cp", host.s(), &img.at("/d")]); // a directory without -r
+    fails(&["cp", &img.at("/x"), host.s()]);
+    let out = host.0.join("out.txt");
+    ok(&["cp", &img.at("/d/renamed"), out.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&out).unwrap(), b"one\n");
+
+    // ln: hard links count, symlinks resolve (relative to their directory, `..` included).
+    write_ok(&img, &["ln", &img.at("/d/f.txt"), &img.at("/x/hard")]);
+    assert!(ok(&["stat", &img.at("/d/f.txt")]).contains("Links: 2"));
+    fails(&["ln", &img.at("/d/f.txt"), &img.at("/x/hard")]);
+    fails(&["ln", &img.at("/x"), &img.at("/dirlink")]); // no hard links to directories
+    write_ok(&img, &["ln", "-s", "../../d/f.txt", &img.at("/x/y/sym")]);
+    assert_eq!(ok(&["cat", &img.at("/x/y/sym")]), "two, longer\n");
+    assert_eq!(ok(&["cat", &img.at("/toy/sym")]), "two, longer\n");
+    write_ok(&img, &["ln", "-s", "loop2", &img.at("/loop1")]);
+    write_ok(&img, &["ln", "-s", "loop1", &img.at("/loop2")]);
+    assert!(fails(&["cat", &img.at("/loop1/x")]).contains("symbolic links"));
+
+    // mv: rename, into a directory, a directory, refused into its own subtree.
+    write_ok(&img, &["mv", &img.at("/d/renamed"), &img.at("/d/moved")]);
+    write_ok(&img, &["mv", &img.at("/d/moved"), &img.at("/x")]);
+    assert_eq!(ok(&["cat", &img.at("/x/moved")]), "one\n");
+    fails(&["cat", &img.at("/d/moved")]);
+    write_ok(&img, &["mv", &img.at("/x/y"), &img.at("/d/ydir")]);
+    assert_eq!(ok(&["ls", &img.at("/d/ydir")]), "sym\nz\n");
+    fails(&["mv", &img.at("/d"), &img.at("/d/ydir/z")]);
+    fails(&["mv", &img.at("/nothing"), &img.at("/d")]);
+
+    // truncate: grow (a hole reads as zeros), shrink, sizes with suffixes.
+    write_ok(&img, &["truncate", "-s", "3", &img.at("/x/hard")]);
+    assert_eq!(ok(&["cat", &img.at("/d/f.txt")]), "two");
+    write_ok(&img, &["truncate", "-s", "1M", &img.at("/x/hard")]);
+    let c = Command::new(bin())
+        .args(["cat", &img.at("/d/f.txt")])
+        .output()
+        .unwrap();
+    assert_eq!(c.stdout.len(), 1 << 20);
+    assert!(c.stdout[..3] == *b"two" && c.stdout[3..].iter().all(|&b| b == 0));
+    fails(&["truncate", "-s", "12Q", &img.at("/x/hard")]);
+    fails(&["truncate", "-s", "1", &img.at("/x")]);
+
+    // rm: files, directories need -r, -f ignores missing names, the root stays.
+    write_ok(&img, &["rm", &img.at("/x/hard")]);
+    assert!(ok(&["stat", &img.at("/d/f.txt")]).contains("Links: 1"));
+    fails(&["rm", &img.at("/d")]);
+    fails(&["rm", &img.at("/missing")]);
+    write_ok(&img, &["rm", "-f", &img.at("/missing")]);
+    write_ok(&img, &["rm", "-r", &img.at("/d")]);
+    write_ok(&img, &["rm", &img.at("/toy")]);
+    assert_eq!(ok(&["ls", &img.at("/x")]), "moved\n");
+    fails(&["rm", "-r", &img.at("/")]);
+    let ls = ok(&["ls", &img.at("/")]);
+    assert_eq!(ls, "loop1\nloop2\nlost+found\nx\n");
+}
+
+#[test]
+fn mkfs_options_and_info() {
+    if !have_e2fsck() {
+        return;
+    }
+    let img = Scratch::new("mk-img");
+    write_ok(
+        &img,
+        &[
+            "mkfs",
+            "--size",
+            "96M",
+            "--block-size",
+            "1024",
+            "--journal-size",
+            "8",
+            "-L",
+            "mylabel",
+            "-O",
+            "^metadata_csum,uninit_bg",
+            img.s(),
+        ],
+    );
+    let info = ok(&["info", img.s()]);
+    assert!(info.contains("Volume name:              mylabel"), "{info}");
+    assert!(info.contains("Block size:               1024"), "{info}");
+    assert!(info.contains("Block count:              98304"), "{info}");
+    assert!(info.contains("inode 8, 8192 KiB"), "{info}");
+    assert!(info.contains("State:                    clean"), "{info}");
+    assert!(
+        !info.contains("metadata_csum") && info.contains("uninit_bg"),
+        "{info}"
+    );
+    // Without a journal; then again over the same file, size taken from the file.
+    write_ok(&img, &["mkfs", "--journal-size", "0", img.s()]);
+    let info = ok(&["info", img.s()]);
+    assert!(
+        !info.contains("has_journal") && info.contains("Block size:               4096"),
+        "{info}"
+    );
+    assert_eq!(std::fs::metadata(&img.0).unwrap().len(), 96 << 20);
+    // The tools work on it.
+    write_ok(&img, &["mkdir", &img.at("/nj")]);
+    assert!(ok(&["ls", &img.at("/")]).contains("nj"));
 }
 
 #[test]
 fn errors_are_one_line() {
-    let img = tmp("err");
-    let zeros = tmp("zeros");
-    std::fs::write(&zeros, vec![0u8; 1 << 20]).unwrap();
-    let i = img.to_str().unwrap();
-    let z = zeros.to_str().unwrap();
-    let _ = std::fs::remove_file(&img);
-    ok(&["mkfs", "--size", "32M", i]);
-    assert!(fails(&["cat", &format!("{i}:/nope")]).contains("no such file"));
-    assert!(fails(&["ls", &format!("{z}:/")]).contains("not an ext2/3/4 filesystem"));
+    let img = Scratch::new("err-img");
+    let zeros = Scratch::new("err-zeros");
+    let short = Scratch::new("err-short");
+    std::fs::write(&zeros.0, vec![0u8; 1 << 20]).unwrap();
+    ok(&["mkfs", "--size", "32M", img.s()]);
+    ok(&["mkdir", &img.at("/d")]);
+    let i = img.s();
+    assert!(fails(&["cat", &img.at("/nope")]).contains("no such file"));
+    assert!(fails(&["ls", &img.at("/nope/deeper")]).contains("no such file"));
+    assert!(fails(&["cat", &img.at("/d")]).contains("is a directory"));
+    assert!(fails(&["ls", &zeros.at("/")]).contains("not an ext2/3/4 filesystem"));
+    assert!(fails(&["info", zeros.s()]).contains("not an ext2/3/4 filesystem"));
+    fails(&["cp", "-r", &zeros.at("/"), "/tmp/uext4-never"]);
+    assert!(fails(&["ls", "/no/such/image.img:/"]).contains("no such image"));
+    assert!(fails(&["info", "/no/such/image.img"]).contains("/no/such/image.img"));
     assert!(fails(&["mkfs", "--block-size", "2048", "--size", "32M", i]).contains("1024 or 4096"));
-    fails(&["mkfs", "-O", "bogus", i]);
-    fails(&["mount", "-o", "nosuchoption", i, "/tmp"]);
-    fails(&["rm", &format!("{i}:/lost+found")]);
-    let o = run(&["frobnicate"]);
-    assert_eq!(o.status.code(), Some(2), "usage errors exit 2");
-    fsck(&img);
-    let _ = std::fs::remove_file(&img);
-    let _ = std::fs::remove_file(&zeros);
+    assert!(fails(&["mkfs", "-O", "bogus", i]).contains("bogus"));
+    fails(&["mkfs", "--size", "64K", short.s()]);
+    fails(&["mkfs", "--size", "lots", short.s()]);
+    assert!(fails(&["mkfs", &short.0.join("x.img").display().to_string()]).contains("--size"));
+    fails(&["mv", &img.at("/d"), &zeros.at("/d")]);
+    fails(&["rm", &img.at("/lost+found")]);
+    // (An unknown mount option is a usage error or a plain one: exit 2 or 1.)
+    let o = run(&["mount", "-o", "nosuchoption", i, "/tmp"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(matches!(o.status.code(), Some(1 | 2)), "mount: {err}");
+    assert!(
+        err.trim().lines().count() == 1 && err.contains("nosuchoption"),
+        "{err}"
+    );
+    // Usage errors: clap's message in one line, exit status 2.
+    fails_with(&["frobnicate"], 2);
+    fails_with(&["ls", "--bogus", &img.at("/")], 2);
+    fails_with(&["mkfs"], 2);
+    fails_with(&["truncate", &img.at("/d")], 2);
+    // A truncated image: the first MiB of a real one.
+    let data = std::fs::read(&img.0).unwrap();
+    std::fs::write(&short.0, &data[..1 << 20]).unwrap();
+    for args in [
+        vec!["ls", "-l"],
+        vec!["cat"],
+        vec!["mkdir"],
+        vec!["rm", "-r"],
+    ] {
+        let mut a: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        a.push(short.at("/d/x"));
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        fails(&a);
+    }
+    if have_e2fsck() {
+        fsck(&img, "after the failed commands");
+    }
+}
+
+#[test]
+fn damaged_images_give_errors_not_panics() {
+    let img = Scratch::new("dmg-img");
+    let bad = Scratch::new("dmg-bad");
+    let src = Scratch::new("dmg-src");
+    std::fs::create_dir_all(src.0.join("d/e")).unwrap();
+    for i in 0..40 {
+        std::fs::write(src.0.join(format!("d/f{i}")), vec![i as u8; i * 1000]).unwrap();
+    }
+    std::fs::write(src.0.join("d/e/big"), vec![7u8; 3 << 20]).unwrap();
+    ok(&["mkfs", "--size", "16M", "--block-size", "1024", img.s()]);
+    ok(&["cp", "-r", src.s(), &img.at("/s")]);
+    let clean = std::fs::read(&img.0).unwrap();
+    // Damage a run of bytes in a metadata-rich area (the first 2 MiB) at pseudo-random places.
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let out = Scratch::new("dmg-out");
+    let n = if std::env::var_os("UEXT4_QUICK").is_some() {
+        40
+    } else {
+        120
+    };
+    for _ in 0..n {
+        let mut d = clean.clone();
+        let at = (next() % (2 << 20)) as usize;
+        let len = 1 + (next() % 64) as usize;
+        for b in &mut d[at..(at + len).min(clean.len())] {
+            *b = next() as u8;
+        }
+        std::fs::write(&bad.0, &d).unwrap();
+        for args in [
+            vec!["ls".to_string(), "-l".to_string(), bad.at("/s/d")],
+            vec!["cat".to_string(), bad.at("/s/d/e/big")],
+            vec![
+                "cp".to_string(),
+                "-r".to_string(),
+                bad.at("/s"),
+                out.s().to_string(),
+            ],
+            vec![
+                "mkdir".to_string(),
+                "-p".to_string(),
+                bad.at("/s/d/new/deeper"),
+            ],
+            vec!["rm".to_string(), "-r".to_string(), bad.at("/s/d")],
+        ] {
+            let o = Command::new(bin()).args(&args).output().unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                !err.contains("panicked"),
+                "damage at {at}+{len}: uext4 {args:?}: {err}"
+            );
+            assert!(
+                matches!(o.status.code(), Some(0 | 1)),
+                "damage at {at}+{len}: uext4 {args:?}: status {:?}: {err}",
+                o.status
+            );
+            if !o.status.success() {
+                assert_eq!(err.trim().lines().count(), 1, "uext4 {args:?}: {err}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&out.0);
+    }
 }
