@@ -11,7 +11,6 @@ mod png;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -25,16 +24,17 @@ pub struct BenchArgs {
     /// uext4-fuse, uext4-fuse-wbc, uext4-fuse-dax, uext4-lib, raw, fuse-null.
     #[arg(long)]
     systems: Option<String>,
-    /// Job counts to sweep.
-    #[arg(long, default_value = "1,2,4,8,16")]
-    jobs: String,
+    /// Job counts to sweep (default: 1,2,4,8,16; the fsync workload also 64,256).
+    #[arg(long)]
+    jobs: Option<String>,
     /// Seconds per measurement.
     #[arg(long, default_value_t = 10)]
     runtime: u64,
     /// Where images and mounts go (default: /dev/shm/uext4-bench, or a disk folder with --backing disk).
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// Journal size for every image, MiB (default: mke2fs's).
+    /// Journal size for every image, MiB (default: mke2fs's). The fsync workload also runs
+    /// with a 4 MiB journal, in the same run.
     #[arg(long)]
     journal_size: Option<u32>,
     /// Every system and workload, briefly (under two minutes): checks that all produce numbers.
@@ -67,6 +67,10 @@ pub struct Record {
     pub fsck: String,
     pub stats: Option<serde_json::Value>,
     pub note: String,
+    /// The journal asked for: "default" (mke2fs's, or --journal-size) or "4 MiB".
+    pub journal: String,
+    /// The image's journal size as dumpe2fs reports it (none for raw and fuse-null).
+    pub journal_mib: Option<u32>,
 }
 
 const WORKLOADS: &[&str] = &[
@@ -96,6 +100,20 @@ fn have(cmd: &str) -> bool {
         .status()
         .map(|s| s.success())
         .unwrap_or(false)
+}
+
+/// "default" for the journal every image gets (mke2fs's or --journal-size), else its size.
+fn journal_label(j: Option<u32>, default: Option<u32>) -> String {
+    match j {
+        _ if j == default => "default".into(),
+        Some(m) => format!("{m} MiB"),
+        None => "default".into(),
+    }
+}
+
+/// Errors are one line in the report and on the terminal.
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn sh(cmd: &str) -> Result<String> {
@@ -166,14 +184,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !have("fio") {
         bail!("fio is not installed (apt-get install fio): every workload but the in-process one needs it");
     }
-    let jobs: Vec<usize> = if a.quick {
-        vec![2]
+    let parse_jobs = |s: &str| -> Result<Vec<usize>> {
+        s.split(',')
+            .map(|j| j.trim().parse::<usize>().ok().filter(|&n| n > 0))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| anyhow!("--jobs takes numbers like 1,2,4"))
+    };
+    let (jobs, fsync_jobs): (Vec<usize>, Vec<usize>) = if a.quick {
+        (vec![2], vec![2])
+    } else if let Some(j) = &a.jobs {
+        let j = parse_jobs(j)?;
+        (j.clone(), j)
     } else {
-        a.jobs
-            .split(',')
-            .map(|j| j.trim().parse())
-            .collect::<Result<_, _>>()
-            .map_err(|_| anyhow!("--jobs takes numbers like 1,2,4"))?
+        (vec![1, 2, 4, 8, 16], vec![1, 2, 4, 8, 16, 64, 256])
     };
     let runtime = if a.quick { 1 } else { a.runtime };
     let base = a.dir.clone().unwrap_or_else(|| {
@@ -195,71 +218,97 @@ pub fn run(a: BenchArgs) -> Result<()> {
         journal_mib: a.journal_size,
     };
 
-    let total = workloads.len() * systems.len() * jobs.len();
-    let pb = indicatif::ProgressBar::new(total as u64);
+    // The plan: every (workload, journal variant, system, job count) measured, in order.
+    let mut plan: Vec<(String, Option<u32>, String, usize)> = Vec::new();
+    for w in &workloads {
+        let fsync = w == "fsync-randwrite-16k";
+        let mut journals = vec![a.journal_size];
+        if fsync && a.journal_size != Some(4) {
+            journals.push(Some(4));
+        }
+        for (vi, &jn) in journals.iter().enumerate() {
+            for s in &systems {
+                if s == "kernel-dioread_lock" && !fsync {
+                    continue;
+                }
+                // The ceilings have no journal: measured once.
+                if vi > 0 && (s == "raw" || s == "fuse-null") {
+                    continue;
+                }
+                // --quick keeps under two minutes: the small journal only where it matters.
+                if vi > 0 && a.quick && !["kernel", "uext4-fuse", "uext4-lib"].contains(&s.as_str())
+                {
+                    continue;
+                }
+                let sweep: &[usize] = if w == "pwrite-1g" {
+                    &[1]
+                } else if fsync {
+                    &fsync_jobs
+                } else {
+                    &jobs
+                };
+                for &j in sweep {
+                    plan.push((w.clone(), jn, s.clone(), j));
+                }
+            }
+        }
+    }
+    let pb = indicatif::ProgressBar::new(plan.len() as u64);
     pb.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+        indicatif::ProgressStyle::with_template("{elapsed_precise} {bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let mut records = Vec::new();
-    for w in &workloads {
-        for s in &systems {
-            if s == "kernel-dioread_lock" && w != "fsync-randwrite-16k" {
-                pb.inc(jobs.len() as u64);
-                continue;
-            }
-            let sweep: Vec<usize> = if w == "pwrite-1g" {
-                vec![1]
+    for (w, jn, s, j) in &plan {
+        let (w, jn, s, j) = (w.as_str(), *jn, s.as_str(), *j);
+        let label = journal_label(jn, a.journal_size);
+        pb.set_message(format!("{w} on {s}, {j} jobs, journal {label}"));
+        let r = ctx.measure(s, w, j, jn).unwrap_or_else(|e| Record {
+            system: s.into(),
+            workload: w.into(),
+            jobs: j,
+            iops: 0.0,
+            bw_mib_s: 0.0,
+            p50_us: 0.0,
+            p99_us: 0.0,
+            fsck: "-".into(),
+            stats: None,
+            note: one_line(&format!("error: {e:#}")),
+            journal: label.clone(),
+            journal_mib: None,
+        });
+        let line = format!(
+            "{:>20} {:>20} {:>3} jobs {:>8}: {:>10.0} IOPS {:>9.1} MiB/s  p99 {:>8.0} us  fsck {}{}",
+            s,
+            w,
+            j,
+            r.journal_mib
+                .map(|m| format!("j{m}M"))
+                .unwrap_or_else(|| "-".into()),
+            r.iops,
+            r.bw_mib_s,
+            r.p99_us,
+            r.fsck,
+            if r.note.is_empty() {
+                String::new()
             } else {
-                jobs.clone()
-            };
-            for &j in &sweep {
-                pb.set_message(format!("{w} on {s}, {j} jobs"));
-                let r = ctx.measure(s, w, j).unwrap_or_else(|e| Record {
-                    system: s.clone(),
-                    workload: w.clone(),
-                    jobs: j,
-                    iops: 0.0,
-                    bw_mib_s: 0.0,
-                    p50_us: 0.0,
-                    p99_us: 0.0,
-                    fsck: "-".into(),
-                    stats: None,
-                    note: format!("error: {e:#}"),
-                });
-                let line = format!(
-                    "{:>22} {:>20} {:>3} jobs: {:>10.0} IOPS {:>9.1} MiB/s  fsck {}{}",
-                    s,
-                    w,
-                    j,
-                    r.iops,
-                    r.bw_mib_s,
-                    r.fsck,
-                    if r.note.is_empty() {
-                        String::new()
-                    } else {
-                        format!("  ({})", r.note)
-                    }
-                );
-                if pb.is_hidden() {
-                    eprintln!("{line}");
-                } else {
-                    pb.println(line);
-                }
-                records.push(r);
+                format!("  ({})", r.note)
             }
-            if w == "pwrite-1g" {
-                pb.inc((jobs.len() - 1) as u64);
-            }
-            pb.inc(1);
+        );
+        if pb.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            pb.println(line);
         }
+        records.push(r);
+        pb.inc(1);
     }
     pb.finish_and_clear();
     std::fs::write(
         a.out.join("results.json"),
         serde_json::to_string_pretty(&records)?,
     )?;
-    let report = report(&records, &skipped, &jobs, runtime, &a.out);
+    let report = report(&records, &skipped, runtime, &a.out);
     std::fs::write(a.out.join("report.md"), &report)?;
     println!("{report}");
     println!(
@@ -289,11 +338,32 @@ struct Ctx {
     journal_mib: Option<u32>,
 }
 
+/// The journal size of an image in MiB, as dumpe2fs reports it ("Total journal size: 64M").
+fn journal_size_of(img: &Path) -> Option<u32> {
+    let o = Command::new("dumpe2fs").arg("-h").arg(img).output().ok()?;
+    let text = String::from_utf8_lossy(&o.stdout);
+    let v = text
+        .lines()
+        .find(|l| l.starts_with("Journal size:") || l.starts_with("Total journal size:"))?
+        .split(':')
+        .nth(1)?
+        .trim()
+        .to_string();
+    let (num, unit) = v.split_at(v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len()));
+    let n: u32 = num.parse().ok()?;
+    Some(match unit.trim() {
+        "k" | "K" => n / 1024,
+        "G" => n * 1024,
+        _ => n,
+    })
+}
+
 /// A mounted system under test; unmounts on drop.
 struct Mounted {
     dir: PathBuf,
     img: Option<PathBuf>,
     umount: bool,
+    journal_mib: Option<u32>,
 }
 
 impl Drop for Mounted {
@@ -376,30 +446,25 @@ impl Ctx {
         }
     }
 
-    fn mke2fs(&self, img: &Path, journal_mib: Option<u32>, mib: u64) -> Result<()> {
+    /// A fresh image with the same options for every system; returns its journal size in MiB.
+    fn mke2fs(&self, img: &Path, journal_mib: Option<u32>, mib: u64) -> Result<Option<u32>> {
         let _ = std::fs::remove_file(img);
         let j = journal_mib
-            .or(self.journal_mib)
             .map(|m| format!("-J size={m}"))
             .unwrap_or_default();
         sh(&format!(
             "mke2fs -q -F -t ext4 -b 4096 {j} {} {mib}M",
             img.display()
         ))?;
-        Ok(())
+        Ok(journal_size_of(img))
     }
 
-    fn setup(&self, system: &str, w: &str, jobs: usize) -> Result<Mounted> {
+    fn setup(&self, system: &str, w: &str, jobs: usize, journal: Option<u32>) -> Result<Mounted> {
         let mib = self.image_mib(w, jobs);
         let dir = self.base.join(format!("mnt-{system}"));
         let _ = Command::new("umount").arg(&dir).output();
         std::fs::create_dir_all(&dir)?;
         let img = self.base.join(format!("{system}.img"));
-        let journal = if w == "fsync-randwrite-16k" && self.journal_mib.is_none() {
-            Some(4)
-        } else {
-            None
-        };
         match system {
             "raw" => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -408,6 +473,7 @@ impl Ctx {
                     dir,
                     img: None,
                     umount: false,
+                    journal_mib: None,
                 })
             }
             "fuse-null" => {
@@ -423,10 +489,11 @@ impl Ctx {
                     dir,
                     img: None,
                     umount: true,
+                    journal_mib: None,
                 })
             }
             "kernel" | "kernel-dioread_lock" => {
-                self.mke2fs(&img, journal, mib)?;
+                let journal_mib = self.mke2fs(&img, journal, mib)?;
                 let opt = if system == "kernel" {
                     "loop"
                 } else {
@@ -441,10 +508,11 @@ impl Ctx {
                     dir,
                     img: Some(img),
                     umount: true,
+                    journal_mib,
                 })
             }
             "fuse2fs" => {
-                self.mke2fs(&img, journal, mib)?;
+                let journal_mib = self.mke2fs(&img, journal, mib)?;
                 sh(&format!(
                     "fuse2fs {} {} -o fakeroot,allow_other >/dev/null 2>&1",
                     img.display(),
@@ -455,10 +523,11 @@ impl Ctx {
                     dir,
                     img: Some(img),
                     umount: true,
+                    journal_mib,
                 })
             }
             s if s.starts_with("uext4-fuse") => {
-                self.mke2fs(&img, journal, mib)?;
+                let journal_mib = self.mke2fs(&img, journal, mib)?;
                 let mut c = Command::new(&self.exe);
                 c.arg("mount");
                 match s {
@@ -478,13 +547,15 @@ impl Ctx {
                     dir,
                     img: Some(img),
                     umount: true,
+                    journal_mib,
                 })
             }
             other => bail!("system {other} is not a mount"),
         }
     }
 
-    fn measure(&self, system: &str, w: &str, jobs: usize) -> Result<Record> {
+    fn measure(&self, system: &str, w: &str, jobs: usize, journal: Option<u32>) -> Result<Record> {
+        let label = journal_label(journal, self.journal_mib);
         if system.starts_with("uext4-lib") {
             let dax = match system {
                 "uext4-lib-dax" => Some(false),
@@ -492,12 +563,7 @@ impl Ctx {
                 _ => None,
             };
             let img = self.base.join("uext4-lib.img");
-            let journal = if w == "fsync-randwrite-16k" && self.journal_mib.is_none() {
-                Some(4)
-            } else {
-                None
-            };
-            self.mke2fs(&img, journal, self.image_mib(w, jobs))?;
+            let journal_mib = self.mke2fs(&img, journal, self.image_mib(w, jobs))?;
             let r = loadgen::run(&img, w, jobs, self.runtime, self.quick, dax)?;
             let fsck = fsck(&img);
             let _ = std::fs::remove_file(&img);
@@ -512,9 +578,11 @@ impl Ctx {
                 fsck,
                 stats: serde_json::from_str(&r.stats).ok(),
                 note: String::new(),
+                journal: label,
+                journal_mib,
             });
         }
-        let m = self.setup(system, w, jobs)?;
+        let m = self.setup(system, w, jobs, journal)?;
         let dirs = m.dir.display().to_string();
         let (iops, bw, p50, p99) = if w == "pwrite-1g" {
             if !have("xfs_io") {
@@ -560,6 +628,7 @@ impl Ctx {
             None
         };
         let img = m.img.clone();
+        let journal_mib = m.journal_mib;
         drop(m);
         let fsck = match &img {
             Some(i) => {
@@ -580,6 +649,8 @@ impl Ctx {
             fsck,
             stats,
             note: String::new(),
+            journal: label,
+            journal_mib,
         })
     }
 }
@@ -643,46 +714,78 @@ fn bar(v: f64, max: f64, width: usize) -> String {
     "#".repeat(n.min(width))
 }
 
-fn report(
-    records: &[Record],
-    skipped: &[String],
-    jobs: &[usize],
-    runtime: u64,
-    out: &Path,
-) -> String {
+fn report(records: &[Record], skipped: &[String], runtime: u64, out: &Path) -> String {
     let mut s = String::new();
-    s.push_str(&format!("# uext4 bench\n\nOne run, side by side; {runtime} s per measurement; IOPS (pwrite-1g: MiB/s including fsync).\n\n"));
+    s.push_str(&format!(
+        "# uext4 bench\n\nOne run, side by side; {runtime} s per measurement; IOPS (pwrite-1g: \
+         MiB/s including fsync). Ratios are taken at the largest job count measured: to the \
+         kernel's ext4 (same journal) and to the two ceilings, raw (fio on the same storage) and \
+         fuse-null (the FUSE transport doing no work).\n\n"
+    ));
     if !skipped.is_empty() {
         s.push_str(&format!("Skipped: {}\n\n", skipped.join("; ")));
     }
-    let mut by_w: BTreeMap<&str, Vec<&Record>> = BTreeMap::new();
+    // Sections: one per workload, and for the fsync workload one per journal size.
+    let mut sections: Vec<(String, String)> = Vec::new();
     for r in records {
-        by_w.entry(r.workload.as_str()).or_default().push(r);
+        let key = (r.workload.clone(), r.journal.clone());
+        if r.system != "raw" && r.system != "fuse-null" || r.journal == "default" {
+            if !sections.contains(&key) {
+                sections.push(key);
+            }
+        }
     }
-    for (w, rs) in by_w {
-        s.push_str(&format!("## {w}\n\n"));
-        let js: Vec<usize> = if w == "pwrite-1g" {
-            vec![1]
-        } else {
-            jobs.to_vec()
+    let multi_journal = |w: &str| {
+        records
+            .iter()
+            .filter(|r| r.workload == w)
+            .any(|r| r.journal != "default")
+    };
+    for (w, journal) in &sections {
+        let in_section = |r: &&Record| {
+            r.workload == *w
+                && (r.journal == *journal || r.system == "raw" || r.system == "fuse-null")
         };
+        let rs: Vec<&Record> = records.iter().filter(in_section).collect();
+        let sizes: Vec<u32> = {
+            let mut v: Vec<u32> = rs.iter().filter_map(|r| r.journal_mib).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let jtitle = if multi_journal(w) {
+            format!(
+                ", journal {journal}{}",
+                match sizes.as_slice() {
+                    [m] if journal == "default" => format!(" ({m} MiB)"),
+                    _ => String::new(),
+                }
+            )
+        } else {
+            String::new()
+        };
+        s.push_str(&format!("## {w}{jtitle}\n\n"));
+        let mut js: Vec<usize> = rs.iter().map(|r| r.jobs).collect();
+        js.sort_unstable();
+        js.dedup();
         s.push_str("| system |");
         for j in &js {
             s.push_str(&format!(" {j} jobs |"));
         }
-        s.push_str(" vs kernel | vs fuse-null | e2fsck |\n|---|");
+        s.push_str(" p99 us | vs kernel | vs raw | vs fuse-null | e2fsck |\n|---|");
         for _ in &js {
             s.push_str("---|");
         }
-        s.push_str("---|---|---|\n");
-        let get = |sys: &str, j: usize| {
-            rs.iter()
-                .find(|r| r.system == sys && r.jobs == j)
-                .map(|r| r.iops)
-        };
-        let mut systems: Vec<&str> = rs.iter().map(|r| r.system.as_str()).collect();
-        systems.dedup();
-        let lastj = *js.last().unwrap();
+        s.push_str("---|---|---|---|---|\n");
+        let find = |sys: &str, j: usize| rs.iter().find(|r| r.system == sys && r.jobs == j);
+        let get = |sys: &str, j: usize| find(sys, j).map(|r| r.iops).filter(|&v| v > 0.0);
+        let mut systems: Vec<&str> = Vec::new();
+        for r in &rs {
+            if !systems.contains(&r.system.as_str()) {
+                systems.push(r.system.as_str());
+            }
+        }
+        let lastj = *js.last().unwrap_or(&1);
         for sys in &systems {
             s.push_str(&format!("| {sys} |"));
             for &j in &js {
@@ -692,22 +795,30 @@ fn report(
                 }
             }
             let ratio = |other: &str| match (get(sys, lastj), get(other, lastj)) {
-                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+                (Some(a), Some(b)) => format!("{:.2}x", a / b),
                 _ => "-".into(),
             };
+            let p99 = find(sys, lastj)
+                .filter(|r| r.p99_us > 0.0)
+                .map(|r| format!("{:.0}", r.p99_us))
+                .unwrap_or_else(|| "-".into());
+            // The worst e2fsck result over the sweep.
             let fs = rs
                 .iter()
-                .find(|r| r.system == *sys)
+                .filter(|r| r.system == *sys)
                 .map(|r| r.fsck.clone())
+                .find(|f| f != "clean" && f != "-")
+                .or_else(|| rs.iter().find(|r| r.system == *sys).map(|r| r.fsck.clone()))
                 .unwrap_or_default();
             s.push_str(&format!(
-                " {} | {} | {} |\n",
+                " {p99} | {} | {} | {} | {} |\n",
                 ratio("kernel"),
+                ratio("raw"),
                 ratio("fuse-null"),
-                fs
+                fs.replace('|', "/")
             ));
         }
-        s.push_str(&format!("\nRatios at {lastj} jobs.\n\n```\n"));
+        s.push_str(&format!("\nRatios and p99 at {lastj} jobs.\n\n```\n"));
         let max = rs.iter().map(|r| r.iops).fold(0.0, f64::max);
         for sys in &systems {
             for &j in &js {
@@ -724,7 +835,11 @@ fn report(
             .iter()
             .map(|sys| js.iter().filter_map(|&j| get(sys, j)).collect())
             .collect();
-        let png = format!("{w}.png");
+        let png = if journal == "default" {
+            format!("{w}.png")
+        } else {
+            format!("{w}-j{}.png", journal.replace(" MiB", ""))
+        };
         if png::bar_chart(&out.join(&png), &groups).is_ok() {
             let legend: Vec<String> = systems
                 .iter()
@@ -738,6 +853,67 @@ fn report(
         }
         for r in rs.iter().filter(|r| !r.note.is_empty()) {
             s.push_str(&format!("- {} {} jobs: {}\n", r.system, r.jobs, r.note));
+        }
+        s.push('\n');
+    }
+    // The small journal against the default one, system by system (the fsync target: within 10%).
+    for w in WORKLOADS.iter().filter(|w| multi_journal(w)) {
+        let variants: Vec<String> = sections
+            .iter()
+            .filter(|(sw, j)| sw == w && j != "default")
+            .map(|(_, j)| j.clone())
+            .collect();
+        for v in variants {
+            let mut js: Vec<usize> = records
+                .iter()
+                .filter(|r| r.workload == *w)
+                .map(|r| r.jobs)
+                .collect();
+            js.sort_unstable();
+            js.dedup();
+            s.push_str(&format!(
+                "## {w}: journal {v} against the default journal (IOPS ratio)\n\n| system |"
+            ));
+            for j in &js {
+                s.push_str(&format!(" {j} jobs |"));
+            }
+            s.push_str("\n|---|");
+            for _ in &js {
+                s.push_str("---|");
+            }
+            s.push('\n');
+            let mut systems: Vec<&str> = Vec::new();
+            for r in records
+                .iter()
+                .filter(|r| r.workload == *w && r.journal == v)
+            {
+                if !systems.contains(&r.system.as_str()) {
+                    systems.push(r.system.as_str());
+                }
+            }
+            for sys in systems {
+                s.push_str(&format!("| {sys} |"));
+                for &j in &js {
+                    let get = |jl: &str| {
+                        records
+                            .iter()
+                            .find(|r| {
+                                r.workload == *w
+                                    && r.system == sys
+                                    && r.jobs == j
+                                    && r.journal == jl
+                            })
+                            .map(|r| r.iops)
+                            .filter(|&x| x > 0.0)
+                    };
+                    match (get(&v), get("default")) {
+                        (Some(a), Some(b)) => s.push_str(&format!(" {:.2} |", a / b)),
+                        _ => s.push_str(" - |"),
+                    }
+                }
+                s.push('\n');
+            }
+            s.push('\n');
         }
     }
     s
