@@ -8,9 +8,10 @@
 //! written through the buffer cache as metadata.
 //!
 //! readdir cookies: for a linear directory, the byte position of the next entry (entries never
-//! move in a linear directory); for an indexed one, the entry's (major hash << 32 | minor hash),
-//! so that a cookie stays meaningful when leaves split under a reader, as in the kernel's
-//! ext4_dx_readdir. "." and ".." of an indexed directory come first with cookies 1 and 2.
+//! move in a linear directory); for an indexed one, the entry's ((major hash >> 1) << 32 | minor
+//! hash), as the kernel's hash2pos for 64-bit readers (the major hash's low bit is always 0, and
+//! the cookie stays below 2^63 for callers that keep offsets signed), so that a cookie stays
+//! meaningful when leaves split under a reader, as in the kernel's ext4_dx_readdir. "." and ".." of an indexed directory come first with cookies 1 and 2.
 
 use crate::error::{Error, Result};
 use crate::format::dir_entry::*;
@@ -789,7 +790,7 @@ impl Fs {
         h.extend(8);
         let (l1, p1) = self.dir_append_block(h, dir, st)?;
         let (l2, p2) = self.dir_append_block(h, dir, st)?;
-        let (left, right, split_hash) = self.split_sorted(entries);
+        let (left, right, split_hash) = Self::split_sorted(entries);
         self.put_leaf(h, dir, st, p1, &mut self.pack_leaf(&left))?;
         self.put_leaf(h, dir, st, p2, &mut self.pack_leaf(&right))?;
         // The root: "." and "..", dx_root_info, then the two leaves.
@@ -814,7 +815,7 @@ impl Fs {
 
     /// Splits hash-sorted entries into two halves by size; the second half's index hash gets
     /// the collision bit when the split falls inside a run of equal hashes.
-    fn split_sorted(&self, mut entries: Vec<Hashed>) -> (Vec<Hashed>, Vec<Hashed>, u32) {
+    fn split_sorted(mut entries: Vec<Hashed>) -> (Vec<Hashed>, Vec<Hashed>, u32) {
         let total: usize = entries.iter().map(|e| rec_len_for(e.2.len())).sum();
         let mut acc = 0;
         let mut at = entries.len();
@@ -863,7 +864,7 @@ impl Fs {
             h.extend(4);
             self.dx_make_room(h, dir, st, &mut path)?;
             let (nl, np) = self.dir_append_block(h, dir, st)?;
-            let (left, right, split_hash) = self.split_sorted(entries);
+            let (left, right, split_hash) = Self::split_sorted(entries);
             self.put_leaf(h, dir, st, pblk, &mut self.pack_leaf(&left))?;
             self.put_leaf(h, dir, st, np, &mut self.pack_leaf(&right))?;
             let bottom = path.len() - 1;
@@ -1125,11 +1126,11 @@ impl Fs {
                 return Ok(());
             }
         }
-        let cookie = |e: &Hashed| ((e.0 as u64) << 32 | e.1 as u64).max(3);
+        let cookie = |e: &Hashed| (((e.0 >> 1) as u64) << 32 | e.1 as u64).max(3);
         let start_hash = if offset <= 2 {
             0
         } else {
-            (offset >> 32) as u32
+            ((offset >> 32) as u32) << 1
         };
         let (mut path, version) = self.dx_probe(dir, st, start_hash)?;
         let nblocks = self.dir_blocks(st) as u64;
@@ -1175,5 +1176,34 @@ impl Fs {
                 return Ok(());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(hash: u32, len: usize) -> Hashed {
+        (hash, 0, vec![b'n'; len], 11, FT_REG)
+    }
+
+    #[test]
+    fn split_by_size_with_collision_bit() {
+        // Distinct hashes: the halves split by bytes, the index hash is the right's first.
+        let v: Vec<Hashed> = (0..10).map(|i| e(i * 16, 4)).collect();
+        let (l, r, h) = Fs::split_sorted(v);
+        assert_eq!((l.len(), r.len(), h), (5, 5, 80));
+        // A run of one hash across the split point: the collision bit is set.
+        let v: Vec<Hashed> = vec![e(2, 4), e(8, 4), e(8, 4), e(8, 4), e(8, 4), e(10, 4)];
+        let (l, r, h) = Fs::split_sorted(v);
+        assert_eq!(l.last().unwrap().0, 8);
+        assert_eq!(r.first().unwrap().0, 8);
+        assert_eq!(h, 8 | 1);
+        // Sizes matter: one big entry balances several small ones; never an empty half.
+        let v = vec![e(2, 200), e(4, 4), e(6, 4), e(8, 4)];
+        let (l, r, h) = Fs::split_sorted(v);
+        assert_eq!((l.len(), r.len(), h), (1, 3, 4));
+        let (l, r, _) = Fs::split_sorted(vec![e(2, 4), e(4, 200)]);
+        assert_eq!((l.len(), r.len()), (1, 1));
     }
 }

@@ -40,6 +40,7 @@ fn lookup_ino(fs: &Fs, dir: u32, n: &[u8]) -> Option<u32> {
 fn list(fs: &Fs, dir: u32) -> BTreeMap<Vec<u8>, (u32, u8)> {
     let mut out = BTreeMap::new();
     fs.readdir(dir, 0, &mut |e| {
+        assert!(e.next_offset > 0 && e.next_offset <= i64::MAX as u64);
         assert!(
             out.insert(e.name.clone(), (e.ino, e.kind)).is_none(),
             "readdir returned {:?} twice",
