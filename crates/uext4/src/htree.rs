@@ -126,6 +126,10 @@ fn dx_hack_hash(name: &[u8], signed: bool) -> u32 {
 /// The (major, minor) hash of a name, as ext4fs_dirhash computes it. `version` is one of the
 /// DX_HASH_* values (the unsigned variants included).
 pub fn dirhash(name: &[u8], version: u8, seed: &[u32; 4]) -> (u32, u32) {
+    #[cfg(test)]
+    if let Some(f) = TEST_HASH.with(|c| c.get()) {
+        return f(name);
+    }
     let mut buf: [u32; 4] = [0x6745_2301, 0xefcd_ab89, 0x98ba_dcfe, 0x1032_5476];
     if seed.iter().any(|&s| s != 0) {
         buf = *seed;
@@ -165,6 +169,13 @@ pub fn dirhash(name: &[u8], version: u8, seed: &[u32; 4]) -> (u32, u32) {
         hash = (HTREE_EOF_32 - 1) << 1;
     }
     (hash, minor)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Unit tests only: replaces the hash on this thread (to force collisions).
+    pub(crate) static TEST_HASH: std::cell::Cell<Option<fn(&[u8]) -> (u32, u32)>> =
+        const { std::cell::Cell::new(None) };
 }
 
 /// Whether `v` (after the unsigned adjustment) is a hash version this engine computes.
