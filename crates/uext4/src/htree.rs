@@ -172,9 +172,12 @@ pub fn dirhash(name: &[u8], version: u8, seed: &[u32; 4]) -> (u32, u32) {
 }
 
 #[cfg(test)]
+pub(crate) type TestHashFn = fn(&[u8]) -> (u32, u32);
+
+#[cfg(test)]
 thread_local! {
     /// Unit tests only: replaces the hash on this thread (to force collisions).
-    pub(crate) static TEST_HASH: std::cell::Cell<Option<fn(&[u8]) -> (u32, u32)>> =
+    pub(crate) static TEST_HASH: std::cell::Cell<Option<TestHashFn>> =
         const { std::cell::Cell::new(None) };
 }
 
