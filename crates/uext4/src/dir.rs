@@ -1233,11 +1233,11 @@ mod tests {
         }
         assert!(bits > 0, "no collision bits set");
         assert_eq!(root[ROOT_INDIRECT_LEVELS], 1, "two index levels");
-        for i in 0..n {
+        for (i, &ino) in inos.iter().enumerate() {
             let want = if i % 5 == 0 {
                 None
             } else {
-                Some((inos[i], FT_REG))
+                Some((ino, FT_REG))
             };
             assert_eq!(fs.dir_lookup(d, &mut st, &name(i)).unwrap(), want, "{i}");
         }
