@@ -57,6 +57,60 @@ fn quick_bench_produces_numbers_for_every_system() {
             }
         }
     }
+    // Every system that ran (all but the unavailable ones) has numbers for every workload and
+    // a clean image; the kernel's ext4 runs here since we are root, fuse2fs when installed.
+    let mut systems: Vec<&str> = recs.iter().filter_map(|r| r["system"].as_str()).collect();
+    systems.sort_unstable();
+    systems.dedup();
+    let mut expect = vec!["raw", "uext4-fuse", "uext4-lib", "kernel"];
+    if Path::new("/dev/fuse").exists() {
+        expect.push("fuse-null");
+    }
+    let fuse2fs = Command::new("sh")
+        .args(["-c", "command -v fuse2fs"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if fuse2fs && Path::new("/dev/fuse").exists() {
+        expect.push("fuse2fs");
+    }
+    for s in expect {
+        assert!(systems.contains(&s), "{s} did not run: {systems:?}");
+    }
+    for s in &systems {
+        for w in [
+            "overwrite-4k",
+            "mixed-randrw-4k",
+            "fsync-randwrite-16k",
+            "pwrite-1g",
+        ] {
+            if *s == "kernel-dioread_lock" && w != "fsync-randwrite-16k" {
+                continue;
+            }
+            let rs: Vec<_> = recs
+                .iter()
+                .filter(|r| r["workload"] == w && r["system"] == *s)
+                .collect();
+            assert!(!rs.is_empty(), "no record for {s} {w}");
+            for r in rs {
+                assert!(r["iops"].as_f64().unwrap() > 0.0, "{s} {w}: no numbers");
+                let f = r["fsck"].as_str().unwrap();
+                // fuse2fs's images are not ours (it sometimes leaves an "extent tree could be
+                // narrower" note); every other image must be clean.
+                if *s == "fuse2fs" {
+                    if f != "clean" {
+                        eprintln!("note: fuse2fs {w}: e2fsck: {f}");
+                    }
+                } else {
+                    assert!(f == "clean" || f == "-", "{s} {w}: e2fsck: {f}");
+                }
+            }
+        }
+    }
+    // The fsync workload ran with a 4 MiB journal as well as the default one.
+    assert!(recs
+        .iter()
+        .any(|r| r["workload"] == "fsync-randwrite-16k" && r["journal_mib"] == 4));
     assert!(std::fs::read_to_string(out.join("report.md"))
         .unwrap()
         .contains("vs kernel"));
