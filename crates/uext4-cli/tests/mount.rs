@@ -409,3 +409,245 @@ fn ordinary_user_mounts_through_fusermount3() {
     e.fsck();
     assert_eq!(debugfs_cat(&e.img, "/home/f"), b"mine\n");
 }
+
+fn cstr(p: &Path) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+fn errno_of(r: i64) -> i32 {
+    assert!(r < 0, "expected a failure, got {r}");
+    std::io::Error::last_os_error().raw_os_error().unwrap()
+}
+
+#[test]
+fn system_calls_through_the_mount() {
+    if !usable() {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::io::AsRawFd;
+    let e = Env::new("sys");
+    e.mount();
+    let m = &e.mnt;
+    let (x, y, z) = (m.join("x"), m.join("y"), m.join("z"));
+    std::fs::write(&x, b"X").unwrap();
+    std::fs::write(&y, b"Y").unwrap();
+    unsafe {
+        // rename flags: NOREPLACE refuses, EXCHANGE swaps, WHITEOUT is not supported.
+        let r = libc::renameat2(
+            libc::AT_FDCWD,
+            cstr(&x).as_ptr(),
+            libc::AT_FDCWD,
+            cstr(&y).as_ptr(),
+            libc::RENAME_NOREPLACE,
+        );
+        assert_eq!(errno_of(r as i64), libc::EEXIST);
+        let r = libc::renameat2(
+            libc::AT_FDCWD,
+            cstr(&x).as_ptr(),
+            libc::AT_FDCWD,
+            cstr(&y).as_ptr(),
+            libc::RENAME_EXCHANGE,
+        );
+        assert_eq!(r, 0);
+        let r = libc::renameat2(
+            libc::AT_FDCWD,
+            cstr(&x).as_ptr(),
+            libc::AT_FDCWD,
+            cstr(&z).as_ptr(),
+            libc::RENAME_WHITEOUT,
+        );
+        assert_eq!(errno_of(r as i64), libc::EINVAL);
+    }
+    assert_eq!(std::fs::read(&x).unwrap(), b"Y");
+    assert_eq!(std::fs::read(&y).unwrap(), b"X");
+
+    // xattrs: a size-0 probe returns the size, a short buffer is ERANGE.
+    let name = c"user.k";
+    unsafe {
+        let v = b"12345";
+        let r = libc::setxattr(cstr(&x).as_ptr(), name.as_ptr(), v.as_ptr().cast(), 5, 0);
+        assert_eq!(r, 0);
+        let r = libc::getxattr(cstr(&x).as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0);
+        assert_eq!(r, 5);
+        let mut small = [0u8; 2];
+        let r = libc::getxattr(
+            cstr(&x).as_ptr(),
+            name.as_ptr(),
+            small.as_mut_ptr().cast(),
+            2,
+        );
+        assert_eq!(errno_of(r as i64), libc::ERANGE);
+        let r = libc::setxattr(
+            cstr(&x).as_ptr(),
+            name.as_ptr(),
+            v.as_ptr().cast(),
+            5,
+            libc::XATTR_CREATE,
+        );
+        assert_eq!(errno_of(r as i64), libc::EEXIST);
+    }
+
+    // fallocate, SEEK_DATA/SEEK_HOLE, copy_file_range.
+    let sparse = m.join("sparse");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .read(true)
+        .write(true)
+        .open(&sparse)
+        .unwrap();
+    let fd = f.as_raw_fd();
+    let data: Vec<u8> = (0..1 << 20).map(|i| (i * 7 % 251) as u8).collect();
+    unsafe {
+        assert_eq!(
+            libc::pwrite(fd, data.as_ptr().cast(), data.len(), 4 << 20),
+            data.len() as isize
+        );
+        assert_eq!(libc::lseek(fd, 0, libc::SEEK_DATA), 4 << 20);
+        assert_eq!(libc::lseek(fd, 0, libc::SEEK_HOLE), 0);
+        assert_eq!(libc::lseek(fd, 4 << 20, libc::SEEK_HOLE), 5 << 20);
+        assert_eq!(
+            errno_of(libc::lseek(fd, 6 << 20, libc::SEEK_DATA)),
+            libc::ENXIO
+        );
+        assert_eq!(
+            libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 8 << 20, 1 << 20),
+            0
+        );
+        assert_eq!(f.metadata().unwrap().len(), 5 << 20);
+        let r = libc::fallocate(
+            fd,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            4 << 20,
+            4096,
+        );
+        assert_eq!(r, 0);
+        assert_eq!(libc::lseek(fd, 4 << 20, libc::SEEK_DATA), (4 << 20) + 4096);
+        assert_eq!(
+            libc::fallocate(fd, libc::FALLOC_FL_ZERO_RANGE, 4 << 20, 8192),
+            0
+        );
+    }
+    let copy = std::fs::File::create(m.join("copy")).unwrap();
+    let mut off_in: i64 = 4 << 20;
+    let n = unsafe {
+        libc::copy_file_range(
+            fd,
+            &mut off_in,
+            copy.as_raw_fd(),
+            std::ptr::null_mut(),
+            2 << 20,
+            0,
+        )
+    };
+    assert_eq!(n, 1 << 20, "copy_file_range stops at the end of the source");
+    drop(copy);
+    let mut want = data.clone();
+    want[..8192].fill(0);
+    assert_eq!(std::fs::read(m.join("copy")).unwrap(), want);
+
+    // utimensat: UTIME_OMIT keeps, UTIME_NOW sets the present time, nanoseconds kept.
+    let ts = [
+        libc::timespec {
+            tv_sec: 1_000_000_000,
+            tv_nsec: 123_456_789,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+    ];
+    let before = std::fs::metadata(&x).unwrap();
+    unsafe {
+        assert_eq!(
+            libc::utimensat(libc::AT_FDCWD, cstr(&x).as_ptr(), ts.as_ptr(), 0),
+            0
+        )
+    };
+    let after = std::fs::metadata(&x).unwrap();
+    assert_eq!(
+        (after.atime(), after.atime_nsec()),
+        (1_000_000_000, 123_456_789)
+    );
+    assert_eq!(
+        (after.mtime(), after.mtime_nsec()),
+        (before.mtime(), before.mtime_nsec())
+    );
+    let now = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
+    ];
+    unsafe {
+        assert_eq!(
+            libc::utimensat(libc::AT_FDCWD, cstr(&x).as_ptr(), now.as_ptr(), 0),
+            0
+        )
+    };
+    let t = std::fs::metadata(&x).unwrap();
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!((t.mtime() - wall).abs() < 5 && t.atime() == 1_000_000_000);
+
+    // O_APPEND, O_TRUNC, O_EXCL, O_DIRECT.
+    use std::io::Write;
+    let mut a = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(m.join("log"))
+        .unwrap();
+    a.write_all(b"one ").unwrap();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(m.join("log"))
+        .unwrap()
+        .write_all(b"two ")
+        .unwrap();
+    a.write_all(b"three").unwrap();
+    assert_eq!(std::fs::read(m.join("log")).unwrap(), b"one two three");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(m.join("log"))
+        .unwrap();
+    assert_eq!(std::fs::metadata(m.join("log")).unwrap().len(), 0);
+    let err = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(m.join("log"))
+        .unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EEXIST));
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let d = std::fs::OpenOptions::new()
+            .create(true)
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(m.join("direct"))
+            .unwrap();
+        let layout = std::alloc::Layout::from_size_align(1 << 16, 4096).unwrap();
+        unsafe {
+            let p = std::alloc::alloc(layout);
+            std::ptr::write_bytes(p, 0xab, 1 << 16);
+            assert_eq!(libc::pwrite(d.as_raw_fd(), p.cast(), 1 << 16, 0), 1 << 16);
+            std::ptr::write_bytes(p, 0, 1 << 16);
+            assert_eq!(libc::pread(d.as_raw_fd(), p.cast(), 1 << 16, 0), 1 << 16);
+            assert!(std::slice::from_raw_parts(p, 1 << 16)
+                .iter()
+                .all(|&b| b == 0xab));
+            std::alloc::dealloc(p, layout);
+        }
+    }
+    drop((f, a));
+    e.umount();
+    e.fsck();
+}
