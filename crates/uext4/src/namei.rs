@@ -331,6 +331,10 @@ impl Fs {
             // Undo: release whatever the new inode got, and its number.
             let mut ist = inode.state.lock();
             let _ = self.evict_blocks(&mut h, &inode, &mut ist);
+            // The inode was already written live in this handle: write it back as deleted.
+            ist.raw.set_links_count(0);
+            ist.raw.set_dtime(Timestamp::now().sec as u32);
+            let _ = self.write_inode(&mut h, ino, &mut ist.raw);
             ist.deleted = true;
             drop(ist);
             self.icache.remove(ino);
