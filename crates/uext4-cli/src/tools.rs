@@ -13,6 +13,7 @@ use std::sync::Arc;
 use uext4::blockdev::BlockDevice;
 use uext4::format::inode::Timestamp;
 use uext4::namei::{RenameFlags, SetAttr, TimeSet};
+use uext4::xattr::XattrFlags;
 use uext4::{Attr, Error, Fs, MountOptions};
 
 #[derive(Subcommand)]
@@ -872,6 +873,18 @@ impl HostToImage<'_> {
         if md.nlink() > 1 && !ft.is_dir() {
             self.links.insert((md.dev(), md.ino()), ino);
         }
+        if !ft.is_symlink() {
+            match host_xattrs(src) {
+                Ok(list) => {
+                    for (name, value) in list {
+                        if let Err(e) = fs.setxattr(ino, &name, &value, XattrFlags::Any) {
+                            warn_xattr(src, &name, e);
+                        }
+                    }
+                }
+                Err(e) => warn_xattr(src, b"(list)", e),
+            }
+        }
         let set = SetAttr {
             mode: if ft.is_symlink() {
                 None
@@ -887,13 +900,74 @@ impl HostToImage<'_> {
     }
 }
 
+/// The extended attributes of a host path (not following a symlink): (name, value) pairs.
+fn host_xattrs(p: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    use std::ffi::CString;
+    let c = CString::new(p.as_os_str().as_bytes())?;
+    let mut names = vec![0u8; 4096];
+    let n = loop {
+        // SAFETY: the buffer is valid for its length.
+        let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ERANGE) if names.len() < 1 << 20 => names.resize(names.len() * 4, 0),
+            Some(libc::ENOTSUP) => return Ok(Vec::new()),
+            _ => return Err(e),
+        }
+    };
+    let mut out = Vec::new();
+    for name in names[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let cn = CString::new(name)?;
+        let mut val = vec![0u8; 65536];
+        // SAFETY: valid C strings and a buffer valid for its length.
+        let got =
+            unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), val.as_mut_ptr().cast(), val.len()) };
+        if got < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        val.truncate(got as usize);
+        out.push((name.to_vec(), val));
+    }
+    Ok(out)
+}
+
+fn warn_xattr(what: &Path, name: &[u8], e: impl std::fmt::Display) {
+    eprintln!(
+        "uext4: cp: warning: {}: extended attribute {} not copied: {e}",
+        what.display(),
+        String::from_utf8_lossy(name)
+    );
+}
+
 /// Gives a copied host file the image file's owner (when allowed: root, or the same user),
 /// mode and times, in that order: a change of owner clears set-id bits.
-fn set_host_times(p: &Path, a: &Attr) -> Result<()> {
+fn set_host_times(fs: &Fs, p: &Path, a: &Attr) -> Result<()> {
     use std::ffi::CString;
     let c = CString::new(p.as_os_str().as_bytes())?;
     // SAFETY: a valid C string. Failure (not root) leaves the copier's ownership, as cp -p does.
     unsafe { libc::lchown(c.as_ptr(), a.uid, a.gid) };
+    // Extended attributes after the owner (a chown drops security.capability), before the mode.
+    if a.mode & 0o170000 != 0o120000 {
+        for name in fs.listxattr(a.ino).unwrap_or_default() {
+            let v = match fs.getxattr(a.ino, &name) {
+                Ok(v) => v,
+                Err(e) => {
+                    warn_xattr(p, &name, e);
+                    continue;
+                }
+            };
+            let cn = CString::new(name.clone())?;
+            // SAFETY: valid C strings and a buffer valid for its length.
+            let r =
+                unsafe { libc::lsetxattr(c.as_ptr(), cn.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+            if r != 0 {
+                warn_xattr(p, &name, std::io::Error::last_os_error());
+            }
+        }
+    }
     if a.mode & 0o170000 != 0o120000 {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(a.mode as u32 & 0o7777))
             .with_context(|| p.display().to_string())?;
@@ -1010,7 +1084,7 @@ impl ImageToHost<'_> {
                 }
             }
         }
-        set_host_times(dst, &a)
+        set_host_times(fs, dst, &a)
     }
 }
 

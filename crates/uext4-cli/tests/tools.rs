@@ -203,6 +203,32 @@ fn make_tree(root: &Path) {
         std::os::unix::fs::lchown(root.join("link"), Some(42), Some(43)).unwrap();
         std::os::unix::fs::lchown(root.join("sticky"), Some(7), Some(8)).unwrap();
     }
+    // Extended attributes (where the host keeps them): small, large, on a directory, binary.
+    if set_xattr(&root.join("a.txt"), "user.comment", b"a greeting") {
+        assert!(set_xattr(&root.join("sub/b.bin"), "user.big", &[0x5a; 800]));
+        assert!(set_xattr(&root.join("sub"), "user.dir", b""));
+        assert!(set_xattr(
+            &root.join("sub/b.bin"),
+            "user.bin",
+            &[0, 1, 2, 255]
+        ));
+    } else {
+        eprintln!("SKIP (part): the host filesystem keeps no user xattrs; not copying any");
+    }
+    // POSIX ACLs (system.posix_acl_access / _default xattrs), where setfacl is there.
+    let acl = |args: &[&str], p: &Path| {
+        Command::new("setfacl")
+            .args(args)
+            .arg(p)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    if !(acl(&["-m", "u:1234:rw,g:99:r"], &root.join("empty"))
+        && acl(&["-d", "-m", "u:1234:rwx"], &root.join("sub/deeper")))
+    {
+        eprintln!("SKIP (part): no setfacl or no ACL support here; not copying ACLs");
+    }
     // Nanosecond times, one past 2038 and one before 1970; directories last.
     set_times(
         &root.join("a.txt"),
@@ -230,6 +256,49 @@ fn make_tree(root: &Path) {
         (1_000_000_000, 2),
         (1_222_222_222, 222_222_222),
     );
+}
+
+/// A host path's extended attributes, sorted (empty where the host has none or no support).
+fn xattrs(p: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let mut names = vec![0u8; 65536];
+    // SAFETY: the buffer is valid for its length.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    if n <= 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for name in names[..n as usize]
+        .split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+    {
+        let cn = CString::new(name).unwrap();
+        let mut v = vec![0u8; 65536];
+        // SAFETY: valid C strings and a buffer valid for its length.
+        let got =
+            unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+        assert!(got >= 0, "getxattr {}", p.display());
+        v.truncate(got as usize);
+        out.push((name.to_vec(), v));
+    }
+    out.sort();
+    out
+}
+
+/// Sets a user xattr; false where the host filesystem has none.
+fn set_xattr(p: &Path, name: &str, value: &[u8]) -> bool {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let n = CString::new(name).unwrap();
+    // SAFETY: valid C strings and a buffer valid for its length.
+    unsafe {
+        libc::lsetxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        ) == 0
+    }
 }
 
 /// Every path under `root`, relative, with its metadata (not following symlinks).
@@ -281,6 +350,20 @@ fn assert_same_tree(src: &Path, a: &[(PathBuf, std::fs::Metadata)], back: &Path)
         }
         if is_root() {
             assert_eq!((ma.uid(), ma.gid()), (mb.uid(), mb.gid()), "{what}: owner");
+        }
+        if !ma.file_type().is_symlink() {
+            let (xa, xb) = (xattrs(&src.join(rel)), xattrs(&back.join(rel)));
+            let brief = |x: &[(Vec<u8>, Vec<u8>)]| {
+                x.iter()
+                    .map(|(n, v)| format!("{}={}b", String::from_utf8_lossy(n), v.len()))
+                    .collect::<Vec<_>>()
+            };
+            assert!(
+                xa == xb,
+                "{what}: xattrs {:?} came back as {:?}",
+                brief(&xa),
+                brief(&xb)
+            );
         }
         if ma.file_type().is_symlink() {
             assert_eq!(
@@ -376,6 +459,10 @@ fn tree_goes_in_and_comes_back_equal() {
     let st = ok(&["stat", &img.at("/src/sub/b.bin")]);
     assert!(st.contains("Modify: 2036-07-18 13:20:00.987654321"), "{st}");
     assert!(st.contains("Size: 300000"), "{st}");
+    if !xattrs(&src.0.join("a.txt")).is_empty() {
+        let st = ok(&["stat", &img.at("/src/a.txt")]);
+        assert!(st.contains("xattr: user.comment"), "{st}");
+    }
     let st = ok(&["stat", &img.at("/src/setuid")]);
     assert!(st.contains("(4755/-rwsr-xr-x)"), "{st}");
     let st = ok(&["stat", &img.at("/src/link")]);
