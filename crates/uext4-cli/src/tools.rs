@@ -353,9 +353,12 @@ fn info(image: &Path) -> Result<()> {
     );
     println!("Block size:               {}", g.block_size);
     println!("Block count:              {}", g.blocks_count);
-    println!("Free blocks:              {}", sb.free_blocks_count());
+    // From the group descriptors (the superblock's counts may lag, as the kernel's do).
+    let st = fs.statfs();
+    println!("Free blocks:              {}", st.blocks_free);
+    println!("Available to users:       {}", st.blocks_avail);
     println!("Inode count:              {}", g.inodes_count);
-    println!("Free inodes:              {}", sb.free_inodes_count());
+    println!("Free inodes:              {}", st.files_free);
     println!("Inode size:               {}", g.inode_size);
     println!(
         "Groups:                   {} ({} blocks, {} inodes each)",
@@ -1120,7 +1123,11 @@ fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
             } else {
                 fs.getattr(ino)?.size
             };
-            let target = if d.is_dir() {
+            let whole_root = s.split('/').all(|c| c.is_empty() || c == ".");
+            let target = if d.is_dir() && whole_root {
+                // The image's root: its contents go into the directory.
+                d
+            } else if d.is_dir() {
                 let name = s
                     .trim_end_matches('/')
                     .rsplit('/')
