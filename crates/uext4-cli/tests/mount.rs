@@ -651,3 +651,118 @@ fn system_calls_through_the_mount() {
     e.umount();
     e.fsck();
 }
+
+/// Racing threads on shared names across directories: creates, writes, renames between
+/// directories, hard links, unlinks, mkdir/rmdir, truncates and xattrs. Races may fail with
+/// ENOENT/EEXIST/ENOTEMPTY and the like; any other error, a hang or an image e2fsck complains
+/// about fails the test.
+#[test]
+fn racing_cross_directory_churn() {
+    if !usable() {
+        return;
+    }
+    let e = Env::new("churn");
+    e.mount();
+    let root = e.mnt.join("c");
+    for d in 0..4 {
+        std::fs::create_dir_all(root.join(format!("d{d}"))).unwrap();
+    }
+    let secs: u64 = std::env::var("UEXT4_CHURN_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
+    let threads: Vec<_> = (0..12u64)
+        .map(|t| {
+            let root = root.clone();
+            std::thread::spawn(move || {
+                let mut x = 0x9e3779b97f4a7c15u64 ^ (t + 1).wrapping_mul(0xbf58476d1ce4e5b9);
+                let mut rnd = move |n: u64| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x % n
+                };
+                let deadline = Instant::now() + Duration::from_secs(secs);
+                let mut ops = 0u64;
+                while Instant::now() < deadline {
+                    let p = |r: &mut dyn FnMut(u64) -> u64| {
+                        root.join(format!("d{}", r(4))).join(format!("n{}", r(24)))
+                    };
+                    let a = p(&mut rnd);
+                    let b = p(&mut rnd);
+                    let r: std::io::Result<()> = match rnd(9) {
+                        0 | 1 => std::fs::write(&a, vec![t as u8; rnd(40000) as usize]),
+                        2 => std::fs::rename(&a, &b),
+                        3 => std::fs::hard_link(&a, &b),
+                        4 => std::fs::remove_file(&a),
+                        5 => std::fs::create_dir(&a),
+                        6 => std::fs::remove_dir(&a),
+                        7 => std::fs::OpenOptions::new()
+                            .write(true)
+                            .open(&a)
+                            .and_then(|f| f.set_len(rnd(100000))),
+                        _ => {
+                            let c = std::ffi::CString::new(a.to_str().unwrap()).unwrap();
+                            let v = [t as u8; 100];
+                            let r = unsafe {
+                                libc::setxattr(
+                                    c.as_ptr(),
+                                    c"user.t".as_ptr(),
+                                    v.as_ptr().cast(),
+                                    100,
+                                    0,
+                                )
+                            };
+                            if r == 0 {
+                                Ok(())
+                            } else {
+                                Err(std::io::Error::last_os_error())
+                            }
+                        }
+                    };
+                    if let Err(err) = r {
+                        let ok = [
+                            libc::ENOENT,
+                            libc::EEXIST,
+                            libc::ENOTEMPTY,
+                            libc::EISDIR,
+                            libc::ENOTDIR,
+                            libc::EINVAL,
+                            libc::EPERM,
+                        ];
+                        assert!(
+                            ok.contains(&err.raw_os_error().unwrap_or(0)),
+                            "thread {t}: {err} on {} / {}",
+                            a.display(),
+                            b.display()
+                        );
+                    }
+                    ops += 1;
+                }
+                ops
+            })
+        })
+        .collect();
+    let total: u64 = threads.into_iter().map(|h| h.join().unwrap()).sum();
+    assert!(total > 100, "only {total} operations");
+    e.umount();
+    e.fsck();
+    // Everything left is readable after a remount.
+    e.mount();
+    let mut n = 0;
+    let mut stack = vec![root.clone()];
+    while let Some(d) = stack.pop() {
+        for ent in std::fs::read_dir(&d).unwrap() {
+            let ent = ent.unwrap();
+            if ent.file_type().unwrap().is_dir() {
+                stack.push(ent.path());
+            } else {
+                std::fs::read(ent.path()).unwrap();
+                n += 1;
+            }
+        }
+    }
+    eprintln!("{total} operations, {n} files left");
+    e.umount();
+    e.fsck();
+}
