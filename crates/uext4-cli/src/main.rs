@@ -66,7 +66,13 @@ fn main() -> ExitCode {
         Cmd::Mount(a) => ("mount", mount::run_mount(a)),
         Cmd::Stats { mountpoint } => ("stats", mount::run_stats(&mountpoint)),
         Cmd::Bench(a) => ("bench", bench::run(a)),
-        Cmd::Tool(t) => (t.name(), tools::run(t)),
+        Cmd::Tool(t) => {
+            // The image tools end quietly when their reader goes away (`uext4 cat ... | head`),
+            // as other Unix tools do, instead of failing on EPIPE.
+            // SAFETY: restoring a default disposition before any thread starts.
+            unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+            (t.name(), tools::run(t))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
