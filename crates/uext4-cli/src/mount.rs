@@ -27,20 +27,59 @@ pub struct MountArgs {
     mountpoint: PathBuf,
 }
 
+/// A mountinfo field with its octal escapes (`\040` for a space and so on) decoded.
+fn unescape(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The mounts at `mountpoint` (an absolute, canonical path): (mount id, filesystem type).
+fn mounts_at(mountpoint: &Path) -> Vec<(u64, String)> {
+    use std::os::unix::ffi::OsStrExt;
+    let want = mountpoint.as_os_str().as_bytes();
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    info.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let sep = f.iter().position(|x| *x == "-")?;
+            if f.len() < 5 || unescape(f[4]) != want {
+                return None;
+            }
+            Some((f[0].parse().ok()?, f.get(sep + 1)?.to_string()))
+        })
+        .collect()
+}
+
+/// The ids of the FUSE mounts at `mountpoint` (type "fuse", or "fuse.uext4" where the
+/// subtype is recorded).
+fn uext4_mounts_at(mountpoint: &Path) -> Vec<u64> {
+    mounts_at(mountpoint)
+        .into_iter()
+        .filter(|(_, t)| t == "fuse" || t.starts_with("fuse."))
+        .map(|(id, _)| id)
+        .collect()
+}
+
 /// Whether `mountpoint` is currently a mount point (per /proc/self/mountinfo).
 pub fn is_mounted(mountpoint: &Path) -> bool {
-    let Ok(canon) = std::fs::canonicalize(mountpoint)
-        .or_else(|_| Ok::<_, std::io::Error>(mountpoint.to_path_buf()))
-    else {
-        return false;
-    };
-    let want = canon.to_string_lossy().replace(' ', "\\040");
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
-        })
-        .unwrap_or(false)
+    let canon = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    !mounts_at(&canon).is_empty()
 }
 
 pub fn run_mount(a: MountArgs) -> Result<()> {
@@ -58,13 +97,18 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
     if !a.mountpoint.is_dir() {
         bail!("{}: mount point is not a directory", a.mountpoint.display());
     }
+    // Absolute from here on: the mount table names mount points that way.
+    let mountpoint =
+        std::fs::canonicalize(&a.mountpoint).with_context(|| a.mountpoint.display().to_string())?;
     if !a.foreground {
-        return daemonize(&a);
+        return daemonize(&a, &mountpoint);
     }
-    serve_foreground(&a.image, &a.mountpoint, &opts)
+    serve_foreground(&a.image, &mountpoint, &opts)
 }
 
-fn daemonize(a: &MountArgs) -> Result<()> {
+fn daemonize(a: &MountArgs, mountpoint: &Path) -> Result<()> {
+    // Ready when a uext4 mount that was not there before shows up at the mount point.
+    let before = uext4_mounts_at(mountpoint);
     let exe = std::env::current_exe()?;
     let log = std::env::temp_dir().join(format!("uext4-mount-{}.log", std::process::id()));
     let logf = std::fs::File::create(&log)?;
@@ -73,7 +117,7 @@ fn daemonize(a: &MountArgs) -> Result<()> {
     for o in &a.options {
         cmd.arg("-o").arg(o);
     }
-    cmd.arg(&a.image).arg(&a.mountpoint);
+    cmd.arg(&a.image).arg(mountpoint);
     cmd.stdin(std::process::Stdio::null())
         .stdout(logf.try_clone()?)
         .stderr(logf);
@@ -89,7 +133,10 @@ fn daemonize(a: &MountArgs) -> Result<()> {
     let mut child = cmd.spawn().context("starting the server")?;
     let start = Instant::now();
     loop {
-        if is_mounted(&a.mountpoint) {
+        if uext4_mounts_at(mountpoint)
+            .iter()
+            .any(|id| !before.contains(id))
+        {
             let _ = std::fs::remove_file(&log);
             return Ok(());
         }
@@ -106,7 +153,15 @@ fn daemonize(a: &MountArgs) -> Result<()> {
             bail!("the server exited ({st}) before the mount was ready: {line}");
         }
         if start.elapsed() > Duration::from_secs(30) {
+            // SIGTERM first: a server that did mount takes its mount down with it.
+            // SAFETY: kill with a child's pid.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(5) && child.try_wait()?.is_none() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
             let _ = child.kill();
+            let _ = child.wait();
             bail!("the mount did not become ready within 30 seconds");
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -127,6 +182,7 @@ fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<(
     };
     let fs =
         Fs::open_path(image, opts.mount_options()).with_context(|| image.display().to_string())?;
+    let before = uext4_mounts_at(mountpoint);
     if let Some(r) = fs.read_only_reason() {
         eprintln!("uext4: mounting read-only: {r}");
     }
@@ -145,6 +201,16 @@ fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<(
         };
         anyhow::anyhow!("mounting: {e} ({hint})")
     })?;
+    // Our mount: the uext4 mount at the mount point that was not there before (mounts stacked
+    // on the same directory, older or newer, do not count).
+    let ours = uext4_mounts_at(mountpoint)
+        .into_iter()
+        .filter(|id| !before.contains(id))
+        .max();
+    let still_mounted = || match ours {
+        Some(id) => uext4_mounts_at(mountpoint).contains(&id),
+        None => is_mounted(mountpoint),
+    };
     loop {
         let ts = libc::timespec {
             tv_sec: 0,
@@ -159,7 +225,7 @@ fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<(
                 Err(e) => eprintln!("uext4: unmounting {}: {e}", mountpoint.display()),
             }
         }
-        if !is_mounted(mountpoint) {
+        if !still_mounted() {
             break;
         }
     }
@@ -193,4 +259,23 @@ pub fn run_stats(mountpoint: &Path) -> Result<()> {
     }
     println!("{}", String::from_utf8_lossy(&buf[..n as usize]));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_fields_unescape() {
+        assert_eq!(unescape("/mnt/a\\040b\\134c"), b"/mnt/a b\\c");
+        assert_eq!(unescape("/x\\04"), b"/x\\04");
+        assert_eq!(unescape("/plain"), b"/plain");
+    }
+
+    #[test]
+    fn root_is_a_mount_and_not_uext4() {
+        assert!(is_mounted(Path::new("/")));
+        assert!(!mounts_at(Path::new("/")).is_empty());
+        assert!(uext4_mounts_at(Path::new("/")).is_empty());
+    }
 }
