@@ -2,6 +2,7 @@
 # POSIX behaviour: runs pjdfstest (the Rust port, from crates.io) against a fresh uext4 mount
 # and fails on any failure that is not listed in tests/pjdfstest-expected-failures.txt.
 # Needs root (it switches users), /dev/fuse and fusermount3; skips with a message otherwise.
+# UEXT4_MOUNT_OPTS adds mount options (e.g. writeback_cache, direct_io, dax, threads=16).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 U=${UEXT4_BIN:-target/release/uext4}
@@ -45,7 +46,7 @@ entries = [["nobody", "$nobody_group"], ["tests", "tests"]]
 TOML
 
 "$U" mkfs --size 1G "$img" || exit 1
-"$U" mount -o allow_other "$img" "$mnt" || exit 1
+"$U" mount -o "allow_other${UEXT4_MOUNT_OPTS:+,$UEXT4_MOUNT_OPTS}" "$img" "$mnt" || exit 1
 chmod 777 "$mnt"
 (cd "$mnt" && timeout 900 pjdfstest -c "$work/pjdfstest.toml" -p "$mnt") > "$work/out.txt" 2>&1
 rc=$?
