@@ -18,20 +18,25 @@ $U info "$img"
 echo; echo "== uext4 cp -r crates $img:/src (no mount, no root needed)"
 $U cp -r crates "$img:/src"
 $U ls -l "$img:/src"
-$U cat "$img:/src/uext4/Cargo.toml" | head -3
-$U stat "$img:/src/uext4/src/lib.rs" | head -3
+$U cat "$img:/src/uext4/Cargo.toml" | sed -n 1,3p
+$U stat "$img:/src/uext4/src/lib.rs" | sed -n 1,3p
 
 if [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; then
   mnt=$(mktemp -d)
   echo; echo "== uext4 mount $img $mnt"
+  trap 'mountpoint -q "$mnt" && umount "$mnt"; rmdir "$mnt" 2>/dev/null' EXIT
   $U mount "$img" "$mnt"
-  trap 'mountpoint -q "$mnt" && umount "$mnt"' EXIT
   du -sh "$mnt/src"
   dd if=/dev/zero of="$mnt/file" bs=1M count=64 status=none conv=fsync
-  grep -rl "Fs::open" "$mnt/src" | head -3
+  grep -rl "Fs::open" "$mnt/src" | sed -n 1,3p
   echo "== uext4 stats $mnt"
   $U stats "$mnt"
-  umount "$mnt"; sleep 0.3
+  umount "$mnt"
+  # The server writes everything back and exits after the unmount: wait for it (20 s at most).
+  for _ in $(seq 100); do
+    pgrep -f "uext4 mount -f .*$img" >/dev/null 2>&1 || break
+    sleep 0.2
+  done
   rmdir "$mnt"
 else
   echo "(no usable /dev/fuse here: skipping the mount part)"

@@ -1,41 +1,65 @@
 #!/usr/bin/env bash
 # Runs every test of the project, installing what is missing first.
 #   scripts/test.sh          the full default suite (CI runs this; well under 20 minutes)
-#   scripts/test.sh --long   also the slow suites (long crash-checker run, full kernel trees)
+#   scripts/test.sh --long   also the slow suites (long crash-checker run, more random cases)
+# Ends with one line "N passed, N failed" over the suites it ran; exits non-zero on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 long=0
-[ "${1:-}" = "--long" ] && long=1
+for a in "$@"; do
+  case $a in
+    --long) long=1 ;;
+    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+    *) echo "scripts/test.sh: unknown argument $a (known: --long)" >&2; exit 2 ;;
+  esac
+done
 
-bash scripts/install-deps.sh
+bash scripts/install-deps.sh || echo "(some dependencies could not be installed; suites that need them skip)"
+command -v cargo >/dev/null || { echo "cargo is not installed (https://rustup.rs)"; echo "0 passed, 1 failed"; exit 1; }
 
 passed=0
 failed=0
 failures=()
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 suite() {
   local name=$1; shift
   echo "=== $name"
+  local t0=$SECONDS
   if "$@"; then
     passed=$((passed + 1))
+    echo "=== $name: passed ($((SECONDS - t0)) s)"
   else
     failed=$((failed + 1))
     failures+=("$name")
+    echo "=== $name: FAILED ($((SECONDS - t0)) s)"
   fi
 }
 
 export RUST_BACKTRACE=1
 if [ $long = 1 ]; then
   export UEXT4_CRASH_STATES=${UEXT4_CRASH_STATES:-3000}
+  export UEXT4_EXTENT_CASES=${UEXT4_EXTENT_CASES:-500}
+  export UEXT4_LONG=1
 else
   export UEXT4_QUICK=1
 fi
 
+# Every cargo test (unit, model, kernel compatibility, corruption, crash, journal, mkfs, tools,
+# mount, bench smoke test); the tests that need root, a loop device or FUSE skip with a message.
+cargo_tests() {
+  cargo test --release --workspace --no-fail-fast -- --test-threads=2 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i } }
+       END { printf "cargo tests: %d passed, %d failed, %d ignored\n", p, f, g }' "$log"
+  return "$rc"
+}
+
 suite "build (release)" cargo build --release --workspace
-suite "cargo tests (unit, model, kernel compatibility, corruption, crash, tools, mount)" \
-  cargo test --release --workspace -- --test-threads=2
+suite "cargo tests" cargo_tests
 for s in scripts/pjdfstest.sh scripts/workloads.sh scripts/bench-quick.sh; do
-  [ -x "$s" ] && suite "$s" "$s"
+  [ -f "$s" ] && suite "$s" bash "$s"
 done
 
 echo
