@@ -44,12 +44,32 @@ allow_remount = false
 [dummy_auth]
 entries = [["nobody", "$nobody_group"], ["tests", "tests"]]
 TOML
+sed 's/allow_remount = false/allow_remount = true/' "$work/pjdfstest.toml" > "$work/pjdfstest-erofs.toml"
+
+# The EROFS cases remount the filesystem with `mount -o remount,ro`; they run in a second,
+# separate pass, because a remount to read-only fails (EBUSY) while a file is open for writing
+# and some of the suite's open:: cases leave such descriptors in the runner (the kernel's ext4
+# fails the same way in one pass). mount(8) hands mounts of
+# type "fuse" to mount.fuse, which cannot remount; with -i it makes the mount(2) call itself
+# (the kernel's FUSE then refuses writes with EROFS). This shim adds -i for remounts only.
+mkdir -p "$work/bin"
+real_mount=$(command -v mount)
+cat > "$work/bin/mount" <<SH
+#!/bin/sh
+case " \$* " in *remount*) exec "$real_mount" -i "\$@";; esac
+exec "$real_mount" "\$@"
+SH
+chmod 755 "$work/bin/mount"
 
 "$U" mkfs --size 1G "$img" || exit 1
 "$U" mount -o "allow_other${UEXT4_MOUNT_OPTS:+,$UEXT4_MOUNT_OPTS}" "$img" "$mnt" || exit 1
 chmod 777 "$mnt"
-(cd "$mnt" && timeout 900 pjdfstest -c "$work/pjdfstest.toml" -p "$mnt") > "$work/out.txt" 2>&1
+# The EXDEV cases need a directory on another filesystem (the one holding the mount point).
+mkdir -p "$work/other"; chmod 777 "$work/other"
+(cd "$mnt" && timeout 900 pjdfstest -c "$work/pjdfstest.toml" -p "$mnt" -s "$work/other") > "$work/out.txt" 2>&1
 rc=$?
+(cd "$mnt" && PATH="$work/bin:$PATH" timeout 300 pjdfstest -c "$work/pjdfstest-erofs.toml" -p "$mnt" erofs) >> "$work/out.txt" 2>&1
+rc2=$?; [ $rc -ne 0 ] || rc=$rc2
 cp "$work/out.txt" "${TMPDIR:-/tmp}/uext4-pjdfstest-last.log" 2>/dev/null
 umount "$mnt"
 sleep 0.5
@@ -57,7 +77,7 @@ sleep 0.5
 sed 's/\x1b\[[0-9;]*m//g' "$work/out.txt" | awk '$NF == "FAILED" {print $1}' > "$work/failed.txt"
 expected=tests/pjdfstest-expected-failures.txt
 unexpected=$(grep -v -x -F -f <(grep -v '^#' "$expected" 2>/dev/null | sed 's/ *#.*//' | grep .) "$work/failed.txt" | grep . || true)
-grep -a "^Summary" "$work/out.txt" || tail -3 "$work/out.txt"
+grep -a "^Summary" "$work/out.txt" | sed -e '1s/^/all but EROFS: /' -e '2s/^/EROFS pass:    /' || tail -3 "$work/out.txt"
 fsck=$(e2fsck -fn "$img" 2>&1); frc=$?
 if [ $frc -ne 0 ]; then echo "$fsck" | head -20; echo "e2fsck -fn found problems after pjdfstest"; exit 1; fi
 if [ -n "$unexpected" ]; then
