@@ -814,11 +814,21 @@ struct HostToImage<'a> {
     fs: &'a Fs,
     links: HashMap<(u64, u64), u32>,
     progress: Progress,
+    failed_at: Option<PathBuf>,
 }
 
 impl HostToImage<'_> {
+    /// Copies `src` to `name` in `dir`; on failure remembers the deepest path that failed.
     fn copy(&mut self, src: &Path, dir: u32, name: &[u8], recursive: bool) -> Result<()> {
-        let md = std::fs::symlink_metadata(src).with_context(|| src.display().to_string())?;
+        let r = self.copy_one(src, dir, name, recursive);
+        if r.is_err() && self.failed_at.is_none() {
+            self.failed_at = Some(src.to_path_buf());
+        }
+        r
+    }
+
+    fn copy_one(&mut self, src: &Path, dir: u32, name: &[u8], recursive: bool) -> Result<()> {
+        let md = std::fs::symlink_metadata(src)?;
         let fs = self.fs;
         let ft = md.file_type();
         let ino = if ft.is_dir() {
@@ -853,7 +863,7 @@ impl HostToImage<'_> {
                 }
             }
             let ino = fs.create(dir, name, md.mode(), md.uid(), md.gid())?.ino;
-            let f = std::fs::File::open(src).with_context(|| src.display().to_string())?;
+            let f = std::fs::File::open(src)?;
             let mut buf = vec![0u8; 1 << 20];
             for (start, len) in host_segments(&f, md.len()) {
                 let mut off = start;
@@ -972,8 +982,7 @@ fn set_host_times(fs: &Fs, p: &Path, a: &Attr) -> Result<()> {
         }
     }
     if a.mode & 0o170000 != 0o120000 {
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(a.mode as u32 & 0o7777))
-            .with_context(|| p.display().to_string())?;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(a.mode as u32 & 0o7777))?;
     }
     let t = [
         libc::timespec {
@@ -995,7 +1004,7 @@ fn set_host_times(fs: &Fs, p: &Path, a: &Attr) -> Result<()> {
         )
     };
     if r != 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| p.display().to_string());
+        return Err(std::io::Error::last_os_error().into());
     }
     Ok(())
 }
@@ -1004,10 +1013,20 @@ struct ImageToHost<'a> {
     fs: &'a Fs,
     links: HashMap<u32, PathBuf>,
     progress: Progress,
+    failed_at: Option<PathBuf>,
 }
 
 impl ImageToHost<'_> {
+    /// Copies inode `ino` to `dst`; on failure remembers the deepest path that failed.
     fn copy(&mut self, ino: u32, dst: &Path, recursive: bool) -> Result<()> {
+        let r = self.copy_one(ino, dst, recursive);
+        if r.is_err() && self.failed_at.is_none() {
+            self.failed_at = Some(dst.to_path_buf());
+        }
+        r
+    }
+
+    fn copy_one(&mut self, ino: u32, dst: &Path, recursive: bool) -> Result<()> {
         let fs = self.fs;
         let a = fs.getattr(ino)?;
         match a.mode & 0o170000 {
@@ -1016,7 +1035,7 @@ impl ImageToHost<'_> {
                     bail!("{}: is a directory (use -r)", dst.display());
                 }
                 if !dst.is_dir() {
-                    std::fs::create_dir(dst).with_context(|| dst.display().to_string())?;
+                    std::fs::create_dir(dst)?;
                 }
                 let mut entries = Vec::new();
                 fs.readdir(ino, 0, &mut |e| {
@@ -1033,8 +1052,7 @@ impl ImageToHost<'_> {
             0o120000 => {
                 let t = fs.readlink(ino)?;
                 let _ = std::fs::remove_file(dst);
-                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&t), dst)
-                    .with_context(|| dst.display().to_string())?;
+                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&t), dst)?;
             }
             0o100000 => {
                 if a.nlink > 1 {
@@ -1049,8 +1067,7 @@ impl ImageToHost<'_> {
                     .create(true)
                     .truncate(true)
                     .write(true)
-                    .open(dst)
-                    .with_context(|| dst.display().to_string())?;
+                    .open(dst)?;
                 let mut buf = vec![0u8; 1 << 20];
                 let mut pos = 0u64;
                 while pos < a.size {
@@ -1082,8 +1099,7 @@ impl ImageToHost<'_> {
                 if unsafe { libc::mknod(c.as_ptr(), a.mode as libc::mode_t, a.rdev as libc::dev_t) }
                     != 0
                 {
-                    return Err(std::io::Error::last_os_error())
-                        .with_context(|| dst.display().to_string());
+                    return Err(std::io::Error::last_os_error().into());
                 }
             }
         }
@@ -1110,8 +1126,13 @@ fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
                     fs: &fs,
                     links: HashMap::new(),
                     progress: Progress::new(total),
+                    failed_at: None,
                 };
-                c.copy(&s, dir, &n, recursive)
+                let r = c.copy(&s, dir, &n, recursive);
+                match c.failed_at {
+                    Some(p) if p != s => r.with_context(|| p.display().to_string()),
+                    _ => r,
+                }
             })();
             finish(&fs, &img, r.with_context(|| format!("{src} -> {dst}")))
         }
@@ -1142,9 +1163,14 @@ fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
                 fs: &fs,
                 links: HashMap::new(),
                 progress: Progress::new(total),
+                failed_at: None,
             };
-            c.copy(ino, &target, recursive)
-                .with_context(|| format!("{src} -> {dst}"))
+            let r = c.copy(ino, &target, recursive);
+            let r = match c.failed_at {
+                Some(p) if p != target => r.with_context(|| p.display().to_string()),
+                _ => r,
+            };
+            r.with_context(|| format!("{src} -> {dst}"))
         }
         (Loc::Image(si, s), Loc::Image(di, d)) => {
             // Through a temporary host copy: simple, and the two images may be the same file.
