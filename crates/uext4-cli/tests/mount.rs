@@ -152,10 +152,10 @@ fn concurrent_stress_in_shared_directories() {
                 while Instant::now() < deadline {
                     let p = dir.join(format!("t{t}-{i}"));
                     std::fs::write(&p, vec![t as u8; 1000 + (i as usize % 7) * 3000]).unwrap();
-                    if i % 3 == 0 {
-                        std::fs::rename(&p, dir.join(format!("r{t}-{i}"))).unwrap();
-                    } else if i % 3 == 1 {
-                        std::fs::remove_file(&p).unwrap();
+                    match i % 3 {
+                        0 => std::fs::rename(&p, dir.join(format!("r{t}-{i}"))).unwrap(),
+                        1 => std::fs::remove_file(&p).unwrap(),
+                        _ => {}
                     }
                     i += 1;
                 }
@@ -493,6 +493,7 @@ fn system_calls_through_the_mount() {
     let sparse = m.join("sparse");
     let f = std::fs::OpenOptions::new()
         .create(true)
+        .truncate(false)
         .read(true)
         .write(true)
         .open(&sparse)
