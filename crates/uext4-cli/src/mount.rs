@@ -168,6 +168,60 @@ fn daemonize(a: &MountArgs, mountpoint: &Path) -> Result<()> {
     }
 }
 
+/// Locks the image for this server: exclusively for a read-write mount, shared for a
+/// read-only one (several read-only mounts may share an image, a writer has it alone). Also
+/// refuses an image file that backs a mounted loop device (the kernel has it mounted).
+fn lock_image(image: &Path, read_only: bool) -> Result<std::fs::File> {
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::File::open(image).with_context(|| image.display().to_string())?;
+    let how = if read_only {
+        libc::LOCK_SH
+    } else {
+        libc::LOCK_EX
+    };
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), how | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            bail!(
+                "{}: in use by another uext4 mount{}",
+                image.display(),
+                if read_only { " (read-write)" } else { "" }
+            );
+        }
+        bail!("{}: locking: {e}", image.display());
+    }
+    if let (Ok(canon), Ok(dir)) = (
+        std::fs::canonicalize(image),
+        std::fs::read_dir("/sys/block"),
+    ) {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for ent in dir.flatten() {
+            let name = ent.file_name().to_string_lossy().into_owned();
+            let Ok(backing) = std::fs::read_to_string(ent.path().join("loop/backing_file")) else {
+                continue;
+            };
+            if Path::new(backing.trim_end()) != canon {
+                continue;
+            }
+            let dev = format!("/dev/{name}");
+            let mounted = mountinfo.lines().any(|l| {
+                l.split(" - ")
+                    .nth(1)
+                    .and_then(|t| t.split(' ').nth(1))
+                    .is_some_and(|src| src == dev)
+            });
+            if mounted && !read_only {
+                bail!(
+                    "{}: mounted by the kernel through {dev}; unmount it first",
+                    image.display()
+                );
+            }
+        }
+    }
+    Ok(f)
+}
+
 fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<()> {
     // Block the stop signals in every thread; this one waits for them.
     // SAFETY: plain signal-mask manipulation on the current thread before threads start.
@@ -180,6 +234,8 @@ fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<(
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     };
+    // Held until the process exits: no second uext4 server writes the same image.
+    let _lock = lock_image(image, opts.read_only)?;
     let fs =
         Fs::open_path(image, opts.mount_options()).with_context(|| image.display().to_string())?;
     let before = uext4_mounts_at(mountpoint);

@@ -767,3 +767,44 @@ fn racing_cross_directory_churn() {
     e.umount();
     e.fsck();
 }
+
+#[test]
+fn second_writer_is_refused() {
+    if !usable() {
+        return;
+    }
+    let e = Env::new("twice");
+    e.mount();
+    let other = e.mnt.parent().unwrap().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    for opts in [&[][..], &["-o", "ro"][..]] {
+        let o = Command::new(bin())
+            .arg("mount")
+            .args(opts)
+            .arg(&e.img)
+            .arg(&other)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "a second mount {opts:?} was allowed");
+        assert!(err.contains("in use by another uext4 mount"), "{err}");
+    }
+    e.umount();
+    // Read-only mounts share the image.
+    e.mount_with(&["-o", "ro"]);
+    let o = Command::new(bin())
+        .args(["mount", "-o", "ro"])
+        .arg(&e.img)
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(other.join("lost+found").exists());
+    assert!(Command::new("umount")
+        .arg(&other)
+        .status()
+        .unwrap()
+        .success());
+    e.umount();
+    e.fsck();
+}
