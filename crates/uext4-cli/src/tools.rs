@@ -1107,6 +1107,151 @@ impl ImageToHost<'_> {
     }
 }
 
+/// A copy between two images (or within one), engine to engine.
+struct ImageToImage<'a> {
+    src: &'a Fs,
+    dst: &'a Fs,
+    /// Source inode -> destination inode, for hard links.
+    links: HashMap<u32, u32>,
+    progress: Progress,
+    /// The source path (as far as known) of the deepest failure.
+    failed_at: Option<String>,
+}
+
+impl ImageToImage<'_> {
+    /// Within one image: refuses to copy directory `src` into `dst_dir` when that is `src`
+    /// itself or below it (the copy would never end).
+    fn refuse_into_itself(&self, src: u32, dst_dir: u32) -> Result<()> {
+        let mut cur = dst_dir;
+        for _ in 0..4096 {
+            if cur == src {
+                bail!("cannot copy a directory into itself");
+            }
+            if cur == 2 {
+                return Ok(());
+            }
+            cur = self.dst.lookup(cur, b"..")?.ino;
+        }
+        bail!("directory tree too deep")
+    }
+
+    fn copy_children(&mut self, ino: u32, dir: u32) -> Result<()> {
+        let mut entries = Vec::new();
+        self.src.readdir(ino, 0, &mut |e| {
+            if e.name != b"." && e.name != b".." {
+                entries.push(e);
+            }
+            true
+        })?;
+        for e in entries {
+            self.copy(e.ino, dir, &e.name, true)?;
+        }
+        Ok(())
+    }
+
+    fn copy(&mut self, ino: u32, dir: u32, name: &[u8], recursive: bool) -> Result<()> {
+        let r = self.copy_one(ino, dir, name, recursive);
+        if r.is_err() && self.failed_at.is_none() {
+            self.failed_at = Some(String::from_utf8_lossy(name).into_owned());
+        } else if let (Err(_), Some(p)) = (&r, &mut self.failed_at) {
+            // Build the failing path up as the recursion unwinds.
+            if !p.starts_with('/') {
+                *p = format!("{}/{p}", String::from_utf8_lossy(name));
+            }
+        }
+        r
+    }
+
+    fn copy_one(&mut self, ino: u32, dir: u32, name: &[u8], recursive: bool) -> Result<()> {
+        let (src, dst) = (self.src, self.dst);
+        let a = src.getattr(ino)?;
+        let kind = a.mode as u32 & 0o170000;
+        let new = match kind {
+            0o040000 => {
+                if !recursive {
+                    bail!("is a directory (use -r)");
+                }
+                let d = match dst.lookup(dir, name) {
+                    Ok(e) if e.is_dir() => e.ino,
+                    _ => dst.mkdir(dir, name, a.mode as u32, a.uid, a.gid)?.ino,
+                };
+                self.copy_children(ino, d)?;
+                d
+            }
+            _ if a.nlink > 1 && self.links.contains_key(&ino) => {
+                dst.link(self.links[&ino], dir, name)?;
+                return Ok(());
+            }
+            0o120000 => {
+                dst.symlink(dir, name, &src.readlink(ino)?, a.uid, a.gid)?
+                    .ino
+            }
+            0o100000 => {
+                if let Ok(e) = dst.lookup(dir, name) {
+                    if std::ptr::eq(src, dst) && e.ino == ino {
+                        bail!("source and destination are the same file");
+                    }
+                    if !e.is_dir() {
+                        dst.unlink(dir, name)?;
+                    }
+                }
+                let f = dst.create(dir, name, a.mode as u32, a.uid, a.gid)?.ino;
+                let mut buf = vec![0u8; 1 << 20];
+                let mut pos = 0u64;
+                while pos < a.size {
+                    let d = match src.lseek_data_hole(ino, pos, true) {
+                        Ok(d) => d,
+                        Err(Error::Nxio) => break,
+                        Err(e) => return Err(e.into()),
+                    };
+                    let h = src.lseek_data_hole(ino, d, false)?;
+                    let mut off = d;
+                    while off < h {
+                        let n = ((h - off) as usize).min(buf.len());
+                        let got = src.read(ino, off, &mut buf[..n])?;
+                        if got == 0 {
+                            break;
+                        }
+                        dst.write(f, off, &buf[..got])?;
+                        self.progress.add(got as u64);
+                        off += got as u64;
+                    }
+                    pos = h;
+                }
+                if dst.getattr(f)?.size != a.size {
+                    dst.truncate(f, a.size)?;
+                }
+                f
+            }
+            _ => {
+                dst.mknod(dir, name, a.mode as u32, a.rdev, a.uid, a.gid)?
+                    .ino
+            }
+        };
+        if a.nlink > 1 && kind != 0o040000 {
+            self.links.insert(ino, new);
+        }
+        if kind != 0o120000 {
+            for n in src.listxattr(ino).unwrap_or_default() {
+                let r = src
+                    .getxattr(ino, &n)
+                    .and_then(|v| dst.setxattr(new, &n, &v, XattrFlags::Any));
+                if let Err(e) = r {
+                    warn_xattr(Path::new(&*String::from_utf8_lossy(name)), &n, e);
+                }
+            }
+        }
+        let set = SetAttr {
+            mode: (kind != 0o120000).then_some(a.mode as u32),
+            atime: Some(TimeSet::At(a.atime)),
+            mtime: Some(TimeSet::At(a.mtime)),
+            ..Default::default()
+        };
+        dst.setattr(new, &set)?;
+        Ok(())
+    }
+}
+
 fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
     match (parse_loc(src), parse_loc(dst)) {
         (Loc::Host(s), Loc::Image(img, d)) => {
@@ -1173,31 +1318,68 @@ fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
             r.with_context(|| format!("{src} -> {dst}"))
         }
         (Loc::Image(si, s), Loc::Image(di, d)) => {
-            // Through a temporary host copy: simple, and the two images may be the same file.
-            let tmp = std::env::temp_dir().join(format!("uext4-cp-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&tmp);
-            std::fs::create_dir_all(&tmp)?;
+            // Directly between the two engines; one engine when both sides are the same image.
+            let same = std::fs::canonicalize(&si)? == std::fs::canonicalize(&di)?;
+            let dfs = open(&di, false)?;
+            let sfs = if same {
+                dfs.clone()
+            } else {
+                match open(&si, true) {
+                    Ok(f) => f,
+                    Err(e) => return finish(&dfs, &di, Err(e)),
+                }
+            };
             let r = (|| -> Result<()> {
+                let ino = resolve(&sfs, &s, false).with_context(|| src.to_string())?;
+                let total = if recursive {
+                    image_total(&sfs, ino, 0)
+                } else {
+                    sfs.getattr(ino)?.size
+                };
+                let mut c = ImageToImage {
+                    src: &sfs,
+                    dst: &dfs,
+                    links: HashMap::new(),
+                    progress: Progress::new(total),
+                    failed_at: None,
+                };
+                let target = resolve(&dfs, &d, true)
+                    .ok()
+                    .filter(|&t| dfs.getattr(t).map(|a| a.is_dir()).unwrap_or(false));
                 let name = s
                     .trim_end_matches('/')
                     .rsplit('/')
                     .next()
-                    .filter(|n| !n.is_empty())
-                    .unwrap_or("root")
-                    .to_string();
-                cp(
-                    &format!("{}:{}", si.display(), s),
-                    &tmp.display().to_string(),
-                    recursive,
-                )?;
-                cp(
-                    &tmp.join(&name).display().to_string(),
-                    &format!("{}:{}", di.display(), d),
-                    recursive,
-                )
+                    .filter(|n| !n.is_empty() && *n != ".")
+                    .map(|n| n.as_bytes().to_vec());
+                let r = match (target, name) {
+                    // The root into an existing directory: its entries go into it.
+                    (Some(t), None) => {
+                        if same && sfs.getattr(ino)?.is_dir() {
+                            c.refuse_into_itself(ino, t)?;
+                        }
+                        c.copy_children(ino, t)
+                    }
+                    (Some(t), Some(n)) => {
+                        if same && sfs.getattr(ino)?.is_dir() {
+                            c.refuse_into_itself(ino, t)?;
+                        }
+                        c.copy(ino, t, &n, recursive)
+                    }
+                    (None, _) => {
+                        let (pd, pn) = parent_of(&dfs, &d)?;
+                        if same && sfs.getattr(ino)?.is_dir() {
+                            c.refuse_into_itself(ino, pd)?;
+                        }
+                        c.copy(ino, pd, &pn, recursive)
+                    }
+                };
+                match c.failed_at {
+                    Some(p) => r.with_context(|| p),
+                    None => r,
+                }
             })();
-            let _ = std::fs::remove_dir_all(&tmp);
-            r
+            finish(&dfs, &di, r.with_context(|| format!("{src} -> {dst}")))
         }
         (Loc::Host(_), Loc::Host(_)) => {
             bail!("one side of cp must be IMAGE:PATH (an existing image file)")

@@ -553,6 +553,12 @@ fn namespace_commands_behave() {
     assert_eq!(ok(&["cat", &img.at("/d/renamed")]), "one\n");
     fails(&["cp", host.s(), &img.at("/d")]); // a directory without -r
     fails(&["cp", &img.at("/x"), host.s()]);
+    // Within one image: a copy of a file, a refused copy onto itself and into itself.
+    write_ok(&img, &["cp", &img.at("/d/f.txt"), &img.at("/d/copy")]);
+    assert_eq!(ok(&["cat", &img.at("/d/copy")]), "two, longer\n");
+    write_ok(&img, &["rm", &img.at("/d/copy")]);
+    assert!(fails(&["cp", &img.at("/d/f.txt"), &img.at("/d")]).contains("same file"));
+    assert!(fails(&["cp", "-r", &img.at("/x"), &img.at("/x/y/z")]).contains("into itself"));
     let out = host.0.join("out.txt");
     ok(&["cp", &img.at("/d/renamed"), out.to_str().unwrap()]);
     assert_eq!(std::fs::read(&out).unwrap(), b"one\n");
