@@ -130,7 +130,10 @@ enum Loc {
 }
 
 fn parse_loc(s: &str) -> Loc {
-    if let Some((img, path)) = s.split_once(':') {
+    // The image is the first prefix before a ':' that is an existing file or device (an image
+    // name may itself contain ':').
+    for (at, _) in s.match_indices(':') {
+        let (img, path) = (&s[..at], &s[at + 1..]);
         let p = Path::new(img);
         if p.is_file()
             || std::fs::metadata(p)
