@@ -163,15 +163,28 @@ fn image_loc(s: &str) -> Result<(PathBuf, String)> {
 }
 
 fn open(image: &Path, read_only: bool) -> Result<Arc<Fs>> {
-    Fs::open_path(
-        image,
-        MountOptions {
-            read_only,
-            commit_interval_secs: 0,
-            ..Default::default()
-        },
-    )
-    .with_context(|| image.display().to_string())
+    let o = |read_only| {
+        Fs::open_path(
+            image,
+            MountOptions {
+                read_only,
+                commit_interval_secs: 0,
+                ..Default::default()
+            },
+        )
+    };
+    match o(read_only) {
+        // A journal left to replay (a crash, a killed mount): replay it first, as the kernel
+        // does for a read-only mount of a writable device, then open as asked.
+        Err(Error::ReadOnly(m)) if read_only && m.contains("journal needs recovery") => {
+            let rw = o(false).with_context(|| image.display().to_string())?;
+            rw.unmount().with_context(|| image.display().to_string())?;
+            drop(rw);
+            eprintln!("uext4: note: {}: replayed the journal", image.display());
+            o(true).with_context(|| image.display().to_string())
+        }
+        r => r.with_context(|| image.display().to_string()),
+    }
 }
 
 /// The user running the tool, who owns what it makes (as files made through a mount would be).

@@ -783,3 +783,27 @@ fn damaged_images_give_errors_not_panics() {
         let _ = std::fs::remove_dir_all(&out.0);
     }
 }
+
+#[test]
+fn read_only_tools_replay_a_journal_left_behind() {
+    if !have_e2fsck() {
+        return;
+    }
+    let img = Scratch::new("jr-img");
+    ok(&["mkfs", "--size", "64M", img.s()]);
+    // A writer that commits and then vanishes without unmounting (a crash, a killed mount).
+    let fs = uext4::Fs::open_path(&img.0, uext4::MountOptions::default()).unwrap();
+    fs.mkdir(fs.root_ino(), b"left-behind", 0o755, 0, 0)
+        .unwrap();
+    fs.sync().unwrap();
+    std::mem::forget(fs);
+    let o = run(&["ls", &img.at("/")]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "ls after a crash: {err}");
+    assert!(err.contains("replayed the journal"), "{err}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("left-behind"));
+    fsck(&img, "after the replay");
+    // The next read-only command finds nothing to replay.
+    let o = run(&["info", img.s()]);
+    assert!(o.status.success() && o.stderr.is_empty());
+}
