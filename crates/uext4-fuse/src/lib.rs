@@ -301,11 +301,29 @@ fn empty(r: uext4::Result<()>, reply: ReplyEmpty) {
 
 impl Filesystem for Uext4Fuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let mut caps = InitFlags::FUSE_PARALLEL_DIROPS;
+        // One at a time: add_capabilities refuses a whole set when the kernel lacks one of it.
+        let mut caps = vec![
+            // Lookups, creates and removals in one directory run in parallel.
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            // Large O_DIRECT requests are split into concurrent FUSE requests.
+            InitFlags::FUSE_ASYNC_DIO,
+            // Symlink targets never change: the kernel may cache them.
+            InitFlags::FUSE_CACHE_SYMLINKS,
+        ];
         if self.opts.writeback_cache {
-            caps |= InitFlags::FUSE_WRITEBACK_CACHE;
+            caps.push(InitFlags::FUSE_WRITEBACK_CACHE);
         }
-        let _ = config.add_capabilities(caps);
+        if self.opts.direct_io {
+            // Shared mmap keeps working on direct_io files.
+            caps.push(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
+        }
+        for c in caps {
+            let _ = config.add_capabilities(c);
+        }
+        // More requests in flight in the background (readahead, async direct I/O, writeback)
+        // than the kernel's default of 12, for the loop threads to share.
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20);
         let _ = config.set_time_granularity(Duration::from_nanos(1));
