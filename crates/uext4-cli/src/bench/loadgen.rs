@@ -122,7 +122,7 @@ pub fn run(
             let files = files.clone();
             let sizes = sizes.clone();
             std::thread::spawn(move || -> Result<(u64, Vec<u32>)> {
-                let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (j as u64 + 1) * 0x1234_5678);
+                let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((j as u64 + 1) * 0x1234_5678));
                 let mut buf = vec![0xA5u8; bs];
                 let mut ops = 0u64;
                 let mut lat = Vec::new();

@@ -729,10 +729,10 @@ fn report(records: &[Record], skipped: &[String], runtime: u64, out: &Path) -> S
     let mut sections: Vec<(String, String)> = Vec::new();
     for r in records {
         let key = (r.workload.clone(), r.journal.clone());
-        if r.system != "raw" && r.system != "fuse-null" || r.journal == "default" {
-            if !sections.contains(&key) {
-                sections.push(key);
-            }
+        if (r.system != "raw" && r.system != "fuse-null" || r.journal == "default")
+            && !sections.contains(&key)
+        {
+            sections.push(key);
         }
     }
     let multi_journal = |w: &str| {

@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime};
 const TTL: Duration = Duration::from_secs(1);
 
 struct Null {
+    #[allow(clippy::type_complexity)]
     files: Mutex<(HashMap<Vec<u8>, u64>, HashMap<u64, u64>, u64)>,
 }
 
