@@ -390,6 +390,41 @@ fn info(image: &Path) -> Result<()> {
             sb.journal_inum(),
             j / 1024
         );
+        let mut b = vec![0u8; g.block_size as usize];
+        let jsb = fs
+            .read(sb.journal_inum(), 0, &mut b)
+            .ok()
+            .and_then(|_| uext4::journal::format::JournalSuperblock::parse(&b).ok());
+        if let Some(js) = jsb {
+            let mut f = Vec::new();
+            for (bit, name) in [
+                (0x1, "revoke"),
+                (0x2, "64bit"),
+                (0x4, "async_commit"),
+                (0x8, "checksum_v2"),
+                (0x10, "checksum_v3"),
+                (0x20, "fast_commit"),
+            ] {
+                if js.feature_incompat & bit != 0 {
+                    f.push(name);
+                }
+            }
+            if js.feature_compat & 1 != 0 {
+                f.push("checksum_v1");
+            }
+            println!(
+                "Journal log:              {} blocks of {}, sequence {}, {}",
+                js.maxlen,
+                js.block_size,
+                js.sequence,
+                if js.start == 0 {
+                    "empty"
+                } else {
+                    "holds transactions to replay"
+                }
+            );
+            println!("Journal features:         {}", f.join(" "));
+        }
     }
     if sb.error_count() > 0 {
         println!(

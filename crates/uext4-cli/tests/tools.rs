@@ -640,6 +640,10 @@ fn mkfs_options_and_info() {
     assert!(info.contains("Block size:               1024"), "{info}");
     assert!(info.contains("Block count:              98304"), "{info}");
     assert!(info.contains("inode 8, 8192 KiB"), "{info}");
+    assert!(
+        info.contains("Journal log:              8192 blocks of 1024, sequence 1, empty"),
+        "{info}"
+    );
     assert!(info.contains("State:                    clean"), "{info}");
     assert!(
         !info.contains("metadata_csum") && info.contains("uninit_bg"),
