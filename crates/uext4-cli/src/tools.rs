@@ -331,6 +331,30 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
         o.features.apply(f)?;
     }
     uext4::mkfs::mkfs(&dev, &o).with_context(|| a.image.display().to_string())?;
+    drop(dev);
+    // One line of summary, read back from what was written.
+    let fs = open(&a.image, true)?;
+    let st = fs.statfs();
+    let journal = if fs
+        .superblock()
+        .has_compat(uext4::format::features::COMPAT_HAS_JOURNAL)
+    {
+        let j = fs
+            .getattr(fs.superblock().journal_inum())
+            .map(|a| a.size)
+            .unwrap_or(0);
+        format!("a {} MiB journal", j >> 20)
+    } else {
+        "no journal".to_string()
+    };
+    println!(
+        "{}: ext4, {} MiB, {} blocks of {} bytes, {} inodes, {journal}",
+        a.image.display(),
+        size >> 20,
+        fs.geo.blocks_count,
+        fs.geo.block_size,
+        st.files
+    );
     Ok(())
 }
 
