@@ -120,7 +120,9 @@ fn shell_workload_then_clean_image() {
          dd if=/dev/urandom of=big bs=1M count=20 status=none; cp big big2; cmp big big2; \
          truncate -s 1000 big2; setfattr -n user.k -v value a/f; getfattr -n user.k a/f >/dev/null; \
          rm -r a/b; test ! -e a/b; test $(cat a/s) = hi; \
-         for i in $(seq 1 300); do echo $i > many$i; done; rm many1*; ls | wc -l"
+         for i in $(seq 1 300); do echo $i > many$i; done; rm many1*; ls | wc -l; \
+         test $(ls -l | grep -c ' many') = 189; test $(cat many299) = 299; \
+         test $(find . -name 'many*' | wc -l) = 189; rm many*; test $(ls | wc -l) = 4"
     );
     let o = Command::new("sh").arg("-c").arg(&script).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

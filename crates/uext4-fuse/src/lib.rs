@@ -320,6 +320,10 @@ impl Filesystem for Uext4Fuse {
         for c in caps {
             let _ = config.add_capabilities(c);
         }
+        // readdirplus (entries with their attributes) when the kernel sees lookups follow a
+        // listing, as for `ls -l`.
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         // More requests in flight in the background (readahead, async direct I/O, writeback)
         // than the kernel's default of 12, for the loop threads to share.
         let _ = config.set_max_background(64);
