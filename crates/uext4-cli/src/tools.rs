@@ -526,7 +526,9 @@ fn fmt_time(t: Timestamp) -> String {
 fn ls(path: &str, long: bool) -> Result<()> {
     let (img, p) = image_loc(path)?;
     let fs = open(&img, true)?;
-    let ino = resolve(&fs, &p, true).with_context(|| path.to_string())?;
+    // As ls(1): with -l a symlink named as the argument is shown itself, unless it ends in '/'.
+    let follow = !long || p.ends_with('/');
+    let ino = resolve(&fs, &p, follow).with_context(|| path.to_string())?;
     let a = fs.getattr(ino)?;
     let mut out = std::io::stdout().lock();
     let mut show = |name: &[u8], a: &Attr| -> Result<()> {

@@ -433,6 +433,7 @@ fn tree_goes_in_and_comes_back_equal() {
     ] {
         assert!(ls.contains(want), "ls -l lacks {want:?}:\n{ls}");
     }
+    assert!(ok(&["ls", "-l", &img.at("/src/link")]).contains("/src/link -> a.txt"));
     let plain = ok(&["ls", &img.at("/src/many")]);
     assert_eq!(plain.lines().count(), 300);
     assert!(
