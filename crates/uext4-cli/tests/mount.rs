@@ -650,6 +650,17 @@ fn system_calls_through_the_mount() {
             std::alloc::dealloc(p, layout);
         }
     }
+    // lsattr: FS_IOC_GETFLAGS shows the extents flag of a regular file; GETVERSION the
+    // generation; other ioctls are ENOTTY.
+    unsafe {
+        let mut flags: libc::c_int = 0;
+        assert_eq!(libc::ioctl(fd, 0x8008_6601u32 as _, &mut flags), 0);
+        assert_eq!(flags as u32 & 0x80000, 0x80000, "flags {flags:#x}");
+        let mut gen: libc::c_int = 0;
+        assert_eq!(libc::ioctl(fd, 0x8008_7601u32 as _, &mut gen), 0);
+        let r = libc::ioctl(fd, 0x4008_6602u32 as _, &flags);
+        assert!(r < 0, "FS_IOC_SETFLAGS is not supported");
+    }
     drop((f, a));
     e.umount();
     e.fsck();

@@ -309,6 +309,8 @@ impl Filesystem for Uext4Fuse {
             InitFlags::FUSE_ASYNC_DIO,
             // Symlink targets never change: the kernel may cache them.
             InitFlags::FUSE_CACHE_SYMLINKS,
+            // ioctl on directories too (lsattr -d).
+            InitFlags::FUSE_HAS_IOCTL_DIR,
         ];
         if self.opts.writeback_cache {
             caps.push(InitFlags::FUSE_WRITEBACK_CACHE);
@@ -914,6 +916,43 @@ impl Filesystem for Uext4Fuse {
             self.kill_suid(req, dst);
         }
         reply.written(done as u32)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // lsattr's FS_IOC_GETFLAGS and FS_IOC_GETVERSION (both sizes of their argument); the
+        // kernel writes an int for either, so 4 bytes come back.
+        const GETFLAGS: [u32; 2] = [0x8008_6601, 0x8004_6601];
+        const GETVERSION: [u32; 2] = [0x8008_7601, 0x8004_7601];
+        // The inode flags the kernel's ext4 shows to users (EXT4_FL_USER_VISIBLE).
+        const USER_VISIBLE: u32 = 0x705B_DFFF;
+        let value = |a: &Attr| {
+            if GETFLAGS.contains(&cmd) {
+                a.flags & USER_VISIBLE
+            } else {
+                a.generation
+            }
+        };
+        if !GETFLAGS.contains(&cmd) && !GETVERSION.contains(&cmd) {
+            return reply.error(Errno::ENOTTY);
+        }
+        if out_size < 4 {
+            return reply.error(Errno::EINVAL);
+        }
+        match self.fs.getattr(to_ext(ino)) {
+            Ok(a) => reply.ioctl(0, &value(&a).to_le_bytes()),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     fn lseek(
