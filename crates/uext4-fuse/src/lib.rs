@@ -1,7 +1,13 @@
 //! The FUSE server: serves a [`uext4::Fs`] to the kernel through the fuser crate, with one
-//! event-loop thread per CPU (at least 2). Every engine error becomes an errno in one place
-//! ([`errno`]); inode numbers are the filesystem's own, except that FUSE's root (1) is ext4's
-//! root (2).
+//! event-loop thread per CPU (at least 2), each on its own cloned /dev/fuse descriptor. Every
+//! engine error becomes an errno in one place ([`errno`]); inode numbers are the filesystem's
+//! own, except that FUSE's root (1) is ext4's root (2). The kernel's lookup counts are kept per
+//! inode and pin the inode number in the engine until the kernel forgets it.
+//!
+//! `uext4 stats` reads the engine's counters as JSON from the virtual extended attribute
+//! [`STATS_XATTR`] (`user.uext4.stats`) of the mount's root. It is answered by getxattr only
+//! and never listed, so programs that enumerate attributes (pjdfstest, cp -a, tar) do not see
+//! it; a real attribute of that name on the root would be shadowed.
 
 use fuser::{
     AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
