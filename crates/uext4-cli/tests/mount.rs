@@ -824,3 +824,142 @@ fn second_writer_is_refused() {
     e.umount();
     e.fsck();
 }
+
+/// fsx-like: threads each drive their own file with random writes, truncates, hole punches,
+/// range zeroing and preallocation, reading back against an in-memory model after every step;
+/// the files are compared again after a remount. Run for the default mount, writeback_cache
+/// and direct_io.
+#[test]
+fn data_matches_a_model_in_every_cache_mode() {
+    if !usable() {
+        return;
+    }
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+    let steps: usize = std::env::var("UEXT4_FSX_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(400);
+    for (k, mode) in [
+        &[][..],
+        &["-o", "writeback_cache"][..],
+        &["-o", "direct_io"][..],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let e = Env::new(&format!("fsx{k}"));
+        e.mount_with(mode);
+        let handles: Vec<_> = (0..4u64)
+            .map(|t| {
+                let path = e.mnt.join(format!("f{t}"));
+                std::thread::spawn(move || {
+                    let mut x = 0x2545_f491_4f6c_dd1du64 ^ (t + 1) * 0x9e37_79b9;
+                    let mut rnd = move |n: u64| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x % n
+                    };
+                    let f = std::fs::OpenOptions::new()
+                        .create(true)
+                        .truncate(true)
+                        .read(true)
+                        .write(true)
+                        .open(&path)
+                        .unwrap();
+                    let mut model: Vec<u8> = Vec::new();
+                    const MAX: u64 = 8 << 20;
+                    for step in 0..steps {
+                        let off = rnd(MAX);
+                        let len = 1 + rnd(300_000).min(MAX - off - 1);
+                        let what = rnd(10);
+                        match what {
+                            0..=4 => {
+                                let data: Vec<u8> =
+                                    (0..len).map(|i| (i as u8) ^ (step as u8) ^ 0x5a).collect();
+                                f.write_all_at(&data, off).unwrap();
+                                let end = (off + len) as usize;
+                                if model.len() < end {
+                                    model.resize(end, 0);
+                                }
+                                model[off as usize..end].copy_from_slice(&data);
+                            }
+                            5 => {
+                                let size = rnd(MAX);
+                                f.set_len(size).unwrap();
+                                model.resize(size as usize, 0);
+                            }
+                            6 | 7 => {
+                                let flags = if what == 6 {
+                                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
+                                } else {
+                                    libc::FALLOC_FL_ZERO_RANGE
+                                };
+                                let r = unsafe {
+                                    libc::fallocate(f.as_raw_fd(), flags, off as i64, len as i64)
+                                };
+                                assert_eq!(
+                                    r,
+                                    0,
+                                    "fallocate {flags:#x}: {}",
+                                    std::io::Error::last_os_error()
+                                );
+                                let end = ((off + len) as usize).min(model.len());
+                                if (off as usize) < end {
+                                    model[off as usize..end].fill(0);
+                                }
+                                if what == 7 && model.len() < (off + len) as usize {
+                                    model.resize((off + len) as usize, 0);
+                                }
+                            }
+                            8 => {
+                                let r = unsafe {
+                                    libc::fallocate(
+                                        f.as_raw_fd(),
+                                        libc::FALLOC_FL_KEEP_SIZE,
+                                        off as i64,
+                                        len as i64,
+                                    )
+                                };
+                                assert_eq!(r, 0);
+                            }
+                            _ => f.sync_data().unwrap(),
+                        }
+                        assert_eq!(
+                            f.metadata().unwrap().len(),
+                            model.len() as u64,
+                            "thread {t} step {step} op {what}: size"
+                        );
+                        let roff = rnd(model.len() as u64 + 1);
+                        let mut buf = vec![0u8; rnd(400_000) as usize + 1];
+                        let n = f.read_at(&mut buf, roff).unwrap();
+                        let want = &model[(roff as usize).min(model.len())
+                            ..((roff as usize) + buf.len()).min(model.len())];
+                        assert_eq!(n, want.len(), "thread {t} step {step}: read length");
+                        assert!(
+                            buf[..n] == *want,
+                            "thread {t} step {step} op {what}: data differs at {roff}+{}",
+                            buf[..n]
+                                .iter()
+                                .zip(want)
+                                .position(|(a, b)| a != b)
+                                .unwrap_or(0)
+                        );
+                    }
+                    model
+                })
+            })
+            .collect();
+        let models: Vec<Vec<u8>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        e.umount();
+        e.fsck();
+        e.mount();
+        for (t, m) in models.iter().enumerate() {
+            let got = std::fs::read(e.mnt.join(format!("f{t}"))).unwrap();
+            assert!(got == *m, "mode {mode:?}: file {t} differs after remount");
+        }
+        e.umount();
+        e.fsck();
+    }
+}
