@@ -162,7 +162,60 @@ fn image_loc(s: &str) -> Result<(PathBuf, String)> {
     }
 }
 
+/// Who else has `image` open: another process (a mount server, fuse2fs, a test) or a loop
+/// device (a kernel mount). Writing under them would corrupt the filesystem. Without root,
+/// only the caller's own processes are visible; a best effort, as e2fsck's check is.
+fn image_in_use(image: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(image).ok()?;
+    let same = |m: &std::fs::Metadata| {
+        if md.file_type().is_file() {
+            m.dev() == md.dev() && m.ino() == md.ino()
+        } else {
+            m.rdev() == md.rdev() && m.rdev() != 0
+        }
+    };
+    let me = std::process::id().to_string();
+    for p in std::fs::read_dir("/proc").ok()?.flatten() {
+        let pid = p.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if std::fs::metadata(fd.path()).is_ok_and(|m| same(&m)) {
+                let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+                return Some(format!("process {pid} ({}) has it open", comm.trim()));
+            }
+        }
+    }
+    for l in std::fs::read_dir("/sys/block").ok()?.flatten() {
+        let name = l.file_name().to_string_lossy().into_owned();
+        if let Ok(back) = std::fs::read_to_string(l.path().join("loop/backing_file")) {
+            if std::fs::metadata(back.trim()).is_ok_and(|m| same(&m)) {
+                return Some(format!("it backs /dev/{name}"));
+            }
+        }
+    }
+    None
+}
+
+fn refuse_in_use(image: &Path) -> Result<()> {
+    match image_in_use(image) {
+        Some(who) => bail!(
+            "{}: in use ({who}; mounted?): unmount it first",
+            image.display()
+        ),
+        None => Ok(()),
+    }
+}
+
 fn open(image: &Path, read_only: bool) -> Result<Arc<Fs>> {
+    if !read_only {
+        refuse_in_use(image)?;
+    }
     let o = |read_only| {
         Fs::open_path(
             image,
@@ -177,6 +230,7 @@ fn open(image: &Path, read_only: bool) -> Result<Arc<Fs>> {
         // A journal left to replay (a crash, a killed mount): replay it first, as the kernel
         // does for a read-only mount of a writable device, then open as asked.
         Err(Error::ReadOnly(m)) if read_only && m.contains("journal needs recovery") => {
+            refuse_in_use(image)?;
             let rw = o(false).with_context(|| image.display().to_string())?;
             rw.unmount().with_context(|| image.display().to_string())?;
             drop(rw);
@@ -302,6 +356,9 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
             a.image.display()
         ),
     };
+    if exists {
+        refuse_in_use(&a.image)?;
+    }
     let is_file = !exists || std::fs::metadata(&a.image)?.is_file();
     let fresh = is_file && (!exists || cur == 0);
     if is_file {

@@ -796,12 +796,38 @@ fn read_only_tools_replay_a_journal_left_behind() {
     }
     let img = Scratch::new("jr-img");
     ok(&["mkfs", "--size", "64M", img.s()]);
-    // A writer that commits and then vanishes without unmounting (a crash, a killed mount).
-    let fs = uext4::Fs::open_path(&img.0, uext4::MountOptions::default()).unwrap();
+    // A writer that commits and then vanishes without unmounting (a crash, a killed mount):
+    // the engine on a copy in memory, whose bytes then become the image.
+    let dev = std::sync::Arc::new(uext4::blockdev::MemDevice::from_vec(
+        std::fs::read(&img.0).unwrap(),
+    ));
+    let fs = uext4::Fs::open_dev(dev.clone(), uext4::MountOptions::default()).unwrap();
     fs.mkdir(fs.root_ino(), b"left-behind", 0o755, 0, 0)
         .unwrap();
     fs.sync().unwrap();
+    let crashed = dev.to_vec();
     std::mem::forget(fs);
+    std::fs::write(&img.0, crashed).unwrap();
+    // While another process has the image open (a mount?), nothing replays or writes it.
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let holder = Kill(
+        Command::new("sleep")
+            .arg("60")
+            .stdin(std::fs::File::open(&img.0).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(fails(&["ls", &img.at("/")]).contains("in use"));
+    assert!(fails(&["mkdir", &img.at("/x")]).contains("in use"));
+    assert!(fails(&["mkfs", img.s()]).contains("in use"));
+    drop(holder);
     let o = run(&["ls", &img.at("/")]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "ls after a crash: {err}");
