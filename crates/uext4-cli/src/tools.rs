@@ -1379,6 +1379,7 @@ impl ImageToImage<'_> {
             mode: (kind != 0o120000).then_some(a.mode as u32),
             atime: Some(TimeSet::At(a.atime)),
             mtime: Some(TimeSet::At(a.mtime)),
+            crtime: Some(a.crtime),
             ..Default::default()
         };
         dst.setattr(new, &set)?;

@@ -505,6 +505,18 @@ fn tree_goes_in_and_comes_back_equal() {
     );
     write_ok(&img2, &["cp", "-r", &img.at("/src"), &img2.at("/")]);
     write_ok(&img, &["cp", "-r", &img.at("/src"), &img.at("/again")]);
+    let birth = |p: &str| {
+        ok(&["stat", p])
+            .lines()
+            .find(|l| l.contains("Birth:"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(
+        birth(&img.at("/src/sub/b.bin")),
+        birth(&img.at("/again/sub/b.bin")),
+        "image to image keeps the creation time"
+    );
     let back2 = Scratch::new("rt-back2");
     std::fs::create_dir_all(&back2.0).unwrap();
     ok(&[
