@@ -827,8 +827,8 @@ fn second_writer_is_refused() {
 
 /// fsx-like: threads each drive their own file with random writes, truncates, hole punches,
 /// range zeroing and preallocation, reading back against an in-memory model after every step;
-/// the files are compared again after a remount. Run for the default mount, writeback_cache
-/// and direct_io.
+/// the files are compared again after a remount. Run for the default mount, writeback_cache,
+/// direct_io and dax.
 #[test]
 fn data_matches_a_model_in_every_cache_mode() {
     if !usable() {
@@ -844,6 +844,7 @@ fn data_matches_a_model_in_every_cache_mode() {
         &[][..],
         &["-o", "writeback_cache"][..],
         &["-o", "direct_io"][..],
+        &["-o", "dax"][..],
     ]
     .into_iter()
     .enumerate()
