@@ -855,7 +855,7 @@ fn data_matches_a_model_in_every_cache_mode() {
             .map(|t| {
                 let path = e.mnt.join(format!("f{t}"));
                 std::thread::spawn(move || {
-                    let mut x = 0x2545_f491_4f6c_dd1du64 ^ (t + 1) * 0x9e37_79b9;
+                    let mut x = 0x2545_f491_4f6c_dd1du64 ^ ((t + 1) * 0x9e37_79b9);
                     let mut rnd = move |n: u64| {
                         x ^= x << 13;
                         x ^= x >> 7;
