@@ -234,6 +234,17 @@ fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<(
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     };
+    if opts.errors == uext4::fs::ErrorsBehaviour::Panic {
+        // errors=panic stops the whole server at the first corruption (the engine panics in
+        // the request's thread; without this the other threads would go on serving). The
+        // journal keeps the image consistent; the mount is left for `umount` to clear.
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            previous(info);
+            eprintln!("uext4: errors=panic: stopping the server");
+            std::process::abort();
+        }));
+    }
     // Held until the process exits: no second uext4 server writes the same image.
     let _lock = lock_image(image, opts.read_only)?;
     let fs =

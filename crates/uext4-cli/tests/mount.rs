@@ -1052,3 +1052,84 @@ fn parallel_writers_to_one_file() {
     e.umount();
     e.fsck();
 }
+
+/// A damaged extent header read through the mount: EUCLEAN for the reader, then per errors=:
+/// remount-ro refuses writes (EROFS), continue keeps writing, panic stops the server (the
+/// mount is left for umount). With the damage repaired, e2fsck finds the image clean.
+#[test]
+fn corruption_follows_the_errors_behaviour() {
+    if !usable() {
+        return;
+    }
+    if Command::new("debugfs").arg("-V").output().is_err() {
+        eprintln!("SKIP: debugfs is not installed");
+        return;
+    }
+    let e = Env::new("errs");
+    e.mount();
+    std::fs::write(e.mnt.join("f"), vec![7u8; 100_000]).unwrap();
+    e.umount();
+    let sif = |img: &Path, v: &str| {
+        let o = Command::new("debugfs")
+            .arg("-w")
+            .arg("-R")
+            .arg(format!("sif /f block[0] {v}"))
+            .arg(img)
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+    };
+    // i_block[0] holds the extent header's magic (0xf30a) and entry count (1).
+    sif(&e.img, "0");
+    let pristine = std::fs::read(&e.img).unwrap();
+    for mode in ["remount-ro", "continue", "panic"] {
+        std::fs::write(&e.img, &pristine).unwrap();
+        let mut child = Command::new(bin())
+            .args(["mount", "-f", "-o", &format!("errors={mode}")])
+            .arg(&e.img)
+            .arg(&e.mnt)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while !e.mnt.join("lost+found").exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "mount did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let err = std::fs::read(e.mnt.join("f")).unwrap_err();
+        let write = std::fs::write(e.mnt.join("new"), b"x");
+        match mode {
+            "remount-ro" => {
+                assert_eq!(err.raw_os_error(), Some(libc::EUCLEAN), "{err}");
+                assert_eq!(write.unwrap_err().raw_os_error(), Some(libc::EROFS));
+            }
+            "continue" => {
+                assert_eq!(err.raw_os_error(), Some(libc::EUCLEAN), "{err}");
+                write.unwrap();
+            }
+            _ => {
+                let st = child.wait().unwrap();
+                assert!(!st.success(), "errors=panic: the server stopped ({st})");
+                assert!(write.is_err());
+            }
+        }
+        if mode == "panic" {
+            assert!(Command::new("umount")
+                .arg(&e.mnt)
+                .status()
+                .unwrap()
+                .success());
+            // The next mount replays the journal.
+            e.mount_with(&["-o", "errors=continue"]);
+            e.umount();
+        } else {
+            e.umount();
+            assert!(child.wait().unwrap().success());
+        }
+        sif(&e.img, "0x0001f30a");
+        e.fsck();
+    }
+}
