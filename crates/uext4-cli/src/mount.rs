@@ -94,19 +94,25 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
     if !a.image.exists() {
         bail!("{}: no such image file or device", a.image.display());
     }
-    if !a.mountpoint.is_dir() {
-        bail!("{}: mount point is not a directory", a.mountpoint.display());
+    match std::fs::metadata(&a.mountpoint) {
+        Ok(m) if m.is_dir() => {}
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => bail!(
+            "{}: a FUSE mount whose server is gone is still there; umount it first",
+            a.mountpoint.display()
+        ),
+        _ => bail!("{}: mount point is not a directory", a.mountpoint.display()),
     }
-    // Absolute from here on: the mount table names mount points that way.
+    // Absolute from here on: the mount table names mount points (and shows the image) that way.
     let mountpoint =
         std::fs::canonicalize(&a.mountpoint).with_context(|| a.mountpoint.display().to_string())?;
+    let image = std::fs::canonicalize(&a.image).with_context(|| a.image.display().to_string())?;
     if !a.foreground {
-        return daemonize(&a, &mountpoint);
+        return daemonize(&a, &image, &mountpoint);
     }
-    serve_foreground(&a.image, &mountpoint, &opts)
+    serve_foreground(&image, &mountpoint, &opts)
 }
 
-fn daemonize(a: &MountArgs, mountpoint: &Path) -> Result<()> {
+fn daemonize(a: &MountArgs, image: &Path, mountpoint: &Path) -> Result<()> {
     // Ready when a uext4 mount that was not there before shows up at the mount point.
     let before = uext4_mounts_at(mountpoint);
     let exe = std::env::current_exe()?;
@@ -117,7 +123,7 @@ fn daemonize(a: &MountArgs, mountpoint: &Path) -> Result<()> {
     for o in &a.options {
         cmd.arg("-o").arg(o);
     }
-    cmd.arg(&a.image).arg(mountpoint);
+    cmd.arg(image).arg(mountpoint);
     cmd.stdin(std::process::Stdio::null())
         .stdout(logf.try_clone()?)
         .stderr(logf);
