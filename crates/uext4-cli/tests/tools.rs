@@ -850,3 +850,37 @@ fn read_only_tools_replay_a_journal_left_behind() {
     let o = run(&["info", img.s()]);
     assert!(o.status.success() && o.stderr.is_empty());
 }
+
+#[test]
+fn progress_bar_only_on_a_terminal() {
+    let img = Scratch::new("pb-img");
+    let src = Scratch::new("pb-src");
+    std::fs::write(&src.0, vec![0x42u8; 64 << 20]).unwrap();
+    ok(&["mkfs", "--size", "256M", img.s()]);
+    // Not a terminal: nothing on stderr.
+    let o = run(&["cp", src.s(), &img.at("/plain")]);
+    assert!(o.status.success() && o.stderr.is_empty(), "{:?}", o);
+    // A terminal (script(1) gives the command a pseudo-terminal): a bar is drawn.
+    let have_script = Command::new("script")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !have_script {
+        eprintln!("SKIP (part): no script(1) to give uext4 a terminal");
+        return;
+    }
+    let cmd = format!("{} cp {} {}", bin(), src.s(), img.at("/tty"));
+    let o = Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains('█') || out.contains('░'),
+        "no progress bar drawn: {out:?}"
+    );
+    assert!(ok(&["stat", &img.at("/tty")]).contains("Size: 67108864"));
+}
