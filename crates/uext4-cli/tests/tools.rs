@@ -185,6 +185,11 @@ fn make_tree(root: &Path) {
     let long_name = "n".repeat(255);
     std::fs::write(root.join(&long_name), b"long name\n").unwrap();
     std::fs::write(root.join("with space é"), b"odd name\n").unwrap();
+    std::fs::write(
+        root.join(std::ffi::OsStr::from_bytes(b"not-utf8-\xff\xfe")),
+        b"bytes\n",
+    )
+    .unwrap();
     let fifo = CString::new(root.join("fifo").as_os_str().as_bytes()).unwrap();
     // SAFETY: a valid C string.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);
