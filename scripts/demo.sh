@@ -24,7 +24,7 @@ $U stat "$img:/src/uext4/src/lib.rs" | sed -n 1,3p
 if [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; then
   mnt=$(mktemp -d)
   echo; echo "== uext4 mount $img $mnt"
-  trap 'mountpoint -q "$mnt" && umount "$mnt"; rmdir "$mnt" 2>/dev/null' EXIT
+  trap 'mountpoint -q "$mnt" && umount "$mnt"; rmdir "$mnt" 2>/dev/null || true' EXIT
   $U mount "$img" "$mnt"
   du -sh "$mnt/src"
   dd if=/dev/zero of="$mnt/file" bs=1M count=64 status=none conv=fsync
