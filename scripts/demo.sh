@@ -44,4 +44,8 @@ fi
 
 echo; echo "== e2fsck -fn $img"
 e2fsck -fn "$img"
-echo "demo done: $img"
+if [ "${UEXT4_DEMO_KEEP:-1}" = 1 ]; then
+  echo "demo done: $img"
+else
+  rm -f "$img"; echo "demo done"
+fi

@@ -58,7 +58,7 @@ cargo_tests() {
 
 suite "build (release)" cargo build --release --workspace
 suite "cargo tests" cargo_tests
-suite "scripts/demo.sh" bash scripts/demo.sh
+suite "scripts/demo.sh" env UEXT4_DEMO_KEEP=0 bash scripts/demo.sh
 for s in scripts/pjdfstest.sh scripts/workloads.sh scripts/bench-quick.sh; do
   [ -f "$s" ] && suite "$s" bash "$s"
 done
