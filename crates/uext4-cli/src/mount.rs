@@ -229,6 +229,21 @@ fn lock_image(image: &Path, read_only: bool) -> Result<std::fs::File> {
 }
 
 fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<()> {
+    let mut opts = opts.clone();
+    if !opts.read_only {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(image.as_os_str().as_bytes())?;
+        // SAFETY: a valid NUL-terminated path.
+        if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
+            // As the kernel's mount does with a write-protected device.
+            eprintln!(
+                "uext4: {} is write-protected, mounting read-only",
+                image.display()
+            );
+            opts.read_only = true;
+        }
+    }
+    let opts = &opts;
     // Block the stop signals in every thread; this one waits for them.
     // SAFETY: plain signal-mask manipulation on the current thread before threads start.
     let set = unsafe {

@@ -413,6 +413,24 @@ fn ordinary_user_mounts_through_fusermount3() {
     wait_server_gone(&e.img);
     e.fsck();
     assert_eq!(debugfs_cat(&e.img, "/home/f"), b"mine\n");
+    // An image the user may not write is mounted read-only, as the kernel does.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&e.img, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let o = as_nobody(&[
+        bin().as_ref(),
+        "mount".as_ref(),
+        e.img.as_os_str(),
+        e.mnt.as_os_str(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let script = format!("cat {0}/home/f && ! touch {0}/home/g", e.mnt.display());
+    let o = as_nobody(&["sh".as_ref(), "-c".as_ref(), script.as_ref()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Read-only file system"));
+    let o = as_nobody(&["fusermount3".as_ref(), "-u".as_ref(), e.mnt.as_os_str()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    wait_server_gone(&e.img);
+    e.fsck();
 }
 
 fn cstr(p: &Path) -> std::ffi::CString {
