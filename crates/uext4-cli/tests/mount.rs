@@ -414,7 +414,6 @@ fn ordinary_user_mounts_through_fusermount3() {
     e.fsck();
     assert_eq!(debugfs_cat(&e.img, "/home/f"), b"mine\n");
     // An image the user may not write is mounted read-only, as the kernel does.
-    use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&e.img, std::fs::Permissions::from_mode(0o444)).unwrap();
     let o = as_nobody(&[
         bin().as_ref(),
