@@ -326,9 +326,15 @@ fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<(
     Ok(())
 }
 
-pub fn run_stats(mountpoint: &Path) -> Result<()> {
+pub fn run_stats(path: &Path) -> Result<()> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
+    // A path inside the mount names it too: the counters live on the mount's root.
+    let canon = std::fs::canonicalize(path).with_context(|| path.display().to_string())?;
+    let mountpoint = canon
+        .ancestors()
+        .find(|p| !uext4_mounts_at(p).is_empty())
+        .unwrap_or(&canon);
     let c = CString::new(mountpoint.as_os_str().as_bytes())?;
     let name = CString::new(uext4_fuse::STATS_XATTR)?;
     let mut buf = vec![0u8; 1 << 16];
@@ -343,7 +349,7 @@ pub fn run_stats(mountpoint: &Path) -> Result<()> {
     };
     if n < 0 {
         let e = std::io::Error::last_os_error();
-        bail!("{}: not a uext4 mount ({e})", mountpoint.display());
+        bail!("{}: not on a uext4 mount ({e})", path.display());
     }
     println!("{}", String::from_utf8_lossy(&buf[..n as usize]));
     Ok(())

@@ -132,6 +132,19 @@ fn shell_workload_then_clean_image() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&stats.stdout).contains("\"handles_started\""));
+    // A path inside the mount names it too.
+    let inner = Command::new(bin())
+        .arg("stats")
+        .arg(e.mnt.join("a"))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&inner.stdout).contains("\"handles_started\""));
+    let outside = Command::new(bin())
+        .arg("stats")
+        .arg(std::env::temp_dir())
+        .output()
+        .unwrap();
+    assert!(!outside.status.success());
     e.umount();
     e.fsck();
 }
