@@ -9,6 +9,9 @@
 //! and never listed, so programs that enumerate attributes (pjdfstest, cp -a, tar) do not see
 //! it; a real attribute of that name on the root would be shadowed.
 
+pub mod acl;
+
+use acl::Acl;
 use fuser::{
     AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
@@ -46,6 +49,8 @@ pub struct Options {
     pub commit_secs: u64,
     pub errors: uext4::fs::ErrorsBehaviour,
     pub dax: bool,
+    /// POSIX ACLs enforced by the kernel and inherited from default ACLs (FUSE_POSIX_ACL).
+    pub acl: bool,
 }
 
 impl Default for Options {
@@ -63,6 +68,7 @@ impl Default for Options {
             commit_secs: 5,
             errors: uext4::fs::ErrorsBehaviour::RemountRo,
             dax: false,
+            acl: true,
         }
     }
 }
@@ -92,6 +98,8 @@ impl Options {
                 "direct_io" => o.direct_io = true,
                 "commit" => o.commit_secs = num(v)?,
                 "dax" => o.dax = true,
+                "acl" => o.acl = true,
+                "noacl" => o.acl = false,
                 "errors" => {
                     o.errors = match v {
                         Some("remount-ro") => uext4::fs::ErrorsBehaviour::RemountRo,
@@ -100,7 +108,7 @@ impl Options {
                         _ => return Err("option errors= takes remount-ro, continue or panic".into()),
                     }
                 }
-                _ => return Err(format!("unknown mount option {opt:?} (known: ro, rw, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax)")),
+                _ => return Err(format!("unknown mount option {opt:?} (known: ro, rw, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, acl, noacl)")),
             }
         }
         Ok(o)
@@ -213,6 +221,10 @@ pub struct Uext4Fuse {
     /// Lookup counts the kernel holds, per inode (FUSE's lookup/forget protocol).
     lookups: Mutex<HashMap<u32, u64>>,
     next_fh: AtomicU64,
+    /// The kernel agreed to FUSE_POSIX_ACL: this server keeps ACLs and modes in step.
+    acl_on: bool,
+    /// The kernel agreed to FUSE_DONT_MASK: the umask is applied here (not under a default ACL).
+    dont_mask: bool,
 }
 
 impl Uext4Fuse {
@@ -222,6 +234,8 @@ impl Uext4Fuse {
             opts,
             lookups: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            acl_on: false,
+            dont_mask: false,
         }
     }
 
@@ -250,6 +264,108 @@ impl Uext4Fuse {
             Ok(p) if p.mode as u32 & S_ISGID != 0 => (req.uid(), p.gid, true),
             _ => (req.uid(), req.gid(), false),
         }
+    }
+
+    /// The mode and ACLs of a new inode in `parent`: under a default ACL the ACL limits the
+    /// mode (no umask) and is copied as the access ACL (unless it says no more than the mode)
+    /// and, for directories, as their default ACL; otherwise the umask applies.
+    fn inherit(&self, parent: u32, mode: u32, umask: u32, dir: bool) -> Inherited {
+        let plain = Inherited {
+            mode: mode & !umask,
+            access: None,
+            default: None,
+        };
+        if !self.acl_on {
+            return plain;
+        }
+        let Some((bytes, mut acl)) = self
+            .fs
+            .getxattr(parent, acl::DEFAULT)
+            .ok()
+            .and_then(|b| Acl::parse(&b).map(|a| (b, a)))
+        else {
+            return plain;
+        };
+        let mode = acl.create_masq(mode);
+        Inherited {
+            mode,
+            access: (!acl.is_equivalent_to_mode()).then(|| acl.to_bytes()),
+            default: dir.then_some(bytes),
+        }
+    }
+
+    /// Stores the inherited ACLs on a new inode.
+    fn apply_inherited(&self, r: uext4::Result<Attr>, inh: Inherited) -> uext4::Result<Attr> {
+        let a = r?;
+        let any = uext4::xattr::XattrFlags::Any;
+        if let Some(v) = &inh.access {
+            self.fs.setxattr(a.ino, acl::ACCESS, v, any)?;
+        }
+        if let Some(v) = &inh.default {
+            self.fs.setxattr(a.ino, acl::DEFAULT, v, any)?;
+        }
+        if inh.access.is_some() || inh.default.is_some() {
+            return self.fs.getattr(a.ino);
+        }
+        Ok(a)
+    }
+
+    /// After a mode change: the access ACL's owner, group class and other entries follow it.
+    fn chmod_acl(&self, ino: u32, mode: u32) -> uext4::Result<()> {
+        if !self.acl_on {
+            return Ok(());
+        }
+        let Ok(bytes) = self.fs.getxattr(ino, acl::ACCESS) else {
+            return Ok(());
+        };
+        let Some(mut a) = Acl::parse(&bytes) else {
+            return Ok(());
+        };
+        a.chmod(mode);
+        self.fs.setxattr(
+            ino,
+            acl::ACCESS,
+            &a.to_bytes(),
+            uext4::xattr::XattrFlags::Replace,
+        )
+    }
+
+    /// Setting an access ACL sets the mode's permission bits from it; one that says no more
+    /// than the mode is not stored. Set-group-ID is cleared when the caller is neither root
+    /// nor in the file's group (as the kernel's posix_acl_update_mode).
+    fn set_access_acl(
+        &self,
+        req: &Request,
+        ino: u32,
+        value: &[u8],
+        f: uext4::xattr::XattrFlags,
+    ) -> uext4::Result<()> {
+        let Some(a) = Acl::parse(value) else {
+            return Err(Error::Invalid("malformed POSIX ACL".into()));
+        };
+        let attr = self.fs.getattr(ino)?;
+        if a.is_equivalent_to_mode() {
+            match self.fs.removexattr(ino, acl::ACCESS) {
+                Ok(()) | Err(Error::NoAttr) => {}
+                Err(e) => return Err(e),
+            }
+        } else {
+            self.fs.setxattr(ino, acl::ACCESS, value, f)?;
+        }
+        let mut mode = (attr.mode as u32 & !0o777 & 0o7777) | a.mode_bits();
+        if req.uid() != 0 && !Self::in_group(req, attr.gid) {
+            mode &= !S_ISGID;
+        }
+        if mode != attr.mode as u32 & 0o7777 {
+            self.fs.setattr(
+                ino,
+                &SetAttr {
+                    mode: Some(mode),
+                    ..Default::default()
+                },
+            )?;
+        }
+        Ok(())
     }
 
     /// A write by someone other than root clears set-user-ID (and set-group-ID when
@@ -304,6 +420,13 @@ impl Uext4Fuse {
     }
 }
 
+/// What a new inode gets from its parent: its mode and the xattr values of its ACLs.
+struct Inherited {
+    mode: u32,
+    access: Option<Vec<u8>>,
+    default: Option<Vec<u8>>,
+}
+
 fn empty(r: uext4::Result<()>, reply: ReplyEmpty) {
     match r {
         Ok(()) => reply.ok(),
@@ -333,6 +456,10 @@ impl Filesystem for Uext4Fuse {
         }
         for c in caps {
             let _ = config.add_capabilities(c);
+        }
+        if self.opts.acl && config.add_capabilities(InitFlags::FUSE_POSIX_ACL).is_ok() {
+            self.acl_on = true;
+            self.dont_mask = config.add_capabilities(InitFlags::FUSE_DONT_MASK).is_ok();
         }
         // readdirplus (entries with their attributes) when the kernel sees lookups follow a
         // listing, as for `ls -l`.
@@ -420,7 +547,14 @@ impl Filesystem for Uext4Fuse {
             ctime: ctime.map(timestamp),
             crtime: crtime.map(timestamp),
         };
-        match self.fs.setattr(ext, &set) {
+        let r = self.fs.setattr(ext, &set).and_then(|a| match set.mode {
+            Some(m) => {
+                self.chmod_acl(ext, m)?;
+                Ok(a)
+            }
+            None => Ok(a),
+        });
+        match r {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -445,11 +579,9 @@ impl Filesystem for Uext4Fuse {
     ) {
         let p = to_ext(parent);
         let (uid, gid, _) = self.owner(req, p);
-        self.entry(
-            self.fs
-                .mknod(p, name.as_bytes(), mode & !umask, rdev, uid, gid),
-            reply,
-        );
+        let inh = self.inherit(p, mode, umask, false);
+        let r = self.fs.mknod(p, name.as_bytes(), inh.mode, rdev, uid, gid);
+        self.entry(self.apply_inherited(r, inh), reply);
     }
 
     fn mkdir(
@@ -463,8 +595,10 @@ impl Filesystem for Uext4Fuse {
     ) {
         let p = to_ext(parent);
         let (uid, gid, sgid) = self.owner(req, p);
-        let mode = (mode & !umask & 0o7777) | if sgid { S_ISGID } else { 0 };
-        self.entry(self.fs.mkdir(p, name.as_bytes(), mode, uid, gid), reply);
+        let inh = self.inherit(p, mode & 0o7777, umask, true);
+        let mode = inh.mode | if sgid { S_ISGID } else { 0 };
+        let r = self.fs.mkdir(p, name.as_bytes(), mode, uid, gid);
+        self.entry(self.apply_inherited(r, inh), reply);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -728,7 +862,7 @@ impl Filesystem for Uext4Fuse {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -743,6 +877,9 @@ impl Filesystem for Uext4Fuse {
         } else {
             uext4::xattr::XattrFlags::Any
         };
+        if self.acl_on && name.as_bytes() == acl::ACCESS {
+            return empty(self.set_access_acl(req, to_ext(ino), value, f), reply);
+        }
         empty(
             self.fs.setxattr(to_ext(ino), name.as_bytes(), value, f),
             reply,
@@ -843,7 +980,12 @@ impl Filesystem for Uext4Fuse {
     ) {
         let p = to_ext(parent);
         let (uid, gid, _) = self.owner(req, p);
-        let r = self.fs.create(p, name.as_bytes(), mode & !umask, uid, gid);
+        let inh = self.inherit(p, mode, umask, false);
+        let r = self.fs.create(p, name.as_bytes(), inh.mode, uid, gid);
+        let r = match r {
+            Ok(a) => self.apply_inherited(Ok(a), inh),
+            Err(e) => Err(e),
+        };
         let a = match r {
             Ok(a) => a,
             // Created meanwhile by someone else: open it as open(2) would, O_TRUNC included.
