@@ -29,7 +29,7 @@ pub struct Acl(pub Vec<Entry>);
 impl Acl {
     /// Parses the xattr form; None when it is malformed.
     pub fn parse(b: &[u8]) -> Option<Acl> {
-        if b.len() < 4 || (b.len() - 4) % 8 != 0 {
+        if b.len() < 4 || !(b.len() - 4).is_multiple_of(8) {
             return None;
         }
         if u32::from_le_bytes(b[..4].try_into().ok()?) != VERSION {
