@@ -20,7 +20,8 @@ pub struct MountArgs {
     #[arg(short = 'f')]
     foreground: bool,
     /// Comma-separated options: ro, rw, threads=N, allow_other, default_permissions,
-    /// writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax.
+    /// writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax,
+    /// noacl (POSIX ACLs are on by default).
     #[arg(short = 'o')]
     options: Vec<String>,
     image: PathBuf,
