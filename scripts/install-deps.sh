@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need, when missing: e2fsprogs (mke2fs, e2fsck, debugfs),
-# fuse3, fio, xfsprogs (xfs_io), attr and acl tools, fuse2fs (the peer in benchmarks), and
+# fuse3, fio, xfsprogs (xfs_io), attr, acl and capability tools, fuse2fs (the peer in benchmarks), and
 # pjdfstest (through cargo). Safe to run again; does nothing when all is present.
 set -euo pipefail
 
@@ -13,6 +13,7 @@ command -v fio >/dev/null || need+=(fio)
 command -v xfs_io >/dev/null || need+=(xfsprogs)
 command -v getfattr >/dev/null || need+=(attr)
 command -v getfacl >/dev/null || need+=(acl)
+command -v setcap >/dev/null || need+=(libcap2-bin)
 command -v fuse2fs >/dev/null || need+=(fuse2fs)
 
 if [ ${#need[@]} -gt 0 ]; then

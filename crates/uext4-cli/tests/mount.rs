@@ -1256,12 +1256,15 @@ fn kill9_during_concurrent_writes_replays_clean() {
 /// default ACLs, inheritance by files, directories and fifos under various umasks, chmod
 /// against the mask, an ACL equal to the mode, enforcement for another user) gives the same
 /// getfacl and stat output on a loop-mounted mke2fs image and on a uext4 mount.
-#[test]
-fn acls_behave_as_on_the_kernel() {
+/// Runs the same shell `script` (given the directory to work in as $1) on a fresh kernel ext4
+/// loop mount and on a fresh uext4 mount (`-o allow_other`), and returns both outputs (kernel,
+/// uext4), or None (having said why) where a tool or loop mounts are missing. The uext4 image
+/// is checked with e2fsck.
+fn on_kernel_and_uext4(tag: &str, tools: &[&str], script: &str) -> Option<(String, String)> {
     if !usable() {
-        return;
+        return None;
     }
-    for tool in ["setfacl", "getfacl", "runuser", "mke2fs"] {
+    for tool in tools.iter().chain(&["runuser", "mke2fs"]) {
         if Command::new("sh")
             .arg("-c")
             .arg(format!("command -v {tool}"))
@@ -1270,9 +1273,68 @@ fn acls_behave_as_on_the_kernel() {
             .unwrap_or(true)
         {
             eprintln!("SKIP: {tool} is not installed");
-            return;
+            return None;
         }
     }
+    let run = |dir: &Path| -> String {
+        let o = Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .arg(tag)
+            .arg(dir)
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    use std::os::unix::fs::PermissionsExt;
+    let base = std::env::temp_dir().join(format!("uext4-{tag}-{}", std::process::id()));
+    let kmnt = base.join("kernel");
+    std::fs::create_dir_all(&kmnt).unwrap();
+    std::fs::set_permissions(&base, PermissionsExt::from_mode(0o755)).unwrap();
+    let kimg = format!("/dev/shm/uext4-{tag}-k-{}.img", std::process::id());
+    let _ = std::fs::remove_file(&kimg);
+    assert!(Command::new("mke2fs")
+        .args(["-q", "-F", "-t", "ext4", &kimg, "64M"])
+        .status()
+        .unwrap()
+        .success());
+    if !Command::new("mount")
+        .args(["-o", "loop", &kimg])
+        .arg(&kmnt)
+        .status()
+        .unwrap()
+        .success()
+    {
+        eprintln!("SKIP: no loop mounts here");
+        let _ = std::fs::remove_file(&kimg);
+        return None;
+    }
+    std::fs::set_permissions(&kmnt, PermissionsExt::from_mode(0o755)).unwrap();
+    let kernel = run(&kmnt);
+    assert!(Command::new("umount")
+        .arg(&kmnt)
+        .status()
+        .unwrap()
+        .success());
+    let _ = std::fs::remove_file(&kimg);
+
+    let e = Env::new(tag);
+    std::fs::set_permissions(e.mnt.parent().unwrap(), PermissionsExt::from_mode(0o755)).unwrap();
+    e.mount_with(&["-o", "allow_other"]);
+    std::fs::set_permissions(&e.mnt, PermissionsExt::from_mode(0o755)).unwrap();
+    let ours = run(&e.mnt);
+    e.umount();
+    e.fsck();
+    let _ = std::fs::remove_dir_all(&base);
+    Some((kernel, ours))
+}
+
+#[test]
+fn acls_behave_as_on_the_kernel() {
     const SCRIPT: &str = r#"
 set -u
 cd "$1" || exit 1
@@ -1296,65 +1358,58 @@ echo "nobody reads f after mask rw: $(runuser -u nobody -- cat f >/dev/null 2>&1
 setfacl -x u:nobody f; echo "== f after -x $(stat -c '%A' f)"; getfacl -cp f
 setfacl -b g; echo "== g after -b $(stat -c '%A' g)"; getfacl -cp g
 "#;
-    let run = |dir: &Path| -> String {
-        let o = Command::new("bash")
-            .arg("-c")
-            .arg(SCRIPT)
-            .arg("acl")
-            .arg(dir)
-            .output()
-            .unwrap();
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    };
-    let base = std::env::temp_dir().join(format!("uext4-acl-{}", std::process::id()));
-    let kmnt = base.join("kernel");
-    std::fs::create_dir_all(&kmnt).unwrap();
-    std::fs::set_permissions(&base, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let kimg = format!("/dev/shm/uext4-acl-k-{}.img", std::process::id());
-    let _ = std::fs::remove_file(&kimg);
-    assert!(Command::new("mke2fs")
-        .args(["-q", "-F", "-t", "ext4", &kimg, "64M"])
-        .status()
-        .unwrap()
-        .success());
-    if !Command::new("mount")
-        .args(["-o", "loop", &kimg])
-        .arg(&kmnt)
-        .status()
-        .unwrap()
-        .success()
-    {
-        eprintln!("SKIP: no loop mounts here");
-        let _ = std::fs::remove_file(&kimg);
+    let Some((kernel, ours)) = on_kernel_and_uext4("acl", &["setfacl", "getfacl"], SCRIPT) else {
         return;
-    }
-    std::fs::set_permissions(&kmnt, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let kernel = run(&kmnt);
-    assert!(Command::new("umount")
-        .arg(&kmnt)
-        .status()
-        .unwrap()
-        .success());
-    let _ = std::fs::remove_file(&kimg);
-
-    let e = Env::new("acl");
-    std::fs::set_permissions(
-        e.mnt.parent().unwrap(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    e.mount_with(&["-o", "allow_other"]);
-    std::fs::set_permissions(&e.mnt, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let ours = run(&e.mnt);
-    e.umount();
-    e.fsck();
-    let _ = std::fs::remove_dir_all(&base);
+    };
     assert!(
         kernel.contains("nobody reads f after mask rw: yes"),
+        "{kernel}"
+    );
+    assert_eq!(
+        ours, kernel,
+        "uext4 (left) and the kernel's ext4 (right) differ"
+    );
+}
+
+/// Set-ID bits and file capabilities after writes, truncates and chowns by root and by an
+/// ordinary user (the server does this itself under FUSE_HANDLE_KILLPRIV_V2), compared with the
+/// kernel's ext4.
+#[test]
+fn setid_bits_and_capabilities_are_removed_as_on_the_kernel() {
+    const SCRIPT: &str = r#"
+set -u
+cd "$1" || exit 1
+mkdir -p t && chmod 777 t && cd t
+show() { for x in "$@"; do echo "$x $(stat -c '%A %U:%G %s' $x) cap=[$(getcap $x | awk '{print $2}')]"; done; }
+mk() { rm -f "$1"; echo data > "$1"; chmod 666 "$1"; chmod "$2" "$1"; }
+# writes by an ordinary user: set-user-ID goes, set-group-ID goes when group-executable
+mk a 6777; mk b 6767; mk c 4666; mk d 2757
+for x in a b c d; do runuser -u nobody -- sh -c "echo more >> $x"; done
+show a b c d
+# writes by root keep them; O_DIRECT writes by the user behave like buffered ones
+mk e 6777; echo more >> e
+mk f 6777; runuser -u nobody -- dd if=/dev/zero of=f bs=4096 count=1 oflag=direct conv=notrunc status=none
+show e f
+# truncate by the user and by root
+mk g 6777; runuser -u nobody -- truncate -s 2 g
+mk h 6777; truncate -s 2 h
+show g h
+# chown by root, of a set-ID file; chown to the same owner
+mk i 6777; chown nobody i
+mk j 6755; chown root:root j
+mk k 2755; chgrp nogroup k
+show i j k
+# file capabilities go on any write, even root's, and on truncate and chown
+for x in l m n o; do mk $x 755; setcap cap_net_raw+ep $x; done
+echo more >> l; runuser -u nobody -- sh -c 'true'; truncate -s 1 m; chown nobody n
+show l m n o
+"#;
+    let Some((kernel, ours)) = on_kernel_and_uext4("setid", &["getcap", "setcap"], SCRIPT) else {
+        return;
+    };
+    assert!(kernel.contains("a -rwxrwxrwx"), "{kernel}");
+    assert!(
+        kernel.contains("o -rwxr-xr-x root:root 5 cap=[cap_net_raw=ep]"),
         "{kernel}"
     );
     assert_eq!(

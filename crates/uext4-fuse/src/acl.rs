@@ -147,7 +147,11 @@ mod tests {
         assert_eq!(b.len(), 4 + 5 * 8);
         let back = Acl::parse(&b).unwrap();
         assert_eq!(back.0[1].id, 1000);
-        assert_eq!(back.0[0].id, u32::MAX, "ids of owner/mask/other entries are written as -1");
+        assert_eq!(
+            back.0[0].id,
+            u32::MAX,
+            "ids of owner/mask/other entries are written as -1"
+        );
         assert!(Acl::parse(&b[..7]).is_none());
         assert!(Acl::parse(&[1, 0, 0, 0]).is_none());
         assert_eq!(a.mode_bits(), 0o764);

@@ -225,6 +225,10 @@ pub struct Uext4Fuse {
     acl_on: bool,
     /// The kernel agreed to FUSE_DONT_MASK: the umask is applied here (not under a default ACL).
     dont_mask: bool,
+    /// The kernel agreed to FUSE_HANDLE_KILLPRIV_V2: it no longer asks for security.capability
+    /// before every write (one extra request per write otherwise); this server removes
+    /// set-ID bits and capabilities on write, truncate and chown instead.
+    killpriv: bool,
 }
 
 impl Uext4Fuse {
@@ -236,6 +240,7 @@ impl Uext4Fuse {
             next_fh: AtomicU64::new(1),
             acl_on: false,
             dont_mask: false,
+            killpriv: false,
         }
     }
 
@@ -368,26 +373,46 @@ impl Uext4Fuse {
         Ok(())
     }
 
-    /// A write by someone other than root clears set-user-ID (and set-group-ID when
-    /// group-executable), as the kernel's file_remove_privs does.
-    fn kill_suid(&self, req: &Request, ext: u32) {
-        if req.uid() == 0 {
+    /// After a write (with HANDLE_KILLPRIV_V2): the kernel flags writes by callers without
+    /// CAP_FSETID; those lose set-user-ID, and set-group-ID when group-executable or when the
+    /// caller is outside the file's group (as ext4 in the kernel does). Every write loses
+    /// security.capability. Without the capability the kernel did all this already.
+    fn write_privs(&self, req: &Request, wf: WriteFlags, ext: u32) {
+        if !self.killpriv {
             return;
         }
-        if let Ok(a) = self.fs.getattr(ext) {
-            let m = a.mode as u32;
-            let drop = if m & 0o4000 != 0 { 0o4000 } else { 0 }
-                | if m & 0o2010 == 0o2010 { 0o2000 } else { 0 };
-            if drop != 0 {
-                let _ = self.fs.setattr(
-                    ext,
-                    &SetAttr {
-                        mode: Some(m & !drop),
-                        ..Default::default()
-                    },
-                );
-            }
+        let kill = wf.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let sgid = kill
+            && self.fs.getattr(ext).is_ok_and(|a| {
+                a.mode & 0o2000 != 0 && (a.mode & 0o010 != 0 || !Self::in_group(req, a.gid))
+            });
+        let _ = self.fs.remove_privs(ext, kill, sgid);
+    }
+
+    /// Truncate and chown (with HANDLE_KILLPRIV_V2), as the kernel's notify_change would:
+    /// set-user-ID goes on chown and on truncate by an unprivileged caller (fuser does not pass
+    /// the kernel's FATTR_KILL_SUIDGID, so "unprivileged" is "not uid 0" here); set-group-ID goes
+    /// when group-executable or the caller is outside the file's group and unprivileged.
+    fn setattr_privs(
+        &self,
+        req: &Request,
+        ext: u32,
+        chown: bool,
+        truncate: bool,
+    ) -> uext4::Result<()> {
+        if !self.killpriv || !(chown || truncate) {
+            return Ok(());
         }
+        let a = self.fs.getattr(ext)?;
+        if a.is_dir() {
+            return Ok(());
+        }
+        let privileged = req.uid() == 0;
+        let suid = chown || !privileged;
+        let sgid = a.mode & 0o2000 != 0
+            && (a.mode & 0o010 != 0 && (chown || !privileged)
+                || !privileged && !Self::in_group(req, a.gid));
+        self.fs.remove_privs(ext, suid, sgid)
     }
 
     /// Whether the caller is in group `gid` (its own or a supplementary group).
@@ -440,13 +465,14 @@ impl Filesystem for Uext4Fuse {
         let mut caps = vec![
             // Lookups, creates and removals in one directory run in parallel.
             InitFlags::FUSE_PARALLEL_DIROPS,
-            // Large O_DIRECT requests are split into concurrent FUSE requests.
-            InitFlags::FUSE_ASYNC_DIO,
             // Symlink targets never change: the kernel may cache them.
             InitFlags::FUSE_CACHE_SYMLINKS,
             // ioctl on directories too (lsattr -d).
             InitFlags::FUSE_HAS_IOCTL_DIR,
         ];
+        // FUSE_ASYNC_DIO is left off: it sends even a small synchronous O_DIRECT write through
+        // the background queue and completes it from the reply's thread, which measured 30%
+        // fewer IOPS on overwrite-4k (14.3k vs 21.6k at 8 jobs) on this 2-core machine.
         if self.opts.writeback_cache {
             caps.push(InitFlags::FUSE_WRITEBACK_CACHE);
         }
@@ -457,6 +483,11 @@ impl Filesystem for Uext4Fuse {
         for c in caps {
             let _ = config.add_capabilities(c);
         }
+        // set-ID and capability removal on write/truncate/chown happens here, not by a
+        // security.capability lookup the kernel would otherwise send before every write.
+        self.killpriv = config
+            .add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
+            .is_ok();
         if self.opts.acl && config.add_capabilities(InitFlags::FUSE_POSIX_ACL).is_ok() {
             self.acl_on = true;
             self.dont_mask = config.add_capabilities(InitFlags::FUSE_DONT_MASK).is_ok();
@@ -529,8 +560,15 @@ impl Filesystem for Uext4Fuse {
         };
         let ext = to_ext(ino);
         let mut mode = mode;
-        // chown by a non-root caller clears set-user-ID and set-group-ID, as the kernel does.
-        if (uid.is_some() || gid.is_some()) && mode.is_none() && req.uid() != 0 {
+        let chown = uid.is_some() || gid.is_some();
+        if mode.is_none() {
+            if let Err(e) = self.setattr_privs(req, ext, chown, size.is_some()) {
+                return reply.error(errno(&e));
+            }
+        }
+        // Without HANDLE_KILLPRIV_V2 the kernel sends the mode a chown leaves; this covers a
+        // kernel that sends none for a non-root caller.
+        if !self.killpriv && chown && mode.is_none() && req.uid() != 0 {
             if let Ok(a) = self.fs.getattr(ext) {
                 if a.mode & 0o6000 != 0 && a.mode & S_IFMT != 0o040000 {
                     mode = Some(a.mode as u32 & !0o6000);
@@ -712,7 +750,7 @@ impl Filesystem for Uext4Fuse {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _wf: WriteFlags,
+        wf: WriteFlags,
         _flags: OpenFlags,
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
@@ -720,7 +758,7 @@ impl Filesystem for Uext4Fuse {
         let ext = to_ext(ino);
         match self.fs.write(ext, offset, data) {
             Ok(n) => {
-                self.kill_suid(req, ext);
+                self.write_privs(req, wf, ext);
                 reply.written(n as u32)
             }
             Err(e) => reply.error(errno(&e)),
@@ -1072,7 +1110,13 @@ impl Filesystem for Uext4Fuse {
             }
         }
         if done > 0 {
-            self.kill_suid(req, dst);
+            // The kernel flags no caller privileges on copy_file_range: uid 0 stands for them.
+            let flags = if req.uid() == 0 {
+                WriteFlags::empty()
+            } else {
+                WriteFlags::FUSE_WRITE_KILL_SUIDGID
+            };
+            self.write_privs(req, flags, dst);
         }
         reply.written(done as u32)
     }

@@ -182,6 +182,54 @@ impl Fs {
         self.xattr_change(ino, index, short, value, flags, Some(bits))
     }
 
+    /// What a write, truncate or chown takes away from a file (the kernel's file_remove_privs
+    /// and notify_change): set-user-ID when `drop_suid`, set-group-ID when `drop_sgid`, and the
+    /// `security.capability` attribute always. Costs no I/O and no handle when there is nothing
+    /// to remove (no set-ID bits asked for and no attributes), so a data path may call it per
+    /// request (FUSE's HANDLE_KILLPRIV_V2 makes the server do this on every write).
+    pub fn remove_privs(&self, ino: u32, drop_suid: bool, drop_sgid: bool) -> Result<()> {
+        const CAPABILITY: &[u8] = b"security.capability";
+        let inode = self.iget(ino)?;
+        let (mode, may_have_xattrs) = {
+            let st = inode.state.lock();
+            if st.raw.is_dir() {
+                return Ok(());
+            }
+            let ibody = st
+                .raw
+                .xattr_area()
+                .is_some_and(|r| le32(&st.raw.0[r], 0) == XATTR_MAGIC);
+            (st.raw.mode() as u32, ibody || st.raw.file_acl() != 0)
+        };
+        let mut new = mode & 0o7777;
+        if drop_suid {
+            new &= !0o4000;
+        }
+        if drop_sgid {
+            new &= !0o2000;
+        }
+        if new != mode & 0o7777 {
+            self.setattr(
+                ino,
+                &crate::namei::SetAttr {
+                    mode: Some(new),
+                    ..Default::default()
+                },
+            )?;
+        }
+        if may_have_xattrs {
+            match self.getxattr(ino, CAPABILITY) {
+                Ok(_) => match self.removexattr(ino, CAPABILITY) {
+                    Ok(()) | Err(Error::NoAttr) => {}
+                    Err(e) => return Err(e),
+                },
+                Err(Error::NoAttr) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     /// Removes attribute `name` of inode `ino` (`Error::NoAttr` if absent).
     pub fn removexattr(&self, ino: u32, name: &[u8]) -> Result<()> {
         let (index, short) = split_name(name)?;

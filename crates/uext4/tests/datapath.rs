@@ -144,7 +144,12 @@ fn dax_mapped_image_roundtrip() {
     for nt in [false, true] {
         let img = scratch("dax");
         mke2fs(&img.0, "64M", &[]);
-        let opts = MountOptions { dax: true, dax_non_temporal: nt, commit_interval_secs: 0, ..Default::default() };
+        let opts = MountOptions {
+            dax: true,
+            dax_non_temporal: nt,
+            commit_interval_secs: 0,
+            ..Default::default()
+        };
         let fs = Fs::open_path(&img.0, opts.clone()).unwrap();
         let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
@@ -153,7 +158,14 @@ fn dax_mapped_image_roundtrip() {
         fs.fsync(f, false).unwrap();
         fs.unmount().unwrap();
         e2fsck_clean(&img.0);
-        let fs = Fs::open_path(&img.0, MountOptions { read_only: true, ..Default::default() }).unwrap();
+        let fs = Fs::open_path(
+            &img.0,
+            MountOptions {
+                read_only: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let mut back = vec![0u8; data.len()];
         assert_eq!(fs.read(f, 0, &mut back).unwrap(), data.len());
         let mut want = data.clone();
