@@ -625,6 +625,13 @@ impl Fs {
         if self.dev.read_only() {
             return err;
         }
+        // s_*_error_errcode holds the kernel's EXT4_ERR_* numbers, not errno values.
+        const EXT4_ERR_EFSBADCRC: u8 = 4;
+        const EXT4_ERR_EFSCORRUPTED: u8 = 5;
+        let code = match err {
+            Error::BadChecksum(_) => EXT4_ERR_EFSBADCRC,
+            _ => EXT4_ERR_EFSCORRUPTED,
+        };
         {
             let mut sb = self.sb.lock();
             let now = crate::format::inode::Timestamp::now().sec as u32;
@@ -637,13 +644,13 @@ impl Fs {
                 sb.set_first_error_ino(ino);
                 sb.set_first_error_block(blk);
                 sb.set_error_func(true, func);
-                sb.set_first_error_errcode(117); // EUCLEAN, as the kernel's EXT4_ERR_EFSCORRUPTED maps
+                sb.set_first_error_errcode(code);
             }
             sb.set_last_error_time(now);
             sb.set_last_error_ino(ino);
             sb.set_last_error_block(blk);
             sb.set_error_func(false, func);
-            sb.set_last_error_errcode(117);
+            sb.set_last_error_errcode(code);
             sb.set_csum();
             let bytes = sb.bytes().to_vec();
             drop(sb);

@@ -11,7 +11,7 @@ use crate::format::inode::*;
 use crate::fs::Fs;
 use crate::inode::{encode_rdev, Attr, Inode, InodeRef, InodeState};
 use crate::transaction::Handle;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 
 /// Largest link count; directories past it (dir_nlink) store 1.
 pub const LINK_MAX: u16 = 65000;
@@ -84,18 +84,23 @@ pub struct DirEntry {
     pub next_offset: u64,
 }
 
-static GENERATION: AtomicU32 = AtomicU32::new(0);
-
+/// i_generation for a new inode: unpredictable and different from the previous holder of the
+/// inode number (NFS file handles compare it), like the kernel's random value. A SplitMix64
+/// sequence seeded once from the clock and the process id.
 fn next_generation() -> u32 {
-    let g = GENERATION.fetch_add(0x9E37_79B9, Ordering::Relaxed);
-    if g == 0 {
-        let seed = Timestamp::now();
-        GENERATION.store(
-            seed.nsec ^ (seed.sec as u32).rotate_left(16),
-            Ordering::Relaxed,
-        );
-    }
-    g ^ 0x5bd1_e995
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seed = *SEED.get_or_init(|| {
+        let t = Timestamp::now();
+        (t.sec as u64).wrapping_mul(1_000_000_007)
+            ^ (t.nsec as u64)
+            ^ ((std::process::id() as u64) << 32)
+    });
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut z = seed.wrapping_add(n.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) as u32
 }
 
 pub(crate) fn check_name(name: &[u8]) -> Result<()> {
@@ -895,4 +900,23 @@ pub mod credits {
     /// Per extent inserted: the leaf, a split (new leaf and the index), a depth increase, and
     /// the block bitmap and descriptor of the data.
     pub const WRITE_PER_EXTENT: usize = 8;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn generations_are_spread_and_not_repeated() {
+        let g: Vec<u32> = (0..1000).map(|_| super::next_generation()).collect();
+        let mut d = g.clone();
+        d.sort_unstable();
+        d.dedup();
+        assert_eq!(d.len(), g.len(), "a generation repeated");
+        // Not a counter: consecutive values differ in many bits.
+        let close = g
+            .windows(2)
+            .filter(|w| (w[0] ^ w[1]).count_ones() < 4)
+            .count();
+        assert!(close < 10, "{close} consecutive pairs nearly equal");
+        assert!(g.iter().any(|&x| x & 0x8000_0000 != 0) && g.iter().any(|&x| x < 1 << 31));
+    }
 }

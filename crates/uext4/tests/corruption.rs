@@ -157,6 +157,16 @@ fn inode_corruption_names_the_inode() {
         sb.error_count() >= 1 && sb.first_error_ino() == 2,
         "error not recorded"
     );
+    // As EXT4_ERR_EFSBADCRC (4), which dumpe2fs names; not an errno.
+    assert_eq!(sb.first_error_errcode(), 4);
+    drop(fs);
+    let o = std::process::Command::new("dumpe2fs")
+        .arg("-h")
+        .arg(&img.0)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("EFSBADCRC"), "{out}");
 }
 
 #[test]
