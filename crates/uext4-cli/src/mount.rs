@@ -21,7 +21,8 @@ pub struct MountArgs {
     foreground: bool,
     /// Comma-separated options: ro, rw, threads=N, allow_other, default_permissions,
     /// writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax,
-    /// noacl (POSIX ACLs are on by default).
+    /// noacl (POSIX ACLs are on by default), delalloc (the engine caches allocating writes and
+    /// writes them back in large runs).
     #[arg(short = 'o')]
     options: Vec<String>,
     image: PathBuf,

@@ -875,6 +875,8 @@ fn data_matches_a_model_in_every_cache_mode() {
         &["-o", "writeback_cache"][..],
         &["-o", "direct_io"][..],
         &["-o", "dax"][..],
+        &["-o", "delalloc"][..],
+        &["-o", "delalloc,writeback_cache"][..],
     ]
     .into_iter()
     .enumerate()

@@ -51,6 +51,9 @@ pub struct Options {
     pub dax: bool,
     /// POSIX ACLs enforced by the kernel and inherited from default ACLs (FUSE_POSIX_ACL).
     pub acl: bool,
+    /// The engine's buffered mode (delayed allocation): writes that allocate are cached and
+    /// written back in large runs at fsync, every commit interval and at unmount.
+    pub delalloc: bool,
 }
 
 impl Default for Options {
@@ -69,6 +72,7 @@ impl Default for Options {
             errors: uext4::fs::ErrorsBehaviour::RemountRo,
             dax: false,
             acl: true,
+            delalloc: false,
         }
     }
 }
@@ -100,6 +104,7 @@ impl Options {
                 "dax" => o.dax = true,
                 "acl" => o.acl = true,
                 "noacl" => o.acl = false,
+                "delalloc" => o.delalloc = true,
                 "errors" => {
                     o.errors = match v {
                         Some("remount-ro") => uext4::fs::ErrorsBehaviour::RemountRo,
@@ -108,7 +113,7 @@ impl Options {
                         _ => return Err("option errors= takes remount-ro, continue or panic".into()),
                     }
                 }
-                _ => return Err(format!("unknown mount option {opt:?} (known: ro, rw, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, acl, noacl)")),
+                _ => return Err(format!("unknown mount option {opt:?} (known: ro, rw, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, acl, noacl, delalloc)")),
             }
         }
         Ok(o)
@@ -120,6 +125,7 @@ impl Options {
             errors: self.errors,
             commit_interval_secs: self.commit_secs,
             dax: self.dax,
+            buffered: self.delalloc,
             ..Default::default()
         }
     }
@@ -1312,10 +1318,11 @@ mod tests {
 
     #[test]
     fn options_parse_and_reject() {
-        let o =
-            Options::parse("ro,threads=4,allow_other,writeback_cache,commit=7,errors=continue,dax")
-                .unwrap();
-        assert!(o.read_only && o.allow_other && o.writeback_cache && o.dax);
+        let o = Options::parse(
+            "ro,threads=4,allow_other,writeback_cache,commit=7,errors=continue,dax,delalloc",
+        )
+        .unwrap();
+        assert!(o.read_only && o.allow_other && o.writeback_cache && o.dax && o.delalloc);
         assert_eq!((o.threads, o.commit_secs), (4, 7));
         let e = Options::parse("rw,bogus").unwrap_err();
         assert!(e.contains("bogus"), "{e}");

@@ -52,6 +52,10 @@ impl Fs {
         }
         let len = (buf.len() as u64).min(size - off) as usize;
         self.read_mapped(&inode, off, &mut buf[..len])?;
+        if self.buffered() {
+            let st = inode.state.lock();
+            Self::delalloc_overlay(&st, self.bs(), off, &mut buf[..len]);
+        }
         self.stats
             .user_bytes_read
             .fetch_add(len as u64, Ordering::Relaxed);
@@ -137,6 +141,13 @@ impl Fs {
             }
         }
         let _g = inode.io_lock.write();
+        if self.buffered() && self.delalloc_write(&inode, off, data)? {
+            self.touch_lazily(&inode);
+            self.stats
+                .user_bytes_written
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            return Ok(data.len());
+        }
         {
             let st = inode.state.lock();
             match st.raw.file_type() {
@@ -166,6 +177,12 @@ impl Fs {
         let mut st = inode.state.lock();
         if st.raw.file_type() != S_IFREG || off + len > st.raw.size() {
             return Ok(None);
+        }
+        // Buffered data in the range, or past what the device backs: the cache takes it.
+        if let Some(d) = &st.delalloc {
+            if off + len > d.disk_size || d.overlaps(off / bs, (off + len - 1) / bs) {
+                return Ok(None);
+            }
         }
         let mut runs = Vec::new();
         let mut pos = off;
@@ -282,8 +299,19 @@ impl Fs {
         if target > size {
             st.raw.set_size(target);
         }
-        st.raw.set_mtime(now);
-        st.raw.set_ctime(now);
+        // Writeback of buffered data: the device now backs the file up to here; the times
+        // are those of the writes that filled the cache.
+        let writeback = match st.delalloc.as_mut() {
+            Some(d) => {
+                d.disk_size = d.disk_size.max(target.min(st.raw.size()));
+                d.in_writeback
+            }
+            None => false,
+        };
+        if !writeback {
+            st.raw.set_mtime(now);
+            st.raw.set_ctime(now);
+        }
         self.mark_inode_dirty(h, inode, st)?;
         inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
         Ok(())
@@ -415,6 +443,19 @@ impl Fs {
         }
         let inode = self.iget(ino)?;
         let _g = inode.io_lock.write();
+        let mut mem_size = None;
+        if inode.state.lock().delalloc.is_some() {
+            // Buffered data past the new size is dropped; the rest goes down first, never
+            // logging a size beyond the new one.
+            let mut st = inode.state.lock();
+            mem_size = Some(st.raw.size());
+            self.delalloc_discard(ino, &mut st, size);
+            if size < st.raw.size() {
+                st.raw.set_size(size);
+            }
+            drop(st);
+            self.delalloc_writeback_locked(&inode)?;
+        }
         let mut h = self.start(credits::UNLINK)?;
         let mut st = inode.state.lock();
         if st.deleted {
@@ -429,7 +470,7 @@ impl Fs {
                 ))
             }
         }
-        let old = st.raw.size();
+        let old = st.raw.size().max(mem_size.unwrap_or(0));
         let bs = self.bs();
         if size < old {
             self.ext_remove(&mut h, ino, &mut st, size.div_ceil(bs) as u32, 1u64 << 32)?;
@@ -472,6 +513,8 @@ impl Fs {
         }
         let inode = self.iget(ino)?;
         let _g = inode.io_lock.write();
+        // Buffered data goes down first: the range operations below work on the mapping.
+        self.delalloc_writeback_locked(&inode)?;
         {
             let st = inode.state.lock();
             if st.deleted {
@@ -560,6 +603,8 @@ impl Fs {
     /// SEEK_DATA (`data`) or SEEK_HOLE from `off`. Unwritten extents count as holes.
     pub fn lseek_data_hole(&self, ino: u32, off: u64, data: bool) -> Result<u64> {
         let inode = self.iget(ino)?;
+        // Buffered data is mapped first, so its blocks count as data.
+        self.delalloc_writeback(&inode)?;
         let _g = inode.io_lock.read();
         let mut st = inode.state.lock();
         let size = st.raw.size();
@@ -605,6 +650,7 @@ impl Fs {
     pub fn fsync(&self, ino: u32, datasync: bool) -> Result<()> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         let inode = self.iget(ino)?;
+        self.delalloc_writeback(&inode)?;
         let tid = if datasync {
             inode.last_data_tid.load(Ordering::Acquire)
         } else {
@@ -637,7 +683,8 @@ impl Fs {
                 "\"commits\":{},\"commit_blocks\":{},\"log_blocks\":{},\"fsync_already_committed\":{},",
                 "\"lock_waits\":{},\"device_bytes_read\":{},\"device_bytes_written\":{},\"device_writes\":{},",
                 "\"device_flushes\":{},\"user_bytes_read\":{},\"user_bytes_written\":{},\"zeroed_bytes\":{},",
-                "\"device_bytes_per_user_byte\":{:.3},\"free_blocks\":{},\"free_inodes\":{}}}"
+                "\"device_bytes_per_user_byte\":{:.3},\"free_blocks\":{},\"free_inodes\":{},",
+                "\"delalloc_bytes\":{},\"delalloc_writeback_runs\":{}}}"
             ),
             l(&s.ops),
             l(&s.overwrites),
@@ -658,6 +705,8 @@ impl Fs {
             l(&io.bytes_written) as f64 / user as f64,
             self.free_blocks.load(Ordering::Relaxed),
             self.free_inodes.load(Ordering::Relaxed),
+            l(&self.delalloc.bytes),
+            l(&self.delalloc.writeback_runs),
         )
     }
 

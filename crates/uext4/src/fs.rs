@@ -38,6 +38,11 @@ pub struct MountOptions {
     /// default: measured faster on overwrite-4k (+10% at 1 job, +41% at 2) and even on pwrite-1g
     /// (-2%); see BENCHMARKS.md, "DAX: cached copy or non-temporal stores".
     pub dax_non_temporal: bool,
+    /// Buffered mode (not with `dax`): writes that allocate are cached and written back later
+    /// in large runs (delayed allocation, see delalloc.rs); fsync writes back, then commits.
+    pub buffered: bool,
+    /// Buffered mode: cached data beyond which a write first writes back.
+    pub buffered_limit_bytes: u64,
 }
 
 impl Default for MountOptions {
@@ -48,6 +53,8 @@ impl Default for MountOptions {
             commit_interval_secs: 5,
             dax: false,
             dax_non_temporal: true,
+            buffered: false,
+            buffered_limit_bytes: 128 << 20,
         }
     }
 }
@@ -202,6 +209,8 @@ pub struct Fs {
     pub(crate) pinned: Mutex<std::collections::HashSet<u32>>,
     /// The jbd2 journal (inode 8), when the filesystem has one and it is opened read-write.
     pub(crate) journal: std::sync::OnceLock<crate::journal::Journal>,
+    /// Buffered mode's dirty inodes and their memory and space (delalloc.rs).
+    pub(crate) delalloc: crate::delalloc::Registry,
 }
 
 /// Wraps a device to count its traffic while sharing the counters with `Fs`.
@@ -477,6 +486,7 @@ impl Fs {
             orphans: Mutex::new(Vec::new()),
             pinned: Mutex::new(std::collections::HashSet::new()),
             journal: std::sync::OnceLock::new(),
+            delalloc: Default::default(),
         });
         if fs.superblock().has_compat(COMPAT_HAS_JOURNAL) {
             let needs = fs.superblock().has_incompat(INCOMPAT_RECOVER);
@@ -693,15 +703,21 @@ impl Fs {
         StatFs {
             block_size: self.geo.block_size,
             blocks: self.geo.blocks_count - overhead,
-            blocks_free: self.free_blocks.load(Ordering::Relaxed),
+            blocks_free: self.free_blocks_unreserved(),
             blocks_avail: self
-                .free_blocks
-                .load(Ordering::Relaxed)
+                .free_blocks_unreserved()
                 .saturating_sub(sb.r_blocks_count()),
             files: self.geo.inodes_count as u64,
             files_free: self.free_inodes.load(Ordering::Relaxed),
             name_max: 255,
         }
+    }
+
+    /// Free blocks less those that buffered data not yet written back has reserved.
+    fn free_blocks_unreserved(&self) -> u64 {
+        self.free_blocks
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.delalloc.reserved.load(Ordering::Relaxed))
     }
 
     /// Blocks used by the filesystem's own fixed metadata (superblocks, GDT, bitmaps, inode
@@ -784,6 +800,7 @@ impl Fs {
             extents: None,
             orphaned: false,
             deleted: false,
+            delalloc: None,
         };
         self.ext_load(ino, &mut st)
             .map_err(|e| Error::corrupt(format!("journal inode {ino}: {e}")))?;
@@ -819,6 +836,10 @@ fn spawn_committer(fs: std::sync::Weak<Fs>, secs: u64) {
                 }
                 if waited.as_secs() >= secs {
                     waited = std::time::Duration::ZERO;
+                    // Buffered data goes down first, so the commit carries its extents.
+                    if let Err(e) = fs.delalloc_writeback_all() {
+                        tracing::error!("background writeback failed: {e}");
+                    }
                     if let Err(e) = fs.commit() {
                         tracing::error!("background commit failed: {e}");
                     }

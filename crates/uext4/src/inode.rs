@@ -23,6 +23,23 @@ pub struct InodeState {
     pub orphaned: bool,
     /// Set when the inode has been freed (its number may be reused).
     pub deleted: bool,
+    /// Buffered mode: data not yet written back, and the size the device backs (delalloc.rs).
+    pub delalloc: Option<Box<crate::delalloc::Dirty>>,
+}
+
+impl InodeState {
+    /// The inode as it may go to disk: with buffered data not yet written back, the size the
+    /// written data backs rather than the size users see.
+    fn disk_view(&self) -> std::borrow::Cow<'_, RawInode> {
+        match &self.delalloc {
+            Some(d) if d.disk_size < self.raw.size() => {
+                let mut r = self.raw.clone();
+                r.set_size(d.disk_size);
+                std::borrow::Cow::Owned(r)
+            }
+            _ => std::borrow::Cow::Borrowed(&self.raw),
+        }
+    }
 }
 
 pub struct Inode {
@@ -155,6 +172,7 @@ impl Fs {
                 extents: None,
                 orphaned: false,
                 deleted: false,
+                delalloc: None,
             }),
             open_count: AtomicU32::new(0),
             last_tid: AtomicU64::new(0),
@@ -175,6 +193,7 @@ impl Fs {
                 extents: Some(ExtentCache::empty()),
                 orphaned: false,
                 deleted: false,
+                delalloc: None,
             }),
             open_count: AtomicU32::new(0),
             last_tid: AtomicU64::new(0),
@@ -212,6 +231,12 @@ impl Fs {
         if st.orphaned {
             st.raw.set_dtime(self.orphan_next(inode.ino));
         }
+        if st.delalloc.is_some() {
+            let mut disk = st.disk_view().into_owned();
+            self.write_inode(h, inode.ino, &mut disk)?;
+            inode.last_tid.fetch_max(h.tid(), Ordering::AcqRel);
+            return Ok(());
+        }
         self.write_inode(h, inode.ino, &mut st.raw)?;
         inode.last_tid.fetch_max(h.tid(), Ordering::AcqRel);
         Ok(())
@@ -234,12 +259,13 @@ impl Fs {
             let next = self.orphan_next(ino);
             st.raw.set_dtime(next);
         }
+        let mut disk = st.disk_view().into_owned();
         if self.geo.metadata_csum {
-            st.raw.set_csum(self.geo.csum_seed, ino);
+            disk.set_csum(self.geo.csum_seed, ino);
         }
         let (blk, off) = self.inode_location(ino)?;
         let buf = self.bcache.get(blk)?;
-        buf.write()[off..off + st.raw.0.len()].copy_from_slice(&st.raw.0);
+        buf.write()[off..off + disk.0.len()].copy_from_slice(&disk.0);
         Ok(Some(buf))
     }
 }

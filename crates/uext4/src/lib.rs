@@ -11,11 +11,13 @@
 //! - [`dir`], [`htree`]: directory entries and the hashed index;
 //! - [`xattr`]: extended attributes;
 //! - [`inode`], [`namei`], [`file`]: inodes, namespace operations, file I/O;
+//! - [`delalloc`]: buffered mode's write-back cache with delayed allocation;
 //! - [`mkfs`]: making a new filesystem.
 
 pub mod balloc;
 pub mod bcache;
 pub mod blockdev;
+pub mod delalloc;
 pub mod dir;
 pub mod error;
 pub mod extents;

@@ -487,6 +487,7 @@ impl Fs {
         ist: &mut InodeState,
     ) -> Result<()> {
         let was_dir = ist.raw.is_dir();
+        self.delalloc_discard(inode.ino, ist, 0);
         if ist.orphaned {
             self.orphan_del(h, inode, ist)?;
         }

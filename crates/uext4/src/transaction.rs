@@ -305,6 +305,7 @@ impl crate::fs::Fs {
 
     /// Commits everything and marks the filesystem clean. The `Fs` stays usable.
     pub fn sync(&self) -> crate::Result<()> {
+        self.delalloc_writeback_all()?;
         self.commit()
     }
 
@@ -314,6 +315,7 @@ impl crate::fs::Fs {
         if self.is_read_only() {
             return Ok(());
         }
+        self.delalloc_writeback_all()?;
         self.commit()?;
         if let Some(j) = self.journal.get() {
             j.set_clean()?;

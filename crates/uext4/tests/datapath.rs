@@ -173,3 +173,175 @@ fn dax_mapped_image_roundtrip() {
         assert!(back == want, "DAX (non-temporal: {nt}) content differs");
     }
 }
+
+fn open_buffered(img: &Scratch) -> Arc<Fs> {
+    Fs::open_path(
+        &img.0,
+        MountOptions {
+            commit_interval_secs: 0,
+            buffered: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn block(i: u64) -> Vec<u8> {
+    (0..4096u64).map(|b| (i * 31 + b * 7) as u8).collect()
+}
+
+/// The extents debugfs lists for `path`: "(first-last):pstart-pend" ranges.
+fn debugfs_extents(img: &std::path::Path, path: &str) -> Vec<String> {
+    let o = std::process::Command::new("debugfs")
+        .args(["-R", &format!("stat {path}")])
+        .arg(img)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let ext = out
+        .split("EXTENTS:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no EXTENTS in {out}"));
+    ext.split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|s| s.starts_with('(') && !s.starts_with("(ETB"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Buffered mode: 512 appends of 4 KiB start no handle, read back from the cache, and become
+/// one allocation and one extent at fsync; without it each append is its own handle.
+#[test]
+fn buffered_appends_become_one_allocation() {
+    let img = scratch("buffered");
+    mke2fs(&img.0, "128M", &[]);
+    let fs = open_buffered(&img);
+    let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+    let h0 = fs.txn_stats().handles_started.load(Ordering::Relaxed);
+    for i in 0..512u64 {
+        fs.write(f, i * 4096, &block(i)).unwrap();
+    }
+    let h1 = fs.txn_stats().handles_started.load(Ordering::Relaxed);
+    assert_eq!(h1 - h0, 0, "cached appends started {} handles", h1 - h0);
+    assert_eq!(fs.getattr(f).unwrap().size, 512 * 4096);
+    let mut buf = vec![0u8; 4096];
+    fs.read(f, 77 * 4096, &mut buf).unwrap();
+    assert_eq!(buf, block(77), "read from the cache");
+    assert_eq!(fs.delalloc_writeback_runs(), 0);
+    fs.fsync(f, true).unwrap();
+    assert_eq!(fs.delalloc_writeback_runs(), 1, "one run for 512 pages");
+    let h2 = fs.txn_stats().handles_started.load(Ordering::Relaxed);
+    assert!(h2 - h1 <= 2, "writeback started {} handles", h2 - h1);
+    // A partial append on a block that is on disk reads the block in first.
+    fs.write(f, 512 * 4096 + 100, b"tail").unwrap();
+    fs.write(f, 5, b"head").unwrap(); // a pure overwrite: straight to the device
+    fs.unmount().unwrap();
+    e2fsck_clean(&img.0);
+    let ext = debugfs_extents(&img.0, "/f");
+    // The 512-block run, and the tail block (merged into it when allocated right after).
+    assert!(
+        ext.len() <= 2 && (ext[0].starts_with("(0-511)") || ext[0].starts_with("(0-512)")),
+        "extents {ext:?}"
+    );
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    let mut all = vec![0u8; 513 * 4096];
+    let n = fs.read(f, 0, &mut all).unwrap();
+    assert_eq!(n, 512 * 4096 + 104);
+    let mut want: Vec<u8> = (0..512).flat_map(block).collect();
+    want[5..9].copy_from_slice(b"head");
+    want.extend_from_slice(&[0u8; 100]);
+    want.extend_from_slice(b"tail");
+    assert!(all[..n] == want[..], "content after remount");
+    fs.unmount().unwrap();
+
+    // The same appends without buffered mode: one handle each.
+    let img2 = scratch("unbuffered");
+    mke2fs(&img2.0, "128M", &[]);
+    let fs = Fs::open_path(&img2.0, MountOptions::default()).unwrap();
+    let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+    let h0 = fs.txn_stats().handles_started.load(Ordering::Relaxed);
+    for i in 0..512u64 {
+        fs.write(f, i * 4096, &block(i)).unwrap();
+    }
+    let h1 = fs.txn_stats().handles_started.load(Ordering::Relaxed);
+    assert!(
+        h1 - h0 >= 512,
+        "unbuffered appends started {} handles",
+        h1 - h0
+    );
+    fs.unmount().unwrap();
+    e2fsck_clean(&img2.0);
+}
+
+/// A crash in buffered mode loses what was not written back, and never shows it as a longer
+/// file of zeros: commits log the size the device backs.
+#[test]
+fn buffered_crash_keeps_synced_data_and_sizes() {
+    let img = scratch("bufcrash");
+    mke2fs(&img.0, "128M", &[]);
+    let fs = open_buffered(&img);
+    let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+    let g = fs.create(2, b"g", 0o644, 0, 0).unwrap().ino;
+    for i in 0..25u64 {
+        fs.write(f, i * 4096, &block(i)).unwrap();
+    }
+    fs.fsync(f, false).unwrap();
+    for i in 25..50u64 {
+        fs.write(f, i * 4096, &block(i)).unwrap();
+    }
+    fs.write(g, 0, &block(9)[..3000]).unwrap();
+    // Both inodes go to the journal with their on-disk sizes (times changed).
+    fs.sync_metadata_only_for_test();
+    assert_eq!(fs.getattr(f).unwrap().size, 50 * 4096);
+    drop(fs); // a crash: no writeback, no unmount
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    assert_eq!(
+        fs.getattr(f).unwrap().size,
+        25 * 4096,
+        "f: the fsynced part"
+    );
+    let mut buf = vec![0u8; 25 * 4096];
+    fs.read(f, 0, &mut buf).unwrap();
+    assert!(buf == (0..25).flat_map(block).collect::<Vec<u8>>());
+    assert_eq!(fs.getattr(g).unwrap().size, 0, "g: nothing written back");
+    fs.unmount().unwrap();
+    e2fsck_clean(&img.0);
+}
+
+trait CommitOnly {
+    fn sync_metadata_only_for_test(&self);
+}
+impl CommitOnly for Fs {
+    /// Commits the running transaction without writing back cached data.
+    fn sync_metadata_only_for_test(&self) {
+        self.commit().unwrap();
+    }
+}
+
+/// Buffered mode reserves space at write time: a full filesystem fails the write with ENOSPC,
+/// and everything accepted before it is written back at fsync.
+#[test]
+fn buffered_writes_fail_when_full_not_at_fsync() {
+    let img = scratch("buffull");
+    mke2fs(&img.0, "16M", &[]);
+    let fs = open_buffered(&img);
+    let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+    let chunk = vec![0x77u8; 64 << 10];
+    let mut off = 0u64;
+    let err = loop {
+        match fs.write(f, off, &chunk) {
+            Ok(n) => off += n as u64,
+            Err(e) => break e,
+        }
+        assert!(off < 64 << 20, "no ENOSPC from a 16 MiB filesystem");
+    };
+    assert!(matches!(err, uext4::Error::NoSpace), "{err:?}");
+    fs.fsync(f, false).expect("what the writes accepted fits");
+    assert_eq!(fs.getattr(f).unwrap().size, off);
+    fs.unmount().unwrap();
+    e2fsck_clean(&img.0);
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    fs.read(f, off - buf.len() as u64, &mut buf).unwrap();
+    assert!(buf == chunk);
+    fs.unmount().unwrap();
+}

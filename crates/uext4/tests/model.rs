@@ -152,17 +152,22 @@ struct Run {
     img: Scratch,
     fs: Arc<Fs>,
     m: Model,
+    opts: MountOptions,
 }
 
 impl Run {
     fn new(extra: &[&str]) -> Run {
+        Run::with_options(extra, MountOptions::default())
+    }
+
+    fn with_options(extra: &[&str], opts: MountOptions) -> Run {
         let img = scratch("model");
         mke2fs(&img.0, "48M", extra);
-        let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+        let fs = Fs::open_path(&img.0, opts.clone()).unwrap();
         let mut m = Model::default();
         m.add(Node::Dir(BTreeMap::new()), 0, 2);
         m.nlink[0] = 3; // ".", "..", lost+found's ".."
-        Run { img, fs, m }
+        Run { img, fs, m, opts }
     }
 
     fn apply(&mut self, op: &Op) {
@@ -358,7 +363,7 @@ impl Run {
 
     fn remount(&mut self) {
         self.fs.unmount().unwrap();
-        self.fs = Fs::open_path(&self.img.0, MountOptions::default()).unwrap();
+        self.fs = Fs::open_path(&self.img.0, self.opts.clone()).unwrap();
     }
 
     fn compare(&self) {
@@ -429,7 +434,11 @@ impl Run {
 }
 
 fn run_case(ops: &[Op], extra: &[&str]) {
-    let mut r = Run::new(extra);
+    run_case_with(ops, extra, MountOptions::default())
+}
+
+fn run_case_with(ops: &[Op], extra: &[&str], opts: MountOptions) {
+    let mut r = Run::with_options(extra, opts);
     for op in ops {
         r.apply(op);
     }
@@ -454,6 +463,16 @@ proptest! {
     #[test]
     fn random_ops_csum_seed_orphan_file(ops in proptest::collection::vec(op_strategy(), 1..60)) {
         run_case(&ops, &["-O", "metadata_csum_seed,orphan_file"]);
+    }
+    /// Buffered mode (delayed allocation), with a 64 KiB cache limit so that writes also
+    /// trigger writeback of their own and other files.
+    #[test]
+    fn random_ops_buffered(ops in proptest::collection::vec(op_strategy(), 1..80)) {
+        run_case_with(&ops, &[], MountOptions {
+            buffered: true,
+            buffered_limit_bytes: 64 << 10,
+            ..MountOptions::default()
+        });
     }
     #[test]
     fn random_ops_uninit_bg_no_64bit(ops in proptest::collection::vec(op_strategy(), 1..60)) {

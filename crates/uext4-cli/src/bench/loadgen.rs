@@ -37,7 +37,39 @@ fn layout(fs: &Fs, name: &str, size: u64) -> Result<u32> {
     Ok(ino)
 }
 
+/// The machine's memory-copy ceiling for pwrite-1g: the same passes (4 KiB and 16 MiB
+/// buffers, allocate then overwrite, 1 GiB each) copied into a fresh shared mapping of a file
+/// in `dir`, msync'd at the end of each pass as fsync would. MiB/s.
+pub fn memcpy_pwrite_1g(dir: &Path, quick: bool) -> Result<f64> {
+    let gib: u64 = if quick { 64 << 20 } else { 1 << 30 };
+    let path = dir.join("memcpy.dat");
+    let t0 = Instant::now();
+    for bsz in [4096usize, 16 << 20] {
+        let _ = std::fs::remove_file(&path);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)?;
+        f.set_len(gib)?;
+        // SAFETY: the file is ours alone (created above) and outlives the mapping.
+        let mut map = unsafe { memmap2::MmapMut::map_mut(&f)? };
+        let buf = vec![0x33u8; bsz];
+        for _phase in 0..2 {
+            for chunk in map.chunks_mut(bsz) {
+                chunk.copy_from_slice(&buf[..chunk.len()]);
+            }
+            map.flush()?;
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+    Ok(4.0 * gib as f64 / (1 << 20) as f64 / t0.elapsed().as_secs_f64())
+}
+
 /// `dax`: None for pread/pwrite on the image file, Some(non_temporal) for the mapped image.
+/// `buffered`: the library's buffered mode (delayed allocation).
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     img: &Path,
     workload: &str,
@@ -45,10 +77,12 @@ pub fn run(
     runtime: u64,
     quick: bool,
     dax: Option<bool>,
+    buffered: bool,
 ) -> Result<LibResult> {
     let opts = MountOptions {
         dax: dax.is_some(),
         dax_non_temporal: dax.unwrap_or(false),
+        buffered,
         ..Default::default()
     };
     let fs = Fs::open_path(img, opts)?;

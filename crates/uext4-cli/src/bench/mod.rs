@@ -91,6 +91,8 @@ const SYSTEMS: &[&str] = &[
     "uext4-lib",
     "uext4-lib-dax",
     "uext4-lib-dax-nt",
+    "uext4-lib-buffered",
+    "memcpy",
 ];
 
 fn have(cmd: &str) -> bool {
@@ -229,6 +231,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         for (vi, &jn) in journals.iter().enumerate() {
             for s in &systems {
                 if s == "kernel-dioread_lock" && !fsync {
+                    continue;
+                }
+                // The memory-copy ceiling is for the large sequential write only.
+                if s == "memcpy" && w != "pwrite-1g" {
                     continue;
                 }
                 // The ceilings have no journal: measured once.
@@ -556,6 +562,23 @@ impl Ctx {
 
     fn measure(&self, system: &str, w: &str, jobs: usize, journal: Option<u32>) -> Result<Record> {
         let label = journal_label(journal, self.journal_mib);
+        if system == "memcpy" {
+            let mib_s = loadgen::memcpy_pwrite_1g(&self.base, self.quick)?;
+            return Ok(Record {
+                system: system.into(),
+                workload: w.into(),
+                jobs,
+                iops: mib_s,
+                bw_mib_s: mib_s,
+                p50_us: 0.0,
+                p99_us: 0.0,
+                fsck: "-".into(),
+                stats: None,
+                note: String::new(),
+                journal: label,
+                journal_mib: None,
+            });
+        }
         if system.starts_with("uext4-lib") {
             let dax = match system {
                 "uext4-lib-dax" => Some(false),
@@ -564,7 +587,8 @@ impl Ctx {
             };
             let img = self.base.join("uext4-lib.img");
             let journal_mib = self.mke2fs(&img, journal, self.image_mib(w, jobs))?;
-            let r = loadgen::run(&img, w, jobs, self.runtime, self.quick, dax)?;
+            let buffered = system == "uext4-lib-buffered";
+            let r = loadgen::run(&img, w, jobs, self.runtime, self.quick, dax, buffered)?;
             let fsck = fsck(&img);
             let _ = std::fs::remove_file(&img);
             return Ok(Record {

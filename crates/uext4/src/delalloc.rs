@@ -1,0 +1,385 @@
+//! Buffered mode: a write-back cache of file data with delayed allocation (ext4's "delalloc"),
+//! for library users who write in small pieces (`MountOptions::buffered`).
+//!
+//! A write that is not a pure overwrite (it extends the file, fills a hole or an unwritten
+//! extent, or touches a block already cached) copies its bytes into 1-block pages kept per
+//! inode in [`Dirty`], and returns without allocating or starting a handle. Writeback (fsync,
+//! the background committer before each periodic commit, the memory limit, truncate, fallocate,
+//! lseek, sync, unmount) turns each run of consecutive dirty pages into one call of the ordinary
+//! write path, which allocates the whole run at once, writes the data, and only then inserts
+//! the extent (R4): a file written 4 KiB at a time gets one extent per run, not one per write.
+//! Pure overwrites of written blocks still go straight to the device (R1), never through the
+//! cache.
+//!
+//! Sizes: `raw.size()` in memory is the size users see; [`Dirty::disk_size`] is the size the
+//! data on the device backs. An inode goes to the journal with the smaller one (see
+//! `Fs::write_inode`), and writeback raises `disk_size` in the same handle as the extent of each
+//! run. A crash therefore loses unflushed writes but never shows a file longer than its data.
+//!
+//! Space: every cached page over a hole reserves one block, and a write that would reserve more
+//! than the free blocks (less a margin for extent-tree blocks) first writes back, then fails
+//! with `Error::NoSpace`. The reservation is released as writeback allocates the block.
+//!
+//! Locking: pages change only with the inode's `io_lock` held exclusively (writes, writeback,
+//! truncate); reads hold it shared and copy from the pages under `inode.state`. Writeback of
+//! other inodes from inside a write only takes their `io_lock` with `try_write`, so two writers
+//! never wait on each other's inode.
+
+use crate::error::{Error, Result};
+use crate::format::inode::S_IFREG;
+use crate::fs::Fs;
+use crate::inode::{Inode, InodeRef, InodeState};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Blocks kept free beyond the reservations, for extent-tree blocks that writeback may need.
+const RESERVE_MARGIN_BLOCKS: u64 = 64;
+
+/// Longest run of pages written back as one write (one allocation, one handle).
+const WRITEBACK_RUN_BLOCKS: u64 = 8192;
+
+/// One cached block of file data.
+pub struct Page {
+    pub data: Box<[u8]>,
+    /// This page holds one block of the space reservation (it lies over a hole).
+    reserved: bool,
+}
+
+/// An inode's dirty pages and the size its on-disk data backs.
+pub struct Dirty {
+    /// Logical block number -> page.
+    pub pages: BTreeMap<u64, Page>,
+    /// i_size as stored on disk: the in-memory size less what only the pages hold.
+    pub disk_size: u64,
+    /// Writeback is running: the ordinary write path it calls keeps the file's times.
+    pub(crate) in_writeback: bool,
+}
+
+impl Dirty {
+    pub(crate) fn overlaps(&self, first: u64, last: u64) -> bool {
+        self.pages.range(first..=last).next().is_some()
+    }
+}
+
+/// The filesystem-wide side: which inodes hold pages, how much memory and space they take.
+#[derive(Default)]
+pub struct Registry {
+    inodes: parking_lot::Mutex<HashMap<u32, InodeRef>>,
+    /// Bytes held in pages, all inodes.
+    pub bytes: AtomicU64,
+    /// Blocks reserved by pages over holes, all inodes.
+    pub reserved: AtomicU64,
+    /// Runs written back (each one allocation and one handle at most).
+    pub writeback_runs: AtomicU64,
+}
+
+impl Registry {
+    /// Gives back the memory and the space reservation of pages leaving the cache.
+    fn release<'a>(&self, pages: impl Iterator<Item = &'a Page>, bs: u64) {
+        let (mut n, mut reserved) = (0u64, 0u64);
+        for p in pages {
+            n += 1;
+            reserved += p.reserved as u64;
+        }
+        self.bytes.fetch_sub(n * bs, Ordering::Relaxed);
+        self.reserved.fetch_sub(reserved, Ordering::Relaxed);
+    }
+}
+
+impl Fs {
+    /// Runs of cached pages written back so far (each one allocation and one handle at most).
+    pub fn delalloc_writeback_runs(&self) -> u64 {
+        self.delalloc.writeback_runs.load(Ordering::Relaxed)
+    }
+
+    /// Whether writes go through the page cache (buffered mode, not DAX, not read-only).
+    pub(crate) fn buffered(&self) -> bool {
+        self.opts.buffered && !self.opts.dax
+    }
+
+    /// The buffered write of `data` at `off`, `io_lock` held exclusively. Returns false, having
+    /// done nothing, where the write is a pure overwrite that the direct path should take.
+    pub(crate) fn delalloc_write(&self, inode: &Inode, off: u64, data: &[u8]) -> Result<bool> {
+        let bs = self.geo.block_size as u64;
+        let end = off + data.len() as u64;
+        let (first, last) = (off / bs, (end - 1) / bs);
+        {
+            let mut st = inode.state.lock();
+            if st.deleted {
+                return Err(Error::NotFound);
+            }
+            if st.raw.file_type() != S_IFREG {
+                return Ok(false);
+            }
+            let cached = st
+                .delalloc
+                .as_ref()
+                .is_some_and(|d| d.overlaps(first, last));
+            if !cached && self.is_overwrite(inode.ino, &mut st, off, end)? {
+                return Ok(false);
+            }
+        }
+        self.reserve_room(inode, last - first + 1)?;
+        let mut st = inode.state.lock();
+        let st = &mut *st;
+        let disk_size = st
+            .delalloc
+            .as_ref()
+            .map(|d| d.disk_size)
+            .unwrap_or(st.raw.size());
+        let mut added = 0u64;
+        let mut reserved = 0u64;
+        for lblk in first..=last {
+            let bstart = lblk * bs;
+            let from = off.max(bstart);
+            let to = end.min(bstart + bs);
+            let page_exists = st
+                .delalloc
+                .as_ref()
+                .is_some_and(|d| d.pages.contains_key(&lblk));
+            if !page_exists {
+                let mut page = vec![0u8; bs as usize].into_boxed_slice();
+                let m = self.ext_map(inode.ino, st, lblk as u32)?;
+                let whole = from == bstart && to == bstart + bs;
+                if let Some(e) = m.filter(|e| !e.unwritten) {
+                    if !whole && bstart < disk_size {
+                        let phys = (e.pblk + (lblk - e.lblk as u64)) * bs;
+                        let n = bs.min(disk_size - bstart) as usize;
+                        self.dev.read_at(phys, &mut page[..n])?;
+                    }
+                }
+                let is_hole = m.is_none();
+                reserved += is_hole as u64;
+                added += bs;
+                let d = st.delalloc.get_or_insert_with(|| {
+                    Box::new(Dirty {
+                        pages: BTreeMap::new(),
+                        disk_size,
+                        in_writeback: false,
+                    })
+                });
+                d.pages.insert(
+                    lblk,
+                    Page {
+                        data: page,
+                        reserved: is_hole,
+                    },
+                );
+            }
+            let d = st.delalloc.as_mut().expect("page inserted above");
+            let page = d.pages.get_mut(&lblk).expect("page inserted above");
+            page.data[(from - bstart) as usize..(to - bstart) as usize]
+                .copy_from_slice(&data[(from - off) as usize..(to - off) as usize]);
+        }
+        if end > st.raw.size() {
+            st.raw.set_size(end);
+        }
+        self.delalloc.bytes.fetch_add(added, Ordering::Relaxed);
+        self.delalloc
+            .reserved
+            .fetch_add(reserved, Ordering::Relaxed);
+        if added > 0 {
+            if let Some(i) = self.icache.get_cached(inode.ino) {
+                self.delalloc.inodes.lock().insert(inode.ino, i);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether `[off, end)` lies inside the on-disk size on written blocks.
+    fn is_overwrite(&self, ino: u32, st: &mut InodeState, off: u64, end: u64) -> Result<bool> {
+        let bs = self.geo.block_size as u64;
+        let disk_size = st
+            .delalloc
+            .as_ref()
+            .map(|d| d.disk_size)
+            .unwrap_or(st.raw.size());
+        if end > disk_size {
+            return Ok(false);
+        }
+        let mut lblk = off / bs;
+        while lblk * bs < end {
+            match self.ext_map(ino, st, lblk as u32)? {
+                Some(e) if !e.unwritten => lblk = e.lblk as u64 + e.len as u64,
+                _ => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Makes room for `blocks` more pages: within the memory limit and the free space. Writes
+    /// back this inode (its `io_lock` is held) and, where their locks are free, the others.
+    fn reserve_room(&self, inode: &Inode, blocks: u64) -> Result<()> {
+        let bs = self.geo.block_size as u64;
+        let over = || {
+            let free = self.free_blocks.load(Ordering::Relaxed);
+            let reserved = self.delalloc.reserved.load(Ordering::Relaxed);
+            let memory = self.delalloc.bytes.load(Ordering::Relaxed) + blocks * bs;
+            (
+                free < reserved + blocks + RESERVE_MARGIN_BLOCKS,
+                memory > self.opts.buffered_limit_bytes,
+            )
+        };
+        let (space, memory) = over();
+        if !space && !memory {
+            return Ok(());
+        }
+        self.delalloc_writeback_locked(inode)?;
+        self.delalloc_writeback_others(inode.ino);
+        let (space, _) = over();
+        if space {
+            return Err(Error::NoSpace);
+        }
+        Ok(())
+    }
+
+    /// Writes back every inode's pages but `skip`'s, skipping inodes whose lock is taken.
+    fn delalloc_writeback_others(&self, skip: u32) {
+        let list: Vec<InodeRef> = self.delalloc.inodes.lock().values().cloned().collect();
+        for i in list.into_iter().filter(|i| i.ino != skip) {
+            if let Some(_g) = i.io_lock.try_write() {
+                if let Err(e) = self.delalloc_writeback_locked(&i) {
+                    tracing::error!(ino = i.ino, "writeback: {e}");
+                }
+            }
+        }
+    }
+
+    /// Writes back all pages of all inodes (sync, unmount, the background committer).
+    pub fn delalloc_writeback_all(&self) -> Result<()> {
+        let list: Vec<InodeRef> = self.delalloc.inodes.lock().values().cloned().collect();
+        let mut first_err = None;
+        for i in list {
+            let _g = i.io_lock.write();
+            if let Err(e) = self.delalloc_writeback_locked(&i) {
+                tracing::error!(ino = i.ino, "writeback: {e}");
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Writes back one inode's pages (fsync, fallocate, lseek), taking its `io_lock`.
+    pub(crate) fn delalloc_writeback(&self, inode: &Inode) -> Result<()> {
+        if inode.state.lock().delalloc.is_none() {
+            return Ok(());
+        }
+        let _g = inode.io_lock.write();
+        self.delalloc_writeback_locked(inode)
+    }
+
+    /// Writes back one inode's pages, `io_lock` held exclusively: each run of consecutive pages
+    /// becomes one ordinary write (one allocation, extent and size change in its handle).
+    pub(crate) fn delalloc_writeback_locked(&self, inode: &Inode) -> Result<()> {
+        let bs = self.geo.block_size as u64;
+        loop {
+            let (start, buf, pages, mem_size) = {
+                let mut st = inode.state.lock();
+                let mem_size = st.raw.size();
+                let Some(d) = st.delalloc.as_mut() else {
+                    return Ok(());
+                };
+                let Some(&start) = d.pages.keys().next() else {
+                    st.delalloc = None;
+                    self.delalloc.inodes.lock().remove(&inode.ino);
+                    return Ok(());
+                };
+                let mut n = 0u64;
+                while n < WRITEBACK_RUN_BLOCKS && d.pages.contains_key(&(start + n)) {
+                    n += 1;
+                }
+                let mut buf = Vec::with_capacity((n * bs) as usize);
+                let mut pages = Vec::with_capacity(n as usize);
+                for l in start..start + n {
+                    let p = d.pages.remove(&l).expect("counted above");
+                    buf.extend_from_slice(&p.data);
+                    pages.push((l, p));
+                }
+                d.in_writeback = true;
+                (start, buf, pages, mem_size)
+            };
+            // The run may end past i_size (the last block is zero beyond it): the size is
+            // clamped to i_size by the write path.
+            let r = self.write_new_blocks_locked(inode, start * bs, &buf, mem_size);
+            let mut st = inode.state.lock();
+            if let Some(d) = st.delalloc.as_mut() {
+                d.in_writeback = false;
+            }
+            match r {
+                Ok(()) => {
+                    self.delalloc.release(pages.iter().map(|(_, p)| p), bs);
+                    self.delalloc.writeback_runs.fetch_add(1, Ordering::Relaxed);
+                    if self.delalloc_settle(inode, &mut st) {
+                        // The handle comes before the inode's state lock (fs.rs ranking).
+                        drop(st);
+                        let mut h = self.start(crate::namei::credits::SETATTR)?;
+                        let mut st = inode.state.lock();
+                        self.mark_inode_dirty(&mut h, inode, &mut st)?;
+                        inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
+                    }
+                }
+                Err(e) => {
+                    // Keep the data for a later attempt (fsync reports the error now).
+                    if let Some(d) = st.delalloc.as_mut() {
+                        d.pages.extend(pages);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// After a run: when no pages are left, the on-disk size becomes the in-memory one and the
+    /// inode leaves the registry. Returns whether the inode must be logged (writeback left the
+    /// on-disk size behind).
+    fn delalloc_settle(&self, inode: &Inode, st: &mut InodeState) -> bool {
+        let Some(d) = st.delalloc.as_ref() else {
+            return false;
+        };
+        if !d.pages.is_empty() {
+            return false;
+        }
+        let behind = d.disk_size < st.raw.size();
+        st.delalloc = None;
+        self.delalloc.inodes.lock().remove(&inode.ino);
+        behind
+    }
+
+    /// Drops the pages at or beyond byte `from` (truncate; all of them at deletion), releasing
+    /// their memory and reservation. The block holding `from` keeps its bytes before `from`
+    /// and is zeroed after. `io_lock` held exclusively (or the inode is being freed).
+    pub(crate) fn delalloc_discard(&self, ino: u32, st: &mut InodeState, from: u64) {
+        let bs = self.geo.block_size as u64;
+        let Some(d) = st.delalloc.as_mut() else {
+            return;
+        };
+        let first_whole = from.div_ceil(bs);
+        let gone = d.pages.split_off(&first_whole);
+        self.delalloc.release(gone.values(), bs);
+        if from % bs != 0 {
+            if let Some(p) = d.pages.get_mut(&(from / bs)) {
+                p.data[(from % bs) as usize..].fill(0);
+            }
+        }
+        d.disk_size = d.disk_size.min(from);
+        if d.pages.is_empty() {
+            st.delalloc = None;
+            self.delalloc.inodes.lock().remove(&ino);
+        }
+    }
+
+    /// Copies the cached pages that overlap `[off, off+buf.len())` over `buf` (a read).
+    pub(crate) fn delalloc_overlay(st: &InodeState, bs: u64, off: u64, buf: &mut [u8]) {
+        let Some(d) = st.delalloc.as_ref() else {
+            return;
+        };
+        let end = off + buf.len() as u64;
+        for (&lblk, p) in d.pages.range(off / bs..=(end - 1) / bs) {
+            let bstart = lblk * bs;
+            let from = off.max(bstart);
+            let to = end.min(bstart + bs);
+            buf[(from - off) as usize..(to - off) as usize]
+                .copy_from_slice(&p.data[(from - bstart) as usize..(to - bstart) as usize]);
+        }
+    }
+}
