@@ -1419,3 +1419,63 @@ show l m n o
         "uext4 (left) and the kernel's ext4 (right) differ"
     );
 }
+
+fn stat_counter(mnt: &Path, name: &str) -> u64 {
+    let o = Command::new(bin()).arg("stats").arg(mnt).output().unwrap();
+    let s = String::from_utf8_lossy(&o.stdout).into_owned();
+    let key = format!("\"{name}\":");
+    let at = s.find(&key).unwrap_or_else(|| panic!("no {name} in {s}")) + key.len();
+    s[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Concurrent fsyncs through the mount share commits (the server's group-commit queue), and
+/// every acknowledged write is there after a remount.
+#[test]
+fn concurrent_fsyncs_share_commits() {
+    if !usable() {
+        return;
+    }
+    use std::io::Write;
+    let e = Env::new("gc");
+    e.mount();
+    let c0 = stat_counter(&e.mnt, "commits");
+    let (threads, rounds) = (16usize, 40usize);
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let path = e.mnt.join(format!("f{t}"));
+            std::thread::spawn(move || {
+                let mut f = std::fs::File::create(&path).unwrap();
+                for r in 0..rounds {
+                    f.write_all(format!("{t}:{r}\n").as_bytes()).unwrap();
+                    f.sync_all().unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let commits = stat_counter(&e.mnt, "commits") - c0;
+    let fsyncs = (threads * rounds) as u64;
+    eprintln!("{commits} commits for {fsyncs} concurrent fsyncs");
+    assert!(
+        commits < fsyncs * 3 / 4,
+        "{commits} commits for {fsyncs} concurrent fsyncs"
+    );
+    e.umount();
+    e.fsck();
+    e.mount();
+    for t in 0..threads {
+        let want: String = (0..rounds).map(|r| format!("{t}:{r}\n")).collect();
+        assert_eq!(
+            std::fs::read_to_string(e.mnt.join(format!("f{t}"))).unwrap(),
+            want
+        );
+    }
+    e.umount();
+}

@@ -231,6 +231,8 @@ pub struct Uext4Fuse {
     acl_on: bool,
     /// The kernel agreed to FUSE_DONT_MASK: the umask is applied here (not under a default ACL).
     dont_mask: bool,
+    /// fsync and fsyncdir requests wait here for the group-commit thread, not in a loop thread.
+    fsyncs: Arc<FsyncQueue>,
     /// The kernel agreed to FUSE_HANDLE_KILLPRIV_V2: it no longer asks for security.capability
     /// before every write (one extra request per write otherwise); this server removes
     /// set-ID bits and capabilities on write, truncate and chown instead.
@@ -239,6 +241,7 @@ pub struct Uext4Fuse {
 
 impl Uext4Fuse {
     pub fn new(fs: Arc<Fs>, opts: Options) -> Self {
+        let fs_for_fsync = fs.clone();
         Uext4Fuse {
             fs,
             opts,
@@ -247,6 +250,7 @@ impl Uext4Fuse {
             acl_on: false,
             dont_mask: false,
             killpriv: false,
+            fsyncs: FsyncQueue::start(fs_for_fsync),
         }
     }
 
@@ -451,6 +455,72 @@ impl Uext4Fuse {
     }
 }
 
+impl Drop for Uext4Fuse {
+    fn drop(&mut self) {
+        // The fsync thread holds the filesystem: let it go even without destroy().
+        self.fsyncs.stop();
+    }
+}
+
+/// FUSE group commit: fsync requests are queued and their loop threads go back to serving
+/// requests at once; one thread takes every queued fsync, makes them durable with one commit
+/// (`Fs::fsync_many`) and replies to each. While it commits, new fsyncs gather for the next
+/// batch, so at high concurrency a commit covers many callers without blocking a loop thread
+/// per caller (with one loop thread per CPU, blocked fsyncs used to stall every other request).
+struct FsyncQueue {
+    state: Mutex<(Vec<(u32, bool, ReplyEmpty)>, bool)>,
+    cv: parking_lot::Condvar,
+}
+
+impl FsyncQueue {
+    fn start(fs: Arc<Fs>) -> Arc<FsyncQueue> {
+        let q = Arc::new(FsyncQueue {
+            state: Mutex::new((Vec::new(), false)),
+            cv: parking_lot::Condvar::new(),
+        });
+        let worker = q.clone();
+        let _ = std::thread::Builder::new()
+            .name("uext4-fsync".into())
+            .spawn(move || loop {
+                let batch = {
+                    let mut s = worker.state.lock();
+                    while s.0.is_empty() && !s.1 {
+                        worker.cv.wait(&mut s);
+                    }
+                    if s.0.is_empty() {
+                        return;
+                    }
+                    std::mem::take(&mut s.0)
+                };
+                let files: Vec<(u32, bool)> = batch.iter().map(|b| (b.0, b.1)).collect();
+                match fs.fsync_many(&files) {
+                    Ok(results) => {
+                        for ((_, _, reply), r) in batch.into_iter().zip(results) {
+                            empty(r, reply);
+                        }
+                    }
+                    Err(e) => {
+                        for (_, _, reply) in batch {
+                            reply.error(errno(&e));
+                        }
+                    }
+                }
+            });
+        q
+    }
+
+    fn push(&self, ino: u32, datasync: bool, reply: ReplyEmpty) {
+        self.state.lock().0.push((ino, datasync, reply));
+        self.cv.notify_one();
+    }
+
+    /// Lets the thread finish what is queued and exit (unmount).
+    fn stop(&self) {
+        self.state.lock().1 = true;
+        self.cv.notify_all();
+    }
+}
+
 /// What a new inode gets from its parent: its mode and the xattr values of its ACLs.
 struct Inherited {
     mode: u32,
@@ -513,6 +583,7 @@ impl Filesystem for Uext4Fuse {
     }
 
     fn destroy(&mut self) {
+        self.fsyncs.stop();
         if let Err(e) = self.fs.unmount() {
             eprintln!("uext4: unmount: {e}");
         }
@@ -803,7 +874,7 @@ impl Filesystem for Uext4Fuse {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        empty(self.fs.fsync(to_ext(ino), datasync), reply);
+        self.fsyncs.push(to_ext(ino), datasync, reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -887,7 +958,7 @@ impl Filesystem for Uext4Fuse {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        empty(self.fs.fsync(to_ext(ino), datasync), reply);
+        self.fsyncs.push(to_ext(ino), datasync, reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

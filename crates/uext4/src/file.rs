@@ -670,6 +670,41 @@ impl Fs {
         }
     }
 
+    /// fsync of many files at once (a server's queued requests): each file's buffered data is
+    /// written back (its own result), then one commit covers every file that needs one, or one
+    /// device flush if none does. The outer error is that commit's or flush's, for all of them.
+    pub fn fsync_many(&self, files: &[(u32, bool)]) -> Result<Vec<Result<()>>> {
+        let mut need = 0u64;
+        let results: Vec<Result<()>> = files
+            .iter()
+            .map(|&(ino, datasync)| {
+                self.stats.ops.fetch_add(1, Ordering::Relaxed);
+                let inode = self.iget(ino)?;
+                self.delalloc_writeback(&inode)?;
+                let tid = if datasync {
+                    inode.last_data_tid.load(Ordering::Acquire)
+                } else {
+                    inode.last_tid.load(Ordering::Acquire)
+                };
+                need = need.max(tid);
+                Ok(())
+            })
+            .collect();
+        if self.is_read_only() {
+            return Ok(results);
+        }
+        if need > self.txn.committed_tid() {
+            self.commit_upto(need)?;
+        } else {
+            self.txn
+                .stats
+                .fsync_already_committed
+                .fetch_add(files.len() as u64, Ordering::Relaxed);
+            self.dev.flush()?;
+        }
+        Ok(results)
+    }
+
     /// The engine's counters as a JSON object.
     pub fn stats_json(&self) -> String {
         let t = &self.txn.stats;
@@ -684,7 +719,8 @@ impl Fs {
                 "\"lock_waits\":{},\"device_bytes_read\":{},\"device_bytes_written\":{},\"device_writes\":{},",
                 "\"device_flushes\":{},\"user_bytes_read\":{},\"user_bytes_written\":{},\"zeroed_bytes\":{},",
                 "\"device_bytes_per_user_byte\":{:.3},\"free_blocks\":{},\"free_inodes\":{},",
-                "\"delalloc_bytes\":{},\"delalloc_writeback_runs\":{}}}"
+                "\"delalloc_bytes\":{},\"delalloc_writeback_runs\":{},\"checkpoints\":{},",
+                "\"log_space_waits\":{}}}"
             ),
             l(&s.ops),
             l(&s.overwrites),
@@ -707,6 +743,10 @@ impl Fs {
             self.free_inodes.load(Ordering::Relaxed),
             l(&self.delalloc.bytes),
             l(&self.delalloc.writeback_runs),
+            l(&self.ckpt.batches),
+            self.journal
+                .get()
+                .map_or(0, |j| j.checkpoint_waits.load(Ordering::Relaxed)),
         )
     }
 

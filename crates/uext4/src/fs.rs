@@ -211,6 +211,8 @@ pub struct Fs {
     pub(crate) journal: std::sync::OnceLock<crate::journal::Journal>,
     /// Buffered mode's dirty inodes and their memory and space (delalloc.rs).
     pub(crate) delalloc: crate::delalloc::Registry,
+    /// Committed transactions on their way home (background checkpointing, transaction.rs).
+    pub(crate) ckpt: Arc<crate::transaction::Checkpointer>,
 }
 
 /// Wraps a device to count its traffic while sharing the counters with `Fs`.
@@ -487,6 +489,7 @@ impl Fs {
             pinned: Mutex::new(std::collections::HashSet::new()),
             journal: std::sync::OnceLock::new(),
             delalloc: Default::default(),
+            ckpt: Default::default(),
         });
         if fs.superblock().has_compat(COMPAT_HAS_JOURNAL) {
             let needs = fs.superblock().has_incompat(INCOMPAT_RECOVER);
@@ -524,6 +527,7 @@ impl Fs {
                     .max_blocks
                     .store(journal.max_transaction_blocks(), Ordering::Relaxed);
                 let _ = fs.journal.set(journal);
+                crate::transaction::spawn_checkpointer(Arc::downgrade(&fs), fs.ckpt.clone());
             }
         }
         if !fs.is_read_only() {

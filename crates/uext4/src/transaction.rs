@@ -199,7 +199,7 @@ impl crate::fs::Fs {
         if self.is_read_only() {
             return Ok(());
         }
-        let (this_tid, snapshot, revoked) = {
+        let (this_tid, snapshot, revoked, pins) = {
             let _barrier = self.txn.barrier.write();
             let old = {
                 let mut r = self.txn.running.lock();
@@ -228,19 +228,24 @@ impl crate::fs::Fs {
                 .collect();
             snap.sort_unstable_by_key(|s| s.0);
             let revoked: Vec<u64> = old.revoked.into_iter().collect();
-            (old.tid, snap, revoked)
+            let pins: Vec<Arc<Buffer>> = blocks.into_values().collect();
+            (old.tid, snap, revoked, pins)
         };
         self.txn.stats.commits.fetch_add(1, Ordering::Relaxed);
         self.txn
             .stats
             .commit_blocks
             .fetch_add(snapshot.len() as u64, Ordering::Relaxed);
-        self.write_transaction(this_tid, &snapshot, &revoked)?;
+        let blks: Vec<u64> = snapshot.iter().map(|s| s.0).collect();
+        let queued = self.write_transaction(this_tid, snapshot, &revoked, pins)?;
         *committed = this_tid;
         self.txn.committed.store(this_tid, Ordering::Release);
-        self.release_pending_frees(this_tid);
-        for (blk, _) in &snapshot {
-            self.bcache.mark_clean_if_not_running(*blk, &self.txn);
+        if !queued {
+            self.release_pending_frees(this_tid);
+        }
+        // A block whose checkpoint is queued stays in the cache: the job holds a reference.
+        for blk in blks {
+            self.bcache.mark_clean_if_not_running(blk, &self.txn);
         }
         Ok(())
     }
@@ -266,47 +271,92 @@ impl crate::fs::Fs {
         Ok(buf)
     }
 
-    /// Makes a committed transaction durable: through the journal when there is one, then at
-    /// the blocks' home locations.
+    /// Makes a committed transaction durable: through the journal when there is one (its
+    /// blocks then go home in the background: returns true, the checkpoint is queued), else
+    /// straight at the blocks' home locations (returns false).
     fn write_transaction(
         &self,
         tid: u64,
-        blocks: &[(u64, Vec<u8>)],
+        blocks: Vec<(u64, Vec<u8>)>,
         revoked: &[u64],
-    ) -> crate::Result<()> {
+        pins: Vec<Arc<Buffer>>,
+    ) -> crate::Result<bool> {
         // Data written by the operations in this transaction reached the device before their
         // metadata: the journal's flushes (or the flush below) order it ahead of the metadata.
         if let Some(j) = self.journal.get() {
-            match j.commit(tid, blocks, revoked) {
+            match j.commit(tid, &blocks, revoked) {
                 Ok(jtid) => {
-                    let bs = self.geo.block_size as u64;
-                    for (blk, data) in blocks {
-                        self.dev.write_at(blk * bs, data)?;
-                    }
-                    self.dev.flush()?;
-                    j.checkpointed(jtid);
-                    return Ok(());
+                    self.ckpt.queue(CheckpointJob {
+                        tid,
+                        jtid,
+                        blocks,
+                        _pins: pins,
+                    });
+                    return Ok(true);
                 }
                 Err(crate::Error::Invalid(why)) => {
-                    // Larger than the log can hold: written home directly (not atomic).
+                    // Larger than the log can hold: written home directly (not atomic), after
+                    // every queued checkpoint so that no older copy lands on top of it.
                     tracing::warn!("{why}: writing it without the journal");
+                    self.checkpoint_drain()?;
                 }
                 Err(e) => return Err(e),
             }
         }
         self.dev.flush()?;
         let bs = self.geo.block_size as u64;
-        for (blk, data) in blocks {
+        for (blk, data) in &blocks {
             self.dev.write_at(blk * bs, data)?;
         }
         self.dev.flush()?;
+        Ok(false)
+    }
+
+    /// Waits until every committed transaction is home (unmount, sync, a write that bypasses
+    /// the journal). Fails if a background checkpoint failed.
+    pub(crate) fn checkpoint_drain(&self) -> crate::Result<()> {
+        let mut s = self.ckpt.state.lock();
+        while !s.jobs.is_empty() || s.busy {
+            self.ckpt.done.wait(&mut s);
+        }
+        match &s.error {
+            Some(e) => Err(crate::Error::Stopped(e.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes a batch of committed transactions home: the newest copy of each block once, one
+    /// flush, then the log space and the blocks they freed are released.
+    fn checkpoint_batch(&self, batch: &[CheckpointJob]) -> crate::Result<()> {
+        let Some(last) = batch.last() else {
+            return Ok(());
+        };
+        let mut newest: std::collections::BTreeMap<u64, &[u8]> = Default::default();
+        for job in batch {
+            for (blk, data) in &job.blocks {
+                newest.insert(*blk, data);
+            }
+        }
+        let bs = self.geo.block_size as u64;
+        for (blk, data) in newest {
+            self.dev.write_at(blk * bs, data)?;
+        }
+        self.dev.flush()?;
+        if let Some(j) = self.journal.get() {
+            j.checkpointed(last.jtid);
+        }
+        // Blocks freed by these transactions may be reused now: no queued checkpoint can still
+        // write an old copy over them (the queue is in commit order).
+        self.release_pending_frees(last.tid);
+        self.ckpt.batches.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     /// Commits everything and marks the filesystem clean. The `Fs` stays usable.
     pub fn sync(&self) -> crate::Result<()> {
         self.delalloc_writeback_all()?;
-        self.commit()
+        self.commit()?;
+        self.checkpoint_drain()
     }
 
     /// Commits everything, marks the superblock clean and flushes. Call before dropping the last
@@ -317,6 +367,7 @@ impl crate::fs::Fs {
         }
         self.delalloc_writeback_all()?;
         self.commit()?;
+        self.checkpoint_drain()?;
         if let Some(j) = self.journal.get() {
             j.set_clean()?;
         }
@@ -345,4 +396,89 @@ impl crate::fs::Fs {
         self.read_only.store(true, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// One committed transaction whose blocks are in the journal but not yet home.
+pub(crate) struct CheckpointJob {
+    tid: u64,
+    /// Its jbd2 transaction id.
+    jtid: u32,
+    blocks: Vec<(u64, Vec<u8>)>,
+    /// The buffers stay cached until their blocks are home, so a cache miss never reads an
+    /// older copy from the device.
+    _pins: Vec<Arc<Buffer>>,
+}
+
+#[derive(Default)]
+struct CheckpointState {
+    jobs: std::collections::VecDeque<CheckpointJob>,
+    /// The thread is writing a batch it took from `jobs`.
+    busy: bool,
+    /// A checkpoint write failed: the filesystem stops, and drains report it.
+    error: Option<String>,
+}
+
+/// Background checkpointing (issue: "checkpointing in the background, ahead of need"): a commit
+/// queues its transaction and returns once it is in the journal; one thread per filesystem
+/// writes queued transactions home in commit order and releases their log space. A commit that
+/// finds the log full waits for this progress only (counted in `log_space_waits`).
+#[derive(Default)]
+pub(crate) struct Checkpointer {
+    state: Mutex<CheckpointState>,
+    work: parking_lot::Condvar,
+    done: parking_lot::Condvar,
+    /// Batches written home.
+    pub(crate) batches: AtomicU64,
+}
+
+impl Checkpointer {
+    fn queue(&self, job: CheckpointJob) {
+        self.state.lock().jobs.push_back(job);
+        self.work.notify_one();
+    }
+}
+
+/// Starts the checkpoint thread of `fs`. It holds the filesystem only while it writes a batch;
+/// when the filesystem is dropped without unmount (a crash, in tests), queued checkpoints are
+/// abandoned, as a crash would: recovery replays them from the journal.
+pub(crate) fn spawn_checkpointer(fs: std::sync::Weak<crate::fs::Fs>, ckpt: Arc<Checkpointer>) {
+    let _ = std::thread::Builder::new()
+        .name("uext4-checkpoint".into())
+        .spawn(move || loop {
+            let batch: Vec<CheckpointJob> = {
+                let mut s = ckpt.state.lock();
+                while s.jobs.is_empty() {
+                    let idle = ckpt
+                        .work
+                        .wait_for(&mut s, std::time::Duration::from_millis(200))
+                        .timed_out();
+                    if idle && fs.strong_count() == 0 {
+                        return;
+                    }
+                }
+                s.busy = true;
+                s.jobs.drain(..).collect()
+            };
+            let r = match fs.upgrade() {
+                Some(f) => {
+                    let r = f.checkpoint_batch(&batch);
+                    if let Err(e) = &r {
+                        tracing::error!("checkpoint failed: {e}");
+                        let mut stopped = f.stopped.lock();
+                        if stopped.is_none() {
+                            *stopped = Some(format!("checkpoint failed: {e}"));
+                        }
+                    }
+                    r
+                }
+                None => Ok(()),
+            };
+            drop(batch);
+            let mut s = ckpt.state.lock();
+            s.busy = false;
+            if let Err(e) = r {
+                s.error.get_or_insert(e.to_string());
+            }
+            ckpt.done.notify_all();
+        });
 }
