@@ -648,26 +648,7 @@ impl Fs {
     /// finds its changes committed only flushes the device; fdatasync does not commit for a
     /// timestamp-only change.
     pub fn fsync(&self, ino: u32, datasync: bool) -> Result<()> {
-        self.stats.ops.fetch_add(1, Ordering::Relaxed);
-        let inode = self.iget(ino)?;
-        self.delalloc_writeback(&inode)?;
-        let tid = if datasync {
-            inode.last_data_tid.load(Ordering::Acquire)
-        } else {
-            inode.last_tid.load(Ordering::Acquire)
-        };
-        if tid > self.txn.committed_tid() && !self.is_read_only() {
-            self.commit_upto(tid)
-        } else {
-            self.txn
-                .stats
-                .fsync_already_committed
-                .fetch_add(1, Ordering::Relaxed);
-            if !self.is_read_only() {
-                self.dev.flush()?;
-            }
-            Ok(())
-        }
+        self.fsync_many(&[(ino, datasync)])?.pop().unwrap_or(Ok(()))
     }
 
     /// fsync of many files at once (a server's queued requests): each file's buffered data is
