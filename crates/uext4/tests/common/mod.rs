@@ -122,11 +122,34 @@ impl KernelMount {
         );
         KernelMount { dir }
     }
+
+    /// Unmounts, retrying for up to 10 s while the kernel says the mount is busy (a process
+    /// still closing a file); true once it is gone.
+    pub fn try_unmount(&self) -> bool {
+        for _ in 0..50 {
+            if Command::new("umount")
+                .arg(&self.dir)
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
+            {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        !std::fs::read_to_string("/proc/mounts")
+            .unwrap_or_default()
+            .contains(&*self.dir.to_string_lossy())
+    }
 }
 
 impl Drop for KernelMount {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.dir).status();
+        // A mount left behind would pin its loop device and its (deleted) image in memory:
+        // detach it lazily if it stays busy.
+        if !self.try_unmount() {
+            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        }
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
