@@ -231,8 +231,8 @@ pub struct Uext4Fuse {
     acl_on: bool,
     /// The kernel agreed to FUSE_DONT_MASK: the umask is applied here (not under a default ACL).
     dont_mask: bool,
-    /// fsync and fsyncdir requests wait here for the group-commit thread, not in a loop thread.
-    fsyncs: Arc<FsyncQueue>,
+    /// fsync and fsyncdir requests, committed in batches by whichever loop thread leads.
+    fsyncs: FsyncQueue,
     /// The kernel agreed to FUSE_HANDLE_KILLPRIV_V2: it no longer asks for security.capability
     /// before every write (one extra request per write otherwise); this server removes
     /// set-ID bits and capabilities on write, truncate and chown instead.
@@ -241,7 +241,6 @@ pub struct Uext4Fuse {
 
 impl Uext4Fuse {
     pub fn new(fs: Arc<Fs>, opts: Options) -> Self {
-        let fs_for_fsync = fs.clone();
         Uext4Fuse {
             fs,
             opts,
@@ -250,7 +249,7 @@ impl Uext4Fuse {
             acl_on: false,
             dont_mask: false,
             killpriv: false,
-            fsyncs: FsyncQueue::start(fs_for_fsync),
+            fsyncs: FsyncQueue::new(),
         }
     }
 
@@ -455,69 +454,58 @@ impl Uext4Fuse {
     }
 }
 
-impl Drop for Uext4Fuse {
-    fn drop(&mut self) {
-        // The fsync thread holds the filesystem: let it go even without destroy().
-        self.fsyncs.stop();
-    }
-}
-
-/// FUSE group commit: fsync requests are queued and their loop threads go back to serving
-/// requests at once; one thread takes every queued fsync, makes them durable with one commit
-/// (`Fs::fsync_many`) and replies to each. While it commits, new fsyncs gather for the next
-/// batch, so at high concurrency a commit covers many callers without blocking a loop thread
-/// per caller (with one loop thread per CPU, blocked fsyncs used to stall every other request).
+/// FUSE group commit without blocking loop threads on each other: a loop thread that receives
+/// an fsync queues it; if no thread is committing, it becomes the leader and makes every queued
+/// fsync durable with one commit (`Fs::fsync_many`), replies to each, and repeats until the
+/// queue is empty. A thread that finds a leader at work returns at once to serve other
+/// requests; its fsync is answered by the leader's next round. (With the commit inline per
+/// request, a second fsync held its loop thread waiting for the first one's commit; with a
+/// dedicated fsync thread, every fsync paid a hand-off to a thread that had to win a CPU
+/// against the writers: 25.5k against 37.5k IOPS at 64 jobs.)
 struct FsyncQueue {
+    /// Queued fsyncs, and whether a leader is draining them.
     state: Mutex<(Vec<(u32, bool, ReplyEmpty)>, bool)>,
-    cv: parking_lot::Condvar,
 }
 
 impl FsyncQueue {
-    fn start(fs: Arc<Fs>) -> Arc<FsyncQueue> {
-        let q = Arc::new(FsyncQueue {
+    fn new() -> FsyncQueue {
+        FsyncQueue {
             state: Mutex::new((Vec::new(), false)),
-            cv: parking_lot::Condvar::new(),
-        });
-        let worker = q.clone();
-        let _ = std::thread::Builder::new()
-            .name("uext4-fsync".into())
-            .spawn(move || loop {
-                let batch = {
-                    let mut s = worker.state.lock();
-                    while s.0.is_empty() && !s.1 {
-                        worker.cv.wait(&mut s);
-                    }
-                    if s.0.is_empty() {
-                        return;
-                    }
-                    std::mem::take(&mut s.0)
-                };
-                let files: Vec<(u32, bool)> = batch.iter().map(|b| (b.0, b.1)).collect();
-                match fs.fsync_many(&files) {
-                    Ok(results) => {
-                        for ((_, _, reply), r) in batch.into_iter().zip(results) {
-                            empty(r, reply);
-                        }
-                    }
-                    Err(e) => {
-                        for (_, _, reply) in batch {
-                            reply.error(errno(&e));
-                        }
+        }
+    }
+
+    fn submit(&self, fs: &Fs, ino: u32, datasync: bool, reply: ReplyEmpty) {
+        {
+            let mut s = self.state.lock();
+            s.0.push((ino, datasync, reply));
+            if s.1 {
+                return;
+            }
+            s.1 = true;
+        }
+        loop {
+            let batch = {
+                let mut s = self.state.lock();
+                if s.0.is_empty() {
+                    s.1 = false;
+                    return;
+                }
+                std::mem::take(&mut s.0)
+            };
+            let files: Vec<(u32, bool)> = batch.iter().map(|b| (b.0, b.1)).collect();
+            match fs.fsync_many(&files) {
+                Ok(results) => {
+                    for ((_, _, reply), r) in batch.into_iter().zip(results) {
+                        empty(r, reply);
                     }
                 }
-            });
-        q
-    }
-
-    fn push(&self, ino: u32, datasync: bool, reply: ReplyEmpty) {
-        self.state.lock().0.push((ino, datasync, reply));
-        self.cv.notify_one();
-    }
-
-    /// Lets the thread finish what is queued and exit (unmount).
-    fn stop(&self) {
-        self.state.lock().1 = true;
-        self.cv.notify_all();
+                Err(e) => {
+                    for (_, _, reply) in batch {
+                        reply.error(errno(&e));
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -583,7 +571,6 @@ impl Filesystem for Uext4Fuse {
     }
 
     fn destroy(&mut self) {
-        self.fsyncs.stop();
         if let Err(e) = self.fs.unmount() {
             eprintln!("uext4: unmount: {e}");
         }
@@ -874,7 +861,7 @@ impl Filesystem for Uext4Fuse {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.fsyncs.push(to_ext(ino), datasync, reply);
+        self.fsyncs.submit(&self.fs, to_ext(ino), datasync, reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -958,7 +945,7 @@ impl Filesystem for Uext4Fuse {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.fsyncs.push(to_ext(ino), datasync, reply);
+        self.fsyncs.submit(&self.fs, to_ext(ino), datasync, reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
