@@ -32,7 +32,7 @@ pub(crate) fn clear_bit(b: &mut [u8], i: usize) {
 pub(crate) fn find_zero(b: &[u8], from: usize, limit: usize) -> Option<usize> {
     let mut i = from;
     while i < limit {
-        if i % 64 == 0 && i + 64 <= limit {
+        if i.is_multiple_of(64) && i + 64 <= limit {
             let w = u64::from_le_bytes(b[i / 8..i / 8 + 8].try_into().unwrap());
             if w == u64::MAX {
                 i += 64;
@@ -53,7 +53,7 @@ pub(crate) fn zero_run(b: &[u8], from: usize, max: usize, limit: usize) -> usize
     let mut n = 0;
     let mut i = from;
     while i < limit && n < max {
-        if i % 64 == 0 && i + 64 <= limit && max - n >= 64 {
+        if i.is_multiple_of(64) && i + 64 <= limit && max - n >= 64 {
             let w = u64::from_le_bytes(b[i / 8..i / 8 + 8].try_into().unwrap());
             if w == 0 {
                 n += 64;

@@ -356,7 +356,7 @@ impl Fs {
         let first_whole = from.div_ceil(bs);
         let gone = d.pages.split_off(&first_whole);
         self.delalloc.release(gone.values(), bs);
-        if from % bs != 0 {
+        if !from.is_multiple_of(bs) {
             if let Some(p) = d.pages.get_mut(&(from / bs)) {
                 p.data[(from % bs) as usize..].fill(0);
             }

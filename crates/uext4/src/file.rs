@@ -408,7 +408,7 @@ impl Fs {
     }
 
     fn write_zeros(&self, at: u64, len: u64) -> Result<()> {
-        const Z: [u8; 65536] = [0; 65536];
+        static Z: [u8; 65536] = [0; 65536];
         let mut done = 0;
         while done < len {
             let n = (len - done).min(Z.len() as u64) as usize;
@@ -474,7 +474,7 @@ impl Fs {
         let bs = self.bs();
         if size < old {
             self.ext_remove(&mut h, ino, &mut st, size.div_ceil(bs) as u32, 1u64 << 32)?;
-            if size % bs != 0 {
+            if !size.is_multiple_of(bs) {
                 self.zero_partial(ino, &mut st, size, (size / bs + 1) * bs)?;
             }
         }

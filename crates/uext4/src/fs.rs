@@ -300,12 +300,12 @@ fn geometry(sb: &Superblock, dev_size: u64) -> Result<Geometry> {
     let blocks_count = sb.blocks_count();
     let bpg = sb.blocks_per_group();
     let ipg = sb.inodes_per_group();
-    if bpg == 0 || bpg > block_size * 8 || bpg % 8 != 0 {
+    if bpg == 0 || bpg > block_size * 8 || !bpg.is_multiple_of(8) {
         return bad(format!(
             "blocks per group {bpg} is invalid for block size {block_size}"
         ));
     }
-    if ipg == 0 || ipg > block_size * 8 || ipg % 8 != 0 {
+    if ipg == 0 || ipg > block_size * 8 || !ipg.is_multiple_of(8) {
         return bad(format!(
             "inodes per group {ipg} is invalid for block size {block_size}"
         ));
@@ -324,7 +324,7 @@ fn geometry(sb: &Superblock, dev_size: u64) -> Result<Geometry> {
             "block count {blocks_count} x {block_size} bytes is larger than the device ({dev_size} bytes)"
         ));
     }
-    let group_count = ((blocks_count - first_data_block + bpg as u64 - 1) / bpg as u64) as u32;
+    let group_count = (blocks_count - first_data_block).div_ceil(bpg as u64) as u32;
     if group_count as u64 * ipg as u64 != sb.inodes_count() as u64 {
         return bad(format!(
             "inode count {} is not groups ({group_count}) x inodes per group ({ipg})",
@@ -336,7 +336,7 @@ fn geometry(sb: &Superblock, dev_size: u64) -> Result<Geometry> {
         return bad(format!("inode size {inode_size} is invalid"));
     }
     let desc_size = sb.desc_size() as u32;
-    if sb.is_64bit() && (desc_size < 64 || desc_size > 1024 || !desc_size.is_power_of_two()) {
+    if sb.is_64bit() && (!(64..=1024).contains(&desc_size) || !desc_size.is_power_of_two()) {
         return bad(format!("group descriptor size {desc_size} is invalid"));
     }
     let descs_per_block = block_size / desc_size;

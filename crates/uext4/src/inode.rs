@@ -125,7 +125,7 @@ impl Fs {
         drop(data);
         if self.geo.inode_size > 128 {
             let extra = raw.extra_isize() as u32;
-            if extra > self.geo.inode_size - 128 || extra % 4 != 0 {
+            if extra > self.geo.inode_size - 128 || !extra.is_multiple_of(4) {
                 return Err(self.fail(
                     Error::corrupt(format!("inode {ino}: i_extra_isize {extra} is invalid")),
                     ino,
