@@ -237,19 +237,24 @@ impl Fs {
         let end = off + data.len() as u64;
         let last = (end - 1) / bs;
         let mut lblk = off / bs;
+        // Whether size and times still need a handle of their own after the loop: not when
+        // the last step logged them up to `end` with its extent.
+        let mut need_final = true;
         while lblk <= last {
+            // Written blocks are overwritten without a handle; the mapping cannot change
+            // meanwhile (io_lock is held exclusively), so it is looked up again under one.
+            let m = self.ext_map(ino, &mut inode.state.lock(), lblk as u32)?;
+            if let Some(e) = m.filter(|e| !e.unwritten) {
+                let run_last = (e.lblk as u64 + e.len as u64 - 1).min(last);
+                let p = e.pblk + (lblk - e.lblk as u64);
+                self.write_range(p, lblk, run_last - lblk + 1, off, data, false)?;
+                lblk = run_last + 1;
+                need_final = true;
+                continue;
+            }
             let mut h = self.start(credits::WRITE_PER_EXTENT + 4)?;
             let mut st = inode.state.lock();
-            let m = self.ext_map(ino, &mut st, lblk as u32)?;
-            match m {
-                Some(e) if !e.unwritten => {
-                    let run_last = (e.lblk as u64 + e.len as u64 - 1).min(last);
-                    let p = e.pblk + (lblk - e.lblk as u64);
-                    drop(st);
-                    self.write_range(p, lblk, run_last - lblk + 1, off, data, false)?;
-                    lblk = run_last + 1;
-                    continue;
-                }
+            let upto = match self.ext_map(ino, &mut st, lblk as u32)? {
                 Some(e) => {
                     // Preallocated: write the data (zeroing what the write does not cover in
                     // the edge blocks), then mark written within this handle.
@@ -258,27 +263,25 @@ impl Fs {
                     let p = e.pblk + (lblk - e.lblk as u64);
                     self.write_range(p, lblk, n, off, data, true)?;
                     self.ext_mark_written(&mut h, ino, &mut st, lblk as u32, n as u32)?;
-                    self.finish_write_step(
-                        &mut h,
-                        inode,
-                        &mut st,
-                        end.min((run_last + 1) * bs),
-                        new_size,
-                    )?;
                     lblk = run_last + 1;
+                    end.min(lblk * bs)
                 }
                 None => {
                     let n =
                         self.map_hole(&mut h, ino, &mut st, lblk, last, false, &mut |p, n| {
                             self.write_range(p, lblk, n as u64, off, data, true)
                         })?;
-                    let upto = end.min((lblk + n as u64) * bs);
-                    self.finish_write_step(&mut h, inode, &mut st, upto, new_size)?;
                     lblk += n as u64;
+                    end.min(lblk * bs)
                 }
-            }
+            };
+            self.finish_write_step(&mut h, inode, &mut st, upto, new_size)?;
+            need_final = upto < end;
         }
-        // The loop may have only overwritten: still update size and times.
+        if !need_final {
+            return Ok(());
+        }
+        // The loop only overwrote at the end: still update size and times.
         let mut h = self.start(credits::SETATTR)?;
         let mut st = inode.state.lock();
         self.finish_write_step(&mut h, inode, &mut st, end, new_size)
