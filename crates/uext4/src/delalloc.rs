@@ -16,9 +16,10 @@
 //! `Fs::write_inode`), and writeback raises `disk_size` in the same handle as the extent of each
 //! run. A crash therefore loses unflushed writes but never shows a file longer than its data.
 //!
-//! Space: every cached page over a hole reserves one block, and a write that would reserve more
-//! than the free blocks (less a margin for extent-tree blocks) first writes back, then fails
-//! with `Error::NoSpace`. The reservation is released as writeback allocates the block.
+//! Space: every cached page over a hole reserves one block, and a write whose new pages would
+//! reserve more than the free blocks (less a margin for extent-tree blocks) first writes back,
+//! then fails with `Error::NoSpace`; rewriting cached pages or mapped blocks needs no space.
+//! The reservation is released as writeback allocates the block.
 //!
 //! Locking: pages change only with the inode's `io_lock` held exclusively (writes, writeback,
 //! truncate); reads hold it shared and copy from the pages under `inode.state`. Writeback of
@@ -103,23 +104,38 @@ impl Fs {
         let bs = self.geo.block_size as u64;
         let end = off + data.len() as u64;
         let (first, last) = (off / bs, (end - 1) / bs);
-        {
-            let mut st = inode.state.lock();
-            if st.deleted {
-                return Err(Error::NotFound);
+        // Room for the pages this write adds (memory) and the holes they cover (space); writing
+        // back makes room and maps blocks, so the need is counted again after it.
+        let mut wrote_back = false;
+        loop {
+            let (pages, holes) = {
+                let mut st = inode.state.lock();
+                if st.deleted {
+                    return Err(Error::NotFound);
+                }
+                if st.raw.file_type() != S_IFREG {
+                    return Ok(false);
+                }
+                let cached = st
+                    .delalloc
+                    .as_ref()
+                    .is_some_and(|d| d.overlaps(first, last));
+                if !cached && self.is_overwrite(inode.ino, &mut st, off, end)? {
+                    return Ok(false);
+                }
+                self.new_pages(inode.ino, &mut st, first, last)?
+            };
+            let (space_short, memory_over) = self.room_for(pages, holes);
+            if !space_short && (!memory_over || wrote_back) {
+                break;
             }
-            if st.raw.file_type() != S_IFREG {
-                return Ok(false);
+            if wrote_back {
+                return Err(Error::NoSpace);
             }
-            let cached = st
-                .delalloc
-                .as_ref()
-                .is_some_and(|d| d.overlaps(first, last));
-            if !cached && self.is_overwrite(inode.ino, &mut st, off, end)? {
-                return Ok(false);
-            }
+            self.delalloc_writeback_locked(inode)?;
+            self.delalloc_writeback_others(inode.ino);
+            wrote_back = true;
         }
-        self.reserve_room(inode, last - first + 1)?;
         let mut st = inode.state.lock();
         let st = &mut *st;
         let disk_size = st
@@ -207,30 +223,41 @@ impl Fs {
         Ok(true)
     }
 
-    /// Makes room for `blocks` more pages: within the memory limit and the free space. Writes
-    /// back this inode (its `io_lock` is held) and, where their locks are free, the others.
-    fn reserve_room(&self, inode: &Inode, blocks: u64) -> Result<()> {
+    /// Of logical blocks `first..=last`, how many have no page yet, and how many of those lie
+    /// over a hole (each needs a block reserved).
+    fn new_pages(
+        &self,
+        ino: u32,
+        st: &mut InodeState,
+        first: u64,
+        last: u64,
+    ) -> Result<(u64, u64)> {
+        let (mut pages, mut holes) = (0, 0);
+        for lblk in first..=last {
+            if st
+                .delalloc
+                .as_ref()
+                .is_some_and(|d| d.pages.contains_key(&lblk))
+            {
+                continue;
+            }
+            pages += 1;
+            holes += self.ext_map(ino, st, lblk as u32)?.is_none() as u64;
+        }
+        Ok((pages, holes))
+    }
+
+    /// Whether `holes` more reserved blocks would leave too little free space, and whether
+    /// `pages` more pages would pass the memory limit.
+    fn room_for(&self, pages: u64, holes: u64) -> (bool, bool) {
         let bs = self.geo.block_size as u64;
-        let over = || {
-            let free = self.free_blocks.load(Ordering::Relaxed);
-            let reserved = self.delalloc.reserved.load(Ordering::Relaxed);
-            let memory = self.delalloc.bytes.load(Ordering::Relaxed) + blocks * bs;
-            (
-                free < reserved + blocks + RESERVE_MARGIN_BLOCKS,
-                memory > self.opts.buffered_limit_bytes,
-            )
-        };
-        let (space, memory) = over();
-        if !space && !memory {
-            return Ok(());
-        }
-        self.delalloc_writeback_locked(inode)?;
-        self.delalloc_writeback_others(inode.ino);
-        let (space, _) = over();
-        if space {
-            return Err(Error::NoSpace);
-        }
-        Ok(())
+        let free = self.free_blocks.load(Ordering::Relaxed);
+        let reserved = self.delalloc.reserved.load(Ordering::Relaxed);
+        let memory = self.delalloc.bytes.load(Ordering::Relaxed) + pages * bs;
+        (
+            holes > 0 && free < reserved + holes + RESERVE_MARGIN_BLOCKS,
+            memory > self.opts.buffered_limit_bytes,
+        )
     }
 
     /// Writes back every inode's pages but `skip`'s, skipping inodes whose lock is taken.

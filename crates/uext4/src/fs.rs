@@ -45,6 +45,17 @@ pub struct MountOptions {
     pub buffered_limit_bytes: u64,
 }
 
+impl MountOptions {
+    /// The defaults, read-only: nothing on the device is changed (an image whose journal needs
+    /// recovery is refused; orphans are left for a read-write open).
+    pub fn ro() -> MountOptions {
+        MountOptions {
+            read_only: true,
+            ..Default::default()
+        }
+    }
+}
+
 impl Default for MountOptions {
     fn default() -> Self {
         MountOptions {

@@ -212,13 +212,7 @@ fn random_metadata_flips_never_panic() {
         }
         std::fs::write(&img.0, &bytes).unwrap();
         let r = std::panic::catch_unwind(|| {
-            if let Ok(fs) = Fs::open_path(
-                &img.0,
-                MountOptions {
-                    read_only: true,
-                    ..Default::default()
-                },
-            ) {
+            if let Ok(fs) = Fs::open_path(&img.0, MountOptions::ro()) {
                 let _ = walk(&fs);
             }
         });

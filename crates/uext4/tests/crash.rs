@@ -255,14 +255,7 @@ fn check_state(img: Vec<u8>, w: &Workload, at: usize, file: &Scratch) -> Vec<Str
                 .join(" | ")
         ));
     }
-    let fs = Fs::open_dev(
-        Arc::new(MemDevice::from_vec(img)),
-        MountOptions {
-            read_only: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let fs = Fs::open_dev(Arc::new(MemDevice::from_vec(img)), MountOptions::ro()).unwrap();
     for (when, fact) in &w.acks {
         if *when > at {
             continue;

@@ -245,14 +245,7 @@ fn kernel_made_directory() {
         }
         let levels = indirect_levels(&img.0, "/d");
         assert!(levels.is_some(), "{tag}: the kernel made an htree");
-        let fs = Fs::open_path(
-            &img.0,
-            MountOptions {
-                read_only: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
         let d = fs.lookup(2, b"d").unwrap().ino;
         for (n, &ino) in &want {
             assert_eq!(lookup_ino(&fs, d, n), Some(ino as u32), "{tag}");

@@ -170,26 +170,8 @@ fn replay_case(base: &Scratch) {
             "e2fsck -fy: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        let a = tree(
-            &Fs::open_path(
-                &ours.0,
-                MountOptions {
-                    read_only: true,
-                    ..Default::default()
-                },
-            )
-            .unwrap(),
-        );
-        let b = tree(
-            &Fs::open_path(
-                &e2.0,
-                MountOptions {
-                    read_only: true,
-                    ..Default::default()
-                },
-            )
-            .unwrap(),
-        );
+        let a = tree(&Fs::open_path(&ours.0, MountOptions::ro()).unwrap());
+        let b = tree(&Fs::open_path(&e2.0, MountOptions::ro()).unwrap());
         assert_eq!(a, b, "flush point {k}: uext4 and e2fsck replays differ");
         if can_loop_mount() && k % 9 == 0 {
             let kimg = scratch("jkernel");
@@ -198,16 +180,7 @@ fn replay_case(base: &Scratch) {
                 let _m = KernelMount::new(&kimg.0);
             }
             e2fsck_clean(&kimg.0);
-            let c = tree(
-                &Fs::open_path(
-                    &kimg.0,
-                    MountOptions {
-                        read_only: true,
-                        ..Default::default()
-                    },
-                )
-                .unwrap(),
-            );
+            let c = tree(&Fs::open_path(&kimg.0, MountOptions::ro()).unwrap());
             assert_eq!(a, c, "flush point {k}: uext4 and kernel replays differ");
         }
         checked += 1;
@@ -474,16 +447,7 @@ fn kernel_tree(dir: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
 }
 
 fn ro_tree(img: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
-    tree(
-        &Fs::open_path(
-            img,
-            MountOptions {
-                read_only: true,
-                ..Default::default()
-            },
-        )
-        .unwrap(),
-    )
+    tree(&Fs::open_path(img, MountOptions::ro()).unwrap())
 }
 
 fn read_blocks(img: &std::path::Path, bs: u64, blocks: &[u64]) -> Vec<(u64, Vec<u8>)> {

@@ -351,14 +351,7 @@ fn kernel_tree_reads_equal_in_uext4() {
         ));
         walk_host(&m.dir)
     };
-    let fs = Fs::open_path(
-        &img.0,
-        MountOptions {
-            read_only: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
     let ours = walk_uext4(&fs);
     assert_trees_equal(&theirs, &ours);
 }

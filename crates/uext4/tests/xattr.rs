@@ -160,14 +160,7 @@ fn kernel_written_xattrs_read_back() {
         assert_eq!(expect["many"].len(), 21);
         assert!(expect["acl"].contains_key(&b"system.posix_acl_access"[..]));
         assert!(expect["dacl"].contains_key(&b"system.posix_acl_default"[..]));
-        let fs = Fs::open_path(
-            &img.0,
-            MountOptions {
-                read_only: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
         for n in names {
             let ino = lookup_path(&fs, n);
             assert_eq!(ours(&fs, ino), expect[n], "{tag}: attributes of {n}");
@@ -451,14 +444,7 @@ fn kernel_compare(img: &Path, expect: &[(String, Xattrs)]) {
     drop(m);
     e2fsck_clean(img);
     // And uext4 reads the kernel's changes back.
-    let fs = Fs::open_path(
-        img,
-        MountOptions {
-            read_only: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let fs = Fs::open_path(img, MountOptions::ro()).unwrap();
     for ((p, _), want) in expect.iter().zip(after.iter()) {
         assert_eq!(
             &ours(&fs, lookup_path(&fs, p)),
@@ -706,16 +692,7 @@ fn corrupt_xattrs_are_reported() {
             file.read_exact(&mut v).unwrap();
             v
         };
-        let open_ro = || {
-            Fs::open_path(
-                &img.0,
-                MountOptions {
-                    read_only: true,
-                    ..Default::default()
-                },
-            )
-            .unwrap()
-        };
+        let open_ro = || Fs::open_path(&img.0, MountOptions::ro()).unwrap();
         let base = blk * 4096;
         let saved = peek(base, 4096);
         // A flipped value byte: checksum error with metadata_csum (the value is read as is
