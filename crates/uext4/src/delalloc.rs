@@ -93,14 +93,14 @@ impl Fs {
         self.delalloc.writeback_runs.load(Ordering::Relaxed)
     }
 
-    /// Whether writes go through the page cache (buffered mode, not DAX, not read-only).
+    /// Whether writes go through the page cache (buffered mode, and not DAX).
     pub(crate) fn buffered(&self) -> bool {
         self.opts.buffered && !self.opts.dax
     }
 
     /// The buffered write of `data` at `off`, `io_lock` held exclusively. Returns false, having
     /// done nothing, where the write is a pure overwrite that the direct path should take.
-    pub(crate) fn delalloc_write(&self, inode: &Inode, off: u64, data: &[u8]) -> Result<bool> {
+    pub(crate) fn delalloc_write(&self, inode: &InodeRef, off: u64, data: &[u8]) -> Result<bool> {
         let bs = self.geo.block_size as u64;
         let end = off + data.len() as u64;
         let (first, last) = (off / bs, (end - 1) / bs);
@@ -195,9 +195,7 @@ impl Fs {
             .reserved
             .fetch_add(reserved, Ordering::Relaxed);
         if added > 0 {
-            if let Some(i) = self.icache.get_cached(inode.ino) {
-                self.delalloc.inodes.lock().insert(inode.ino, i);
-            }
+            self.delalloc.inodes.lock().insert(inode.ino, inode.clone());
         }
         Ok(true)
     }

@@ -234,10 +234,9 @@ impl Fs {
         if st.delalloc.is_some() {
             let mut disk = st.disk_view().into_owned();
             self.write_inode(h, inode.ino, &mut disk)?;
-            inode.last_tid.fetch_max(h.tid(), Ordering::AcqRel);
-            return Ok(());
+        } else {
+            self.write_inode(h, inode.ino, &mut st.raw)?;
         }
-        self.write_inode(h, inode.ino, &mut st.raw)?;
         inode.last_tid.fetch_max(h.tid(), Ordering::AcqRel);
         Ok(())
     }

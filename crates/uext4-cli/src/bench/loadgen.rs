@@ -67,24 +67,16 @@ pub fn memcpy_pwrite_1g(dir: &Path, quick: bool) -> Result<f64> {
     Ok(4.0 * gib as f64 / (1 << 20) as f64 / t0.elapsed().as_secs_f64())
 }
 
-/// `dax`: None for pread/pwrite on the image file, Some(non_temporal) for the mapped image.
-/// `buffered`: the library's buffered mode (delayed allocation).
-#[allow(clippy::too_many_arguments)]
+/// Runs `workload` in-process on `img`, opened with `opts` (the system's mode: pread/pwrite,
+/// DAX with cached or non-temporal copies, buffered).
 pub fn run(
     img: &Path,
     workload: &str,
     jobs: usize,
     runtime: u64,
     quick: bool,
-    dax: Option<bool>,
-    buffered: bool,
+    opts: MountOptions,
 ) -> Result<LibResult> {
-    let opts = MountOptions {
-        dax: dax.is_some(),
-        dax_non_temporal: dax.unwrap_or(false),
-        buffered,
-        ..Default::default()
-    };
     let fs = Fs::open_path(img, opts)?;
     let gib: u64 = if quick { 64 << 20 } else { 1 << 30 };
     if workload == "pwrite-1g" {

@@ -580,15 +580,15 @@ impl Ctx {
             });
         }
         if system.starts_with("uext4-lib") {
-            let dax = match system {
-                "uext4-lib-dax" => Some(false),
-                "uext4-lib-dax-nt" => Some(true),
-                _ => None,
+            let opts = uext4::MountOptions {
+                dax: system.starts_with("uext4-lib-dax"),
+                dax_non_temporal: system == "uext4-lib-dax-nt",
+                buffered: system == "uext4-lib-buffered",
+                ..Default::default()
             };
             let img = self.base.join("uext4-lib.img");
             let journal_mib = self.mke2fs(&img, journal, self.image_mib(w, jobs))?;
-            let buffered = system == "uext4-lib-buffered";
-            let r = loadgen::run(&img, w, jobs, self.runtime, self.quick, dax, buffered)?;
+            let r = loadgen::run(&img, w, jobs, self.runtime, self.quick, opts)?;
             let fsck = fsck(&img);
             let _ = std::fs::remove_file(&img);
             return Ok(Record {
