@@ -443,12 +443,27 @@ impl Uext4Fuse {
     /// so the kernel's page cache stays valid from one open to the next (KEEP_CACHE), and a
     /// close needs no FLUSH request (the server keeps nothing per descriptor; with
     /// writeback_cache the kernel still writes dirty pages back on close).
-    fn open_flags(&self) -> FopenFlags {
+    ///
+    /// An open with O_DIRECT gets FOPEN_DIRECT_IO. The kernel honours
+    /// FOPEN_PARALLEL_DIRECT_WRITES only on that path (`fuse_direct_write_iter`); an O_DIRECT
+    /// descriptor without it goes through `fuse_cache_write_iter`, which holds the inode
+    /// lock exclusively for every write (and, with writeback_cache, through
+    /// `generic_file_write_iter`, the same), so direct writes to one file ran one at a time
+    /// in the kernel before the server saw them (seed 001 one layer up). With it, writes
+    /// inside the file take the lock shared, and a direct read takes none. Coherence with
+    /// descriptors that use the page cache is the kernel's: a direct write invalidates the
+    /// cached pages it covers, and with FUSE_DIRECT_IO_ALLOW_MMAP (always asked for) it
+    /// first writes back dirty pages of its range, and a cached open or mmap waits for
+    /// parallel direct writes to end.
+    fn open_flags(&self, flags: i32) -> FopenFlags {
         let mut f = FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES | FopenFlags::FOPEN_NOFLUSH;
         if self.opts.direct_io {
             f |= FopenFlags::FOPEN_DIRECT_IO;
         } else {
             f |= FopenFlags::FOPEN_KEEP_CACHE;
+            if flags & libc::O_DIRECT != 0 {
+                f |= FopenFlags::FOPEN_DIRECT_IO;
+            }
         }
         f
     }
@@ -543,10 +558,10 @@ impl Filesystem for Uext4Fuse {
         if self.opts.writeback_cache {
             caps.push(InitFlags::FUSE_WRITEBACK_CACHE);
         }
-        if self.opts.direct_io {
-            // Shared mmap keeps working on direct_io files.
-            caps.push(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
-        }
+        // Shared mmap keeps working on direct_io files (the direct_io option, and every
+        // O_DIRECT open: see open_flags), and a direct write first writes back the dirty
+        // cached pages of its range.
+        caps.push(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
         for c in caps {
             let _ = config.add_capabilities(c);
         }
@@ -780,11 +795,11 @@ impl Filesystem for Uext4Fuse {
         );
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(to_ext(ino)) {
             Ok(()) => reply.opened(
                 FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed)),
-                self.open_flags(),
+                self.open_flags(flags.0),
             ),
             Err(e) => reply.error(errno(&e)),
         }
@@ -1121,7 +1136,7 @@ impl Filesystem for Uext4Fuse {
             &file_attr(&a),
             Generation(a.generation as u64),
             FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed)),
-            self.open_flags(),
+            self.open_flags(flags),
         );
     }
 

@@ -51,10 +51,20 @@ impl ExtentCache {
 
 /// Removes logical blocks `[start, end)` from a cache, trimming and splitting extents.
 fn cache_cut(map: &mut BTreeMap<u32, Extent>, start: u64, end: u64) {
+    if start >= end {
+        return;
+    }
+    // Only the extent holding `start` (if any) and those that begin before `end` can meet the
+    // range: a walk of the whole map made every conversion of a fragmented file O(extents).
+    let from = u32::try_from(start)
+        .ok()
+        .and_then(|s| map.range(..=s).next_back().map(|(&k, _)| k))
+        .unwrap_or_else(|| u32::try_from(start).unwrap_or(u32::MAX));
     let hit: Vec<Extent> = map
-        .range(..)
+        .range(from..)
+        .take_while(|(&k, _)| (k as u64) < end)
         .map(|(_, e)| *e)
-        .filter(|e| e.end() > start && (e.lblk as u64) < end)
+        .filter(|e| e.end() > start)
         .collect();
     for x in hit {
         map.remove(&x.lblk);
@@ -857,12 +867,10 @@ impl Fs {
                     unwritten: true,
                 });
             }
-            // Edit one piece at a time so that each leaf edit stays small.
-            let first = parts.first().copied().into_iter().collect();
-            self.leaf_edit(h, ino, st, x.lblk, Some(x.lblk), first)?;
-            for p in parts.iter().skip(1) {
-                self.leaf_edit(h, ino, st, p.lblk, None, vec![*p])?;
-            }
+            // The pieces replace `x` in its leaf in one edit (they lie inside `x`'s range,
+            // so they belong to the same leaf): one leaf rewrite and checksum per conversion
+            // instead of one per piece.
+            self.leaf_edit(h, ino, st, x.lblk, Some(x.lblk), parts)?;
             if let Some(l) = left {
                 let merged = Extent {
                     len: l.len + w.len,
@@ -1131,7 +1139,14 @@ impl Fs {
                 }
                 Node::Block(_) => {
                     let n = cur.entries.len();
-                    let at = if appended { n - 1 } else { n / 2 };
+                    // A leaf filled by appends splits off only its last entry (the next
+                    // appends fill the new block); otherwise in half. An edit adds at most a
+                    // few entries, so either half fits.
+                    let at = if appended && n == cap + 1 {
+                        n - 1
+                    } else {
+                        n / 2
+                    };
                     let right: Vec<Entry> = cur.entries.split_off(at);
                     let nb = self.alloc_tree_block(h, ino, st, near)?;
                     self.write_node(h, ino, st, Node::Block(nb), cur.depth, &right, true)?;

@@ -17,6 +17,17 @@ use std::time::{Duration, SystemTime};
 
 const TTL: Duration = Duration::from_secs(1);
 
+/// The open flags uext4's server gives (`Uext4Fuse::open_flags`), so both take the same path
+/// through the kernel: an O_DIRECT open gets FOPEN_DIRECT_IO, without which the kernel ignores
+/// FOPEN_PARALLEL_DIRECT_WRITES.
+fn open_flags(flags: i32) -> FopenFlags {
+    let mut f = FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
+    if flags & libc::O_DIRECT != 0 {
+        f |= FopenFlags::FOPEN_DIRECT_IO;
+    }
+    f
+}
+
 struct Null {
     #[allow(clippy::type_complexity)]
     files: Mutex<(HashMap<Vec<u8>, u64>, HashMap<u64, u64>, u64)>,
@@ -102,7 +113,7 @@ impl Filesystem for Null {
         name: &OsStr,
         _mode: u32,
         _umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         use std::os::unix::ffi::OsStrExt;
@@ -123,11 +134,11 @@ impl Filesystem for Null {
             &attr(ino, s, false),
             Generation(0),
             FileHandle(0),
-            FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
+            open_flags(flags),
         );
     }
-    fn open(&self, _r: &Request, _ino: INodeNo, _f: OpenFlags, reply: ReplyOpen) {
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES);
+    fn open(&self, _r: &Request, _ino: INodeNo, f: OpenFlags, reply: ReplyOpen) {
+        reply.opened(FileHandle(0), open_flags(f.0));
     }
     #[allow(clippy::too_many_arguments)]
     fn read(
