@@ -25,6 +25,8 @@ impl Rng {
     }
 }
 
+/// A file laid out with its data written (as fio writes out a file that a job reads, or one
+/// laid out with `--overwrite=1`): the timed writes overwrite written blocks.
 fn layout(fs: &Fs, name: &str, size: u64) -> Result<u32> {
     let ino = fs.create(2, name.as_bytes(), 0o644, 0, 0)?.ino;
     let chunk = vec![0x5au8; 1 << 20];
@@ -34,6 +36,14 @@ fn layout(fs: &Fs, name: &str, size: u64) -> Result<u32> {
         fs.write(ino, off, &chunk[..n])?;
         off += n as u64;
     }
+    Ok(ino)
+}
+
+/// A file laid out as fio's create_only does for a write-only job: fallocated, so every
+/// block is allocated but unwritten (the timed writes convert them, as through FUSE).
+fn preallocate(fs: &Fs, name: &str, size: u64) -> Result<u32> {
+    let ino = fs.create(2, name.as_bytes(), 0o644, 0, 0)?.ino;
+    fs.fallocate(ino, 0, 0, size)?;
     Ok(ino)
 }
 
@@ -75,6 +85,7 @@ pub fn run(
     jobs: usize,
     runtime: u64,
     quick: bool,
+    written_layout: bool,
     opts: MountOptions,
 ) -> Result<LibResult> {
     let fs = Fs::open_path(img, opts)?;
@@ -110,7 +121,14 @@ pub fn run(
     let (files, bs, read_pct, fsync): (Vec<u32>, usize, u64, bool) = match workload {
         "overwrite-4k" => (
             (0..32)
-                .map(|i| layout(&fs, &format!("ow.{i}"), gib / 32))
+                .map(|i| {
+                    let name = format!("ow.{i}");
+                    if written_layout {
+                        layout(&fs, &name, gib / 32)
+                    } else {
+                        preallocate(&fs, &name, gib / 32)
+                    }
+                })
                 .collect::<Result<_>>()?,
             4096,
             0,
@@ -125,7 +143,7 @@ pub fn run(
             };
             (
                 (0..jobs)
-                    .map(|j| layout(&fs, &format!("job{j}"), size))
+                    .map(|j| preallocate(&fs, &format!("job{j}"), size))
                     .collect::<Result<_>>()?,
                 16384,
                 0,
