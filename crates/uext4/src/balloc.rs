@@ -225,11 +225,14 @@ impl Fs {
                 let mut st = self.groups[g as usize].lock();
                 let buf = self.block_bitmap(h, g, &mut st)?;
                 // Re-check under the lock: another thread may have taken it meanwhile.
-                let still = zero_run(&buf.read(), off, len, geo.blocks_in_group(g) as usize);
-                if still > 0
-                    && !self.pending_free_overlaps(geo.group_first_block(g) + off as u64, 1)
-                {
-                    return self.take_run(h, g, &mut st, &buf, off, still);
+                let at = geo.group_first_block(g) + off as u64;
+                let mut still =
+                    zero_run(&buf.read(), off, len, geo.blocks_in_group(g) as usize) as u64;
+                if let Some((s, _)) = self.pending_free_first_overlap(at, still) {
+                    still = s.saturating_sub(at);
+                }
+                if still > 0 {
+                    return self.take_run(h, g, &mut st, &buf, off, still as usize);
                 }
             }
         }
@@ -254,13 +257,17 @@ impl Fs {
             let mut pos = lo;
             while let Some(z) = find_zero(b, pos, hi) {
                 let mut len = zero_run(b, z, want, limit);
-                if self.pending_free_overlaps(base + z as u64, len as u64) {
-                    // Keep only the prefix that no uncommitted free covers.
-                    let mut k = 0;
-                    while k < len && !self.pending_free_overlaps(base + (z + k) as u64, 1) {
-                        k += 1;
+                let at = base + z as u64;
+                if let Some((s, e)) = self.pending_free_first_overlap(at, len as u64) {
+                    if s <= at {
+                        // z is free in the bitmap but freed by an uncommitted transaction:
+                        // jump past that whole range (not block by block: a deleted 1 GiB
+                        // file is one range of 262,144 blocks).
+                        pos = ((e - base) as usize).max(z + 1);
+                        continue;
                     }
-                    len = k;
+                    // Keep only the prefix that no uncommitted free covers.
+                    len = (s - at) as usize;
                 }
                 if len >= want || (any && len > 0) {
                     return Some((z, len));
@@ -368,16 +375,22 @@ impl Fs {
         Ok(())
     }
 
-    /// Whether `[blk, blk+len)` overlaps blocks freed by a transaction not yet committed.
-    pub(crate) fn pending_free_overlaps(&self, blk: u64, len: u64) -> bool {
+    /// The first range of blocks freed by a transaction not yet home that overlaps
+    /// `[blk, blk+len)`, as (start, end); such blocks are free in the bitmap but must not be
+    /// reused yet. The pending ranges are disjoint (a block is freed once until reused).
+    pub(crate) fn pending_free_first_overlap(&self, blk: u64, len: u64) -> Option<(u64, u64)> {
         let p = self.pending_free.lock();
-        if p.is_empty() {
-            return false;
+        if p.is_empty() || len == 0 {
+            return None;
         }
-        if let Some((&s, &(l, _))) = p.range(..blk + len).next_back() {
-            return s + l > blk;
+        if let Some((&s, &(l, _))) = p.range(..=blk).next_back() {
+            if s + l > blk {
+                return Some((s, s + l));
+            }
         }
-        false
+        p.range(blk + 1..blk + len)
+            .next()
+            .map(|(&s, &(l, _))| (s, s + l))
     }
 
     /// Forgets pending frees of transactions up to `tid` (called after they commit).
@@ -503,6 +516,72 @@ mod image_tests {
             let (s, n) = fs.alloc_blocks(&mut h, got[0].0, 1).unwrap();
             fs.free_blocks(&mut h, s, n as u64, false).unwrap();
         }
+        fs.unmount().unwrap();
+        fsck(&p);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    /// Blocks freed by a transaction that is not home yet are skipped whole, and the free
+    /// blocks before them are still used.
+    #[test]
+    fn uncommitted_frees_are_not_reused() {
+        let p = mkimg("pending", "600M", &["-b", "4096"]);
+        let fs = Fs::open_path(
+            &p,
+            MountOptions {
+                commit_interval_secs: 0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let goal = fs.geo.group_first_block(1) + 10;
+        let (pa, qa, ra) = {
+            let mut h = fs.start(16).unwrap();
+            let pa = fs.alloc_blocks(&mut h, goal, 100).unwrap();
+            let qa = fs.alloc_blocks(&mut h, pa.0 + 100, 20_000).unwrap();
+            let ra = fs.alloc_blocks(&mut h, qa.0 + qa.1 as u64, 100).unwrap();
+            (pa, qa, ra)
+        };
+        assert_eq!(
+            (pa.1, qa.0, qa.1, ra.0),
+            (100, pa.0 + 100, 20_000, qa.0 + 20_000)
+        );
+        {
+            let mut h = fs.start(16).unwrap();
+            fs.free_blocks(&mut h, pa.0, 100, false).unwrap();
+        }
+        fs.sync().unwrap();
+        // Q is freed but stays uncommitted: P (home) is free before it, R in use after it.
+        let mut h = fs.start(16).unwrap();
+        fs.free_blocks(&mut h, qa.0, qa.1 as u64, false).unwrap();
+        let overlaps_q = |(s, n): (u64, u32)| s < qa.0 + qa.1 as u64 && qa.0 < s + n as u64;
+        // Blocks still held at the end (freed before unmount so that e2fsck finds no leak).
+        let mut held = vec![ra];
+        // The free run before Q is used, up to where Q begins ...
+        let got = fs.alloc_blocks(&mut h, pa.0, 100).unwrap();
+        assert_eq!(got, (pa.0, 100));
+        held.push(got);
+        // ... and a larger one is found past Q.
+        let got = fs.alloc_blocks(&mut h, pa.0, 300).unwrap();
+        assert!(!overlaps_q(got), "{got:?} reuses uncommitted frees {qa:?}");
+        assert_eq!(got.1, 300);
+        held.push(got);
+        for _ in 0..50 {
+            let got = fs.alloc_blocks(&mut h, qa.0 + 5, 64).unwrap();
+            assert!(!overlaps_q(got), "{got:?} reuses uncommitted frees {qa:?}");
+            held.push(got);
+        }
+        drop(h);
+        fs.sync().unwrap();
+        // Home now: Q's blocks may be reused.
+        let mut h = fs.start(16).unwrap();
+        let got = fs.alloc_blocks(&mut h, qa.0, 64).unwrap();
+        assert_eq!(got, (qa.0, 64));
+        held.push(got);
+        for (s, n) in held {
+            fs.free_blocks(&mut h, s, n as u64, false).unwrap();
+        }
+        drop(h);
         fs.unmount().unwrap();
         fsck(&p);
         let _ = std::fs::remove_file(&p);
