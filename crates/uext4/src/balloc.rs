@@ -465,18 +465,23 @@ mod image_tests {
         );
     }
 
-    /// Allocates across groups (including never-used BLOCK_UNINIT groups, whose bitmaps must be
-    /// built exactly as e2fsck expects), frees everything, and checks the image and counts.
-    fn alloc_free_roundtrip(extra: &[&str]) {
-        let p = mkimg(&extra.join("").replace(['^', ',', '-'], ""), "600M", extra);
-        let fs = Fs::open_path(
-            &p,
+    /// Opens a test image with no timed commits: transactions commit when the test says.
+    fn open(p: &std::path::Path) -> std::sync::Arc<Fs> {
+        Fs::open_path(
+            p,
             MountOptions {
                 commit_interval_secs: 0,
                 ..Default::default()
             },
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    /// Allocates across groups (including never-used BLOCK_UNINIT groups, whose bitmaps must be
+    /// built exactly as e2fsck expects), frees everything, and checks the image and counts.
+    fn alloc_free_roundtrip(extra: &[&str]) {
+        let p = mkimg(&extra.join("").replace(['^', ',', '-'], ""), "600M", extra);
+        let fs = open(&p);
         let before = fs.statfs();
         let mut got = Vec::new();
         {
@@ -526,14 +531,7 @@ mod image_tests {
     #[test]
     fn uncommitted_frees_are_not_reused() {
         let p = mkimg("pending", "600M", &["-b", "4096"]);
-        let fs = Fs::open_path(
-            &p,
-            MountOptions {
-                commit_interval_secs: 0,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let fs = open(&p);
         let goal = fs.geo.group_first_block(1) + 10;
         let (pa, qa, ra) = {
             let mut h = fs.start(16).unwrap();
