@@ -404,8 +404,12 @@ impl Fs {
             }
         }
         if de > ds {
-            self.dev
-                .write_at(phys(ds), &data[(ds - off) as usize..(de - off) as usize])?;
+            let part = &data[(ds - off) as usize..(de - off) as usize];
+            if zero_uncovered {
+                self.dev.write_new_at(phys(ds), part)?;
+            } else {
+                self.dev.write_at(phys(ds), part)?;
+            }
         }
         Ok(())
     }
