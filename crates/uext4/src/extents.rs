@@ -40,6 +40,10 @@ impl ExtentCache {
             None
         }
     }
+    /// The last extent that starts at or before `lblk` (containing it or before it).
+    pub fn prev(&self, lblk: u32) -> Option<Extent> {
+        self.map.range(..=lblk).next_back().map(|(_, e)| *e)
+    }
     /// The first extent ending after `lblk`.
     pub fn next(&self, lblk: u32) -> Option<Extent> {
         if let Some(e) = self.lookup(lblk) {
@@ -593,6 +597,17 @@ impl Fs {
         Ok(false)
     }
 
+    /// Answers `ask` from the file's extent cache, loading it first.
+    pub(crate) fn ext_cached<T>(
+        &self,
+        ino: u32,
+        st: &mut InodeState,
+        ask: impl FnOnce(&ExtentCache) -> T,
+    ) -> Result<T> {
+        self.ext_load(ino, st)?;
+        Ok(ask(st.extents.as_ref().unwrap()))
+    }
+
     /// The extent containing `lblk`, or None for a hole.
     pub(crate) fn ext_map(
         &self,
@@ -600,8 +615,7 @@ impl Fs {
         st: &mut InodeState,
         lblk: u32,
     ) -> Result<Option<Extent>> {
-        self.ext_load(ino, st)?;
-        Ok(st.extents.as_ref().unwrap().lookup(lblk))
+        self.ext_cached(ino, st, |c| c.lookup(lblk))
     }
 
     /// The first extent that ends after `lblk` (containing it or after it).
@@ -611,8 +625,7 @@ impl Fs {
         st: &mut InodeState,
         lblk: u32,
     ) -> Result<Option<Extent>> {
-        self.ext_load(ino, st)?;
-        Ok(st.extents.as_ref().unwrap().next(lblk))
+        self.ext_cached(ino, st, |c| c.next(lblk))
     }
 
     fn writable_tree(&self, ino: u32, st: &mut InodeState) -> Result<()> {

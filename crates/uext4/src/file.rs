@@ -361,12 +361,16 @@ impl Fs {
         Ok(n)
     }
 
-    /// Where to look for blocks for logical block `lblk`: right after the previous block's
-    /// physical block, else near the inode's group.
+    /// Where to look for blocks for logical block `lblk`: where the nearest extent before it
+    /// would put it if it continued that far (as the kernel's ext4_ext_find_goal does), else
+    /// near the inode's group. Aiming at the block's own distance from that extent, not just
+    /// past it, keeps the file contiguous when its pieces are allocated out of order (two
+    /// threads writing back neighbouring 1 MiB ranges: the later range no longer takes the
+    /// blocks right after the extent and pushes the earlier one behind it).
     fn alloc_goal(&self, ino: u32, st: &mut InodeState, lblk: u64) -> Result<u64> {
         if lblk > 0 {
-            if let Some(e) = self.ext_map(ino, st, (lblk - 1) as u32)? {
-                return Ok(e.pblk + (lblk - 1 - e.lblk as u64) + 1);
+            if let Some(e) = self.ext_cached(ino, st, |c| c.prev((lblk - 1) as u32))? {
+                return Ok(e.pblk + (lblk - e.lblk as u64));
             }
         }
         let g = self.geo.ino_group(ino);

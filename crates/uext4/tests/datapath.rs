@@ -349,3 +349,27 @@ fn buffered_writes_fail_when_full_not_at_fsync() {
     assert!(buf == chunk);
     fs.unmount().unwrap();
 }
+
+/// Pieces of a file allocated out of order (as neighbouring writeback ranges from two threads
+/// are) still land physically in file order: each piece aims at its own distance from the
+/// extent before it.
+#[test]
+fn out_of_order_pieces_stay_contiguous() {
+    let (img, fs) = open("order");
+    let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+    let piece = vec![7u8; 1 << 20];
+    for i in [0u64, 2, 1, 5, 3, 4] {
+        fs.write(f, i << 20, &piece).unwrap();
+    }
+    let ext = fs.ext_list(f).unwrap();
+    let first = ext[0].pblk - ext[0].lblk as u64;
+    for e in &ext {
+        assert_eq!(
+            e.pblk - e.lblk as u64,
+            first,
+            "not in file order on disk: {ext:?}"
+        );
+    }
+    fs.unmount().unwrap();
+    e2fsck_clean(&img.0);
+}
