@@ -388,10 +388,10 @@ impl BlockDevice for MappedDevice {
     fn write_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
         self.copy_in(off, buf, self.non_temporal)
     }
-    /// New blocks take a cached copy even with non-temporal stores on: in a sparse or tmpfs
+    /// New blocks take a cached copy even with non-temporal stores on: measured faster on
+    /// pwrite-1g in-process (BENCHMARKS.md, DAX). The likely reason: in a sparse or tmpfs
     /// image their pages are faulted in (and zeroed, through the cache) by the copy itself, so
-    /// the lines are in the cache when the data arrives, and streaming stores would have to
-    /// evict them first. Measured on pwrite-1g in-process (BENCHMARKS.md, DAX).
+    /// the lines are in the cache when the data arrives, and streaming stores must evict them.
     fn write_new_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
         self.copy_in(off, buf, false)
     }

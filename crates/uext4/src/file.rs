@@ -370,7 +370,14 @@ impl Fs {
     fn alloc_goal(&self, ino: u32, st: &mut InodeState, lblk: u64) -> Result<u64> {
         if lblk > 0 {
             if let Some(e) = self.ext_cached(ino, st, |c| c.prev((lblk - 1) as u32))? {
-                return Ok(e.pblk + (lblk - e.lblk as u64));
+                let at = e.pblk + (lblk - e.lblk as u64);
+                // Past the end of the filesystem (a far-away block of a sparse file): just
+                // after the extent instead.
+                return Ok(if at < self.geo.blocks_count {
+                    at
+                } else {
+                    e.pblk + e.len as u64
+                });
             }
         }
         let g = self.geo.ino_group(ino);
