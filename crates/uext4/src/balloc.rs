@@ -393,6 +393,21 @@ impl Fs {
             .map(|(&s, &(l, _))| (s, s + l))
     }
 
+    /// Runs `op`, and once more if it ran out of space while blocks freed by transactions not
+    /// yet home were held back: after committing and waiting for those to go home, so that
+    /// deleting a file on a full filesystem makes its space usable at once (the kernel's
+    /// ext4_should_retry_alloc forces a commit likewise). Call with no handle open.
+    pub(crate) fn retry_nospace<T>(&self, mut op: impl FnMut() -> Result<T>) -> Result<T> {
+        match op() {
+            Err(Error::NoSpace) if !self.pending_free.lock().is_empty() => {
+                self.commit()?;
+                self.checkpoint_drain()?;
+                op()
+            }
+            r => r,
+        }
+    }
+
     /// Forgets pending frees of transactions up to `tid` (called after they commit).
     pub(crate) fn release_pending_frees(&self, tid: u64) {
         self.pending_free.lock().retain(|_, (_, t)| *t > tid);

@@ -112,6 +112,10 @@ impl Fs {
 
     pub fn write(&self, ino: u32, off: u64, data: &[u8]) -> Result<usize> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
+        self.retry_nospace(|| self.write_once(ino, off, data))
+    }
+
+    fn write_once(&self, ino: u32, off: u64, data: &[u8]) -> Result<usize> {
         self.check_writable()?;
         if data.is_empty() {
             return Ok(0);
@@ -509,6 +513,10 @@ impl Fs {
 
     pub fn fallocate(&self, ino: u32, mode: i32, off: u64, len: u64) -> Result<()> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
+        self.retry_nospace(|| self.fallocate_once(ino, mode, off, len))
+    }
+
+    fn fallocate_once(&self, ino: u32, mode: i32, off: u64, len: u64) -> Result<()> {
         self.check_writable()?;
         if len == 0 {
             return Err(Error::Invalid("fallocate: length 0".into()));
@@ -679,7 +687,7 @@ impl Fs {
             .map(|&(ino, datasync)| {
                 self.stats.ops.fetch_add(1, Ordering::Relaxed);
                 let inode = self.iget(ino)?;
-                self.delalloc_writeback(&inode)?;
+                self.retry_nospace(|| self.delalloc_writeback(&inode))?;
                 let tid = if datasync {
                     inode.last_data_tid.load(Ordering::Acquire)
                 } else {

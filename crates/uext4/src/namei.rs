@@ -283,71 +283,74 @@ impl Fs {
         mode: u16,
         uid: u32,
         gid: u32,
-        init: impl FnOnce(&Fs, &mut Handle<'_>, &mut RawInode) -> Result<()>,
+        init: impl Fn(&Fs, &mut Handle<'_>, &mut RawInode) -> Result<()>,
     ) -> Result<Attr> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
-        check_name(name)?;
-        self.check_writable()?;
-        let d = self.dir_inode(dir)?;
-        let _g = d.io_lock.write();
-        if is_dot(name) || self.find(&d, name)?.is_some() {
-            return Err(Error::Exists);
-        }
-        if d.state.lock().raw.links_count() == 0 {
-            return Err(Error::NotFound);
-        }
-        let is_dir = mode & S_IFMT == S_IFDIR;
-        let mut h = self.start(credits::CREATE)?;
-        let ino = self.alloc_inode(&mut h, dir, is_dir)?;
-        let now = Timestamp::now();
-        let mut raw = self.new_raw_inode();
-        raw.set_mode(mode);
-        raw.set_uid(uid);
-        raw.set_gid(gid);
-        raw.set_links_count(1);
-        raw.set_atime(now);
-        raw.set_mtime(now);
-        raw.set_ctime(now);
-        raw.set_crtime(now);
-        raw.set_generation(next_generation());
-        if let Err(e) = init(self, &mut h, &mut raw) {
-            self.free_inode(&mut h, ino, is_dir)?;
-            return Err(e);
-        }
-        let inode = self.iget_new(ino, raw);
-        let result = (|| -> Result<()> {
-            let mut ist = inode.state.lock();
-            if is_dir {
-                self.dir_init(&mut h, ino, &mut ist, dir)?;
+        // A retry runs the whole creation again (`retry_nospace`).
+        self.retry_nospace(|| {
+            check_name(name)?;
+            self.check_writable()?;
+            let d = self.dir_inode(dir)?;
+            let _g = d.io_lock.write();
+            if is_dot(name) || self.find(&d, name)?.is_some() {
+                return Err(Error::Exists);
             }
-            self.mark_inode_dirty(&mut h, &inode, &mut ist)?;
-            drop(ist);
-            let mut dst = d.state.lock();
-            self.dir_add(&mut h, dir, &mut dst, name, ino, ftype_of(mode))?;
-            if is_dir {
-                inc_nlink(&mut dst.raw)?;
+            if d.state.lock().raw.links_count() == 0 {
+                return Err(Error::NotFound);
             }
-            dst.raw.set_mtime(now);
-            dst.raw.set_ctime(now);
-            self.mark_inode_dirty(&mut h, &d, &mut dst)?;
-            Ok(())
-        })();
-        if let Err(e) = result {
-            // Undo: release whatever the new inode got, and its number.
-            let mut ist = inode.state.lock();
-            let _ = self.evict_blocks(&mut h, &inode, &mut ist);
-            // The inode was already written live in this handle: write it back as deleted.
-            ist.raw.set_links_count(0);
-            ist.raw.set_dtime(Timestamp::now().sec as u32);
-            let _ = self.write_inode(&mut h, ino, &mut ist.raw);
-            ist.deleted = true;
-            drop(ist);
-            self.icache.remove(ino);
-            self.free_inode(&mut h, ino, is_dir)?;
-            return Err(e);
-        }
-        let st = inode.state.lock();
-        Ok(self.attr_of(ino, &st.raw))
+            let is_dir = mode & S_IFMT == S_IFDIR;
+            let mut h = self.start(credits::CREATE)?;
+            let ino = self.alloc_inode(&mut h, dir, is_dir)?;
+            let now = Timestamp::now();
+            let mut raw = self.new_raw_inode();
+            raw.set_mode(mode);
+            raw.set_uid(uid);
+            raw.set_gid(gid);
+            raw.set_links_count(1);
+            raw.set_atime(now);
+            raw.set_mtime(now);
+            raw.set_ctime(now);
+            raw.set_crtime(now);
+            raw.set_generation(next_generation());
+            if let Err(e) = init(self, &mut h, &mut raw) {
+                self.free_inode(&mut h, ino, is_dir)?;
+                return Err(e);
+            }
+            let inode = self.iget_new(ino, raw);
+            let result = (|| -> Result<()> {
+                let mut ist = inode.state.lock();
+                if is_dir {
+                    self.dir_init(&mut h, ino, &mut ist, dir)?;
+                }
+                self.mark_inode_dirty(&mut h, &inode, &mut ist)?;
+                drop(ist);
+                let mut dst = d.state.lock();
+                self.dir_add(&mut h, dir, &mut dst, name, ino, ftype_of(mode))?;
+                if is_dir {
+                    inc_nlink(&mut dst.raw)?;
+                }
+                dst.raw.set_mtime(now);
+                dst.raw.set_ctime(now);
+                self.mark_inode_dirty(&mut h, &d, &mut dst)?;
+                Ok(())
+            })();
+            if let Err(e) = result {
+                // Undo: release whatever the new inode got, and its number.
+                let mut ist = inode.state.lock();
+                let _ = self.evict_blocks(&mut h, &inode, &mut ist);
+                // The inode was already written live in this handle: write it back as deleted.
+                ist.raw.set_links_count(0);
+                ist.raw.set_dtime(Timestamp::now().sec as u32);
+                let _ = self.write_inode(&mut h, ino, &mut ist.raw);
+                ist.deleted = true;
+                drop(ist);
+                self.icache.remove(ino);
+                self.free_inode(&mut h, ino, is_dir)?;
+                return Err(e);
+            }
+            let st = inode.state.lock();
+            Ok(self.attr_of(ino, &st.raw))
+        })
     }
 
     pub fn link(&self, ino: u32, newdir: u32, newname: &[u8]) -> Result<Attr> {

@@ -373,3 +373,51 @@ fn out_of_order_pieces_stay_contiguous() {
     fs.unmount().unwrap();
     e2fsck_clean(&img.0);
 }
+
+/// Space freed by deleting a file on a full filesystem is usable at once, not only after the
+/// deleting transaction has been committed and written home: a write, a fallocate and a
+/// mkdir that need it commit and retry.
+#[test]
+fn deleted_space_is_usable_at_once() {
+    for buffered in [false, true] {
+        let img = scratch(if buffered { "full-buf" } else { "full" });
+        mke2fs(&img.0, "16M", &[]);
+        let fs = Fs::open_path(
+            &img.0,
+            MountOptions {
+                commit_interval_secs: 0,
+                buffered,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let fill = |name: &[u8]| -> u64 {
+            let ino = fs.create(2, name, 0o644, 0, 0).unwrap().ino;
+            let chunk = vec![0x33u8; 1 << 20];
+            let mut off = 0u64;
+            while fs.write(ino, off, &chunk).is_ok() {
+                off += chunk.len() as u64;
+            }
+            fs.fsync(ino, false).unwrap_or(());
+            off
+        };
+        let filled = fill(b"a");
+        assert!(filled >= 8 << 20, "filled only {filled} bytes");
+        fs.unlink(2, b"a").unwrap();
+        // The unlink is not committed yet; its blocks must still serve the next writer.
+        let b = fs.create(2, b"b", 0o644, 0, 0).unwrap().ino;
+        let data = vec![0x44u8; filled as usize];
+        fs.write(b, 0, &data).unwrap();
+        fs.fsync(b, false).unwrap();
+        let mut back = vec![0u8; filled as usize];
+        assert_eq!(fs.read(b, 0, &mut back).unwrap(), filled as usize);
+        assert!(back == data, "b reads back other bytes");
+        fs.unlink(2, b"b").unwrap();
+        let c = fs.create(2, b"c", 0o644, 0, 0).unwrap().ino;
+        fs.fallocate(c, 0, 0, filled).unwrap();
+        fs.unlink(2, b"c").unwrap();
+        fs.mkdir(2, b"d", 0o755, 0, 0).unwrap();
+        fs.unmount().unwrap();
+        e2fsck_clean(&img.0);
+    }
+}
