@@ -213,6 +213,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             PathBuf::from("/dev/shm/uext4-bench")
         }
     });
+    let base_existed = base.exists();
     std::fs::create_dir_all(&base)?;
     std::fs::create_dir_all(&a.out)?;
     let exe = std::env::current_exe()?;
@@ -316,6 +317,22 @@ pub fn run(a: BenchArgs) -> Result<()> {
         pb.inc(1);
     }
     pb.finish_and_clear();
+    // The mount points are empty now (every system was unmounted after its run); a folder
+    // still mounted or holding files is left as it is (remove_dir refuses both). The job
+    // files written for fio go too.
+    if let Ok(entries) = std::fs::read_dir(&ctx.base) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("mnt-") {
+                let _ = std::fs::remove_dir(e.path());
+            } else if name.ends_with(".fio") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    if !base_existed {
+        let _ = std::fs::remove_dir(&ctx.base);
+    }
     std::fs::write(
         a.out.join("results.json"),
         serde_json::to_string_pretty(&records)?,
@@ -415,6 +432,9 @@ impl Drop for Mounted {
                     std::thread::sleep(Duration::from_millis(50));
                 }
             }
+        } else {
+            // A plain folder (raw): its files would otherwise hold their memory in /dev/shm.
+            let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
 }
