@@ -547,6 +547,9 @@ impl Fs {
                 fs.txn
                     .max_blocks
                     .store(journal.max_transaction_blocks(), Ordering::Relaxed);
+                // A commit that finds the log full hurries the batching checkpointer.
+                let ckpt = fs.ckpt.clone();
+                journal.set_checkpoint_callback(Box::new(move || ckpt.hurry()));
                 let _ = fs.journal.set(journal);
                 crate::transaction::spawn_checkpointer(Arc::downgrade(&fs), fs.ckpt.clone());
             }

@@ -317,6 +317,9 @@ impl crate::fs::Fs {
     pub(crate) fn checkpoint_drain(&self) -> crate::Result<()> {
         let mut s = self.ckpt.state.lock();
         while !s.jobs.is_empty() || s.busy {
+            // Again each round: transactions committed meanwhile must not wait for a batch.
+            s.urgent = true;
+            self.ckpt.work.notify_one();
             self.ckpt.done.wait(&mut s);
         }
         match &s.error {
@@ -416,7 +419,18 @@ struct CheckpointState {
     busy: bool,
     /// A checkpoint write failed: the filesystem stops, and drains report it.
     error: Option<String>,
+    /// Someone waits for checkpoint progress (a drain, a commit short of log space): write
+    /// home now instead of waiting for more commits to batch.
+    urgent: bool,
 }
+
+/// How long the checkpointer lets committed transactions gather before writing them home,
+/// unless the log fills past `CHECKPOINT_LOG_FRACTION` or someone waits: a block that many
+/// commits rewrite (an extent leaf, an inode table block) then goes home once per batch, with
+/// one flush, instead of once per commit.
+const CHECKPOINT_BATCH_DELAY: std::time::Duration = std::time::Duration::from_millis(50);
+/// The share of the log (1/n) in use above which the checkpointer writes home at once.
+const CHECKPOINT_LOG_FRACTION: u32 = 4;
 
 /// Background checkpointing (issue: "checkpointing in the background, ahead of need"): a commit
 /// queues its transaction and returns once it is in the journal; one thread per filesystem
@@ -435,6 +449,26 @@ impl Checkpointer {
     fn queue(&self, job: CheckpointJob) {
         self.state.lock().jobs.push_back(job);
         self.work.notify_one();
+    }
+
+    /// Asks for queued transactions to go home now (a commit is waiting for log space).
+    pub(crate) fn hurry(&self) {
+        self.state.lock().urgent = true;
+        self.work.notify_one();
+    }
+}
+
+/// Whether `fs`'s log is filling: more than 1/`CHECKPOINT_LOG_FRACTION` of it in use.
+fn log_filling(fs: &std::sync::Weak<crate::fs::Fs>) -> bool {
+    let Some(fs) = fs.upgrade() else {
+        return true;
+    };
+    match fs.journal.get() {
+        Some(j) => {
+            let len = j.log_len();
+            len - j.free_blocks().min(len) > len / CHECKPOINT_LOG_FRACTION
+        }
+        None => true,
     }
 }
 
@@ -456,6 +490,17 @@ pub(crate) fn spawn_checkpointer(fs: std::sync::Weak<crate::fs::Fs>, ckpt: Arc<C
                         return;
                     }
                 }
+                // Let more commits join the batch, unless someone waits or the log fills.
+                let until = std::time::Instant::now() + CHECKPOINT_BATCH_DELAY;
+                while !s.urgent && fs.strong_count() > 0 {
+                    if parking_lot::MutexGuard::unlocked(&mut s, || log_filling(&fs)) {
+                        break;
+                    }
+                    if ckpt.work.wait_until(&mut s, until).timed_out() {
+                        break;
+                    }
+                }
+                s.urgent = false;
                 s.busy = true;
                 s.jobs.drain(..).collect()
             };
