@@ -60,10 +60,8 @@ fn cache_cut(map: &mut BTreeMap<u32, Extent>, start: u64, end: u64) {
     }
     // Only the extent holding `start` (if any) and those that begin before `end` can meet the
     // range: a walk of the whole map made every conversion of a fragmented file O(extents).
-    let from = u32::try_from(start)
-        .ok()
-        .and_then(|s| map.range(..=s).next_back().map(|(&k, _)| k))
-        .unwrap_or_else(|| u32::try_from(start).unwrap_or(u32::MAX));
+    let s = u32::try_from(start).unwrap_or(u32::MAX);
+    let from = map.range(..=s).next_back().map_or(s, |(&k, _)| k);
     let hit: Vec<Extent> = map
         .range(from..)
         .take_while(|(&k, _)| (k as u64) < end)
