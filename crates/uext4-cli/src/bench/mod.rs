@@ -45,6 +45,11 @@ pub struct BenchArgs {
     /// files' data first, so overwrites overwrite).
     #[arg(long)]
     fallocated_layout: bool,
+    /// Measure every point this many times. The runs of one point (workload, journal, job
+    /// count) are interleaved across the systems, each round in a rotated order, and the table
+    /// shows each point's median run; every run's IOPS is kept in results.json (`runs`).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
     /// shm (default) or disk.
@@ -76,6 +81,8 @@ pub struct Record {
     pub journal: String,
     /// The image's journal size as dumpe2fs reports it (none for raw and fuse-null).
     pub journal_mib: Option<u32>,
+    /// Every run's IOPS for this point, in the order measured (one unless --repeat).
+    pub runs: Vec<f64>,
 }
 
 const WORKLOADS: &[&str] = &[
@@ -227,8 +234,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
         written_layout: !a.fallocated_layout,
     };
 
-    // The plan: every (workload, journal variant, system, job count) measured, in order.
-    let mut plan: Vec<(String, Option<u32>, String, usize)> = Vec::new();
+    if a.repeat == 0 {
+        bail!("--repeat takes a count of 1 or more");
+    }
+    // The plan: every (workload, journal variant, job count, system) measured, in that order,
+    // so that the systems of one point are measured minutes apart at most; with --repeat each
+    // point's rounds follow one another, the systems rotated by one place every round.
+    let mut plan: Vec<Step> = Vec::new();
     for w in &workloads {
         let fsync = w == "fsync-randwrite-16k";
         let mut journals = vec![a.journal_size];
@@ -266,6 +278,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             }
         }
     }
+    let plan = interleave(plan, a.repeat);
     let pb = indicatif::ProgressBar::new(plan.len() as u64);
     pb.set_style(
         indicatif::ProgressStyle::with_template("{elapsed_precise} {bar:30} {pos}/{len} {msg}")
@@ -289,6 +302,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             note: one_line(&format!("error: {e:#}")),
             journal: label.clone(),
             journal_mib: None,
+            runs: Vec::new(),
         });
         let line = format!(
             "{:>20} {:>20} {:>3} jobs {:>8}: {:>10.0} IOPS {:>9.1} MiB/s  p99 {:>8.0} us  fsck {}{}",
@@ -317,6 +331,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         pb.inc(1);
     }
     pb.finish_and_clear();
+    let records = medians(records);
     // The mount points are empty now (every system was unmounted after its run); a folder
     // still mounted or holding files is left as it is (remove_dir refuses both). The job
     // files written for fio go too.
@@ -337,7 +352,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         a.out.join("results.json"),
         serde_json::to_string_pretty(&records)?,
     )?;
-    let report = report(&records, &skipped, runtime, &a.out);
+    let report = report(&records, &skipped, runtime, a.repeat, &a.out);
     std::fs::write(a.out.join("report.md"), &report)?;
     println!("{report}");
     println!(
@@ -357,6 +372,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// One measurement in the plan: workload, journal size (None: the default), system, jobs.
+type Step = (String, Option<u32>, String, usize);
 
 struct Ctx {
     base: PathBuf,
@@ -605,6 +623,7 @@ impl Ctx {
                 note: String::new(),
                 journal: label,
                 journal_mib: None,
+                runs: Vec::new(),
             });
         }
         if system.starts_with("uext4-lib") {
@@ -640,6 +659,7 @@ impl Ctx {
                 note: String::new(),
                 journal: label,
                 journal_mib,
+                runs: Vec::new(),
             });
         }
         let m = self.setup(system, w, jobs, journal)?;
@@ -724,8 +744,79 @@ impl Ctx {
             note: String::new(),
             journal: label,
             journal_mib,
+            runs: Vec::new(),
         })
     }
+}
+
+/// The plan in measuring order: points (workload, journal, job count) in the order they
+/// first appear, each point's systems `repeat` times, rotated by one place every round so
+/// that no system always runs first (or right after the same neighbour).
+fn interleave(plan: Vec<Step>, repeat: usize) -> Vec<Step> {
+    // A point (workload, journal, jobs) and the systems measured at it.
+    type Point = (String, Option<u32>, usize);
+    let mut points: Vec<(Point, Vec<String>)> = Vec::new();
+    for (w, jn, s, j) in plan {
+        let key = (w, jn, j);
+        match points.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, systems)) => systems.push(s),
+            None => points.push((key, vec![s])),
+        }
+    }
+    let mut out = Vec::new();
+    for ((w, jn, j), systems) in points {
+        for round in 0..repeat {
+            for i in 0..systems.len() {
+                let s = &systems[(i + round) % systems.len()];
+                out.push((w.clone(), jn, s.clone(), j));
+            }
+        }
+    }
+    out
+}
+
+/// One record per point and system: the median run by IOPS (the lower of the middle two for
+/// an even count), with every run's IOPS in `runs`, the worst e2fsck result and every note.
+fn medians(records: Vec<Record>) -> Vec<Record> {
+    let mut groups: Vec<Vec<Record>> = Vec::new();
+    for r in records {
+        let same = |g: &&mut Vec<Record>| {
+            let f = &g[0];
+            f.system == r.system
+                && f.workload == r.workload
+                && f.journal == r.journal
+                && f.jobs == r.jobs
+        };
+        match groups.iter_mut().find(|g| same(g)) {
+            Some(g) => g.push(r),
+            None => groups.push(vec![r]),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|g| {
+            let runs: Vec<f64> = g.iter().map(|r| r.iops).collect();
+            let fsck = g
+                .iter()
+                .map(|r| r.fsck.clone())
+                .find(|f| f != "clean" && f != "-");
+            let mut notes: Vec<String> = Vec::new();
+            for r in &g {
+                if !r.note.is_empty() && !notes.contains(&r.note) {
+                    notes.push(r.note.clone());
+                }
+            }
+            let mut g = g;
+            g.sort_by(|a, b| a.iops.total_cmp(&b.iops));
+            let mut m = g.swap_remove((g.len() - 1) / 2);
+            if let Some(f) = fsck {
+                m.fsck = f;
+            }
+            m.note = notes.join("; ");
+            m.runs = runs;
+            m
+        })
+        .collect()
 }
 
 fn wait_mounted(dir: &Path) -> Result<()> {
@@ -787,7 +878,13 @@ fn bar(v: f64, max: f64, width: usize) -> String {
     "#".repeat(n.min(width))
 }
 
-fn report(records: &[Record], skipped: &[String], runtime: u64, out: &Path) -> String {
+fn report(
+    records: &[Record],
+    skipped: &[String],
+    runtime: u64,
+    repeat: usize,
+    out: &Path,
+) -> String {
     let mut s = String::new();
     s.push_str(&format!(
         "# uext4 bench\n\nOne run, side by side; {runtime} s per measurement; IOPS (pwrite-1g: \
@@ -795,6 +892,13 @@ fn report(records: &[Record], skipped: &[String], runtime: u64, out: &Path) -> S
          kernel's ext4 (same journal) and to the two ceilings, raw (fio on the same storage) and \
          fuse-null (the FUSE transport doing no work).\n\n"
     ));
+    if repeat > 1 {
+        s.push_str(&format!(
+            "Every point measured {repeat} times, the systems interleaved (rotated every round); \
+             each cell is the median run, and the spread (largest run / smallest) follows each \
+             table.\n\n"
+        ));
+    }
     if !skipped.is_empty() {
         s.push_str(&format!("Skipped: {}\n\n", skipped.join("; ")));
     }
@@ -924,6 +1028,44 @@ fn report(records: &[Record], skipped: &[String], runtime: u64, out: &Path) -> S
                 legend.join(", ")
             ));
         }
+        if repeat > 1 {
+            s.push_str("Spread (largest run / smallest), by job count:\n\n");
+            for sys in &systems {
+                let spreads: Vec<String> = js
+                    .iter()
+                    .filter_map(|&j| find(sys, j))
+                    .map(|r| {
+                        let lo = r.runs.iter().copied().fold(f64::INFINITY, f64::min);
+                        let hi = r.runs.iter().copied().fold(0.0, f64::max);
+                        if lo > 0.0 {
+                            format!("{:.2}", hi / lo)
+                        } else {
+                            "-".into()
+                        }
+                    })
+                    .collect();
+                s.push_str(&format!("- {sys}: {}\n", spreads.join(", ")));
+            }
+            s.push('\n');
+        }
+        // What the engine did in each run it reports on: for the fsync workload the mix of
+        // first writes into fallocated blocks (a journal handle each) and overwrites (none)
+        // differs with the job count (fio writes every block once before any twice).
+        for r in rs.iter() {
+            let counter = |k: &str| r.stats.as_ref().and_then(|v| v[k].as_u64());
+            if let (Some(a), Some(o), Some(c)) = (
+                counter("allocating_writes"),
+                counter("overwrites"),
+                counter("commits"),
+            ) {
+                if w == "fsync-randwrite-16k" {
+                    s.push_str(&format!(
+                        "- {} {} jobs: {a} allocating or converting writes, {o} overwrites, {c} commits\n",
+                        r.system, r.jobs
+                    ));
+                }
+            }
+        }
         for r in rs.iter().filter(|r| !r.note.is_empty()) {
             s.push_str(&format!("- {} {} jobs: {}\n", r.system, r.jobs, r.note));
         }
@@ -990,4 +1132,84 @@ fn report(records: &[Record], skipped: &[String], runtime: u64, out: &Path) -> S
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(system: &str, jobs: usize, iops: f64, fsck: &str) -> Record {
+        Record {
+            system: system.into(),
+            workload: "overwrite-4k".into(),
+            jobs,
+            iops,
+            bw_mib_s: 0.0,
+            p50_us: 0.0,
+            p99_us: iops / 10.0,
+            fsck: fsck.into(),
+            stats: None,
+            note: String::new(),
+            journal: "default".into(),
+            journal_mib: None,
+            runs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn interleave_rotates_systems_within_each_point() {
+        let p = |s: &str, j| ("w".to_string(), None, s.to_string(), j);
+        let plan = vec![
+            p("a", 1),
+            p("a", 8),
+            p("b", 1),
+            p("b", 8),
+            p("c", 1),
+            p("c", 8),
+        ];
+        let order: Vec<(String, usize)> = interleave(plan, 2)
+            .into_iter()
+            .map(|(_, _, s, j)| (s, j))
+            .collect();
+        let want: Vec<(String, usize)> = [
+            ("a", 1),
+            ("b", 1),
+            ("c", 1),
+            ("b", 1),
+            ("c", 1),
+            ("a", 1),
+            ("a", 8),
+            ("b", 8),
+            ("c", 8),
+            ("b", 8),
+            ("c", 8),
+            ("a", 8),
+        ]
+        .iter()
+        .map(|&(s, j)| (s.to_string(), j))
+        .collect();
+        assert_eq!(order, want);
+    }
+
+    #[test]
+    fn medians_keep_the_middle_run_every_run_and_the_worst_fsck() {
+        let rs = vec![
+            rec("a", 1, 300.0, "clean"),
+            rec("b", 1, 50.0, "clean"),
+            rec("a", 1, 100.0, "ERRORS: x"),
+            rec("a", 1, 200.0, "clean"),
+            rec("b", 1, 70.0, "clean"),
+        ];
+        let m = medians(rs);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].system, "a");
+        assert_eq!(m[0].iops, 200.0);
+        assert_eq!(m[0].p99_us, 20.0, "the median run's own latency");
+        assert_eq!(m[0].runs, vec![300.0, 100.0, 200.0]);
+        assert_eq!(m[0].fsck, "ERRORS: x");
+        // Two runs: the lower one.
+        assert_eq!(m[1].iops, 50.0);
+        assert_eq!(m[1].runs, vec![50.0, 70.0]);
+        assert_eq!(m[1].fsck, "clean");
+    }
 }
