@@ -21,7 +21,7 @@ pub struct MountArgs {
     foreground: bool,
     /// Comma-separated options: ro, rw, threads=N, allow_other, default_permissions,
     /// writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax,
-    /// noacl (POSIX ACLs are on by default), delalloc (the engine caches allocating writes and
+    /// nodax (an image on tmpfs is mapped unless this is given), noacl (POSIX ACLs are on by default), delalloc (the engine caches allocating writes and
     /// writes them back in large runs).
     #[arg(short = 'o')]
     options: Vec<String>,
@@ -278,6 +278,8 @@ fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<(
     }
     if opts.dax {
         eprintln!("uext4: dax: the image is mapped; reads and writes are memory copies");
+    } else if fs.is_mapped() {
+        eprintln!("uext4: the image is on tmpfs: mapped, reads and writes are memory copies (-o nodax: pread/pwrite)");
     }
     let session = uext4_fuse::serve(fs.clone(), image, mountpoint, opts).map_err(|e| {
         // SAFETY: access and geteuid have no preconditions beyond a valid path.

@@ -49,6 +49,8 @@ pub struct Options {
     pub commit_secs: u64,
     pub errors: uext4::fs::ErrorsBehaviour,
     pub dax: bool,
+    /// Map an image on tmpfs as `dax` does (default; `nodax` turns it off, and `dax` off).
+    pub map_tmpfs: bool,
     /// POSIX ACLs enforced by the kernel and inherited from default ACLs (FUSE_POSIX_ACL).
     pub acl: bool,
     /// The engine's buffered mode (delayed allocation): writes that allocate are cached and
@@ -71,6 +73,7 @@ impl Default for Options {
             commit_secs: 5,
             errors: uext4::fs::ErrorsBehaviour::RemountRo,
             dax: false,
+            map_tmpfs: true,
             acl: true,
             delalloc: false,
         }
@@ -102,6 +105,10 @@ impl Options {
                 "direct_io" => o.direct_io = true,
                 "commit" => o.commit_secs = num(v)?,
                 "dax" => o.dax = true,
+                "nodax" => {
+                    o.dax = false;
+                    o.map_tmpfs = false;
+                }
                 "acl" => o.acl = true,
                 "noacl" => o.acl = false,
                 "delalloc" => o.delalloc = true,
@@ -113,7 +120,7 @@ impl Options {
                         _ => return Err("option errors= takes remount-ro, continue or panic".into()),
                     }
                 }
-                _ => return Err(format!("unknown mount option {opt:?} (known: ro, rw, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, acl, noacl, delalloc)")),
+                _ => return Err(format!("unknown mount option {opt:?} (known: ro, rw, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc)")),
             }
         }
         Ok(o)
@@ -125,6 +132,7 @@ impl Options {
             errors: self.errors,
             commit_interval_secs: self.commit_secs,
             dax: self.dax,
+            map_tmpfs: self.map_tmpfs,
             buffered: self.delalloc,
             ..Default::default()
         }
@@ -1400,6 +1408,9 @@ mod tests {
         .unwrap();
         assert!(o.read_only && o.allow_other && o.writeback_cache && o.dax && o.delalloc);
         assert_eq!((o.threads, o.commit_secs), (4, 7));
+        assert!(o.map_tmpfs, "an image on tmpfs is mapped by default");
+        let o = Options::parse("dax,nodax").unwrap();
+        assert!(!o.dax && !o.map_tmpfs && !o.mount_options().map_tmpfs);
         let e = Options::parse("rw,bogus").unwrap_err();
         assert!(e.contains("bogus"), "{e}");
         assert!(Options::parse("threads=x").is_err());

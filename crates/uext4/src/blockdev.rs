@@ -30,6 +30,10 @@ pub trait BlockDevice: Send + Sync {
     fn read_only(&self) -> bool {
         false
     }
+    /// Whether reads and writes are memory copies into a mapping of the image.
+    fn is_mapped(&self) -> bool {
+        false
+    }
 }
 
 /// Counters of device traffic, shown by `uext4 stats`.
@@ -176,6 +180,13 @@ impl<D: BlockDevice + ?Sized> BlockDevice for CountingDevice<D> {
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
         self.inner.write_at(off, buf)
     }
+    fn write_new_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .bytes_written
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.inner.write_new_at(off, buf)
+    }
     fn flush(&self) -> io::Result<()> {
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
         self.inner.flush()
@@ -185,6 +196,9 @@ impl<D: BlockDevice + ?Sized> BlockDevice for CountingDevice<D> {
     }
     fn read_only(&self) -> bool {
         self.inner.read_only()
+    }
+    fn is_mapped(&self) -> bool {
+        self.inner.is_mapped()
     }
 }
 
@@ -279,11 +293,24 @@ impl BlockDevice for RecordingDevice {
 /// The DAX backend: the image is mapped into memory, so a read or a write is one memory copy
 /// and no system call (DESIGN.md R3). A flush writes back only the dirty parts of the mapping:
 /// writes mark 64 KiB chunks in a lock-free bitmap, and `flush` msyncs the marked runs.
+///
+/// Holes: a store into a hole of a sparse image file makes the kernel find storage for the
+/// page at fault time, and where there is none (a full tmpfs or disk) the answer is SIGBUS,
+/// which would kill the process. So the device keeps a bitmap of the pages known to have
+/// storage (found with SEEK_DATA/SEEK_HOLE at open), and a write that touches any other page
+/// first fallocates it: a full filesystem then fails that write with ENOSPC, as pwrite would.
+/// Only pages of the image file itself are tracked: somebody else punching holes in or
+/// truncating the image while it is open is not guarded against (pread/pwrite would see it
+/// too, as zeros or short reads).
 pub struct MappedDevice {
     map: memmap2::MmapRaw,
     dirty: Vec<AtomicU64>,
     /// Use non-temporal stores for large aligned copies (see `copy_nt`).
     non_temporal: bool,
+    file: File,
+    /// One bit per page of the image: set when the page has storage (is not a hole).
+    backed: Vec<AtomicU64>,
+    page_shift: u32,
 }
 
 const DAX_CHUNK_SHIFT: u32 = 16;
@@ -296,15 +323,83 @@ impl MappedDevice {
         let dirty = (0..chunks.div_ceil(64))
             .map(|_| AtomicU64::new(0))
             .collect();
-        Ok(MappedDevice {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+        let page_shift = page.trailing_zeros();
+        let pages = (map.len() as u64).div_ceil(page);
+        let backed: Vec<AtomicU64> = (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
+        let dev = MappedDevice {
             map,
             dirty,
             non_temporal,
-        })
+            file,
+            backed,
+            page_shift,
+        };
+        for (start, end) in data_ranges(&dev.file, dev.map.len() as u64) {
+            // Whole pages inside the data range only.
+            let first = start.div_ceil(page);
+            let last = end >> page_shift;
+            dev.mark_backed(first, last);
+        }
+        Ok(dev)
     }
 
     fn check(&self, off: u64, len: usize) -> io::Result<()> {
         range_check(off, len, self.map.len()).map(|_| ())
+    }
+
+    fn is_backed(&self, p: u64) -> bool {
+        self.backed[(p / 64) as usize].load(Ordering::Relaxed) & (1 << (p % 64)) != 0
+    }
+
+    /// Marks pages `first..last` as having storage.
+    fn mark_backed(&self, first: u64, last: u64) {
+        for p in first..last {
+            let w = &self.backed[(p / 64) as usize];
+            let bit = 1u64 << (p % 64);
+            if w.load(Ordering::Relaxed) & bit == 0 {
+                w.fetch_or(bit, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Gives every page of `off..off + len` storage before a store may touch it (see the
+    /// type's comment); pages already known to have it cost one bit test each.
+    fn ensure_backed(&self, off: u64, len: usize) -> io::Result<()> {
+        let first = off >> self.page_shift;
+        let last = (off + len as u64 - 1) >> self.page_shift;
+        let mut p = first;
+        while p <= last {
+            if self.is_backed(p) {
+                p += 1;
+                continue;
+            }
+            let start = p;
+            while p <= last && !self.is_backed(p) {
+                p += 1;
+            }
+            let (a, b) = (start << self.page_shift, p << self.page_shift);
+            let b = b.min(self.map.len() as u64);
+            // SAFETY: plain system call on our own descriptor.
+            let r = unsafe {
+                libc::fallocate(
+                    std::os::fd::AsRawFd::as_raw_fd(&self.file),
+                    libc::FALLOC_FL_KEEP_SIZE,
+                    a as libc::off_t,
+                    (b - a) as libc::off_t,
+                )
+            };
+            if r != 0 {
+                let e = io::Error::last_os_error();
+                // A filesystem without fallocate: nothing better can be done than the store.
+                if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                    return Err(e);
+                }
+            }
+            self.mark_backed(start, p);
+        }
+        Ok(())
     }
 
     /// Copies `buf` into the mapping at `off` (streaming stores for whole pages with
@@ -314,6 +409,7 @@ impl MappedDevice {
         if buf.is_empty() {
             return Ok(());
         }
+        self.ensure_backed(off, buf.len())?;
         // SAFETY: as in read_at.
         let dst = unsafe { self.map.as_mut_ptr().add(off as usize) };
         if non_temporal && buf.len() >= 4096 {
@@ -337,6 +433,31 @@ impl MappedDevice {
             }
         }
     }
+}
+
+/// The data ranges of `file` (everything outside them is a hole), from SEEK_DATA/SEEK_HOLE;
+/// none where the filesystem cannot tell (then every page is fallocated before its first store).
+fn data_ranges(file: &File, len: u64) -> Vec<(u64, u64)> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    let mut out = Vec::new();
+    let mut pos: u64 = 0;
+    while pos < len {
+        // SAFETY: lseek on our own descriptor; the shared file offset is not used elsewhere
+        // (every other access is positional or through the mapping).
+        let d = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
+        if d < 0 {
+            break;
+        }
+        // SAFETY: as above.
+        let h = unsafe { libc::lseek(fd, d, libc::SEEK_HOLE) };
+        if h <= d {
+            break;
+        }
+        out.push((d as u64, (h as u64).min(len)));
+        pos = h as u64;
+    }
+    out
 }
 
 /// Copies with non-temporal (streaming) stores where the CPU has them, bypassing the cache for
@@ -434,5 +555,8 @@ impl BlockDevice for MappedDevice {
     }
     fn size(&self) -> u64 {
         self.map.len() as u64
+    }
+    fn is_mapped(&self) -> bool {
+        true
     }
 }

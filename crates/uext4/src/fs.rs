@@ -38,6 +38,11 @@ pub struct MountOptions {
     /// default: measured faster on overwrite-4k (+10% at 1 job, +41% at 2) and even on pwrite-1g
     /// (-2%); see BENCHMARKS.md, "DAX: cached copy or non-temporal stores".
     pub dax_non_temporal: bool,
+    /// Map an image that is a file on tmpfs, as `dax` does (`open_path`, read-write, not
+    /// buffered). On tmpfs the page cache is the storage: pread/pwrite copy into the same
+    /// pages a mapping reaches with one memory copy and no system call, and msync has nothing
+    /// to write. On by default; `nodax` (mount) turns it off. Measured in BENCHMARKS.md.
+    pub map_tmpfs: bool,
     /// Buffered mode (not with `dax`): writes that allocate are cached and written back later
     /// in large runs (delayed allocation, see delalloc.rs); fsync writes back, then commits.
     pub buffered: bool,
@@ -64,6 +69,7 @@ impl Default for MountOptions {
             commit_interval_secs: 5,
             dax: false,
             dax_non_temporal: true,
+            map_tmpfs: true,
             buffered: false,
             buffered_limit_bytes: 128 << 20,
         }
@@ -266,6 +272,9 @@ impl BlockDevice for Counted {
     }
     fn read_only(&self) -> bool {
         self.inner.read_only()
+    }
+    fn is_mapped(&self) -> bool {
+        self.inner.is_mapped()
     }
 }
 
@@ -569,7 +578,8 @@ impl Fs {
 
     /// Opens an image file or block device by path.
     pub fn open_path(path: &std::path::Path, opts: MountOptions) -> Result<Arc<Fs>> {
-        if opts.dax && !opts.read_only {
+        let mapped = opts.dax || (opts.map_tmpfs && !opts.buffered && on_tmpfs(path));
+        if mapped && !opts.read_only {
             let dev = crate::blockdev::MappedDevice::open(path, opts.dax_non_temporal)?;
             return Fs::open_dev(Arc::new(dev), opts);
         }
@@ -581,6 +591,11 @@ impl Fs {
             }
         })?;
         Fs::open_dev(Arc::new(dev), opts)
+    }
+
+    /// Whether the device is the mapped image (`dax`, or an image on tmpfs).
+    pub fn is_mapped(&self) -> bool {
+        self.dev.is_mapped()
     }
 
     pub fn is_read_only(&self) -> bool {
@@ -922,4 +937,17 @@ pub struct StatFs {
     pub files: u64,
     pub files_free: u64,
     pub name_max: u32,
+}
+
+/// Whether `path` is a file on tmpfs (where mapping the image is the faster way to reach it).
+pub fn on_tmpfs(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid C string; `st` is written by statfs before it is read.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    r == 0 && st.f_type as i64 == TMPFS_MAGIC && std::fs::metadata(path).is_ok_and(|m| m.is_file())
 }

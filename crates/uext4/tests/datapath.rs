@@ -9,6 +9,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use uext4::{Fs, MountOptions};
 
+/// A fresh image opened with pread/pwrite (`map_tmpfs` off: the counting tests are about the
+/// engine's rules, the same whatever the device; the mapped device has tests of its own).
 fn open(tag: &str) -> (Scratch, Arc<Fs>) {
     let img = scratch(tag);
     mke2fs(&img.0, "128M", &[]);
@@ -16,6 +18,7 @@ fn open(tag: &str) -> (Scratch, Arc<Fs>) {
         &img.0,
         MountOptions {
             commit_interval_secs: 0,
+            map_tmpfs: false,
             ..Default::default()
         },
     )
@@ -165,6 +168,87 @@ fn dax_mapped_image_roundtrip() {
         want[12345..112345].fill(7);
         assert!(back == want, "DAX (non-temporal: {nt}) content differs");
     }
+}
+
+/// An image that is a sparse file on a full tmpfs: mapped by default, and its writes into
+/// holes fail with an error (ENOSPC, as pwrite's would), not SIGBUS. Needs root (a tmpfs of its
+/// own, 16 MiB, under a 64 MiB image).
+#[test]
+fn mapped_image_on_a_full_tmpfs_fails_cleanly() {
+    if !is_root() {
+        eprintln!("SKIP: not root, no tmpfs of our own to fill");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("uext4-fulltmpfs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    sh(&format!(
+        "mount -t tmpfs -o size=16m uext4test {}",
+        dir.display()
+    ));
+    let img = dir.join("img");
+    let result = std::panic::catch_unwind(|| {
+        mke2fs(&img, "64M", &["-J", "size=4"]);
+        let fs = Fs::open_path(
+            &img,
+            MountOptions {
+                commit_interval_secs: 0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(fs.is_mapped(), "an image on tmpfs is mapped by default");
+        let f = fs.create(2, b"big", 0o644, 0, 0).unwrap().ino;
+        let chunk = vec![0xabu8; 1 << 20];
+        let mut written = 0u64;
+        let err = loop {
+            match fs.write(f, written, &chunk) {
+                Ok(_) => written += chunk.len() as u64,
+                Err(e) => break e,
+            }
+            assert!(written < 64 << 20, "64 MiB written into a 16 MiB tmpfs");
+        };
+        eprintln!("after {} MiB: {err}", written >> 20);
+        assert!(written >= 1 << 20, "nothing could be written at all");
+        // What was written before the error reads back.
+        let mut back = vec![0u8; 1 << 20];
+        fs.read(f, 0, &mut back).unwrap();
+        assert!(back == chunk);
+        let _ = fs.unmount();
+    });
+    let _ = sh(&format!("umount {}", dir.display()));
+    let _ = std::fs::remove_dir(&dir);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// The mapped device fills a hole of a sparse image before its first store into it and
+/// leaves the bytes around the store as they were (zeros), with pages already backed kept.
+#[test]
+fn mapped_device_backs_holes_before_storing() {
+    use std::os::unix::fs::MetadataExt;
+    let img = scratch("holes");
+    let f = std::fs::File::create(&img.0).unwrap();
+    f.set_len(8 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[9u8; 4096], 1 << 20).unwrap();
+    drop(f);
+    let before = std::fs::metadata(&img.0).unwrap().blocks();
+    let dev = uext4::blockdev::MappedDevice::open(&img.0, false).unwrap();
+    use uext4::blockdev::BlockDevice;
+    dev.write_at(3 << 20, &[5u8; 100]).unwrap();
+    dev.write_at((1 << 20) + 10, &[6u8; 10]).unwrap();
+    dev.flush().unwrap();
+    let after = std::fs::metadata(&img.0).unwrap().blocks();
+    assert!(
+        after > before,
+        "the hole under the store got storage ({before} -> {after} sectors)"
+    );
+    let mut b = vec![0u8; 4096];
+    dev.read_at(3 << 20, &mut b).unwrap();
+    assert!(b[..100].iter().all(|&x| x == 5) && b[100..].iter().all(|&x| x == 0));
+    dev.read_at(1 << 20, &mut b).unwrap();
+    assert!(b[..10].iter().all(|&x| x == 9) && b[10..20].iter().all(|&x| x == 6));
+    assert!(b[20..].iter().all(|&x| x == 9));
 }
 
 fn open_buffered(img: &Scratch) -> Arc<Fs> {

@@ -457,8 +457,12 @@ proptest! {
         run_case(&ops, &[]);
     }
     #[test]
+    // pread/pwrite on the image (the other cases, on /dev/shm, map it).
     fn random_ops_1k_no_csum(ops in proptest::collection::vec(op_strategy(), 1..80)) {
-        run_case(&ops, &["-b", "1024", "-O", "^metadata_csum,^64bit"]);
+        run_case_with(&ops, &["-b", "1024", "-O", "^metadata_csum,^64bit"], MountOptions {
+            map_tmpfs: false,
+            ..MountOptions::default()
+        });
     }
     #[test]
     fn random_ops_csum_seed_orphan_file(ops in proptest::collection::vec(op_strategy(), 1..60)) {

@@ -21,7 +21,8 @@ pub struct BenchArgs {
     #[arg(long = "workload")]
     workloads: Vec<String>,
     /// Systems, comma-separated (default: all available): kernel, kernel-dioread_lock, fuse2fs,
-    /// uext4-fuse, uext4-fuse-wbc, uext4-fuse-dax, uext4-lib, raw, fuse-null.
+    /// uext4-fuse, uext4-fuse-wbc, uext4-fuse-dax, uext4-fuse-nodax, uext4-lib,
+    /// uext4-lib-nodax, raw, fuse-null ("nodax": pread/pwrite even on tmpfs).
     #[arg(long)]
     systems: Option<String>,
     /// Job counts to sweep (default: 1,2,4,8,16; the fsync workload also 64,256).
@@ -100,7 +101,9 @@ const SYSTEMS: &[&str] = &[
     "uext4-fuse",
     "uext4-fuse-wbc",
     "uext4-fuse-dax",
+    "uext4-fuse-nodax",
     "uext4-lib",
+    "uext4-lib-nodax",
     "uext4-lib-dax",
     "uext4-lib-dax-nt",
     "uext4-lib-buffered",
@@ -183,7 +186,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let why = match s.as_str() {
             "kernel" | "kernel-dioread_lock" if !root => Some("needs root and loop devices"),
             "fuse2fs" if !have("fuse2fs") => Some("fuse2fs is not installed"),
-            "fuse-null" | "uext4-fuse" | "uext4-fuse-wbc" | "uext4-fuse-dax" | "fuse2fs"
+            "fuse-null" | "uext4-fuse" | "uext4-fuse-wbc" | "uext4-fuse-dax"
+            | "uext4-fuse-nodax" | "fuse2fs"
                 if !Path::new("/dev/fuse").exists() =>
             {
                 Some("no /dev/fuse")
@@ -589,6 +593,9 @@ impl Ctx {
                     "uext4-fuse-dax" => {
                         c.args(["-o", "dax"]);
                     }
+                    "uext4-fuse-nodax" => {
+                        c.args(["-o", "nodax"]);
+                    }
                     _ => {}
                 }
                 let o = c.arg(&img).arg(&dir).output()?;
@@ -631,6 +638,7 @@ impl Ctx {
                 dax: system.starts_with("uext4-lib-dax"),
                 dax_non_temporal: system == "uext4-lib-dax-nt",
                 buffered: system == "uext4-lib-buffered",
+                map_tmpfs: system != "uext4-lib-nodax",
                 ..Default::default()
             };
             let img = self.base.join("uext4-lib.img");
