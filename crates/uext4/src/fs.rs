@@ -578,10 +578,16 @@ impl Fs {
 
     /// Opens an image file or block device by path.
     pub fn open_path(path: &std::path::Path, opts: MountOptions) -> Result<Arc<Fs>> {
-        let mapped = opts.dax || (opts.map_tmpfs && !opts.buffered && on_tmpfs(path));
-        if mapped && !opts.read_only {
+        if opts.dax && !opts.read_only {
             let dev = crate::blockdev::MappedDevice::open(path, opts.dax_non_temporal)?;
             return Fs::open_dev(Arc::new(dev), opts);
+        }
+        // An image on tmpfs is mapped unless that fails (not writable by us, empty): then it is
+        // opened as any other file, which reports the problem or opens it read-only.
+        if opts.map_tmpfs && !opts.buffered && !opts.read_only && on_tmpfs(path) {
+            if let Ok(dev) = crate::blockdev::MappedDevice::open(path, opts.dax_non_temporal) {
+                return Fs::open_dev(Arc::new(dev), opts);
+            }
         }
         let dev = crate::blockdev::FileDevice::open(path, opts.read_only).or_else(|e| {
             if e.raw_os_error() == Some(libc::EACCES) || e.raw_os_error() == Some(libc::EROFS) {
@@ -941,13 +947,6 @@ pub struct StatFs {
 
 /// Whether `path` is a file on tmpfs (where mapping the image is the faster way to reach it).
 pub fn on_tmpfs(path: &std::path::Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: `c` is a valid C string; `st` is written by statfs before it is read.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
-    r == 0 && st.f_type as i64 == TMPFS_MAGIC && std::fs::metadata(path).is_ok_and(|m| m.is_file())
+    std::fs::File::open(path)
+        .is_ok_and(|f| f.metadata().is_ok_and(|m| m.is_file()) && crate::blockdev::is_tmpfs(&f))
 }

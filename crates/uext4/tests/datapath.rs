@@ -141,11 +141,15 @@ fn readers_and_overwriters_of_one_file_run_together() {
 }
 
 /// DAX: the mapped image with cached and with non-temporal copies gives the same bytes and a
-/// clean image.
+/// clean image, on tmpfs (no msync) and on a disk filesystem (msync of the dirty chunks).
 #[test]
 fn dax_mapped_image_roundtrip() {
-    for nt in [false, true] {
-        let img = scratch("dax");
+    for (nt, on_disk) in [(false, false), (true, false), (true, true), (false, true)] {
+        let img = if on_disk {
+            Scratch(std::env::temp_dir().join(format!("uext4-dax-{}-{nt}.img", std::process::id())))
+        } else {
+            scratch("dax")
+        };
         mke2fs(&img.0, "64M", &[]);
         let opts = MountOptions {
             dax: true,
