@@ -298,7 +298,7 @@ impl BlockDevice for RecordingDevice {
 /// page at fault time, and where there is none (a full tmpfs or disk) the answer is SIGBUS,
 /// which would kill the process. So the device keeps a bitmap of the pages known to have
 /// storage (found with SEEK_DATA/SEEK_HOLE at open), and a write that touches any other page
-/// first fallocates it: a full filesystem then fails that write with ENOSPC, as pwrite would.
+/// goes through pwrite instead: a full filesystem then fails that write with ENOSPC.
 /// Only pages of the image file itself are tracked: somebody else punching holes in or
 /// truncating the image while it is open is not guarded against (pread/pwrite would see it
 /// too, as zeros or short reads).
@@ -368,42 +368,11 @@ impl MappedDevice {
         }
     }
 
-    /// Gives every page of `off..off + len` storage before a store may touch it (see the
-    /// type's comment); pages already known to have it cost one bit test each.
-    fn ensure_backed(&self, off: u64, len: usize) -> io::Result<()> {
+    /// Whether every page of `off..off + len` is known to have storage (one bit test each).
+    fn all_backed(&self, off: u64, len: usize) -> bool {
         let first = off >> self.page_shift;
         let last = (off + len as u64 - 1) >> self.page_shift;
-        let mut p = first;
-        while p <= last {
-            if self.is_backed(p) {
-                p += 1;
-                continue;
-            }
-            let start = p;
-            while p <= last && !self.is_backed(p) {
-                p += 1;
-            }
-            let (a, b) = (start << self.page_shift, p << self.page_shift);
-            let b = b.min(self.map.len() as u64);
-            // SAFETY: plain system call on our own descriptor.
-            let r = unsafe {
-                libc::fallocate(
-                    std::os::fd::AsRawFd::as_raw_fd(&self.file),
-                    libc::FALLOC_FL_KEEP_SIZE,
-                    a as libc::off_t,
-                    (b - a) as libc::off_t,
-                )
-            };
-            if r != 0 {
-                let e = io::Error::last_os_error();
-                // A filesystem without fallocate: nothing better can be done than the store.
-                if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
-                    return Err(e);
-                }
-            }
-            self.mark_backed(start, p);
-        }
-        Ok(())
+        (first..=last).all(|p| self.is_backed(p))
     }
 
     /// Copies `buf` into the mapping at `off` (streaming stores for whole pages with
@@ -413,7 +382,18 @@ impl MappedDevice {
         if buf.is_empty() {
             return Ok(());
         }
-        self.ensure_backed(off, buf.len())?;
+        if !self.all_backed(off, buf.len()) {
+            // Some page is a hole (see the type's comment): pwrite finds it storage, or fails
+            // with ENOSPC, and copies the data in the same call (a store would also take a
+            // page fault per page). The mapping sees the same pages.
+            self.file.write_all_at(buf, off)?;
+            self.mark_backed(
+                off >> self.page_shift,
+                ((off + buf.len() as u64 - 1) >> self.page_shift) + 1,
+            );
+            self.mark_dirty(off, buf.len());
+            return Ok(());
+        }
         // SAFETY: as in read_at.
         let dst = unsafe { self.map.as_mut_ptr().add(off as usize) };
         if non_temporal && buf.len() >= 4096 {
@@ -453,7 +433,7 @@ pub fn is_tmpfs(file: &File) -> bool {
 }
 
 /// The data ranges of `file` (everything outside them is a hole), from SEEK_DATA/SEEK_HOLE;
-/// none where the filesystem cannot tell (then every page is fallocated before its first store).
+/// none where the filesystem cannot tell (then every page's first write is a pwrite).
 fn data_ranges(file: &File, len: u64) -> Vec<(u64, u64)> {
     use std::os::fd::AsRawFd;
     let fd = file.as_raw_fd();

@@ -226,8 +226,9 @@ fn mapped_image_on_a_full_tmpfs_fails_cleanly() {
     }
 }
 
-/// The mapped device fills a hole of a sparse image before its first store into it and
-/// leaves the bytes around the store as they were (zeros), with pages already backed kept.
+/// The mapped device gives a hole of a sparse image storage when it first writes there (by
+/// pwrite) and leaves the bytes around the write as they were (zeros), with pages already
+/// backed kept.
 #[test]
 fn mapped_device_backs_holes_before_storing() {
     use std::os::unix::fs::MetadataExt;
