@@ -46,6 +46,17 @@ pub struct IoCounters {
     pub flushes: AtomicU64,
 }
 
+impl IoCounters {
+    pub(crate) fn count_read(&self, len: usize) {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
+    }
+    pub(crate) fn count_write(&self, len: usize) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.bytes_written.fetch_add(len as u64, Ordering::Relaxed);
+    }
+}
+
 /// An image file or a block device, read and written with pread/pwrite.
 pub struct FileDevice {
     file: File,
@@ -167,24 +178,15 @@ impl<D: BlockDevice + ?Sized> CountingDevice<D> {
 
 impl<D: BlockDevice + ?Sized> BlockDevice for CountingDevice<D> {
     fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.counters.reads.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .bytes_read
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.counters.count_read(buf.len());
         self.inner.read_at(off, buf)
     }
     fn write_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
-        self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .bytes_written
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.counters.count_write(buf.len());
         self.inner.write_at(off, buf)
     }
     fn write_new_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
-        self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .bytes_written
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.counters.count_write(buf.len());
         self.inner.write_new_at(off, buf)
     }
     fn flush(&self) -> io::Result<()> {

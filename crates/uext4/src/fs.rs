@@ -238,29 +238,17 @@ struct Counted {
     io: Arc<IoCounters>,
 }
 
-impl Counted {
-    fn count_write(&self, len: usize) {
-        self.io.writes.fetch_add(1, Ordering::Relaxed);
-        self.io
-            .bytes_written
-            .fetch_add(len as u64, Ordering::Relaxed);
-    }
-}
-
 impl BlockDevice for Counted {
     fn read_at(&self, off: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        self.io.reads.fetch_add(1, Ordering::Relaxed);
-        self.io
-            .bytes_read
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.io.count_read(buf.len());
         self.inner.read_at(off, buf)
     }
     fn write_at(&self, off: u64, buf: &[u8]) -> std::io::Result<()> {
-        self.count_write(buf.len());
+        self.io.count_write(buf.len());
         self.inner.write_at(off, buf)
     }
     fn write_new_at(&self, off: u64, buf: &[u8]) -> std::io::Result<()> {
-        self.count_write(buf.len());
+        self.io.count_write(buf.len());
         self.inner.write_new_at(off, buf)
     }
     fn flush(&self) -> std::io::Result<()> {
