@@ -21,8 +21,9 @@ pub struct MountArgs {
     foreground: bool,
     /// Comma-separated options: ro, rw, threads=N, allow_other, default_permissions,
     /// writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax,
-    /// nodax (an image on tmpfs is mapped unless this is given), noacl (POSIX ACLs are on by default), delalloc (the engine caches allocating writes and
-    /// writes them back in large runs).
+    /// nodax (an image on tmpfs is mapped unless this is given), noacl (POSIX ACLs are on by
+    /// default), delalloc (the engine caches allocating writes and writes them back in large
+    /// runs).
     #[arg(short = 'o')]
     options: Vec<String>,
     image: PathBuf,

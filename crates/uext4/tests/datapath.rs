@@ -192,6 +192,9 @@ fn mapped_image_on_a_full_tmpfs_fails_cleanly() {
     let img = dir.join("img");
     let result = std::panic::catch_unwind(|| {
         mke2fs(&img, "64M", &["-J", "size=4"]);
+        // Room that is given back after the failure, so that the unmount can write its metadata.
+        let filler = dir.join("filler");
+        std::fs::write(&filler, vec![1u8; 4 << 20]).unwrap();
         let fs = Fs::open_path(
             &img,
             MountOptions {
@@ -217,7 +220,11 @@ fn mapped_image_on_a_full_tmpfs_fails_cleanly() {
         let mut back = vec![0u8; 1 << 20];
         fs.read(f, 0, &mut back).unwrap();
         assert!(back == chunk);
-        let _ = fs.unmount();
+        // The failed write left nothing half-done: with room again, unmount and e2fsck find a
+        // clean image.
+        std::fs::remove_file(&filler).unwrap();
+        fs.unmount().unwrap();
+        e2fsck_clean(&img);
     });
     let _ = sh(&format!("umount {}", dir.display()));
     let _ = std::fs::remove_dir(&dir);
