@@ -316,7 +316,13 @@ pub struct MappedDevice {
     /// One bit per page of the image: set when the page has storage (is not a hole).
     backed: Vec<AtomicU64>,
     page_shift: u32,
+    /// On tmpfs, one bit per 2 MiB chunk whose backed pages have been mapped into this
+    /// mapping's page tables (see `populate_chunks`).
+    populated: Vec<AtomicU64>,
 }
+
+/// Chunks of the image that `populate_chunks` maps at once: 2 MiB.
+const POPULATE_SHIFT: u32 = 21;
 
 const DAX_CHUNK_SHIFT: u32 = 16;
 
@@ -339,6 +345,10 @@ impl MappedDevice {
         let page_shift = page.trailing_zeros();
         let pages = (map.len() as u64).div_ceil(page);
         let backed: Vec<AtomicU64> = (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
+        let populate_chunks = (map.len() as u64).div_ceil(1 << POPULATE_SHIFT);
+        let populated = (0..populate_chunks.div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect();
         let dev = MappedDevice {
             map,
             dirty,
@@ -347,6 +357,7 @@ impl MappedDevice {
             file,
             backed,
             page_shift,
+            populated,
         };
         for (start, end) in data_ranges(&dev.file, dev.map.len() as u64) {
             // Whole pages inside the data range only.
@@ -398,15 +409,14 @@ impl MappedDevice {
             // take pwrite too: it lands in the same pages and saves the faults of pages this
             // mapping has not touched yet.
             self.file.write_all_at(buf, off)?;
-            let first = off >> self.page_shift;
-            let last = ((off + buf.len() as u64 - 1) >> self.page_shift) + 1;
-            self.mark_backed(first, last);
-            if !large && !self.needs_sync {
-                self.populate(first, last);
-            }
+            self.mark_backed(
+                off >> self.page_shift,
+                ((off + buf.len() as u64 - 1) >> self.page_shift) + 1,
+            );
             self.mark_dirty(off, buf.len());
             return Ok(());
         }
+        self.populate_chunks(off, buf.len());
         // SAFETY: as in read_at.
         let dst = unsafe { self.map.as_mut_ptr().add(off as usize) };
         if non_temporal && buf.len() >= 4096 {
@@ -419,19 +429,57 @@ impl MappedDevice {
         Ok(())
     }
 
-    /// Maps pages `first..last` (which have storage) writable into this mapping now, so the
-    /// next store into them does not take a page fault. pwrite put the data in the page cache
-    /// but not in this mapping's page tables: overwrite-4k's timed stores faulted on every
-    /// page its layout had written by pwrite (about one fault per two requests at 16 jobs).
-    /// Advice only: a kernel without MADV_POPULATE_WRITE (before 5.14) just keeps the faults.
+    /// On tmpfs, maps the backed pages of the 2 MiB chunks that `off..off + len` touches into
+    /// this mapping's page tables, once per chunk, before the first copy in or out of them.
+    ///
+    /// Pages written with pwrite (a hole's first write, a large write, anything another process
+    /// wrote) are in the page cache but not in this mapping, and each first store into one took
+    /// a page fault: overwrite-4k's timed stores through FUSE faulted on about one request in
+    /// two at 16 jobs (its layout writes every page by pwrite). One MADV_POPULATE_WRITE per
+    /// chunk maps 512 pages for the cost of a few faults. Holes are left alone (populating one
+    /// would give it storage). Not on other filesystems: there it would dirty pages that then
+    /// get written back. Advice only: a kernel without MADV_POPULATE_WRITE (before 5.14), or a
+    /// page that became backed after its chunk was done, just takes the fault.
+    fn populate_chunks(&self, off: u64, len: usize) {
+        if self.needs_sync || len == 0 {
+            return;
+        }
+        let first = off >> POPULATE_SHIFT;
+        let last = (off + len as u64 - 1) >> POPULATE_SHIFT;
+        for c in first..=last {
+            let w = &self.populated[(c / 64) as usize];
+            let bit = 1u64 << (c % 64);
+            if w.load(Ordering::Relaxed) & bit != 0 || w.fetch_or(bit, Ordering::Relaxed) & bit != 0
+            {
+                continue;
+            }
+            let per_chunk = 1u64 << (POPULATE_SHIFT - self.page_shift);
+            let pages = (self.map.len() as u64).div_ceil(1 << self.page_shift);
+            let end = ((c + 1) * per_chunk).min(pages);
+            let mut p = c * per_chunk;
+            while p < end {
+                if !self.is_backed(p) {
+                    p += 1;
+                    continue;
+                }
+                let run = p;
+                while p < end && self.is_backed(p) {
+                    p += 1;
+                }
+                self.populate(run, p);
+            }
+        }
+    }
+
+    /// MADV_POPULATE_WRITE over pages `first..last`, which must all have storage.
     fn populate(&self, first: u64, last: u64) {
         let start = (first << self.page_shift) as usize;
         let end = ((last << self.page_shift) as usize).min(self.map.len());
         if start >= end {
             return;
         }
-        // SAFETY: the range lies inside the mapping and its pages have storage (written just
-        // now), so populating them allocates nothing and changes no data.
+        // SAFETY: the range lies inside the mapping and its pages have storage, so populating
+        // them allocates nothing and changes no data.
         unsafe {
             libc::madvise(
                 self.map.as_mut_ptr().add(start).cast(),
@@ -526,6 +574,7 @@ fn copy_nt(dst: *mut u8, src: &[u8]) {
 impl BlockDevice for MappedDevice {
     fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         self.check(off, buf.len())?;
+        self.populate_chunks(off, buf.len());
         // SAFETY: the range is inside the mapping (checked above); the mapping lives as long as
         // self. Concurrent writers to the same bytes are the filesystem's business (the engine's
         // locks order them), as with pread/pwrite on a shared file.
