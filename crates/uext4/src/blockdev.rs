@@ -306,7 +306,8 @@ impl BlockDevice for RecordingDevice {
 /// too, as zeros or short reads).
 pub struct MappedDevice {
     map: memmap2::MmapRaw,
-    dirty: Vec<AtomicU64>,
+    /// One bit per 64 KiB chunk written since the last flush (not kept on tmpfs).
+    dirty: AtomicBits,
     /// Use non-temporal stores for large aligned copies (see `copy_nt`).
     non_temporal: bool,
     file: File,
@@ -314,11 +315,32 @@ pub struct MappedDevice {
     /// msync has nothing to write (it would only cost a system call per dirty run).
     needs_sync: bool,
     /// One bit per page of the image: set when the page has storage (is not a hole).
-    backed: Vec<AtomicU64>,
+    backed: AtomicBits,
     page_shift: u32,
     /// On tmpfs, one bit per 2 MiB chunk whose backed pages have been mapped into this
     /// mapping's page tables (see `populate_chunks`).
-    populated: Vec<AtomicU64>,
+    populated: AtomicBits,
+}
+
+/// A fixed number of bits that threads set without a lock.
+struct AtomicBits(Vec<AtomicU64>);
+
+impl AtomicBits {
+    fn new(bits: u64) -> Self {
+        AtomicBits((0..bits.div_ceil(64)).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    fn get(&self, i: u64) -> bool {
+        self.0[(i / 64) as usize].load(Ordering::Relaxed) & (1 << (i % 64)) != 0
+    }
+
+    /// Sets bit `i`; returns whether it was set already. A bit already set costs a load only,
+    /// no write to a cache line that other threads read.
+    fn set(&self, i: u64) -> bool {
+        let w = &self.0[(i / 64) as usize];
+        let bit = 1u64 << (i % 64);
+        w.load(Ordering::Relaxed) & bit != 0 || w.fetch_or(bit, Ordering::Relaxed) & bit != 0
+    }
 }
 
 /// Chunks of the image that `populate_chunks` maps at once: 2 MiB.
@@ -337,18 +359,13 @@ impl MappedDevice {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let map = memmap2::MmapOptions::new().map_raw(&file)?;
         let chunks = (map.len() as u64 >> DAX_CHUNK_SHIFT) + 1;
-        let dirty = (0..chunks.div_ceil(64))
-            .map(|_| AtomicU64::new(0))
-            .collect();
+        let dirty = AtomicBits::new(chunks);
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
         let page_shift = page.trailing_zeros();
         let pages = (map.len() as u64).div_ceil(page);
-        let backed: Vec<AtomicU64> = (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
-        let populate_chunks = (map.len() as u64).div_ceil(1 << POPULATE_SHIFT);
-        let populated = (0..populate_chunks.div_ceil(64))
-            .map(|_| AtomicU64::new(0))
-            .collect();
+        let backed = AtomicBits::new(pages);
+        let populated = AtomicBits::new((map.len() as u64).div_ceil(1 << POPULATE_SHIFT));
         let dev = MappedDevice {
             map,
             dirty,
@@ -373,17 +390,13 @@ impl MappedDevice {
     }
 
     fn is_backed(&self, p: u64) -> bool {
-        self.backed[(p / 64) as usize].load(Ordering::Relaxed) & (1 << (p % 64)) != 0
+        self.backed.get(p)
     }
 
     /// Marks pages `first..last` as having storage.
     fn mark_backed(&self, first: u64, last: u64) {
         for p in first..last {
-            let w = &self.backed[(p / 64) as usize];
-            let bit = 1u64 << (p % 64);
-            if w.load(Ordering::Relaxed) & bit == 0 {
-                w.fetch_or(bit, Ordering::Relaxed);
-            }
+            self.backed.set(p);
         }
     }
 
@@ -447,10 +460,7 @@ impl MappedDevice {
         let first = off >> POPULATE_SHIFT;
         let last = (off + len as u64 - 1) >> POPULATE_SHIFT;
         for c in first..=last {
-            let w = &self.populated[(c / 64) as usize];
-            let bit = 1u64 << (c % 64);
-            if w.load(Ordering::Relaxed) & bit != 0 || w.fetch_or(bit, Ordering::Relaxed) & bit != 0
-            {
+            if self.populated.set(c) {
                 continue;
             }
             let per_chunk = 1u64 << (POPULATE_SHIFT - self.page_shift);
@@ -496,11 +506,7 @@ impl MappedDevice {
         let first = off >> DAX_CHUNK_SHIFT;
         let last = (off + len as u64 - 1) >> DAX_CHUNK_SHIFT;
         for c in first..=last {
-            let w = &self.dirty[(c / 64) as usize];
-            let bit = 1u64 << (c % 64);
-            if w.load(Ordering::Relaxed) & bit == 0 {
-                w.fetch_or(bit, Ordering::Relaxed);
-            }
+            self.dirty.set(c);
         }
     }
 }
@@ -611,7 +617,7 @@ impl BlockDevice for MappedDevice {
             let end = r.1.min(len);
             self.map.flush_range(r.0 as usize, (end - r.0) as usize)
         };
-        for (wi, w) in self.dirty.iter().enumerate() {
+        for (wi, w) in self.dirty.0.iter().enumerate() {
             let bits = w.swap(0, Ordering::AcqRel);
             if bits == 0 {
                 if let Some(r) = run.take() {
