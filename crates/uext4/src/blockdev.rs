@@ -348,10 +348,13 @@ const POPULATE_SHIFT: u32 = 21;
 
 const DAX_CHUNK_SHIFT: u32 = 16;
 
-/// On tmpfs, writes larger than this go through pwrite rather than a store into the mapping:
-/// 1 MiB overwrites through FUSE with writeback_cache ran at 0.57-0.75x the kernel with stores
-/// (a page fault for every page the mapping had not touched) and 0.81-0.84x with pwrite
-/// (pwrite-1g's overwrite-16m case, BENCHMARKS.md).
+/// On tmpfs, writes larger than this go through pwrite rather than a store into the mapping.
+/// Chosen when stores still faulted on every page the mapping had not touched (1 MiB
+/// overwrites through FUSE with writeback_cache: 0.57-0.75x the kernel with stores, 0.81-0.84x
+/// with pwrite). With the mapping populated (`populate_chunks`) the two are even on
+/// pwrite-1g's overwrite-16m (medians of three rounds 1,437 and 1,421 MiB/s) and pwrite is
+/// still ahead on its overwrite-4k through writeback_cache, whose writeback sends large writes
+/// (1,250 against 1,065 MiB/s).
 const PWRITE_FROM: usize = 64 << 10;
 
 impl MappedDevice {
@@ -389,10 +392,6 @@ impl MappedDevice {
         range_check(off, len, self.map.len()).map(|_| ())
     }
 
-    fn is_backed(&self, p: u64) -> bool {
-        self.backed.get(p)
-    }
-
     /// Marks pages `first..last` as having storage.
     fn mark_backed(&self, first: u64, last: u64) {
         for p in first..last {
@@ -404,7 +403,7 @@ impl MappedDevice {
     fn all_backed(&self, off: u64, len: usize) -> bool {
         let first = off >> self.page_shift;
         let last = (off + len as u64 - 1) >> self.page_shift;
-        (first..=last).all(|p| self.is_backed(p))
+        (first..=last).all(|p| self.backed.get(p))
     }
 
     /// Copies `buf` into the mapping at `off` (streaming stores for whole pages with
@@ -419,8 +418,7 @@ impl MappedDevice {
             // Some page is a hole (see the type's comment): pwrite finds it storage, or fails
             // with ENOSPC, and copies the data in the same call (a store would also take a
             // page fault per page). The mapping sees the same pages. On tmpfs large writes
-            // take pwrite too: it lands in the same pages and saves the faults of pages this
-            // mapping has not touched yet.
+            // take pwrite too (measured, see `PWRITE_FROM`): it lands in the same pages.
             self.file.write_all_at(buf, off)?;
             self.mark_backed(
                 off >> self.page_shift,
@@ -468,12 +466,12 @@ impl MappedDevice {
             let end = ((c + 1) * per_chunk).min(pages);
             let mut p = c * per_chunk;
             while p < end {
-                if !self.is_backed(p) {
+                if !self.backed.get(p) {
                     p += 1;
                     continue;
                 }
                 let run = p;
-                while p < end && self.is_backed(p) {
+                while p < end && self.backed.get(p) {
                     p += 1;
                 }
                 self.populate(run, p);
