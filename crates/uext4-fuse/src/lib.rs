@@ -56,6 +56,9 @@ pub struct Options {
     /// The engine's buffered mode (delayed allocation): writes that allocate are cached and
     /// written back in large runs at fsync, every commit interval and at unmount.
     pub delalloc: bool,
+    /// `prealloc=zeroed` (default) or `prealloc=unwritten`: see
+    /// `uext4::MountOptions::prealloc_zeroed`.
+    pub prealloc_zeroed: bool,
 }
 
 impl Default for Options {
@@ -76,6 +79,7 @@ impl Default for Options {
             map_tmpfs: true,
             acl: true,
             delalloc: false,
+            prealloc_zeroed: true,
         }
     }
 }
@@ -112,6 +116,13 @@ impl Options {
                 "acl" => o.acl = true,
                 "noacl" => o.acl = false,
                 "delalloc" => o.delalloc = true,
+                "prealloc" => {
+                    o.prealloc_zeroed = match v {
+                        Some("zeroed") => true,
+                        Some("unwritten") => false,
+                        _ => return Err("option prealloc= takes zeroed or unwritten".into()),
+                    }
+                }
                 "errors" => {
                     o.errors = match v {
                         Some("remount-ro") => uext4::fs::ErrorsBehaviour::RemountRo,
@@ -120,7 +131,7 @@ impl Options {
                         _ => return Err("option errors= takes remount-ro, continue or panic".into()),
                     }
                 }
-                _ => return Err(format!("unknown mount option {opt:?} (known: ro, rw, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc)")),
+                _ => return Err(format!("unknown mount option {opt:?} (known: ro, rw, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten)")),
             }
         }
         Ok(o)
@@ -134,6 +145,7 @@ impl Options {
             dax: self.dax,
             map_tmpfs: self.map_tmpfs,
             buffered: self.delalloc,
+            prealloc_zeroed: self.prealloc_zeroed,
             ..Default::default()
         }
     }
@@ -1416,6 +1428,15 @@ mod tests {
         assert!(Options::parse("threads=x").is_err());
         assert!(Options::parse("errors=explode").is_err());
         assert!(Options::default().threads >= 2);
+        assert!(Options::default().mount_options().prealloc_zeroed);
+        assert!(
+            !Options::parse("prealloc=unwritten")
+                .unwrap()
+                .mount_options()
+                .prealloc_zeroed
+        );
+        assert!(Options::parse("prealloc=zeroed").unwrap().prealloc_zeroed);
+        assert!(Options::parse("prealloc").is_err());
     }
 
     #[test]

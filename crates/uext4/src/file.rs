@@ -592,8 +592,12 @@ impl Fs {
                 return Ok(());
             }
         }
-        // Preallocate unwritten extents over the holes in the range (also the second half of
-        // ZERO_RANGE, which just emptied its full blocks).
+        // Preallocate over the holes in the range (also the second half of ZERO_RANGE, which
+        // just emptied its full blocks): unwritten extents, or, where the device zeroes for
+        // free (MountOptions::prealloc_zeroed), written extents over blocks zeroed before the
+        // extent points at them. Only blocks that start inside the file's size (after this
+        // call) may be written: e2fsck wants the blocks past the size unwritten.
+        let zeroed = self.opts.prealloc_zeroed && self.dev.zeroes_cheaply();
         let first = off / bs;
         let last = (end - 1) / bs;
         let mut lblk = first;
@@ -604,7 +608,24 @@ impl Fs {
                 lblk = e.lblk as u64 + e.len as u64;
                 continue;
             }
-            let n = self.map_hole(&mut h, ino, &mut st, lblk, last, true, &mut |_, _| Ok(()))?;
+            let size = if keep {
+                st.raw.size()
+            } else {
+                st.raw.size().max(end)
+            };
+            let written = zeroed && lblk * bs < size;
+            let upto = if written {
+                last.min((size - 1) / bs)
+            } else {
+                last
+            };
+            let dev = &self.dev;
+            let n = self.map_hole(&mut h, ino, &mut st, lblk, upto, !written, &mut |p, n| {
+                if written {
+                    dev.zero_range(p * bs, n as u64 * bs)?;
+                }
+                Ok(())
+            })?;
             if !keep {
                 let upto = end.min((lblk + n as u64) * bs);
                 if upto > st.raw.size() {

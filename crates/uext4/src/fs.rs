@@ -48,6 +48,13 @@ pub struct MountOptions {
     pub buffered: bool,
     /// Buffered mode: cached data beyond which a write first writes back.
     pub buffered_limit_bytes: u64,
+    /// Where the device zeroes for free (`BlockDevice::zeroes_cheaply`: an image on tmpfs,
+    /// where a punched hole reads as zeros), fallocate zeroes the blocks it allocates inside
+    /// the file's size and maps them written, not unwritten. Writes into them are then
+    /// overwrites: no conversion, no journal handle, no commit for fdatasync (seed 004's
+    /// fallocated files). Blocks past the size (KEEP_SIZE) stay unwritten, as e2fsck wants.
+    /// On by default; `prealloc=unwritten` (mount) turns it off, giving the kernel's layout.
+    pub prealloc_zeroed: bool,
 }
 
 impl MountOptions {
@@ -72,6 +79,7 @@ impl Default for MountOptions {
             map_tmpfs: true,
             buffered: false,
             buffered_limit_bytes: 128 << 20,
+            prealloc_zeroed: true,
         }
     }
 }
@@ -263,6 +271,16 @@ impl BlockDevice for Counted {
     }
     fn is_mapped(&self) -> bool {
         self.inner.is_mapped()
+    }
+    fn zeroes_cheaply(&self) -> bool {
+        self.inner.zeroes_cheaply()
+    }
+    fn zero_range(&self, off: u64, len: u64) -> std::io::Result<()> {
+        // A punched hole moves no data: counted as device bytes only where zeros are written.
+        if !self.inner.zeroes_cheaply() {
+            self.io.count_write(len as usize);
+        }
+        self.inner.zero_range(off, len)
     }
 }
 

@@ -144,6 +144,18 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
     data.truncate(10_000);
     fs.fsync(ino, false).unwrap();
     ack(&mut w, Fact::Equals(t.clone(), data.clone()));
+    // Another file's data in the blocks the fallocate below will take: written, deleted, and
+    // its blocks made reusable (sync drains the checkpoint). Preallocated space must read as
+    // zeros in every state that shows the fallocate, whether its extents are unwritten or
+    // zeroed and written (then the zeros must be on the device before the commit).
+    let junk = p(&["junk"]);
+    w.owner.insert(junk.clone(), 13);
+    let j = fs.create(2, b"junk", 0o644, 0, 0).unwrap().ino;
+    fs.write(j, 0, &tagged(13, 0, 256 * 1024)).unwrap();
+    fs.fsync(j, false).unwrap();
+    fs.unlink(2, b"junk").unwrap();
+    fs.sync().unwrap();
+    ack(&mut w, Fact::Absent(junk));
     fs.fallocate(ino, 0, 0, 100_000).unwrap();
     data.resize(100_000, 0);
     fs.write(ino, 50_000, &tagged(9, 1, 10_000)).unwrap();
@@ -339,17 +351,25 @@ fn check_state(img: Vec<u8>, w: &Workload, at: usize, file: &Scratch) -> Vec<Str
 
 #[test]
 fn crash_states_recover_consistently() {
-    check_crash_states(false, 120);
+    check_crash_states(false, false, 120);
 }
 
 /// The same workloads in buffered mode (delayed allocation): what fsync acknowledged survives,
 /// and unflushed data never shows as zeros past the size the device backs.
 #[test]
 fn crash_states_recover_consistently_buffered() {
-    check_crash_states(true, 60);
+    check_crash_states(true, false, 60);
 }
 
-fn check_crash_states(buffered: bool, default_states: usize) {
+/// The same workloads on a device that zeroes cheaply, as an image on tmpfs does: fallocate
+/// maps zeroed blocks written, and the zeros must be on the device before the commit that
+/// points at them (a crash state with the extent but not the zeros would show old bytes).
+#[test]
+fn crash_states_recover_consistently_zeroed_prealloc() {
+    check_crash_states(false, true, 60);
+}
+
+fn check_crash_states(buffered: bool, cheap_zeroing: bool, default_states: usize) {
     let states: usize = std::env::var("UEXT4_CRASH_STATES")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -357,7 +377,12 @@ fn check_crash_states(buffered: bool, default_states: usize) {
     let scale = if states > 1000 { 4 } else { 1 };
     let base = scratch("crash-base");
     mke2fs(&base.0, "32M", &["-J", "size=4"]);
-    let dev = Arc::new(RecordingDevice::new(std::fs::read(&base.0).unwrap()));
+    let image = std::fs::read(&base.0).unwrap();
+    let dev = Arc::new(if cheap_zeroing {
+        RecordingDevice::with_cheap_zeroing(image)
+    } else {
+        RecordingDevice::new(image)
+    });
     let fs = Fs::open_dev(
         dev.clone(),
         MountOptions {
@@ -415,7 +440,11 @@ fn check_crash_states(buffered: bool, default_states: usize) {
             }
         }
     }
-    let mode = if buffered { " (buffered mode)" } else { "" };
+    let mode = match (buffered, cheap_zeroing) {
+        (true, _) => " (buffered mode)",
+        (false, true) => " (zeroed preallocation)",
+        (false, false) => "",
+    };
     println!("crash checker{mode}: {checked} crash states checked, {violations} violated a rule ({} log entries, {} flushes)", total, flushes.len());
     assert_eq!(
         violations, 0,

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use uext4::{Fs, MountOptions};
 
 /// A fresh image opened with pread/pwrite (`map_tmpfs` off: the counting tests are about the
-/// engine's rules, the same whatever the device; the mapped device has tests of its own).
+/// engine's rules, the same whatever the device; the mapped device has tests of its own), and
+/// fallocate making unwritten extents as it does off tmpfs (`prealloc_zeroed` has its own test).
 fn open(tag: &str) -> (Scratch, Arc<Fs>) {
     let img = scratch(tag);
     mke2fs(&img.0, "128M", &[]);
@@ -19,6 +20,7 @@ fn open(tag: &str) -> (Scratch, Arc<Fs>) {
         MountOptions {
             commit_interval_secs: 0,
             map_tmpfs: false,
+            prealloc_zeroed: false,
             ..Default::default()
         },
     )
@@ -339,14 +341,19 @@ fn block(i: u64) -> Vec<u8> {
     (0..4096u64).map(|b| (i * 31 + b * 7) as u8).collect()
 }
 
-/// The extents debugfs lists for `path`: "(first-last):pstart-pend" ranges.
-fn debugfs_extents(img: &std::path::Path, path: &str) -> Vec<String> {
+/// What `debugfs -R REQUEST IMG` prints.
+fn debugfs(img: &std::path::Path, request: &str) -> String {
     let o = std::process::Command::new("debugfs")
-        .args(["-R", &format!("stat {path}")])
+        .args(["-R", request])
         .arg(img)
         .output()
         .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The extents debugfs lists for `path`: "(first-last):pstart-pend" ranges.
+fn debugfs_extents(img: &std::path::Path, path: &str) -> Vec<String> {
+    let out = debugfs(img, &format!("stat {path}"));
     let ext = out
         .split("EXTENTS:")
         .nth(1)
@@ -575,5 +582,120 @@ fn deleted_space_is_usable_at_once() {
         fs.mkdir(2, b"d", 0o755, 0, 0).unwrap();
         fs.unmount().unwrap();
         e2fsck_clean(&img.0);
+    }
+}
+
+/// `debugfs -R "ex PATH"`: each extent's first and last logical block and whether it is
+/// unwritten.
+fn debugfs_ex(img: &std::path::Path, path: &str) -> Vec<(u64, u64, bool)> {
+    debugfs(img, &format!("ex {path}"))
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            // " 0/ 0   1/  2     0 -  8191  16385 -  24576   8192 Uninit"
+            let t: Vec<&str> = l.split_whitespace().collect();
+            let dash = t.iter().position(|&s| s == "-")?;
+            let first = t.get(dash - 1)?.parse().ok()?;
+            let last = t.get(dash + 1)?.parse().ok()?;
+            Some((first, last, l.trim_end().ends_with("Uninit")))
+        })
+        .collect()
+}
+
+/// fallocate on an image on tmpfs (pread/pwrite or mapped): the blocks it allocates inside the
+/// file's size are zeroed (a punched hole in the image) and mapped written, so a write into
+/// them is an overwrite and starts no handle; blocks past the size (KEEP_SIZE) stay unwritten.
+/// The blocks are reused ones full of another file's bytes, which must never show. With
+/// `prealloc_zeroed` off: unwritten extents, read as zeros without the device, and a write
+/// into them converts in a handle of its own. e2fsck and the kernel agree with the result.
+#[test]
+fn fallocate_zeroes_on_tmpfs_or_maps_unwritten() {
+    for (map_tmpfs, zeroed, bs) in [
+        (false, true, "1024"),
+        (true, true, "1024"),
+        (true, true, "4096"),
+        (false, false, "4096"),
+    ] {
+        let img = scratch(&format!("prealloc-{map_tmpfs}-{zeroed}-{bs}"));
+        mke2fs(&img.0, "16M", &["-b", bs]);
+        let fs = Fs::open_path(
+            &img.0,
+            MountOptions {
+                commit_interval_secs: 0,
+                map_tmpfs,
+                prealloc_zeroed: zeroed,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        // Fill the filesystem with 0x5A, then free it all: fallocate must reuse these blocks.
+        let a = fs.create(2, b"a", 0o644, 0, 0).unwrap().ino;
+        let chunk = vec![0x5Au8; 1 << 20];
+        let mut filled = 0u64;
+        while fs.write(a, filled, &chunk).is_ok() {
+            filled += chunk.len() as u64;
+        }
+        fs.fsync(a, false).unwrap();
+        fs.unlink(2, b"a").unwrap();
+        fs.fsync(2, false).unwrap();
+        let len = filled / 2;
+        let c = fs.create(2, b"c", 0o644, 0, 0).unwrap().ino;
+        fs.fallocate(c, 0, 0, len).unwrap();
+        // 1 MiB more past the size.
+        fs.fallocate(c, 0x01, len, 1 << 20).unwrap();
+        let r0 = fs.io_counters().bytes_read.load(Ordering::Relaxed);
+        let mut back = vec![0xFFu8; len as usize];
+        assert_eq!(fs.read(c, 0, &mut back).unwrap(), len as usize);
+        assert!(
+            back.iter().all(|&b| b == 0),
+            "preallocated space shows old bytes"
+        );
+        if !zeroed {
+            assert_eq!(
+                fs.io_counters().bytes_read.load(Ordering::Relaxed),
+                r0,
+                "unwritten extents read without the device"
+            );
+        }
+        let h0 = fs.txn_stats().handles_started.load(Ordering::Relaxed);
+        fs.write(c, 4096, &[7u8; 8192]).unwrap();
+        let h1 = fs.txn_stats().handles_started.load(Ordering::Relaxed);
+        if zeroed {
+            assert_eq!(h1, h0, "a write into zeroed preallocation is an overwrite");
+        } else {
+            assert!(h1 > h0, "a write into unwritten extents converts them");
+        }
+        back[4096..12288].fill(7);
+        let mut again = vec![0xFFu8; len as usize];
+        fs.read(c, 0, &mut again).unwrap();
+        assert!(again == back);
+        fs.unmount().unwrap();
+        drop(fs);
+        e2fsck_clean(&img.0);
+        let bsz: u64 = bs.parse().unwrap();
+        let size_blocks = len.div_ceil(bsz);
+        let ex = debugfs_ex(&img.0, "c");
+        assert!(!ex.is_empty(), "no extents listed for c");
+        let covered: u64 = ex.iter().map(|e| e.1 - e.0 + 1).sum();
+        assert_eq!(covered, size_blocks + (1 << 20) / bsz, "{ex:?}");
+        for &(first, last, uninit) in &ex {
+            if first >= size_blocks {
+                assert!(uninit, "blocks past the size must stay unwritten: {ex:?}");
+            } else if zeroed {
+                assert!(!uninit && last < size_blocks, "{ex:?}");
+            } else {
+                let written = (4096 / bsz)..(12288 / bsz);
+                assert_eq!(
+                    !uninit,
+                    written.contains(&first),
+                    "only the written 8 KiB converted: {ex:?}"
+                );
+            }
+        }
+        if can_loop_mount() {
+            let k = KernelMount::new(&img.0);
+            let kb = std::fs::read(k.dir.join("c")).unwrap();
+            assert!(kb == back, "the kernel reads other bytes");
+        }
     }
 }

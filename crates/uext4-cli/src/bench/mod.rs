@@ -21,8 +21,9 @@ pub struct BenchArgs {
     #[arg(long = "workload")]
     workloads: Vec<String>,
     /// Systems, comma-separated (default: all available): kernel, kernel-dioread_lock, fuse2fs,
-    /// uext4-fuse, uext4-fuse-wbc, uext4-fuse-dax, uext4-fuse-nodax, uext4-lib,
-    /// uext4-lib-nodax, raw, fuse-null ("nodax": pread/pwrite even on tmpfs).
+    /// uext4-fuse, uext4-fuse-wbc, uext4-fuse-dax, uext4-fuse-nodax, uext4-fuse-unwritten,
+    /// uext4-lib, uext4-lib-nodax, raw, fuse-null ("nodax": pread/pwrite even on tmpfs;
+    /// "unwritten": `-o prealloc=unwritten`, fallocate makes unwritten extents as the kernel's).
     #[arg(long)]
     systems: Option<String>,
     /// Job counts to sweep (default: 1,2,4,8,16; the fsync workload also 64,256).
@@ -42,8 +43,9 @@ pub struct BenchArgs {
     #[arg(long)]
     quick: bool,
     /// Lay overwrite-4k's files out as fio's create_only does by itself: fallocated, so the
-    /// timed "overwrites" are mostly unwritten-to-written conversions (the default writes the
-    /// files' data first, so overwrites overwrite).
+    /// timed "overwrites" are mostly unwritten-to-written conversions on the kernel (and on
+    /// uext4 off tmpfs or with prealloc=unwritten; on tmpfs its fallocate maps zeroed blocks
+    /// written). The default writes the files' data first, so overwrites overwrite.
     #[arg(long)]
     fallocated_layout: bool,
     /// Measure every point this many times. The runs of one point (workload, journal, job
@@ -102,6 +104,7 @@ const SYSTEMS: &[&str] = &[
     "uext4-fuse-wbc",
     "uext4-fuse-dax",
     "uext4-fuse-nodax",
+    "uext4-fuse-unwritten",
     "uext4-lib",
     "uext4-lib-nodax",
     "uext4-lib-dax",
@@ -186,8 +189,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let why = match s.as_str() {
             "kernel" | "kernel-dioread_lock" if !root => Some("needs root and loop devices"),
             "fuse2fs" if !have("fuse2fs") => Some("fuse2fs is not installed"),
-            "fuse-null" | "uext4-fuse" | "uext4-fuse-wbc" | "uext4-fuse-dax"
-            | "uext4-fuse-nodax" | "fuse2fs"
+            "fuse-null"
+            | "uext4-fuse"
+            | "uext4-fuse-wbc"
+            | "uext4-fuse-dax"
+            | "uext4-fuse-nodax"
+            | "uext4-fuse-unwritten"
+            | "fuse2fs"
                 if !Path::new("/dev/fuse").exists() =>
             {
                 Some("no /dev/fuse")
@@ -596,6 +604,9 @@ impl Ctx {
                     "uext4-fuse-nodax" => {
                         c.args(["-o", "nodax"]);
                     }
+                    "uext4-fuse-unwritten" => {
+                        c.args(["-o", "prealloc=unwritten"]);
+                    }
                     _ => {}
                 }
                 let o = c.arg(&img).arg(&dir).output()?;
@@ -701,6 +712,8 @@ impl Ctx {
             // writes the data (`--overwrite=1`, layout pass only; `--fallocated-layout`
             // leaves fio's). fsync-randwrite-16k keeps fio's fallocated layout: seed 004 is
             // about that conversion work, and the kernel figures were taken that way.
+            // (uext4 on tmpfs has none: its fallocate maps zeroed blocks written, see
+            // MountOptions::prealloc_zeroed; uext4-fuse-unwritten keeps the kernel's layout.)
             // mixed-randrw-4k reads, so fio writes its file out anyway.
             let fill = if w == "overwrite-4k" && self.written_layout {
                 "--overwrite=1 "
