@@ -48,9 +48,10 @@ pub struct BenchArgs {
     /// written). The default writes the files' data first, so overwrites overwrite.
     #[arg(long)]
     fallocated_layout: bool,
-    /// Measure every point this many times. The runs of one point (workload, journal, job
-    /// count) are interleaved across the systems, each round in a rotated order, and the table
-    /// shows each point's median run; every run's IOPS is kept in results.json (`runs`).
+    /// Measure every point this many times. The runs of one point (workload, job count) are
+    /// interleaved across the systems and the fsync workload's two journals, each round in a
+    /// rotated order, and the table shows each median run; every run's IOPS is kept in
+    /// results.json (`runs`).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
     #[arg(long, default_value = "bench-out")]
