@@ -779,7 +779,8 @@ impl Ctx {
 /// ratio is not taken minutes apart (the machine's speed drifts).
 fn interleave(plan: Vec<Step>, repeat: usize) -> Vec<Step> {
     type Point = (String, usize);
-    let mut points: Vec<(Point, Vec<(Option<u32>, String)>)> = Vec::new();
+    type Pairs = Vec<(Option<u32>, String)>;
+    let mut points: Vec<(Point, Pairs)> = Vec::new();
     for (w, jn, s, j) in plan {
         let key = (w, j);
         match points.iter_mut().find(|(k, _)| *k == key) {
