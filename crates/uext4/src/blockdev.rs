@@ -52,8 +52,10 @@ pub trait BlockDevice: Send + Sync {
 /// pages are dropped and read back as zeros), then allocates fresh pages for it, which also
 /// read as zeros. The allocation is what the caller's fallocate asked for: the space is then
 /// there for the writes to come, which store into the pages instead of first finding memory
-/// for a hole (at 256 jobs of the fsync workload every write did). Returns whether the pages
-/// were allocated; where tmpfs is full they are not, and the range stays a hole, still zero.
+/// for a hole. Measured against the punch alone on the fsync workload (three alternated
+/// rounds): 42.8k/31.3k/28.5k against 25.9k/24.9k/22.9k IOPS at 256 jobs, 38.2k/41.5k/31.8k
+/// against 23.3k/31.4k/31.2k at 64. Returns whether the pages were allocated; where tmpfs is
+/// full they are not, and the range stays a hole, still zero.
 fn zero_file_range(file: &File, off: u64, len: u64) -> io::Result<bool> {
     use std::os::fd::AsRawFd;
     let fd = file.as_raw_fd();
