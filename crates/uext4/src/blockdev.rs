@@ -69,7 +69,11 @@ fn zero_file_range(file: &File, off: u64, len: u64) -> io::Result<bool> {
         )
     };
     if r != 0 {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("zeroing {len} bytes at offset {off} of the image (punching a hole): {e}"),
+        ));
     }
     // SAFETY: as above; mode 0 inside the file's size allocates and keeps the size.
     let r = unsafe { libc::fallocate(fd, 0, off as libc::off_t, len as libc::off_t) };
