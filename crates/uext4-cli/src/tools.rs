@@ -751,9 +751,28 @@ fn mkdir(path: &str, parents: bool) -> Result<()> {
     finish(&fs, &img, r.with_context(|| path.to_string()))
 }
 
-fn remove_tree(fs: &Fs, dir: u32, name: &[u8]) -> uext4::Result<()> {
+/// The error for a directory that a recursive walk reaches a second time: in a sound image
+/// every directory has one parent, so this is a cycle or a hard-linked directory made by
+/// corruption. Recursing on would never end.
+fn directory_cycle(ino: u32) -> Error {
+    Error::corrupt(format!(
+        "directory inode {ino} is reached twice (a directory cycle or a hard-linked directory); run e2fsck -f"
+    ))
+}
+
+/// Removes `name` in `dir` and, if it is a directory, everything under it. `seen` holds the
+/// directories entered so far.
+fn remove_tree(
+    fs: &Fs,
+    dir: u32,
+    name: &[u8],
+    seen: &mut std::collections::HashSet<u32>,
+) -> uext4::Result<()> {
     let a = fs.lookup(dir, name)?;
     if a.is_dir() {
+        if !seen.insert(a.ino) {
+            return Err(directory_cycle(a.ino));
+        }
         loop {
             let mut names = Vec::new();
             fs.readdir(a.ino, 0, &mut |e| {
@@ -766,7 +785,7 @@ fn remove_tree(fs: &Fs, dir: u32, name: &[u8]) -> uext4::Result<()> {
                 break;
             }
             for n in names {
-                remove_tree(fs, a.ino, &n)?;
+                remove_tree(fs, a.ino, &n, seen)?;
             }
         }
         fs.rmdir(dir, name)
@@ -781,7 +800,7 @@ fn rm(path: &str, recursive: bool, force: bool) -> Result<()> {
     let r = (|| -> Result<()> {
         let (d, n) = parent_of(&fs, &p)?;
         let res = if recursive {
-            remove_tree(&fs, d, &n)
+            remove_tree(&fs, d, &n, &mut Default::default())
         } else {
             match fs.lookup(d, &n) {
                 Ok(a) if a.is_dir() => Err(Error::IsDir),
@@ -894,7 +913,9 @@ fn host_total(p: &Path) -> u64 {
 }
 
 /// Bytes of regular files under `ino` (to size the progress bar; errors count as 0).
-fn image_total(fs: &Fs, ino: u32, depth: u32) -> u64 {
+/// Bytes of regular files under `ino`, for the progress bar; each directory counted once
+/// (`seen`), so a corrupt image's directory cycle ends the walk instead of looping.
+fn image_total(fs: &Fs, ino: u32, seen: &mut std::collections::HashSet<u32>) -> u64 {
     let Ok(a) = fs.getattr(ino) else { return 0 };
     if !a.is_dir() {
         return if a.mode & 0o170000 == 0o100000 {
@@ -903,7 +924,7 @@ fn image_total(fs: &Fs, ino: u32, depth: u32) -> u64 {
             0
         };
     }
-    if depth > 256 {
+    if !seen.insert(ino) {
         return 0;
     }
     let mut kids = Vec::new();
@@ -913,9 +934,7 @@ fn image_total(fs: &Fs, ino: u32, depth: u32) -> u64 {
         }
         true
     });
-    kids.into_iter()
-        .map(|k| image_total(fs, k, depth + 1))
-        .sum()
+    kids.into_iter().map(|k| image_total(fs, k, seen)).sum()
 }
 
 fn ts(sec: i64, nsec: i64) -> Timestamp {
@@ -1148,6 +1167,8 @@ struct ImageToHost<'a> {
     links: HashMap<u32, PathBuf>,
     progress: Progress,
     failed_at: Option<PathBuf>,
+    /// Directories entered so far (see `directory_cycle`).
+    dirs_seen: std::collections::HashSet<u32>,
 }
 
 impl ImageToHost<'_> {
@@ -1167,6 +1188,9 @@ impl ImageToHost<'_> {
             0o040000 => {
                 if !recursive {
                     bail!("{}: is a directory (use -r)", dst.display());
+                }
+                if !self.dirs_seen.insert(ino) {
+                    return Err(directory_cycle(ino).into());
                 }
                 if !dst.is_dir() {
                     std::fs::create_dir(dst)?;
@@ -1250,6 +1274,11 @@ struct ImageToImage<'a> {
     progress: Progress,
     /// The source path (as far as known) of the deepest failure.
     failed_at: Option<String>,
+    /// Source directories entered so far (see `directory_cycle`).
+    dirs_seen: std::collections::HashSet<u32>,
+    /// Within one image: the directories this copy made or filled, which it must not copy
+    /// again as sources (`cp -r img:/a img:/a/b`, or a corrupt entry leading back up).
+    dirs_made: std::collections::HashSet<u32>,
 }
 
 impl ImageToImage<'_> {
@@ -1305,10 +1334,19 @@ impl ImageToImage<'_> {
                 if !recursive {
                     bail!("is a directory (use -r)");
                 }
+                if self.dirs_made.contains(&ino) {
+                    bail!("cannot copy a directory into itself");
+                }
+                if !self.dirs_seen.insert(ino) {
+                    return Err(directory_cycle(ino).into());
+                }
                 let d = match dst.lookup(dir, name) {
                     Ok(e) if e.is_dir() => e.ino,
                     _ => dst.mkdir(dir, name, a.mode as u32, a.uid, a.gid)?.ino,
                 };
+                if std::ptr::eq(src, dst) {
+                    self.dirs_made.insert(d);
+                }
                 self.copy_children(ino, d)?;
                 d
             }
@@ -1420,7 +1458,7 @@ fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
             let fs = open(&img, true)?;
             let ino = resolve(&fs, &s, false).with_context(|| src.to_string())?;
             let total = if recursive {
-                image_total(&fs, ino, 0)
+                image_total(&fs, ino, &mut Default::default())
             } else {
                 fs.getattr(ino)?.size
             };
@@ -1444,6 +1482,7 @@ fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
                 links: HashMap::new(),
                 progress: Progress::new(total),
                 failed_at: None,
+                dirs_seen: Default::default(),
             };
             let r = c.copy(ino, &target, recursive);
             let r = match c.failed_at {
@@ -1467,7 +1506,7 @@ fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
             let r = (|| -> Result<()> {
                 let ino = resolve(&sfs, &s, false).with_context(|| src.to_string())?;
                 let total = if recursive {
-                    image_total(&sfs, ino, 0)
+                    image_total(&sfs, ino, &mut Default::default())
                 } else {
                     sfs.getattr(ino)?.size
                 };
@@ -1477,6 +1516,8 @@ fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
                     links: HashMap::new(),
                     progress: Progress::new(total),
                     failed_at: None,
+                    dirs_seen: Default::default(),
+                    dirs_made: Default::default(),
                 };
                 let target = resolve(&dfs, &d, true)
                     .ok()

@@ -889,3 +889,45 @@ fn progress_bar_only_on_a_terminal() {
     );
     assert!(ok(&["stat", &img.at("/tty")]).contains("Size: 67108864"));
 }
+
+/// A directory entry that leads back up the tree (corruption: debugfs's `ln` adds one without
+/// checks) stops `rm -r` and `cp -r` with an error naming the cycle; before, `rm -r` overflowed
+/// the stack and a copy inside the image recursed until the image was full. Copying a
+/// directory into its own subdirectory is refused as cp(1) refuses it.
+#[test]
+fn directory_cycles_and_copies_into_themselves_are_refused() {
+    if !have_e2fsck() {
+        return;
+    }
+    let img = Scratch::new("cycle-img");
+    let out = Scratch::new("cycle-out");
+    ok(&["mkfs", "--size", "32M", img.s()]);
+    ok(&["mkdir", "-p", &img.at("/a/b")]);
+    ok(&["cp", "/etc/hostname", &img.at("/a/f")]);
+    let into = fails(&["cp", "-r", &img.at("/a"), &img.at("/a/b")]);
+    assert!(into.contains("into itself"), "{into}");
+    fsck(&img, "after a refused copy into itself");
+
+    let st = Command::new("debugfs")
+        .args(["-w", "-R", "ln <2> a/b/up", img.s()])
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "debugfs ln failed");
+    for args in [
+        vec!["rm", "-r", &img.at("/a")],
+        vec!["cp", "-r", &img.at("/a"), out.s()],
+        vec!["cp", "-r", &img.at("/a"), &img.at("/copy")],
+    ] {
+        let err = fails(&args);
+        // Inside one image the walk may first meet the copy it is making, under the root
+        // that the bad entry leads to.
+        assert!(
+            err.contains("directory cycle") || err.contains("into itself"),
+            "uext4 {args:?}: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out.0);
+    // What the refused commands did before stopping is still a listable tree.
+    let listing = ok(&["ls", &img.at("/")]);
+    assert!(listing.contains('a'), "{listing}");
+}

@@ -29,7 +29,12 @@ fn put(path: &Path, off: u64, bytes: &[u8]) {
 fn walk(fs: &Fs) -> uext4::Result<usize> {
     let mut stack = vec![2u32];
     let mut n = 0usize;
+    // A corrupt entry can lead back to a directory already listed.
+    let mut seen = std::collections::HashSet::new();
     while let Some(d) = stack.pop() {
+        if !seen.insert(d) {
+            continue;
+        }
         let mut entries = Vec::new();
         fs.readdir(d, 0, &mut |e| {
             entries.push(e);
@@ -223,5 +228,138 @@ fn random_metadata_flips_never_panic() {
     assert_eq!(
         panics, 0,
         "{panics} of {iterations} corrupted images made the engine panic"
+    );
+}
+
+/// Flips in an image without metadata checksums (so the structure checks, not the checksums,
+/// meet the damage), aimed at the inode table, the directories' blocks and the first 2 MiB,
+/// opened read-write: walking, creating, writing, truncating, renaming and removing return Ok
+/// or an error; no panic, and no iteration takes long (a hang shows as the test not ending).
+/// A longer run: `FUZZ_ITER=3000 FUZZ_FLIPS=8 FUZZ_SEED=N cargo test --release --test
+/// corruption flips_without_checksums -- --nocapture`.
+#[test]
+fn flips_without_checksums_read_write_never_panic() {
+    let env = |k: &str| std::env::var(k).ok().and_then(|s| s.parse::<u64>().ok());
+    let base = base_image(&["-O", "^metadata_csum"]);
+    let pristine = std::fs::read(&base.0).unwrap();
+    let img = scratch("flip-rw");
+    // 4 KiB blocks (common::mke2fs): group 0's inode table, and the directories' blocks.
+    let itable = sh(&format!(
+        "dumpe2fs {} 2>/dev/null | awk '/Inode table at/{{split($4,a,\"-\"); print a[1]; exit}}'",
+        base.0.display()
+    ))
+    .trim()
+    .parse::<usize>()
+    .unwrap()
+        * 4096;
+    let mut dirblocks = Vec::new();
+    for d in ["/", "d", "d/e", "lost+found"] {
+        let out = sh(&format!(
+            "debugfs -R 'blocks {d}' {} 2>/dev/null",
+            base.0.display()
+        ));
+        dirblocks.extend(
+            out.split_whitespace()
+                .filter_map(|w| w.parse::<usize>().ok()),
+        );
+    }
+    assert!(dirblocks.len() >= 4, "directory blocks: {dirblocks:?}");
+    let mut seed = env("FUZZ_SEED").unwrap_or(0x9e37_79b9_7f4a_7c15);
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let iterations = env("FUZZ_ITER").unwrap_or(200);
+    let flips = env("FUZZ_FLIPS").unwrap_or(6);
+    let (mut panics, mut slow) = (Vec::new(), Vec::new());
+    for it in 0..iterations {
+        let mut bytes = pristine.clone();
+        for _ in 0..flips {
+            let off = match rnd() % 3 {
+                0 => 1024 + (rnd() % (2 << 20)) as usize,
+                1 => itable + (rnd() % (32 * 256)) as usize,
+                _ => {
+                    let b = dirblocks[(rnd() % dirblocks.len() as u64) as usize];
+                    b * 4096 + (rnd() % 4096) as usize
+                }
+            };
+            bytes[off] ^= (rnd() as u8) | 1;
+        }
+        std::fs::write(&img.0, &bytes).unwrap();
+        let began = std::time::Instant::now();
+        let r = std::panic::catch_unwind(|| {
+            let Ok(fs) = open_rw(&img.0) else { return };
+            let _ = walk(&fs);
+            if let Ok(a) = fs.create(2, b"new", 0o100644, 0, 0) {
+                let _ = fs.write(a.ino, 0, &vec![7u8; 70_000]);
+                let _ = fs.truncate(a.ino, 5000);
+            }
+            let _ = fs.mkdir(2, b"nd", 0o40755, 0, 0);
+            if let Ok(d) = fs.lookup(2, b"d") {
+                let _ = fs.create(d.ino, b"x", 0o100644, 0, 0);
+                let _ = fs.unlink(d.ino, b"f");
+            }
+            let _ = fs.rename(2, b"g", 2, b"g2", Default::default());
+            let _ = fs.unlink(2, b"g2");
+            let _ = fs.rmdir(2, b"d");
+            let _ = walk(&fs);
+            let _ = fs.unmount();
+        });
+        if r.is_err() {
+            panics.push(it);
+        }
+        // Generous (debug builds, a loaded machine): an iteration takes milliseconds.
+        if began.elapsed().as_secs() >= 10 {
+            slow.push(it);
+        }
+    }
+    assert!(
+        panics.is_empty() && slow.is_empty(),
+        "of {iterations} corrupted images, these panicked: {panics:?}; these took over 10 s: {slow:?}"
+    );
+}
+
+/// A directory whose i_size claims billions of blocks past the one it maps: listing it skips
+/// the hole in one step (it took a lookup per missing block: minutes).
+#[test]
+fn directory_size_far_past_its_blocks_lists_at_once() {
+    let base = base_image(&["-O", "^metadata_csum"]);
+    // i_size of directory d (inode 12 here): lo at 0x4, hi at 0x6C.
+    let (blk, off) = {
+        let out = sh(&format!(
+            "debugfs -R 'imap d' {} 2>/dev/null",
+            base.0.display()
+        ));
+        let nums: Vec<u64> = out
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .filter_map(|w| {
+                w.strip_prefix("0x")
+                    .map_or_else(|| w.parse().ok(), |h| u64::from_str_radix(h, 16).ok())
+            })
+            .collect();
+        (nums[nums.len() - 2], nums[nums.len() - 1])
+    };
+    let at = blk * 4096 + off;
+    put(&base.0, at + 0x4, &0xFFFF_F000u32.to_le_bytes());
+    put(&base.0, at + 0x6C, &0x0000_0FFFu32.to_le_bytes());
+    let fs = Fs::open_path(&base.0, MountOptions::ro()).unwrap();
+    let d = fs.lookup(2, b"d").unwrap();
+    assert!(d.size > 1 << 40, "size {}", d.size);
+    let began = std::time::Instant::now();
+    let mut names = Vec::new();
+    fs.readdir(d.ino, 0, &mut |e| {
+        names.push(String::from_utf8_lossy(&e.name).into_owned());
+        true
+    })
+    .unwrap();
+    names.sort();
+    assert_eq!(names, [".", "..", "e", "f"]);
+    assert!(fs.lookup(d.ino, b"nothing").is_err());
+    assert!(
+        began.elapsed().as_secs() < 10,
+        "listing took {:?}",
+        began.elapsed()
     );
 }
