@@ -198,13 +198,7 @@ fn random_metadata_flips_never_panic() {
     let base = base_image(&[]);
     let pristine = std::fs::read(&base.0).unwrap();
     let img = scratch("flip");
-    let mut seed = 0x1234_5678_9abc_def0u64;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rnd = xorshift(0x1234_5678_9abc_def0u64);
     let mut panics = 0;
     let iterations = 150;
     for _ in 0..iterations {
@@ -264,13 +258,7 @@ fn flips_without_checksums_read_write_never_panic() {
         );
     }
     assert!(dirblocks.len() >= 4, "directory blocks: {dirblocks:?}");
-    let mut seed = env("FUZZ_SEED").unwrap_or(0x9e37_79b9_7f4a_7c15);
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rnd = xorshift(env("FUZZ_SEED").unwrap_or(0x9e37_79b9_7f4a_7c15));
     let iterations = env("FUZZ_ITER").unwrap_or(200);
     let flips = env("FUZZ_FLIPS").unwrap_or(6);
     let (mut panics, mut slow) = (Vec::new(), Vec::new());

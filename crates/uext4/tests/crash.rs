@@ -398,13 +398,7 @@ fn check_crash_states(buffered: bool, cheap_zeroing: bool, default_states: usize
     let total = dev.log_len();
     let flushes = dev.flush_points();
     let file = scratch("crash-state");
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rnd = xorshift(0x9E37_79B9_7F4A_7C15u64);
     // Flush points (spread evenly if there are more than the budget), then random points.
     let mut points: Vec<(usize, u64)> = Vec::new();
     let nflush = flushes.len().min(states / 2).max(1);

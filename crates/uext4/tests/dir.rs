@@ -599,13 +599,7 @@ fn damaged_directories() {
             "{tag}: node self pointer gave {e:?}"
         );
         // Random damage in the root, the node and the leaf: whatever comes back, no panic.
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rnd = xorshift(0x9e37_79b9_7f4a_7c15u64);
         for round in 0..150 {
             let base = [root, node, leaf][round % 3];
             let hits: Vec<(usize, u8)> = (0..1 + rnd() % 4)

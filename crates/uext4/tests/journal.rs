@@ -726,19 +726,13 @@ fn damaged_journals_never_panic() {
         std::fs::write(&base.0, &crashed).unwrap();
         let map = journal_map(&base.0);
         let img = scratch("jfuzz");
-        let mut seed = 0x51_7cc1_b727_220au64;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rnd = xorshift(0x51_7cc1_b727_220au64);
         let (mut panics, mut slow, mut opened) = (Vec::new(), Vec::new(), 0);
         for it in 0..iterations {
             let mut bytes = crashed.clone();
             for _ in 0..1 + rnd() % 4 {
                 // The superblock (journal block 0) or one of the first 48 log blocks.
-                let jblk = if rnd() % 4 == 0 { 0 } else { 1 + rnd() % 48 } as u32;
+                let jblk = if rnd().is_multiple_of(4) { 0 } else { 1 + rnd() % 48 } as u32;
                 let at = map.phys(jblk).unwrap() as usize * 4096 + (rnd() % 4096) as usize;
                 bytes[at] ^= (rnd() as u8) | 1;
             }

@@ -795,13 +795,7 @@ fn xattr_crash_states_recover() {
         files.iter().map(|_| vec![(0, Xattrs::new())]).collect();
     let mut acks: Vec<Vec<(usize, usize)>> =
         files.iter().map(|_| vec![(dev.log_len(), 0)]).collect();
-    let mut seed = 0x2545_F491_4F6C_DD1Du64;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rnd = xorshift(0x2545_F491_4F6C_DD1Du64);
     for step in 0..160u32 {
         let k = rnd() as usize % files.len();
         let ino = files[k];
@@ -835,7 +829,7 @@ fn xattr_crash_states_recover() {
             }
         }
         history[k].push((dev.log_len(), ours(&fs, ino)));
-        if rnd() % 4 == 0 {
+        if rnd().is_multiple_of(4) {
             fs.fsync(ino, false).unwrap();
             acks[k].push((dev.log_len(), history[k].len() - 1));
         }

@@ -165,3 +165,16 @@ pub fn sh(cmd: &str) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// A small deterministic pseudo-random source (xorshift64) for tests that damage or drop
+/// things at random places: the same seed gives the same run.
+#[allow(dead_code)]
+pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed.max(1);
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    }
+}
