@@ -235,6 +235,20 @@ fn random_metadata_flips_never_panic() {
 fn flips_without_checksums_read_write_never_panic() {
     let env = |k: &str| std::env::var(k).ok().and_then(|s| s.parse::<u64>().ok());
     let base = base_image(&["-O", "^metadata_csum"]);
+    // And a directory large enough for an htree index (e2fsck -D builds it).
+    let script = scratch("flip-rw-cmds");
+    let mut cmds = String::from("mkdir big\n");
+    for i in 0..400 {
+        cmds += &format!("write /dev/null big/file-with-a-longer-name-{i}\n");
+    }
+    std::fs::write(&script.0, cmds).unwrap();
+    sh(&format!(
+        "debugfs -w -f {} {} >/dev/null 2>&1; e2fsck -fyD {} >/dev/null 2>&1; true",
+        script.0.display(),
+        base.0.display(),
+        base.0.display()
+    ));
+    e2fsck_clean(&base.0);
     let pristine = std::fs::read(&base.0).unwrap();
     let img = scratch("flip-rw");
     // 4 KiB blocks (common::mke2fs): group 0's inode table, and the directories' blocks.
@@ -247,7 +261,7 @@ fn flips_without_checksums_read_write_never_panic() {
     .unwrap()
         * 4096;
     let mut dirblocks = Vec::new();
-    for d in ["/", "d", "d/e", "lost+found"] {
+    for d in ["/", "d", "d/e", "lost+found", "big"] {
         let out = sh(&format!(
             "debugfs -R 'blocks {d}' {} 2>/dev/null",
             base.0.display()
@@ -288,6 +302,14 @@ fn flips_without_checksums_read_write_never_panic() {
             if let Ok(d) = fs.lookup(2, b"d") {
                 let _ = fs.create(d.ino, b"x", 0o100644, 0, 0);
                 let _ = fs.unlink(d.ino, b"f");
+            }
+            if let Ok(b) = fs.lookup(2, b"big") {
+                for i in (0..400).step_by(37) {
+                    let name = format!("file-with-a-longer-name-{i}");
+                    let _ = fs.lookup(b.ino, name.as_bytes());
+                    let _ = fs.unlink(b.ino, name.as_bytes());
+                    let _ = fs.create(b.ino, format!("n{i}").as_bytes(), 0o100644, 0, 0);
+                }
             }
             let _ = fs.rename(2, b"g", 2, b"g2", Default::default());
             let _ = fs.unlink(2, b"g2");

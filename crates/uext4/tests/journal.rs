@@ -732,7 +732,11 @@ fn damaged_journals_never_panic() {
             let mut bytes = crashed.clone();
             for _ in 0..1 + rnd() % 4 {
                 // The superblock (journal block 0) or one of the first 48 log blocks.
-                let jblk = if rnd().is_multiple_of(4) { 0 } else { 1 + rnd() % 48 } as u32;
+                let jblk = if rnd().is_multiple_of(4) {
+                    0
+                } else {
+                    1 + rnd() % 48
+                } as u32;
                 let at = map.phys(jblk).unwrap() as usize * 4096 + (rnd() % 4096) as usize;
                 bytes[at] ^= (rnd() as u8) | 1;
             }
