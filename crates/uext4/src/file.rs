@@ -258,6 +258,7 @@ impl Fs {
             }
             let mut h = self.start(credits::WRITE_PER_EXTENT + 4)?;
             let mut st = inode.state.lock();
+            check_live(&st)?;
             let upto = match self.ext_map(ino, &mut st, lblk as u32)? {
                 Some(e) => {
                     // Preallocated: write the data (zeroing what the write does not cover in
@@ -288,6 +289,7 @@ impl Fs {
         // The loop only overwrote at the end: still update size and times.
         let mut h = self.start(credits::SETATTR)?;
         let mut st = inode.state.lock();
+        check_live(&st)?;
         self.finish_write_step(&mut h, inode, &mut st, end, new_size)
     }
 
@@ -560,6 +562,7 @@ impl Fs {
         if punch || zero {
             let mut h = self.start(credits::UNLINK)?;
             let mut st = inode.state.lock();
+            check_live(&st)?;
             let size = st.raw.size();
             let pend = if punch {
                 end.min(size.div_ceil(bs) * bs)
@@ -604,6 +607,7 @@ impl Fs {
         while lblk <= last {
             let mut h = self.start(credits::WRITE_PER_EXTENT + 4)?;
             let mut st = inode.state.lock();
+            check_live(&st)?;
             if let Some(e) = self.ext_map(ino, &mut st, lblk as u32)? {
                 lblk = e.lblk as u64 + e.len as u64;
                 continue;
@@ -785,4 +789,16 @@ impl Fs {
             .map(|j| j.log_blocks_written.load(Ordering::Relaxed))
             .unwrap_or(0)
     }
+}
+
+/// Fails with NotFound once the inode has been freed. The allocating paths check this each
+/// time they take the inode's state lock to map blocks: the io_lock keeps other writers out,
+/// but not the last unlink of an inode that is not open (a library caller may write by inode
+/// number while another thread removes the name), which frees the blocks under the state lock
+/// alone. Mapping new blocks into the freed inode after that leaked them.
+fn check_live(st: &InodeState) -> Result<()> {
+    if st.deleted {
+        return Err(Error::NotFound);
+    }
+    Ok(())
 }

@@ -366,33 +366,43 @@ impl Fs {
         if is_dot(newname) || self.find(&d, newname)?.is_some() {
             return Err(Error::Exists);
         }
+        check_dir_live(&d)?;
         let mut h = self.start(credits::LINK)?;
         let now = Timestamp::now();
-        let ft;
-        {
-            let ist = inode.state.lock();
-            if ist.raw.links_count() == 0 && !ist.orphaned {
+        // The link count goes up before the new entry exists, in the same hold of the inode's
+        // lock as the check that the inode is live: an unlink of its last other name in
+        // between would otherwise free it, and the new entry would then name a freed inode
+        // (found by concurrent_mixed_operations_stay_consistent).
+        let ft = {
+            let mut ist = inode.state.lock();
+            if ist.deleted || (ist.raw.links_count() == 0 && !ist.orphaned) {
                 return Err(Error::NotFound);
             }
             if ist.raw.links_count() >= LINK_MAX {
                 return Err(Error::TooManyLinks);
             }
-            ft = ftype_of(ist.raw.mode());
-        }
-        {
+            inc_nlink(&mut ist.raw)?;
+            ist.raw.set_ctime(now);
+            if ist.orphaned {
+                self.orphan_del(&mut h, &inode, &mut ist)?;
+            }
+            self.mark_inode_dirty(&mut h, &inode, &mut ist)?;
+            ftype_of(ist.raw.mode())
+        };
+        let added = (|| -> Result<()> {
             let mut dst = d.state.lock();
             self.dir_add(&mut h, newdir, &mut dst, newname, ino, ft)?;
             dst.raw.set_mtime(now);
             dst.raw.set_ctime(now);
-            self.mark_inode_dirty(&mut h, &d, &mut dst)?;
-        }
+            self.mark_inode_dirty(&mut h, &d, &mut dst)
+        })();
         let mut ist = inode.state.lock();
-        inc_nlink(&mut ist.raw)?;
-        ist.raw.set_ctime(now);
-        if ist.orphaned && ist.raw.links_count() > 0 {
-            self.orphan_del(&mut h, &inode, &mut ist)?;
+        if let Err(e) = added {
+            // Take the count back; if the other names went meanwhile, this was the last.
+            dec_nlink(&mut ist.raw);
+            self.drop_link_finish(&mut h, &inode, &mut ist)?;
+            return Err(e);
         }
-        self.mark_inode_dirty(&mut h, &inode, &mut ist)?;
         Ok(self.attr_of(ino, &ist.raw))
     }
 
@@ -662,16 +672,34 @@ impl Fs {
         } else {
             od.clone()
         };
-        // Directory io_locks in inode-number order.
+        // The two directories' io_locks, an ancestor before its descendant (as rmdir takes a
+        // parent's before its child's, and the kernel's lock_rename does), otherwise in
+        // inode-number order. In inode-number order alone, a rename from a child directory
+        // into its parent (child first) and an rmdir in that parent (parent first)
+        // deadlocked. The rename lock keeps the tree's shape still while this is decided.
+        let old_first = cross && {
+            if self.is_ancestor(odir, ndir)? {
+                true
+            } else if self.is_ancestor(ndir, odir)? {
+                false
+            } else {
+                odir < ndir
+            }
+        };
         let (_g1, _g2) = if !cross {
             (Some(od.io_lock.write()), None)
-        } else if odir < ndir {
+        } else if old_first {
             let a = od.io_lock.write();
             (Some(a), Some(nd.io_lock.write()))
         } else {
             let b = nd.io_lock.write();
             (Some(b), Some(od.io_lock.write()))
         };
+        // Either directory may have been removed between its lookup and its lock (an rmdir
+        // holds its parent's lock, not ours): nothing may be added to a removed directory,
+        // whose blocks and number are free for reuse.
+        check_dir_live(&od)?;
+        check_dir_live(&nd)?;
         let Some((sino, sft)) = self.find(&od, oname)? else {
             return Err(Error::NotFound);
         };
@@ -829,6 +857,15 @@ impl Fs {
         Ok(())
     }
 
+    /// Whether directory `ancestor` is `dir` or one of its ancestors.
+    fn is_ancestor(&self, ancestor: u32, dir: u32) -> Result<bool> {
+        match self.check_not_ancestor(ancestor, dir) {
+            Ok(()) => Ok(false),
+            Err(Error::Loop) => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Fails with `Error::Loop` if directory `ancestor` is `dir` or one of its ancestors.
     fn check_not_ancestor(&self, ancestor: u32, mut dir: u32) -> Result<()> {
         let mut steps = 0;
@@ -904,6 +941,17 @@ pub mod credits {
     /// Per extent inserted: the leaf, a split (new leaf and the index), a depth increase, and
     /// the block bitmap and descriptor of the data.
     pub const WRITE_PER_EXTENT: usize = 8;
+}
+
+/// Fails with NotFound if directory `d` has been removed (checked with its io_lock held, so
+/// it stays so while the caller holds the lock), as the kernel refuses entries in a dead
+/// directory.
+fn check_dir_live(d: &Inode) -> Result<()> {
+    let st = d.state.lock();
+    if st.deleted || st.raw.links_count() == 0 {
+        return Err(Error::NotFound);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -514,3 +514,173 @@ fn many_names_in_one_directory() {
     e2fsck_clean(&r.img.0);
     let _ = &mut r.m;
 }
+
+/// Threads run random namespace and data operations over the same few directories at once:
+/// files and directories renamed across directories (both ways at once, so two directory
+/// locks are taken in opposite orders), hard links, unlinks of open files, writes, truncates
+/// and fsyncs of shared files. The errors a race can cause (no such name, name exists,
+/// directory not empty, a rename into its own subtree) are expected; anything else fails, as
+/// do a panic and a deadlock (a watchdog). Afterwards every file reads back as a whole number
+/// of its writers' patterns, and the image is e2fsck-clean.
+#[test]
+fn concurrent_mixed_operations_stay_consistent() {
+    let img = scratch("concmix");
+    mke2fs(&img.0, "256M", &[]);
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    let dirs: Vec<u32> = (0..4)
+        .map(|i| {
+            fs.mkdir(2, format!("d{i}").as_bytes(), 0o755, 0, 0)
+                .unwrap()
+                .ino
+        })
+        .collect();
+    let threads = 4u64;
+    let ops = if std::env::var_os("UEXT4_QUICK").is_some() {
+        5000
+    } else {
+        20000
+    };
+    let seed: u64 = std::env::var("FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x1000);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let mut handles = Vec::new();
+    for t in 0..threads {
+        let fs = fs.clone();
+        let dirs = dirs.clone();
+        let done = done_tx.clone();
+        handles.push(std::thread::spawn(move || {
+            let mut rnd = xorshift(seed + t);
+            let mut bad = Vec::new();
+            for _ in 0..ops {
+                let d = dirs[(rnd() % 4) as usize];
+                let d2 = dirs[(rnd() % 4) as usize];
+                let f = format!("f{}", rnd() % 24);
+                let s = format!("s{}", rnd() % 6);
+                let r: uext4::Result<()> = match rnd() % 12 {
+                    0 => fs.create(d, f.as_bytes(), 0o644, 0, 0).map(drop),
+                    1 | 2 => fs.lookup(d, f.as_bytes()).and_then(|a| {
+                        if a.mode & 0o170000 != 0o100000 {
+                            return Ok(());
+                        }
+                        // Each writer writes whole 4 KiB blocks of its own byte.
+                        let off = (rnd() % 64) * 4096;
+                        let n = 4096 * (1 + rnd() % 8) as usize;
+                        fs.write(a.ino, off, &vec![t as u8 + 1; n]).map(drop)
+                    }),
+                    3 => fs.lookup(d, f.as_bytes()).and_then(|a| {
+                        if a.mode & 0o170000 != 0o100000 {
+                            return Ok(());
+                        }
+                        fs.truncate(a.ino, (rnd() % 32) * 4096)
+                    }),
+                    4 => fs.rename(d, f.as_bytes(), d2, f.as_bytes(), RenameFlags::default()),
+                    5 => fs.mkdir(d, s.as_bytes(), 0o755, 0, 0).map(drop),
+                    6 => {
+                        // A directory moves between directories, or into another one.
+                        let s2 = format!("s{}", rnd() % 6);
+                        if rnd().is_multiple_of(2) {
+                            fs.rename(d, s.as_bytes(), d2, s.as_bytes(), RenameFlags::default())
+                        } else {
+                            fs.lookup(d2, s2.as_bytes()).and_then(|a| {
+                                fs.rename(
+                                    d,
+                                    s.as_bytes(),
+                                    a.ino,
+                                    s.as_bytes(),
+                                    RenameFlags::default(),
+                                )
+                            })
+                        }
+                    }
+                    7 => fs.rmdir(d, s.as_bytes()),
+                    8 => fs.lookup(d, f.as_bytes()).and_then(|a| {
+                        if a.mode & 0o170000 != 0o100000 {
+                            return Ok(());
+                        }
+                        fs.link(a.ino, d2, format!("l{}", rnd() % 8).as_bytes())
+                            .map(drop)
+                    }),
+                    9 => {
+                        // Unlink while open: the inode lives until release.
+                        let name = if rnd().is_multiple_of(2) {
+                            f.clone()
+                        } else {
+                            format!("l{}", rnd() % 8)
+                        };
+                        fs.lookup(d, name.as_bytes()).and_then(|a| {
+                            if a.mode & 0o170000 != 0o100000 {
+                                return Ok(());
+                            }
+                            fs.open(a.ino)?;
+                            let r = fs.unlink(d, name.as_bytes());
+                            let _ = fs.write(a.ino, 0, &[t as u8 + 1; 4096]);
+                            fs.release(a.ino)?;
+                            r
+                        })
+                    }
+                    10 => fs
+                        .lookup(d, f.as_bytes())
+                        .and_then(|a| fs.fsync(a.ino, rnd().is_multiple_of(2))),
+                    _ => fs
+                        .readdir(d, 0, &mut |_| true)
+                        .and_then(|_| fs.readdir(d2, 0, &mut |_| true)),
+                };
+                match r {
+                    Ok(()) | Err(Error::NotFound) | Err(Error::Exists) | Err(Error::NotEmpty)
+                    | Err(Error::NotDir) | Err(Error::IsDir) | Err(Error::Loop) => {}
+                    Err(e) => bad.push(format!("thread {t}: {e}")),
+                }
+            }
+            done.send(()).unwrap();
+            bad
+        }));
+    }
+    for _ in 0..threads {
+        done_rx
+            .recv_timeout(std::time::Duration::from_secs(300))
+            .expect("a thread did not finish in 300 s: a deadlock?");
+    }
+    let bad: Vec<String> = handles
+        .into_iter()
+        .flat_map(|h| h.join().expect("a thread panicked"))
+        .collect();
+    assert!(bad.is_empty(), "unexpected errors: {bad:?}");
+    // Every file holds whole 4 KiB blocks, each all one writer's byte or zeros.
+    let mut stack = vec![2u32];
+    let mut files = 0;
+    while let Some(d) = stack.pop() {
+        let mut entries = Vec::new();
+        fs.readdir(d, 0, &mut |e| {
+            entries.push(e);
+            true
+        })
+        .unwrap();
+        for e in entries {
+            if e.name == b"." || e.name == b".." {
+                continue;
+            }
+            let a = fs.lookup(d, &e.name).unwrap();
+            if a.is_dir() {
+                stack.push(a.ino);
+                continue;
+            }
+            files += 1;
+            let mut data = vec![0u8; a.size as usize];
+            let n = fs.read(a.ino, 0, &mut data).unwrap();
+            assert_eq!(n as u64, a.size);
+            for (i, b) in data.chunks(4096).enumerate() {
+                assert!(
+                    b.iter().all(|&x| x == b[0]) && b[0] as u64 <= threads,
+                    "inode {}: block {i} mixes writers' bytes",
+                    a.ino
+                );
+            }
+        }
+    }
+    assert!(files > 0);
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+}
