@@ -746,6 +746,11 @@ impl Fs {
                     // The target may be one of the two directories already locked (renaming
                     // over an ancestor's own entry): do not lock it twice.
                     let held = t.ino == odir || t.ino == ndir;
+                    // A target directory that holds the source's directory is not empty, and
+                    // locking it now (after that descendant) would invert the lock order.
+                    if !held && cross && self.is_ancestor(t.ino, odir)? {
+                        return Err(Error::NotEmpty);
+                    }
                     let _tg = if held { None } else { Some(t.io_lock.read()) };
                     let mut tst = t.state.lock();
                     if !self.dir_is_empty(t.ino, &mut tst)? {

@@ -724,3 +724,25 @@ fn concurrent_changes_in_one_directory() {
     e2fsck_clean(&img.0);
     assert_eq!(indirect_levels(&img.0, "/d"), Some(1));
 }
+
+/// Renaming a directory over one of its own ancestors: the target holds the source, so it is
+/// not empty (ENOTEMPTY, as the kernel answers), and nothing changes.
+#[test]
+fn rename_over_an_ancestor_is_not_empty() {
+    let img = scratch("dir-anc");
+    mke2fs(&img.0, "32M", &[]);
+    let fs = Fs::open_path(&img.0, rw()).unwrap();
+    let a = fs.mkdir(2, b"a", 0o755, 0, 0).unwrap().ino;
+    let t = fs.mkdir(a, b"t", 0o755, 0, 0).unwrap().ino;
+    let x = fs.mkdir(t, b"x", 0o755, 0, 0).unwrap().ino;
+    fs.mkdir(x, b"s", 0o755, 0, 0).unwrap();
+    let r = fs.rename(x, b"s", a, b"t", Default::default());
+    assert!(matches!(r, Err(Error::NotEmpty)), "{r:?}");
+    let r = fs.rename(t, b"x", a, b"t", Default::default());
+    assert!(matches!(r, Err(Error::NotEmpty)), "{r:?}");
+    assert_eq!(fs.lookup(a, b"t").unwrap().ino, t);
+    assert_eq!(fs.lookup(x, b"s").unwrap().mode & 0o170000, 0o040000);
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+}
