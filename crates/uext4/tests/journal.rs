@@ -726,6 +726,13 @@ fn damaged_journals_never_panic() {
         std::fs::write(&base.0, &crashed).unwrap();
         let map = journal_map(&base.0);
         let img = scratch("jfuzz");
+        // Undamaged, the crashed image recovers to an e2fsck-clean filesystem.
+        std::fs::write(&img.0, &crashed).unwrap();
+        Fs::open_path(&img.0, MountOptions::default())
+            .unwrap()
+            .unmount()
+            .unwrap();
+        e2fsck_clean(&img.0);
         let mut rnd = xorshift(0x51_7cc1_b727_220au64);
         let (mut panics, mut slow, mut opened) = (Vec::new(), Vec::new(), 0);
         for it in 0..iterations {
