@@ -121,7 +121,9 @@ fn uext4_journal_replays_in_e2fsck_and_kernel() {
     replay_case(&ours);
 }
 
-fn replay_case(base: &Scratch) {
+/// The image in `base` on a recording device, opened with no timed commits (only fsync and
+/// the size threshold commit), so the recording is the same on every run.
+fn open_recording(base: &Scratch) -> (Arc<RecordingDevice>, Arc<Fs>) {
     let dev = Arc::new(RecordingDevice::new(std::fs::read(&base.0).unwrap()));
     let fs = Fs::open_dev(
         dev.clone(),
@@ -131,6 +133,11 @@ fn replay_case(base: &Scratch) {
         },
     )
     .unwrap();
+    (dev, fs)
+}
+
+fn replay_case(base: &Scratch) {
+    let (dev, fs) = open_recording(base);
     let d = fs.mkdir(2, b"dir", 0o755, 0, 0).unwrap().ino;
     for i in 0..40u32 {
         let f = fs
@@ -700,15 +707,7 @@ fn damaged_journals_never_panic() {
     for extra in [&[][..], &["-O", "^metadata_csum"][..]] {
         let base = scratch("jfuzz-base");
         mke2fs(&base.0, "32M", extra);
-        let dev = Arc::new(RecordingDevice::new(std::fs::read(&base.0).unwrap()));
-        let fs = Fs::open_dev(
-            dev.clone(),
-            MountOptions {
-                commit_interval_secs: 0,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let (dev, fs) = open_recording(&base);
         let d = fs.mkdir(2, b"dir", 0o755, 0, 0).unwrap().ino;
         for i in 0..30u32 {
             let f = fs
