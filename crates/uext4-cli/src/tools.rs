@@ -912,9 +912,8 @@ fn host_total(p: &Path) -> u64 {
     }
 }
 
-/// Bytes of regular files under `ino` (to size the progress bar; errors count as 0).
-/// Bytes of regular files under `ino`, for the progress bar; each directory counted once
-/// (`seen`), so a corrupt image's directory cycle ends the walk instead of looping.
+/// Bytes of regular files under `ino`, to size the progress bar (errors count as 0); each
+/// directory counted once (`seen`), so a corrupt image's directory cycle ends the walk.
 fn image_total(fs: &Fs, ino: u32, seen: &mut std::collections::HashSet<u32>) -> u64 {
     let Ok(a) = fs.getattr(ino) else { return 0 };
     if !a.is_dir() {

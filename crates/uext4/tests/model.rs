@@ -521,7 +521,8 @@ fn many_names_in_one_directory() {
 /// and fsyncs of shared files. The errors a race can cause (no such name, name exists,
 /// directory not empty, a rename into its own subtree) are expected; anything else fails, as
 /// do a panic and a deadlock (a watchdog). Afterwards every file reads back as a whole number
-/// of its writers' patterns, and the image is e2fsck-clean.
+/// of its writers' patterns, and the image is e2fsck-clean. `FUZZ_SEED=N` runs other
+/// interleavings of operations (the threads' timing varies from run to run anyway).
 #[test]
 fn concurrent_mixed_operations_stay_consistent() {
     let img = scratch("concmix");
