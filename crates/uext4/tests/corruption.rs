@@ -226,9 +226,10 @@ fn random_metadata_flips_never_panic() {
 }
 
 /// Flips in an image without metadata checksums (so the structure checks, not the checksums,
-/// meet the damage), aimed at the inode table, the directories' blocks and the first 2 MiB,
-/// opened read-write: walking, creating, writing, truncating, renaming and removing return Ok
-/// or an error; no panic, and no iteration takes long (a hang shows as the test not ending).
+/// meet the damage), aimed at the inode table, the directories' blocks, an xattr block and the
+/// first 2 MiB, opened read-write: walking, creating, writing, truncating, setting and removing
+/// xattrs, renaming and removing return Ok or an error; no panic, and no iteration takes long
+/// (a hang shows as the test not ending).
 /// A longer run: `FUZZ_ITER=3000 FUZZ_FLIPS=8 FUZZ_SEED=N cargo test --release --test
 /// corruption flips_without_checksums -- --nocapture`.
 #[test]
@@ -237,7 +238,10 @@ fn flips_without_checksums_read_write_never_panic() {
     let base = base_image(&["-O", "^metadata_csum"]);
     // And a directory large enough for an htree index (e2fsck -D builds it).
     let script = scratch("flip-rw-cmds");
-    let mut cmds = String::from("mkdir big\n");
+    // An xattr too big for the inode, so g has an xattr block too.
+    let big = scratch("flip-rw-xattr");
+    std::fs::write(&big.0, vec![b'x'; 2000]).unwrap();
+    let mut cmds = format!("ea_set -f {} g user.big\nmkdir big\n", big.0.display());
     for i in 0..400 {
         cmds += &format!("write /dev/null big/file-with-a-longer-name-{i}\n");
     }
@@ -260,18 +264,31 @@ fn flips_without_checksums_read_write_never_panic() {
     .parse::<usize>()
     .unwrap()
         * 4096;
-    let mut dirblocks = Vec::new();
+    let mut blocks = Vec::new();
     for d in ["/", "d", "d/e", "lost+found", "big"] {
         let out = sh(&format!(
             "debugfs -R 'blocks {d}' {} 2>/dev/null",
             base.0.display()
         ));
-        dirblocks.extend(
+        blocks.extend(
             out.split_whitespace()
                 .filter_map(|w| w.parse::<usize>().ok()),
         );
     }
-    assert!(dirblocks.len() >= 4, "directory blocks: {dirblocks:?}");
+    assert!(blocks.len() >= 4, "directory blocks: {blocks:?}");
+    // g's xattr block is damaged too.
+    let acl = sh(&format!(
+        "debugfs -R 'stat g' {} 2>/dev/null",
+        base.0.display()
+    ));
+    let xblock = acl
+        .split("File ACL:")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|w| w.parse::<usize>().ok())
+        .filter(|&b| b != 0)
+        .expect("g has an xattr block");
+    blocks.push(xblock);
     let mut rnd = xorshift(env("FUZZ_SEED").unwrap_or(0x9e37_79b9_7f4a_7c15));
     let iterations = env("FUZZ_ITER").unwrap_or(200);
     let flips = env("FUZZ_FLIPS").unwrap_or(6);
@@ -283,7 +300,7 @@ fn flips_without_checksums_read_write_never_panic() {
                 0 => 1024 + (rnd() % (2 << 20)) as usize,
                 1 => itable + (rnd() % (32 * 256)) as usize,
                 _ => {
-                    let b = dirblocks[(rnd() % dirblocks.len() as u64) as usize];
+                    let b = blocks[(rnd() % blocks.len() as u64) as usize];
                     b * 4096 + (rnd() % 4096) as usize
                 }
             };
@@ -310,6 +327,11 @@ fn flips_without_checksums_read_write_never_panic() {
                     let _ = fs.unlink(b.ino, name.as_bytes());
                     let _ = fs.create(b.ino, format!("n{i}").as_bytes(), 0o100644, 0, 0);
                 }
+            }
+            if let Ok(g) = fs.lookup(2, b"g") {
+                let _ = fs.getxattr(g.ino, b"user.big");
+                let _ = fs.setxattr(g.ino, b"user.c", &[5u8; 300], uext4::xattr::XattrFlags::Any);
+                let _ = fs.removexattr(g.ino, b"user.a");
             }
             let _ = fs.rename(2, b"g", 2, b"g2", Default::default());
             let _ = fs.unlink(2, b"g2");
