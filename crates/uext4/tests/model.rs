@@ -517,8 +517,8 @@ fn many_names_in_one_directory() {
 
 /// Threads run random namespace and data operations over the same few directories at once:
 /// files and directories renamed across directories (both ways at once, so two directory
-/// locks are taken in opposite orders), hard links, unlinks of open files, writes, truncates
-/// and fsyncs of shared files. The errors a race can cause (no such name, name exists,
+/// locks are taken in opposite orders), hard links, unlinks of open files, writes, reads,
+/// truncates, punched holes, xattr changes and fsyncs of shared files. The errors a race can cause (no such name, name exists,
 /// directory not empty, a rename into its own subtree) are expected; anything else fails, as
 /// do a panic and a deadlock (a watchdog). Afterwards every file reads back as a whole number
 /// of its writers' patterns, and the image is e2fsck-clean. `FUZZ_SEED=N` runs other
@@ -559,7 +559,7 @@ fn concurrent_mixed_operations_stay_consistent() {
                 let d2 = dirs[(rnd() % 4) as usize];
                 let f = format!("f{}", rnd() % 24);
                 let s = format!("s{}", rnd() % 6);
-                let r: uext4::Result<()> = match rnd() % 12 {
+                let r: uext4::Result<()> = match rnd() % 15 {
                     0 => fs.create(d, f.as_bytes(), 0o644, 0, 0).map(drop),
                     1 | 2 => fs.lookup(d, f.as_bytes()).and_then(|a| {
                         if a.mode & 0o170000 != 0o100000 {
@@ -624,6 +624,42 @@ fn concurrent_mixed_operations_stay_consistent() {
                     10 => fs
                         .lookup(d, f.as_bytes())
                         .and_then(|a| fs.fsync(a.ino, rnd().is_multiple_of(2))),
+                    11 => fs.lookup(d, f.as_bytes()).and_then(|a| {
+                        if a.mode & 0o170000 != 0o100000 {
+                            return Ok(());
+                        }
+                        // A hole punched in whole blocks (PUNCH_HOLE | KEEP_SIZE).
+                        let off = (rnd() % 64) * 4096;
+                        fs.fallocate(a.ino, 3, off, 4096 * (1 + rnd() % 8))
+                    }),
+                    12 => fs.lookup(d, f.as_bytes()).and_then(|a| {
+                        let name = format!("user.x{}", rnd() % 4);
+                        if rnd().is_multiple_of(2) {
+                            let v = vec![t as u8; 40 + (rnd() % 3000) as usize];
+                            // Values share one inode's space and one block: full is ENOSPC.
+                            match fs.setxattr(
+                                a.ino,
+                                name.as_bytes(),
+                                &v,
+                                uext4::xattr::XattrFlags::Any,
+                            ) {
+                                Err(Error::NoSpace) => Ok(()),
+                                r => r,
+                            }
+                        } else {
+                            match fs.removexattr(a.ino, name.as_bytes()) {
+                                Err(Error::NoAttr) => Ok(()),
+                                r => r,
+                            }
+                        }
+                    }),
+                    13 => fs.lookup(d, f.as_bytes()).and_then(|a| {
+                        if a.mode & 0o170000 != 0o100000 {
+                            return Ok(());
+                        }
+                        let mut buf = vec![0u8; 32 << 10];
+                        fs.read(a.ino, (rnd() % 64) * 4096, &mut buf).map(drop)
+                    }),
                     _ => fs
                         .readdir(d, 0, &mut |_| true)
                         .and_then(|_| fs.readdir(d2, 0, &mut |_| true)),
