@@ -439,11 +439,11 @@ impl Fs {
         if !want_dir && is_dir {
             return Err(Error::IsDir);
         }
-        let _cg = if is_dir {
-            Some(inode.io_lock.write())
-        } else {
-            None
-        };
+        // The victim's io_lock too (rank: after the directory's), as the kernel's vfs_unlink
+        // locks the victim: if this removes the last link of a file nobody has open, its
+        // blocks are freed here, and an overwrite in flight (which maps its blocks, then
+        // writes them holding this lock shared) must finish first.
+        let _cg = inode.io_lock.write();
         if is_dir {
             let mut cst = inode.state.lock();
             if !self.dir_is_empty(ino, &mut cst)? {
@@ -845,7 +845,8 @@ impl Fs {
             self.mark_inode_dirty(&mut h, &src, &mut s)?;
         }
         if let Some(t) = replaced {
-            let _tg = if tgt_is_dir && t.ino != odir && t.ino != ndir {
+            // As in unlink: the replaced inode may be freed here.
+            let _tg = if t.ino != odir && t.ino != ndir {
                 Some(t.io_lock.write())
             } else {
                 None
