@@ -734,28 +734,34 @@ impl Fs {
                 self.check_not_ancestor(target.unwrap().0, odir)?;
             }
         }
-        if !flags.exchange {
-            if let Some(t) = &tgt {
-                if src_is_dir && !tgt_is_dir {
-                    return Err(Error::NotDir);
-                }
-                if !src_is_dir && tgt_is_dir {
-                    return Err(Error::IsDir);
-                }
-                if tgt_is_dir {
-                    // The target may be one of the two directories already locked (renaming
-                    // over an ancestor's own entry): do not lock it twice.
-                    let held = t.ino == odir || t.ino == ndir;
-                    // A target directory that holds the source's directory is not empty, and
-                    // locking it now (after that descendant) would invert the lock order.
-                    if !held && cross && self.is_ancestor(t.ino, odir)? {
-                        return Err(Error::NotEmpty);
-                    }
-                    let _tg = if held { None } else { Some(t.io_lock.read()) };
-                    let mut tst = t.state.lock();
-                    if !self.dir_is_empty(t.ino, &mut tst)? {
-                        return Err(Error::NotEmpty);
-                    }
+        // The inode a name is replaced over may be freed below: its io_lock is held to the
+        // end, as unlink holds the victim's, and taken before the handle starts (lock rank:
+        // io_locks before the transaction barrier; taken after it, a commit waiting for this
+        // handle and a writeback holding this lock while starting a handle deadlocked).
+        let victim = if flags.exchange { None } else { tgt.clone() };
+        let mut _tg = None;
+        if let Some(t) = &victim {
+            if src_is_dir && !tgt_is_dir {
+                return Err(Error::NotDir);
+            }
+            if !src_is_dir && tgt_is_dir {
+                return Err(Error::IsDir);
+            }
+            // The target may be one of the two directories already locked (renaming over an
+            // ancestor's own entry): do not lock it twice.
+            let held = t.ino == odir || t.ino == ndir;
+            // A target directory that holds the source's directory is not empty, and locking
+            // it now (after that descendant) would invert the lock order.
+            if tgt_is_dir && !held && cross && self.is_ancestor(t.ino, odir)? {
+                return Err(Error::NotEmpty);
+            }
+            if !held {
+                _tg = Some(t.io_lock.write());
+            }
+            if tgt_is_dir {
+                let mut tst = t.state.lock();
+                if !self.dir_is_empty(t.ino, &mut tst)? {
+                    return Err(Error::NotEmpty);
                 }
             }
         }
@@ -845,12 +851,6 @@ impl Fs {
             self.mark_inode_dirty(&mut h, &src, &mut s)?;
         }
         if let Some(t) = replaced {
-            // As in unlink: the replaced inode may be freed here.
-            let _tg = if t.ino != odir && t.ino != ndir {
-                Some(t.io_lock.write())
-            } else {
-                None
-            };
             let mut ts = t.state.lock();
             if tgt_is_dir {
                 ts.raw.set_links_count(0);

@@ -523,11 +523,30 @@ fn many_names_in_one_directory() {
 /// do a panic and a deadlock (a watchdog). Afterwards every file reads back as a whole number
 /// of its writers' patterns, and the image is e2fsck-clean. `FUZZ_SEED=N` runs other
 /// interleavings of operations (the threads' timing varies from run to run anyway).
+///
+/// Open: in debug builds, whose timing differs, about one run in fifty still fails: a
+/// directory block read back without its checksum tail, or a directory inode left with no
+/// links and no dtime but marked in use. Release builds passed every run so far (over 100).
 #[test]
 fn concurrent_mixed_operations_stay_consistent() {
+    concurrent_mixed_operations(MountOptions::default());
+}
+
+/// The same in buffered mode (delayed allocation, written back on fsync and at the cache's
+/// limit, here small so that writeback runs concurrently with everything else).
+#[test]
+fn concurrent_mixed_operations_stay_consistent_buffered() {
+    concurrent_mixed_operations(MountOptions {
+        buffered: true,
+        buffered_limit_bytes: 1 << 16,
+        ..Default::default()
+    });
+}
+
+fn concurrent_mixed_operations(opts: MountOptions) {
     let img = scratch("concmix");
     mke2fs(&img.0, "256M", &[]);
-    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    let fs = Fs::open_path(&img.0, opts).unwrap();
     let dirs: Vec<u32> = (0..4)
         .map(|i| {
             fs.mkdir(2, format!("d{i}").as_bytes(), 0o755, 0, 0)
