@@ -162,9 +162,7 @@ impl Fs {
         }
         let size = {
             let st = inode.state.lock();
-            if st.deleted {
-                return Err(Error::NotFound);
-            }
+            check_live(&st)?;
             st.raw.size()
         };
         self.write_new_blocks_locked(&inode, off, data, size.max(end))?;
@@ -482,9 +480,7 @@ impl Fs {
         }
         let mut h = self.start(credits::UNLINK)?;
         let mut st = inode.state.lock();
-        if st.deleted {
-            return Err(Error::NotFound);
-        }
+        check_live(&st)?;
         match st.raw.file_type() {
             S_IFREG => {}
             S_IFDIR => return Err(Error::IsDir),
@@ -545,9 +541,7 @@ impl Fs {
         self.delalloc_writeback_locked(&inode)?;
         {
             let st = inode.state.lock();
-            if st.deleted {
-                return Err(Error::NotFound);
-            }
+            check_live(&st)?;
             match st.raw.file_type() {
                 S_IFREG => {}
                 S_IFDIR => return Err(Error::IsDir),
@@ -791,11 +785,12 @@ impl Fs {
     }
 }
 
-/// Fails with NotFound once the inode has been freed. The allocating paths check this each
-/// time they take the inode's state lock to map blocks: the io_lock keeps other writers out,
-/// but not the last unlink of an inode that is not open (a library caller may write by inode
-/// number while another thread removes the name), which frees the blocks under the state lock
-/// alone. Mapping new blocks into the freed inode after that leaked them.
+/// Fails with NotFound once the inode has been freed. Every path that changes an inode
+/// checks this under its state lock. Unlink and a replacing rename hold the victim's io_lock,
+/// so they cannot free an inode under a writer holding it; the allocating paths still re-check
+/// each time they retake the state lock, because not every path that frees an inode holds its
+/// io_lock (link's undo after it failed to add the entry, for one), and mapping blocks into a
+/// freed inode leaks them.
 fn check_live(st: &InodeState) -> Result<()> {
     if st.deleted {
         return Err(Error::NotFound);

@@ -295,9 +295,7 @@ impl Fs {
             if is_dot(name) || self.find(&d, name)?.is_some() {
                 return Err(Error::Exists);
             }
-            if d.state.lock().raw.links_count() == 0 {
-                return Err(Error::NotFound);
-            }
+            check_dir_live(&d)?;
             let is_dir = mode & S_IFMT == S_IFDIR;
             let mut h = self.start(credits::CREATE)?;
             let ino = self.alloc_inode(&mut h, dir, is_dir)?;
