@@ -324,9 +324,20 @@ impl Fs {
             return Ok(());
         }
         self.check_block(start, len, &|| "freeing blocks".to_string())?;
+        let end = start + len;
+        // Before any bit is cleared: the moment a bit is clear (and its group lock released)
+        // another thread may look for free blocks, and it must find these held back until this
+        // transaction is home. Done after, an allocation in between took a block that is still
+        // in use, and the forget and revoke below then dropped its new owner's buffer.
+        self.pending_free.lock().insert(start, (len, h.tid()));
+        if metadata {
+            for b in start..end {
+                self.bcache.forget(b);
+                h.revoke(b);
+            }
+        }
         let geo = &self.geo;
         let mut blk = start;
-        let end = start + len;
         while blk < end {
             let g = geo.block_group(blk);
             let gfirst = geo.group_first_block(g);
@@ -365,13 +376,6 @@ impl Fs {
             self.free_blocks.fetch_add(gend - blk, Ordering::Relaxed);
             blk = gend;
         }
-        if metadata {
-            for b in start..end {
-                self.bcache.forget(b);
-                h.revoke(b);
-            }
-        }
-        self.pending_free.lock().insert(start, (len, h.tid()));
         Ok(())
     }
 
