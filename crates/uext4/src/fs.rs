@@ -8,8 +8,10 @@
 //!   4. transaction barrier (by starting a handle)
 //!   5. inode `state` mutex
 //!   6. group locks (`groups[g]`), in ascending group order
-//!   7. buffer locks
-//!   8. `Fs::sb` and the transaction's running-list mutex (leaf locks)
+//!   7. inode cache shard locks (taken under a group lock where an inode number's bitmap bit
+//!      and its cache entry change together: ialloc, iget)
+//!   8. buffer locks
+//!   9. `Fs::sb` and the transaction's running-list mutex (leaf locks)
 
 use crate::bcache::BufferCache;
 use crate::blockdev::{BlockDevice, IoCounters};
@@ -855,6 +857,7 @@ impl Fs {
             extents: None,
             orphaned: false,
             deleted: false,
+            creating: false,
             delalloc: None,
         };
         self.ext_load(ino, &mut st)

@@ -83,8 +83,20 @@ impl Fs {
         (0..n).map(|i| (first + i) % n).collect()
     }
 
-    /// Allocates an inode number. `parent` is the directory it will live in.
-    pub(crate) fn alloc_inode(&self, h: &mut Handle<'_>, parent: u32, is_dir: bool) -> Result<u32> {
+    /// Allocates an inode number and caches a blank in-memory inode for it, marked `creating`
+    /// (iget answers "no such file" for it until the caller has initialised it and cleared the
+    /// mark). `parent` is the directory it will live in.
+    ///
+    /// The bit is set and the inode cached in one hold of the group's lock, and free_inode
+    /// clears the bit and uncaches in one hold, while iget checks the bit and caches in one:
+    /// so a thread holding a stale number (looked up before the inode was freed) never caches
+    /// the old contents over a new inode, nor reads a new one half made.
+    pub(crate) fn alloc_inode(
+        &self,
+        h: &mut Handle<'_>,
+        parent: u32,
+        is_dir: bool,
+    ) -> Result<crate::inode::InodeRef> {
         self.check_writable()?;
         let ipg = self.geo.inodes_per_group as usize;
         let parent_group = self.geo.ino_group(parent.max(1));
@@ -157,12 +169,17 @@ impl Fs {
             }
             self.write_group_desc(h, g, &mut st)?;
             self.free_inodes.fetch_sub(1, Ordering::Relaxed);
-            return Ok(g * ipg as u32 + idx as u32 + 1);
+            let ino = g * ipg as u32 + idx as u32 + 1;
+            let extents = Some(crate::extents::ExtentCache::empty());
+            let inode = crate::inode::new_inode(ino, self.new_raw_inode(), extents, true);
+            self.icache.insert(inode.clone());
+            return Ok(inode);
         }
         Err(Error::NoInodes)
     }
 
-    /// Marks inode `ino` free in its bitmap and group counts.
+    /// Marks inode `ino` free in its bitmap and group counts and drops it from the inode cache
+    /// (the caller has marked it deleted).
     pub(crate) fn free_inode(&self, h: &mut Handle<'_>, ino: u32, was_dir: bool) -> Result<()> {
         let g = self.geo.ino_group(ino);
         let idx = ((ino - 1) % self.geo.inodes_per_group) as usize;
@@ -195,6 +212,8 @@ impl Fs {
             st.desc.set_used_dirs_count(v);
         }
         self.write_group_desc(h, g, &mut st)?;
+        self.icache.remove(ino);
+        drop(st);
         self.free_inodes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -203,10 +222,15 @@ impl Fs {
     pub fn inode_in_use(&self, ino: u32) -> Result<bool> {
         let g = self.geo.ino_group(ino);
         let st = self.groups[g as usize].lock();
+        self.inode_bit(&st, ino)
+    }
+
+    /// Whether inode `ino`'s bit is set, with its group's lock held (`st`).
+    pub(crate) fn inode_bit(&self, st: &GroupState, ino: u32) -> Result<bool> {
         if self.has_gd_csum() && st.desc.flags() & BG_INODE_UNINIT != 0 {
             return Ok(false);
         }
-        let buf = self.read_inode_bitmap(g, &st)?;
+        let buf = self.read_inode_bitmap(self.geo.ino_group(ino), st)?;
         let r = test_bit(
             &buf.read(),
             ((ino - 1) % self.geo.inodes_per_group) as usize,

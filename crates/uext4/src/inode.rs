@@ -23,6 +23,10 @@ pub struct InodeState {
     pub orphaned: bool,
     /// Set when the inode has been freed (its number may be reused).
     pub deleted: bool,
+    /// Set from the moment the number is allocated until the creator has initialised the inode
+    /// (namei's create): the inode is in the cache then, so that no one loads the number's old
+    /// contents from disk, but a stale number that reaches it gets "no such file".
+    pub creating: bool,
     /// Buffered mode: data not yet written back, and the size the device backs (delalloc.rs).
     pub delalloc: Option<Box<crate::delalloc::Dirty>>,
 }
@@ -83,8 +87,13 @@ impl InodeCache {
     pub fn get_cached(&self, ino: u32) -> Option<InodeRef> {
         self.shard(ino).lock().get(&ino).cloned()
     }
-    pub fn remove(&self, ino: u32) {
+    /// Drops `ino` from the cache (with its group's lock held: see ialloc's free_inode).
+    pub(crate) fn remove(&self, ino: u32) {
         self.shard(ino).lock().remove(&ino);
+    }
+    /// Caches a new inode (with its group's lock held: see ialloc's alloc_inode).
+    pub(crate) fn insert(&self, inode: InodeRef) {
+        self.shard(inode.ino).lock().insert(inode.ino, inode);
     }
     /// Drops cached inodes that nobody holds and that are not open.
     pub fn trim(&self, keep: usize) {
@@ -119,6 +128,11 @@ impl Fs {
     /// Reads inode `ino` from its table and verifies it.
     pub(crate) fn read_raw_inode(&self, ino: u32) -> Result<RawInode> {
         let (blk, off) = self.inode_location(ino)?;
+        self.read_raw_inode_at(ino, blk, off)
+    }
+
+    /// Reads and verifies inode `ino`, found at `off` in table block `blk` (inode_location).
+    fn read_raw_inode_at(&self, ino: u32, blk: u64, off: usize) -> Result<RawInode> {
         let buf = self.bcache.get(blk)?;
         let data = buf.read();
         let raw = RawInode(data[off..off + self.geo.inode_size as usize].to_vec());
@@ -151,57 +165,40 @@ impl Fs {
     /// The in-memory inode, read from disk on first use. Fails for inodes that are not in use.
     pub fn iget(&self, ino: u32) -> Result<InodeRef> {
         if let Some(i) = self.icache.get_cached(ino) {
-            if i.state.lock().deleted {
+            return live(i);
+        }
+        // The bitmap bit and the cache entry change together under the group's lock (see
+        // alloc_inode and free_inode), so the bit is checked and the inode cached under it: a
+        // freed number is never cached from its old contents, and a number being created is
+        // found in the cache, never read back from disk half made. The inode is read under
+        // the cache shard's lock: one read before could miss a change made and finished by
+        // another thread whose copy then left the cache.
+        let (blk, off) = self.inode_location(ino)?;
+        let cached = {
+            let g = self.geo.ino_group(ino);
+            let st = self.groups[g as usize].lock();
+            if !self.inode_bit(&st, ino)? {
                 return Err(Error::NotFound);
             }
-            return Ok(i);
-        }
-        let raw = self.read_raw_inode(ino)?;
-        if (raw.links_count() == 0 && raw.mode() == 0) || !self.inode_in_use(ino)? {
-            // A stale number (the inode was freed): callers see "no such file".
-            return Err(Error::NotFound);
-        }
-        if raw.flags() & FL_INLINE_DATA != 0 {
-            return Err(Error::Unsupported(format!("inode {ino} uses inline_data")));
-        }
-        let inode = Arc::new(Inode {
-            ino,
-            io_lock: RwLock::new(()),
-            state: Mutex::new(InodeState {
-                raw,
-                extents: None,
-                orphaned: false,
-                deleted: false,
-                delalloc: None,
-            }),
-            open_count: AtomicU32::new(0),
-            last_tid: AtomicU64::new(0),
-            last_data_tid: AtomicU64::new(0),
-            lazy_tid: AtomicU64::new(0),
-        });
-        let mut shard = self.icache.shard(ino).lock();
-        Ok(shard.entry(ino).or_insert(inode).clone())
-    }
-
-    /// Creates the in-memory inode for a freshly allocated inode number.
-    pub(crate) fn iget_new(&self, ino: u32, raw: RawInode) -> InodeRef {
-        let inode = Arc::new(Inode {
-            ino,
-            io_lock: RwLock::new(()),
-            state: Mutex::new(InodeState {
-                raw,
-                extents: Some(ExtentCache::empty()),
-                orphaned: false,
-                deleted: false,
-                delalloc: None,
-            }),
-            open_count: AtomicU32::new(0),
-            last_tid: AtomicU64::new(0),
-            last_data_tid: AtomicU64::new(0),
-            lazy_tid: AtomicU64::new(0),
-        });
-        self.icache.shard(ino).lock().insert(ino, inode.clone());
-        inode
+            let mut shard = self.icache.shard(ino).lock();
+            match shard.get(&ino) {
+                Some(i) => i.clone(),
+                None => {
+                    let raw = self.read_raw_inode_at(ino, blk, off)?;
+                    if raw.links_count() == 0 && raw.mode() == 0 {
+                        // Marked in use but never written: callers see "no such file".
+                        return Err(Error::NotFound);
+                    }
+                    if raw.flags() & FL_INLINE_DATA != 0 {
+                        return Err(Error::Unsupported(format!("inode {ino} uses inline_data")));
+                    }
+                    let inode = new_inode(ino, raw, None, false);
+                    shard.insert(ino, inode.clone());
+                    inode
+                }
+            }
+        };
+        live(cached)
     }
 
     /// Writes an inode's fields into its inode-table block, through the handle.
@@ -251,7 +248,7 @@ impl Fs {
             return Ok(None);
         };
         let mut st = inode.state.lock();
-        if st.deleted {
+        if st.deleted || st.creating {
             return Ok(None);
         }
         if st.orphaned {
@@ -267,6 +264,41 @@ impl Fs {
         buf.write()[off..off + disk.0.len()].copy_from_slice(&disk.0);
         Ok(Some(buf))
     }
+}
+
+/// A cached inode as `iget` hands it out: one freed or still being created is "no such file".
+fn live(i: InodeRef) -> Result<InodeRef> {
+    let st = i.state.lock();
+    if st.deleted || st.creating {
+        return Err(Error::NotFound);
+    }
+    drop(st);
+    Ok(i)
+}
+
+/// A new in-memory inode.
+pub(crate) fn new_inode(
+    ino: u32,
+    raw: RawInode,
+    extents: Option<ExtentCache>,
+    creating: bool,
+) -> InodeRef {
+    Arc::new(Inode {
+        ino,
+        io_lock: RwLock::new(()),
+        state: Mutex::new(InodeState {
+            raw,
+            extents,
+            orphaned: false,
+            deleted: false,
+            creating,
+            delalloc: None,
+        }),
+        open_count: AtomicU32::new(0),
+        last_tid: AtomicU64::new(0),
+        last_data_tid: AtomicU64::new(0),
+        lazy_tid: AtomicU64::new(0),
+    })
 }
 
 fn is_all_zero(b: &[u8]) -> bool {

@@ -298,7 +298,8 @@ impl Fs {
             check_dir_live(&d)?;
             let is_dir = mode & S_IFMT == S_IFDIR;
             let mut h = self.start(credits::CREATE)?;
-            let ino = self.alloc_inode(&mut h, dir, is_dir)?;
+            let inode = self.alloc_inode(&mut h, dir, is_dir)?;
+            let ino = inode.ino;
             let now = Timestamp::now();
             let mut raw = self.new_raw_inode();
             raw.set_mode(mode);
@@ -311,16 +312,19 @@ impl Fs {
             raw.set_crtime(now);
             raw.set_generation(next_generation());
             if let Err(e) = init(self, &mut h, &mut raw) {
+                inode.state.lock().deleted = true;
                 self.free_inode(&mut h, ino, is_dir)?;
                 return Err(e);
             }
-            let inode = self.iget_new(ino, raw);
             let result = (|| -> Result<()> {
                 let mut ist = inode.state.lock();
+                ist.raw = raw;
                 if is_dir {
                     self.dir_init(&mut h, ino, &mut ist, dir)?;
                 }
                 self.mark_inode_dirty(&mut h, &inode, &mut ist)?;
+                // Whole now: a stale number that reaches it sees a new inode, as after reuse.
+                ist.creating = false;
                 drop(ist);
                 let mut dst = d.state.lock();
                 self.dir_add(&mut h, dir, &mut dst, name, ino, ftype_of(mode))?;
@@ -342,7 +346,6 @@ impl Fs {
                 let _ = self.write_inode(&mut h, ino, &mut ist.raw);
                 ist.deleted = true;
                 drop(ist);
-                self.icache.remove(ino);
                 self.free_inode(&mut h, ino, is_dir)?;
                 return Err(e);
             }
@@ -508,7 +511,6 @@ impl Fs {
         ist.raw.set_size(0);
         self.mark_inode_dirty(h, inode, ist)?;
         ist.deleted = true;
-        self.icache.remove(inode.ino);
         self.free_inode(h, inode.ino, was_dir)
     }
 

@@ -743,3 +743,84 @@ fn concurrent_mixed_operations(opts: MountOptions) {
     drop(fs);
     e2fsck_clean(&img.0);
 }
+
+/// Library callers address inodes by number, and a number can be freed and handed to a new
+/// file while another thread still holds it. One thread creates, writes and unlinks a file over
+/// and over (so the same few numbers are reused); others change whatever inode those numbers
+/// name at that moment (mode, data, attributes). Each change must land on a whole inode or
+/// fail with "no such file": never load a freed inode's old contents from disk while its
+/// number is being handed out, never write them over the new inode. The image is e2fsck-clean.
+#[test]
+fn stale_inode_numbers_never_touch_new_inodes() {
+    let img = scratch("staleino");
+    mke2fs(&img.0, "64M", &[]);
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    let d = fs.mkdir(2, b"d", 0o755, 0, 0).unwrap().ino;
+    let first = fs.create(d, b"probe", 0o644, 0, 0).unwrap().ino;
+    fs.unlink(d, b"probe").unwrap();
+    let rounds = if std::env::var_os("UEXT4_QUICK").is_some() {
+        3000
+    } else {
+        12000
+    };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut others = Vec::new();
+    for t in 0..2u64 {
+        let fs = fs.clone();
+        let stop = stop.clone();
+        others.push(std::thread::spawn(move || {
+            let mut rnd = xorshift(0x5eed + t);
+            let mut bad = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let ino = first + (rnd() % 3) as u32;
+                let r = match rnd() % 4 {
+                    0 => fs
+                        .setattr(
+                            ino,
+                            &uext4::namei::SetAttr {
+                                mode: Some(0o600),
+                                ..Default::default()
+                            },
+                        )
+                        .map(drop),
+                    1 => fs.write(ino, 4096, &[7u8; 4096]).map(drop),
+                    2 => fs
+                        .setxattr(ino, b"user.k", b"v", uext4::xattr::XattrFlags::Any)
+                        .map(drop),
+                    _ => fs.getattr(ino).map(drop),
+                };
+                match r {
+                    Ok(()) | Err(Error::NotFound) => {}
+                    Err(e) => bad.push(format!("inode {ino}: {e}")),
+                }
+            }
+            bad
+        }));
+    }
+    let mut failed = None;
+    for i in 0..rounds {
+        let name = format!("f{}", i % 2);
+        let r = fs
+            .create(d, name.as_bytes(), 0o644, 0, 0)
+            .and_then(|a| fs.write(a.ino, 0, &[1u8; 8192]).map(drop))
+            .and_then(|_| fs.unlink(d, name.as_bytes()));
+        if let Err(e) = r {
+            failed = Some(format!("round {i}: {e}"));
+            break;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let bad: Vec<String> = others
+        .into_iter()
+        .flat_map(|h| h.join().expect("a thread panicked"))
+        .collect();
+    assert_eq!(failed, None);
+    assert!(
+        bad.is_empty(),
+        "unexpected errors: {:?}",
+        &bad[..bad.len().min(5)]
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+}
