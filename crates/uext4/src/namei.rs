@@ -677,10 +677,17 @@ impl Fs {
         // inode-number order. In inode-number order alone, a rename from a child directory
         // into its parent (child first) and an rmdir in that parent (parent first)
         // deadlocked. The rename lock keeps the tree's shape still while this is decided.
+        // Each directory's chain of ancestors, walked once: the lock order, the subtree check
+        // and the ancestor-target check below all read them.
+        let (ochain, nchain) = if cross {
+            (self.ancestry(odir)?, self.ancestry(ndir)?)
+        } else {
+            (Vec::new(), Vec::new())
+        };
         let old_first = cross && {
-            if self.is_ancestor(odir, ndir)? {
+            if nchain.contains(&odir) {
                 true
-            } else if self.is_ancestor(ndir, odir)? {
+            } else if ochain.contains(&ndir) {
                 false
             } else {
                 odir < ndir
@@ -727,11 +734,11 @@ impl Fs {
         }
         if cross {
             // A directory may not move into its own subtree.
-            if src_is_dir {
-                self.check_not_ancestor(sino, ndir)?;
+            if src_is_dir && nchain.contains(&sino) {
+                return Err(Error::Loop);
             }
-            if flags.exchange && tgt_is_dir {
-                self.check_not_ancestor(target.unwrap().0, odir)?;
+            if flags.exchange && tgt_is_dir && ochain.contains(&target.unwrap().0) {
+                return Err(Error::Loop);
             }
         }
         // The inode a name is replaced over may be freed below: its io_lock is held to the
@@ -752,7 +759,7 @@ impl Fs {
             let held = t.ino == odir || t.ino == ndir;
             // A target directory that holds the source's directory is not empty, and locking
             // it now (after that descendant) would invert the lock order.
-            if tgt_is_dir && !held && cross && self.is_ancestor(t.ino, odir)? {
+            if tgt_is_dir && !held && cross && ochain.contains(&t.ino) {
                 return Err(Error::NotEmpty);
             }
             if !held {
@@ -863,22 +870,11 @@ impl Fs {
         Ok(())
     }
 
-    /// Whether directory `ancestor` is `dir` or one of its ancestors.
-    fn is_ancestor(&self, ancestor: u32, dir: u32) -> Result<bool> {
-        match self.check_not_ancestor(ancestor, dir) {
-            Ok(()) => Ok(false),
-            Err(Error::Loop) => Ok(true),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Fails with `Error::Loop` if directory `ancestor` is `dir` or one of its ancestors.
-    fn check_not_ancestor(&self, ancestor: u32, mut dir: u32) -> Result<()> {
-        let mut steps = 0;
+    /// Directory `dir` and its ancestors up to the root, by '..' (with the rename lock held,
+    /// so that no directory moves meanwhile).
+    fn ancestry(&self, mut dir: u32) -> Result<Vec<u32>> {
+        let mut chain = vec![dir];
         while dir != ROOT_INO {
-            if dir == ancestor {
-                return Err(Error::Loop);
-            }
             let d = self.iget(dir)?;
             let mut st = d.state.lock();
             let parent = self
@@ -886,18 +882,15 @@ impl Fs {
                 .map(|p| p.0)
                 .unwrap_or(ROOT_INO);
             drop(st);
-            dir = parent;
-            steps += 1;
-            if steps > 65536 {
+            if chain.len() > 65536 {
                 return Err(Error::corrupt(format!(
                     "directory {dir}: '..' chain does not reach the root"
                 )));
             }
+            chain.push(parent);
+            dir = parent;
         }
-        if ancestor == ROOT_INO {
-            return Err(Error::Loop);
-        }
-        Ok(())
+        Ok(chain)
     }
 
     /// Opens an inode: counts it so that an unlink keeps it until the last release.
