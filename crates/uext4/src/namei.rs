@@ -897,6 +897,13 @@ impl Fs {
     pub fn open(&self, ino: u32) -> Result<()> {
         let inode = self.iget(ino)?;
         inode.open_count.fetch_add(1, Ordering::AcqRel);
+        // A last unlink that read the count before it went up has freed the inode (under its
+        // state lock); counted on a freed inode, the open's release would land on whatever
+        // inode reuses the number.
+        if inode.state.lock().deleted {
+            inode.open_count.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::NotFound);
+        }
         Ok(())
     }
 
@@ -905,7 +912,13 @@ impl Fs {
         let Some(inode) = self.icache.get_cached(ino) else {
             return Ok(());
         };
-        let prev = inode.open_count.fetch_sub(1, Ordering::AcqRel);
+        // A release without an open (a library caller's mistake) changes nothing.
+        let Ok(prev) = inode
+            .open_count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(1))
+        else {
+            return Ok(());
+        };
         if prev == 1 {
             let orphaned = inode.state.lock().orphaned;
             if orphaned && !self.is_read_only() {

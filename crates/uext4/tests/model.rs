@@ -824,3 +824,27 @@ fn stale_inode_numbers_never_touch_new_inodes() {
     drop(fs);
     e2fsck_clean(&img.0);
 }
+
+/// Library opens are counted per inode number: a release without an open changes nothing (it
+/// used to wrap the count, so a later unlink of the open file freed it under its opener), an
+/// unlinked file lives until its last release, and a freed number cannot be opened.
+#[test]
+fn opens_and_releases_count_only_real_opens() {
+    let img = scratch("opencount");
+    mke2fs(&img.0, "32M", &[]);
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    let ino = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.release(ino).unwrap();
+    fs.open(ino).unwrap();
+    fs.unlink(2, b"f").unwrap();
+    fs.write(ino, 0, &[5u8; 4096]).unwrap();
+    let mut back = [0u8; 4096];
+    assert_eq!(fs.read(ino, 0, &mut back).unwrap(), 4096);
+    assert!(back.iter().all(|&b| b == 5));
+    fs.release(ino).unwrap();
+    assert!(matches!(fs.getattr(ino), Err(Error::NotFound)));
+    assert!(matches!(fs.open(ino), Err(Error::NotFound)));
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+}
