@@ -45,6 +45,12 @@ impl Fs {
             if st.raw.file_type() == S_IFDIR {
                 return Err(Error::IsDir);
             }
+            if Self::is_fast_symlink(&st.raw) {
+                // Its target is in the inode, not in blocks.
+                return Err(Error::Invalid(
+                    "read of a symbolic link: use readlink".into(),
+                ));
+            }
             st.raw.size()
         };
         if off >= size || buf.is_empty() {
@@ -155,8 +161,10 @@ impl Fs {
         {
             let st = inode.state.lock();
             match st.raw.file_type() {
-                S_IFREG | S_IFLNK => {}
+                S_IFREG => {}
                 S_IFDIR => return Err(Error::IsDir),
+                // A symlink's target is written once, when it is made (namei's symlink).
+                S_IFLNK => return Err(Error::Invalid("write to a symbolic link".into())),
                 _ => return Err(Error::Invalid("write to a special file".into())),
             }
         }
@@ -289,6 +297,22 @@ impl Fs {
         let mut st = inode.state.lock();
         check_live(&st)?;
         self.finish_write_step(&mut h, inode, &mut st, end, new_size)
+    }
+
+    /// Writes `data` (at most a block) as the first block of a new, empty inode, within the
+    /// creating handle: a slow symlink's target. The block goes to the device before the
+    /// handle's transaction commits, as any newly allocated data does.
+    pub(crate) fn write_first_block(
+        &self,
+        h: &mut crate::transaction::Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+        data: &[u8],
+    ) -> Result<()> {
+        self.map_hole(h, ino, st, 0, 0, false, &mut |p, _| {
+            self.write_range(p, 0, 1, 0, data, true)
+        })
+        .map(drop)
     }
 
     /// Size and times after part of a write, logged in the same handle as its extent.

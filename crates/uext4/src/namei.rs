@@ -211,7 +211,7 @@ impl Fs {
                 )))
             }
         }
-        self.new_node(dir, name, mode as u16, uid, gid, |fs, _h, raw| {
+        self.new_node(dir, name, mode as u16, uid, gid, None, |fs, _h, raw| {
             if ft == S_IFCHR || ft == S_IFBLK {
                 encode_rdev(raw, rdev);
             } else if ft == S_IFREG && fs.geo.extents {
@@ -223,7 +223,7 @@ impl Fs {
 
     pub fn mkdir(&self, dir: u32, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
         let mode = (mode as u16 & !S_IFMT) | S_IFDIR;
-        self.new_node(dir, name, mode, uid, gid, |fs, _h, raw| {
+        self.new_node(dir, name, mode, uid, gid, None, |fs, _h, raw| {
             if fs.geo.extents {
                 Fs::ext_init_root(raw);
             }
@@ -247,7 +247,10 @@ impl Fs {
             return Err(Error::NameTooLong);
         }
         let mode = S_IFLNK | 0o777;
-        self.new_node(dir, name, mode, uid, gid, |fs, _h, raw| {
+        // A slow symlink's target is its first data block, written before the name is linked
+        // (a readlink that finds the name reads the whole target; a crash leaves both or neither).
+        let slow = (target.len() >= I_BLOCK_SIZE).then_some(target);
+        self.new_node(dir, name, mode, uid, gid, slow, |fs, _h, raw| {
             raw.set_size(target.len() as u64);
             if target.len() < I_BLOCK_SIZE {
                 // Fast symlink: the target lives in i_block.
@@ -257,25 +260,11 @@ impl Fs {
             }
             Ok(())
         })
-        .and_then(|attr| {
-            if target.len() >= I_BLOCK_SIZE {
-                // Slow symlink: the target is the file's data (written like any file data).
-                self.write_symlink_block(attr.ino, target)?;
-                return self.getattr(attr.ino);
-            }
-            Ok(attr)
-        })
     }
 
-    fn write_symlink_block(&self, ino: u32, target: &[u8]) -> Result<()> {
-        let inode = self.iget(ino)?;
-        let _g = inode.io_lock.write();
-        let mut block = vec![0u8; self.geo.block_size as usize];
-        block[..target.len()].copy_from_slice(target);
-        self.write_new_blocks_locked(&inode, 0, &block, target.len() as u64)
-    }
-
-    /// Allocates an inode, lets `init` fill in type-specific fields, and links it into `dir`.
+    /// Allocates an inode, lets `init` fill in type-specific fields, writes `first_block` (if
+    /// any) as its data block 0, and links it into `dir`.
+    #[allow(clippy::too_many_arguments)]
     fn new_node(
         &self,
         dir: u32,
@@ -283,6 +272,7 @@ impl Fs {
         mode: u16,
         uid: u32,
         gid: u32,
+        first_block: Option<&[u8]>,
         init: impl Fn(&Fs, &mut Handle<'_>, &mut RawInode) -> Result<()>,
     ) -> Result<Attr> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
@@ -319,6 +309,9 @@ impl Fs {
             let result = (|| -> Result<()> {
                 let mut ist = inode.state.lock();
                 ist.raw = raw;
+                if let Some(data) = first_block {
+                    self.write_first_block(&mut h, ino, &mut ist, data)?;
+                }
                 if is_dir {
                     self.dir_init(&mut h, ino, &mut ist, dir)?;
                 }
