@@ -936,7 +936,7 @@ impl Fs {
 pub mod credits {
     /// Inode bitmap, group descriptor, inode table block, parent inode block, directory block
     /// (or an htree split: two leaves and up to three index blocks), block bitmap and
-    /// descriptor for a new directory block, superblock.
+    /// descriptor for a new directory's (or slow symlink's) first block, superblock.
     pub const CREATE: usize = 16;
     pub const LINK: usize = 8;
     /// As create, plus freeing: block bitmaps, descriptors and extent blocks of the victim.

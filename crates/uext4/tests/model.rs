@@ -519,7 +519,8 @@ fn many_names_in_one_directory() {
 /// files and directories renamed across directories (both ways at once, so two directory
 /// locks are taken in opposite orders), hard links, unlinks of open files, writes, reads,
 /// truncates (also through setattr), preallocation, punched holes, hole/data seeks, xattr
-/// changes, fsyncs of shared files, and symlinks made, read back whole and removed. The errors a race can cause (no such name, name exists,
+/// changes (on files and directories), fsyncs of shared files, symlinks made, read back whole
+/// and removed, FIFOs, and names swapped across directories (RENAME_EXCHANGE). The errors a race can cause (no such name, name exists,
 /// directory not empty, a rename into its own subtree) are expected; anything else fails, as
 /// do a panic and a deadlock (a watchdog). Afterwards every file reads back as a whole number
 /// of its writers' patterns, and the image is e2fsck-clean. `FUZZ_SEED=N` runs other
@@ -582,7 +583,7 @@ fn concurrent_mixed_operations(opts: MountOptions) {
                 let d2 = dirs[(rnd() % 4) as usize];
                 let f = format!("f{}", rnd() % 24);
                 let s = format!("s{}", rnd() % 6);
-                let r: uext4::Result<()> = match rnd() % 19 {
+                let r: uext4::Result<()> = match rnd() % 22 {
                     0 => fs.create(d, f.as_bytes(), 0o644, 0, 0).map(drop),
                     1 | 2 => fs.lookup(d, f.as_bytes()).and_then(|a| {
                         if a.mode & 0o170000 != 0o100000 {
@@ -732,6 +733,48 @@ fn concurrent_mixed_operations(opts: MountOptions) {
                         let mode = (rnd() % 2) as i32;
                         fs.fallocate(a.ino, mode, off, 4096 * (1 + rnd() % 16))
                     }),
+                    19 => {
+                        // Two names swap (RENAME_EXCHANGE), files or directories, across
+                        // directories; or a rename that must not replace.
+                        let (a, b) = if rnd().is_multiple_of(2) {
+                            (f.clone(), format!("f{}", rnd() % 24))
+                        } else {
+                            (s.clone(), format!("s{}", rnd() % 6))
+                        };
+                        let flags = if rnd().is_multiple_of(3) {
+                            RenameFlags {
+                                noreplace: true,
+                                exchange: false,
+                            }
+                        } else {
+                            RenameFlags {
+                                noreplace: false,
+                                exchange: true,
+                            }
+                        };
+                        fs.rename(d, a.as_bytes(), d2, b.as_bytes(), flags)
+                    }
+                    20 => {
+                        // Special files come and go.
+                        let p = format!("p{}", rnd() % 4);
+                        if rnd().is_multiple_of(2) {
+                            fs.mknod(d, p.as_bytes(), 0o010644, 0, 0, 0).map(drop)
+                        } else {
+                            fs.unlink(d, p.as_bytes())
+                        }
+                    }
+                    21 => fs.lookup(d, s.as_bytes()).and_then(|a| {
+                        // Attributes on directories, which renames and rmdirs move and free.
+                        match fs.setxattr(
+                            a.ino,
+                            b"user.d",
+                            &vec![t as u8; 10 + (rnd() % 200) as usize],
+                            uext4::xattr::XattrFlags::Any,
+                        ) {
+                            Err(Error::NoSpace) => Ok(()),
+                            r => r,
+                        }
+                    }),
                     _ => fs.lookup(d, f.as_bytes()).and_then(|a| {
                         if a.mode & 0o170000 != 0o100000 {
                             return Ok(());
@@ -792,6 +835,10 @@ fn concurrent_mixed_operations(opts: MountOptions) {
             if a.mode & 0o170000 == 0o120000 {
                 let t = fs.readlink(a.ino).unwrap();
                 assert!(!t.is_empty() && t.iter().all(|&b| b == b't'));
+                continue;
+            }
+            if a.mode & 0o170000 == 0o010000 {
+                assert_eq!(a.size, 0);
                 continue;
             }
             files += 1;
