@@ -7,7 +7,8 @@
 //! - `e2fsck -fn` is clean;
 //! - everything an fsync acknowledged before that point is there;
 //! - no file shows data that was never written to it (every 8-byte word of file data is zero or
-//!   carries the tag of a write made to that file).
+//!   carries the tag of a write made to that file);
+//! - every symlink that exists reads back its whole target.
 //!
 //! A bounded run is part of the tests. A long run: `UEXT4_CRASH_STATES=5000 cargo test --release
 //! -p uext4 --test crash -- --nocapture`.
@@ -45,6 +46,8 @@ enum Fact {
     Absent(Vec<Vec<u8>>),
     /// The file is at one of these paths (a directory above it was being renamed) with this content.
     AtAny(Vec<Vec<Vec<u8>>>, Vec<u8>),
+    /// A symlink at this path with this target.
+    Link(Vec<Vec<u8>>, Vec<u8>),
 }
 
 struct Workload {
@@ -52,6 +55,8 @@ struct Workload {
     acks: Vec<(usize, Fact)>,
     /// File id (in the data tags) that each path's content may carry.
     owner: HashMap<Vec<Vec<u8>>, u16>,
+    /// The target each symlink path was made with.
+    links: HashMap<Vec<Vec<u8>>, Vec<u8>>,
 }
 
 fn p(parts: &[&str]) -> Vec<Vec<u8>> {
@@ -83,6 +88,7 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
     let mut w = Workload {
         acks: Vec::new(),
         owner: HashMap::new(),
+        links: HashMap::new(),
     };
     let ack = |w: &mut Workload, f: Fact| w.acks.push((dev.log_len(), f));
     // 1. create / write / fsync.
@@ -195,6 +201,25 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
         }
         w.acks.push((usize::MAX, Fact::Equals(path, data)));
     }
+    // 7. symlinks: slow ones (the target in a block) and fast ones (in the inode), the
+    // directory fsynced now and then.
+    let l = fs.mkdir(2, b"links", 0o755, 0, 0).unwrap().ino;
+    for i in 0..(6 * scale) {
+        let name = format!("l{i}");
+        let len = if i % 2 == 0 { 300 + i } else { 20 + i % 30 };
+        let target: Vec<u8> = format!("{i}-")
+            .bytes()
+            .chain(std::iter::repeat(b't'))
+            .take(len)
+            .collect();
+        fs.symlink(l, name.as_bytes(), &target, 0, 0).unwrap();
+        let path = p(&["links", &name]);
+        w.links.insert(path.clone(), target.clone());
+        if i % 3 == 2 {
+            fs.fsync(l, false).unwrap();
+        }
+        w.acks.push((usize::MAX, Fact::Link(path, target)));
+    }
     fs.sync().unwrap(); // syncfs: everything above is durable
     let n = dev.log_len();
     for a in w.acks.iter_mut() {
@@ -209,7 +234,7 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
         let (path, mut allowed) = match &a.1 {
             Fact::Equals(p, c) => (p.clone(), vec![c.clone()]),
             Fact::OneOf(p, cs) => (p.clone(), cs.clone()),
-            Fact::Absent(_) | Fact::AtAny(..) => continue,
+            Fact::Absent(_) | Fact::AtAny(..) | Fact::Link(..) => continue,
         };
         {
             let path = &path;
@@ -324,6 +349,22 @@ fn check_state(img: Vec<u8>, w: &Workload, at: usize, file: &Scratch) -> Vec<Str
                 if resolve(&fs, path).is_ok() {
                     bad.push(format!("{path:?}: acknowledged removal undone"));
                 }
+            }
+            Fact::Link(path, _) => {
+                if let Err(e) = resolve(&fs, path) {
+                    bad.push(format!("{path:?}: acknowledged symlink missing ({e})"));
+                }
+            }
+        }
+    }
+    // Every symlink that exists holds its whole target (a slow symlink's block is written
+    // before its name is linked).
+    for (path, target) in &w.links {
+        if let Ok(ino) = resolve(&fs, path) {
+            match fs.readlink(ino) {
+                Ok(t) if t == *target => {}
+                Ok(_) => bad.push(format!("{path:?}: symlink target differs")),
+                Err(e) => bad.push(format!("{path:?}: readlink failed ({e})")),
             }
         }
     }
