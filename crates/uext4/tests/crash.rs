@@ -350,11 +350,11 @@ fn check_state(img: Vec<u8>, w: &Workload, at: usize, file: &Scratch) -> Vec<Str
                     bad.push(format!("{path:?}: acknowledged removal undone"));
                 }
             }
-            Fact::Link(path, _) => {
-                if let Err(e) = resolve(&fs, path) {
-                    bad.push(format!("{path:?}: acknowledged symlink missing ({e})"));
-                }
-            }
+            Fact::Link(path, target) => match resolve(&fs, path) {
+                Ok(ino) if fs.readlink(ino).ok().as_ref() == Some(target) => {}
+                Ok(_) => bad.push(format!("{path:?}: acknowledged symlink's target differs")),
+                Err(e) => bad.push(format!("{path:?}: acknowledged symlink missing ({e})")),
+            },
         }
     }
     // Every symlink that exists holds its whole target (a slow symlink's block is written
