@@ -770,7 +770,7 @@ impl Fs {
                 "\"device_flushes\":{},\"user_bytes_read\":{},\"user_bytes_written\":{},\"zeroed_bytes\":{},",
                 "\"device_bytes_per_user_byte\":{:.3},\"free_blocks\":{},\"free_inodes\":{},",
                 "\"delalloc_bytes\":{},\"delalloc_writeback_runs\":{},\"checkpoints\":{},",
-                "\"log_space_waits\":{}}}"
+                "\"log_space_waits\":{},\"cached_inodes\":{}}}"
             ),
             l(&s.ops),
             l(&s.overwrites),
@@ -797,6 +797,7 @@ impl Fs {
             self.journal
                 .get()
                 .map_or(0, |j| j.checkpoint_waits.load(Ordering::Relaxed)),
+            self.icache.len(),
         )
     }
 

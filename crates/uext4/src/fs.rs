@@ -57,6 +57,9 @@ pub struct MountOptions {
     /// fallocated files). Blocks past the size (KEEP_SIZE) stay unwritten, as e2fsck wants.
     /// On by default; `prealloc=unwritten` (mount) turns it off, giving the kernel's layout.
     pub prealloc_zeroed: bool,
+    /// In-memory inodes kept beyond those in use (about 1 KiB each); past it, inodes nothing
+    /// needs are dropped and read back from the inode table when next used.
+    pub inode_cache_limit: usize,
 }
 
 impl MountOptions {
@@ -82,6 +85,7 @@ impl Default for MountOptions {
             buffered: false,
             buffered_limit_bytes: 128 << 20,
             prealloc_zeroed: true,
+            inode_cache_limit: 1 << 17,
         }
     }
 }
@@ -513,7 +517,7 @@ impl Fs {
             groups,
             free_blocks: AtomicU64::new(free_blocks),
             free_inodes: AtomicU64::new(free_inodes),
-            icache: InodeCache::new(),
+            icache: InodeCache::new(opts.inode_cache_limit),
             txn: TxnManager::new(1, max_txn),
             read_only: AtomicBool::new(opts.read_only),
             stopped: Mutex::new(None),
@@ -808,6 +812,12 @@ impl Fs {
         buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
         h.dirty(&buf);
         Ok(())
+    }
+
+    /// How many inodes are in memory (bounded by `MountOptions::inode_cache_limit` plus those
+    /// in use).
+    pub fn cached_inodes(&self) -> usize {
+        self.icache.len()
     }
 
     /// Keeps (or stops keeping) an inode number from being reused while a front end refers to it.

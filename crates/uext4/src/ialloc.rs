@@ -172,7 +172,8 @@ impl Fs {
             let ino = g * ipg as u32 + idx as u32 + 1;
             let extents = Some(crate::extents::ExtentCache::empty());
             let inode = crate::inode::new_inode(ino, self.new_raw_inode(), extents, true);
-            self.icache.insert(inode.clone());
+            let committed = self.txn.committed.load(Ordering::Acquire);
+            self.icache.insert(inode.clone(), committed);
             return Ok(inode);
         }
         Err(Error::NoInodes)

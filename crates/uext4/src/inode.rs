@@ -65,46 +65,90 @@ pub type InodeRef = Arc<Inode>;
 
 const SHARDS: usize = 64;
 
+/// The in-memory inodes, by number, in shards. Bounded: when a shard grows past its share of
+/// the limit (`MountOptions::inode_cache_limit`), the next inode added to it (read from disk or
+/// just allocated) first drops the inodes nothing needs in memory (see `evictable`); a later
+/// `iget` reads them back.
 pub struct InodeCache {
-    shards: Vec<Mutex<HashMap<u32, InodeRef>>>,
+    shards: Vec<Mutex<Shard>>,
+    shard_limit: usize,
 }
 
-impl Default for InodeCache {
-    fn default() -> Self {
-        Self::new()
-    }
+struct Shard {
+    map: HashMap<u32, InodeRef>,
+    /// Size at which the next miss trims this shard.
+    trim_at: usize,
 }
 
 impl InodeCache {
-    pub fn new() -> Self {
+    pub fn new(limit: usize) -> Self {
+        let shard_limit = (limit / SHARDS).max(1);
         InodeCache {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        map: HashMap::new(),
+                        trim_at: shard_limit,
+                    })
+                })
+                .collect(),
+            shard_limit,
         }
     }
-    fn shard(&self, ino: u32) -> &Mutex<HashMap<u32, InodeRef>> {
+    fn shard(&self, ino: u32) -> &Mutex<Shard> {
         &self.shards[ino as usize % SHARDS]
     }
     pub fn get_cached(&self, ino: u32) -> Option<InodeRef> {
-        self.shard(ino).lock().get(&ino).cloned()
+        self.shard(ino).lock().map.get(&ino).cloned()
     }
     /// Drops `ino` from the cache (with its group's lock held: see ialloc's free_inode).
     pub(crate) fn remove(&self, ino: u32) {
-        self.shard(ino).lock().remove(&ino);
+        self.shard(ino).lock().map.remove(&ino);
     }
-    /// Caches a new inode (with its group's lock held: see ialloc's alloc_inode).
-    pub(crate) fn insert(&self, inode: InodeRef) {
-        self.shard(inode.ino).lock().insert(inode.ino, inode);
+    /// Caches a new inode (with its group's lock held: see ialloc's alloc_inode). `committed`:
+    /// the last committed transaction.
+    pub(crate) fn insert(&self, inode: InodeRef, committed: u64) {
+        self.put(&mut self.shard(inode.ino).lock(), inode, committed);
     }
-    /// Drops cached inodes that nobody holds and that are not open.
-    pub fn trim(&self, keep: usize) {
-        for s in &self.shards {
-            let mut m = s.lock();
-            if m.len() > keep / SHARDS {
-                m.retain(|_, i| {
-                    Arc::strong_count(i) > 1 || i.open_count.load(Ordering::Relaxed) > 0
-                });
-            }
+    /// Adds `inode` to its (locked) shard, first dropping what can go if the shard is full.
+    fn put(&self, shard: &mut Shard, inode: InodeRef, committed: u64) {
+        if shard.map.len() >= shard.trim_at {
+            shard.map.retain(|_, i| !evictable(i, committed));
+            // The next trim after as many inserts again as what stayed: a shard of inodes all
+            // in use is not scanned on every insert.
+            let kept = shard.map.len();
+            shard.trim_at = kept + kept.max(self.shard_limit) / 2;
         }
+        shard.map.insert(inode.ino, inode);
+    }
+    /// How many inodes are in memory.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().map.len()).sum()
+    }
+    /// Whether no inode is in memory.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Whether a cached inode can leave memory and be read back from its table block later as
+/// it is now: nobody holds or has it open, and nothing about it lives only in memory (no
+/// change newer than the last commit, whose table block write and fsync bookkeeping a reload
+/// would lose; no buffered data; not an orphan; not being created). With the shard's lock
+/// held, so that nobody can take a new reference meanwhile; the state is only tried, never
+/// waited for (lock rank: the state mutex comes before the shard lock).
+fn evictable(i: &InodeRef, committed: u64) -> bool {
+    if Arc::strong_count(i) > 1
+        || i.open_count.load(Ordering::Acquire) > 0
+        || i.last_tid.load(Ordering::Acquire) > committed
+        || i.last_data_tid.load(Ordering::Acquire) > committed
+        || i.lazy_tid.load(Ordering::Acquire) > committed
+    {
+        return false;
+    }
+    match i.state.try_lock() {
+        Some(st) => !st.orphaned && !st.creating && st.delalloc.is_none(),
+        None => false,
     }
 }
 
@@ -181,7 +225,7 @@ impl Fs {
                 return Err(Error::NotFound);
             }
             let mut shard = self.icache.shard(ino).lock();
-            match shard.get(&ino) {
+            match shard.map.get(&ino) {
                 Some(i) => i.clone(),
                 None => {
                     let raw = self.read_raw_inode_at(ino, blk, off)?;
@@ -193,7 +237,8 @@ impl Fs {
                         return Err(Error::Unsupported(format!("inode {ino} uses inline_data")));
                     }
                     let inode = new_inode(ino, raw, None, false);
-                    shard.insert(ino, inode.clone());
+                    let committed = self.txn.committed.load(Ordering::Acquire);
+                    self.icache.put(&mut shard, inode.clone(), committed);
                     inode
                 }
             }

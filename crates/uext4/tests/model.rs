@@ -548,6 +548,16 @@ fn concurrent_mixed_operations_stay_consistent_buffered() {
     });
 }
 
+/// The same with an inode cache of one inode per shard, so that inodes leave memory and are
+/// read back from their table blocks all the time, under every operation above.
+#[test]
+fn concurrent_mixed_operations_stay_consistent_small_inode_cache() {
+    concurrent_mixed_operations(MountOptions {
+        inode_cache_limit: 64,
+        ..Default::default()
+    });
+}
+
 fn concurrent_mixed_operations(opts: MountOptions) {
     let img = scratch("concmix");
     mke2fs(&img.0, "256M", &[]);
@@ -986,6 +996,78 @@ fn data_calls_on_symlinks_are_refused() {
     assert_eq!(fs.readlink(slow).unwrap(), long);
     // Still writable: nothing was taken for corruption.
     fs.create(2, b"after", 0o644, 0, 0).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+}
+
+/// The inode cache is bounded: with room for one inode per shard, thousands of files leave
+/// memory once committed and read back whole (size, data, times, attributes); an inode whose
+/// change is newer than the last commit (here an overwrite's lazily logged mtime) stays.
+#[test]
+fn inode_cache_stays_bounded_and_reloads_whole() {
+    let img = scratch("icache");
+    mke2fs(&img.0, "64M", &["-N", "8192"]);
+    let fs = Fs::open_path(
+        &img.0,
+        MountOptions {
+            inode_cache_limit: 64,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let d = fs.mkdir(2, b"d", 0o755, 0, 0).unwrap().ino;
+    let n = 3000u32;
+    let mut attrs = Vec::new();
+    for i in 0..n {
+        let ino = fs
+            .create(d, format!("f{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap()
+            .ino;
+        fs.write(ino, 0, format!("file {i}").as_bytes()).unwrap();
+        fs.setxattr(
+            ino,
+            b"user.i",
+            &i.to_le_bytes(),
+            uext4::xattr::XattrFlags::Any,
+        )
+        .unwrap();
+        if i % 500 == 499 {
+            fs.commit().unwrap();
+        }
+    }
+    fs.commit().unwrap();
+    for i in 0..n {
+        attrs.push(fs.lookup(d, format!("f{i}").as_bytes()).unwrap());
+    }
+    // An overwrite logs its mtime lazily, with the next commit: until then the inode stays.
+    let first = attrs[0].ino;
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fs.write(first, 0, b"FILE").unwrap();
+    let touched = fs.getattr(first).unwrap();
+    assert_ne!(touched.mtime, attrs[0].mtime);
+    for i in 1..n {
+        fs.lookup(d, format!("f{i}").as_bytes()).unwrap();
+    }
+    assert_eq!(fs.getattr(first).unwrap().mtime, touched.mtime);
+    let cached = fs.cached_inodes();
+    assert!(cached < n as usize / 4, "{cached} inodes still cached");
+    for (i, a) in attrs.iter().enumerate().skip(1) {
+        let b = fs.lookup(d, format!("f{i}").as_bytes()).unwrap();
+        assert_eq!(*a, b, "file {i} read back differently");
+        let mut buf = vec![0u8; 64];
+        let len = fs.read(b.ino, 0, &mut buf).unwrap();
+        assert_eq!(&buf[..len], format!("file {i}").as_bytes());
+        assert_eq!(
+            fs.getxattr(b.ino, b"user.i").unwrap(),
+            (i as u32).to_le_bytes()
+        );
+    }
+    fs.commit().unwrap();
+    for i in 1..n {
+        fs.lookup(d, format!("f{i}").as_bytes()).unwrap();
+    }
+    assert_eq!(fs.getattr(first).unwrap().mtime, touched.mtime);
     fs.unmount().unwrap();
     drop(fs);
     e2fsck_clean(&img.0);
