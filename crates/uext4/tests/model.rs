@@ -802,10 +802,12 @@ fn concurrent_mixed_operations(opts: MountOptions) {
                 match r {
                     Ok(()) | Err(Error::NotFound) | Err(Error::Exists) | Err(Error::NotEmpty)
                     | Err(Error::NotDir) | Err(Error::IsDir) | Err(Error::Loop) => {}
-                    // A number looked up as a file may name a new symlink by the time it is
-                    // used (freed and reused meanwhile): data calls on it are refused.
+                    // A number looked up as a file may name a new symlink or FIFO by the time
+                    // it is used (freed and reused meanwhile): data calls on it are refused.
                     Err(Error::Invalid(why))
-                        if why.contains("symbolic link") || why.contains("not regular") => {}
+                        if why.contains("symbolic link")
+                            || why.contains("special file")
+                            || why.contains("not regular") => {}
                     Err(e) => bad.push(format!("thread {t}: {e}")),
                 }
             }
