@@ -47,6 +47,13 @@ fn is_acl(index: u8) -> bool {
     index == INDEX_POSIX_ACL_ACCESS || index == INDEX_POSIX_ACL_DEFAULT
 }
 
+/// Whether `user.` attributes may be read or changed on this inode: on regular files and
+/// directories only, as the kernel's xattr_permission rules (elsewhere a read finds none and
+/// a change is EPERM). Through FUSE the kernel's VFS applies this before asking us.
+fn user_attrs_allowed(raw: &RawInode) -> bool {
+    raw.is_dir() || raw.file_type() == crate::format::inode::S_IFREG
+}
+
 impl Fs {
     fn xattr_csum_seed(&self) -> Option<u32> {
         self.geo.metadata_csum.then_some(self.geo.csum_seed)
@@ -95,6 +102,9 @@ impl Fs {
             let st = inode.state.lock();
             if st.deleted {
                 return Err(Error::NotFound);
+            }
+            if index == INDEX_USER && !user_attrs_allowed(&st.raw) {
+                return Err(Error::NoAttr);
             }
             self.xattr_load(ino, &st.raw)?
         };
@@ -255,6 +265,9 @@ impl Fs {
         let mut st = inode.state.lock();
         if st.deleted {
             return Err(Error::NotFound);
+        }
+        if index == INDEX_USER && !user_attrs_allowed(&st.raw) {
+            return Err(Error::Perm);
         }
         if index == INDEX_POSIX_ACL_DEFAULT && value.is_some() && !st.raw.is_dir() {
             return Err(Error::Invalid(

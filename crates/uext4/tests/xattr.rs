@@ -891,3 +891,32 @@ fn xattr_crash_states_recover() {
         fs.unmount().unwrap();
     }
 }
+
+/// `user.` attributes live on regular files and directories only, as the kernel's VFS rules:
+/// on a symlink or a FIFO a change is EPERM and a read finds none; other namespaces are
+/// allowed there.
+#[test]
+fn user_attributes_only_on_files_and_directories() {
+    let img = scratch("xuser");
+    mke2fs(&img.0, "32M", &[]);
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    let link = fs.symlink(2, b"link", b"target", 0, 0).unwrap().ino;
+    let fifo = fs.mknod(2, b"fifo", 0o010644, 0, 0, 0).unwrap().ino;
+    let file = fs.create(2, b"file", 0o644, 0, 0).unwrap().ino;
+    for ino in [link, fifo] {
+        assert!(matches!(
+            fs.setxattr(ino, b"user.a", b"v", XattrFlags::Any),
+            Err(Error::Perm)
+        ));
+        assert!(matches!(fs.removexattr(ino, b"user.a"), Err(Error::Perm)));
+        assert!(matches!(fs.getxattr(ino, b"user.a"), Err(Error::NoAttr)));
+        fs.setxattr(ino, b"trusted.a", b"v", XattrFlags::Any)
+            .unwrap();
+        assert_eq!(fs.getxattr(ino, b"trusted.a").unwrap(), b"v");
+    }
+    fs.setxattr(file, b"user.a", b"v", XattrFlags::Any).unwrap();
+    fs.setxattr(2, b"user.a", b"v", XattrFlags::Any).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+}
