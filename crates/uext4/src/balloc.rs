@@ -522,8 +522,14 @@ mod image_tests {
                 }
                 got.push((s, n));
             }
-            let ino = fs.alloc_inode(&mut h, 2, false).unwrap().ino;
-            let dir = fs.alloc_inode(&mut h, 2, true).unwrap().ino;
+            let ino = fs
+                .alloc_inode(&mut h, 2, false, fs.new_raw_inode())
+                .unwrap()
+                .ino;
+            let dir = fs
+                .alloc_inode(&mut h, 2, true, fs.new_raw_inode())
+                .unwrap()
+                .ino;
             fs.free_inode(&mut h, ino, false).unwrap();
             fs.free_inode(&mut h, dir, true).unwrap();
             for &(s, n) in &got {

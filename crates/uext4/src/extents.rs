@@ -1249,15 +1249,14 @@ mod image_tests {
         let bs = fs.geo.block_size as u64;
         let ino = {
             let mut h = fs.start(16).unwrap();
-            let inode = fs.alloc_inode(&mut h, 2, false).unwrap();
-            let ino = inode.ino;
             let mut raw = fs.new_raw_inode();
             raw.set_mode(S_IFREG | 0o644);
             raw.set_links_count(1);
             raw.set_mtime(Timestamp::now());
             Fs::ext_init_root(&mut raw);
+            let inode = fs.alloc_inode(&mut h, 2, false, raw).unwrap();
+            let ino = inode.ino;
             let mut st = inode.state.lock();
-            st.raw = raw;
             st.creating = false;
             fs.mark_inode_dirty(&mut h, &inode, &mut st).unwrap();
             ino

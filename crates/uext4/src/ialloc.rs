@@ -83,9 +83,9 @@ impl Fs {
         (0..n).map(|i| (first + i) % n).collect()
     }
 
-    /// Allocates an inode number and caches a blank in-memory inode for it, marked `creating`
-    /// (iget answers "no such file" for it until the caller has initialised it and cleared the
-    /// mark). `parent` is the directory it will live in.
+    /// Allocates an inode number and caches an in-memory inode for it with the fields `raw`,
+    /// marked `creating` (iget answers "no such file" for it until the caller has written it
+    /// and cleared the mark). `parent` is the directory it will live in.
     ///
     /// The bit is set and the inode cached in one hold of the group's lock, and free_inode
     /// clears the bit and uncaches in one hold, while iget checks the bit and caches in one:
@@ -96,6 +96,7 @@ impl Fs {
         h: &mut Handle<'_>,
         parent: u32,
         is_dir: bool,
+        raw: crate::format::inode::RawInode,
     ) -> Result<crate::inode::InodeRef> {
         self.check_writable()?;
         let ipg = self.geo.inodes_per_group as usize;
@@ -171,7 +172,7 @@ impl Fs {
             self.free_inodes.fetch_sub(1, Ordering::Relaxed);
             let ino = g * ipg as u32 + idx as u32 + 1;
             let extents = Some(crate::extents::ExtentCache::empty());
-            let inode = crate::inode::new_inode(ino, self.new_raw_inode(), extents, true);
+            let inode = crate::inode::new_inode(ino, raw, extents, true);
             let committed = self.txn.committed.load(Ordering::Acquire);
             self.icache.insert(inode.clone(), committed);
             return Ok(inode);

@@ -76,7 +76,7 @@ pub struct InodeCache {
 
 struct Shard {
     map: HashMap<u32, InodeRef>,
-    /// Size at which the next miss trims this shard.
+    /// Size at which the next insert trims this shard.
     trim_at: usize,
 }
 
@@ -122,19 +122,16 @@ impl InodeCache {
         shard.map.insert(inode.ino, inode);
     }
     /// How many inodes are in memory.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().map.len()).sum()
-    }
-    /// Whether no inode is in memory.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
 /// Whether a cached inode can leave memory and be read back from its table block later as
 /// it is now: nobody holds or has it open, and nothing about it lives only in memory (no
 /// change newer than the last commit, whose table block write and fsync bookkeeping a reload
-/// would lose; no buffered data; not an orphan; not being created). With the shard's lock
+/// would lose, an overwrite's lazily logged times included, as they raise `last_tid` too; no
+/// buffered data; not an orphan; not being created). With the shard's lock
 /// held, so that nobody can take a new reference meanwhile; the state is only tried, never
 /// waited for (lock rank: the state mutex comes before the shard lock).
 fn evictable(i: &InodeRef, committed: u64) -> bool {
@@ -142,7 +139,6 @@ fn evictable(i: &InodeRef, committed: u64) -> bool {
         || i.open_count.load(Ordering::Acquire) > 0
         || i.last_tid.load(Ordering::Acquire) > committed
         || i.last_data_tid.load(Ordering::Acquire) > committed
-        || i.lazy_tid.load(Ordering::Acquire) > committed
     {
         return false;
     }

@@ -211,7 +211,7 @@ impl Fs {
                 )))
             }
         }
-        self.new_node(dir, name, mode as u16, uid, gid, None, |fs, _h, raw| {
+        self.new_node(dir, name, mode as u16, uid, gid, None, |fs, raw| {
             if ft == S_IFCHR || ft == S_IFBLK {
                 encode_rdev(raw, rdev);
             } else if ft == S_IFREG && fs.geo.extents {
@@ -223,7 +223,7 @@ impl Fs {
 
     pub fn mkdir(&self, dir: u32, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
         let mode = (mode as u16 & !S_IFMT) | S_IFDIR;
-        self.new_node(dir, name, mode, uid, gid, None, |fs, _h, raw| {
+        self.new_node(dir, name, mode, uid, gid, None, |fs, raw| {
             if fs.geo.extents {
                 Fs::ext_init_root(raw);
             }
@@ -250,7 +250,7 @@ impl Fs {
         // A slow symlink's target is its first data block, written before the name is linked
         // (a readlink that finds the name reads the whole target; a crash leaves both or neither).
         let slow = (target.len() >= I_BLOCK_SIZE).then_some(target);
-        self.new_node(dir, name, mode, uid, gid, slow, |fs, _h, raw| {
+        self.new_node(dir, name, mode, uid, gid, slow, |fs, raw| {
             raw.set_size(target.len() as u64);
             if target.len() < I_BLOCK_SIZE {
                 // Fast symlink: the target lives in i_block.
@@ -262,7 +262,7 @@ impl Fs {
         })
     }
 
-    /// Allocates an inode, lets `init` fill in type-specific fields, writes `first_block` (if
+    /// Lets `init` fill in type-specific fields, allocates the inode, writes `first_block` (if
     /// any) as its data block 0, and links it into `dir`.
     #[allow(clippy::too_many_arguments)]
     fn new_node(
@@ -273,7 +273,7 @@ impl Fs {
         uid: u32,
         gid: u32,
         first_block: Option<&[u8]>,
-        init: impl Fn(&Fs, &mut Handle<'_>, &mut RawInode) -> Result<()>,
+        init: impl Fn(&Fs, &mut RawInode) -> Result<()>,
     ) -> Result<Attr> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         // A retry runs the whole creation again (`retry_nospace`).
@@ -287,9 +287,6 @@ impl Fs {
             }
             check_dir_live(&d)?;
             let is_dir = mode & S_IFMT == S_IFDIR;
-            let mut h = self.start(credits::CREATE)?;
-            let inode = self.alloc_inode(&mut h, dir, is_dir)?;
-            let ino = inode.ino;
             let now = Timestamp::now();
             let mut raw = self.new_raw_inode();
             raw.set_mode(mode);
@@ -301,14 +298,12 @@ impl Fs {
             raw.set_ctime(now);
             raw.set_crtime(now);
             raw.set_generation(next_generation());
-            if let Err(e) = init(self, &mut h, &mut raw) {
-                inode.state.lock().deleted = true;
-                self.free_inode(&mut h, ino, is_dir)?;
-                return Err(e);
-            }
+            init(self, &mut raw)?;
+            let mut h = self.start(credits::CREATE)?;
+            let inode = self.alloc_inode(&mut h, dir, is_dir, raw)?;
+            let ino = inode.ino;
             let result = (|| -> Result<()> {
                 let mut ist = inode.state.lock();
-                ist.raw = raw;
                 if let Some(data) = first_block {
                     self.write_first_block(&mut h, ino, &mut ist, data)?;
                 }
