@@ -81,7 +81,7 @@ impl Fs {
             let buf = self.bcache.get_new(blk)?;
             {
                 let mut data = buf.write();
-                self.init_block_bitmap(g, &st.desc, &mut data);
+                self.init_block_bitmap(g, &mut data);
                 let v = st.desc.flags() & !BG_BLOCK_UNINIT;
                 st.desc.set_flags(v);
                 if self.geo.metadata_csum {
@@ -127,15 +127,10 @@ impl Fs {
 
     /// Builds the bitmap of a group that was never used: its own fixed metadata (superblock
     /// backup, GDT, reserved GDT, and any group's bitmaps and inode table that flex_bg placed
-    /// here) is in use, and so are the bits past the end of the last group.
-    /// `own` is group `g`'s descriptor (its lock is the caller's): without flex_bg its tables
-    /// lie in the group itself.
-    pub(crate) fn init_block_bitmap(
-        &self,
-        g: u32,
-        own: &crate::format::group_desc::GroupDesc,
-        data: &mut [u8],
-    ) {
+    /// here) is in use, and so are the bits past the end of the last group. The caller holds
+    /// group `g`'s lock; the other groups' table locations come from `group_tables`, without
+    /// their locks (taking them here deadlocked two groups initialising at once).
+    pub(crate) fn init_block_bitmap(&self, g: u32, data: &mut [u8]) {
         data.fill(0);
         let geo = &self.geo;
         let first = geo.group_first_block(g);
@@ -145,33 +140,16 @@ impl Fs {
         }
         let itb =
             (geo.inodes_per_group as u64 * geo.inode_size as u64).div_ceil(geo.block_size as u64);
-        let mark = |data: &mut [u8], b: u64, len: u64| {
-            for x in b..b + len {
-                if x >= first && x < first + n {
-                    set_bit(data, (x - first) as usize);
-                }
+        let mut mark = |b: u64, len: u64| {
+            for x in b.max(first)..(b + len).min(first + n) {
+                set_bit(data, (x - first) as usize);
             }
         };
-        for (og, grp) in self.groups.iter().enumerate() {
-            // The caller holds group g's lock: read our own descriptor without relocking.
-            if og as u32 == g {
-                mark(data, own.block_bitmap(), 1);
-                mark(data, own.inode_bitmap(), 1);
-                mark(data, own.inode_table(), itb);
-                continue;
-            }
-            if let Some(st) = grp.try_lock() {
-                mark(data, st.desc.block_bitmap(), 1);
-                mark(data, st.desc.inode_bitmap(), 1);
-                mark(data, st.desc.inode_table(), itb);
-            } else {
-                let st = grp.lock();
-                mark(data, st.desc.block_bitmap(), 1);
-                mark(data, st.desc.inode_bitmap(), 1);
-                mark(data, st.desc.inode_table(), itb);
-            }
+        for &[block_bitmap, inode_bitmap, inode_table] in &self.group_tables {
+            mark(block_bitmap, 1);
+            mark(inode_bitmap, 1);
+            mark(inode_table, itb);
         }
-        let _ = itb;
         for i in n as usize..data.len() * 8 {
             set_bit(data, i);
         }
@@ -423,7 +401,7 @@ impl Fs {
         let st = self.groups[g as usize].lock();
         if self.uninit_block_bitmap(&st) {
             let mut data = vec![0u8; self.geo.block_size as usize];
-            self.init_block_bitmap(g, &st.desc, &mut data);
+            self.init_block_bitmap(g, &mut data);
             return Ok(test_bit(
                 &data,
                 (blk - self.geo.group_first_block(g)) as usize,
@@ -494,6 +472,40 @@ mod image_tests {
             },
         )
         .unwrap()
+    }
+
+    /// Two groups build their first block bitmaps at once, each under its own lock (as
+    /// alloc_inode and the allocator do): neither may wait for the other's lock. It took
+    /// every other group's lock to read where their tables are, and two such builders
+    /// deadlocked (found by the stress test on an image of 1 KiB blocks).
+    #[test]
+    fn first_bitmaps_build_under_their_own_locks_only() {
+        let p = mkimg("initlock", "256M", &["-b", "1024"]);
+        let fs = open(&p);
+        let uninit: Vec<u32> = (0..fs.geo.group_count)
+            .filter(|&g| fs.uninit_block_bitmap(&fs.groups[g as usize].lock()))
+            .collect();
+        assert!(uninit.len() >= 2, "groups with BLOCK_UNINIT: {uninit:?}");
+        let both = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let (tx, rx) = std::sync::mpsc::channel();
+        for g in [uninit[0], uninit[uninit.len() - 1]] {
+            let (fs, both, tx) = (fs.clone(), both.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let _own = fs.groups[g as usize].lock();
+                both.wait();
+                let mut data = vec![0u8; fs.geo.block_size as usize];
+                fs.init_block_bitmap(g, &mut data);
+                // Both hold their locks until both have built.
+                both.wait();
+                tx.send(()).unwrap();
+            });
+        }
+        for _ in 0..2 {
+            rx.recv_timeout(std::time::Duration::from_secs(20))
+                .expect("a group waited for another group's lock");
+        }
+        drop(fs);
+        let _ = std::fs::remove_file(&p);
     }
 
     /// Allocates across groups (including never-used BLOCK_UNINIT groups, whose bitmaps must be

@@ -215,6 +215,11 @@ pub struct Fs {
     /// The in-memory superblock; free counts live in the atomics below and are stored at commit.
     pub(crate) sb: Mutex<Superblock>,
     pub(crate) groups: Vec<Mutex<GroupState>>,
+    /// Where each group's block bitmap, inode bitmap and inode table are, as read at open
+    /// (nothing moves them: no resize). Read without the group locks, so that a group can
+    /// build its first block bitmap, which must mark every table flex_bg placed in it, while
+    /// holding only its own lock (lock rank 6 takes group locks in ascending order only).
+    pub(crate) group_tables: Vec<[u64; 3]>,
     pub(crate) free_blocks: AtomicU64,
     pub(crate) free_inodes: AtomicU64,
     pub(crate) icache: InodeCache,
@@ -487,6 +492,7 @@ impl Fs {
 
         // Group descriptors.
         let mut groups = Vec::with_capacity(geo.group_count as usize);
+        let mut group_tables = Vec::with_capacity(geo.group_count as usize);
         let mut free_blocks = 0u64;
         let mut free_inodes = 0u64;
         for g in 0..geo.group_count {
@@ -504,6 +510,7 @@ impl Fs {
             check_desc(&geo, g, &desc)?;
             free_blocks += desc.free_blocks_count();
             free_inodes += desc.free_inodes_count();
+            group_tables.push([desc.block_bitmap(), desc.inode_bitmap(), desc.inode_table()]);
             groups.push(Mutex::new(GroupState { desc }));
         }
 
@@ -515,6 +522,7 @@ impl Fs {
             geo,
             sb: Mutex::new(sb),
             groups,
+            group_tables,
             free_blocks: AtomicU64::new(free_blocks),
             free_inodes: AtomicU64::new(free_inodes),
             icache: InodeCache::new(opts.inode_cache_limit),

@@ -145,7 +145,7 @@ impl Fs {
                     let bbuf = self.bcache.get_new(bb)?;
                     {
                         let mut data = bbuf.write();
-                        self.init_block_bitmap(g, &st.desc, &mut data);
+                        self.init_block_bitmap(g, &mut data);
                         if self.geo.metadata_csum {
                             st.desc.set_block_bitmap_csum(
                                 self.geo.csum_seed,

@@ -159,7 +159,7 @@ impl Fs {
         }
         let g = self.geo.ino_group(ino);
         let index = (ino - 1) % self.geo.inodes_per_group;
-        let table = self.groups[g as usize].lock().desc.inode_table();
+        let table = self.group_tables[g as usize][2];
         let byte = index as u64 * self.geo.inode_size as u64;
         let blk = table + byte / self.geo.block_size as u64;
         Ok((blk, (byte % self.geo.block_size as u64) as usize))
