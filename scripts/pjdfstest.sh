@@ -2,7 +2,8 @@
 # POSIX behaviour: runs pjdfstest (the Rust port, from crates.io) against a fresh uext4 mount
 # and fails on any failure that is not listed in tests/pjdfstest-expected-failures.txt.
 # Needs root (it switches users), /dev/fuse and fusermount3; skips with a message otherwise.
-# UEXT4_MOUNT_OPTS adds mount options (e.g. writeback_cache, direct_io, dax, threads=16).
+# UEXT4_MOUNT_OPTS adds mount options (e.g. writeback_cache, direct_io, dax, threads=16);
+# UEXT4_PJDFSTEST_FS=ext3 runs it on an ext3 image (see below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 U=${UEXT4_BIN:-target/release/uext4}
@@ -61,7 +62,13 @@ exec "$real_mount" "\$@"
 SH
 chmod 755 "$work/bin/mount"
 
-"$U" mkfs --size 1G "$img" || exit 1
+# UEXT4_PJDFSTEST_FS=ext3 (or ext2) runs the suite on a filesystem made by mke2fs of that type,
+# without the extents feature (files map their blocks with indirect blocks).
+if [ -n "${UEXT4_PJDFSTEST_FS:-}" ]; then
+  mke2fs -q -F -t "$UEXT4_PJDFSTEST_FS" "$img" 1G || exit 1
+else
+  "$U" mkfs --size 1G "$img" || exit 1
+fi
 "$U" mount -o "allow_other${UEXT4_MOUNT_OPTS:+,$UEXT4_MOUNT_OPTS}" "$img" "$mnt" || exit 1
 chmod 777 "$mnt"
 # The EXDEV cases need a directory on another filesystem (the one holding the mount point).

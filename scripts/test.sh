@@ -62,6 +62,8 @@ suite "scripts/demo.sh" env UEXT4_DEMO_KEEP=0 bash scripts/demo.sh
 for s in scripts/pjdfstest.sh scripts/workloads.sh scripts/bench-quick.sh; do
   [ -f "$s" ] && suite "$s" bash "$s"
 done
+# POSIX behaviour again on an ext3 image (indirect block maps instead of extents).
+suite "scripts/pjdfstest.sh on ext3" env UEXT4_PJDFSTEST_FS=ext3 bash scripts/pjdfstest.sh
 
 echo
 [ ${#failures[@]} -gt 0 ] && printf 'failed suite: %s\n' "${failures[@]}"

@@ -7,9 +7,13 @@
 //! back up: a full node splits (the root grows the tree by one level), an empty node is freed
 //! and its index entry removed, and index keys follow the first key of their child.
 //!
-//! Files that still use the old indirect block map (ext2/ext3 style) are read through the same
-//! cache; writing to them is refused by name.
+//! Files that use the old indirect block map (ext2/ext3 style: twelve direct pointers, then
+//! single, double and triple indirect blocks) go through the same cache: they are loaded into
+//! it as extents, and mapping or unmapping blocks edits the pointers and indirect blocks
+//! instead of a tree. New files on a filesystem without the extents feature get such a map, as
+//! the kernel gives them. Unwritten (preallocated) blocks have no place in a block map.
 
+use crate::bcache::Buffer;
 use crate::error::{Error, Result};
 use crate::format::extent::*;
 use crate::format::inode::{RawInode, FL_EXTENTS};
@@ -18,12 +22,13 @@ use crate::fs::Fs;
 use crate::inode::InodeState;
 use crate::transaction::Handle;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Every extent of one file, keyed by first logical block.
 #[derive(Clone, Debug, Default)]
 pub struct ExtentCache {
     pub map: BTreeMap<u32, Extent>,
-    /// The file uses the indirect block map: readable, not writable.
+    /// The file uses the indirect block map, not an extent tree.
     pub blockmap: bool,
 }
 
@@ -595,6 +600,169 @@ impl Fs {
         Ok(false)
     }
 
+    /// The most logical blocks a file with an indirect block map may have, as the kernel's
+    /// ext4_max_bitmap_size counts them: what the four levels of pointers reach, and, without
+    /// huge_file, what i_blocks (2^32 - 1 sectors) can count with every indirect block
+    /// included; never past 2^32 - 1.
+    pub(crate) fn blockmap_max_blocks(&self) -> u64 {
+        let per = self.geo.block_size as u64 / 4;
+        let reach = 12 + per + per * per + per * per * per;
+        let meta = 1 + (1 + per) + (1 + per + per * per);
+        let sectors: u64 = if self.geo.huge_file {
+            (1 << 48) - 1
+        } else {
+            (1 << 32) - 1
+        };
+        let counted = (sectors / self.sectors_per_block()).saturating_sub(meta);
+        reach.min(counted).min((1 << 32) - 1)
+    }
+
+    /// The largest size of a file with an indirect block map (the kernel's s_bitmap_maxbytes).
+    pub fn blockmap_max_size(&self) -> u64 {
+        self.blockmap_max_blocks() * self.geo.block_size as u64
+    }
+
+    /// Maps `e` (written blocks, over a hole) in a file with an indirect block map. First every
+    /// indirect block the range needs is found or made (zeroed, journaled, counted in
+    /// i_blocks, near the data), then the pointers are set. If an allocation fails, the
+    /// indirect blocks made are taken out again and no pointer names the data blocks, which
+    /// the caller then frees.
+    fn blockmap_insert(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+        e: Extent,
+    ) -> Result<()> {
+        if e.unwritten {
+            return Err(Error::NotSupported(format!(
+                "inode {ino}: preallocated (unwritten) blocks in a file with an indirect block \
+                 map (ext2/ext3 layout)"
+            )));
+        }
+        if e.end() > self.blockmap_max_blocks() {
+            return Err(Error::FileTooBig);
+        }
+        let per = self.geo.block_size as u64 / 4;
+        // Pass 1: the leaf-level indirect blocks, each with the first logical block it maps and
+        // how many of the range's blocks it takes. Indirect blocks made here are noted (with
+        // where their pointer went) so that a failure can take them out again.
+        let mut leaves: Vec<(Arc<Buffer>, u64, u64)> = Vec::new();
+        let mut made: Vec<(Option<Arc<Buffer>>, usize, u64)> = Vec::new();
+        let mut pass1 = || -> Result<()> {
+            let mut l = (e.lblk as u64).max(12);
+            while l < e.end() {
+                let (n, (first, level)) = self
+                    .bm_roots()
+                    .into_iter()
+                    .enumerate()
+                    .find(|(_, (first, level))| l < first + per.pow(*level))
+                    .expect("checked against blockmap_max_blocks");
+                let mut blk = le32(st.raw.i_block(), 48 + 4 * n) as u64;
+                if blk == 0 {
+                    blk = self.blockmap_new_indirect(h, st, e.pblk)?;
+                    put32(st.raw.i_block_mut(), 48 + 4 * n, blk as u32);
+                    made.push((None, 48 + 4 * n, blk));
+                } else {
+                    self.bm_check(ino, 0, blk, &|| format!("indirect pointer {}", 12 + n))?;
+                }
+                let mut base = first;
+                for lev in (2..=level).rev() {
+                    let span = per.pow(lev - 1);
+                    let i = (l - base) / span;
+                    let buf = self.bcache.get(blk)?;
+                    let child = le32(&buf.read(), 4 * i as usize) as u64;
+                    blk = if child == 0 {
+                        let c = self.blockmap_new_indirect(h, st, e.pblk)?;
+                        put32(&mut buf.write(), 4 * i as usize, c as u32);
+                        h.dirty(&buf);
+                        made.push((Some(buf), 4 * i as usize, c));
+                        c
+                    } else {
+                        self.bm_check(ino, blk, child, &|| format!("entry {i}"))?;
+                        child
+                    };
+                    base += i * span;
+                }
+                let take = (base + per - l).min(e.end() - l);
+                leaves.push((self.bcache.get(blk)?, l - base, take));
+                l += take;
+            }
+            Ok(())
+        };
+        if let Err(err) = pass1() {
+            for (parent, off, blk) in made.into_iter().rev() {
+                match parent {
+                    None => put32(st.raw.i_block_mut(), off, 0),
+                    Some(buf) => put32(&mut buf.write(), off, 0),
+                }
+                let _ = self.free_tree_block(h, st, blk);
+            }
+            return Err(err);
+        }
+        // Pass 2: the pointers, which nothing can fail now.
+        let mut p = e.pblk;
+        for l in e.lblk as u64..e.end().min(12) {
+            put32(st.raw.i_block_mut(), 4 * l as usize, p as u32);
+            p += 1;
+        }
+        for (buf, first, take) in leaves {
+            {
+                let mut d = buf.write();
+                for i in first..first + take {
+                    put32(&mut d, 4 * i as usize, p as u32);
+                    p += 1;
+                }
+            }
+            h.dirty(&buf);
+        }
+        // The cache: one extent, joined with physically contiguous neighbours.
+        let map = &mut st.extents.as_mut().unwrap().map;
+        let mut x = e;
+        if let Some(left) = x.lblk.checked_sub(1).and_then(|b| {
+            let (_, l) = map.range(..=b).next_back()?;
+            (l.end() == x.lblk as u64 && l.pblk + l.len as u64 == x.pblk).then_some(*l)
+        }) {
+            if left.len + x.len <= MAX_INIT_LEN {
+                map.remove(&left.lblk);
+                x = Extent {
+                    len: left.len + x.len,
+                    ..left
+                };
+            }
+        }
+        if let Some(right) = map.get(&(x.end() as u32)).copied() {
+            if x.end() < 1 << 32
+                && x.pblk + x.len as u64 == right.pblk
+                && x.len + right.len <= MAX_INIT_LEN
+            {
+                map.remove(&right.lblk);
+                x.len += right.len;
+            }
+        }
+        map.insert(x.lblk, x);
+        let b = st.raw.blocks_512(self.geo.block_size) + e.len as u64 * self.sectors_per_block();
+        st.raw.set_blocks_512(b);
+        Ok(())
+    }
+
+    /// A new, zeroed indirect block near `near`, counted in the inode's i_blocks.
+    fn blockmap_new_indirect(
+        &self,
+        h: &mut Handle<'_>,
+        st: &mut InodeState,
+        near: u64,
+    ) -> Result<u64> {
+        let (b, _) = self.alloc_blocks(h, near, 1)?;
+        let buf = self.bcache.get_new(b)?;
+        buf.write().fill(0);
+        h.dirty(&buf);
+        h.extend(2);
+        let v = st.raw.blocks_512(self.geo.block_size) + self.sectors_per_block();
+        st.raw.set_blocks_512(v);
+        Ok(b)
+    }
+
     /// Answers `ask` from the file's extent cache, loading it first.
     pub(crate) fn ext_cached<T>(
         &self,
@@ -629,8 +797,8 @@ impl Fs {
     fn writable_tree(&self, ino: u32, st: &mut InodeState) -> Result<()> {
         self.ext_load(ino, st)?;
         if st.extents.as_ref().unwrap().blockmap {
-            return Err(Error::Unsupported(format!(
-                "inode {ino}: writing to a file with an indirect block map (not extents)"
+            return Err(Error::NotSupported(format!(
+                "inode {ino}: unwritten blocks in a file with an indirect block map (not extents)"
             )));
         }
         Ok(())
@@ -644,7 +812,7 @@ impl Fs {
         st: &mut InodeState,
         e: Extent,
     ) -> Result<()> {
-        self.writable_tree(ino, st)?;
+        self.ext_load(ino, st)?;
         if e.len == 0 || e.len > Extent::max_len(e.unwritten) || e.end() > 1 << 32 {
             return Err(Error::Invalid(format!(
                 "inode {ino}: cannot map {} blocks at logical block {}",
@@ -667,6 +835,9 @@ impl Fs {
                     "ext_insert",
                 ));
             }
+        }
+        if cache.blockmap {
+            return self.blockmap_insert(h, ino, st, e);
         }
         let left = e.lblk.checked_sub(1).and_then(|l| cache.lookup(l));
         let right = cache
@@ -2355,13 +2526,27 @@ mod blockmap_tests {
                 assert!(buf.iter().all(|&x| x == 0));
             }
         }
-        // Mapping a new block is refused by name; nothing changes.
+        // Preallocation is refused by name (the kernel's EOPNOTSUPP); nothing changes.
         let sparse_ino = fs.lookup(2, b"sparse").unwrap().ino;
-        let err = fs.write(sparse_ino, 3000 * 1024, b"new").unwrap_err();
+        let err = fs.fallocate(sparse_ino, 0, 3000 * 1024, 1024).unwrap_err();
         assert!(
-            matches!(&err, Error::Unsupported(m) if m.contains("indirect block map")),
+            matches!(&err, Error::NotSupported(m) if m.contains("indirect block map")),
             "{err}"
         );
+        // Writing maps new blocks through the indirect blocks, here into the double indirect
+        // tree's hole at block 3000 (the punch below takes it out again).
+        assert_eq!(fs.write(sparse_ino, 3000 * 1024 + 5, b"new").unwrap(), 3);
+        let mut buf = vec![0u8; 8];
+        fs.read(sparse_ino, 3000 * 1024 + 3, &mut buf).unwrap();
+        assert_eq!(&buf, b"\0\0new\0\0\0");
+        assert!(fs
+            .ext_map(
+                sparse_ino,
+                &mut fs.iget(sparse_ino).unwrap().state.lock(),
+                3000
+            )
+            .unwrap()
+            .is_some());
         // Truncate the medium file into its single-indirect range, punch the sparse one,
         // delete the small one.
         let medium_ino = fs.lookup(2, b"medium").unwrap().ino;

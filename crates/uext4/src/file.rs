@@ -31,6 +31,11 @@ impl Fs {
         self.geo.block_size as u64
     }
 
+    /// Whether a regular file maps its blocks with the old indirect block map (ext2/ext3).
+    pub(crate) fn uses_blockmap(raw: &crate::format::inode::RawInode) -> bool {
+        raw.flags() & crate::format::inode::FL_EXTENTS == 0
+    }
+
     /// Largest file size: 2^32 blocks with extents.
     pub fn max_file_size(&self) -> u64 {
         (1u64 << 32) * self.bs()
@@ -126,13 +131,24 @@ impl Fs {
         if data.is_empty() {
             return Ok(0);
         }
-        let end = off
+        let mut end = off
             .checked_add(data.len() as u64)
             .ok_or(Error::FileTooBig)?;
         if end > self.max_file_size() {
             return Err(Error::FileTooBig);
         }
         let inode = self.iget(ino)?;
+        // A file with an indirect block map ends sooner (the kernel's s_bitmap_maxbytes): a
+        // write that starts past its end fails, one that crosses it is cut short there.
+        let mut data = data;
+        let bm_max = self.blockmap_max_size();
+        if end > bm_max && Self::uses_blockmap(&inode.state.lock().raw) {
+            if off >= bm_max {
+                return Err(Error::FileTooBig);
+            }
+            data = &data[..(bm_max - off) as usize];
+            end = bm_max;
+        }
         // Overwrite fast path: shared lock, no handle.
         {
             let _g = inode.io_lock.read();
@@ -514,6 +530,9 @@ impl Fs {
                 ))
             }
         }
+        if size > self.blockmap_max_size() && Self::uses_blockmap(&st.raw) {
+            return Err(Error::FileTooBig);
+        }
         let old = st.raw.size().max(mem_size.unwrap_or(0));
         let bs = self.bs();
         if size < old {
@@ -574,6 +593,14 @@ impl Fs {
                         "fallocate of a file that is not regular".into(),
                     ))
                 }
+            }
+            // As the kernel's ext4: an indirect block map can punch holes, but has no place
+            // for unwritten blocks, so preallocation and ZERO_RANGE are refused.
+            if !punch && Self::uses_blockmap(&st.raw) {
+                return Err(Error::NotSupported(format!(
+                    "inode {ino}: fallocate in a file with an indirect block map (ext2/ext3 \
+                     layout); only hole punching is supported"
+                )));
             }
         }
         let bs = self.bs();

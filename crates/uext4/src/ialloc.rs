@@ -171,7 +171,12 @@ impl Fs {
             self.write_group_desc(h, g, &mut st)?;
             self.free_inodes.fetch_sub(1, Ordering::Relaxed);
             let ino = g * ipg as u32 + idx as u32 + 1;
-            let extents = Some(crate::extents::ExtentCache::empty());
+            // Nothing is mapped yet; without the extents flag (a filesystem without the
+            // extents feature) blocks will go into an indirect block map.
+            let extents = Some(crate::extents::ExtentCache {
+                blockmap: Fs::uses_blockmap(&raw),
+                ..Default::default()
+            });
             let inode = crate::inode::new_inode(ino, raw, extents, true);
             let committed = self.txn.committed.load(Ordering::Acquire);
             self.icache.insert(inode.clone(), committed);

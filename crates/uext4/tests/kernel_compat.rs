@@ -355,3 +355,102 @@ fn kernel_tree_reads_equal_in_uext4() {
     let ours = walk_uext4(&fs);
     assert_trees_equal(&theirs, &ours);
 }
+
+/// ext3 (1 KiB blocks) and ext2 (4 KiB, no journal): filesystems without the extents feature,
+/// whose files map their blocks with the indirect block map. uext4 writes files through every
+/// level of it (direct, single, double and triple indirect blocks), a directory past its
+/// twelve direct blocks, a slow symlink, a truncation and a punched hole; refuses preallocation
+/// and sizes past the map's reach as the kernel does; the kernel's ext4 reads the same tree,
+/// adds to it, and uext4 reads the kernel's additions back. e2fsck -fn clean at every step.
+#[test]
+fn block_mapped_filesystems_both_ways() {
+    if !can_loop_mount() {
+        return;
+    }
+    for (kind, bs) in [("ext3", 1024u64), ("ext2", 4096)] {
+        let img = scratch(&format!("kcompat-{kind}"));
+        sh(&format!(
+            "mke2fs -q -F -t {kind} -b {bs} {} 256M",
+            img.0.display()
+        ));
+        let fs: Arc<Fs> = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+        let per = bs / 4;
+        // The first logical blocks of the double and the triple indirect trees.
+        let (double_at, triple_at) = (12 + per, 12 + per + per * per);
+        let pat = |n: u64, seed: u64| -> Vec<u8> {
+            (0..n).map(|i| ((i * 31 + seed) % 251) as u8).collect()
+        };
+        let d = fs.mkdir(2, b"dir", 0o755, 0, 0).unwrap().ino;
+        for i in 0..2000 {
+            fs.create(d, format!("name-{i:05}").as_bytes(), 0o644, 0, 0)
+                .unwrap();
+        }
+        let direct = fs.create(2, b"direct", 0o644, 0, 0).unwrap().ino;
+        fs.write(direct, 0, &pat(5000, 1)).unwrap();
+        // Into the double indirect tree in 64 KiB writes, cut back, written past the new end
+        // over a hole, and punched.
+        let double = fs.create(2, b"double", 0o644, 0, 0).unwrap().ino;
+        let len = (double_at + 3 * per) * bs + 77;
+        let all = pat(len, 2);
+        for off in (0..len).step_by(65536) {
+            let end = (off + 65536).min(len);
+            fs.write(double, off, &all[off as usize..end as usize])
+                .unwrap();
+        }
+        fs.truncate(double, len / 2).unwrap();
+        fs.write(double, len / 2 + 10 * bs, &pat(3000, 3)).unwrap();
+        fs.fallocate(double, 3, 3 * bs, 20 * bs).unwrap();
+        // Sparse, out into the triple indirect tree.
+        let sparse = fs.create(2, b"sparse", 0o600, 0, 0).unwrap().ino;
+        fs.write(sparse, 0, b"head").unwrap();
+        fs.write(sparse, triple_at * bs + 5, &pat(2 * bs, 4))
+            .unwrap();
+        fs.write(sparse, (triple_at + per * per + 7) * bs, b"far")
+            .unwrap();
+        fs.symlink(2, b"slow", "long/".repeat(30).as_bytes(), 0, 0)
+            .unwrap();
+        // No unwritten blocks in a block map; the map's reach bounds the size.
+        let err = fs.fallocate(sparse, 0, 0, bs).unwrap_err();
+        assert!(
+            matches!(&err, uext4::Error::NotSupported(m) if m.contains("indirect block map")),
+            "{kind}: {err}"
+        );
+        let max = fs.blockmap_max_size();
+        assert!(max < fs.max_file_size(), "{kind}: {max}");
+        assert!(matches!(
+            fs.truncate(sparse, max + 1),
+            Err(uext4::Error::FileTooBig)
+        ));
+        let edge = fs.create(2, b"edge", 0o644, 0, 0).unwrap().ino;
+        assert_eq!(fs.write(edge, max - 10, &[9u8; 100]).unwrap(), 10);
+        assert!(matches!(
+            fs.write(edge, max, b"x"),
+            Err(uext4::Error::FileTooBig)
+        ));
+        let ours = walk_uext4(&fs);
+        fs.unmount().unwrap();
+        drop(fs);
+        e2fsck_clean(&img.0);
+        // Block maps, not extents, and every level in use.
+        let stat = |p: &str| sh(&format!("debugfs -R 'stat {p}' {} 2>&1", img.0.display()));
+        assert!(stat("/double").contains("(DIND)"), "{kind}");
+        assert!(stat("/sparse").contains("(TIND)"), "{kind}");
+        assert!(stat("/dir").contains("(IND)"), "{kind}");
+        assert!(!stat("/double").contains("EXTENTS"), "{kind}");
+        let theirs = {
+            let m = KernelMount::new(&img.0);
+            let t = walk_host(&m.dir);
+            assert_trees_equal(&ours, &t);
+            sh(&format!(
+                "set -e; cd {}; head -c 3000000 /dev/urandom > kernel-file; \
+                 head -c 70000 /dev/urandom >> double; rm dir/name-0000*; \
+                 mkdir kdir; echo x > kdir/y",
+                m.dir.display()
+            ));
+            walk_host(&m.dir)
+        };
+        e2fsck_clean(&img.0);
+        let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
+        assert_trees_equal(&theirs, &walk_uext4(&fs));
+    }
+}
