@@ -632,6 +632,14 @@ mod image_tests {
         alloc_free_roundtrip(&["-b", "1024", "-O", "^metadata_csum,uninit_bg"]);
     }
 
+    /// sparse_super2: superblock and GDT copies only in the groups s_backup_bgs names (here 1
+    /// and the last), so groups 3 and 9, which sparse_super would give copies, have none and
+    /// their first bitmaps must not reserve room for them.
+    #[test]
+    fn alloc_free_roundtrip_1k_sparse_super2() {
+        alloc_free_roundtrip(&["-b", "1024", "-O", "sparse_super2"]);
+    }
+
     #[test]
     fn alloc_free_roundtrip_no_flex_no_64bit() {
         alloc_free_roundtrip(&[

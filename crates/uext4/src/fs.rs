@@ -119,6 +119,9 @@ pub struct Geometry {
     pub metadata_csum: bool,
     pub gd_csum: GdCsum,
     pub sparse_super: bool,
+    /// sparse_super2: the only groups besides group 0 with superblock and GDT copies
+    /// (s_backup_bgs; 0 names none).
+    pub backup_bgs: Option<[u32; 2]>,
     pub flex_bg_size: u32,
     pub has_64bit: bool,
     pub filetype: bool,
@@ -147,7 +150,13 @@ impl Geometry {
     }
     /// Whether group `g` holds a superblock backup (and GDT copy).
     pub fn group_has_super(&self, g: u32) -> bool {
-        if g == 0 || !self.sparse_super {
+        if g == 0 {
+            return true;
+        }
+        if let Some(bgs) = self.backup_bgs {
+            return bgs.contains(&g);
+        }
+        if !self.sparse_super {
             return true;
         }
         if g == 1 {
@@ -435,6 +444,9 @@ fn geometry(sb: &Superblock, dev_size: u64) -> Result<Geometry> {
         metadata_csum: sb.has_metadata_csum(),
         gd_csum,
         sparse_super: sb.has_ro_compat(RO_COMPAT_SPARSE_SUPER),
+        backup_bgs: sb
+            .has_compat(COMPAT_SPARSE_SUPER2)
+            .then(|| [sb.backup_bg0(), sb.backup_bg1()]),
         flex_bg_size: flex,
         has_64bit: sb.is_64bit(),
         filetype: sb.has_incompat(INCOMPAT_FILETYPE),

@@ -579,6 +579,16 @@ fn concurrent_mixed_operations_stay_consistent_blockmap() {
     );
 }
 
+/// 1 KiB blocks, 1,024 blocks per group and four groups per flex group: 256 groups, most of
+/// them never used, so the threads keep building groups' first bitmaps side by side.
+#[test]
+fn concurrent_mixed_operations_stay_consistent_many_groups() {
+    concurrent_mixed_operations_on(
+        MountOptions::default(),
+        &["-b", "1024", "-g", "1024", "-G", "4"],
+    );
+}
+
 fn concurrent_mixed_operations(opts: MountOptions) {
     concurrent_mixed_operations_on(opts, &[])
 }
