@@ -604,7 +604,14 @@ impl Filesystem for Uext4Fuse {
         let _ = config.set_congestion_threshold(48);
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20);
-        let _ = config.set_time_granularity(Duration::from_nanos(1));
+        // Inodes of 128 bytes have no room for nanoseconds: times are whole seconds there, and
+        // the kernel's cached times must be too (the kernel's ext4 sets s_time_gran the same).
+        let granularity = if self.fs.geo.inode_size <= 128 {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_nanos(1)
+        };
+        let _ = config.set_time_granularity(granularity);
         Ok(())
     }
 
