@@ -188,17 +188,28 @@ fn lock_image(image: &Path, read_only: bool) -> Result<std::fs::File> {
     } else {
         libc::LOCK_EX
     };
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(f.as_raw_fd(), how | libc::LOCK_NB) } != 0 {
+    // `umount` (or fusermount3 -u) of a uext4 mount returns before its server has committed,
+    // checkpointed and let go of the image: when no mount names the image any more, the
+    // holder is such a server on its way out (or a tool), so wait for it a while instead of
+    // refusing at once.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(f.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
+            break;
+        }
         let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            bail!("{}: locking: {e}", image.display());
+        }
+        if Instant::now() >= deadline || fuse_mounted(image) {
             bail!(
                 "{}: in use by another uext4 mount{}",
                 image.display(),
                 if read_only { " (read-write)" } else { "" }
             );
         }
-        bail!("{}: locking: {e}", image.display());
+        std::thread::sleep(Duration::from_millis(50));
     }
     if let (Ok(canon), Ok(dir)) = (
         std::fs::canonicalize(image),
@@ -229,6 +240,44 @@ fn lock_image(image: &Path, read_only: bool) -> Result<std::fs::File> {
         }
     }
     Ok(f)
+}
+
+/// Whether a FUSE mount names `image` as its source (as uext4 mount does, by its full path).
+fn fuse_mounted(image: &Path) -> bool {
+    let Ok(canon) = std::fs::canonicalize(image) else {
+        return false;
+    };
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    mountinfo.lines().any(|l| {
+        let mut t = l.split(" - ").nth(1).unwrap_or("").split(' ');
+        let (fstype, src) = (t.next().unwrap_or(""), t.next().unwrap_or(""));
+        fstype.starts_with("fuse") && Path::new(&unescape_mountinfo(src)) == canon
+    })
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, and tab, newline and backslash).
+fn unescape_mountinfo(s: &str) -> std::ffi::OsString {
+    use std::os::unix::ffi::OsStringExt;
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], oct) {
+            (b'\\', Some(d)) => {
+                let v = d.iter().fold(0u32, |v, c| v * 8 + (c - b'0') as u32);
+                out.push(v as u8);
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    std::ffi::OsString::from_vec(out)
 }
 
 fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<()> {

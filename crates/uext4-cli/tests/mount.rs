@@ -814,6 +814,32 @@ fn racing_cross_directory_churn() {
     e.fsck();
 }
 
+/// `umount` of a FUSE mount returns before the server has finished with the image (commit,
+/// checkpoint, unlock): a mount of the same image right after it waits for that server
+/// instead of refusing, and finds what the last mount wrote. Five rounds, no waiting between.
+#[test]
+fn remount_right_after_umount_waits_for_the_old_server() {
+    if !usable() {
+        return;
+    }
+    let e = Env::new("remount");
+    for round in 0..5 {
+        e.mount_with(&[]);
+        let f = e.mnt.join("log");
+        let mut text = std::fs::read_to_string(&f).unwrap_or_default();
+        assert_eq!(text.lines().count(), round, "{text}");
+        text += &format!("round {round}\n");
+        std::fs::write(&f, &text).unwrap();
+        assert!(Command::new("umount")
+            .arg(&e.mnt)
+            .status()
+            .unwrap()
+            .success());
+    }
+    wait_server_gone(&e.img);
+    e.fsck();
+}
+
 #[test]
 fn second_writer_is_refused() {
     if !usable() {
