@@ -7,7 +7,8 @@
 //!   3. file inode `io_lock` (shared for read/overwrite, exclusive when the mapping or size changes)
 //!   4. transaction barrier (by starting a handle)
 //!   5. inode `state` mutex
-//!   6. group locks (`groups[g]`), in ascending group order
+//!   6. group locks (`groups[g]`), in ascending group order (table locations need none:
+//!      `group_tables`)
 //!   7. inode cache shard locks (taken under a group lock where an inode number's bitmap bit
 //!      and its cache entry change together: ialloc, iget)
 //!   8. buffer locks
