@@ -234,8 +234,19 @@ fn random_metadata_flips_never_panic() {
 /// corruption flips_without_checksums -- --nocapture`.
 #[test]
 fn flips_without_checksums_read_write_never_panic() {
+    flips_read_write(&["-O", "^metadata_csum"]);
+}
+
+/// The same without the extents feature (ext3 layout): the files' indirect blocks are damaged
+/// too, and writes map new blocks through them.
+#[test]
+fn flips_in_block_maps_read_write_never_panic() {
+    flips_read_write(&["-O", "^metadata_csum,^extent,^64bit"]);
+}
+
+fn flips_read_write(mkfs: &[&str]) {
     let env = |k: &str| std::env::var(k).ok().and_then(|s| s.parse::<u64>().ok());
-    let base = base_image(&["-O", "^metadata_csum"]);
+    let base = base_image(mkfs);
     // And a directory large enough for an htree index (e2fsck -D builds it).
     let script = scratch("flip-rw-cmds");
     // An xattr too big for the inode, so g has an xattr block too.
@@ -289,6 +300,22 @@ fn flips_without_checksums_read_write_never_panic() {
         .filter(|&b| b != 0)
         .expect("g has an xattr block");
     blocks.push(xblock);
+    // Indirect blocks, where the files have them (block maps).
+    for f in ["g", "d/f", "d/e/h"] {
+        let st = sh(&format!(
+            "debugfs -R 'stat {f}' {} 2>/dev/null",
+            base.0.display()
+        ));
+        for part in st.split("(IND):").skip(1) {
+            if let Some(b) = part
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|w| w.parse::<usize>().ok())
+            {
+                blocks.push(b);
+            }
+        }
+    }
     let mut rnd = xorshift(env("FUZZ_SEED").unwrap_or(0x9e37_79b9_7f4a_7c15));
     let iterations = env("FUZZ_ITER").unwrap_or(200);
     let flips = env("FUZZ_FLIPS").unwrap_or(6);
@@ -329,6 +356,10 @@ fn flips_without_checksums_read_write_never_panic() {
                 }
             }
             if let Ok(g) = fs.lookup(2, b"g") {
+                // New blocks past the end, and over a hole punched inside.
+                let _ = fs.write(g.ino, 250_000, &[3u8; 9000]);
+                let _ = fs.fallocate(g.ino, 3, 60_000, 20_000);
+                let _ = fs.write(g.ino, 61_000, &[4u8; 5000]);
                 let _ = fs.getxattr(g.ino, b"user.big");
                 let _ = fs.setxattr(g.ino, b"user.c", &[5u8; 300], uext4::xattr::XattrFlags::Any);
                 let _ = fs.removexattr(g.ino, b"user.a");
