@@ -660,7 +660,7 @@ impl Fs {
                     .expect("checked against blockmap_max_blocks");
                 let mut blk = le32(st.raw.i_block(), 48 + 4 * n) as u64;
                 if blk == 0 {
-                    blk = self.blockmap_new_indirect(h, st, e.pblk)?;
+                    blk = self.blockmap_new_indirect(h, ino, st, e.pblk)?;
                     put32(st.raw.i_block_mut(), 48 + 4 * n, blk as u32);
                     made.push((None, 48 + 4 * n, blk));
                 } else {
@@ -673,7 +673,7 @@ impl Fs {
                     let buf = self.bcache.get(blk)?;
                     let child = le32(&buf.read(), 4 * i as usize) as u64;
                     blk = if child == 0 {
-                        let c = self.blockmap_new_indirect(h, st, e.pblk)?;
+                        let c = self.blockmap_new_indirect(h, ino, st, e.pblk)?;
                         put32(&mut buf.write(), 4 * i as usize, c as u32);
                         h.dirty(&buf);
                         made.push((Some(buf), 4 * i as usize, c));
@@ -750,16 +750,14 @@ impl Fs {
     fn blockmap_new_indirect(
         &self,
         h: &mut Handle<'_>,
+        ino: u32,
         st: &mut InodeState,
         near: u64,
     ) -> Result<u64> {
-        let (b, _) = self.alloc_blocks(h, near, 1)?;
+        let b = self.alloc_tree_block(h, ino, st, near)?;
         let buf = self.bcache.get_new(b)?;
         buf.write().fill(0);
         h.dirty(&buf);
-        h.extend(2);
-        let v = st.raw.blocks_512(self.geo.block_size) + self.sectors_per_block();
-        st.raw.set_blocks_512(v);
         Ok(b)
     }
 
@@ -1148,7 +1146,8 @@ impl Fs {
         Ok(())
     }
 
-    /// A new tree block near the file's data.
+    /// A new block of the file's map (an extent tree node or an indirect block) near its data,
+    /// counted in i_blocks.
     fn alloc_tree_block(
         &self,
         h: &mut Handle<'_>,
