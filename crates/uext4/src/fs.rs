@@ -123,6 +123,11 @@ pub struct Geometry {
     /// sparse_super2: the only groups besides group 0 with superblock and GDT copies
     /// (s_backup_bgs; 0 names none).
     pub backup_bgs: Option<[u32; 2]>,
+    /// meta_bg: the first descriptor block kept in its own meta group (s_first_meta_bg).
+    /// Descriptor blocks before it sit after the superblock as without meta_bg; descriptor
+    /// block `n` from it on sits in the first group of meta group `n` (the `descs_per_block`
+    /// groups it describes), with copies in that meta group's second and last groups.
+    pub first_meta_bg: Option<u32>,
     pub flex_bg_size: u32,
     pub has_64bit: bool,
     pub filetype: bool,
@@ -177,17 +182,30 @@ impl Geometry {
         }
         false
     }
-    /// Blocks at the start of group `g` used by the superblock, GDT and reserved GDT.
+    /// Blocks at the start of group `g` used by the superblock, GDT and reserved GDT (as the
+    /// kernel's ext4_num_base_meta_blocks counts them).
     pub fn group_overhead(&self, g: u32) -> u32 {
-        if self.group_has_super(g) {
-            1 + self.gdt_blocks + self.reserved_gdt_blocks
-        } else {
-            0
+        let sup = self.group_has_super(g) as u32;
+        match self.first_meta_bg {
+            Some(first) if g / self.descs_per_block >= first => {
+                let i = g % self.descs_per_block;
+                sup + (i == 0 || i == 1 || i == self.descs_per_block - 1) as u32
+            }
+            Some(first) if sup == 1 => 1 + first + self.reserved_gdt_blocks,
+            None if sup == 1 => 1 + self.gdt_blocks + self.reserved_gdt_blocks,
+            _ => 0,
         }
     }
     /// Block holding the descriptor of group `g` in the primary table.
     pub fn gdt_block_of(&self, g: u32) -> u64 {
-        self.first_data_block + 1 + (g / self.descs_per_block) as u64
+        let n = g / self.descs_per_block;
+        match self.first_meta_bg {
+            Some(first) if n >= first => {
+                let meta_first = n * self.descs_per_block;
+                self.group_first_block(meta_first) + self.group_has_super(meta_first) as u64
+            }
+            _ => self.first_data_block + 1 + n as u64,
+        }
     }
     pub fn ino_group(&self, ino: u32) -> u32 {
         (ino - 1) / self.inodes_per_group
@@ -398,6 +416,15 @@ fn geometry(sb: &Superblock, dev_size: u64) -> Result<Geometry> {
     }
     let descs_per_block = block_size / desc_size;
     let gdt_blocks = group_count.div_ceil(descs_per_block);
+    let first_meta_bg = sb
+        .has_incompat(INCOMPAT_META_BG)
+        .then(|| sb.first_meta_bg());
+    if first_meta_bg.is_some_and(|f| f > gdt_blocks) {
+        return bad(format!(
+            "first meta block group {} is past the {gdt_blocks} descriptor blocks",
+            sb.first_meta_bg()
+        ));
+    }
     let flex = if sb.has_incompat(INCOMPAT_FLEX_BG) {
         if sb.log_groups_per_flex() > 31 {
             return bad(format!(
@@ -448,6 +475,7 @@ fn geometry(sb: &Superblock, dev_size: u64) -> Result<Geometry> {
         backup_bgs: sb
             .has_compat(COMPAT_SPARSE_SUPER2)
             .then(|| [sb.backup_bg0(), sb.backup_bg1()]),
+        first_meta_bg,
         flex_bg_size: flex,
         has_64bit: sb.is_64bit(),
         filetype: sb.has_incompat(INCOMPAT_FILETYPE),

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
+use uext4::format::group_desc::BG_BLOCK_UNINIT;
 use uext4::format::inode::Timestamp;
 use uext4::namei::{SetAttr, TimeSet};
 use uext4::xattr::XattrFlags;
@@ -452,5 +453,153 @@ fn block_mapped_filesystems_both_ways() {
         e2fsck_clean(&img.0);
         let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
         assert_trees_equal(&theirs, &walk_uext4(&fs));
+    }
+}
+
+/// Blocks at the start of each group that dumpe2fs lists as superblock, group descriptors or
+/// reserved GDT blocks.
+fn dumpe2fs_group_overheads(img: &Path) -> Vec<u32> {
+    let out = sh(&format!("dumpe2fs {} 2>/dev/null", img.display()));
+    let mut per_group = Vec::new();
+    for line in out.lines() {
+        if line.starts_with("Group ") && line.contains("(Blocks ") {
+            per_group.push(0u32);
+            continue;
+        }
+        let Some(n) = per_group.last_mut() else {
+            continue;
+        };
+        for part in line.trim().split(", ") {
+            let at = |p: &str| -> Option<u32> {
+                let r = part.strip_prefix(p)?;
+                let (a, b) = r.split_once('-').unwrap_or((r, r));
+                Some((b.parse::<u64>().ok()? - a.parse::<u64>().ok()? + 1) as u32)
+            };
+            if part.starts_with("Primary superblock at") || part.starts_with("Backup superblock at")
+            {
+                *n += 1;
+            } else if let Some(k) = at("Group descriptor at ")
+                .or_else(|| at("Group descriptors at "))
+                .or_else(|| at("Reserved GDT blocks at "))
+            {
+                *n += k;
+            }
+        }
+    }
+    per_group
+}
+
+/// meta_bg: descriptor block n lives in the first group of the n-th run of descs_per_block
+/// groups (copies in the run's second and last groups), not after the superblock. uext4 finds
+/// each group's descriptor there, reserves the same blocks as dumpe2fs lists when it builds a
+/// group's first bitmap, and fills the filesystem through every group; e2fsck finds it clean,
+/// the kernel reads the tree equal and adds to it, uext4 reads that back. Three layouts, in small
+/// groups so that a small image has several meta groups: 1 KiB blocks with 64-byte
+/// descriptors (16 per block), 4 KiB blocks with 32-byte descriptors (128 per block, a short
+/// last meta group), and 4 KiB without flex_bg.
+#[test]
+fn meta_bg_filesystems_both_ways() {
+    if !can_loop_mount() {
+        return;
+    }
+    for (name, size, opts) in [
+        ("1k", "150M", "-b 1024 -g 2048 -O meta_bg,^resize_inode"),
+        (
+            "4k-32",
+            "300M",
+            "-b 4096 -g 256 -O meta_bg,^resize_inode,^64bit",
+        ),
+        (
+            "4k-noflex",
+            "150M",
+            "-b 4096 -g 256 -O meta_bg,^resize_inode,^flex_bg",
+        ),
+    ] {
+        let img = scratch(&format!("kcompat-metabg-{name}"));
+        sh(&format!(
+            "mke2fs -q -F -t ext4 {opts} {} {size}",
+            img.0.display()
+        ));
+        let fs: Arc<Fs> = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+        let geo = fs.geo.clone();
+        assert_eq!(geo.first_meta_bg, Some(0), "{name}");
+        assert!(
+            geo.gdt_blocks >= 3,
+            "{name}: {} meta groups",
+            geo.gdt_blocks
+        );
+        let listed = dumpe2fs_group_overheads(&img.0);
+        assert_eq!(listed.len(), geo.group_count as usize, "{name}");
+        for g in 0..geo.group_count {
+            assert_eq!(
+                geo.group_overhead(g),
+                listed[g as usize],
+                "{name}: group {g}"
+            );
+        }
+        // Fill the filesystem until it is full: files in many directories, 1 MiB at a time,
+        // so that every group's first bitmap is built.
+        let bs = geo.block_size as u64;
+        let dirs = 24u64;
+        let per = fs.statfs().blocks_free * bs / dirs + (1 << 20);
+        let mut full = false;
+        for d in 0..dirs {
+            let dir = fs
+                .mkdir(2, format!("d{d}").as_bytes(), 0o755, 0, 0)
+                .unwrap()
+                .ino;
+            for i in 0..20 {
+                let f = fs
+                    .create(dir, format!("s{i}").as_bytes(), 0o644, 0, 0)
+                    .unwrap()
+                    .ino;
+                fs.write(f, 0, format!("small {d} {i}").as_bytes()).unwrap();
+            }
+            let f = fs.create(dir, b"big", 0o644, 0, 0).unwrap().ino;
+            let chunk: Vec<u8> = (0..1u64 << 20)
+                .map(|i| ((i * 13 + d) % 251) as u8)
+                .collect();
+            for off in (0..per).step_by(1 << 20) {
+                match fs.write(f, off, &chunk) {
+                    Ok(_) => {}
+                    Err(uext4::Error::NoSpace) => {
+                        full = true;
+                        break;
+                    }
+                    Err(e) => panic!("{name}: {e}"),
+                }
+            }
+            if full {
+                break;
+            }
+        }
+        assert!(full, "{name}: never ran out of space");
+        for g in 0..geo.group_count {
+            let flags = fs.group_desc(g).flags();
+            assert_eq!(flags & BG_BLOCK_UNINIT, 0, "{name}: group {g} never used");
+        }
+        let ours = walk_uext4(&fs);
+        fs.unmount().unwrap();
+        drop(fs);
+        e2fsck_clean(&img.0);
+        let theirs = {
+            let m = KernelMount::new(&img.0);
+            assert_trees_equal(&ours, &walk_host(&m.dir));
+            sh(&format!(
+                "set -e; cd {}; rm -r d1 d2; head -c 3000000 /dev/urandom > kernel-file; \
+                 mkdir kdir; echo x > kdir/y",
+                m.dir.display()
+            ));
+            walk_host(&m.dir)
+        };
+        e2fsck_clean(&img.0);
+        let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+        assert_trees_equal(&theirs, &walk_uext4(&fs));
+        // What the kernel freed is written again through uext4.
+        let f = fs.create(2, b"again", 0o644, 0, 0).unwrap().ino;
+        fs.write(f, 0, &vec![7u8; per as usize / 2]).unwrap();
+        fs.unmount().unwrap();
+        drop(fs);
+        e2fsck_clean(&img.0);
     }
 }
