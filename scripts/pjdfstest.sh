@@ -3,7 +3,7 @@
 # and fails on any failure that is not listed in tests/pjdfstest-expected-failures.txt.
 # Needs root (it switches users), /dev/fuse and fusermount3; skips with a message otherwise.
 # UEXT4_MOUNT_OPTS adds mount options (e.g. writeback_cache, direct_io, dax, threads=16);
-# UEXT4_PJDFSTEST_FS=ext3 runs it on an ext3 image (see below).
+# UEXT4_PJDFSTEST_FS=ext3 runs it on an ext3 image, UEXT4_PJDFSTEST_MKE2FS_OPTS adds mke2fs options (see below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 U=${UEXT4_BIN:-target/release/uext4}
@@ -63,9 +63,11 @@ SH
 chmod 755 "$work/bin/mount"
 
 # UEXT4_PJDFSTEST_FS=ext3 (or ext2) runs the suite on a filesystem made by mke2fs of that type,
-# without the extents feature (files map their blocks with indirect blocks).
-if [ -n "${UEXT4_PJDFSTEST_FS:-}" ]; then
-  mke2fs -q -F -t "$UEXT4_PJDFSTEST_FS" "$img" 1G || exit 1
+# without the extents feature (files map their blocks with indirect blocks);
+# UEXT4_PJDFSTEST_MKE2FS_OPTS adds mke2fs options (e.g. "-O meta_bg,^resize_inode").
+if [ -n "${UEXT4_PJDFSTEST_FS:-}${UEXT4_PJDFSTEST_MKE2FS_OPTS:-}" ]; then
+  # shellcheck disable=SC2086 # the options are words
+  mke2fs -q -F -t "${UEXT4_PJDFSTEST_FS:-ext4}" ${UEXT4_PJDFSTEST_MKE2FS_OPTS:-} "$img" 1G || exit 1
 else
   "$U" mkfs --size 1G "$img" || exit 1
 fi
