@@ -920,3 +920,37 @@ fn user_attributes_only_on_files_and_directories() {
     drop(fs);
     e2fsck_clean(&img.0);
 }
+
+/// The "system." namespace holds no users' attributes on ext4: the kernel has handlers for the
+/// two POSIX ACL names only, so any other "system." name is EOPNOTSUPP, and an entry with the
+/// internal index 7 (inline_data's "system.data", here made by debugfs) is never listed or
+/// read, and survives another attribute's change.
+#[test]
+fn system_namespace_is_the_kernels() {
+    let img = scratch("xsystem");
+    mke2fs(&img.0, "32M", &[]);
+    sh(&format!(
+        "debugfs -w -R 'write /dev/null f' {0} && debugfs -w -R 'ea_set f system.data kept' {0}",
+        img.0.display()
+    ));
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    let f = fs.lookup(2, b"f").unwrap().ino;
+    for name in [&b"system.data"[..], b"system.foo", b"system.richacl"] {
+        assert!(matches!(
+            fs.setxattr(f, name, b"v", XattrFlags::Any),
+            Err(Error::NotSupported(_))
+        ));
+        assert!(matches!(fs.getxattr(f, name), Err(Error::NotSupported(_))));
+    }
+    assert!(fs.listxattr(f).unwrap().is_empty());
+    fs.setxattr(f, b"user.a", b"v", XattrFlags::Any).unwrap();
+    assert_eq!(fs.listxattr(f).unwrap(), vec![b"user.a".to_vec()]);
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+    let got = sh(&format!(
+        "debugfs -R 'ea_get f system.data' {} 2>/dev/null",
+        img.0.display()
+    ));
+    assert!(got.contains("kept"), "{got}");
+}

@@ -49,16 +49,17 @@ pub const INDEX_SECURITY: u8 = 6;
 pub const INDEX_SYSTEM: u8 = 7;
 pub const INDEX_RICHACL: u8 = 8;
 
-/// Name prefixes by index. The ACL and richacl indexes stand for a whole name (empty suffix);
-/// they are listed before "system." so that they match first.
+/// Name prefixes by index, the namespaces the kernel's ext4 has handlers for. The ACL indexes
+/// stand for a whole name (empty suffix). `INDEX_SYSTEM` ("system.data", where inline_data
+/// keeps a file's bytes) and `INDEX_RICHACL` are not users' attributes: as in the kernel, they
+/// are never listed, and any other "system." name is refused (EOPNOTSUPP). Entries with those
+/// indexes are kept as they are when an inode's attributes are laid out again.
 const PREFIXES: &[(u8, &str, bool)] = &[
     (INDEX_POSIX_ACL_ACCESS, "system.posix_acl_access", true),
     (INDEX_POSIX_ACL_DEFAULT, "system.posix_acl_default", true),
-    (INDEX_RICHACL, "system.richacl", true),
     (INDEX_USER, "user.", false),
     (INDEX_TRUSTED, "trusted.", false),
     (INDEX_SECURITY, "security.", false),
-    (INDEX_SYSTEM, "system.", false),
 ];
 
 /// Splits a full name ("user.foo") into its index and the suffix stored on disk.
@@ -530,7 +531,10 @@ mod tests {
             split_name(b"system.posix_acl_default").unwrap(),
             (3, &b""[..])
         );
-        assert_eq!(split_name(b"system.data").unwrap(), (7, &b"data"[..]));
+        for internal in [&b"system.data"[..], b"system.richacl", b"system.foo"] {
+            assert!(matches!(split_name(internal), Err(Error::NotSupported(_))));
+        }
+        assert_eq!(join_name(INDEX_SYSTEM, b"data"), None);
         assert_eq!(
             split_name(b"security.selinux").unwrap(),
             (6, &b"selinux"[..])
