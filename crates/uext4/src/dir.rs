@@ -65,7 +65,7 @@ impl Fs {
     }
 
     /// Bytes of a leaf block available to entries (the tail takes the last 12 with checksums).
-    fn leaf_space(&self) -> usize {
+    pub(crate) fn leaf_space(&self) -> usize {
         self.geo.block_size as usize
             - if self.geo.metadata_csum {
                 DIRENT_TAIL_SIZE
@@ -181,18 +181,24 @@ impl Fs {
                 return Err(self.dir_csum_err(dir, lblk, pblk, "leaf checksum mismatch"));
             }
         }
+        self.dir_parse_entries(&b[..end], &|why| self.dir_err(dir, lblk, pblk, why))
+    }
+
+    /// Checks and returns the entries of one run of them (a leaf block up to its tail, or a
+    /// part of an inline directory), the unused ones included; `err` names the place.
+    pub(crate) fn dir_parse_entries(
+        &self,
+        b: &[u8],
+        err: &dyn Fn(String) -> Error,
+    ) -> Result<Vec<Dirent>> {
+        let end = b.len();
         let mut out = Vec::new();
         let mut off = 0;
         while off < end {
             if off + DIRENT_HEADER > end {
-                return Err(self.dir_err(
-                    dir,
-                    lblk,
-                    pblk,
-                    format!("entry at offset {off} overruns the block"),
-                ));
+                return Err(err(format!("entry at offset {off} overruns the block")));
             }
-            let rec_len = rec_len_from_disk(le16(b, off + 4), bs);
+            let rec_len = rec_len_from_disk(le16(b, off + 4), self.geo.block_size as usize);
             let name_len = b[off + 6] as usize;
             let inode = le32(b, off);
             let bad = if rec_len < MIN_REC_LEN {
@@ -211,15 +217,10 @@ impl Fs {
                 None
             };
             if let Some(why) = bad {
-                return Err(self.dir_err(
-                    dir,
-                    lblk,
-                    pblk,
-                    format!(
-                        "bad entry at offset {off}: {why} (inode {inode}, rec_len {rec_len}, \
-                         name_len {name_len})"
-                    ),
-                ));
+                return Err(err(format!(
+                    "bad entry at offset {off}: {why} (inode {inode}, rec_len {rec_len}, \
+                     name_len {name_len})"
+                )));
             }
             out.push(Dirent {
                 off,
@@ -493,6 +494,12 @@ impl Fs {
         st: &mut InodeState,
         name: &[u8],
     ) -> Result<Option<(u32, u8, u32, usize)>> {
+        if Self::is_inline(&st.raw) {
+            // Only lookups get here: changes convert the directory first.
+            return Ok(self
+                .inline_dir_find(dir, st, name)?
+                .map(|(i, t)| (i, t, 0, 0)));
+        }
         if Self::has_index_flag(st) && (name == b"." || name == b"..") {
             return Ok(self
                 .root_dot(dir, st, name == b"..")?
@@ -550,7 +557,7 @@ impl Fs {
     }
 
     /// Writes a changed leaf block through the handle (checksum tail first).
-    fn put_leaf(
+    pub(crate) fn put_leaf(
         &self,
         h: &mut Handle<'_>,
         dir: u32,
@@ -635,7 +642,7 @@ impl Fs {
 
     /// Appends a block to the directory (allocated near its last block, or near the inode
     /// table of its group); grows i_size. Returns (lblk, pblk); the caller fills the block.
-    fn dir_append_block(
+    pub(crate) fn dir_append_block(
         &self,
         h: &mut Handle<'_>,
         dir: u32,
@@ -712,6 +719,7 @@ impl Fs {
         if name.is_empty() || name.len() > MAX_NAME_LEN {
             return Err(Error::NameTooLong);
         }
+        self.inline_convert(h, dir, st)?;
         let (size0, flags0) = (st.raw.size(), st.raw.flags());
         let r = self.dir_add_inner(h, dir, st, name, ino, ftype);
         if r.is_err() && (st.raw.size(), st.raw.flags()) != (size0, flags0) {
@@ -1013,6 +1021,7 @@ impl Fs {
         if name == b"." || name == b".." {
             return Err(Error::Invalid("cannot remove \".\" or \"..\"".into()));
         }
+        self.inline_convert(h, dir, st)?;
         let Some((ino, ft, lblk, off)) = self.dir_find(dir, st, name)? else {
             return Err(Error::NotFound);
         };
@@ -1040,6 +1049,7 @@ impl Fs {
         ino: u32,
         ftype: u8,
     ) -> Result<(u32, u8)> {
+        self.inline_convert(h, dir, st)?;
         let Some((old, oft, lblk, off)) = self.dir_find(dir, st, name)? else {
             return Err(Error::NotFound);
         };
@@ -1055,6 +1065,9 @@ impl Fs {
     }
 
     pub(crate) fn dir_is_empty(&self, dir: u32, st: &mut InodeState) -> Result<bool> {
+        if Self::is_inline(&st.raw) {
+            return Ok(self.inline_dir(dir, &st.raw)?.1.is_empty());
+        }
         let skip_index = Self::has_index_flag(st);
         let n = self.dir_blocks(st);
         let mut next = 0;
@@ -1085,6 +1098,9 @@ impl Fs {
         offset: u64,
         f: &mut DirIterFn<'_>,
     ) -> Result<()> {
+        if Self::is_inline(&st.raw) {
+            return self.inline_dir_iter(dir, st, offset, f);
+        }
         if self.is_indexed(st) {
             return self.dx_iter(dir, st, offset, f);
         }

@@ -221,6 +221,12 @@ impl Fs {
         if st.extents.is_some() {
             return Ok(());
         }
+        if Self::is_inline(&st.raw) {
+            // Callers convert an inline inode first (inline.rs); its bytes are not a map.
+            return Err(Error::Invalid(format!(
+                "inode {ino} keeps its data inline: it has no block map"
+            )));
+        }
         let mut cache = ExtentCache::empty();
         if st.raw.flags() & FL_EXTENTS != 0 {
             let root = st.raw.i_block().to_vec();

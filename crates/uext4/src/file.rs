@@ -62,7 +62,18 @@ impl Fs {
             return Ok(0);
         }
         let len = (buf.len() as u64).min(size - off) as usize;
-        self.read_mapped(&inode, off, &mut buf[..len])?;
+        let inline = {
+            let st = inode.state.lock();
+            if Self::is_inline(&st.raw) {
+                self.inline_read(ino, &st.raw, off, &mut buf[..len])?;
+                true
+            } else {
+                false
+            }
+        };
+        if !inline {
+            self.read_mapped(&inode, off, &mut buf[..len])?;
+        }
         if self.buffered() {
             let st = inode.state.lock();
             Self::delalloc_overlay(&st, self.bs(), off, &mut buf[..len]);
@@ -167,6 +178,7 @@ impl Fs {
             }
         }
         let _g = inode.io_lock.write();
+        self.inline_convert_file(&inode)?;
         if self.buffered() && self.delalloc_write(&inode, off, data)? {
             self.touch_lazily(&inode);
             self.stats
@@ -201,7 +213,7 @@ impl Fs {
     fn overwrite_runs(&self, inode: &Inode, off: u64, len: u64) -> Result<Option<Vec<(u64, u64)>>> {
         let bs = self.bs();
         let mut st = inode.state.lock();
-        if st.raw.file_type() != S_IFREG || off + len > st.raw.size() {
+        if st.raw.file_type() != S_IFREG || off + len > st.raw.size() || Self::is_inline(&st.raw) {
             return Ok(None);
         }
         // Buffered data in the range, or past what the device backs: the cache takes it.
@@ -505,6 +517,7 @@ impl Fs {
         }
         let inode = self.iget(ino)?;
         let _g = inode.io_lock.write();
+        self.inline_convert_file(&inode)?;
         let mut mem_size = None;
         if inode.state.lock().delalloc.is_some() {
             // Buffered data past the new size is dropped; the rest goes down first, never
@@ -580,6 +593,7 @@ impl Fs {
         }
         let inode = self.iget(ino)?;
         let _g = inode.io_lock.write();
+        self.inline_convert_file(&inode)?;
         // Buffered data goes down first: the range operations below work on the mapping.
         self.delalloc_writeback_locked(&inode)?;
         {
@@ -843,7 +857,7 @@ impl Fs {
 /// each time they retake the state lock, because not every path that frees an inode holds its
 /// io_lock (link's undo after it failed to add the entry, for one), and mapping blocks into a
 /// freed inode leaks them.
-fn check_live(st: &InodeState) -> Result<()> {
+pub(crate) fn check_live(st: &InodeState) -> Result<()> {
     if st.deleted {
         return Err(Error::NotFound);
     }

@@ -7,7 +7,7 @@
 
 use crate::error::{Error, Result};
 use crate::extents::ExtentCache;
-use crate::format::inode::{RawInode, Timestamp, FL_INLINE_DATA, ROOT_INO};
+use crate::format::inode::{RawInode, Timestamp, ROOT_INO};
 use crate::fs::Fs;
 use crate::transaction::Handle;
 use parking_lot::{Mutex, RwLock};
@@ -228,9 +228,6 @@ impl Fs {
                     if raw.links_count() == 0 && raw.mode() == 0 {
                         // Marked in use but never written: callers see "no such file".
                         return Err(Error::NotFound);
-                    }
-                    if raw.flags() & FL_INLINE_DATA != 0 {
-                        return Err(Error::Unsupported(format!("inode {ino} uses inline_data")));
                     }
                     let inode = new_inode(ino, raw, None, false);
                     let committed = self.txn.committed.load(Ordering::Acquire);

@@ -10,6 +10,7 @@
 //! - [`extents`]: the extent tree and the in-memory extent cache;
 //! - [`dir`], [`htree`]: directory entries and the hashed index;
 //! - [`xattr`]: extended attributes;
+//! - [`inline`]: inline data (small files and directories kept in the inode);
 //! - [`inode`], [`namei`], [`file`]: inodes, namespace operations, file I/O;
 //! - [`delalloc`]: buffered mode's write-back cache with delayed allocation;
 //! - [`mkfs`]: making a new filesystem.
@@ -26,6 +27,7 @@ pub mod format;
 pub mod fs;
 pub mod htree;
 pub mod ialloc;
+pub mod inline;
 pub mod inode;
 pub mod journal;
 pub mod mkfs;

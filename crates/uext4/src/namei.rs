@@ -517,6 +517,9 @@ impl Fs {
 
     /// Whether the inode's i_block holds a block mapping (not a fast symlink or device number).
     pub(crate) fn has_data_blocks(raw: &RawInode) -> bool {
+        if Self::is_inline(raw) {
+            return false;
+        }
         match raw.file_type() {
             S_IFREG | S_IFDIR => true,
             S_IFLNK => !Self::is_fast_symlink(raw),

@@ -37,10 +37,10 @@ pub enum XattrFlags {
 const XATTR_CREDITS: usize = 10;
 
 /// An inode's attributes as read: in-inode entries, block entries, the block number (0: none).
-struct Loaded {
-    ibody: Vec<XattrEntry>,
-    block: Vec<XattrEntry>,
-    blk: u64,
+pub(crate) struct Loaded {
+    pub ibody: Vec<XattrEntry>,
+    pub block: Vec<XattrEntry>,
+    pub blk: u64,
 }
 
 fn is_acl(index: u8) -> bool {
@@ -60,7 +60,7 @@ impl Fs {
     }
 
     /// Reads and validates all attributes of inode `ino` (whose on-disk fields are `raw`).
-    fn xattr_load(&self, ino: u32, raw: &RawInode) -> Result<Loaded> {
+    pub(crate) fn xattr_load(&self, ino: u32, raw: &RawInode) -> Result<Loaded> {
         let mut ibody = Vec::new();
         if let Some(r) = raw.xattr_area() {
             let area = &raw.0[r];
@@ -274,6 +274,9 @@ impl Fs {
                 "a default ACL can only be set on a directory".into(),
             ));
         }
+        // An inline inode's "system.data" must stay in the inode: its contents move to a block
+        // first (inline.rs), and the attributes are laid out without it.
+        self.inline_convert(&mut h, ino, &mut st)?;
         let l = self.xattr_load(ino, &st.raw)?;
         let old_block = l.block.clone();
         let mut all: Vec<XattrEntry> = l.ibody.into_iter().chain(l.block).collect();
@@ -323,7 +326,7 @@ impl Fs {
 
     /// Lays `all` out over the inode area and the block. `old_blk`/`old_block` are the block
     /// and its entries as read. Checks that everything fits before changing anything.
-    fn xattr_store(
+    pub(crate) fn xattr_store(
         &self,
         h: &mut Handle<'_>,
         ino: u32,

@@ -244,6 +244,13 @@ fn flips_in_block_maps_read_write_never_panic() {
     flips_read_write(&["-O", "^metadata_csum,^extent,^64bit"]);
 }
 
+/// The same on an image with inline_data: small files, a symlink and a directory kept in
+/// their inodes, read and then converted to blocks by the changes.
+#[test]
+fn flips_in_inline_data_read_write_never_panic() {
+    flips_read_write(&["-O", "^metadata_csum,inline_data"]);
+}
+
 fn flips_read_write(mkfs: &[&str]) {
     let env = |k: &str| std::env::var(k).ok().and_then(|s| s.parse::<u64>().ok());
     let base = base_image(mkfs);
@@ -253,6 +260,21 @@ fn flips_read_write(mkfs: &[&str]) {
     let big = scratch("flip-rw-xattr");
     std::fs::write(&big.0, vec![b'x'; 2000]).unwrap();
     let mut cmds = format!("ea_set -f {} g user.big\nmkdir big\n", big.0.display());
+    let inline = mkfs.iter().any(|o| o.contains("inline_data"));
+    if inline {
+        // Files and a directory kept inside their inodes: the kernel makes them (debugfs
+        // writes no inline files).
+        if !can_loop_mount() {
+            return;
+        }
+        let m = KernelMount::new(&base.0);
+        sh(&format!(
+            "set -e; cd {}; head -c 100 /dev/zero | tr '\\0' s > tiny; mkdir sd; \
+             echo a > sd/a; echo b > sd/b; ln -s {} sd/l",
+            m.dir.display(),
+            "t".repeat(100)
+        ));
+    }
     for i in 0..400 {
         cmds += &format!("write /dev/null big/file-with-a-longer-name-{i}\n");
     }
@@ -264,6 +286,15 @@ fn flips_read_write(mkfs: &[&str]) {
         base.0.display()
     ));
     e2fsck_clean(&base.0);
+    if inline {
+        for p in ["tiny", "sd"] {
+            let st = sh(&format!("debugfs -R 'stat {p}' {} 2>&1", base.0.display()));
+            assert!(
+                st.contains("Size of inline data"),
+                "{p} is not inline: {st}"
+            );
+        }
+    }
     let pristine = std::fs::read(&base.0).unwrap();
     let img = scratch("flip-rw");
     // 4 KiB blocks (common::mke2fs): group 0's inode table, and the directories' blocks.
@@ -363,6 +394,14 @@ fn flips_read_write(mkfs: &[&str]) {
                 let _ = fs.getxattr(g.ino, b"user.big");
                 let _ = fs.setxattr(g.ino, b"user.c", &[5u8; 300], uext4::xattr::XattrFlags::Any);
                 let _ = fs.removexattr(g.ino, b"user.a");
+            }
+            // Inline inodes (where the image has them): read, then converted by changes.
+            if let Ok(t) = fs.lookup(2, b"tiny") {
+                let _ = fs.write(t.ino, 10, &[6u8; 5000]);
+            }
+            if let Ok(sd) = fs.lookup(2, b"sd") {
+                let _ = fs.create(sd.ino, b"c", 0o100644, 0, 0);
+                let _ = fs.unlink(sd.ino, b"a");
             }
             let _ = fs.rename(2, b"g", 2, b"g2", Default::default());
             let _ = fs.unlink(2, b"g2");

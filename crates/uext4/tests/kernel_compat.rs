@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use uext4::format::group_desc::BG_BLOCK_UNINIT;
 use uext4::format::inode::Timestamp;
-use uext4::namei::{SetAttr, TimeSet};
+use uext4::namei::{RenameFlags, SetAttr, TimeSet};
 use uext4::xattr::XattrFlags;
 use uext4::{Fs, MountOptions};
 
@@ -602,4 +602,134 @@ fn meta_bg_filesystems_both_ways() {
         drop(fs);
         e2fsck_clean(&img.0);
     }
+}
+
+/// Names of a directory read in pieces of `step` entries, each readdir resuming from the last
+/// entry's cookie.
+fn names_in_steps(fs: &Fs, dir: u32, step: usize) -> Vec<String> {
+    let (mut names, mut off) = (Vec::new(), 0u64);
+    loop {
+        let mut got = 0;
+        fs.readdir(dir, off, &mut |e| {
+            names.push(String::from_utf8_lossy(&e.name).into_owned());
+            off = e.next_offset;
+            got += 1;
+            got < step
+        })
+        .unwrap();
+        if got < step {
+            return names;
+        }
+    }
+}
+
+/// inline_data: the kernel keeps small files, symlinks and directories inside their inodes
+/// (i_block and the "system.data" attribute). uext4 reads them equal to the kernel (readdir
+/// resumed from every cookie too), and converts an inline inode to a block before changing it:
+/// appends, a write past the inode's room, truncate, a punched hole, attributes set, names
+/// added to, removed from and renamed out of inline directories (their entries in i_block and
+/// in the attribute), an inline directory moved to a new parent and one removed. e2fsck finds
+/// each step clean, the kernel reads uext4's changes equal, and uext4 reads the kernel's next
+/// changes back.
+#[test]
+fn inline_data_filesystems_both_ways() {
+    if !can_loop_mount() {
+        return;
+    }
+    let img = scratch("kcompat-inline");
+    sh(&format!(
+        "mke2fs -q -F -t ext4 -O inline_data -I 512 {} 64M",
+        img.0.display()
+    ));
+    let theirs = {
+        let m = KernelMount::new(&img.0);
+        sh(&format!(
+            "set -e; cd {}; mkdir -p d empty empty2 parent/child many; \
+             head -c 30 /dev/urandom > d/victim; \
+             : > d/zero; printf hello > d/tiny; head -c 60 /dev/urandom > d/sixty; \
+             head -c 150 /dev/urandom > d/onefifty; head -c 100 /dev/urandom > d/punch; head -c 5000 /dev/urandom > d/blocks; \
+             ln -s $(printf 'y%.0s' $(seq 1 90)) d/longlink; ln -s short d/shortlink; \
+             echo c > parent/child/f; \
+             for i in 1 2 3 4 5 6 7 8 9; do echo $i > many/name-number-$i; done; \
+             setfattr -n user.k -v v d/tiny",
+            m.dir.display()
+        ));
+        walk_host(&m.dir)
+    };
+    e2fsck_clean(&img.0);
+    let inline_size = |p: &str| {
+        sh(&format!("debugfs -R 'stat {p}' {} 2>&1", img.0.display()))
+            .lines()
+            .find_map(|l| l.strip_prefix("Size of inline data: "))
+            .map(|v| v.trim().parse::<u32>().unwrap())
+    };
+    // The kernel did keep these inline, some past i_block (in the attribute).
+    assert_eq!(inline_size("d/tiny"), Some(60));
+    assert!(inline_size("d/onefifty").unwrap() > 60);
+    assert!(inline_size("many").unwrap() > 60);
+    assert!(inline_size("empty").is_some());
+    assert!(inline_size("d/victim").is_some());
+    assert_eq!(inline_size("d/blocks"), None);
+
+    let fs: Arc<Fs> = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    assert_trees_equal(&theirs, &walk_uext4(&fs));
+    let many = fs.lookup(2, b"many").unwrap().ino;
+    let mut all = names_in_steps(&fs, many, 1000);
+    all.sort();
+    for step in [1, 2, 3] {
+        let mut got = names_in_steps(&fs, many, step);
+        got.sort();
+        assert_eq!(got, all, "readdir in steps of {step}");
+    }
+    assert_eq!(all.len(), 11);
+    assert!(matches!(
+        fs.listxattr(fs.lookup(2, b"d").unwrap().ino),
+        Ok(v) if v.is_empty()
+    ));
+
+    // Changes, each converting an inline inode.
+    let d = fs.lookup(2, b"d").unwrap().ino;
+    let ino = |dir: u32, n: &str| fs.lookup(dir, n.as_bytes()).unwrap().ino;
+    fs.write(ino(d, "tiny"), 5, b", world").unwrap();
+    let big: Vec<u8> = (0..10_000u32).map(|i| (i % 253) as u8).collect();
+    fs.write(ino(d, "sixty"), 30, &big).unwrap();
+    fs.truncate(ino(d, "onefifty"), 70).unwrap();
+    fs.fallocate(ino(d, "punch"), 3, 10, 20).unwrap();
+    fs.truncate(ino(d, "zero"), 3).unwrap();
+    fs.setxattr(ino(d, "shortlink"), b"trusted.t", b"1", XattrFlags::Any)
+        .unwrap();
+    fs.setxattr(ino(d, "longlink"), b"trusted.t", b"2", XattrFlags::Any)
+        .unwrap();
+    fs.create(many, b"added-by-uext4", 0o644, 0, 0).unwrap();
+    fs.unlink(many, b"name-number-8").unwrap();
+    fs.unlink(many, b"name-number-2").unwrap();
+    let parent = ino(2, "parent");
+    fs.rename(parent, b"child", d, b"moved-child", RenameFlags::default())
+        .unwrap();
+    fs.rmdir(2, b"empty").unwrap();
+    // Inline inodes freed as they are: a file unlinked, a directory renamed over.
+    fs.unlink(d, b"victim").unwrap();
+    let fresh = fs.mkdir(2, b"fresh", 0o755, 0, 0).unwrap().ino;
+    fs.create(fresh, b"in-fresh", 0o644, 0, 0).unwrap();
+    fs.rename(2, b"fresh", 2, b"empty2", RenameFlags::default())
+        .unwrap();
+    let ours = walk_uext4(&fs);
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+    assert_eq!(inline_size("d/tiny"), None);
+    assert_eq!(inline_size("many"), None);
+    let theirs = {
+        let m = KernelMount::new(&img.0);
+        assert_trees_equal(&ours, &walk_host(&m.dir));
+        sh(&format!(
+            "set -e; cd {}; echo k > many/kernel; mkdir small; echo s > small/s; \
+             rm d/moved-child/f",
+            m.dir.display()
+        ));
+        walk_host(&m.dir)
+    };
+    e2fsck_clean(&img.0);
+    let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
+    assert_trees_equal(&theirs, &walk_uext4(&fs));
 }

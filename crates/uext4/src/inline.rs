@@ -1,0 +1,256 @@
+//! Inline data (Documentation/filesystems/ext4/inlinedata.rst). With the inline_data feature a
+//! small file keeps its bytes in its inode: the first 60 in i_block, the rest in the value of
+//! the in-inode attribute "system.data" (present, maybe empty, on every inline inode; flag
+//! `FL_INLINE_DATA`). A small directory keeps its parent's number in i_block's first 4 bytes
+//! and its entries in the next 56 and in "system.data": two separate runs of entries, no "."
+//! or "..", no checksum tail (the inode's checksum covers them).
+//!
+//! uext4 reads inline files, symlinks and directories where they are, and makes no inline
+//! inodes itself (the kernel reads block-mapped small files as well). Before the first change
+//! to an inline inode's contents or attributes (a write, truncate, fallocate; a name added,
+//! removed or repointed in a directory; an attribute set or removed), `inline_convert` moves
+//! the contents into a newly allocated block inside the changing operation's handle, as the
+//! kernel does when an inline inode outgrows its inode: a file's bytes as block 0, a
+//! directory as one leaf block with ".", ".." and its entries; the flag and "system.data" go.
+//! The data reaches the device before the commit that maps it (the block is new), so a crash
+//! leaves the inline form or the converted one, never a mix. Every other path therefore sees
+//! only block-mapped inodes, and `ext_load` refuses an inline inode rather than take its bytes
+//! for a block map.
+//!
+//! readdir cookies of an inline directory: "." 0, ".." 1, then each entry's byte position (4
+//! to 59 in i_block, 60 on in the attribute). A conversion between two readdir calls moves the
+//! entries to block positions: such a reader may see an entry twice or miss one, as it may
+//! while the kernel converts.
+
+use crate::error::{Error, Result};
+use crate::extents::ExtentCache;
+use crate::format::dir_entry::{put_dirent, rec_len_for, FT_DIR};
+use crate::format::inode::{RawInode, FL_INLINE_DATA, I_BLOCK_SIZE};
+use crate::format::le32;
+use crate::format::xattr::INDEX_SYSTEM;
+use crate::fs::Fs;
+use crate::inode::InodeState;
+use crate::transaction::Handle;
+
+/// One live entry of an inline directory.
+pub(crate) struct InlineEntry {
+    /// readdir cookie of this entry and of the next.
+    pub pos: u64,
+    pub next: u64,
+    pub ino: u32,
+    pub ftype: u8,
+    pub name: Vec<u8>,
+}
+
+/// Where an inline directory's entries start in i_block (after the parent's number).
+const DIR_IBLOCK_START: usize = 4;
+
+fn is_system_data(e: &crate::format::xattr::XattrEntry) -> bool {
+    e.index == INDEX_SYSTEM && e.name == b"data"
+}
+
+impl Fs {
+    /// Whether the inode keeps its contents inline.
+    pub(crate) fn is_inline(raw: &RawInode) -> bool {
+        raw.flags() & FL_INLINE_DATA != 0
+    }
+
+    /// An inline inode's contents: i_block's 60 bytes, then the "system.data" value.
+    fn inline_bytes(&self, ino: u32, raw: &RawInode) -> Result<Vec<u8>> {
+        let mut all = raw.i_block().to_vec();
+        let l = self.xattr_load(ino, raw)?;
+        if let Some(e) = l.ibody.into_iter().find(is_system_data) {
+            all.extend_from_slice(&e.value);
+        }
+        Ok(all)
+    }
+
+    /// Reads `buf.len()` bytes at `off` of an inline file (zeros past its inline bytes).
+    pub(crate) fn inline_read(
+        &self,
+        ino: u32,
+        raw: &RawInode,
+        off: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let all = self.inline_bytes(ino, raw)?;
+        buf.fill(0);
+        if let Some(src) = usize::try_from(off).ok().and_then(|o| all.get(o..)) {
+            let n = src.len().min(buf.len());
+            buf[..n].copy_from_slice(&src[..n]);
+        }
+        Ok(())
+    }
+
+    /// An inline directory's parent and live entries, checked as a leaf block's are.
+    pub(crate) fn inline_dir(&self, dir: u32, raw: &RawInode) -> Result<(u32, Vec<InlineEntry>)> {
+        let all = self.inline_bytes(dir, raw)?;
+        let parent = le32(&all, 0);
+        let mut out = Vec::new();
+        for (start, end) in [(DIR_IBLOCK_START, I_BLOCK_SIZE), (I_BLOCK_SIZE, all.len())] {
+            let part = &all[start..end];
+            let err = |why: String| {
+                self.fail(
+                    Error::corrupt(format!("directory inode {dir}, inline data: {why}")),
+                    dir,
+                    0,
+                    "inline_dir",
+                )
+            };
+            for e in self.dir_parse_entries(part, &err)? {
+                if e.inode == 0 {
+                    continue;
+                }
+                let at = e.off + crate::format::dir_entry::DIRENT_HEADER;
+                out.push(InlineEntry {
+                    pos: (start + e.off) as u64,
+                    next: (start + e.off + e.rec_len) as u64,
+                    ino: e.inode,
+                    ftype: e.ftype,
+                    name: part[at..at + e.name_len].to_vec(),
+                });
+            }
+        }
+        Ok((parent, out))
+    }
+
+    /// Lookup in an inline directory, "." and ".." included: (inode, file type).
+    pub(crate) fn inline_dir_find(
+        &self,
+        dir: u32,
+        st: &InodeState,
+        name: &[u8],
+    ) -> Result<Option<(u32, u8)>> {
+        let (parent, entries) = self.inline_dir(dir, &st.raw)?;
+        Ok(match name {
+            b"." => Some((dir, self.geo.filetype as u8 * FT_DIR)),
+            b".." => Some((parent, self.geo.filetype as u8 * FT_DIR)),
+            _ => entries
+                .into_iter()
+                .find(|e| e.name == name)
+                .map(|e| (e.ino, e.ftype)),
+        })
+    }
+
+    /// readdir of an inline directory from cookie `offset` (see the module notes).
+    pub(crate) fn inline_dir_iter(
+        &self,
+        dir: u32,
+        st: &InodeState,
+        offset: u64,
+        f: &mut crate::dir::DirIterFn<'_>,
+    ) -> Result<()> {
+        let (parent, entries) = self.inline_dir(dir, &st.raw)?;
+        let ft = self.geo.filetype as u8 * FT_DIR;
+        let dots = [
+            (0u64, 1u64, dir, &b"."[..]),
+            (1, DIR_IBLOCK_START as u64, parent, b".."),
+        ];
+        for (pos, next, ino, name) in dots {
+            if pos >= offset && !f(next, ino, ft, name) {
+                return Ok(());
+            }
+        }
+        for e in entries.iter().filter(|e| e.pos >= offset) {
+            if !f(e.next, e.ino, e.ftype, &e.name) {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves an inline inode's contents into a new block, within `h` (see the module notes).
+    /// Does nothing for an inode that is not inline. The caller holds the inode's `io_lock`
+    /// exclusively and passes its `state`; the inode is written through `h`.
+    pub(crate) fn inline_convert(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+    ) -> Result<()> {
+        if !Self::is_inline(&st.raw) {
+            return Ok(());
+        }
+        self.check_writable()?;
+        let bs = self.geo.block_size as usize;
+        // The new block's contents, read before anything changes.
+        let block = if st.raw.is_dir() {
+            let (parent, entries) = self.inline_dir(ino, &st.raw)?;
+            let mut b = vec![0u8; bs];
+            let ft = self.geo.filetype as u8 * FT_DIR;
+            put_dirent(&mut b, 0, ino, 12, b".", ft);
+            let mut names: Vec<(u32, u8, &[u8])> = vec![(parent, ft, b"..")];
+            names.extend(entries.iter().map(|e| (e.ino, e.ftype, &e.name[..])));
+            let need: usize = 12 + names.iter().map(|n| rec_len_for(n.2.len())).sum::<usize>();
+            if need > self.leaf_space() {
+                return Err(self.fail(
+                    Error::corrupt(format!(
+                        "directory inode {ino}, inline data: {need} bytes of entries do not fit a block"
+                    )),
+                    ino,
+                    0,
+                    "inline_convert",
+                ));
+            }
+            let mut off = 12;
+            for (i, (e_ino, e_ft, name)) in names.iter().enumerate() {
+                let len = if i + 1 == names.len() {
+                    self.leaf_space() - off
+                } else {
+                    rec_len_for(name.len())
+                };
+                put_dirent(&mut b, off, *e_ino, len, name, *e_ft);
+                off += len;
+            }
+            Some(b)
+        } else {
+            let size = st.raw.size().min(bs as u64) as usize;
+            let mut b = vec![0u8; size];
+            self.inline_read(ino, &st.raw, 0, &mut b)?;
+            (size > 0).then_some(b)
+        };
+        // "system.data" goes; the other attributes are laid out again without it.
+        let l = self.xattr_load(ino, &st.raw)?;
+        let old_block = l.block.clone();
+        let rest: Vec<_> = l
+            .ibody
+            .into_iter()
+            .chain(l.block)
+            .filter(|e| !is_system_data(e))
+            .collect();
+        h.extend(12);
+        self.xattr_store(h, ino, st, rest, l.blk, &old_block)?;
+        st.raw.set_flags(st.raw.flags() & !FL_INLINE_DATA);
+        st.raw.i_block_mut().fill(0);
+        if self.geo.extents {
+            Self::ext_init_root(&mut st.raw);
+        }
+        st.extents = Some(ExtentCache {
+            blockmap: !self.geo.extents,
+            ..Default::default()
+        });
+        match block {
+            Some(mut b) if st.raw.is_dir() => {
+                st.raw.set_size(0);
+                let (_, p) = self.dir_append_block(h, ino, st)?;
+                self.put_leaf(h, ino, st, p, &mut b)?;
+            }
+            Some(b) => self.write_first_block(h, ino, st, &b)?,
+            None => {}
+        }
+        self.write_inode(h, ino, &mut st.raw)
+    }
+
+    /// `inline_convert` in a handle of its own, for file operations that start theirs later
+    /// (write, truncate, fallocate). The caller holds the inode's `io_lock` exclusively.
+    pub(crate) fn inline_convert_file(&self, inode: &crate::inode::Inode) -> Result<()> {
+        if !Self::is_inline(&inode.state.lock().raw) {
+            return Ok(());
+        }
+        let mut h = self.start(crate::namei::credits::WRITE_PER_EXTENT + 16)?;
+        let mut st = inode.state.lock();
+        crate::file::check_live(&st)?;
+        self.inline_convert(&mut h, inode.ino, &mut st)?;
+        self.mark_inode_dirty(&mut h, inode, &mut st)
+    }
+}
