@@ -274,18 +274,26 @@ impl Fs {
                 "a default ACL can only be set on a directory".into(),
             ));
         }
-        // An inline inode's "system.data" must stay in the inode: its contents move to a block
-        // first (inline.rs), and the attributes are laid out without it.
-        self.inline_convert(&mut h, ino, &mut st)?;
-        let l = self.xattr_load(ino, &st.raw)?;
+        let mut l = self.xattr_load(ino, &st.raw)?;
+        let exists = l
+            .ibody
+            .iter()
+            .chain(l.block.iter())
+            .any(|e| e.index == index && e.name == name);
+        match (exists, value.is_some(), flags) {
+            (true, true, XattrFlags::Create) => return Err(Error::Exists),
+            (false, _, XattrFlags::Replace) => return Err(Error::NoAttr),
+            _ => {}
+        }
+        if Self::is_inline(&st.raw) && (exists || value.is_some()) {
+            // An inline inode's "system.data" must stay in the inode: its contents move to a
+            // block first (inline.rs), and the attributes are laid out without it.
+            self.inline_convert(&mut h, ino, &mut st)?;
+            l = self.xattr_load(ino, &st.raw)?;
+        }
         let old_block = l.block.clone();
         let mut all: Vec<XattrEntry> = l.ibody.into_iter().chain(l.block).collect();
         let pos = all.iter().position(|e| e.index == index && e.name == name);
-        match (pos, value.is_some(), flags) {
-            (Some(_), true, XattrFlags::Create) => return Err(Error::Exists),
-            (None, _, XattrFlags::Replace) => return Err(Error::NoAttr),
-            _ => {}
-        }
         if let Some(p) = pos {
             all.remove(p);
         }
