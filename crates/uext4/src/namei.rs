@@ -160,6 +160,33 @@ impl Fs {
     }
 
     /// Looks a name up in a directory (the caller holds the directory's io_lock).
+    /// A directory found under `name` in directory `dir` must be its child: its ".." names
+    /// `dir`. An entry that names `dir` itself or one of its ancestors is corrupt (the
+    /// kernel's VFS refuses such a directory alias with EIO), and taking that directory's
+    /// io_lock after `dir`'s would wait for this thread itself, or invert the parent-child lock
+    /// order against an rmdir higher up. `dir`'s io_lock is held, so the child's ".." cannot
+    /// change meanwhile (only a rename out of `dir` changes it).
+    fn check_child_dir(&self, dir: u32, name: &[u8], child: &Inode) -> Result<()> {
+        let parent = {
+            let mut st = child.state.lock();
+            self.dir_lookup(child.ino, &mut st, b"..")?.map(|(i, _)| i)
+        };
+        if child.ino == dir || parent != Some(dir) {
+            return Err(self.fail(
+                Error::corrupt(format!(
+                    "directory inode {dir}: entry {:?} names directory {}, whose parent is {}",
+                    String::from_utf8_lossy(name),
+                    child.ino,
+                    parent.map_or("missing".to_string(), |p| format!("inode {p}"))
+                )),
+                dir,
+                0,
+                "check_child_dir",
+            ));
+        }
+        Ok(())
+    }
+
     fn find(&self, d: &Inode, name: &[u8]) -> Result<Option<(u32, u8)>> {
         let mut st = d.state.lock();
         if st.raw.links_count() == 0 {
@@ -352,6 +379,10 @@ impl Fs {
         }
         let d = self.dir_inode(newdir)?;
         let _g = d.io_lock.write();
+        // The inode's io_lock too (after the directory's, as unlink takes its victim's): if the
+        // new name cannot be added and the other names went meanwhile, the inode is freed
+        // below, and an overwrite in flight must not be writing its blocks then.
+        let _ig = inode.io_lock.write();
         if is_dot(newname) || self.find(&d, newname)?.is_some() {
             return Err(Error::Exists);
         }
@@ -427,6 +458,9 @@ impl Fs {
         }
         if !want_dir && is_dir {
             return Err(Error::IsDir);
+        }
+        if is_dir {
+            self.check_child_dir(dir, name, &inode)?;
         }
         // The victim's io_lock too (rank: after the directory's), as the kernel's vfs_unlink
         // locks the victim: if this removes the last link of a file nobody has open, its
@@ -561,6 +595,9 @@ impl Fs {
         Ok(buf)
     }
 
+    /// Calls `f` with each entry of directory `dir` from cookie `offset` on, until it returns
+    /// false. `f` runs with the directory's locks held: it must not call back into this
+    /// filesystem (collect the entries, then act on them, as the FUSE server and the tools do).
     pub fn readdir(
         &self,
         dir: u32,
@@ -718,6 +755,12 @@ impl Fs {
             .as_ref()
             .map(|t| t.state.lock().raw.is_dir())
             .unwrap_or(false);
+        if src_is_dir {
+            self.check_child_dir(odir, oname, &src)?;
+        }
+        if let Some(t) = tgt.as_ref().filter(|_| tgt_is_dir) {
+            self.check_child_dir(ndir, nname, t)?;
+        }
         if let Some((tino, _)) = target {
             if tino == sino {
                 return Ok(()); // both names are links to one inode: POSIX says do nothing

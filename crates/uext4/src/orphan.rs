@@ -65,7 +65,13 @@ impl Fs {
         st.raw.set_dtime(0);
         match pred {
             None => self.write_superblock_to_buffer(h)?,
-            Some(p) => self.set_dtime_in_table(h, p, next)?,
+            Some(p) => {
+                self.set_dtime_in_table(h, p, next)?;
+                // A write of the predecessor racing with this (its `orphan_next` read before
+                // the removal, its copy into the table after ours) would leave it naming the
+                // removed inode: the commit writes it again with the chain as it is then.
+                self.txn.dirty_inode_lazily(p);
+            }
         }
         Ok(())
     }

@@ -465,3 +465,55 @@ fn directory_size_far_past_its_blocks_lists_at_once() {
         began.elapsed()
     );
 }
+
+/// Directory entries that name their own directory or an ancestor (made with debugfs's `ln`,
+/// which links directories): rmdir and rename of such a name fail with a corruption error
+/// naming the entry, where they locked the directory a second time and hung (or inverted the
+/// parent-child lock order against an rmdir higher up).
+#[test]
+fn directory_aliases_are_refused_not_deadlocked() {
+    let base = base_image(&["-O", "^metadata_csum"]);
+    sh(&format!(
+        "debugfs -w -R 'ln d d/me' {0} && debugfs -w -R 'ln d d/e/up' {0}",
+        base.0.display()
+    ));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = base.0.clone();
+    std::thread::spawn(move || {
+        // errors=continue: every operation below reaches its own check (with remount-ro
+        // the first corruption would stop the rest with its message).
+        let opts = MountOptions {
+            errors: uext4::fs::ErrorsBehaviour::Continue,
+            ..Default::default()
+        };
+        let fs = Fs::open_path(&p, opts).unwrap();
+        let d = fs.lookup(2, b"d").unwrap().ino;
+        let e = fs.lookup(d, b"e").unwrap().ino;
+        let results = vec![
+            fs.rmdir(d, b"me"),
+            fs.rmdir(e, b"up"),
+            fs.rename(d, b"me", 2, b"moved", Default::default()),
+            fs.rename(e, b"up", e, b"up2", Default::default()),
+            fs.rename(d, b"f", e, b"up", Default::default()),
+        ];
+        tx.send(
+            results
+                .into_iter()
+                .map(|r| r.map_err(|e| e.to_string()))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+    });
+    let results = rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("operations on directory aliases hung");
+    for r in &results {
+        match r {
+            Err(m) => assert!(
+                m.contains("names directory") && !m.contains("stopped"),
+                "{m}"
+            ),
+            Ok(()) => panic!("an operation on a directory alias succeeded: {results:?}"),
+        }
+    }
+}
