@@ -92,9 +92,12 @@ impl BufferCache {
     pub fn get_new(&self, blk: u64) -> Result<Arc<Buffer>> {
         self.check_range(blk)?;
         let mut shard = self.shard(blk).lock();
-        if let Some(b) = shard.get(&blk) {
+        if let Some(b) = shard.get(&blk).cloned() {
+            // Only a damaged image allocates a block still cached; its holder may have it
+            // locked while it waits for this shard, so the shard is let go before the lock.
+            drop(shard);
             b.write().fill(0);
-            return Ok(b.clone());
+            return Ok(b);
         }
         let b = Arc::new(Buffer {
             blk,

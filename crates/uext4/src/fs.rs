@@ -621,7 +621,7 @@ impl Fs {
                 let ckpt = fs.ckpt.clone();
                 journal.set_checkpoint_callback(Box::new(move || ckpt.hurry()));
                 let _ = fs.journal.set(journal);
-                crate::transaction::spawn_checkpointer(Arc::downgrade(&fs), fs.ckpt.clone());
+                crate::transaction::spawn_checkpointer(Arc::downgrade(&fs), fs.ckpt.clone())?;
             }
         }
         if !fs.is_read_only() {
@@ -631,7 +631,7 @@ impl Fs {
                 tracing::info!("freed {n} orphaned inodes left by a crash");
             }
             if fs.opts.commit_interval_secs > 0 {
-                spawn_committer(Arc::downgrade(&fs), fs.opts.commit_interval_secs);
+                spawn_committer(Arc::downgrade(&fs), fs.opts.commit_interval_secs)?;
             }
         }
         Ok(fs)
@@ -684,6 +684,16 @@ impl Fs {
 
     pub fn txn_stats(&self) -> &crate::transaction::TxnStats {
         &self.txn.stats
+    }
+
+    /// Stops the filesystem writing (the first reason is kept): later changes fail with
+    /// `Error::Stopped`, and unmount leaves the superblock marked not clean.
+    pub(crate) fn stop(&self, why: &str) {
+        let mut s = self.stopped.lock();
+        if s.is_none() {
+            tracing::error!("filesystem stopped: {why}");
+            *s = Some(why.to_string());
+        }
     }
 
     /// Fails if the filesystem may not be written.
@@ -778,10 +788,7 @@ impl Fs {
             let _ = self.dev.flush();
         }
         if self.opts.errors == ErrorsBehaviour::RemountRo {
-            let mut s = self.stopped.lock();
-            if s.is_none() {
-                *s = Some(err.to_string());
-            }
+            self.stop(&err.to_string());
         }
         err
     }
@@ -938,9 +945,9 @@ impl Fs {
 }
 
 /// Commits the running transaction every `secs` seconds while the filesystem lives.
-fn spawn_committer(fs: std::sync::Weak<Fs>, secs: u64) {
+fn spawn_committer(fs: std::sync::Weak<Fs>, secs: u64) -> std::io::Result<()> {
     let tick = std::time::Duration::from_millis(200);
-    let _ = std::thread::Builder::new()
+    std::thread::Builder::new()
         .name("uext4-commit".into())
         .spawn(move || {
             let mut waited = std::time::Duration::ZERO;
@@ -962,7 +969,8 @@ fn spawn_committer(fs: std::sync::Weak<Fs>, secs: u64) {
                     }
                 }
             }
-        });
+        })
+        .map(|_| ())
 }
 
 fn check_desc(geo: &Geometry, g: u32, d: &GroupDesc) -> Result<()> {

@@ -53,6 +53,10 @@ pub struct TxnManager {
     pub(crate) running_tid: AtomicU64,
     /// Commit when the running transaction holds this many blocks (a quarter of the journal).
     pub(crate) max_blocks: std::sync::atomic::AtomicUsize,
+    /// Set when a transaction could not be committed (its changes were taken out of the
+    /// running transaction and are not on disk): every later commit fails with it, so no
+    /// fsync reports success for changes that may depend on the lost ones.
+    pub(crate) lost: std::sync::OnceLock<String>,
     pub stats: TxnStats,
 }
 
@@ -68,6 +72,7 @@ impl TxnManager {
             committed: AtomicU64::new(first_tid.saturating_sub(1)),
             running_tid: AtomicU64::new(first_tid),
             max_blocks: std::sync::atomic::AtomicUsize::new(max_blocks.max(16)),
+            lost: std::sync::OnceLock::new(),
             stats: TxnStats::default(),
         }
     }
@@ -196,6 +201,9 @@ impl crate::fs::Fs {
                 .fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
+        if let Some(why) = self.txn.lost.get() {
+            return Err(crate::Error::Stopped(why.clone()));
+        }
         if self.is_read_only() {
             return Ok(());
         }
@@ -213,23 +221,9 @@ impl crate::fs::Fs {
                 self.txn.running_tid.store(r.tid + 1, Ordering::Release);
                 std::mem::replace(&mut *r, next)
             };
-            let mut blocks = old.blocks;
-            for ino in old.lazy_inodes {
-                if let Some(buf) = self.write_inode_at_commit(ino)? {
-                    blocks.insert(buf.blk, buf);
-                }
-            }
-            // The superblock carries the free counts; it goes with every commit.
-            let sb_buf = self.superblock_buffer_for_commit()?;
-            blocks.insert(sb_buf.blk, sb_buf);
-            let mut snap: Vec<(u64, Vec<u8>)> = blocks
-                .values()
-                .map(|b| (b.blk, b.read().to_vec()))
-                .collect();
-            snap.sort_unstable_by_key(|s| s.0);
-            let revoked: Vec<u64> = old.revoked.into_iter().collect();
-            let pins: Vec<Arc<Buffer>> = blocks.into_values().collect();
-            (old.tid, snap, revoked, pins)
+            let tid = old.tid;
+            self.snapshot_for_commit(old)
+                .map_err(|e| self.commit_failed(tid, e))?
         };
         self.txn.stats.commits.fetch_add(1, Ordering::Relaxed);
         self.txn
@@ -237,7 +231,9 @@ impl crate::fs::Fs {
             .commit_blocks
             .fetch_add(snapshot.len() as u64, Ordering::Relaxed);
         let blks: Vec<u64> = snapshot.iter().map(|s| s.0).collect();
-        let queued = self.write_transaction(this_tid, snapshot, &revoked, pins)?;
+        let queued = self
+            .write_transaction(this_tid, snapshot, &revoked, pins)
+            .map_err(|e| self.commit_failed(this_tid, e))?;
         *committed = this_tid;
         self.txn.committed.store(this_tid, Ordering::Release);
         if !queued {
@@ -248,6 +244,48 @@ impl crate::fs::Fs {
             self.bcache.mark_clean_if_not_running(blk, &self.txn);
         }
         Ok(())
+    }
+
+    /// The contents a commit writes for the transaction `old`, just taken out of `running`
+    /// (barrier held): its blocks, the inodes it changed lazily and the superblock, copied;
+    /// its revoked blocks; and the buffers, pinned until the blocks are home.
+    #[allow(clippy::type_complexity)]
+    fn snapshot_for_commit(
+        &self,
+        old: RunningTxn,
+    ) -> crate::Result<(u64, Vec<(u64, Vec<u8>)>, Vec<u64>, Vec<Arc<Buffer>>)> {
+        let mut blocks = old.blocks;
+        for ino in old.lazy_inodes {
+            if let Some(buf) = self.write_inode_at_commit(ino)? {
+                blocks.insert(buf.blk, buf);
+            }
+        }
+        // The superblock carries the free counts; it goes with every commit.
+        let sb_buf = self.superblock_buffer_for_commit()?;
+        blocks.insert(sb_buf.blk, sb_buf);
+        let mut snap: Vec<(u64, Vec<u8>)> = blocks
+            .values()
+            .map(|b| (b.blk, b.read().to_vec()))
+            .collect();
+        snap.sort_unstable_by_key(|s| s.0);
+        let revoked: Vec<u64> = old.revoked.into_iter().collect();
+        let pins: Vec<Arc<Buffer>> = blocks.into_values().collect();
+        Ok((old.tid, snap, revoked, pins))
+    }
+
+    /// A transaction taken out of `running` could not be made durable: its changes are in the
+    /// cache only. The filesystem stops (as the kernel aborts its journal), and every later
+    /// commit, fsync included, fails rather than report success for changes that may build on
+    /// the lost ones. What earlier commits put in the journal stays there for recovery.
+    fn commit_failed(&self, tid: u64, e: crate::Error) -> crate::Error {
+        let why = format!("transaction {tid} could not be committed: {e}");
+        tracing::error!("{why}");
+        let _ = self.txn.lost.set(why.clone());
+        self.stop(&why);
+        if let Some(j) = self.journal.get() {
+            j.abort(&why);
+        }
+        e
     }
 
     /// Puts the superblock, with the current free counts, into its buffer (barrier held).
@@ -284,24 +322,28 @@ impl crate::fs::Fs {
         // Data written by the operations in this transaction reached the device before their
         // metadata: the journal's flushes (or the flush below) order it ahead of the metadata.
         if let Some(j) = self.journal.get() {
-            match j.commit(tid, &blocks, revoked) {
-                Ok(jtid) => {
-                    self.ckpt.queue(CheckpointJob {
-                        tid,
-                        jtid,
-                        blocks,
-                        _pins: pins,
-                    });
-                    return Ok(true);
-                }
-                Err(crate::Error::Invalid(why)) => {
-                    // Larger than the log can hold: written home directly (not atomic), after
-                    // every queued checkpoint so that no older copy lands on top of it.
-                    tracing::warn!("{why}: writing it without the journal");
-                    self.checkpoint_drain()?;
-                }
-                Err(e) => return Err(e),
+            if j.fits(blocks.len(), revoked.len()) {
+                let jtid = j.commit(tid, &blocks, revoked)?;
+                self.ckpt.queue(CheckpointJob {
+                    tid,
+                    jtid,
+                    blocks,
+                    _pins: pins,
+                });
+                return Ok(true);
             }
+            // Larger than the log can hold (one handle changed more blocks than a small
+            // journal takes): written home directly, not atomically. First every queued
+            // checkpoint goes home, so no older copy lands on top of these blocks, and the
+            // journal is emptied on disk, so no recovery replays an older copy over them.
+            tracing::warn!(
+                "transaction {tid} of {} blocks does not fit the journal ({} blocks): \
+                 writing it without the journal",
+                blocks.len(),
+                j.log_len()
+            );
+            self.checkpoint_drain()?;
+            j.set_clean()?;
         }
         self.dev.flush()?;
         let bs = self.geo.block_size as u64;
@@ -475,8 +517,11 @@ fn log_filling(fs: &std::sync::Weak<crate::fs::Fs>) -> bool {
 /// Starts the checkpoint thread of `fs`. It holds the filesystem only while it writes a batch;
 /// when the filesystem is dropped without unmount (a crash, in tests), queued checkpoints are
 /// abandoned, as a crash would: recovery replays them from the journal.
-pub(crate) fn spawn_checkpointer(fs: std::sync::Weak<crate::fs::Fs>, ckpt: Arc<Checkpointer>) {
-    let _ = std::thread::Builder::new()
+pub(crate) fn spawn_checkpointer(
+    fs: std::sync::Weak<crate::fs::Fs>,
+    ckpt: Arc<Checkpointer>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
         .name("uext4-checkpoint".into())
         .spawn(move || loop {
             let batch: Vec<CheckpointJob> = {
@@ -496,7 +541,8 @@ pub(crate) fn spawn_checkpointer(fs: std::sync::Weak<crate::fs::Fs>, ckpt: Arc<C
                     if parking_lot::MutexGuard::unlocked(&mut s, || log_filling(&fs)) {
                         break;
                     }
-                    if ckpt.work.wait_until(&mut s, until).timed_out() {
+                    // A hurry() while the lock was let go above notified no one: look again.
+                    if s.urgent || ckpt.work.wait_until(&mut s, until).timed_out() {
                         break;
                     }
                 }
@@ -506,12 +552,22 @@ pub(crate) fn spawn_checkpointer(fs: std::sync::Weak<crate::fs::Fs>, ckpt: Arc<C
             };
             let r = match fs.upgrade() {
                 Some(f) => {
-                    let r = f.checkpoint_batch(&batch);
+                    // A panic here must not leave `busy` set: drains would wait forever.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        f.checkpoint_batch(&batch)
+                    }))
+                    .unwrap_or_else(|_| {
+                        Err(crate::Error::Stopped(
+                            "the checkpoint thread panicked".into(),
+                        ))
+                    });
                     if let Err(e) = &r {
-                        tracing::error!("checkpoint failed: {e}");
-                        let mut stopped = f.stopped.lock();
-                        if stopped.is_none() {
-                            *stopped = Some(format!("checkpoint failed: {e}"));
+                        // Nothing more may be committed: a later transaction's blocks could
+                        // go home while these did not, and the log cannot be freed.
+                        let why = format!("checkpoint failed: {e}");
+                        f.stop(&why);
+                        if let Some(j) = f.journal.get() {
+                            j.abort(&why);
                         }
                     }
                     r
@@ -525,5 +581,6 @@ pub(crate) fn spawn_checkpointer(fs: std::sync::Weak<crate::fs::Fs>, ckpt: Arc<C
                 s.error.get_or_insert(e.to_string());
             }
             ckpt.done.notify_all();
-        });
+        })
+        .map(|_| ())
 }

@@ -785,3 +785,147 @@ fn damaged_journals_never_panic() {
         assert!(opened > 0, "{extra:?}: no damaged image opened at all");
     }
 }
+
+// ---- Failed writes: the filesystem stops, fsync never reports a lost change as durable ----
+
+/// A device that fails writes on demand: every write (`FAIL_ALL`) or those that touch the
+/// primary superblock's home (`FAIL_SUPERBLOCK`: every checkpoint writes it, no log write does).
+struct FaultyDevice {
+    inner: FileDevice,
+    mode: std::sync::atomic::AtomicU8,
+}
+const FAIL_NONE: u8 = 0;
+const FAIL_ALL: u8 = 1;
+const FAIL_SUPERBLOCK: u8 = 2;
+
+impl BlockDevice for FaultyDevice {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read_at(off, buf)
+    }
+    fn write_at(&self, off: u64, buf: &[u8]) -> std::io::Result<()> {
+        let fail = match self.mode.load(std::sync::atomic::Ordering::SeqCst) {
+            FAIL_ALL => true,
+            FAIL_SUPERBLOCK => off < 2048 && off + buf.len() as u64 > 1024,
+            _ => false,
+        };
+        if fail {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.inner.write_at(off, buf)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+}
+
+fn open_faulty(img: &std::path::Path) -> (Arc<FaultyDevice>, Arc<Fs>) {
+    let dev = Arc::new(FaultyDevice {
+        inner: FileDevice::open(img, false).unwrap(),
+        mode: std::sync::atomic::AtomicU8::new(FAIL_NONE),
+    });
+    let opts = MountOptions {
+        commit_interval_secs: 0,
+        ..Default::default()
+    };
+    let fs = Fs::open_dev(dev.clone(), opts).unwrap();
+    (dev, fs)
+}
+
+/// A commit whose log write fails loses its transaction: that fsync fails, and so does every
+/// later one, though nothing new is running (it used to find an empty transaction and report
+/// success for the change that was lost). What was fsynced before is recovered intact.
+#[test]
+fn failed_commit_fails_every_later_fsync() {
+    let img = scratch("jfault-commit");
+    mke2fs(&img.0, "32M", &["-J", "size=4"]);
+    let (dev, fs) = open_faulty(&img.0);
+    let kept = fs.create(2, b"kept", 0o644, 0, 0).unwrap().ino;
+    fs.write(kept, 0, &[7u8; 10000]).unwrap();
+    fs.fsync(kept, false).unwrap();
+    let lost = fs.create(2, b"lost", 0o644, 0, 0).unwrap().ino;
+    fs.write(lost, 0, &[9u8; 5000]).unwrap();
+    dev.mode
+        .store(FAIL_ALL, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        fs.fsync(lost, false).is_err(),
+        "the commit's log writes fail"
+    );
+    dev.mode
+        .store(FAIL_NONE, std::sync::atomic::Ordering::SeqCst);
+    for _ in 0..2 {
+        let e = fs.fsync(lost, false).unwrap_err();
+        assert!(matches!(e, uext4::Error::Stopped(_)), "{e}");
+        assert!(e.to_string().contains("could not be committed"), "{e}");
+    }
+    assert!(fs.create(2, b"after", 0o644, 0, 0).is_err(), "stopped");
+    assert!(
+        fs.unmount().is_err(),
+        "a stopped filesystem is not marked clean"
+    );
+    drop(fs);
+    // The crash path: the journal (or e2fsck) brings back what was fsynced.
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    let kept = fs.lookup(2, b"kept").unwrap().ino;
+    let mut buf = vec![0u8; 10000];
+    assert_eq!(fs.read(kept, 0, &mut buf).unwrap(), 10000);
+    assert!(buf.iter().all(|&b| b == 7));
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+}
+
+/// A checkpoint write that fails stops the filesystem and aborts the journal: later fsyncs
+/// fail with the checkpoint's error (none waits for log space the checkpointer cannot free),
+/// and the log keeps every committed transaction for recovery.
+#[test]
+fn failed_checkpoint_stops_and_recovery_restores_what_was_fsynced() {
+    let img = scratch("jfault-ckpt");
+    mke2fs(&img.0, "32M", &["-J", "size=4"]);
+    let (dev, fs) = open_faulty(&img.0);
+    dev.mode
+        .store(FAIL_SUPERBLOCK, std::sync::atomic::Ordering::SeqCst);
+    let mut durable = Vec::new();
+    let mut failed = None;
+    for i in 0..2000u32 {
+        let name = format!("f{i}");
+        let r = fs
+            .create(2, name.as_bytes(), 0o644, 0, 0)
+            .and_then(|a| fs.write(a.ino, 0, &[i as u8; 3000]).map(|_| a.ino))
+            .and_then(|ino| fs.fsync(ino, false));
+        match r {
+            Ok(()) => durable.push(i),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+        if i % 50 == 49 {
+            // Let the checkpointer run into the failing write.
+            let _ = fs.sync();
+        }
+    }
+    let e = failed.expect("a checkpoint failed, so something must fail");
+    assert!(e.to_string().contains("checkpoint failed"), "{e}");
+    assert!(!durable.is_empty());
+    assert!(fs.sync().is_err());
+    drop(fs);
+    dev.mode
+        .store(FAIL_NONE, std::sync::atomic::Ordering::SeqCst);
+    drop(dev);
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    for i in &durable {
+        let ino = fs
+            .lookup(2, format!("f{i}").as_bytes())
+            .unwrap_or_else(|e| panic!("f{i} was fsynced: {e}"))
+            .ino;
+        let mut buf = vec![0u8; 3000];
+        assert_eq!(fs.read(ino, 0, &mut buf).unwrap(), 3000);
+        assert!(buf.iter().all(|&b| b == *i as u8), "f{i}");
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+}

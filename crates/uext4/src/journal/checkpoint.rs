@@ -55,8 +55,9 @@ impl Journal {
             }
             if began.elapsed() > ROOM_TIMEOUT {
                 let t = log.live.front().map(|t| t.tid).unwrap_or(0);
-                return Err(Error::Invalid(format!(
-                    "journal full: transaction {t} was never checkpointed"
+                return Err(Error::Stopped(format!(
+                    "journal full: transaction {t} was not checkpointed within {}s",
+                    ROOM_TIMEOUT.as_secs()
                 )));
             }
             self.checkpoint_waits.fetch_add(1, Ordering::Relaxed);
@@ -104,11 +105,27 @@ impl Journal {
         self.space.notify_all();
     }
 
+    /// Stops the journal after a failure outside it (a checkpoint write failed): every later
+    /// commit fails, and a commit waiting for log space wakes and fails, instead of waiting for
+    /// a tail that will not move. What is already committed stays in the log for recovery.
+    pub fn abort(&self, why: &str) {
+        self.abort_reason
+            .lock()
+            .get_or_insert_with(|| why.to_string());
+        if !self.aborted.swap(true, Ordering::Relaxed) {
+            tracing::error!("journal aborted: {why}");
+        }
+        // Under the log lock, so a waiter between its check and its wait cannot miss it.
+        drop(self.log.lock());
+        self.space.notify_all();
+    }
+
     pub(super) fn check_aborted(&self) -> Result<()> {
         if self.is_aborted() {
-            return Err(Error::Stopped(
-                "the journal was aborted after a failed log write".into(),
-            ));
+            let why = self.abort_reason.lock().clone().unwrap_or_default();
+            return Err(Error::Stopped(format!(
+                "the journal was aborted ({why}); what it holds is left for recovery"
+            )));
         }
         Ok(())
     }

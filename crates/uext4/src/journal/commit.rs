@@ -19,6 +19,13 @@ impl Journal {
             + 1
     }
 
+    /// Whether a transaction of `nblocks` logged and `nrevoked` revoked blocks fits the log
+    /// at all. A commit of one that does not is refused; the engine writes such a
+    /// transaction home without the journal instead (see `write_transaction`).
+    pub fn fits(&self, nblocks: usize, nrevoked: usize) -> bool {
+        self.blocks_needed(nblocks, nrevoked) <= self.log_len() as u64
+    }
+
     /// Appends one transaction (the new contents of `blocks`, by device block number, and
     /// the revoked block numbers) after the previous one and makes it durable: the log
     /// blocks, a flush, the commit block, a flush. Returns its sequence number. `tid_hint` is
@@ -174,6 +181,9 @@ impl Journal {
                 Ok(tid)
             }
             Err(e) => {
+                self.abort_reason
+                    .lock()
+                    .get_or_insert_with(|| format!("writing transaction {tid} failed: {e}"));
                 self.aborted.store(true, Ordering::Relaxed);
                 tracing::error!(tid, tid_hint, "journal aborted: {e}");
                 Err(e)

@@ -17,8 +17,9 @@
 //! commit record left in the log can match again; images replayed by us and by e2fsck are
 //! identical.
 //!
-//! If a write to the log fails the journal is aborted (as jbd2 does): every later commit
-//! fails, and `set_clean` refuses, leaving the log to recovery.
+//! If a write to the log fails the journal is aborted (as jbd2 does), and the engine aborts it
+//! when a checkpoint write fails (`Journal::abort`): every later commit fails, and `set_clean`
+//! refuses, leaving the log to recovery.
 
 pub mod format;
 
@@ -128,6 +129,8 @@ pub struct Journal {
     space: Condvar,
     callback: Mutex<Option<CheckpointCallback>>,
     aborted: AtomicBool,
+    /// Why it was aborted (the first reason), for the errors of later commits.
+    abort_reason: Mutex<Option<String>>,
     free: AtomicU32,
     /// Transactions committed.
     pub commits: AtomicU64,
@@ -242,6 +245,7 @@ impl Journal {
             space: Condvar::new(),
             callback: Mutex::new(None),
             aborted: AtomicBool::new(false),
+            abort_reason: Mutex::new(None),
             free: AtomicU32::new(0),
             commits: AtomicU64::new(0),
             log_blocks_written: AtomicU64::new(0),
@@ -325,11 +329,7 @@ impl Journal {
     /// Marks the journal empty (s_start = 0), as at a clean unmount. Every committed
     /// transaction must have been checkpointed.
     pub fn set_clean(&self) -> Result<()> {
-        if self.is_aborted() {
-            return Err(Error::Stopped(
-                "the journal was aborted after a failed write; it is left for recovery".into(),
-            ));
-        }
+        self.check_aborted()?;
         let mut log = self.log.lock();
         if let Some(t) = log.live.front() {
             return Err(Error::Invalid(format!(

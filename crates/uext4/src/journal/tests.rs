@@ -312,11 +312,44 @@ fn full_log_waits_for_the_checkpoint_callback() {
     assert!(j.set_clean().is_err(), "transactions not checkpointed yet");
 }
 
+/// A commit waiting for log space that will never come (the checkpoints failed) wakes when
+/// the journal is aborted and fails with `Stopped`, instead of waiting out its timeout.
+#[test]
+fn abort_wakes_a_commit_waiting_for_log_space() {
+    let s = setup(1024, 32, INCOMPAT_CSUM_V3);
+    let j = Arc::new(s.open());
+    let blocks: Vec<(u64, Vec<u8>)> = (0..6)
+        .map(|i| (300 + i, pattern(1024, 300 + i, 1)))
+        .collect();
+    // Nothing is ever checkpointed: the log fills.
+    while j.free_blocks() >= j.blocks_needed(blocks.len(), 0) as u32 {
+        j.commit(1, &blocks, &[]).unwrap();
+    }
+    let waiter = {
+        let (j, blocks) = (j.clone(), blocks.clone());
+        std::thread::spawn(move || j.commit(2, &blocks, &[]))
+    };
+    // Once the waiter is counted as waiting, abort.
+    while j.checkpoint_waits.load(Ordering::Relaxed) == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    j.abort("the checkpoint failed");
+    let r = waiter.join().unwrap();
+    assert!(matches!(r, Err(Error::Stopped(_))), "{r:?}");
+    assert!(matches!(j.commit(3, &blocks, &[]), Err(Error::Stopped(_))));
+    assert!(
+        j.set_clean().is_err(),
+        "an aborted journal is left for recovery"
+    );
+}
+
 #[test]
 fn too_big_and_bad_blocks_are_invalid() {
     let s = setup(1024, 32, 0);
     let j = s.open();
     let blocks: Vec<(u64, Vec<u8>)> = (0..40).map(|i| (i + 100, vec![1u8; 1024])).collect();
+    assert!(!j.fits(blocks.len(), 0));
+    assert!(j.fits(20, 0));
     assert!(matches!(j.commit(1, &blocks, &[]), Err(Error::Invalid(_))));
     assert!(matches!(
         j.commit(1, &[(1u64 << 33, vec![0u8; 1024])], &[]),
