@@ -955,7 +955,8 @@ fn spawn_committer(fs: std::sync::Weak<Fs>, secs: u64) -> std::io::Result<()> {
                 std::thread::sleep(tick);
                 waited += tick;
                 let Some(fs) = fs.upgrade() else { return };
-                if fs.is_read_only() {
+                if fs.is_read_only() || fs.txn.lost.get().is_some() {
+                    // Nothing more can be committed (after a lost transaction, ever).
                     return;
                 }
                 if waited.as_secs() >= secs {

@@ -17,14 +17,16 @@
 //! only block-mapped inodes, and `ext_load` refuses an inline inode rather than take its bytes
 //! for a block map.
 //!
-//! readdir cookies of an inline directory: "." 0, ".." 1, then each entry's byte position (4
-//! to 59 in i_block, 60 on in the attribute). A conversion between two readdir calls moves the
-//! entries to block positions: such a reader may see an entry twice or miss one, as it may
-//! while the kernel converts.
+//! A directory's entries are converted as the kernel converts them: "." and ".." (12 bytes
+//! each), then the inline entries copied verbatim (i_block's, then the attribute's, unused
+//! ones included), the last stretched to the end of the block. So an entry at inline byte
+//! position p (4 to 59 in i_block, 60 on in the attribute) lands at block offset p + 20, and
+//! the readdir cookies of an inline directory are those block offsets ("." 0, ".." 12, then
+//! p + 20, as the kernel's): a readdir resumed after a conversion goes on at the same entry.
 
 use crate::error::{Error, Result};
 use crate::extents::ExtentCache;
-use crate::format::dir_entry::{put_dirent, rec_len_for, FT_DIR};
+use crate::format::dir_entry::{put_dirent, FT_DIR};
 use crate::format::inode::{RawInode, FL_INLINE_DATA, I_BLOCK_SIZE};
 use crate::format::le32;
 use crate::format::xattr::INDEX_SYSTEM;
@@ -44,6 +46,10 @@ pub(crate) struct InlineEntry {
 
 /// Where an inline directory's entries start in i_block (after the parent's number).
 const DIR_IBLOCK_START: usize = 4;
+/// Where they start in the block a conversion makes: after "." and ".." (12 bytes each).
+const DIR_BLOCK_START: usize = 24;
+/// Inline byte position to converted block offset (the readdir cookie).
+const DIR_SHIFT: usize = DIR_BLOCK_START - DIR_IBLOCK_START;
 
 fn is_system_data(e: &crate::format::xattr::XattrEntry) -> bool {
     e.index == INDEX_SYSTEM && e.name == b"data"
@@ -103,8 +109,8 @@ impl Fs {
                 }
                 let at = e.off + crate::format::dir_entry::DIRENT_HEADER;
                 out.push(InlineEntry {
-                    pos: (start + e.off) as u64,
-                    next: (start + e.off + e.rec_len) as u64,
+                    pos: (start + e.off + DIR_SHIFT) as u64,
+                    next: (start + e.off + e.rec_len + DIR_SHIFT) as u64,
                     ino: e.inode,
                     ftype: e.ftype,
                     name: part[at..at + e.name_len].to_vec(),
@@ -143,8 +149,8 @@ impl Fs {
         let (parent, entries) = self.inline_dir(dir, &st.raw)?;
         let ft = self.geo.filetype as u8 * FT_DIR;
         let dots = [
-            (0u64, 1u64, dir, &b"."[..]),
-            (1, DIR_IBLOCK_START as u64, parent, b".."),
+            (0u64, 12u64, dir, &b"."[..]),
+            (12, DIR_BLOCK_START as u64, parent, b".."),
         ];
         for (pos, next, ino, name) in dots {
             if pos >= offset && !f(next, ino, ft, name) {
@@ -157,6 +163,42 @@ impl Fs {
             }
         }
         Ok(())
+    }
+
+    /// The leaf block an inline directory converts to (see the module notes).
+    fn inline_dir_block(&self, ino: u32, raw: &RawInode) -> Result<Vec<u8>> {
+        use crate::format::dir_entry::set_rec_len;
+        let (parent, _) = self.inline_dir(ino, raw)?; // checks every entry
+        let all = self.inline_bytes(ino, raw)?;
+        let stream = &all[DIR_IBLOCK_START..];
+        let end = DIR_BLOCK_START + stream.len();
+        if end > self.leaf_space() {
+            return Err(self.fail(
+                Error::corrupt(format!(
+                    "directory inode {ino}, inline data: {} bytes of entries do not fit a block",
+                    stream.len()
+                )),
+                ino,
+                0,
+                "inline_convert",
+            ));
+        }
+        let mut b = vec![0u8; self.geo.block_size as usize];
+        let ft = self.geo.filetype as u8 * FT_DIR;
+        put_dirent(&mut b, 0, ino, 12, b".", ft);
+        put_dirent(&mut b, 12, parent, 12, b"..", ft);
+        b[DIR_BLOCK_START..end].copy_from_slice(stream);
+        // The last entry (of the attribute's run, or of i_block's if that run is empty) takes
+        // the rest of the block. Both runs parsed whole in inline_dir above.
+        let noerr = |why: String| Error::corrupt(why);
+        let mut last = 12; // "..", were there no entries
+        for (start, stop) in [(DIR_IBLOCK_START, I_BLOCK_SIZE), (I_BLOCK_SIZE, all.len())] {
+            if let Some(e) = self.dir_parse_entries(&all[start..stop], &noerr)?.last() {
+                last = start + e.off + DIR_SHIFT;
+            }
+        }
+        set_rec_len(&mut b, last, self.leaf_space() - last);
+        Ok(b)
     }
 
     /// Moves an inline inode's contents into a new block, within `h` (see the module notes).
@@ -175,34 +217,7 @@ impl Fs {
         let bs = self.geo.block_size as usize;
         // The new block's contents, read before anything changes.
         let block = if st.raw.is_dir() {
-            let (parent, entries) = self.inline_dir(ino, &st.raw)?;
-            let mut b = vec![0u8; bs];
-            let ft = self.geo.filetype as u8 * FT_DIR;
-            put_dirent(&mut b, 0, ino, 12, b".", ft);
-            let mut names: Vec<(u32, u8, &[u8])> = vec![(parent, ft, b"..")];
-            names.extend(entries.iter().map(|e| (e.ino, e.ftype, &e.name[..])));
-            let need: usize = 12 + names.iter().map(|n| rec_len_for(n.2.len())).sum::<usize>();
-            if need > self.leaf_space() {
-                return Err(self.fail(
-                    Error::corrupt(format!(
-                        "directory inode {ino}, inline data: {need} bytes of entries do not fit a block"
-                    )),
-                    ino,
-                    0,
-                    "inline_convert",
-                ));
-            }
-            let mut off = 12;
-            for (i, (e_ino, e_ft, name)) in names.iter().enumerate() {
-                let len = if i + 1 == names.len() {
-                    self.leaf_space() - off
-                } else {
-                    rec_len_for(name.len())
-                };
-                put_dirent(&mut b, off, *e_ino, len, name, *e_ft);
-                off += len;
-            }
-            Some(b)
+            Some(self.inline_dir_block(ino, &st.raw)?)
         } else {
             let size = st.raw.size().min(bs as u64) as usize;
             let mut b = vec![0u8; size];
