@@ -163,7 +163,12 @@ impl Fs {
         want: u32,
     ) -> Result<(u64, u32)> {
         self.check_writable()?;
-        let want = want.max(1);
+        // Buffered writes' reservations are kept for their writeback.
+        let room = self.unreserved_blocks();
+        if room == 0 {
+            return Err(Error::NoSpace);
+        }
+        let want = want.max(1).min(room.min(u32::MAX as u64) as u32);
         let geo = &self.geo;
         let goal = if goal < geo.first_data_block || goal >= geo.blocks_count {
             geo.first_data_block

@@ -16,10 +16,15 @@
 //! `Fs::write_inode`), and writeback raises `disk_size` in the same handle as the extent of each
 //! run. A crash therefore loses unflushed writes but never shows a file longer than its data.
 //!
-//! Space: every cached page over a hole reserves one block, and a write whose new pages would
-//! reserve more than the free blocks (less a margin for extent-tree blocks) first writes back,
-//! then fails with `Error::NoSpace`; rewriting cached pages or mapped blocks needs no space.
-//! The reservation is released as writeback allocates the block.
+//! Space: every cached page over a hole reserves one block, and each inode with pages that
+//! change its mapping (over holes or unwritten extents) reserves the extent-tree blocks (or,
+//! for an indirect-mapped file, the indirect blocks) their writeback may need, counted for the
+//! worst case (`Fs::delalloc_md_need`). A write whose pages would reserve more than the free
+//! blocks (less a small margin) first writes back, then fails with `Error::NoSpace`; rewriting
+//! cached pages or mapped blocks needs no space. Allocations other than writeback's may not
+//! take reserved blocks (`Fs::unreserved_blocks`), as the kernel keeps delalloc reservations
+//! from other allocations, so writeback never finds the space it promised gone. Reservations
+//! are released as writeback allocates.
 //!
 //! Locking: pages change only with the inode's `io_lock` held exclusively (writes, writeback,
 //! truncate); reads hold it shared and copy from the pages under `inode.state`. Writeback of
@@ -33,8 +38,28 @@ use crate::inode::{Inode, InodeRef, InodeState};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Blocks kept free beyond the reservations, for extent-tree blocks that writeback may need.
+/// Blocks kept free beyond the reservations (slack for the estimates).
 const RESERVE_MARGIN_BLOCKS: u64 = 64;
+
+thread_local! {
+    /// This thread is writing back cached pages: its allocations may use the reservations.
+    static WRITING_BACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the current thread as writing back until dropped.
+struct WritebackScope(bool);
+
+impl WritebackScope {
+    fn enter() -> Self {
+        WritebackScope(WRITING_BACK.with(|w| w.replace(true)))
+    }
+}
+
+impl Drop for WritebackScope {
+    fn drop(&mut self) {
+        WRITING_BACK.with(|w| w.set(self.0));
+    }
+}
 
 /// Longest run of pages written back as one write (one allocation, one handle).
 const WRITEBACK_RUN_BLOCKS: u64 = 8192;
@@ -44,6 +69,8 @@ pub struct Page {
     pub data: Box<[u8]>,
     /// This page holds one block of the space reservation (it lies over a hole).
     reserved: bool,
+    /// Its writeback changes the mapping (it lies over a hole or an unwritten extent).
+    maps: bool,
 }
 
 /// An inode's dirty pages and the size its on-disk data backs.
@@ -54,6 +81,10 @@ pub struct Dirty {
     pub disk_size: u64,
     /// Writeback is running: the ordinary write path it calls keeps the file's times.
     pub(crate) in_writeback: bool,
+    /// Pages whose writeback changes the mapping (`Page::maps`).
+    maps: u64,
+    /// Mapping blocks reserved for this inode's writeback (in `Registry::md_reserved`).
+    md: u64,
 }
 
 impl Dirty {
@@ -70,6 +101,8 @@ pub struct Registry {
     pub bytes: AtomicU64,
     /// Blocks reserved by pages over holes, all inodes.
     pub reserved: AtomicU64,
+    /// Extent-tree or indirect blocks reserved for writeback, all inodes.
+    pub md_reserved: AtomicU64,
     /// Runs written back (each one allocation and one handle at most).
     pub writeback_runs: AtomicU64,
 }
@@ -98,6 +131,79 @@ impl Fs {
         self.opts.buffered && !self.opts.dax
     }
 
+    /// Blocks an allocation may take: all free ones while writing back cached pages, else the
+    /// free ones less what buffered writes reserved (`u64::MAX` when not buffered).
+    pub(crate) fn unreserved_blocks(&self) -> u64 {
+        if !self.buffered() || WRITING_BACK.with(|w| w.get()) {
+            return u64::MAX;
+        }
+        let held = self.delalloc.reserved.load(Ordering::Relaxed)
+            + self.delalloc.md_reserved.load(Ordering::Relaxed);
+        self.free_blocks
+            .load(Ordering::Relaxed)
+            .saturating_sub(held)
+    }
+
+    /// Mapping blocks that writing back `maps` mapping-changing pages may allocate, at worst:
+    /// none while the extents fit in the inode; else a leaf per half-full leaf of new extents
+    /// (a page over an unwritten extent may split it in three: two new extents each) and a
+    /// block for every level of the tree, and one more for a new level. An indirect-mapped
+    /// file needs an indirect block per `bs / 4` pages past the twelve direct ones, and the
+    /// double and triple indirect blocks above them.
+    pub(crate) fn delalloc_md_need(&self, st: &InodeState, maps: u64, last_lblk: u64) -> u64 {
+        if maps == 0 {
+            return 0;
+        }
+        let bs = self.geo.block_size as u64;
+        let blockmap = st.extents.as_ref().is_some_and(|c| c.blockmap)
+            || st.raw.flags() & crate::format::inode::FL_EXTENTS == 0;
+        if blockmap {
+            return if last_lblk < 12 {
+                0
+            } else {
+                maps.div_ceil(bs / 4) + 3
+            };
+        }
+        let have = st.extents.as_ref().map_or(0, |c| c.map.len() as u64);
+        let added = 2 * maps;
+        if have + added <= 4 {
+            return 0;
+        }
+        let per_leaf_half = ((bs - 12) / 12 / 2).max(1);
+        added.div_ceil(per_leaf_half) + self.ext_depth(st) as u64 + 1
+    }
+
+    /// Sets the inode's mapping-block reservation to what its pages need now.
+    fn delalloc_md_update(&self, st: &mut InodeState) {
+        let (maps, last, old) = match st.delalloc.as_ref() {
+            Some(d) => (
+                d.maps,
+                d.pages.last_key_value().map_or(0, |(&l, _)| l),
+                d.md,
+            ),
+            None => return,
+        };
+        let need = self.delalloc_md_need(st, maps, last);
+        if need >= old {
+            self.delalloc
+                .md_reserved
+                .fetch_add(need - old, Ordering::Relaxed);
+        } else {
+            self.delalloc
+                .md_reserved
+                .fetch_sub(old - need, Ordering::Relaxed);
+        }
+        st.delalloc.as_mut().expect("checked above").md = need;
+    }
+
+    /// The inode has no pages left: its reservation goes, and it leaves the registry.
+    fn delalloc_forget(&self, ino: u32, st: &mut InodeState) {
+        if let Some(d) = st.delalloc.take() {
+            self.delalloc.md_reserved.fetch_sub(d.md, Ordering::Relaxed);
+        }
+        self.delalloc.inodes.lock().remove(&ino);
+    }
+
     /// The buffered write of `data` at `off`, `io_lock` held exclusively. Returns false, having
     /// done nothing, where the write is a pure overwrite that the direct path should take.
     pub(crate) fn delalloc_write(&self, inode: &InodeRef, off: u64, data: &[u8]) -> Result<bool> {
@@ -108,7 +214,7 @@ impl Fs {
         // back makes room and maps blocks, so the need is counted again after it.
         let mut wrote_back = false;
         loop {
-            let (pages, holes) = {
+            let (pages, holes, md_more) = {
                 let mut st = inode.state.lock();
                 if st.deleted {
                     return Err(Error::NotFound);
@@ -123,9 +229,18 @@ impl Fs {
                 if !cached && self.is_overwrite(inode.ino, &mut st, off, end)? {
                     return Ok(false);
                 }
-                self.new_pages(inode.ino, &mut st, first, last)?
+                let (pages, holes, maps) = self.new_pages(inode.ino, &mut st, first, last)?;
+                let (had, md, last_now) = st.delalloc.as_ref().map_or((0, 0, 0), |d| {
+                    (
+                        d.maps,
+                        d.md,
+                        d.pages.last_key_value().map_or(0, |(&l, _)| l),
+                    )
+                });
+                let need = self.delalloc_md_need(&st, had + maps, last_now.max(last));
+                (pages, holes, need.saturating_sub(md))
             };
-            let (space_short, memory_over) = self.room_for(pages, holes);
+            let (space_short, memory_over) = self.room_for(pages, holes + md_more);
             if !space_short && (!memory_over || wrote_back) {
                 break;
             }
@@ -145,6 +260,7 @@ impl Fs {
             .unwrap_or(st.raw.size());
         let mut added = 0u64;
         let mut reserved = 0u64;
+        let mut maps = 0u64;
         for lblk in first..=last {
             let bstart = lblk * bs;
             let from = off.max(bstart);
@@ -165,20 +281,26 @@ impl Fs {
                     }
                 }
                 let is_hole = m.is_none();
+                let changes_map = m.is_none_or(|e| e.unwritten);
                 reserved += is_hole as u64;
+                maps += changes_map as u64;
                 added += bs;
                 let d = st.delalloc.get_or_insert_with(|| {
                     Box::new(Dirty {
                         pages: BTreeMap::new(),
                         disk_size,
                         in_writeback: false,
+                        maps: 0,
+                        md: 0,
                     })
                 });
+                d.maps += changes_map as u64;
                 d.pages.insert(
                     lblk,
                     Page {
                         data: page,
                         reserved: is_hole,
+                        maps: changes_map,
                     },
                 );
             }
@@ -189,6 +311,9 @@ impl Fs {
         }
         if end > st.raw.size() {
             st.raw.set_size(end);
+        }
+        if maps > 0 {
+            self.delalloc_md_update(st);
         }
         self.delalloc.bytes.fetch_add(added, Ordering::Relaxed);
         self.delalloc
@@ -221,16 +346,17 @@ impl Fs {
         Ok(true)
     }
 
-    /// Of logical blocks `first..=last`, how many have no page yet, and how many of those lie
-    /// over a hole (each needs a block reserved).
+    /// Of logical blocks `first..=last`, how many have no page yet, how many of those lie over
+    /// a hole (each needs a block reserved), and how many change the mapping when written back
+    /// (over a hole or an unwritten extent).
     fn new_pages(
         &self,
         ino: u32,
         st: &mut InodeState,
         first: u64,
         last: u64,
-    ) -> Result<(u64, u64)> {
-        let (mut pages, mut holes) = (0, 0);
+    ) -> Result<(u64, u64, u64)> {
+        let (mut pages, mut holes, mut maps) = (0, 0, 0);
         for lblk in first..=last {
             if st
                 .delalloc
@@ -240,20 +366,23 @@ impl Fs {
                 continue;
             }
             pages += 1;
-            holes += self.ext_map(ino, st, lblk as u32)?.is_none() as u64;
+            let m = self.ext_map(ino, st, lblk as u32)?;
+            holes += m.is_none() as u64;
+            maps += m.is_none_or(|e| e.unwritten) as u64;
         }
-        Ok((pages, holes))
+        Ok((pages, holes, maps))
     }
 
-    /// Whether `holes` more reserved blocks would leave too little free space, and whether
+    /// Whether `more` more reserved blocks would leave too little free space, and whether
     /// `pages` more pages would pass the memory limit.
-    fn room_for(&self, pages: u64, holes: u64) -> (bool, bool) {
+    fn room_for(&self, pages: u64, more: u64) -> (bool, bool) {
         let bs = self.geo.block_size as u64;
         let free = self.free_blocks.load(Ordering::Relaxed);
-        let reserved = self.delalloc.reserved.load(Ordering::Relaxed);
+        let reserved = self.delalloc.reserved.load(Ordering::Relaxed)
+            + self.delalloc.md_reserved.load(Ordering::Relaxed);
         let memory = self.delalloc.bytes.load(Ordering::Relaxed) + pages * bs;
         (
-            holes > 0 && free < reserved + holes + RESERVE_MARGIN_BLOCKS,
+            more > 0 && free < reserved + more + RESERVE_MARGIN_BLOCKS,
             memory > self.opts.buffered_limit_bytes,
         )
     }
@@ -305,8 +434,7 @@ impl Fs {
                     return Ok(());
                 };
                 let Some(&start) = d.pages.keys().next() else {
-                    st.delalloc = None;
-                    self.delalloc.inodes.lock().remove(&inode.ino);
+                    self.delalloc_forget(inode.ino, &mut st);
                     return Ok(());
                 };
                 let mut n = 0u64;
@@ -318,6 +446,7 @@ impl Fs {
                 for l in start..start + n {
                     let p = d.pages.remove(&l).expect("counted above");
                     buf.extend_from_slice(&p.data);
+                    d.maps -= p.maps as u64;
                     pages.push((l, p));
                 }
                 d.in_writeback = true;
@@ -325,7 +454,10 @@ impl Fs {
             };
             // The run may end past i_size (the last block is zero beyond it): the size is
             // clamped to i_size by the write path.
-            let r = self.write_new_blocks_locked(inode, start * bs, &buf, mem_size);
+            let r = {
+                let _scope = WritebackScope::enter();
+                self.write_new_blocks_locked(inode, start * bs, &buf, mem_size)
+            };
             let mut st = inode.state.lock();
             if let Some(d) = st.delalloc.as_mut() {
                 d.in_writeback = false;
@@ -333,6 +465,7 @@ impl Fs {
             match r {
                 Ok(()) => {
                     self.delalloc.release(pages.iter().map(|(_, p)| p), bs);
+                    self.delalloc_md_update(&mut st);
                     self.delalloc.writeback_runs.fetch_add(1, Ordering::Relaxed);
                     if self.delalloc_settle(inode, &mut st) {
                         // The handle comes before the inode's state lock (fs.rs ranking).
@@ -346,6 +479,7 @@ impl Fs {
                 Err(e) => {
                     // Keep the data for a later attempt (fsync reports the error now).
                     if let Some(d) = st.delalloc.as_mut() {
+                        d.maps += pages.iter().filter(|(_, p)| p.maps).count() as u64;
                         d.pages.extend(pages);
                     }
                     return Err(e);
@@ -365,8 +499,7 @@ impl Fs {
             return false;
         }
         let behind = d.disk_size < st.raw.size();
-        st.delalloc = None;
-        self.delalloc.inodes.lock().remove(&inode.ino);
+        self.delalloc_forget(inode.ino, st);
         behind
     }
 
@@ -380,6 +513,7 @@ impl Fs {
         };
         let first_whole = from.div_ceil(bs);
         let gone = d.pages.split_off(&first_whole);
+        d.maps -= gone.values().filter(|p| p.maps).count() as u64;
         self.delalloc.release(gone.values(), bs);
         if !from.is_multiple_of(bs) {
             if let Some(p) = d.pages.get_mut(&(from / bs)) {
@@ -388,8 +522,9 @@ impl Fs {
         }
         d.disk_size = d.disk_size.min(from);
         if d.pages.is_empty() {
-            st.delalloc = None;
-            self.delalloc.inodes.lock().remove(&ino);
+            self.delalloc_forget(ino, st);
+        } else {
+            self.delalloc_md_update(st);
         }
     }
 

@@ -513,6 +513,99 @@ fn buffered_writes_fail_when_full_not_at_fsync() {
     fs.unmount().unwrap();
 }
 
+/// Buffered writes that each need an extent-tree block at writeback (sparse files with more
+/// extents than the inode holds) are accepted only while there is room for those blocks too:
+/// writing until ENOSPC, then fsync of every file, loses nothing that was accepted.
+#[test]
+fn buffered_writes_leave_room_for_extent_blocks() {
+    let img = scratch("buftree");
+    mke2fs(&img.0, "16M", &["-b", "4096", "-N", "2048"]);
+    let fs = open_buffered(&img);
+    let bs = 4096u64;
+    let mut files = Vec::new();
+    'fill: for i in 0..2000u32 {
+        let f = fs
+            .create(2, format!("s{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap()
+            .ino;
+        // Every other block: six extents, one more than the inode's four.
+        for k in 0..6u64 {
+            match fs.write(f, 2 * k * bs, &block(k + i as u64)) {
+                Ok(_) => {}
+                Err(uext4::Error::NoSpace) => {
+                    files.push((f, k));
+                    break 'fill;
+                }
+                Err(e) => panic!("s{i}: {e}"),
+            }
+        }
+        files.push((f, 6));
+    }
+    assert!(files.len() < 2000, "the filesystem never filled");
+    for &(f, n) in &files {
+        fs.fsync(f, false)
+            .unwrap_or_else(|e| panic!("fsync of inode {f} ({n} blocks accepted): {e}"));
+    }
+    unmount_and_check_sparse(&img, fs, &files);
+}
+
+/// Unmounts, checks the image, and reads back file i's `n` blocks at every other block.
+fn unmount_and_check_sparse(img: &Scratch, fs: Arc<Fs>, files: &[(u32, u64)]) {
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+    let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
+    for (i, &(f, n)) in files.iter().enumerate() {
+        for k in 0..n {
+            let mut got = vec![0u8; 4096];
+            fs.read(f, 2 * k * 4096, &mut got).unwrap();
+            assert!(got == block(k + i as u64), "s{i} block {k}");
+        }
+    }
+}
+
+/// Blocks that buffered writes reserved are not given to other allocations: with most of the
+/// free space reserved by cached pages, directories are made until ENOSPC, and then every
+/// file's writeback still finds its blocks.
+#[test]
+fn reserved_blocks_are_kept_from_other_allocations() {
+    let img = scratch("bufresv");
+    mke2fs(&img.0, "16M", &["-b", "4096", "-N", "4096"]);
+    let fs = open_buffered(&img);
+    let bs = 4096u64;
+    // Six sparse blocks per file reserve six data blocks and two tree blocks: stay clear of
+    // ENOSPC (whose writeback would map everything and end the reservations).
+    let n = (fs.statfs().blocks_free.saturating_sub(200) / 8) as u32;
+    assert!(n > 100, "{n}");
+    let mut files = Vec::new();
+    for i in 0..n {
+        let f = fs
+            .create(2, format!("s{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap()
+            .ino;
+        for k in 0..6u64 {
+            fs.write(f, 2 * k * bs, &block(k + i as u64))
+                .unwrap_or_else(|e| panic!("s{i} block {k}: {e}"));
+        }
+        files.push((f, 6));
+    }
+    let mut dirs = 0;
+    loop {
+        match fs.mkdir(2, format!("d{dirs}").as_bytes(), 0o755, 0, 0) {
+            Ok(_) => dirs += 1,
+            Err(uext4::Error::NoSpace) => break,
+            Err(e) => panic!("mkdir d{dirs}: {e}"),
+        }
+        assert!(dirs < 4000, "directories never ran out of space");
+    }
+    assert!(dirs > 0);
+    for (i, &(f, _)) in files.iter().enumerate() {
+        fs.fsync(f, false)
+            .unwrap_or_else(|e| panic!("fsync of s{i} after {dirs} directories: {e}"));
+    }
+    unmount_and_check_sparse(&img, fs, &files);
+}
+
 /// Pieces of a file allocated out of order (as neighbouring writeback ranges from two threads
 /// are) still land physically in file order: each piece aims at its own distance from the
 /// extent before it.
