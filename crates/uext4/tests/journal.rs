@@ -1,6 +1,7 @@
-//! The journal against the oracles: transactions debugfs writes replay in uext4 exactly as
-//! e2fsck replays them, and journals uext4 leaves behind after a crash replay in e2fsck and in a
-//! kernel mount to the same tree as in uext4.
+//! The journal against the oracles: transactions debugfs and the kernel's ext4 write replay in
+//! uext4 exactly as e2fsck replays them, journals uext4 leaves behind after a crash replay in
+//! e2fsck and in a kernel mount to the same tree as in uext4, and failed writes stop the
+//! filesystem without reporting lost changes as durable.
 
 mod common;
 
@@ -928,4 +929,78 @@ fn failed_checkpoint_stops_and_recovery_restores_what_was_fsynced() {
     fs.unmount().unwrap();
     drop(fs);
     e2fsck_clean(&img.0);
+}
+
+// ---- Journals the kernel wrote ----
+
+/// The kernel's own jbd2 transactions, not debugfs's: the kernel's ext4 (commit interval 300 s,
+/// so only `sync` commits) builds a tree, removes part of it (revoke records for freed
+/// metadata blocks) and syncs; a copy of the image taken while it is still mounted holds those
+/// transactions in the log, not yet checkpointed. uext4 replays that log byte for byte as
+/// e2fsck does, and opening the copy shows the tree the kernel showed.
+#[test]
+fn kernel_written_journals_replay_in_uext4() {
+    if !can_loop_mount() {
+        return;
+    }
+    // Checksum v3 with 64-bit tags (the default), and no journal checksums with 1 KiB blocks.
+    for (what, opts) in [
+        ("4 KiB, metadata_csum", &[][..]),
+        (
+            "1 KiB, no checksums",
+            &["-b", "1024", "-O", "^metadata_csum,^64bit"][..],
+        ),
+    ] {
+        kernel_written_journal_case(what, opts);
+    }
+}
+
+fn kernel_written_journal_case(what: &str, opts: &[&str]) {
+    let img = scratch("jkernel-live");
+    mke2fs(&img.0, "64M", opts);
+    let dir =
+        std::env::temp_dir().join(format!("uext4-jlive-{}-{}", std::process::id(), opts.len()));
+    std::fs::create_dir_all(&dir).unwrap();
+    sh(&format!(
+        "mount -t ext4 -o loop,commit=300 {} {}",
+        img.0.display(),
+        dir.display()
+    ));
+    let copy = scratch("jkernel-copy");
+    let result = std::panic::catch_unwind(|| {
+        sh(&format!(
+            "set -e; cd {}; mkdir -p a/b/c big gone; \
+             for i in $(seq 1 300); do head -c $((i * 37)) /dev/urandom > big/f$i; done; \
+             for i in $(seq 1 40); do echo $i > gone/x$i; done; \
+             head -c 3000000 /dev/urandom > a/b/c/large; ln a/b/c/large a/hard; \
+             sync; \
+             rm -r gone; mv big/f1 a/moved; truncate -s 1000 a/b/c/large; \
+             for i in $(seq 301 340); do echo $i > big/f$i; done; \
+             sync",
+            dir.display()
+        ));
+        let expected = kernel_tree(&dir);
+        std::fs::copy(&img.0, &copy.0).unwrap();
+        expected
+    });
+    sh(&format!("umount {}", dir.display()));
+    let _ = std::fs::remove_dir(&dir);
+    let expected = result.unwrap();
+    e2fsck_clean(&img.0);
+    assert!(
+        open_journal(&copy.0).1.needs_recovery(),
+        "{what}: the kernel checkpointed everything before the copy: nothing to replay"
+    );
+    let (report, _) = replay_both_and_compare(&copy.0, what);
+    assert!(report.transactions >= 2, "{what}: {report:?}");
+    assert!(report.blocks_revoked >= 1, "{what}: {report:?}");
+    let fs = Fs::open_path(&copy.0, MountOptions::default()).unwrap();
+    assert_eq!(
+        tree(&fs),
+        expected,
+        "{what}: uext4 after replaying the kernel's journal"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&copy.0);
 }
