@@ -9,10 +9,11 @@
 //! Rules: a thread never starts a handle while it holds one (a commit waiting for the barrier
 //! would deadlock it), nor starts one or waits for a commit or a checkpoint while it holds an
 //! inode `state` mutex, a group lock or any leaf lock (a commit takes the barrier, then inode
-//! state for lazy timestamps: docs/ARCHITECTURE.md, Locking); buffers are changed under their own write lock and then passed to
-//! `Handle::dirty`. Inodes whose only change is a timestamp (the overwrite path, DESIGN.md R1)
-//! are not logged through a handle: they are put on the running transaction's dirty-inode list
-//! with `TxnManager::dirty_inode_lazily` and copied into their inode-table block at commit.
+//! state for lazy timestamps: docs/ARCHITECTURE.md, Locking). Buffers are changed under their
+//! own write lock and then passed to `Handle::dirty`. Inodes whose only change is a timestamp
+//! (the overwrite path, DESIGN.md R1) are not logged through a handle: they are put on the
+//! running transaction's dirty-inode list with `TxnManager::dirty_inode_lazily` and copied
+//! into their inode-table block at commit.
 
 use crate::bcache::Buffer;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
