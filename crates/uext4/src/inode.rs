@@ -214,6 +214,10 @@ impl Fs {
         // the cache shard's lock: one read before could miss a change made and finished by
         // another thread whose copy then left the cache.
         let (blk, off) = self.inode_location(ino)?;
+        // The table block is read into the buffer cache (and held there) before the locks, so
+        // a device read does not hold up the group's allocations; under them it is a cache hit.
+        // Its contents are read again under the locks, so nothing read here is trusted.
+        let _table = self.bcache.get(blk).ok();
         let cached = {
             let g = self.geo.ino_group(ino);
             let st = self.groups[g as usize].lock();
