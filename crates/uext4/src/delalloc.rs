@@ -91,6 +91,13 @@ impl Dirty {
     pub(crate) fn overlaps(&self, first: u64, last: u64) -> bool {
         self.pages.range(first..=last).next().is_some()
     }
+
+    /// The first and last logical block that has a page ((0, 0) when none has).
+    fn span(&self) -> (u64, u64) {
+        let first = self.pages.first_key_value().map_or(0, |(&l, _)| l);
+        let last = self.pages.last_key_value().map_or(0, |(&l, _)| l);
+        (first, last)
+    }
 }
 
 /// The filesystem-wide side: which inodes hold pages, how much memory and space they take.
@@ -131,26 +138,39 @@ impl Fs {
         self.opts.buffered && !self.opts.dax
     }
 
+    /// Blocks that cached pages hold for their writeback: data blocks for pages over holes
+    /// and the mapping blocks their writeback may need.
+    pub(crate) fn delalloc_held_blocks(&self) -> u64 {
+        self.delalloc.reserved.load(Ordering::Relaxed)
+            + self.delalloc.md_reserved.load(Ordering::Relaxed)
+    }
+
     /// Blocks an allocation may take: all free ones while writing back cached pages, else the
-    /// free ones less what buffered writes reserved (`u64::MAX` when not buffered).
+    /// free ones less what cached pages hold and, while they hold any, the margin kept for
+    /// the estimates (`u64::MAX` when not buffered).
     pub(crate) fn unreserved_blocks(&self) -> u64 {
         if !self.buffered() || WRITING_BACK.with(|w| w.get()) {
             return u64::MAX;
         }
-        let held = self.delalloc.reserved.load(Ordering::Relaxed)
-            + self.delalloc.md_reserved.load(Ordering::Relaxed);
+        let held = match self.delalloc_held_blocks() {
+            0 => 0,
+            n => n + RESERVE_MARGIN_BLOCKS,
+        };
         self.free_blocks
             .load(Ordering::Relaxed)
             .saturating_sub(held)
     }
 
-    /// Mapping blocks that writing back `maps` mapping-changing pages may allocate, at worst:
-    /// none while the extents fit in the inode; else a leaf per half-full leaf of new extents
-    /// (a page over an unwritten extent may split it in three: two new extents each) and a
-    /// block for every level of the tree, and one more for a new level. An indirect-mapped
-    /// file needs an indirect block per `bs / 4` pages past the twelve direct ones, and the
-    /// double and triple indirect blocks above them.
-    pub(crate) fn delalloc_md_need(&self, st: &InodeState, maps: u64, last_lblk: u64) -> u64 {
+    /// Mapping blocks that writing back `maps` mapping-changing pages, the cached ones lying in
+    /// `span` (first and last logical block), may allocate at worst.
+    ///
+    /// Extents: none while they fit in the inode; else a leaf per half-full leaf of new extents
+    /// (a page over an unwritten extent may split it in three: two new extents each), on every
+    /// level above as many index blocks as those new blocks fill half-full plus one split, and
+    /// one more level. Indirect blocks: past the twelve direct blocks, a single indirect block
+    /// per `bs / 4` blocks of the span, and a double indirect one per `(bs / 4)^2`, but never
+    /// more than one per page on either level; and the triple indirect block.
+    pub(crate) fn delalloc_md_need(&self, st: &InodeState, maps: u64, span: (u64, u64)) -> u64 {
         if maps == 0 {
             return 0;
         }
@@ -158,32 +178,36 @@ impl Fs {
         let blockmap = st.extents.as_ref().is_some_and(|c| c.blockmap)
             || st.raw.flags() & crate::format::inode::FL_EXTENTS == 0;
         if blockmap {
-            return if last_lblk < 12 {
-                0
-            } else {
-                maps.div_ceil(bs / 4) + 3
-            };
+            let (first, last) = span;
+            if last < 12 {
+                return 0;
+            }
+            let per = bs / 4;
+            let width = last - first.min(last);
+            return maps.min(width / per + 2) + maps.min(width / (per * per) + 2) + 1;
         }
         let have = st.extents.as_ref().map_or(0, |c| c.map.len() as u64);
         let added = 2 * maps;
         if have + added <= 4 {
             return 0;
         }
-        let per_leaf_half = ((bs - 12) / 12 / 2).max(1);
-        added.div_ceil(per_leaf_half) + self.ext_depth(st) as u64 + 1
+        let half = ((bs - 12) / 12 / 2).max(1);
+        let mut level = added.div_ceil(half);
+        let mut total = level;
+        for _ in 0..=self.ext_depth(st) {
+            level = level.div_ceil(half) + 1;
+            total += level;
+        }
+        total
     }
 
     /// Sets the inode's mapping-block reservation to what its pages need now.
     fn delalloc_md_update(&self, st: &mut InodeState) {
-        let (maps, last, old) = match st.delalloc.as_ref() {
-            Some(d) => (
-                d.maps,
-                d.pages.last_key_value().map_or(0, |(&l, _)| l),
-                d.md,
-            ),
+        let (maps, span, old) = match st.delalloc.as_ref() {
+            Some(d) => (d.maps, d.span(), d.md),
             None => return,
         };
-        let need = self.delalloc_md_need(st, maps, last);
+        let need = self.delalloc_md_need(st, maps, span);
         if need >= old {
             self.delalloc
                 .md_reserved
@@ -230,14 +254,12 @@ impl Fs {
                     return Ok(false);
                 }
                 let (pages, holes, maps) = self.new_pages(inode.ino, &mut st, first, last)?;
-                let (had, md, last_now) = st.delalloc.as_ref().map_or((0, 0, 0), |d| {
-                    (
-                        d.maps,
-                        d.md,
-                        d.pages.last_key_value().map_or(0, |(&l, _)| l),
-                    )
-                });
-                let need = self.delalloc_md_need(&st, had + maps, last_now.max(last));
+                let (had, md, span) = st
+                    .delalloc
+                    .as_ref()
+                    .map_or((0, 0, (first, last)), |d| (d.maps, d.md, d.span()));
+                let span = (span.0.min(first), span.1.max(last));
+                let need = self.delalloc_md_need(&st, had + maps, span);
                 (pages, holes, need.saturating_sub(md))
             };
             let (space_short, memory_over) = self.room_for(pages, holes + md_more);
@@ -258,54 +280,57 @@ impl Fs {
             .as_ref()
             .map(|d| d.disk_size)
             .unwrap_or(st.raw.size());
-        let mut added = 0u64;
-        let mut reserved = 0u64;
-        let mut maps = 0u64;
+        // First the fallible part (mapping look-ups, device reads of partly covered blocks),
+        // then the insertion, which cannot fail: an error leaves the cache and its counters as
+        // they were.
+        let mut fresh = Vec::new();
+        for lblk in first..=last {
+            if st
+                .delalloc
+                .as_ref()
+                .is_some_and(|d| d.pages.contains_key(&lblk))
+            {
+                continue;
+            }
+            let bstart = lblk * bs;
+            let whole = off <= bstart && end >= bstart + bs;
+            let mut page = vec![0u8; bs as usize].into_boxed_slice();
+            let m = self.ext_map(inode.ino, st, lblk as u32)?;
+            if let Some(e) = m.filter(|e| !e.unwritten) {
+                if !whole && bstart < disk_size {
+                    let phys = (e.pblk + (lblk - e.lblk as u64)) * bs;
+                    let n = bs.min(disk_size - bstart) as usize;
+                    self.dev.read_at(phys, &mut page[..n])?;
+                }
+            }
+            fresh.push((
+                lblk,
+                Page {
+                    data: page,
+                    reserved: m.is_none(),
+                    maps: m.is_none_or(|e| e.unwritten),
+                },
+            ));
+        }
+        let added = fresh.len() as u64 * bs;
+        let reserved = fresh.iter().filter(|(_, p)| p.reserved).count() as u64;
+        let maps = fresh.iter().filter(|(_, p)| p.maps).count() as u64;
+        let d = st.delalloc.get_or_insert_with(|| {
+            Box::new(Dirty {
+                pages: BTreeMap::new(),
+                disk_size,
+                in_writeback: false,
+                maps: 0,
+                md: 0,
+            })
+        });
+        d.maps += maps;
+        d.pages.extend(fresh);
         for lblk in first..=last {
             let bstart = lblk * bs;
             let from = off.max(bstart);
             let to = end.min(bstart + bs);
-            let page_exists = st
-                .delalloc
-                .as_ref()
-                .is_some_and(|d| d.pages.contains_key(&lblk));
-            if !page_exists {
-                let mut page = vec![0u8; bs as usize].into_boxed_slice();
-                let m = self.ext_map(inode.ino, st, lblk as u32)?;
-                let whole = from == bstart && to == bstart + bs;
-                if let Some(e) = m.filter(|e| !e.unwritten) {
-                    if !whole && bstart < disk_size {
-                        let phys = (e.pblk + (lblk - e.lblk as u64)) * bs;
-                        let n = bs.min(disk_size - bstart) as usize;
-                        self.dev.read_at(phys, &mut page[..n])?;
-                    }
-                }
-                let is_hole = m.is_none();
-                let changes_map = m.is_none_or(|e| e.unwritten);
-                reserved += is_hole as u64;
-                maps += changes_map as u64;
-                added += bs;
-                let d = st.delalloc.get_or_insert_with(|| {
-                    Box::new(Dirty {
-                        pages: BTreeMap::new(),
-                        disk_size,
-                        in_writeback: false,
-                        maps: 0,
-                        md: 0,
-                    })
-                });
-                d.maps += changes_map as u64;
-                d.pages.insert(
-                    lblk,
-                    Page {
-                        data: page,
-                        reserved: is_hole,
-                        maps: changes_map,
-                    },
-                );
-            }
-            let d = st.delalloc.as_mut().expect("page inserted above");
-            let page = d.pages.get_mut(&lblk).expect("page inserted above");
+            let page = d.pages.get_mut(&lblk).expect("inserted above");
             page.data[(from - bstart) as usize..(to - bstart) as usize]
                 .copy_from_slice(&data[(from - off) as usize..(to - off) as usize]);
         }
@@ -378,8 +403,7 @@ impl Fs {
     fn room_for(&self, pages: u64, more: u64) -> (bool, bool) {
         let bs = self.geo.block_size as u64;
         let free = self.free_blocks.load(Ordering::Relaxed);
-        let reserved = self.delalloc.reserved.load(Ordering::Relaxed)
-            + self.delalloc.md_reserved.load(Ordering::Relaxed);
+        let reserved = self.delalloc_held_blocks();
         let memory = self.delalloc.bytes.load(Ordering::Relaxed) + pages * bs;
         (
             more > 0 && free < reserved + more + RESERVE_MARGIN_BLOCKS,
@@ -404,8 +428,13 @@ impl Fs {
         let list: Vec<InodeRef> = self.delalloc.inodes.lock().values().cloned().collect();
         let mut first_err = None;
         for i in list {
-            let _g = i.io_lock.write();
-            if let Err(e) = self.delalloc_writeback_locked(&i) {
+            // Blocks freed by the running transaction count as free but are not allocatable
+            // until it commits: a writeback that runs short commits and tries once more.
+            let r = self.retry_nospace(|| {
+                let _g = i.io_lock.write();
+                self.delalloc_writeback_locked(&i)
+            });
+            if let Err(e) = r {
                 tracing::error!(ino = i.ino, "writeback: {e}");
                 first_err.get_or_insert(e);
             }

@@ -714,7 +714,7 @@ impl Fs {
     pub fn lseek_data_hole(&self, ino: u32, off: u64, data: bool) -> Result<u64> {
         let inode = self.iget(ino)?;
         // Buffered data is mapped first, so its blocks count as data.
-        self.delalloc_writeback(&inode)?;
+        self.retry_nospace(|| self.delalloc_writeback(&inode))?;
         let _g = inode.io_lock.read();
         let mut st = inode.state.lock();
         let size = st.raw.size();

@@ -830,11 +830,12 @@ impl Fs {
         }
     }
 
-    /// Free blocks less those that buffered data not yet written back has reserved.
+    /// Free blocks less those that buffered data not yet written back holds (its data and
+    /// the mapping blocks its writeback may need).
     fn free_blocks_unreserved(&self) -> u64 {
         self.free_blocks
             .load(Ordering::Relaxed)
-            .saturating_sub(self.delalloc.reserved.load(Ordering::Relaxed))
+            .saturating_sub(self.delalloc_held_blocks())
     }
 
     /// Blocks used by the filesystem's own fixed metadata (superblocks, GDT, bitmaps, inode

@@ -521,16 +521,29 @@ fn buffered_writes_leave_room_for_extent_blocks() {
     let img = scratch("buftree");
     mke2fs(&img.0, "16M", &["-b", "4096", "-N", "2048"]);
     let fs = open_buffered(&img);
-    let bs = 4096u64;
+    // Every other block: six extents, one more than the inode's four.
+    let files = fill_sparse_and_fsync(&fs, 2000, |i, f, k| {
+        fs.write(f, 2 * k * 4096, &block(k + i as u64))
+    });
+    unmount_and_check_sparse(&img, fs, &files);
+}
+
+/// Makes up to `max` files, each written with six `write(i, ino, k)` calls, until one fails
+/// with ENOSPC (which must happen), then fsyncs every file: what was accepted must fit.
+/// Returns each file's inode and how many of its writes were accepted.
+fn fill_sparse_and_fsync(
+    fs: &Fs,
+    max: u32,
+    write: impl Fn(u32, u32, u64) -> uext4::Result<usize>,
+) -> Vec<(u32, u64)> {
     let mut files = Vec::new();
-    'fill: for i in 0..2000u32 {
+    'fill: for i in 0..max {
         let f = fs
             .create(2, format!("s{i}").as_bytes(), 0o644, 0, 0)
             .unwrap()
             .ino;
-        // Every other block: six extents, one more than the inode's four.
         for k in 0..6u64 {
-            match fs.write(f, 2 * k * bs, &block(k + i as u64)) {
+            match write(i, f, k) {
                 Ok(_) => {}
                 Err(uext4::Error::NoSpace) => {
                     files.push((f, k));
@@ -541,25 +554,57 @@ fn buffered_writes_leave_room_for_extent_blocks() {
         }
         files.push((f, 6));
     }
-    assert!(files.len() < 2000, "the filesystem never filled");
+    assert!(files.len() < max as usize, "the filesystem never filled");
     for &(f, n) in &files {
         fs.fsync(f, false)
-            .unwrap_or_else(|e| panic!("fsync of inode {f} ({n} blocks accepted): {e}"));
+            .unwrap_or_else(|e| panic!("fsync of inode {f} ({n} writes accepted): {e}"));
     }
-    unmount_and_check_sparse(&img, fs, &files);
+    files
+}
+
+/// The same for block-mapped files (ext3): pages far apart each need an indirect block of
+/// their own, and a double indirect one past the first 268 blocks.
+#[test]
+fn buffered_writes_leave_room_for_indirect_blocks() {
+    let img = scratch("bufind");
+    mke2fs(
+        &img.0,
+        "8M",
+        &["-b", "1024", "-N", "1024", "-O", "^extent,^64bit"],
+    );
+    let fs = open_buffered(&img);
+    let bs = 1024u64;
+    let at = |k: u64| (12 + k * 300) * bs;
+    let page = |i: u32, k: u64| vec![(i as u64 * 7 + k + 1) as u8; bs as usize];
+    let files = fill_sparse_and_fsync(&fs, 1000, |i, f, k| fs.write(f, at(k), &page(i, k)));
+    unmount_and_check(&img, fs, &files, at, page);
 }
 
 /// Unmounts, checks the image, and reads back file i's `n` blocks at every other block.
 fn unmount_and_check_sparse(img: &Scratch, fs: Arc<Fs>, files: &[(u32, u64)]) {
+    let want = |i: u32, k: u64| block(k + i as u64);
+    unmount_and_check(img, fs, files, |k| 2 * k * 4096, want);
+}
+
+/// Unmounts, checks the image, and reads back what file i's `n` writes put at `at(k)`:
+/// `want(i, k)`.
+fn unmount_and_check(
+    img: &Scratch,
+    fs: Arc<Fs>,
+    files: &[(u32, u64)],
+    at: impl Fn(u64) -> u64,
+    want: impl Fn(u32, u64) -> Vec<u8>,
+) {
     fs.unmount().unwrap();
     drop(fs);
     e2fsck_clean(&img.0);
     let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
     for (i, &(f, n)) in files.iter().enumerate() {
         for k in 0..n {
-            let mut got = vec![0u8; 4096];
-            fs.read(f, 2 * k * 4096, &mut got).unwrap();
-            assert!(got == block(k + i as u64), "s{i} block {k}");
+            let want = want(i as u32, k);
+            let mut got = vec![0u8; want.len()];
+            fs.read(f, at(k), &mut got).unwrap();
+            assert!(got == want, "s{i} block {k}");
         }
     }
 }
@@ -606,6 +651,45 @@ fn reserved_blocks_are_kept_from_other_allocations() {
     unmount_and_check_sparse(&img, fs, &files);
 }
 
+/// A buffered write that fails part-way (here reading the partly covered block it must merge
+/// with) leaves the cache and its space accounting as they were: the pages it had set up were
+/// once kept without being counted, and writing them back later wrapped the reservation
+/// counter, so every later allocation found no space.
+#[test]
+fn failed_buffered_write_leaves_the_accounting_whole() {
+    let img = scratch("buffail");
+    mke2fs(&img.0, "16M", &["-b", "4096"]);
+    let (dev, fs) = open_faulty(&img.0, true);
+    let bs = 4096usize;
+    let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write(f, bs as u64, &vec![5u8; 2 * bs]).unwrap();
+    fs.fsync(f, false).unwrap();
+    let free = fs.statfs().blocks_free;
+    // Block 0 is a hole (a new page), block 1 is on disk and only partly covered (read first).
+    dev.fail(FAIL_READS);
+    assert!(fs.write(f, 0, &vec![9u8; bs + 100]).is_err());
+    dev.fail(FAIL_NONE);
+    fs.fsync(f, false).unwrap();
+    let after = fs.statfs();
+    assert!(
+        after.blocks_free <= after.blocks && after.blocks_free + 8 >= free,
+        "free blocks {free} before, {} after",
+        after.blocks_free
+    );
+    fs.mkdir(2, b"d", 0o755, 0, 0)
+        .expect("allocations after the failed write find space");
+    fs.write(f, 0, &vec![9u8; bs + 100]).unwrap();
+    fs.fsync(f, false).unwrap();
+    let mut got = vec![0u8; 3 * bs];
+    fs.read(f, 0, &mut got).unwrap();
+    assert!(got[..bs + 100].iter().all(|&b| b == 9));
+    assert!(got[bs + 100..].iter().all(|&b| b == 5));
+    fs.unmount().unwrap();
+    drop(fs);
+    drop(dev);
+    e2fsck_clean(&img.0);
+}
+
 /// Pieces of a file allocated out of order (as neighbouring writeback ranges from two threads
 /// are) still land physically in file order: each piece aims at its own distance from the
 /// extent before it.
@@ -631,8 +715,8 @@ fn out_of_order_pieces_stay_contiguous() {
 }
 
 /// Space freed by deleting a file on a full filesystem is usable at once, not only after the
-/// deleting transaction has been committed and written home: a write, a fallocate and a
-/// mkdir that need it commit and retry.
+/// deleting transaction has been committed and written home: a write, a fallocate, a sync's
+/// writeback and a mkdir that need it commit and retry.
 #[test]
 fn deleted_space_is_usable_at_once() {
     for buffered in [false, true] {
@@ -672,6 +756,11 @@ fn deleted_space_is_usable_at_once() {
         let c = fs.create(2, b"c", 0o644, 0, 0).unwrap().ino;
         fs.fallocate(c, 0, 0, filled).unwrap();
         fs.unlink(2, b"c").unwrap();
+        // sync writes back buffered pages of every file: it too waits for the freed blocks.
+        let e = fs.create(2, b"e", 0o644, 0, 0).unwrap().ino;
+        fs.write(e, 0, &data).unwrap();
+        fs.sync().unwrap();
+        fs.unlink(2, b"e").unwrap();
         fs.mkdir(2, b"d", 0o755, 0, 0).unwrap();
         fs.unmount().unwrap();
         e2fsck_clean(&img.0);

@@ -789,52 +789,6 @@ fn damaged_journals_never_panic() {
 
 // ---- Failed writes: the filesystem stops, fsync never reports a lost change as durable ----
 
-/// A device that fails writes on demand: every write (`FAIL_ALL`) or those that touch the
-/// primary superblock's home (`FAIL_SUPERBLOCK`: every checkpoint writes it, no log write does).
-struct FaultyDevice {
-    inner: FileDevice,
-    mode: std::sync::atomic::AtomicU8,
-}
-const FAIL_NONE: u8 = 0;
-const FAIL_ALL: u8 = 1;
-const FAIL_SUPERBLOCK: u8 = 2;
-
-impl BlockDevice for FaultyDevice {
-    fn read_at(&self, off: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        self.inner.read_at(off, buf)
-    }
-    fn write_at(&self, off: u64, buf: &[u8]) -> std::io::Result<()> {
-        let fail = match self.mode.load(std::sync::atomic::Ordering::SeqCst) {
-            FAIL_ALL => true,
-            FAIL_SUPERBLOCK => off < 2048 && off + buf.len() as u64 > 1024,
-            _ => false,
-        };
-        if fail {
-            return Err(std::io::Error::from_raw_os_error(libc::EIO));
-        }
-        self.inner.write_at(off, buf)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-}
-
-fn open_faulty(img: &std::path::Path) -> (Arc<FaultyDevice>, Arc<Fs>) {
-    let dev = Arc::new(FaultyDevice {
-        inner: FileDevice::open(img, false).unwrap(),
-        mode: std::sync::atomic::AtomicU8::new(FAIL_NONE),
-    });
-    let opts = MountOptions {
-        commit_interval_secs: 0,
-        ..Default::default()
-    };
-    let fs = Fs::open_dev(dev.clone(), opts).unwrap();
-    (dev, fs)
-}
-
 /// A commit whose log write fails loses its transaction: that fsync fails, and so does every
 /// later one, though nothing new is running (it used to find an empty transaction and report
 /// success for the change that was lost). What was fsynced before is recovered intact.
@@ -842,20 +796,18 @@ fn open_faulty(img: &std::path::Path) -> (Arc<FaultyDevice>, Arc<Fs>) {
 fn failed_commit_fails_every_later_fsync() {
     let img = scratch("jfault-commit");
     mke2fs(&img.0, "32M", &["-J", "size=4"]);
-    let (dev, fs) = open_faulty(&img.0);
+    let (dev, fs) = open_faulty(&img.0, false);
     let kept = fs.create(2, b"kept", 0o644, 0, 0).unwrap().ino;
     fs.write(kept, 0, &[7u8; 10000]).unwrap();
     fs.fsync(kept, false).unwrap();
     let lost = fs.create(2, b"lost", 0o644, 0, 0).unwrap().ino;
     fs.write(lost, 0, &[9u8; 5000]).unwrap();
-    dev.mode
-        .store(FAIL_ALL, std::sync::atomic::Ordering::SeqCst);
+    dev.fail(FAIL_ALL);
     assert!(
         fs.fsync(lost, false).is_err(),
         "the commit's log writes fail"
     );
-    dev.mode
-        .store(FAIL_NONE, std::sync::atomic::Ordering::SeqCst);
+    dev.fail(FAIL_NONE);
     for _ in 0..2 {
         let e = fs.fsync(lost, false).unwrap_err();
         assert!(matches!(e, uext4::Error::Stopped(_)), "{e}");
@@ -885,9 +837,8 @@ fn failed_commit_fails_every_later_fsync() {
 fn failed_checkpoint_stops_and_recovery_restores_what_was_fsynced() {
     let img = scratch("jfault-ckpt");
     mke2fs(&img.0, "32M", &["-J", "size=4"]);
-    let (dev, fs) = open_faulty(&img.0);
-    dev.mode
-        .store(FAIL_SUPERBLOCK, std::sync::atomic::Ordering::SeqCst);
+    let (dev, fs) = open_faulty(&img.0, false);
+    dev.fail(FAIL_SUPERBLOCK);
     let mut durable = Vec::new();
     let mut failed = None;
     for i in 0..2000u32 {
@@ -913,8 +864,7 @@ fn failed_checkpoint_stops_and_recovery_restores_what_was_fsynced() {
     assert!(!durable.is_empty());
     assert!(fs.sync().is_err());
     drop(fs);
-    dev.mode
-        .store(FAIL_NONE, std::sync::atomic::Ordering::SeqCst);
+    dev.fail(FAIL_NONE);
     drop(dev);
     let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
     for i in &durable {

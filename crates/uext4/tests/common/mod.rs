@@ -178,3 +178,67 @@ pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
         s
     }
 }
+
+// ---- A device that fails on demand ----
+
+/// A device that fails I/O on demand: every write (`FAIL_ALL`), the writes that touch the
+/// primary superblock's home (`FAIL_SUPERBLOCK`: every checkpoint writes it, no log write does),
+/// or every read (`FAIL_READS`).
+pub struct FaultyDevice {
+    pub inner: uext4::blockdev::FileDevice,
+    pub mode: std::sync::atomic::AtomicU8,
+}
+pub const FAIL_NONE: u8 = 0;
+pub const FAIL_ALL: u8 = 1;
+pub const FAIL_SUPERBLOCK: u8 = 2;
+pub const FAIL_READS: u8 = 3;
+
+impl FaultyDevice {
+    pub fn fail(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
+    }
+}
+
+impl uext4::blockdev::BlockDevice for FaultyDevice {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        if self.mode.load(Ordering::SeqCst) == FAIL_READS {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.inner.read_at(off, buf)
+    }
+    fn write_at(&self, off: u64, buf: &[u8]) -> std::io::Result<()> {
+        let fail = match self.mode.load(Ordering::SeqCst) {
+            FAIL_ALL => true,
+            FAIL_SUPERBLOCK => off < 2048 && off + buf.len() as u64 > 1024,
+            _ => false,
+        };
+        if fail {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.inner.write_at(off, buf)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+}
+
+/// Opens `img` on a `FaultyDevice` (failing nothing yet), buffered or not, with no commit timer.
+pub fn open_faulty(
+    img: &Path,
+    buffered: bool,
+) -> (std::sync::Arc<FaultyDevice>, std::sync::Arc<uext4::Fs>) {
+    let dev = std::sync::Arc::new(FaultyDevice {
+        inner: uext4::blockdev::FileDevice::open(img, false).unwrap(),
+        mode: std::sync::atomic::AtomicU8::new(FAIL_NONE),
+    });
+    let opts = uext4::MountOptions {
+        commit_interval_secs: 0,
+        buffered,
+        ..Default::default()
+    };
+    let fs = uext4::Fs::open_dev(dev.clone(), opts).unwrap();
+    (dev, fs)
+}
