@@ -210,6 +210,7 @@ impl crate::fs::Fs {
         if self.is_read_only() {
             return Ok(());
         }
+        let guard;
         let (this_tid, snapshot, revoked, pins) = {
             let _barrier = self.txn.barrier.write();
             let old = {
@@ -225,6 +226,9 @@ impl crate::fs::Fs {
                 std::mem::replace(&mut *r, next)
             };
             let tid = old.tid;
+            // From here until it is committed the transaction exists nowhere else: a panic
+            // on the way loses it as surely as an error does.
+            guard = LostOnPanic { fs: self, tid };
             self.snapshot_for_commit(old)
                 .map_err(|e| self.commit_failed(tid, e))?
         };
@@ -239,6 +243,7 @@ impl crate::fs::Fs {
             .map_err(|e| self.commit_failed(this_tid, e))?;
         *committed = this_tid;
         self.txn.committed.store(this_tid, Ordering::Release);
+        std::mem::forget(guard);
         if !queued {
             self.release_pending_frees(this_tid);
         }
@@ -586,4 +591,23 @@ pub(crate) fn spawn_checkpointer(
             ckpt.done.notify_all();
         })
         .map(|_| ())
+}
+
+/// Marks a transaction lost if its commit unwinds (a panic) between taking it out of `running`
+/// and recording it committed; forgotten once it is committed.
+struct LostOnPanic<'a> {
+    fs: &'a crate::fs::Fs,
+    tid: u64,
+}
+
+impl Drop for LostOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let e = crate::Error::Stopped("the commit panicked".into());
+            self.fs.commit_failed(self.tid, e);
+        } else if self.fs.txn.lost.get().is_none() {
+            // Dropped on an error return: commit_failed has already run for it.
+            debug_assert!(false, "transaction {} neither committed nor lost", self.tid);
+        }
+    }
 }

@@ -830,6 +830,30 @@ fn failed_commit_fails_every_later_fsync() {
     e2fsck_clean(&img.0);
 }
 
+/// A commit that panics after taking its transaction out of `running` loses it as an error
+/// does: every later fsync fails (it used to find an empty transaction and succeed).
+#[test]
+fn panicked_commit_fails_every_later_fsync() {
+    let img = scratch("jpanic-commit");
+    mke2fs(&img.0, "32M", &["-J", "size=4"]);
+    let (dev, fs) = open_faulty(&img.0, false);
+    let lost = fs.create(2, b"lost", 0o644, 0, 0).unwrap().ino;
+    fs.write(lost, 0, &[9u8; 5000]).unwrap();
+    dev.fail(PANIC_ON_WRITE);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fs.fsync(lost, false)));
+    assert!(r.is_err(), "the commit's log write panics");
+    dev.fail(FAIL_NONE);
+    let e = fs.fsync(lost, false).unwrap_err();
+    assert!(matches!(e, uext4::Error::Stopped(_)), "{e}");
+    assert!(e.to_string().contains("panicked"), "{e}");
+    assert!(fs.create(2, b"after", 0o644, 0, 0).is_err(), "stopped");
+    drop(fs);
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+}
+
 /// A checkpoint write that fails stops the filesystem and aborts the journal: later fsyncs
 /// fail with the checkpoint's error (none waits for log space the checkpointer cannot free),
 /// and the log keeps every committed transaction for recovery.

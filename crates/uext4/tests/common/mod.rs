@@ -183,7 +183,8 @@ pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
 
 /// A device that fails I/O on demand: every write (`FAIL_ALL`), the writes that touch the
 /// primary superblock's home (`FAIL_SUPERBLOCK`: every checkpoint writes it, no log write does),
-/// or every read (`FAIL_READS`).
+/// or every read (`FAIL_READS`); or panics on every write (`PANIC_ON_WRITE`: a bug anywhere
+/// below a commit).
 pub struct FaultyDevice {
     pub inner: uext4::blockdev::FileDevice,
     pub mode: std::sync::atomic::AtomicU8,
@@ -192,6 +193,7 @@ pub const FAIL_NONE: u8 = 0;
 pub const FAIL_ALL: u8 = 1;
 pub const FAIL_SUPERBLOCK: u8 = 2;
 pub const FAIL_READS: u8 = 3;
+pub const PANIC_ON_WRITE: u8 = 4;
 
 impl FaultyDevice {
     pub fn fail(&self, mode: u8) {
@@ -210,6 +212,7 @@ impl uext4::blockdev::BlockDevice for FaultyDevice {
         let fail = match self.mode.load(Ordering::SeqCst) {
             FAIL_ALL => true,
             FAIL_SUPERBLOCK => off < 2048 && off + buf.len() as u64 > 1024,
+            PANIC_ON_WRITE => panic!("injected: device write at {off}"),
             _ => false,
         };
         if fail {
