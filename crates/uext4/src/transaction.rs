@@ -559,6 +559,12 @@ pub(crate) fn spawn_checkpointer(
                 s.jobs.drain(..).collect()
             };
             let r = match fs.upgrade() {
+                Some(f) if f.journal.get().is_some_and(|j| j.is_aborted()) => {
+                    // After an abort nothing more goes home: the log keeps every committed
+                    // transaction, and recovery replays them in order (as the kernel leaves
+                    // an aborted journal).
+                    Err(crate::Error::Stopped("journal aborted".into()))
+                }
                 Some(f) => {
                     // A panic here must not leave `busy` set: drains would wait forever.
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
