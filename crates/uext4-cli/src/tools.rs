@@ -18,7 +18,7 @@ use uext4::{Attr, Error, Fs, MountOptions};
 
 #[derive(Subcommand)]
 pub enum ToolCmd {
-    /// Make a new ext4 filesystem (creates IMAGE if missing).
+    /// Make a new ext4 (or ext3, ext2) filesystem (creates IMAGE if missing).
     Mkfs(MkfsArgs),
     /// Print a summary of the superblock and features.
     Info { image: PathBuf },
@@ -98,6 +98,9 @@ pub struct MkfsArgs {
     /// Journal size in MiB (0: no journal; default: mke2fs's default for the size).
     #[arg(long)]
     journal_size: Option<u32>,
+    /// Filesystem type: ext4, ext3 (journal, block maps) or ext2 (neither), as mke2fs -t
+    #[arg(short = 't', default_value = "ext4")]
+    fs_type: String,
     /// Features to set or clear, mke2fs style: -O ^metadata_csum,metadata_csum_seed
     #[arg(short = 'O')]
     features: Option<String>,
@@ -342,6 +345,14 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
 }
 
 fn mkfs(a: MkfsArgs) -> Result<()> {
+    // Options first: a wrong one leaves no file behind.
+    let mut features = uext4::mkfs::FeatureSet::for_type(&a.fs_type)?;
+    if let Some(f) = &a.features {
+        features.apply(f)?;
+    }
+    if a.block_size != 1024 && a.block_size != 4096 {
+        bail!("--block-size {}: use 1024 or 4096", a.block_size);
+    }
     let exists = a.image.exists();
     let cur = if exists {
         uext4::blockdev::FileDevice::open(&a.image, true)?.size()
@@ -375,18 +386,13 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
     let dev = uext4::blockdev::FileDevice::open(&a.image, false)
         .with_context(|| a.image.display().to_string())?;
     let mut o = uext4::mkfs::MkfsOptions::default_for(size);
-    if a.block_size != 1024 && a.block_size != 4096 {
-        bail!("--block-size {}: use 1024 or 4096", a.block_size);
-    }
     o.block_size = a.block_size;
     o.journal_blocks = a
         .journal_size
         .map(|m| ((m as u64) << 20).div_ceil(a.block_size as u64) as u32);
     o.label = a.label.unwrap_or_default();
     o.assume_zeroed = fresh;
-    if let Some(f) = &a.features {
-        o.features.apply(f)?;
-    }
+    o.features = features;
     uext4::mkfs::mkfs(&dev, &o).with_context(|| a.image.display().to_string())?;
     drop(dev);
     // One line of summary, read back from what was written.
@@ -405,8 +411,9 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
         "no journal".to_string()
     };
     println!(
-        "{}: ext4, {} MiB, {} blocks of {} bytes, {} inodes, {journal}",
+        "{}: {}, {} MiB, {} blocks of {} bytes, {} inodes, {journal}",
         a.image.display(),
+        o.features.type_name(),
         size >> 20,
         fs.geo.blocks_count,
         fs.geo.block_size,

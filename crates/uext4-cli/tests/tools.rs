@@ -502,12 +502,23 @@ fn tree_goes_in_and_comes_back_equal() {
     let hole = std::fs::metadata(back.0.join("src/hole")).unwrap();
     assert_eq!((hole.len(), hole.blocks()), (5 << 20, 0));
 
-    // Image to image: into a second image, and within the same one; then out and equal.
+    // Image to image: into a second image (ext3: block maps, 1 KiB blocks), and within the
+    // same one; then out and equal.
     let img2 = Scratch::new("rt-img2");
-    write_ok(
+    let made = write_ok(
         &img2,
-        &["mkfs", "--size", "128M", "--block-size", "1024", img2.s()],
+        &[
+            "mkfs",
+            "-t",
+            "ext3",
+            "--size",
+            "128M",
+            "--block-size",
+            "1024",
+            img2.s(),
+        ],
     );
+    assert!(made.contains(": ext3, 128 MiB"), "{made}");
     write_ok(&img2, &["cp", "-r", &img.at("/src"), &img2.at("/")]);
     write_ok(&img, &["cp", "-r", &img.at("/src"), &img.at("/again")]);
     let birth = |p: &str| {
@@ -699,6 +710,16 @@ fn errors_are_one_line() {
     assert!(fails(&["info", "/no/such/image.img"]).contains("/no/such/image.img"));
     assert!(fails(&["mkfs", "--block-size", "2048", "--size", "32M", i]).contains("1024 or 4096"));
     assert!(fails(&["mkfs", "-O", "bogus", i]).contains("bogus"));
+    let never = img.0.with_extension("never").display().to_string();
+    assert!(fails(&["mkfs", "-t", "xfs", "--size", "32M", &never]).contains("\"xfs\""));
+    assert!(
+        fails(&["mkfs", "-t", "ext3", "-O", "64bit", "--size", "32M", &never])
+            .contains("64bit needs the extent feature")
+    );
+    assert!(
+        !std::path::Path::new(&never).exists(),
+        "a refused mkfs made no file"
+    );
     fails(&["mkfs", "--size", "64K", short.s()]);
     fails(&["mkfs", "--size", "lots", short.s()]);
     assert!(fails(&["mkfs", &short.0.join("x.img").display().to_string()]).contains("--size"));

@@ -45,7 +45,7 @@ pub struct FeatureSet {
     pub dir_index: bool,
     /// Always on (uext4 writes directory entries with file types).
     pub filetype: bool,
-    /// Always on (uext4 writes extent trees only).
+    /// Extent trees; without it, files map their blocks with indirect blocks (ext2/ext3).
     pub extents: bool,
     pub has_64bit: bool,
     /// flex_bg with 16 groups per flex group.
@@ -100,6 +100,63 @@ impl FeatureSet {
         }
     }
 
+    /// `mke2fs -t ext3`: the base features of mke2fs.conf and a journal; block maps.
+    pub fn ext3() -> Self {
+        FeatureSet {
+            has_journal: true,
+            extents: false,
+            has_64bit: false,
+            flex_bg: false,
+            huge_file: false,
+            dir_nlink: false,
+            extra_isize: false,
+            metadata_csum: false,
+            uninit_bg: false,
+            ..FeatureSet::ext4()
+        }
+    }
+
+    /// `mke2fs -t ext2`: as ext3 without the journal.
+    pub fn ext2() -> Self {
+        FeatureSet {
+            has_journal: false,
+            ..FeatureSet::ext3()
+        }
+    }
+
+    /// The preset for a filesystem type name (`mke2fs -t`).
+    pub fn for_type(name: &str) -> Result<Self> {
+        match name {
+            "ext2" => Ok(FeatureSet::ext2()),
+            "ext3" => Ok(FeatureSet::ext3()),
+            "ext4" => Ok(FeatureSet::ext4()),
+            _ => Err(Error::Unsupported(format!(
+                "filesystem type {name:?} (uext4 mkfs makes ext2, ext3 and ext4)"
+            ))),
+        }
+    }
+
+    /// The name a filesystem with these features goes by: ext4 with any of ext4's own
+    /// features, else ext3 with a journal, else ext2.
+    pub fn type_name(&self) -> &'static str {
+        if self.extents
+            || self.flex_bg
+            || self.has_64bit
+            || self.huge_file
+            || self.dir_nlink
+            || self.extra_isize
+            || self.metadata_csum
+            || self.uninit_bg
+            || self.orphan_file
+        {
+            "ext4"
+        } else if self.has_journal {
+            "ext3"
+        } else {
+            "ext2"
+        }
+    }
+
     /// Applies a mke2fs-style list: `feature` to set, `^feature` to clear.
     pub fn apply(&mut self, list: &str) -> Result<()> {
         for f in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -138,9 +195,9 @@ impl FeatureSet {
 
     /// Refuses combinations uext4 cannot make.
     pub fn check(&self) -> Result<()> {
-        if !self.extents {
-            return Err(Error::Unsupported(
-                "mkfs without the extent feature (uext4 writes extent trees only)".into(),
+        if !self.extents && self.has_64bit {
+            return Err(Error::Invalid(
+                "64bit needs the extent feature (block maps hold 32-bit block numbers)".into(),
             ));
         }
         if !self.filetype {
@@ -587,6 +644,87 @@ impl Blocks {
     }
 }
 
+/// A file's block map (no extent feature) as mke2fs lays one out: data and indirect blocks
+/// allocated in one pass from a goal, each indirect block just before the first data block
+/// it maps (the order ext2fs_bmap allocates them in).
+struct BlockMap {
+    i_block: [u32; 15],
+    /// The indirect blocks and their contents.
+    nodes: Vec<(u64, Vec<u8>)>,
+    /// The data blocks, as runs.
+    runs: Vec<(u64, u64)>,
+}
+
+impl Blocks {
+    /// The next free block after `cur`, taken; `cur` moves to it.
+    fn take_next(&mut self, cur: &mut u64) -> Option<u64> {
+        let b = self.new_block(*cur)?;
+        self.mark(b, 1, true);
+        *cur = b;
+        Some(b)
+    }
+
+    /// Allocates `n` data blocks from `goal` on with the indirect blocks that map them (twelve
+    /// direct pointers, then single, double and triple indirect blocks of `bs / 4` pointers).
+    /// None when the space (or the triple indirect block's reach) runs out.
+    fn alloc_block_mapped(&mut self, goal: u64, n: u64, bs: u32) -> Option<BlockMap> {
+        let apb = bs as u64 / 4;
+        let mut m = BlockMap {
+            i_block: [0; 15],
+            nodes: Vec::new(),
+            runs: Vec::new(),
+        };
+        let mut cur = goal;
+        // The indirect blocks being filled, top first (indices into `m.nodes`).
+        let mut path: Vec<usize> = Vec::new();
+        for l in 0..n {
+            // Where block l's pointer goes: an i_block slot, then an index at each level.
+            let (slot, idx): (usize, Vec<u64>) = match l.checked_sub(12) {
+                None => (l as usize, vec![]),
+                Some(r) if r < apb => (12, vec![r]),
+                Some(r) if r - apb < apb * apb => {
+                    let r = r - apb;
+                    (13, vec![r / apb, r % apb])
+                }
+                Some(r) => {
+                    let r = r - apb - apb * apb;
+                    if r >= apb * apb * apb {
+                        return None;
+                    }
+                    (14, vec![r / (apb * apb), r / apb % apb, r % apb])
+                }
+            };
+            // An indirect block starts where every index from its level down is zero.
+            for k in 0..idx.len() {
+                if idx[k..].iter().all(|&i| i == 0) {
+                    let b = self.take_next(&mut cur)?;
+                    m.nodes.push((b, vec![0u8; bs as usize]));
+                    match k.checked_sub(1) {
+                        None => m.i_block[slot] = b as u32,
+                        Some(up) => put32(&mut m.nodes[path[up]].1, 4 * idx[up] as usize, b as u32),
+                    }
+                    path.truncate(k);
+                    path.push(m.nodes.len() - 1);
+                }
+            }
+            let d = self.take_next(&mut cur)?;
+            match idx.last() {
+                None => m.i_block[slot] = d as u32,
+                Some(&i) => put32(
+                    &mut m.nodes[path[idx.len() - 1]].1,
+                    4 * i as usize,
+                    d as u32,
+                ),
+            }
+            match m.runs.last_mut() {
+                Some((s, len)) if *s + *len == d => *len += 1,
+                _ => m.runs.push((d, 1)),
+            }
+        }
+        Some(m)
+    }
+}
+
 /// Offsets of fields the superblock module has no accessor for.
 const SB_OVERHEAD_CLUSTERS: usize = 0x248;
 
@@ -779,6 +917,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
     let free_now = |bm: &Blocks, g: u32| -> u64 {
         (gfirst(g)..=glast(g)).filter(|&b| !bm.test(b)).count() as u64
     };
+    let mut jmap = None;
     let jruns = if jblocks > 0 {
         let free_total = blocks - (0..blocks).filter(|&b| bm.test(b)).count() as u64;
         // mke2fs checks only a size it was given.
@@ -806,7 +945,17 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
                 best = g;
             }
         }
-        bm.alloc_runs(gfirst(best), jblocks).ok_or_else(too_small)?
+        if f.extents {
+            bm.alloc_runs(gfirst(best), jblocks).ok_or_else(too_small)?
+        } else {
+            // mke2fs maps it block by block from inode 8's group, the first.
+            let map = bm
+                .alloc_block_mapped(fdb, jblocks, bs)
+                .ok_or_else(too_small)?;
+            let runs = map.runs.clone();
+            jmap = Some(map);
+            runs
+        }
     } else {
         Vec::new()
     };
@@ -817,10 +966,18 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
     } else {
         0
     };
-    let oruns = if orphan_blocks > 0 {
+    let mut omap = None;
+    let oruns = if orphan_blocks == 0 {
+        Vec::new()
+    } else if f.extents {
         bm.alloc_runs(fdb, orphan_blocks).ok_or_else(too_small)?
     } else {
-        Vec::new()
+        let map = bm
+            .alloc_block_mapped(fdb, orphan_blocks, bs)
+            .ok_or_else(too_small)?;
+        let runs = map.runs.clone();
+        omap = Some(map);
+        runs
     };
 
     let uuid = opts.uuid.unwrap_or_else(|| {
@@ -846,7 +1003,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
     );
     sb.set_feature_incompat(
         INCOMPAT_FILETYPE
-            | INCOMPAT_EXTENTS
+            | flag(f.extents, INCOMPAT_EXTENTS)
             | flag(f.has_64bit, INCOMPAT_64BIT)
             | flag(f.flex_bg, INCOMPAT_FLEX_BG)
             | flag(f.metadata_csum && f.metadata_csum_seed, INCOMPAT_CSUM_SEED),
@@ -906,7 +1063,8 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         FLAGS_UNSIGNED_HASH
     });
     sb.set_default_mount_opts(0x000C); // user_xattr, acl
-    if f.extra_isize && isz > GOOD_OLD_INODE_SIZE as u64 {
+                                       // mke2fs records the extra size whenever the inodes have room, feature or not.
+    if isz > GOOD_OLD_INODE_SIZE as u64 {
         sb.set_min_extra_isize(EXTRA_ISIZE);
         sb.set_want_extra_isize(EXTRA_ISIZE);
     }
@@ -1055,6 +1213,42 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
             Ok(1)
         };
 
+    // Without the extent feature: the block map allocated with the data (journal, orphan
+    // file), or direct pointers alone (the directories' twelve blocks at most).
+    let block_map = |raw: &mut RawInode, runs: &[(u64, u64)], map: Option<&BlockMap>| {
+        let root = raw.i_block_mut();
+        root.fill(0);
+        if let Some(m) = map {
+            for (i, &p) in m.i_block.iter().enumerate() {
+                put32(root, 4 * i, p);
+            }
+            for (blk, data) in &m.nodes {
+                put(blk * bs64, data)?;
+            }
+            return Ok(m.nodes.len() as u64);
+        }
+        let blocks = runs.iter().flat_map(|&(s, l)| s..s + l);
+        for (i, b) in blocks.enumerate() {
+            if i >= 12 {
+                return Err(Error::Invalid("directory of more than 12 blocks".into()));
+            }
+            put32(root, 4 * i, b as u32);
+        }
+        Ok(0)
+    };
+    let map_blocks = |bm: &mut Blocks,
+                      ino: u32,
+                      raw: &mut RawInode,
+                      runs: &[(u64, u64)],
+                      map: Option<&BlockMap>|
+     -> Result<u64> {
+        if f.extents {
+            extent_tree(bm, ino, raw, runs)
+        } else {
+            block_map(raw, runs, map)
+        }
+    };
+
     for ino in 1..GOOD_OLD_FIRST_INO {
         if ino == ROOT_INO
             || (ino == JOURNAL_INO && jblocks > 0)
@@ -1073,7 +1267,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
     }
     let sectors = bs64 / 512;
     let mut root = new_inode(S_IFDIR | 0o755, 3);
-    extent_tree(&mut bm, ROOT_INO, &mut root, &[(root_blk, 1)])?;
+    map_blocks(&mut bm, ROOT_INO, &mut root, &[(root_blk, 1)], None)?;
     root.set_size(bs64);
     root.set_blocks_512(sectors);
     write_inode(ROOT_INO, &mut root)?;
@@ -1088,7 +1282,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         }
         runs
     };
-    let extra = extent_tree(&mut bm, GOOD_OLD_FIRST_INO, &mut lpf, &lpf_runs)?;
+    let extra = map_blocks(&mut bm, GOOD_OLD_FIRST_INO, &mut lpf, &lpf_runs, None)?;
     lpf.set_size(lpf_n * bs64);
     lpf.set_blocks_512((lpf_n + extra) * sectors);
     write_inode(GOOD_OLD_FIRST_INO, &mut lpf)?;
@@ -1127,7 +1321,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
 
     if jblocks > 0 {
         let mut j = new_inode(S_IFREG | 0o600, 1);
-        let extra = extent_tree(&mut bm, JOURNAL_INO, &mut j, &jruns)?;
+        let extra = map_blocks(&mut bm, JOURNAL_INO, &mut j, &jruns, jmap.as_ref())?;
         j.set_size(jblocks * bs64);
         j.set_blocks_512((jblocks + extra) * sectors);
         let mut ib60 = [0u8; 60];
@@ -1152,7 +1346,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
 
     if orphan_blocks > 0 {
         let mut o = new_inode(S_IFREG | 0o600, 1);
-        let extra = extent_tree(&mut bm, orphan_ino, &mut o, &oruns)?;
+        let extra = map_blocks(&mut bm, orphan_ino, &mut o, &oruns, omap.as_ref())?;
         o.set_size(orphan_blocks * bs64);
         o.set_blocks_512((orphan_blocks + extra) * sectors);
         write_inode(orphan_ino, &mut o)?;
@@ -1370,8 +1564,23 @@ mod tests {
         let mut f = FeatureSet::ext4();
         f.apply("^metadata_csum,^resize_inode,orphan_file").unwrap();
         assert!(!f.metadata_csum && !f.resize_inode && f.orphan_file && f.uninit_bg);
-        assert!(f.clone().apply("^extent").is_err());
+        assert!(f.clone().apply("^extent").is_err(), "64bit needs extents");
+        assert!(f.clone().apply("^extent,^64bit").is_ok());
         assert!(f.clone().apply("bigalloc").is_err());
+        // The presets are mke2fs.conf's: ext3 is ext4 less its own features, ext2 that less
+        // the journal.
+        let mut ext3 = FeatureSet::ext4();
+        ext3.apply(
+            "^extent,^64bit,^flex_bg,^huge_file,^dir_nlink,^extra_isize,^metadata_csum,^uninit_bg",
+        )
+        .unwrap();
+        assert_eq!(FeatureSet::for_type("ext3").unwrap(), ext3);
+        assert_eq!(ext3.type_name(), "ext3");
+        ext3.apply("^has_journal").unwrap();
+        assert_eq!(FeatureSet::for_type("ext2").unwrap(), ext3);
+        assert_eq!(ext3.type_name(), "ext2");
+        assert_eq!(FeatureSet::for_type("ext4").unwrap().type_name(), "ext4");
+        assert!(FeatureSet::for_type("xfs").is_err());
         assert!(FeatureSet::ext4()
             .apply("^has_journal,orphan_file")
             .is_err());

@@ -144,7 +144,8 @@ fn round(size: u64, bs: u32, feats: &str, kernel: bool) {
 }
 
 /// The configurations: the mke2fs default, without metadata_csum (uninit_bg then), without
-/// 64bit, without resize_inode, with orphan_file and metadata_csum_seed, and a few mixes.
+/// 64bit, without resize_inode, with orphan_file and metadata_csum_seed, a few mixes, and
+/// ext3, ext2 and ext4 with block maps.
 const FEATURES: &[&str] = &[
     "",
     "^metadata_csum",
@@ -154,7 +155,16 @@ const FEATURES: &[&str] = &[
     "^64bit,^metadata_csum,^resize_inode",
     "^flex_bg",
     "^metadata_csum,^uninit_bg",
+    EXT3,
+    EXT2,
+    "^extent,^64bit",
 ];
+
+/// What `mke2fs -t ext3` and `-t ext2` leave out of ext4's features (block maps).
+const EXT3: &str =
+    "^extent,^64bit,^flex_bg,^huge_file,^dir_nlink,^extra_isize,^metadata_csum,^uninit_bg";
+const EXT2: &str = "^has_journal,^extent,^64bit,^flex_bg,^huge_file,^dir_nlink,^extra_isize,\
+     ^metadata_csum,^uninit_bg";
 
 fn size_matrix(size: u64, kernel_all: bool) {
     let kernel = can_loop_mount();
@@ -280,6 +290,10 @@ fn layout_matches_mke2fs() {
             "^64bit,^metadata_csum",
             "^64bit,^metadata_csum,uninit_bg",
         ),
+        // Block maps: the journal's indirect blocks among its data, as mke2fs allocates them.
+        (600 * MIB, 1024, 256, 16384, EXT3, EXT3),
+        (5 << 30, 4096, 256, 16384, EXT3, EXT3),
+        (600 * MIB, 4096, 128, 8192, EXT2, EXT2),
     ];
     for &(size, bs, isz, ratio, ours, theirs) in cases {
         let what = format!("{} MiB, {bs}, inode {isz}/{ratio}, {ours:?}", size / MIB);
