@@ -71,6 +71,9 @@ pub struct Page {
     reserved: bool,
     /// Its writeback changes the mapping (it lies over a hole or an unwritten extent).
     maps: bool,
+    /// It changes the mapping inside the mapped range, not past its end: its extents may go
+    /// into any existing leaf, not only the last.
+    inner: bool,
 }
 
 /// An inode's dirty pages and the size its on-disk data backs.
@@ -81,8 +84,10 @@ pub struct Dirty {
     pub disk_size: u64,
     /// Writeback is running: the ordinary write path it calls keeps the file's times.
     pub(crate) in_writeback: bool,
-    /// Pages whose writeback changes the mapping (`Page::maps`).
+    /// Pages whose writeback changes the mapping (`Page::maps`), and of them those inside the
+    /// mapped range (`Page::inner`).
     maps: u64,
+    inner: u64,
     /// Mapping blocks reserved for this inode's writeback (in `Registry::md_reserved`).
     md: u64,
 }
@@ -90,6 +95,18 @@ pub struct Dirty {
 impl Dirty {
     pub(crate) fn overlaps(&self, first: u64, last: u64) -> bool {
         self.pages.range(first..=last).next().is_some()
+    }
+
+    /// Counts a page coming into the cache.
+    fn count_in(&mut self, p: &Page) {
+        self.maps += p.maps as u64;
+        self.inner += p.inner as u64;
+    }
+
+    /// Counts a page leaving the cache.
+    fn count_out(&mut self, p: &Page) {
+        self.maps -= p.maps as u64;
+        self.inner -= p.inner as u64;
     }
 
     /// The first and last logical block that has a page ((0, 0) when none has).
@@ -161,16 +178,27 @@ impl Fs {
             .saturating_sub(held)
     }
 
-    /// Mapping blocks that writing back `maps` mapping-changing pages, the cached ones lying in
-    /// `span` (first and last logical block), may allocate at worst.
+    /// Mapping blocks that writing back `maps` mapping-changing pages (`inner` of them inside
+    /// the mapped range), the cached ones lying in `span` (first and last logical block), may
+    /// allocate at worst.
     ///
-    /// Extents: none while they fit in the inode; else a leaf per half-full leaf of new extents
-    /// (a page over an unwritten extent may split it in three: two new extents each), on every
-    /// level above as many index blocks as those new blocks fill half-full plus one split, and
-    /// one more level. Indirect blocks: past the twelve direct blocks, a single indirect block
-    /// per `bs / 4` blocks of the span, and a double indirect one per `(bs / 4)^2`, but never
-    /// more than one per page on either level; and the triple indirect block.
-    pub(crate) fn delalloc_md_need(&self, st: &InodeState, maps: u64, span: (u64, u64)) -> u64 {
+    /// Extents: none while they fit in the inode. Else each page adds at most two extents (one
+    /// over an unwritten extent splits it in three). Past the mapped end they all go into the
+    /// last leaf, which splits off its last entry when full and fills the new leaf: a leaf
+    /// per half-full leaf of them, and one. Inside the mapped range each may land in a
+    /// different full leaf, which splits in half: a leaf per half-full leaf of them and one per
+    /// leaf they touch (no more than the pages, nor than the extents there are). Each new
+    /// block may split a full node on every level above, and the root may move down twice.
+    /// Indirect blocks: past the twelve direct blocks, a single indirect block per `bs / 4`
+    /// blocks of the span, and a double indirect one per `(bs / 4)^2`, but never more than one
+    /// per page on either level; and the triple indirect block.
+    pub(crate) fn delalloc_md_need(
+        &self,
+        st: &InodeState,
+        maps: u64,
+        inner: u64,
+        span: (u64, u64),
+    ) -> u64 {
         if maps == 0 {
             return 0;
         }
@@ -187,27 +215,27 @@ impl Fs {
             return maps.min(width / per + 2) + maps.min(width / (per * per) + 2) + 1;
         }
         let have = st.extents.as_ref().map_or(0, |c| c.map.len() as u64);
-        let added = 2 * maps;
-        if have + added <= 4 {
+        if have + 2 * maps <= 4 {
             return 0;
         }
         let half = ((bs - 12) / 12 / 2).max(1);
-        let mut level = added.div_ceil(half);
-        let mut total = level;
-        for _ in 0..=self.ext_depth(st) {
-            level = level.div_ceil(half) + 1;
-            total += level;
+        let inner = inner.min(maps);
+        let appended = 2 * (maps - inner);
+        let mut leaves = appended.div_ceil(half) + 1;
+        if inner > 0 {
+            leaves += (2 * inner).min((2 * inner).div_ceil(half) + inner.min(have.max(1)));
         }
-        total
+        let levels = self.ext_depth(st) as u64 + 1;
+        leaves * levels + leaves.div_ceil(half) + 2
     }
 
     /// Sets the inode's mapping-block reservation to what its pages need now.
     fn delalloc_md_update(&self, st: &mut InodeState) {
-        let (maps, span, old) = match st.delalloc.as_ref() {
-            Some(d) => (d.maps, d.span(), d.md),
+        let (maps, inner, span, old) = match st.delalloc.as_ref() {
+            Some(d) => (d.maps, d.inner, d.span(), d.md),
             None => return,
         };
-        let need = self.delalloc_md_need(st, maps, span);
+        let need = self.delalloc_md_need(st, maps, inner, span);
         if need >= old {
             self.delalloc
                 .md_reserved
@@ -253,14 +281,21 @@ impl Fs {
                 if !cached && self.is_overwrite(inode.ino, &mut st, off, end)? {
                     return Ok(false);
                 }
-                let (pages, holes, maps) = self.new_pages(inode.ino, &mut st, first, last)?;
-                let (had, md, span) = st
-                    .delalloc
-                    .as_ref()
-                    .map_or((0, 0, (first, last)), |d| (d.maps, d.md, d.span()));
-                let span = (span.0.min(first), span.1.max(last));
-                let need = self.delalloc_md_need(&st, had + maps, span);
-                (pages, holes, need.saturating_sub(md))
+                let (pages, holes, maps, inner) =
+                    self.new_pages(inode.ino, &mut st, first, last)?;
+                // Only pages that change the mapping change the reservation.
+                let md_more = if maps == 0 {
+                    0
+                } else {
+                    let (had, had_inner, md, span) =
+                        st.delalloc.as_ref().map_or((0, 0, 0, (first, last)), |d| {
+                            (d.maps, d.inner, d.md, d.span())
+                        });
+                    let span = (span.0.min(first), span.1.max(last));
+                    self.delalloc_md_need(&st, had + maps, had_inner + inner, span)
+                        .saturating_sub(md)
+                };
+                (pages, holes, md_more)
             };
             let (space_short, memory_over) = self.room_for(pages, holes + md_more);
             if !space_short && (!memory_over || wrote_back) {
@@ -284,6 +319,7 @@ impl Fs {
         // then the insertion, which cannot fail: an error leaves the cache and its counters as
         // they were.
         let mut fresh = Vec::new();
+        let mapped_end = Self::mapped_end(st);
         for lblk in first..=last {
             if st
                 .delalloc
@@ -303,12 +339,14 @@ impl Fs {
                     self.dev.read_at(phys, &mut page[..n])?;
                 }
             }
+            let maps = m.is_none_or(|e| e.unwritten);
             fresh.push((
                 lblk,
                 Page {
                     data: page,
                     reserved: m.is_none(),
-                    maps: m.is_none_or(|e| e.unwritten),
+                    maps,
+                    inner: maps && lblk < mapped_end,
                 },
             ));
         }
@@ -321,11 +359,14 @@ impl Fs {
                 disk_size,
                 in_writeback: false,
                 maps: 0,
+                inner: 0,
                 md: 0,
             })
         });
-        d.maps += maps;
-        d.pages.extend(fresh);
+        for (lblk, p) in fresh {
+            d.count_in(&p);
+            d.pages.insert(lblk, p);
+        }
         for lblk in first..=last {
             let bstart = lblk * bs;
             let from = off.max(bstart);
@@ -371,17 +412,25 @@ impl Fs {
         Ok(true)
     }
 
+    /// Where the file's mapping ends: past its last extent (0 without a cached mapping).
+    fn mapped_end(st: &InodeState) -> u64 {
+        st.extents
+            .as_ref()
+            .and_then(|c| c.map.last_key_value())
+            .map_or(0, |(_, e)| e.end())
+    }
+
     /// Of logical blocks `first..=last`, how many have no page yet, how many of those lie over
-    /// a hole (each needs a block reserved), and how many change the mapping when written back
-    /// (over a hole or an unwritten extent).
+    /// a hole (each needs a block reserved), how many change the mapping when written back
+    /// (over a hole or an unwritten extent), and how many of those lie inside the mapped range.
     fn new_pages(
         &self,
         ino: u32,
         st: &mut InodeState,
         first: u64,
         last: u64,
-    ) -> Result<(u64, u64, u64)> {
-        let (mut pages, mut holes, mut maps) = (0, 0, 0);
+    ) -> Result<(u64, u64, u64, u64)> {
+        let (mut pages, mut holes, mut maps, mut inner) = (0, 0, 0, 0);
         for lblk in first..=last {
             if st
                 .delalloc
@@ -393,9 +442,12 @@ impl Fs {
             pages += 1;
             let m = self.ext_map(ino, st, lblk as u32)?;
             holes += m.is_none() as u64;
-            maps += m.is_none_or(|e| e.unwritten) as u64;
+            let changes = m.is_none_or(|e| e.unwritten);
+            maps += changes as u64;
+            // (ext_map has loaded the mapping.)
+            inner += (changes && lblk < Self::mapped_end(st)) as u64;
         }
-        Ok((pages, holes, maps))
+        Ok((pages, holes, maps, inner))
     }
 
     /// Whether `more` more reserved blocks would leave too little free space, and whether
@@ -475,7 +527,7 @@ impl Fs {
                 for l in start..start + n {
                     let p = d.pages.remove(&l).expect("counted above");
                     buf.extend_from_slice(&p.data);
-                    d.maps -= p.maps as u64;
+                    d.count_out(&p);
                     pages.push((l, p));
                 }
                 d.in_writeback = true;
@@ -508,8 +560,10 @@ impl Fs {
                 Err(e) => {
                     // Keep the data for a later attempt (fsync reports the error now).
                     if let Some(d) = st.delalloc.as_mut() {
-                        d.maps += pages.iter().filter(|(_, p)| p.maps).count() as u64;
-                        d.pages.extend(pages);
+                        for (l, p) in pages {
+                            d.count_in(&p);
+                            d.pages.insert(l, p);
+                        }
                     }
                     return Err(e);
                 }
@@ -542,7 +596,9 @@ impl Fs {
         };
         let first_whole = from.div_ceil(bs);
         let gone = d.pages.split_off(&first_whole);
-        d.maps -= gone.values().filter(|p| p.maps).count() as u64;
+        for p in gone.values() {
+            d.count_out(p);
+        }
         self.delalloc.release(gone.values(), bs);
         if !from.is_multiple_of(bs) {
             if let Some(p) = d.pages.get_mut(&(from / bs)) {

@@ -472,6 +472,10 @@ struct CheckpointState {
     /// Someone waits for checkpoint progress (a drain, a commit short of log space): write
     /// home now instead of waiting for more commits to batch.
     urgent: bool,
+    /// Batches not written home (a write failed, or the journal aborted): their buffers stay
+    /// pinned in the cache, which holds the only current copy of those blocks until the
+    /// filesystem goes (recovery then replays them from the log).
+    abandoned: Vec<CheckpointJob>,
 }
 
 /// How long the checkpointer lets committed transactions gather before writing them home,
@@ -588,11 +592,14 @@ pub(crate) fn spawn_checkpointer(
                 }
                 None => Ok(()),
             };
-            drop(batch);
             let mut s = ckpt.state.lock();
             s.busy = false;
-            if let Err(e) = r {
-                s.error.get_or_insert(e.to_string());
+            match r {
+                Ok(()) => drop(batch),
+                Err(e) => {
+                    s.error.get_or_insert(e.to_string());
+                    s.abandoned.extend(batch);
+                }
             }
             ckpt.done.notify_all();
         })

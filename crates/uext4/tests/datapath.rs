@@ -562,6 +562,70 @@ fn fill_sparse_and_fsync(
     files
 }
 
+/// Buffered pages that fill holes inside a large extent tree may each split a different full
+/// leaf (and the index blocks above): the reservation covers that too. A file of one-block
+/// extents (1 KiB blocks, 84 to a leaf, depth 2), its physical gaps taken by another file,
+/// gets one page in every leaf on a nearly full filesystem: whatever the writes accepted,
+/// sync finds room for.
+#[test]
+fn buffered_writes_into_full_leaves_leave_room_for_splits() {
+    let img = scratch("bufsplit");
+    mke2fs(&img.0, "32M", &["-b", "1024", "-O", "^has_journal"]);
+    let n_ext = 11_000u64;
+    let (a, c) = {
+        let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+        let a = fs.create(2, b"a", 0o644, 0, 0).unwrap().ino;
+        let b = fs.create(2, b"b", 0o644, 0, 0).unwrap().ino;
+        for k in 0..n_ext {
+            fs.write(a, 2 * k * 1024, &[1u8; 1024]).unwrap();
+            fs.write(b, k * 1024, &[2u8; 1024]).unwrap();
+        }
+        assert_eq!(fs.ext_list(a).unwrap().len() as u64, n_ext);
+        // Fill what is left, then give back 250 blocks.
+        let c = fs.create(2, b"c", 0o644, 0, 0).unwrap().ino;
+        let mut size = 0u64;
+        while fs.write(c, size, &[3u8; 16 << 10]).is_ok() {
+            size += 16 << 10;
+        }
+        let free = fs.statfs().blocks_free;
+        fs.truncate(c, size - (250 - free.min(250)) * 1024).unwrap();
+        fs.unmount().unwrap();
+        (a, c)
+    };
+    let fs = open_buffered(&img);
+    assert!(
+        fs.statfs().blocks_free <= 280,
+        "{}",
+        fs.statfs().blocks_free
+    );
+    let mut accepted = Vec::new();
+    for leaf in 0..n_ext / 84 {
+        let lblk = 2 * (84 * leaf + 40) + 1;
+        match fs.write(a, lblk * 1024, &[9u8; 1024]) {
+            Ok(_) => accepted.push(lblk),
+            Err(uext4::Error::NoSpace) => {}
+            Err(e) => panic!("page {lblk}: {e}"),
+        }
+    }
+    assert!(
+        accepted.len() > 10,
+        "only {} pages accepted",
+        accepted.len()
+    );
+    fs.sync()
+        .unwrap_or_else(|e| panic!("sync after {} accepted pages: {e}", accepted.len()));
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+    let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
+    let mut got = [0u8; 1024];
+    for &lblk in &accepted {
+        fs.read(a, lblk * 1024, &mut got).unwrap();
+        assert!(got.iter().all(|&x| x == 9), "page {lblk}");
+    }
+    assert!(fs.getattr(c).unwrap().size > 0);
+}
+
 /// The same for block-mapped files (ext3): pages far apart each need an indirect block of
 /// their own, and a double indirect one past the first 268 blocks.
 #[test]
