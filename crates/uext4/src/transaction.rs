@@ -366,7 +366,8 @@ impl crate::fs::Fs {
     /// the journal). Fails if a background checkpoint failed.
     pub(crate) fn checkpoint_drain(&self) -> crate::Result<()> {
         let mut s = self.ckpt.state.lock();
-        while !s.jobs.is_empty() || s.busy {
+        // After a failure nothing more goes home (and the thread may be gone): stop waiting.
+        while (!s.jobs.is_empty() || s.busy) && s.error.is_none() {
             // Again each round: transactions committed meanwhile must not wait for a batch.
             s.urgent = true;
             self.ckpt.work.notify_one();
@@ -535,75 +536,114 @@ pub(crate) fn spawn_checkpointer(
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("uext4-checkpoint".into())
-        .spawn(move || loop {
-            let batch: Vec<CheckpointJob> = {
-                let mut s = ckpt.state.lock();
-                while s.jobs.is_empty() {
-                    let idle = ckpt
-                        .work
-                        .wait_for(&mut s, std::time::Duration::from_millis(200))
-                        .timed_out();
-                    if idle && fs.strong_count() == 0 {
-                        return;
-                    }
-                }
-                // Let more commits join the batch, unless someone waits or the log fills.
-                let until = std::time::Instant::now() + CHECKPOINT_BATCH_DELAY;
-                while !s.urgent && fs.strong_count() > 0 {
-                    if parking_lot::MutexGuard::unlocked(&mut s, || log_filling(&fs)) {
-                        break;
-                    }
-                    // A hurry() while the lock was let go above notified no one: look again.
-                    if s.urgent || ckpt.work.wait_until(&mut s, until).timed_out() {
-                        break;
-                    }
-                }
-                s.urgent = false;
-                s.busy = true;
-                s.jobs.drain(..).collect()
+        .spawn(move || {
+            let _exit = CheckpointerExit {
+                fs: fs.clone(),
+                ckpt: ckpt.clone(),
             };
-            let r = match fs.upgrade() {
-                Some(f) if f.journal.get().is_some_and(|j| j.is_aborted()) => {
-                    // After an abort nothing more goes home: the log keeps every committed
-                    // transaction, and recovery replays them in order (as the kernel leaves
-                    // an aborted journal).
-                    Err(crate::Error::Stopped("journal aborted".into()))
-                }
-                Some(f) => {
-                    // A panic here must not leave `busy` set: drains would wait forever.
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        f.checkpoint_batch(&batch)
-                    }))
-                    .unwrap_or_else(|_| {
-                        Err(crate::Error::Stopped(
-                            "the checkpoint thread panicked".into(),
-                        ))
-                    });
-                    if let Err(e) = &r {
-                        // Nothing more may be committed: a later transaction's blocks could
-                        // go home while these did not, and the log cannot be freed.
-                        let why = format!("checkpoint failed: {e}");
-                        f.stop(&why);
-                        if let Some(j) = f.journal.get() {
-                            j.abort(&why);
-                        }
-                    }
-                    r
-                }
-                None => Ok(()),
-            };
-            let mut s = ckpt.state.lock();
-            s.busy = false;
-            match r {
-                Ok(()) => drop(batch),
-                Err(e) => {
-                    s.error.get_or_insert(e.to_string());
-                    s.abandoned.extend(batch);
-                }
-            }
-            ckpt.done.notify_all();
+            checkpointer_loop(fs, ckpt)
         })
         .map(|_| ())
+}
+
+/// The checkpoint thread's work: batches of committed transactions written home, until the
+/// filesystem goes.
+fn checkpointer_loop(fs: std::sync::Weak<crate::fs::Fs>, ckpt: Arc<Checkpointer>) {
+    loop {
+        let batch: Vec<CheckpointJob> = {
+            let mut s = ckpt.state.lock();
+            while s.jobs.is_empty() {
+                let idle = ckpt
+                    .work
+                    .wait_for(&mut s, std::time::Duration::from_millis(200))
+                    .timed_out();
+                if idle && fs.strong_count() == 0 {
+                    return;
+                }
+            }
+            // Let more commits join the batch, unless someone waits or the log fills.
+            let until = std::time::Instant::now() + CHECKPOINT_BATCH_DELAY;
+            while !s.urgent && fs.strong_count() > 0 {
+                if parking_lot::MutexGuard::unlocked(&mut s, || log_filling(&fs)) {
+                    break;
+                }
+                // A hurry() while the lock was let go above notified no one: look again.
+                if s.urgent || ckpt.work.wait_until(&mut s, until).timed_out() {
+                    break;
+                }
+            }
+            s.urgent = false;
+            s.busy = true;
+            s.jobs.drain(..).collect()
+        };
+        let r = match fs.upgrade() {
+            Some(f) if f.journal.get().is_some_and(|j| j.is_aborted()) => {
+                // After an abort nothing more goes home: the log keeps every committed
+                // transaction, and recovery replays them in order (as the kernel leaves
+                // an aborted journal).
+                Err(crate::Error::Stopped("journal aborted".into()))
+            }
+            Some(f) => {
+                // A panic here must not leave `busy` set: drains would wait forever.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    f.checkpoint_batch(&batch)
+                }))
+                .unwrap_or_else(|_| {
+                    Err(crate::Error::Stopped(
+                        "the checkpoint thread panicked".into(),
+                    ))
+                });
+                if let Err(e) = &r {
+                    // Nothing more may be committed: a later transaction's blocks could
+                    // go home while these did not, and the log cannot be freed.
+                    let why = format!("checkpoint failed: {e}");
+                    f.stop(&why);
+                    if let Some(j) = f.journal.get() {
+                        j.abort(&why);
+                    }
+                }
+                r
+            }
+            None => Ok(()),
+        };
+        let mut s = ckpt.state.lock();
+        s.busy = false;
+        match r {
+            Ok(()) => drop(batch),
+            Err(e) => {
+                s.error.get_or_insert(e.to_string());
+                s.abandoned.extend(batch);
+            }
+        }
+        ckpt.done.notify_all();
+    }
+}
+
+/// Should the checkpoint thread die of a panic outside a batch (inside one it is caught), the
+/// journal aborts and drains fail, rather than commits waiting for log space forever.
+struct CheckpointerExit {
+    fs: std::sync::Weak<crate::fs::Fs>,
+    ckpt: Arc<Checkpointer>,
+}
+
+impl Drop for CheckpointerExit {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let why = "the checkpoint thread panicked";
+        if let Some(f) = self.fs.upgrade() {
+            f.stop(why);
+            if let Some(j) = f.journal.get() {
+                j.abort(why);
+            }
+        }
+        let mut s = self.ckpt.state.lock();
+        s.busy = false;
+        s.error.get_or_insert(why.to_string());
+        drop(s);
+        self.ckpt.done.notify_all();
+    }
 }
 
 /// Marks a transaction lost if its commit unwinds (a panic) between taking it out of `running`
