@@ -93,8 +93,9 @@ pub struct MkfsArgs {
     /// Size, like 64M or 2G (default: the existing file's or device's size).
     #[arg(long)]
     size: Option<String>,
-    #[arg(long, default_value_t = 4096)]
-    block_size: u32,
+    /// 1024 or 4096 (default: as mke2fs, 1024 below 512 MiB, else 4096)
+    #[arg(long)]
+    block_size: Option<u32>,
     /// Journal size in MiB (0: no journal; default: mke2fs's default for the size).
     #[arg(long)]
     journal_size: Option<u32>,
@@ -350,8 +351,8 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
     if let Some(f) = &a.features {
         features.apply(f)?;
     }
-    if a.block_size != 1024 && a.block_size != 4096 {
-        bail!("--block-size {}: use 1024 or 4096", a.block_size);
+    if let Some(bs) = a.block_size.filter(|&b| b != 1024 && b != 4096) {
+        bail!("--block-size {bs}: use 1024 or 4096");
     }
     let exists = a.image.exists();
     let cur = if exists {
@@ -385,11 +386,10 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
     }
     let dev = uext4::blockdev::FileDevice::open(&a.image, false)
         .with_context(|| a.image.display().to_string())?;
-    let mut o = uext4::mkfs::MkfsOptions::default_for(size);
-    o.block_size = a.block_size;
+    let mut o = uext4::mkfs::MkfsOptions::like_mke2fs(size, a.block_size);
     o.journal_blocks = a
         .journal_size
-        .map(|m| ((m as u64) << 20).div_ceil(a.block_size as u64) as u32);
+        .map(|m| ((m as u64) << 20).div_ceil(o.block_size as u64) as u32);
     o.label = a.label.unwrap_or_default();
     o.assume_zeroed = fresh;
     o.features = features;

@@ -244,8 +244,8 @@ pub struct MkfsOptions {
 }
 
 impl MkfsOptions {
-    /// Defaults like `mke2fs -t ext4 -b 4096` for a filesystem of `size` bytes (mke2fs itself
-    /// would pick 1 KiB blocks below 512 MiB: set `block_size` for that).
+    /// Defaults like `mke2fs -t ext4 -b 4096 -i 16384` for a filesystem of `size` bytes (see
+    /// `like_mke2fs` for mke2fs's own choice by size).
     pub fn default_for(size: u64) -> Self {
         MkfsOptions {
             size,
@@ -257,6 +257,26 @@ impl MkfsOptions {
             uuid: None,
             features: FeatureSet::ext4(),
             assume_zeroed: false,
+        }
+    }
+
+    /// What `mke2fs -t ext4` picks for `size` bytes by its usage type (mke2fs.conf): floppy
+    /// below 3 MiB (1 KiB blocks, an inode per 8 KiB), small below 512 MiB (1 KiB blocks, an
+    /// inode per 4 KiB), default below 4 TiB (4 KiB blocks, an inode per 16 KiB), big below
+    /// 16 TiB (per 32 KiB), huge above (per 64 KiB). `block_size` overrides the type's.
+    pub fn like_mke2fs(size: u64, block_size: Option<u32>) -> Self {
+        const MIB: u64 = 1 << 20;
+        let (bs, ratio) = match size {
+            s if s < 3 * MIB => (1024, 8192),
+            s if s < 512 * MIB => (1024, 4096),
+            s if s < 4 << 40 => (4096, 16384),
+            s if s < 16 << 40 => (4096, 32768),
+            _ => (4096, 65536),
+        };
+        MkfsOptions {
+            block_size: block_size.unwrap_or(bs),
+            inode_ratio: ratio,
+            ..MkfsOptions::default_for(size)
         }
     }
 }

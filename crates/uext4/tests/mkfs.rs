@@ -313,32 +313,72 @@ fn layout_matches_mke2fs() {
         assert!(st.success(), "mke2fs for {what}");
         let ours_img = scratch("mkfs-ours");
         make_with(&ours_img.0, size, bs, isz, ratio, ours);
-        e2fsck_strict(&ours_img.0, &what);
-        let a = dumpe2fs_stable(&reference.0);
-        let b = dumpe2fs_stable(&ours_img.0);
-        let diffs: Vec<String> = a
-            .iter()
-            .zip(b.iter())
-            .filter(|(x, y)| x != y)
-            .map(|(x, y)| format!("mke2fs: {x}\nuext4:  {y}"))
-            .take(10)
-            .collect();
-        assert!(
-            diffs.is_empty() && a.len() == b.len(),
-            "{what}: dumpe2fs differs ({} vs {} lines):\n{}",
-            a.len(),
-            b.len(),
-            diffs.join("\n")
+        assert_same_layout(&reference.0, &ours_img.0, &what);
+    }
+}
+
+/// Our image passes e2fsck, and dumpe2fs and the special inodes' blocks equal mke2fs's.
+fn assert_same_layout(reference: &Path, ours: &Path, what: &str) {
+    e2fsck_strict(ours, what);
+    let a = dumpe2fs_stable(reference);
+    let b = dumpe2fs_stable(ours);
+    let diffs: Vec<String> = a
+        .iter()
+        .zip(b.iter())
+        .filter(|(x, y)| x != y)
+        .map(|(x, y)| format!("mke2fs: {x}\nuext4:  {y}"))
+        .take(10)
+        .collect();
+    assert!(
+        diffs.is_empty() && a.len() == b.len(),
+        "{what}: dumpe2fs differs ({} vs {} lines):\n{}",
+        a.len(),
+        b.len(),
+        diffs.join("\n")
+    );
+    // The same blocks for the resize inode, the journal, lost+found and the orphan file.
+    for ino in [7, 8, 11, 12] {
+        let req = format!("blocks <{ino}>");
+        assert_eq!(
+            debugfs(reference, &req),
+            debugfs(ours, &req),
+            "{what}: blocks of inode {ino}"
         );
-        // The same blocks for the resize inode, the journal, lost+found and the orphan file.
-        for ino in [7, 8, 11, 12] {
-            let req = format!("blocks <{ino}>");
-            assert_eq!(
-                debugfs(&reference.0, &req),
-                debugfs(&ours_img.0, &req),
-                "{what}: blocks of inode {ino}"
-            );
-        }
+    }
+}
+
+/// With no options, block size and inode count follow mke2fs's usage types (floppy below
+/// 3 MiB, small below 512 MiB, default above), as plain `mke2fs -t ext4` picks them.
+#[test]
+fn defaults_follow_mke2fs_usage_types() {
+    if !have("mke2fs") || !have("dumpe2fs") || !have("debugfs") {
+        eprintln!("SKIP: e2fsprogs (mke2fs, dumpe2fs, debugfs) not installed");
+        return;
+    }
+    for size in [2 * MIB, 64 * MIB, 511 * MIB, 512 * MIB] {
+        let what = format!("{} MiB, defaults", size / MIB);
+        let reference = scratch("mkfs-ref");
+        std::fs::File::create(&reference.0)
+            .unwrap()
+            .set_len(size)
+            .unwrap();
+        let st = Command::new("mke2fs")
+            .args(["-q", "-F", "-t", "ext4"])
+            .arg(&reference.0)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mke2fs for {what}");
+        let ours = scratch("mkfs-ours");
+        std::fs::File::create(&ours.0)
+            .unwrap()
+            .set_len(size)
+            .unwrap();
+        let dev = FileDevice::open(&ours.0, false).unwrap();
+        let mut o = MkfsOptions::like_mke2fs(size, None);
+        o.assume_zeroed = true;
+        mkfs(&dev, &o).unwrap_or_else(|e| panic!("{what}: {e}"));
+        drop(dev);
+        assert_same_layout(&reference.0, &ours.0, &what);
     }
 }
 
