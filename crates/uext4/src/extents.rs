@@ -607,9 +607,10 @@ impl Fs {
     }
 
     /// The most logical blocks a file with an indirect block map may have, as the kernel's
-    /// ext4_max_bitmap_size counts them: what the four levels of pointers reach, and, without
-    /// huge_file, what i_blocks (2^32 - 1 sectors) can count with every indirect block
-    /// included; never past 2^32 - 1.
+    /// ext4_max_bitmap_size counts them: what the four levels of pointers reach, unless
+    /// i_blocks (2^48 - 1 sectors with huge_file, else 2^32 - 1) cannot count that many
+    /// blocks together with their indirect blocks; then as many as it can count less the
+    /// indirect blocks that mapping them needs. Never past 2^32 - 1 (the kernel's s_maxbytes).
     pub(crate) fn blockmap_max_blocks(&self) -> u64 {
         let per = self.geo.block_size as u64 / 4;
         let reach = 12 + per + per * per + per * per * per;
@@ -619,8 +620,23 @@ impl Fs {
         } else {
             (1 << 32) - 1
         };
-        let counted = (sectors / self.sectors_per_block()).saturating_sub(meta);
-        reach.min(counted).min((1 << 32) - 1)
+        let countable = sectors / self.sectors_per_block();
+        let max = if reach + meta <= countable {
+            reach
+        } else {
+            // What the indirect blocks for `countable` data blocks take (ext4_max_bitmap_size).
+            let mut rest = countable - 12 - per;
+            let mut meta = 1;
+            if rest < per * per {
+                meta += 1 + rest.div_ceil(per);
+            } else {
+                meta += 1 + per;
+                rest -= per * per;
+                meta += 1 + rest.div_ceil(per) + rest.div_ceil(per * per);
+            }
+            countable - meta
+        };
+        max.min((1 << 32) - 1)
     }
 
     /// The largest size of a file with an indirect block map (the kernel's s_bitmap_maxbytes).

@@ -36,9 +36,19 @@ impl Fs {
         raw.flags() & crate::format::inode::FL_EXTENTS == 0
     }
 
-    /// Largest file size: 2^32 blocks with extents.
+    /// Largest size of a file with an extent tree, as the kernel's ext4_max_size sets
+    /// s_maxbytes: 2^32 - 1 blocks (one block short of what ee_block can name, so that an
+    /// extent's length can reach the end), and without huge_file no more blocks than i_blocks
+    /// can count in 2^32 - 1 sectors. Files with a block map end sooner
+    /// (`blockmap_max_size`).
     pub fn max_file_size(&self) -> u64 {
-        (1u64 << 32) * self.bs()
+        let bs = self.bs();
+        let tree = ((1u64 << 32) - 1) * bs;
+        if self.geo.huge_file {
+            tree
+        } else {
+            tree.min(((1u64 << 32) - 1) / (bs / 512) * bs)
+        }
     }
 
     pub fn read(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize> {
@@ -142,23 +152,26 @@ impl Fs {
         if data.is_empty() {
             return Ok(0);
         }
-        let mut end = off
-            .checked_add(data.len() as u64)
-            .ok_or(Error::FileTooBig)?;
-        if end > self.max_file_size() {
+        if off >= self.max_file_size() {
             return Err(Error::FileTooBig);
         }
         let inode = self.iget(ino)?;
-        // A file with an indirect block map ends sooner (the kernel's s_bitmap_maxbytes): a
-        // write that starts past its end fails, one that crosses it is cut short there.
+        // As the kernel's write checks: a write that starts at or past the largest size fails,
+        // one that crosses it is cut short there. A file with an indirect block map ends
+        // sooner (the kernel's s_bitmap_maxbytes).
+        let limit = if Self::uses_blockmap(&inode.state.lock().raw) {
+            self.blockmap_max_size().min(self.max_file_size())
+        } else {
+            self.max_file_size()
+        };
+        if off >= limit {
+            return Err(Error::FileTooBig);
+        }
         let mut data = data;
-        let bm_max = self.blockmap_max_size();
-        if end > bm_max && Self::uses_blockmap(&inode.state.lock().raw) {
-            if off >= bm_max {
-                return Err(Error::FileTooBig);
-            }
-            data = &data[..(bm_max - off) as usize];
-            end = bm_max;
+        let mut end = off.saturating_add(data.len() as u64);
+        if end > limit {
+            data = &data[..(limit - off) as usize];
+            end = limit;
         }
         // Overwrite fast path: shared lock, no handle.
         {

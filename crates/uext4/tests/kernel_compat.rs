@@ -769,3 +769,72 @@ fn inline_data_filesystems_both_ways() {
     let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
     assert_trees_equal(&theirs, &walk_uext4(&fs));
 }
+
+/// The largest file size, for extent trees and block maps, with and without huge_file, at 1 KiB
+/// and 4 KiB blocks, is the kernel's to the byte: the kernel truncates a file to uext4's limit
+/// and refuses one byte more (EFBIG), and uext4 does the same, and cuts a write crossing the
+/// limit short there as the kernel's write checks do.
+#[test]
+fn largest_file_size_is_the_kernels() {
+    if !can_loop_mount() {
+        return;
+    }
+    for (kind, opts) in [
+        ("ext4", "-b 4096"),
+        ("ext4", "-b 1024"),
+        ("ext4", "-b 4096 -O ^huge_file"),
+        ("ext3", "-b 4096"),
+        ("ext3", "-b 4096 -O huge_file"),
+        ("ext3", "-b 1024"),
+    ] {
+        let tag = format!("{kind} {opts}");
+        let img = scratch("maxsize");
+        sh(&format!(
+            "mke2fs -q -F -t {kind} {opts} {} 64M",
+            img.0.display()
+        ));
+        let fs: Arc<Fs> = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+        let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+        let max = if kind == "ext3" {
+            fs.blockmap_max_size()
+        } else {
+            fs.max_file_size()
+        };
+        fs.truncate(f, max).unwrap_or_else(|e| panic!("{tag}: {e}"));
+        assert!(
+            matches!(fs.truncate(f, max + 1), Err(uext4::Error::FileTooBig)),
+            "{tag}"
+        );
+        fs.truncate(f, 0).unwrap();
+        assert_eq!(fs.write(f, max - 10, &[7u8; 100]).unwrap(), 10, "{tag}");
+        assert!(
+            matches!(fs.write(f, max, b"x"), Err(uext4::Error::FileTooBig)),
+            "{tag}"
+        );
+        fs.unmount().unwrap();
+        drop(fs);
+        e2fsck_clean(&img.0);
+        let m = KernelMount::new(&img.0);
+        let p = m.dir.join("k");
+        let fits = |n: u64| {
+            std::process::Command::new("truncate")
+                .arg("-s")
+                .arg(n.to_string())
+                .arg(&p)
+                .output()
+                .unwrap()
+                .status
+                .success()
+        };
+        assert!(fits(max), "{tag}: the kernel refuses {max}");
+        assert!(!fits(max + 1), "{tag}: the kernel allows {}", max + 1);
+        let written = sh(&format!(
+            "xfs_io -c 'pwrite -q {} 100' -c 'stat' {} | grep -i 'stat.size'",
+            max - 10,
+            m.dir.join("f").display()
+        ));
+        assert!(written.contains(&max.to_string()), "{tag}: {written}");
+        drop(m);
+        e2fsck_clean(&img.0);
+    }
+}
