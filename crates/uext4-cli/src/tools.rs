@@ -62,10 +62,14 @@ pub enum ToolCmd {
     },
     /// Show a file's attributes: IMAGE:PATH.
     Stat { path: String },
-    /// Set a file's size: IMAGE:PATH.
+    /// Set a file's size: IMAGE:PATH (a missing file is made, as truncate(1) makes it;
+    /// with -c it is left missing).
     Truncate {
         #[arg(short = 's')]
         size: String,
+        /// Do not create a missing file (and say nothing of it).
+        #[arg(short = 'c', long = "no-create")]
+        no_create: bool,
         path: String,
     },
 }
@@ -341,7 +345,11 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
             link,
         } => ln(&target, &link, symbolic),
         ToolCmd::Stat { path } => stat(&path),
-        ToolCmd::Truncate { size, path } => truncate(&path, &size),
+        ToolCmd::Truncate {
+            size,
+            no_create,
+            path,
+        } => truncate(&path, &size, !no_create),
     }
 }
 
@@ -865,11 +873,24 @@ fn ln(target: &str, link: &str, symbolic: bool) -> Result<()> {
     finish(&fs, &img, r.with_context(|| link.to_string()))
 }
 
-fn truncate(path: &str, size: &str) -> Result<()> {
+fn truncate(path: &str, size: &str, create: bool) -> Result<()> {
     let (img, p) = image_loc(path)?;
     let size = parse_size(size)?;
     let fs = open(&img, false)?;
-    let r = resolve(&fs, &p, true).and_then(|ino| fs.truncate(ino, size));
+    let r = (|| -> Result<()> {
+        let ino = match resolve(&fs, &p, true) {
+            Ok(ino) => ino,
+            Err(uext4::Error::NotFound) if create => {
+                let (d, n) = parent_of(&fs, &p)?;
+                let (uid, gid) = caller();
+                fs.create(d, &n, 0o666 & !umask(), uid, gid)?.ino
+            }
+            // truncate -c: nothing to do, and no error (as truncate(1)).
+            Err(uext4::Error::NotFound) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(fs.truncate(ino, size)?)
+    })();
     finish(&fs, &img, r.with_context(|| path.to_string()))
 }
 

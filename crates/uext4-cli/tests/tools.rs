@@ -626,6 +626,18 @@ fn namespace_commands_behave() {
     assert!(c.stdout[..3] == *b"two" && c.stdout[3..].iter().all(|&b| b == 0));
     fails(&["truncate", "-s", "12Q", &img.at("/x/hard")]);
     fails(&["truncate", "-s", "1", &img.at("/x")]);
+    // A missing file is made, as truncate(1) makes it; with -c it is left missing, without an
+    // error, as truncate(1) leaves it. Its directory must exist.
+    write_ok(&img, &["truncate", "-s", "5K", &img.at("/x/new")]);
+    let st = ok(&["stat", &img.at("/x/new")]);
+    assert!(
+        st.contains("Size: 5120") && st.contains("regular file"),
+        "{st}"
+    );
+    write_ok(&img, &["truncate", "-c", "-s", "1", &img.at("/x/absent")]);
+    fails(&["stat", &img.at("/x/absent")]);
+    fails(&["truncate", "-s", "1", &img.at("/nodir/new")]);
+    write_ok(&img, &["rm", &img.at("/x/new")]);
 
     // rm: files, directories need -r, -f ignores missing names, the root stays.
     write_ok(&img, &["rm", &img.at("/x/hard")]);
