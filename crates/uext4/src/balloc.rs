@@ -291,6 +291,7 @@ impl Fs {
         st.desc.set_free_blocks_count(v);
         self.write_group_desc(h, g, st)?;
         self.free_blocks.fetch_sub(len as u64, Ordering::Relaxed);
+        self.delalloc_claim(len as u64);
         Ok((self.geo.group_first_block(g) + off as u64, len as u32))
     }
 

@@ -44,20 +44,33 @@ const RESERVE_MARGIN_BLOCKS: u64 = 64;
 thread_local! {
     /// This thread is writing back cached pages: its allocations may use the reservations.
     static WRITING_BACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Of the run this thread writes back: reserved blocks its allocations have not claimed
+    /// yet, and those they have.
+    static CLAIM: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
 }
 
-/// Marks the current thread as writing back until dropped.
-struct WritebackScope(bool);
+/// Marks the current thread as writing back a run holding `budget` reserved blocks until
+/// dropped; allocations meanwhile claim them (`Fs::delalloc_claim`).
+struct WritebackScope(bool, (u64, u64));
 
 impl WritebackScope {
-    fn enter() -> Self {
-        WritebackScope(WRITING_BACK.with(|w| w.replace(true)))
+    fn enter(budget: u64) -> Self {
+        WritebackScope(
+            WRITING_BACK.with(|w| w.replace(true)),
+            CLAIM.with(|c| c.replace((budget, 0))),
+        )
+    }
+
+    /// Reserved blocks claimed by allocations so far.
+    fn claimed(&self) -> u64 {
+        CLAIM.with(|c| c.get().1)
     }
 }
 
 impl Drop for WritebackScope {
     fn drop(&mut self) {
         WRITING_BACK.with(|w| w.set(self.0));
+        CLAIM.with(|c| c.set(self.1));
     }
 }
 
@@ -132,15 +145,17 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Gives back the memory and the space reservation of pages leaving the cache.
-    fn release<'a>(&self, pages: impl Iterator<Item = &'a Page>, bs: u64) {
+    /// Gives back the memory and the space reservation of pages leaving the cache, less
+    /// `claimed` reserved blocks that their writeback's allocations took already.
+    fn release<'a>(&self, pages: impl Iterator<Item = &'a Page>, bs: u64, claimed: u64) {
         let (mut n, mut reserved) = (0u64, 0u64);
         for p in pages {
             n += 1;
             reserved += p.reserved as u64;
         }
         self.bytes.fetch_sub(n * bs, Ordering::Relaxed);
-        self.reserved.fetch_sub(reserved, Ordering::Relaxed);
+        self.reserved
+            .fetch_sub(reserved - claimed.min(reserved), Ordering::Relaxed);
     }
 }
 
@@ -176,6 +191,22 @@ impl Fs {
         self.free_blocks
             .load(Ordering::Relaxed)
             .saturating_sub(held)
+    }
+
+    /// An allocation of `n` blocks was made (the free count already lower): while a run is
+    /// written back, they come out of its reservation, as the kernel claims a delalloc
+    /// reservation when it allocates, so that the free blocks are not counted short by the
+    /// run twice until it is done.
+    pub(crate) fn delalloc_claim(&self, n: u64) {
+        if !WRITING_BACK.with(|w| w.get()) {
+            return;
+        }
+        let (left, claimed) = CLAIM.with(|c| c.get());
+        let take = left.min(n);
+        if take > 0 {
+            CLAIM.with(|c| c.set((left - take, claimed + take)));
+            self.delalloc.reserved.fetch_sub(take, Ordering::Relaxed);
+        }
     }
 
     /// Mapping blocks that writing back `maps` mapping-changing pages (`inner` of them inside
@@ -535,9 +566,11 @@ impl Fs {
             };
             // The run may end past i_size (the last block is zero beyond it): the size is
             // clamped to i_size by the write path.
-            let r = {
-                let _scope = WritebackScope::enter();
-                self.write_new_blocks_locked(inode, start * bs, &buf, mem_size)
+            let budget = pages.iter().filter(|(_, p)| p.reserved).count() as u64;
+            let (r, claimed) = {
+                let scope = WritebackScope::enter(budget);
+                let r = self.write_new_blocks_locked(inode, start * bs, &buf, mem_size);
+                (r, scope.claimed())
             };
             let mut st = inode.state.lock();
             if let Some(d) = st.delalloc.as_mut() {
@@ -545,7 +578,8 @@ impl Fs {
             }
             match r {
                 Ok(()) => {
-                    self.delalloc.release(pages.iter().map(|(_, p)| p), bs);
+                    self.delalloc
+                        .release(pages.iter().map(|(_, p)| p), bs, claimed);
                     self.delalloc_md_update(&mut st);
                     self.delalloc.writeback_runs.fetch_add(1, Ordering::Relaxed);
                     if self.delalloc_settle(inode, &mut st) {
@@ -558,7 +592,9 @@ impl Fs {
                     }
                 }
                 Err(e) => {
-                    // Keep the data for a later attempt (fsync reports the error now).
+                    // Keep the data for a later attempt (fsync reports the error now); its
+                    // pages hold their reservation again.
+                    self.delalloc.reserved.fetch_add(claimed, Ordering::Relaxed);
                     if let Some(d) = st.delalloc.as_mut() {
                         for (l, p) in pages {
                             d.count_in(&p);
@@ -599,7 +635,7 @@ impl Fs {
         for p in gone.values() {
             d.count_out(p);
         }
-        self.delalloc.release(gone.values(), bs);
+        self.delalloc.release(gone.values(), bs, 0);
         if !from.is_multiple_of(bs) {
             if let Some(p) = d.pages.get_mut(&(from / bs)) {
                 p.data[(from % bs) as usize..].fill(0);

@@ -754,6 +754,53 @@ fn failed_buffered_write_leaves_the_accounting_whole() {
     e2fsck_clean(&img.0);
 }
 
+/// While a run of cached pages is written back, the blocks it has been given stop counting as
+/// reserved as they are allocated, as the kernel claims a delalloc reservation at allocation:
+/// seen from inside the run's data write, the free count has not fallen by the run a second
+/// time (it once did, until the run was done, so other allocations and buffered writes near a
+/// full filesystem met ENOSPC with space to spare).
+#[test]
+fn writeback_claims_its_reservation_as_it_allocates() {
+    let img = scratch("bufclaim");
+    mke2fs(&img.0, "64M", &["-b", "4096"]);
+    let (dev, fs) = open_faulty(&img.0, true);
+    let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+    let run = 1024u64;
+    fs.write(f, 0, &vec![3u8; (run * 4096) as usize]).unwrap();
+    let before = fs.statfs().blocks_free;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    {
+        let (fs2, seen) = (Arc::downgrade(&fs), seen.clone());
+        *dev.on_write.lock().unwrap() = Some(Box::new(move |_, len| {
+            if len >= 1 << 20 {
+                if let Some(fs) = fs2.upgrade() {
+                    seen.lock().unwrap().push(fs.statfs().blocks_free);
+                }
+            }
+        }));
+    }
+    fs.fsync(f, false).unwrap();
+    *dev.on_write.lock().unwrap() = None;
+    let seen = seen.lock().unwrap().clone();
+    assert!(!seen.is_empty(), "no data write of the run was seen");
+    for s in &seen {
+        assert!(
+            s + 8 >= before,
+            "free blocks {before} before writeback, {s} during its data write"
+        );
+    }
+    // Afterwards: the run's blocks, once; the tree blocks held for the worst case come back.
+    let after = fs.statfs().blocks_free;
+    assert!(
+        after + 8 >= before && after <= before + 64,
+        "{before} -> {after}"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    drop(dev);
+    e2fsck_clean(&img.0);
+}
+
 /// Pieces of a file allocated out of order (as neighbouring writeback ranges from two threads
 /// are) still land physically in file order: each piece aims at its own distance from the
 /// extent before it.

@@ -188,6 +188,10 @@ pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
 pub struct FaultyDevice {
     pub inner: uext4::blockdev::FileDevice,
     pub mode: std::sync::atomic::AtomicU8,
+    /// Called with (offset, length) before every write: a test looks at the engine from
+    /// inside a write.
+    #[allow(clippy::type_complexity)]
+    pub on_write: std::sync::Mutex<Option<Box<dyn Fn(u64, usize) + Send + Sync>>>,
 }
 pub const FAIL_NONE: u8 = 0;
 pub const FAIL_ALL: u8 = 1;
@@ -209,6 +213,9 @@ impl uext4::blockdev::BlockDevice for FaultyDevice {
         self.inner.read_at(off, buf)
     }
     fn write_at(&self, off: u64, buf: &[u8]) -> std::io::Result<()> {
+        if let Some(f) = self.on_write.lock().unwrap().as_ref() {
+            f(off, buf.len());
+        }
         let fail = match self.mode.load(Ordering::SeqCst) {
             FAIL_ALL => true,
             FAIL_SUPERBLOCK => off < 2048 && off + buf.len() as u64 > 1024,
@@ -236,6 +243,7 @@ pub fn open_faulty(
     let dev = std::sync::Arc::new(FaultyDevice {
         inner: uext4::blockdev::FileDevice::open(img, false).unwrap(),
         mode: std::sync::atomic::AtomicU8::new(FAIL_NONE),
+        on_write: std::sync::Mutex::new(None),
     });
     let opts = uext4::MountOptions {
         commit_interval_secs: 0,
