@@ -430,10 +430,8 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
     Ok(())
 }
 
-fn info(image: &Path) -> Result<()> {
-    let fs = open(image, true)?;
-    let sb = fs.superblock();
-    let g = &fs.geo;
+/// The superblock's identity: UUID, label, features by name, state.
+fn print_identity(sb: &uext4::format::superblock::Superblock) {
     use uext4::format::features::*;
     let uuid = sb.uuid();
     let u = |r: std::ops::Range<usize>| {
@@ -463,6 +461,50 @@ fn info(image: &Path) -> Result<()> {
             "not clean"
         }
     );
+}
+
+/// `info` of a filesystem uext4 cannot open (a feature it does not implement): what the
+/// primary superblock says, and why it does not open.
+fn info_superblock_only(image: &Path, why: &anyhow::Error) -> Result<()> {
+    use uext4::format::superblock::{Superblock, SUPERBLOCK_SIZE};
+    let dev = uext4::blockdev::FileDevice::open(image, true)
+        .with_context(|| image.display().to_string())?;
+    let mut b = vec![0u8; SUPERBLOCK_SIZE];
+    uext4::blockdev::BlockDevice::read_at(&dev, 1024, &mut b)
+        .with_context(|| image.display().to_string())?;
+    let sb = Superblock::from_bytes(&b);
+    print_identity(&sb);
+    println!("Block size:               {}", sb.block_size());
+    println!("Block count:              {}", sb.blocks_count());
+    println!(
+        "Free blocks:              {} (superblock)",
+        sb.free_blocks_count()
+    );
+    println!("Inode count:              {}", sb.inodes_count());
+    println!(
+        "Free inodes:              {} (superblock)",
+        sb.free_inodes_count()
+    );
+    println!("Inode size:               {}", sb.inode_size());
+    println!("Opens in uext4:           no: {}", why.root_cause());
+    Ok(())
+}
+
+fn info(image: &Path) -> Result<()> {
+    let fs = match open(image, true) {
+        Ok(fs) => fs,
+        // What the superblock says can still be shown.
+        Err(e) => match e.downcast_ref::<Error>() {
+            Some(Error::Unsupported(_) | Error::UnsupportedIncompat(_)) => {
+                return info_superblock_only(image, &e)
+            }
+            _ => return Err(e),
+        },
+    };
+    let sb = fs.superblock();
+    let g = &fs.geo;
+    use uext4::format::features::*;
+    print_identity(&sb);
     println!("Block size:               {}", g.block_size);
     println!("Block count:              {}", g.blocks_count);
     // From the group descriptors (the superblock's counts may lag, as the kernel's do).

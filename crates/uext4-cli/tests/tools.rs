@@ -705,6 +705,49 @@ fn mkfs_options_and_info() {
     assert!(ok(&["ls", &img.at("/")]).contains("nj"));
 }
 
+/// A filesystem with a feature uext4 does not implement: the tools refuse it in one line that
+/// names the feature, and leave it as it was; `info` still shows what its superblock says and
+/// why it does not open.
+#[test]
+fn unsupported_features_are_named() {
+    if !have_e2fsck() {
+        return;
+    }
+    for (feature, says) in [
+        ("casefold", "unsupported incompatible feature: casefold"),
+        ("bigalloc", "unsupported: bigalloc"),
+    ] {
+        let img = Scratch::new(&format!("unsup-{feature}"));
+        let st = Command::new("mke2fs")
+            .args(["-q", "-F", "-t", "ext4", "-O", feature, img.s(), "32M"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let before = std::fs::read(&img.0).unwrap();
+        let src = Scratch::new("unsup-src");
+        std::fs::write(&src.0, b"data").unwrap();
+        let info = ok(&["info", img.s()]);
+        assert!(info.contains(feature), "{info}");
+        assert!(
+            info.contains(&format!("Opens in uext4:           no: {says}")),
+            "{info}"
+        );
+        assert!(info.contains("Block count:              32768"), "{info}");
+        for args in [
+            vec!["ls".to_string(), img.at("/")],
+            vec!["mkdir".to_string(), img.at("/d")],
+            vec!["cp".to_string(), src.s().to_string(), img.at("/h")],
+        ] {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            assert!(fails(&args).contains(says), "{args:?}");
+        }
+        assert!(
+            std::fs::read(&img.0).unwrap() == before,
+            "{feature}: the image changed"
+        );
+    }
+}
+
 #[test]
 fn errors_are_one_line() {
     let img = Scratch::new("err-img");
