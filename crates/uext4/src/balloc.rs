@@ -168,8 +168,13 @@ impl Fs {
         if room == 0 {
             return Err(Error::NoSpace);
         }
-        let want = want.max(1).min(room.min(u32::MAX as u64) as u32);
         let geo = &self.geo;
+        // A run never spans groups here: asking for more than a group holds would only make
+        // the first pass look at every group in vain (callers loop for the rest).
+        let want = want
+            .max(1)
+            .min(room.min(u32::MAX as u64) as u32)
+            .min(geo.blocks_per_group);
         let goal = if goal < geo.first_data_block || goal >= geo.blocks_count {
             geo.first_data_block
         } else {
@@ -181,7 +186,16 @@ impl Fs {
             for i in 0..geo.group_count {
                 let g = (start_group + i) % geo.group_count;
                 let mut st = self.groups[g as usize].lock();
-                if st.desc.free_blocks_count() == 0 {
+                let free = st.desc.free_blocks_count();
+                if free == 0 {
+                    continue;
+                }
+                // The first pass looks for a whole run of `want`. A group whose bitmap was
+                // never used (BLOCK_UNINIT) cannot hold one with fewer free blocks, and
+                // building its bitmap only to look would dirty it (and its descriptor) in this
+                // handle: a search across a thousand small groups made one handle larger than
+                // a small journal. The second pass takes the first free run anyway.
+                if pass == 0 && (free as u32) < want && self.uninit_block_bitmap(&st) {
                     continue;
                 }
                 let from = if g == start_group && i == 0 {

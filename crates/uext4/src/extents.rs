@@ -964,6 +964,79 @@ impl Fs {
         self.shrink_root(h, ino, st)
     }
 
+    /// Where the last piece of `[start, end)` begins whose removal in one handle dirties at
+    /// most `budget` metadata blocks, or None when the whole range fits the budget. Estimated
+    /// from the extent cache: the block bitmap and descriptor block of every group the
+    /// range's blocks lie in, the leaves that map them (taken as half full) and the freed
+    /// leaves' own bitmaps, or for a block map the revoke records of its indirect blocks,
+    /// and the index path. A piece holds at least one group's blocks, however small the
+    /// budget. The kernel bounds its truncates the same way, restarting the handle when its
+    /// credits run low (ext4_ext_rm_leaf); here the caller removes the piece and asks again.
+    pub(crate) fn ext_removal_piece(
+        &self,
+        ino: u32,
+        st: &mut InodeState,
+        start: u32,
+        end: u64,
+        budget: usize,
+    ) -> Result<Option<u32>> {
+        self.ext_load(ino, st)?;
+        let depth = self.ext_depth(st) as usize;
+        let c = st.extents.as_ref().unwrap();
+        let geo = &self.geo;
+        let bs = geo.block_size as u64;
+        let end = end.min(1 << 32);
+        // Extents per leaf, at half fill; for a block map, pointers per indirect block.
+        let per_leaf = if c.blockmap {
+            bs / 4
+        } else {
+            (node_capacity(bs as usize, false) as u64 / 2).max(1)
+        };
+        let mut groups = std::collections::HashSet::new();
+        let mut desc_blocks = std::collections::HashSet::new();
+        let (mut extents, mut mapped) = (0u64, 0u64);
+        let cost = |groups: usize, descs: usize, extents: u64, mapped: u64| -> usize {
+            // The inode's block, the superblock, the root path (two per level: a leaf
+            // emptied frees its block and edits its parent), and the edge blocks of a block
+            // map's three levels.
+            let fixed = 8 + 2 * depth as u64;
+            let tree = if c.blockmap {
+                mapped / per_leaf / 100
+            } else {
+                2 * (extents / per_leaf + 1)
+            };
+            groups + descs + (fixed + tree) as usize
+        };
+        let mut taken = false;
+        for e in c.map.values().rev() {
+            if e.lblk as u64 >= end {
+                continue;
+            }
+            if e.end() <= start as u64 {
+                break;
+            }
+            let lo = (start as u64).max(e.lblk as u64);
+            let mut cut = end.min(e.end());
+            extents += 1;
+            // Group by group from the top of the extent down.
+            while cut > lo {
+                let p_last = e.pblk + (cut - 1 - e.lblk as u64);
+                let g = geo.block_group(p_last);
+                let g_first = geo.group_first_block(g);
+                let seg = (p_last + 1 - g_first).min(cut - lo);
+                groups.insert(g);
+                desc_blocks.insert(g / geo.descs_per_block.max(1));
+                mapped += seg;
+                if taken && cost(groups.len(), desc_blocks.len(), extents, mapped) > budget {
+                    return Ok(Some(cut as u32));
+                }
+                taken = true;
+                cut -= seg;
+            }
+        }
+        Ok(None)
+    }
+
     /// Pulls the root's only child into i_block while its entries fit there (the tree gets
     /// shallower after removals), freeing the child.
     fn shrink_root(&self, h: &mut Handle<'_>, ino: u32, st: &mut InodeState) -> Result<()> {

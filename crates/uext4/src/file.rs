@@ -544,25 +544,31 @@ impl Fs {
             drop(st);
             self.delalloc_writeback_locked(&inode)?;
         }
+        let old = {
+            let st = inode.state.lock();
+            check_live(&st)?;
+            match st.raw.file_type() {
+                S_IFREG => {}
+                S_IFDIR => return Err(Error::IsDir),
+                _ => {
+                    return Err(Error::Invalid(
+                        "truncate of a file that is not regular".into(),
+                    ))
+                }
+            }
+            if size > self.blockmap_max_size() && Self::uses_blockmap(&st.raw) {
+                return Err(Error::FileTooBig);
+            }
+            st.raw.size().max(mem_size.unwrap_or(0))
+        };
+        let bs = self.bs();
+        let first = size.div_ceil(bs) as u32;
+        let orphaned_here = size < old && self.truncate_in_pieces(&inode, size, first)?;
         let mut h = self.start(credits::UNLINK)?;
         let mut st = inode.state.lock();
         check_live(&st)?;
-        match st.raw.file_type() {
-            S_IFREG => {}
-            S_IFDIR => return Err(Error::IsDir),
-            _ => {
-                return Err(Error::Invalid(
-                    "truncate of a file that is not regular".into(),
-                ))
-            }
-        }
-        if size > self.blockmap_max_size() && Self::uses_blockmap(&st.raw) {
-            return Err(Error::FileTooBig);
-        }
-        let old = st.raw.size().max(mem_size.unwrap_or(0));
-        let bs = self.bs();
         if size < old {
-            self.ext_remove(&mut h, ino, &mut st, size.div_ceil(bs) as u32, 1u64 << 32)?;
+            self.ext_remove(&mut h, ino, &mut st, first, 1u64 << 32)?;
             if !size.is_multiple_of(bs) {
                 self.zero_partial(ino, &mut st, size, (size / bs + 1) * bs)?;
             }
@@ -573,8 +579,89 @@ impl Fs {
             st.raw.set_mtime(now);
         }
         st.raw.set_ctime(now);
+        if orphaned_here {
+            self.orphan_del(&mut h, &inode, &mut st)?;
+        }
         self.mark_inode_dirty(&mut h, &inode, &mut st)?;
         inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// A truncate whose removal is too large for one handle: the new size is logged first
+    /// with the inode on the orphan list, then the blocks past it go in pieces, each its own
+    /// transaction, from the end down, as the kernel's ext4_truncate does. A crash in between
+    /// leaves an orphan whose blocks past its size the next open (or e2fsck, or the kernel's
+    /// mount) cuts. Returns whether this put the inode on the list (the caller's last handle
+    /// takes it off); false, doing nothing, when one handle is enough.
+    fn truncate_in_pieces(&self, inode: &Inode, size: u64, first: u32) -> Result<bool> {
+        if !self.removal_is_large(inode.ino, &mut inode.state.lock(), first, 1 << 32)? {
+            return Ok(false);
+        }
+        let mut h = self.start(credits::SETATTR)?;
+        let added = {
+            let mut st = inode.state.lock();
+            check_live(&st)?;
+            st.raw.set_size(size);
+            let added = !st.orphaned;
+            if added {
+                self.orphan_add(&mut h, inode, &mut st)?;
+            }
+            self.mark_inode_dirty(&mut h, inode, &mut st)?;
+            added
+        };
+        drop(h);
+        self.remove_in_pieces(inode, first, 1 << 32)?;
+        Ok(added)
+    }
+
+    /// Most metadata blocks one handle of a removal may dirty: half the size at which the
+    /// running transaction commits, so that a removal of any size is a series of
+    /// transactions that each fit the log, and none is written home without the journal.
+    pub(crate) fn removal_budget(&self) -> usize {
+        (self.txn.max_blocks.load(Ordering::Relaxed) / 2).max(16)
+    }
+
+    /// Whether unmapping `[start, end)` of an inode (whose state the caller holds) needs more
+    /// than one handle's worth of metadata blocks.
+    pub(crate) fn removal_is_large(
+        &self,
+        ino: u32,
+        st: &mut InodeState,
+        start: u32,
+        end: u64,
+    ) -> Result<bool> {
+        if !Self::has_data_blocks(&st.raw) {
+            return Ok(false);
+        }
+        Ok(self
+            .ext_removal_piece(ino, st, start, end, self.removal_budget())?
+            .is_some())
+    }
+
+    /// Unmaps and frees `[start, end)` of an inode from the end down, one handle of at most
+    /// `removal_budget` blocks per piece, until what is left fits one handle: the caller's
+    /// own last handle removes that. Each piece leaves a consistent file (a hole, or a tail
+    /// cut short). The caller holds the inode's io_lock exclusively and no other lock.
+    pub(crate) fn remove_in_pieces(&self, inode: &Inode, start: u32, end: u64) -> Result<()> {
+        let budget = self.removal_budget();
+        let piece = |st: &mut InodeState, end: u64| -> Result<Option<u32>> {
+            if !Self::has_data_blocks(&st.raw) {
+                return Ok(None);
+            }
+            self.ext_removal_piece(inode.ino, st, start, end, budget)
+        };
+        let mut end = end;
+        // Decided before a handle is started: most removals fit one, and need none here.
+        while piece(&mut inode.state.lock(), end)?.is_some() {
+            let mut h = self.start(credits::UNLINK)?;
+            let mut st = inode.state.lock();
+            let Some(lo) = piece(&mut st, end)? else {
+                break;
+            };
+            self.ext_remove(&mut h, inode.ino, &mut st, lo, end)?;
+            self.mark_inode_dirty(&mut h, inode, &mut st)?;
+            end = lo as u64;
+        }
         Ok(())
     }
 
@@ -632,6 +719,18 @@ impl Fs {
         }
         let bs = self.bs();
         if punch || zero {
+            // A hole too large for one handle is punched in pieces from its end first.
+            let pend = {
+                let st = inode.state.lock();
+                if punch {
+                    end.min(st.raw.size().div_ceil(bs) * bs)
+                } else {
+                    end
+                }
+            };
+            if off.div_ceil(bs) < pend / bs {
+                self.remove_in_pieces(&inode, off.div_ceil(bs) as u32, pend / bs)?;
+            }
             let mut h = self.start(credits::UNLINK)?;
             let mut st = inode.state.lock();
             check_live(&st)?;
@@ -824,7 +923,7 @@ impl Fs {
                 "\"device_flushes\":{},\"user_bytes_read\":{},\"user_bytes_written\":{},\"zeroed_bytes\":{},",
                 "\"device_bytes_per_user_byte\":{:.3},\"free_blocks\":{},\"free_inodes\":{},",
                 "\"delalloc_bytes\":{},\"delalloc_writeback_runs\":{},\"checkpoints\":{},",
-                "\"log_space_waits\":{},\"cached_inodes\":{}}}"
+                "\"log_space_waits\":{},\"unjournaled_commits\":{},\"cached_inodes\":{}}}"
             ),
             l(&s.ops),
             l(&s.overwrites),
@@ -851,6 +950,7 @@ impl Fs {
             self.journal
                 .get()
                 .map_or(0, |j| j.checkpoint_waits.load(Ordering::Relaxed)),
+            l(&t.unjournaled_commits),
             self.icache.len(),
         )
     }

@@ -267,6 +267,9 @@ pub struct Fs {
     pub(crate) pending_free: Mutex<std::collections::BTreeMap<u64, (u64, u64)>>,
     /// The orphan list in chain order, head first (see orphan.rs). A leaf lock.
     pub(crate) orphans: Mutex<Vec<u32>>,
+    /// Unlinked inodes too large to free in the handle that dropped their last link: on the
+    /// orphan list, freed in pieces once that handle is done (orphan.rs). A leaf lock.
+    pub(crate) deferred_deletes: Mutex<Vec<u32>>,
     /// Inode numbers a front end still refers to (FUSE lookups the kernel has not forgotten):
     /// not reused for new inodes even when freed, so a stale kernel inode never aliases a new
     /// file. A leaf lock.
@@ -577,6 +580,7 @@ impl Fs {
             dir_rotor: AtomicU64::new(0),
             pending_free: Mutex::new(std::collections::BTreeMap::new()),
             orphans: Mutex::new(Vec::new()),
+            deferred_deletes: Mutex::new(Vec::new()),
             pinned: Mutex::new(std::collections::HashSet::new()),
             journal: std::sync::OnceLock::new(),
             delalloc: Default::default(),

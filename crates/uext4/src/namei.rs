@@ -370,6 +370,12 @@ impl Fs {
     }
 
     pub fn link(&self, ino: u32, newdir: u32, newname: &[u8]) -> Result<Attr> {
+        let r = self.link_inner(ino, newdir, newname);
+        self.delete_deferred();
+        r
+    }
+
+    fn link_inner(&self, ino: u32, newdir: u32, newname: &[u8]) -> Result<Attr> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         check_name(newname)?;
         self.check_writable()?;
@@ -427,7 +433,9 @@ impl Fs {
     }
 
     pub fn unlink(&self, dir: u32, name: &[u8]) -> Result<()> {
-        self.remove_entry(dir, name, false)
+        let r = self.remove_entry(dir, name, false);
+        self.delete_deferred();
+        r
     }
 
     pub fn rmdir(&self, dir: u32, name: &[u8]) -> Result<()> {
@@ -437,7 +445,9 @@ impl Fs {
         if name == b".." {
             return Err(Error::NotEmpty);
         }
-        self.remove_entry(dir, name, true)
+        let r = self.remove_entry(dir, name, true);
+        self.delete_deferred();
+        r
     }
 
     fn remove_entry(&self, dir: u32, name: &[u8], want_dir: bool) -> Result<()> {
@@ -496,7 +506,10 @@ impl Fs {
     }
 
     /// After an inode lost a link: delete it if it has none left and nobody has it open, or
-    /// put it on the orphan list until its last close.
+    /// put it on the orphan list until its last close. A file too large to free within this
+    /// handle goes on the orphan list too, and on `deferred_deletes`: the public operation
+    /// frees it in pieces once its handle is done (`delete_deferred`), as the kernel's
+    /// eviction truncates a large file over several transactions with the inode an orphan.
     pub(crate) fn drop_link_finish(
         &self,
         h: &mut Handle<'_>,
@@ -506,9 +519,14 @@ impl Fs {
         if ist.raw.links_count() > 0 {
             return self.mark_inode_dirty(h, inode, ist);
         }
-        if inode.open_count.load(Ordering::Acquire) > 0 {
+        let open = inode.open_count.load(Ordering::Acquire) > 0;
+        let large = !open && self.removal_is_large(inode.ino, ist, 0, 1 << 32)?;
+        if open || large {
             if !ist.orphaned {
                 self.orphan_add(h, inode, ist)?;
+            }
+            if large {
+                self.deferred_deletes.lock().push(inode.ino);
             }
             return self.mark_inode_dirty(h, inode, ist);
         }
@@ -669,6 +687,20 @@ impl Fs {
     }
 
     pub fn rename(
+        &self,
+        odir: u32,
+        oname: &[u8],
+        ndir: u32,
+        nname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
+        let r = self.rename_inner(odir, oname, ndir, nname, flags);
+        // A replaced file too large to free in the rename's handle is freed now.
+        self.delete_deferred();
+        r
+    }
+
+    fn rename_inner(
         &self,
         odir: u32,
         oname: &[u8],
@@ -956,15 +988,7 @@ impl Fs {
         if prev == 1 {
             let orphaned = inode.state.lock().orphaned;
             if orphaned && !self.is_read_only() {
-                let _g = inode.io_lock.write();
-                let mut h = self.start(credits::UNLINK)?;
-                let mut st = inode.state.lock();
-                if st.orphaned
-                    && st.raw.links_count() == 0
-                    && inode.open_count.load(Ordering::Acquire) == 0
-                {
-                    self.delete_inode(&mut h, &inode, &mut st)?;
-                }
+                self.delete_orphan(&inode)?;
             }
         }
         Ok(())

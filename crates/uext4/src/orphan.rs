@@ -136,7 +136,7 @@ impl Fs {
                 continue;
             }
             for victim in &entries {
-                self.finish_orphan(*victim)?;
+                self.finish_orphan(*victim, false)?;
                 done += 1;
             }
             let mut h = self.start(2)?;
@@ -161,8 +161,11 @@ impl Fs {
     }
 
     /// Finishes one orphan after a crash: deletes it if it has no links, else cuts its blocks
-    /// past i_size (a truncate or extension that was in flight).
-    fn finish_orphan(&self, ino: u32) -> Result<()> {
+    /// past i_size (a truncate or extension that was in flight). `in_chain`: it is on the
+    /// s_last_orphan chain, whose order `process_orphans` put in `Fs::orphans`, so every
+    /// write of it keeps its place in the chain and the last one takes it out; otherwise it
+    /// is listed in the orphan file, which is emptied after. A large removal goes in pieces.
+    fn finish_orphan(&self, ino: u32, in_chain: bool) -> Result<()> {
         if ino == 0 || ino > self.geo.inodes_count {
             return Err(Error::corrupt(format!(
                 "orphan inode number {ino} is out of range"
@@ -170,26 +173,91 @@ impl Fs {
         }
         let inode = self.iget(ino)?;
         let _g = inode.io_lock.write();
+        let bs = self.geo.block_size as u64;
+        let keep = {
+            let mut st = inode.state.lock();
+            st.orphaned = in_chain;
+            if st.raw.links_count() == 0 {
+                0
+            } else {
+                st.raw.size().div_ceil(bs).min(1 << 32)
+            }
+        };
+        if keep < 1 << 32 {
+            self.remove_in_pieces(&inode, keep as u32, 1 << 32)?;
+        }
         let mut h = self.start(crate::namei::credits::UNLINK)?;
         let mut st = inode.state.lock();
-        st.raw.set_dtime(0);
+        if !in_chain {
+            st.raw.set_dtime(0);
+        }
         if st.raw.links_count() == 0 {
             self.delete_inode(&mut h, &inode, &mut st)
         } else {
-            let size = st.raw.size();
-            let bs = self.geo.block_size as u64;
-            if Self::has_data_blocks(&st.raw) {
-                self.ext_remove(&mut h, ino, &mut st, size.div_ceil(bs) as u32, 1u64 << 32)?;
+            if Self::has_data_blocks(&st.raw) && keep < 1 << 32 {
+                self.ext_remove(&mut h, ino, &mut st, keep as u32, 1u64 << 32)?;
+            }
+            if st.orphaned {
+                self.orphan_del(&mut h, &inode, &mut st)?;
             }
             self.mark_inode_dirty(&mut h, &inode, &mut st)
+        }
+    }
+
+    /// Frees an unlinked inode that nobody has open (at its last close, or after the handle
+    /// that dropped its last link found it too large to free inside it): its blocks in
+    /// pieces, each its own transaction, then the inode in a last handle. It stays on the
+    /// orphan list until then, so a crash in between leaves it for the next open to free.
+    pub(crate) fn delete_orphan(&self, inode: &Inode) -> Result<()> {
+        let _g = inode.io_lock.write();
+        let unused = |st: &InodeState| {
+            st.orphaned
+                && !st.deleted
+                && st.raw.links_count() == 0
+                && inode.open_count.load(std::sync::atomic::Ordering::Acquire) == 0
+        };
+        if !unused(&inode.state.lock()) {
+            return Ok(());
+        }
+        self.remove_in_pieces(inode, 0, 1 << 32)?;
+        let mut h = self.start(crate::namei::credits::UNLINK)?;
+        let mut st = inode.state.lock();
+        if unused(&st) {
+            self.delete_inode(&mut h, inode, &mut st)?;
+        }
+        Ok(())
+    }
+
+    /// Frees the inodes `drop_link_finish` left on `deferred_deletes`. Called by the public
+    /// operations that drop links, after their handle and locks are gone. A failure leaves
+    /// the inode on the orphan list (the next open frees it) and does not fail the operation,
+    /// whose name change is done.
+    pub(crate) fn delete_deferred(&self) {
+        loop {
+            let Some(ino) = self.deferred_deletes.lock().pop() else {
+                return;
+            };
+            // An orphan is never dropped from the inode cache.
+            let Some(inode) = self.icache.get_cached(ino) else {
+                continue;
+            };
+            if let Err(e) = self.delete_orphan(&inode) {
+                tracing::error!(
+                    ino,
+                    "freeing an unlinked file: {e} (it stays on the orphan list; the next \
+                     open frees it)"
+                );
+            }
         }
     }
 
     /// After a crash: frees every inode on the orphan list (or truncates it to its size when it
     /// still has links), and empties the list. Called once at open, read-write only.
     pub(crate) fn process_orphans(&self) -> Result<u32> {
+        // The whole chain first: it becomes the in-memory orphan list, so that each inode
+        // keeps its place while it is finished (in pieces, if large) and leaves it cleanly.
+        let mut chain = Vec::new();
         let mut ino = self.sb.lock().last_orphan();
-        let mut done = 0u32;
         let mut seen = std::collections::HashSet::new();
         while ino != 0 {
             if !seen.insert(ino) || ino > self.geo.inodes_count {
@@ -197,14 +265,13 @@ impl Fs {
                     "orphan list: inode {ino} is out of range or repeats (a cycle)"
                 )));
             }
-            let raw = self.read_raw_inode(ino)?;
-            let next = raw.dtime();
-            self.finish_orphan(ino)?;
-            {
-                let mut sb = self.sb.lock();
-                sb.set_last_orphan(next);
-            }
-            ino = next;
+            chain.push(ino);
+            ino = self.read_raw_inode(ino)?.dtime();
+        }
+        *self.orphans.lock() = chain.clone();
+        let mut done = 0u32;
+        for ino in chain {
+            self.finish_orphan(ino, true)?;
             done += 1;
         }
         done += self.process_orphan_file()?;

@@ -29,6 +29,10 @@ pub struct TxnStats {
     pub commit_blocks: AtomicU64,
     pub fsync_already_committed: AtomicU64,
     pub barrier_waits: AtomicU64,
+    /// Transactions larger than the whole log, written home without the journal (not
+    /// atomic: a crash during one needs e2fsck). Large removals and allocations are split
+    /// into handles that fit, so this stays 0; it is counted to show it.
+    pub unjournaled_commits: AtomicU64,
 }
 
 /// What a running transaction collects.
@@ -344,6 +348,10 @@ impl crate::fs::Fs {
             // journal takes): written home directly, not atomically. First every queued
             // checkpoint goes home, so no older copy lands on top of these blocks, and the
             // journal is emptied on disk, so no recovery replays an older copy over them.
+            self.txn
+                .stats
+                .unjournaled_commits
+                .fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 "transaction {tid} of {} blocks does not fit the journal ({} blocks): \
                  writing it without the journal",

@@ -17,6 +17,7 @@ mod common;
 
 use common::*;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use uext4::blockdev::{MemDevice, RecordingDevice};
 use uext4::namei::RenameFlags;
@@ -268,6 +269,12 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
         fs.fsync(d, false).unwrap();
         ack(&mut w, Fact::Absent(p(&["il", "d", "e1"])));
     }
+    finish_workload(fs, dev, w)
+}
+
+/// Ends a workload: a sync makes everything durable (the facts recorded without a point
+/// hold from there), and each fact allows the later versions of its path.
+fn finish_workload(fs: &Fs, dev: &RecordingDevice, mut w: Workload) -> Workload {
     fs.sync().unwrap(); // syncfs: everything above is durable
     let n = dev.log_len();
     for a in w.acks.iter_mut() {
@@ -298,6 +305,98 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
             }
         }
     }
+    w
+}
+
+/// Removals too large for one handle, on a filesystem of many small groups and the smallest
+/// journal (1,024 blocks, so a handle may dirty about 127): a truncate, a punched hole, an
+/// unlink, the last close of an unlinked file and a rename over a file, each of an 80 MiB
+/// file spread over some 320 groups. Each is freed in pieces, a handle each, over several
+/// transactions, the inode on the orphan list meanwhile where the file is being cut or
+/// deleted: every crash
+/// state in between must recover to the old or the new file (or none), e2fsck-clean.
+fn run_large_removals(fs: &Fs, dev: &RecordingDevice, _scale: usize) -> Workload {
+    let mut w = Workload {
+        acks: Vec::new(),
+        owner: HashMap::new(),
+        links: HashMap::new(),
+    };
+    let ack = |w: &mut Workload, f: Fact| w.acks.push((dev.log_len(), f));
+    let free0 = fs.statfs().blocks_free;
+    const BIG: u64 = 80 << 20;
+    // A large file: tagged data at both ends, preallocated (unwritten) between. Its content
+    // is a fact only for files that are not removed later (a removal is a fact of its own).
+    let big = |w: &mut Workload, name: &str, id: u16, stays: bool| -> (u32, Vec<u8>) {
+        let ino = fs.create(2, name.as_bytes(), 0o644, 0, 0).unwrap().ino;
+        fs.fallocate(ino, 0, 0, BIG).unwrap();
+        let head = tagged(id, 0, 40_000);
+        let tail = tagged(id, 1, 8192);
+        fs.write(ino, 0, &head).unwrap();
+        fs.write(ino, BIG - 8192, &tail).unwrap();
+        fs.fsync(ino, false).unwrap();
+        fs.fsync(2, false).unwrap();
+        let mut data = vec![0u8; BIG as usize];
+        data[..head.len()].copy_from_slice(&head);
+        data[(BIG - 8192) as usize..].copy_from_slice(&tail);
+        let path = p(&[name]);
+        w.owner.insert(path.clone(), id);
+        if stays {
+            ack(w, Fact::Equals(path, data.clone()));
+        }
+        (ino, data)
+    };
+    let commits = || fs.txn_stats().commits.load(Ordering::Relaxed);
+    let pieces = |before: u64| commits() - before;
+    // Truncate: the new size and an orphan entry first, then the blocks in pieces.
+    let (ino, mut data) = big(&mut w, "trunc", 21, true);
+    let c0 = commits();
+    fs.truncate(ino, 30_000).unwrap();
+    fs.fsync(ino, false).unwrap();
+    assert!(pieces(c0) > 1, "the truncate was not split");
+    data.truncate(30_000);
+    ack(&mut w, Fact::Equals(p(&["trunc"]), data));
+    // Punch: a hole over nearly the whole file.
+    let (ino, mut data) = big(&mut w, "punch", 22, true);
+    let c0 = commits();
+    fs.fallocate(ino, 0x3, 16_384, BIG - 32_768).unwrap();
+    fs.fsync(ino, false).unwrap();
+    assert!(pieces(c0) > 1, "the punch was not split");
+    data[16_384..(BIG - 16_384) as usize].fill(0);
+    ack(&mut w, Fact::Equals(p(&["punch"]), data));
+    fs.truncate(ino, 0).unwrap();
+    fs.fsync(ino, false).unwrap();
+    ack(&mut w, Fact::Equals(p(&["punch"]), Vec::new()));
+    // Unlink: the name goes with an orphan entry, the blocks after.
+    let _ = big(&mut w, "unlinked", 23, false);
+    fs.unlink(2, b"unlinked").unwrap();
+    fs.fsync(2, false).unwrap();
+    ack(&mut w, Fact::Absent(p(&["unlinked"])));
+    // An open file unlinked: its blocks go at the last close.
+    let (ino, _) = big(&mut w, "open", 24, false);
+    fs.open(ino).unwrap();
+    fs.unlink(2, b"open").unwrap();
+    fs.fsync(2, false).unwrap();
+    ack(&mut w, Fact::Absent(p(&["open"])));
+    fs.release(ino).unwrap();
+    // A rename over a large file frees it after the rename's handle.
+    let _ = big(&mut w, "target", 25, true);
+    let small = fs.create(2, b"small", 0o644, 0, 0).unwrap().ino;
+    let sd = tagged(25, 7, 5000);
+    fs.write(small, 0, &sd).unwrap();
+    fs.fsync(small, false).unwrap();
+    fs.rename(2, b"small", 2, b"target", RenameFlags::default())
+        .unwrap();
+    fs.fsync(2, false).unwrap();
+    ack(&mut w, Fact::Equals(p(&["target"]), sd));
+    let w = finish_workload(fs, dev, w);
+    // Everything was freed: the files left hold a few dozen blocks.
+    let held = free0 - fs.statfs().blocks_free;
+    assert!(held < 100, "{held} blocks still held after the removals");
+    assert_eq!(
+        fs.txn_stats().unjournaled_commits.load(Ordering::Relaxed),
+        0,
+        "a transaction bypassed the journal"
+    );
     w
 }
 
@@ -500,6 +599,20 @@ fn crash_states_recover_consistently_inline_data() {
     check_crash_states_on(false, false, 60, &["-O", "inline_data", "-I", "512"]);
 }
 
+/// Removals too large for one handle, in pieces (`run_large_removals`): 128 MiB of 1 KiB
+/// blocks in groups of 256 blocks, and a journal of 1,024 blocks.
+#[test]
+fn crash_states_recover_consistently_large_removals() {
+    check_crash_states_with(
+        false,
+        false,
+        40,
+        &["-b", "1024", "-g", "256", "-N", "4096", "-J", "size=1"],
+        "128M",
+        run_large_removals,
+    );
+}
+
 fn check_crash_states(buffered: bool, cheap_zeroing: bool, default_states: usize) {
     check_crash_states_on(buffered, cheap_zeroing, default_states, &[])
 }
@@ -510,15 +623,33 @@ fn check_crash_states_on(
     default_states: usize,
     mkfs: &[&str],
 ) {
+    let mut args = vec!["-J", "size=4"];
+    args.extend_from_slice(mkfs);
+    check_crash_states_with(
+        buffered,
+        cheap_zeroing,
+        default_states,
+        &args,
+        "32M",
+        run_workloads,
+    )
+}
+
+fn check_crash_states_with(
+    buffered: bool,
+    cheap_zeroing: bool,
+    default_states: usize,
+    mkfs: &[&str],
+    size: &str,
+    workload: fn(&Fs, &RecordingDevice, usize) -> Workload,
+) {
     let states: usize = std::env::var("UEXT4_CRASH_STATES")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default_states);
     let scale = if states > 1000 { 4 } else { 1 };
     let base = scratch("crash-base");
-    let mut args = vec!["-J", "size=4"];
-    args.extend_from_slice(mkfs);
-    mke2fs(&base.0, "32M", &args);
+    mke2fs(&base.0, size, mkfs);
     let inline = mkfs.contains(&"inline_data");
     if inline {
         inline_base(&base.0);
@@ -546,7 +677,7 @@ fn check_crash_states_on(
         },
     )
     .unwrap();
-    let w = run_workloads(&fs, &dev, scale);
+    let w = workload(&fs, &dev, scale);
     fs.unmount().unwrap();
     drop(fs);
     let total = dev.log_len();
@@ -588,12 +719,18 @@ fn check_crash_states_on(
             }
         }
     }
-    let mode = match (buffered, cheap_zeroing, inline, mkfs.is_empty()) {
-        (true, ..) => " (buffered mode)",
-        (false, true, ..) => " (zeroed preallocation)",
-        (false, false, true, _) => " (inline data)",
-        (false, false, false, false) => " (block maps)",
-        (false, false, false, true) => "",
+    let mode = if buffered {
+        " (buffered mode)"
+    } else if cheap_zeroing {
+        " (zeroed preallocation)"
+    } else if inline {
+        " (inline data)"
+    } else if mkfs.iter().any(|a| a.contains("^extent")) {
+        " (block maps)"
+    } else if mkfs.contains(&"-g") {
+        " (large removals)"
+    } else {
+        ""
     };
     println!("crash checker{mode}: {checked} crash states checked, {violations} violated a rule ({} log entries, {} flushes)", total, flushes.len());
     assert_eq!(

@@ -13,8 +13,13 @@ use uext4::{Fs, MountOptions};
 /// engine's rules, the same whatever the device; the mapped device has tests of its own), and
 /// fallocate making unwritten extents as it does off tmpfs (`prealloc_zeroed` has its own test).
 fn open(tag: &str) -> (Scratch, Arc<Fs>) {
+    open_made(tag, "128M", &[])
+}
+
+/// As `open`, on an image of `size` that mke2fs makes with `mkfs` options.
+fn open_made(tag: &str, size: &str, mkfs: &[&str]) -> (Scratch, Arc<Fs>) {
     let img = scratch(tag);
-    mke2fs(&img.0, "128M", &[]);
+    mke2fs(&img.0, size, mkfs);
     let fs = Fs::open_path(
         &img.0,
         MountOptions {
@@ -999,4 +1004,73 @@ fn fallocate_zeroes_on_tmpfs_or_maps_unwritten() {
             assert!(kb == back, "the kernel reads other bytes");
         }
     }
+}
+
+/// Operations whose metadata would not fit the log in one transaction: on 300 MiB of 1 KiB
+/// blocks in groups of 256 (some 1,200 groups) with the smallest journal (1,024 blocks), a
+/// 280 MiB preallocation, a truncate, a punched hole, an unlink, the last close of an
+/// unlinked file and a rename over a file each touch a bitmap in every group. Each goes
+/// through the journal in transactions that fit it: none is written home without it (the
+/// allocator's search built and dirtied the bitmap of every unused group it looked at, and
+/// each removal was one handle, some 1,200 blocks; both were written home unjournaled).
+#[test]
+fn operations_larger_than_the_log_stay_journaled() {
+    let (img, fs) = open_made(
+        "biglog",
+        "300M",
+        &["-b", "1024", "-g", "256", "-N", "4096", "-J", "size=1"],
+    );
+    let unjournaled = || fs.txn_stats().unjournaled_commits.load(Ordering::Relaxed);
+    let free0 = fs.statfs().blocks_free;
+    const BIG: u64 = 280 << 20;
+    let big = |name: &[u8]| {
+        let ino = fs.create(2, name, 0o644, 0, 0).unwrap().ino;
+        fs.fallocate(ino, 0, 0, BIG).unwrap();
+        fs.write(ino, BIG - 5000, &[7u8; 5000]).unwrap();
+        fs.fsync(ino, false).unwrap();
+        assert_eq!(unjournaled(), 0, "the preallocation bypassed the journal");
+        ino
+    };
+    // Truncate to the middle, then punch most of what is left.
+    let f = big(b"f");
+    fs.write(f, 0, &[1u8; 10_000]).unwrap();
+    fs.truncate(f, 100 << 20).unwrap();
+    fs.fallocate(f, 0x3, 8192, (100 << 20) - 16384).unwrap();
+    fs.fsync(f, false).unwrap();
+    assert_eq!(
+        unjournaled(),
+        0,
+        "the truncate or the punch bypassed the journal"
+    );
+    let mut head = vec![0u8; 10_000];
+    assert_eq!(fs.read(f, 0, &mut head).unwrap(), 10_000);
+    assert_eq!(&head[..8192], &[1u8; 8192][..]);
+    assert!(head[8192..].iter().all(|&b| b == 0), "the hole reads zeros");
+    assert_eq!(fs.getattr(f).unwrap().size, 100 << 20);
+    fs.truncate(f, 0).unwrap();
+    fs.fsync(f, false).unwrap();
+    assert_eq!(unjournaled(), 0, "the truncate to 0 bypassed the journal");
+    // Unlink, last close of an unlinked file, rename over a file.
+    big(b"g");
+    fs.unlink(2, b"g").unwrap();
+    let o = big(b"o");
+    fs.open(o).unwrap();
+    fs.unlink(2, b"o").unwrap();
+    assert!(
+        fs.statfs().blocks_free < free0 - (BIG >> 10),
+        "freed while open"
+    );
+    fs.release(o).unwrap();
+    big(b"t");
+    let s = fs.create(2, b"s", 0o644, 0, 0).unwrap().ino;
+    fs.write(s, 0, b"small").unwrap();
+    fs.rename(2, b"s", 2, b"t", uext4::namei::RenameFlags::default())
+        .unwrap();
+    fs.sync().unwrap();
+    assert_eq!(unjournaled(), 0, "a removal bypassed the journal");
+    let held = free0 - fs.statfs().blocks_free;
+    assert!(held < 100, "{held} blocks still held after the removals");
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
 }
