@@ -2,6 +2,7 @@
 //! and benchmark against the kernel's ext4 and fuse2fs.
 
 mod bench;
+mod log;
 mod mount;
 mod tools;
 
@@ -33,6 +34,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    log::init();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -78,6 +80,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("uext4: {name}: {e:#}");
+            if std::env::var_os(log::BACKGROUND_ENV).is_some() {
+                // A background server's stderr is read only until the mount is ready.
+                tracing::error!("{name}: {e:#}");
+            }
             ExitCode::from(1)
         }
     }

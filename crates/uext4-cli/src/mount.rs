@@ -127,6 +127,8 @@ fn daemonize(a: &MountArgs, image: &Path, mountpoint: &Path) -> Result<()> {
         cmd.arg("-o").arg(o);
     }
     cmd.arg(image).arg(mountpoint);
+    // Its messages go to the system log once nobody reads its stderr (log.rs).
+    cmd.env(crate::log::BACKGROUND_ENV, "1");
     cmd.stdin(std::process::Stdio::null())
         .stdout(logf.try_clone()?)
         .stderr(logf);
@@ -318,6 +320,7 @@ fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<(
             std::process::abort();
         }));
     }
+    crate::log::set_source(image);
     // Held until the process exits: no second uext4 server writes the same image.
     let _lock = lock_image(image, opts.read_only)?;
     let fs =
@@ -364,7 +367,7 @@ fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<(
             // Unmount (detached when busy); on failure keep serving until asked again.
             match uext4_fuse::unmount(mountpoint) {
                 Ok(()) => break,
-                Err(e) => eprintln!("uext4: unmounting {}: {e}", mountpoint.display()),
+                Err(e) => tracing::error!("unmounting {}: {e}", mountpoint.display()),
             }
         }
         if !still_mounted() {
@@ -374,7 +377,7 @@ fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<(
     // The session ends once the kernel lets go of the mount (after the last open file of a
     // detached mount is closed).
     if let Err(e) = session.join() {
-        eprintln!("uext4: serving {}: {e}", mountpoint.display());
+        tracing::error!("serving {}: {e}", mountpoint.display());
     }
     fs.unmount().context("writing the filesystem back")?;
     Ok(())

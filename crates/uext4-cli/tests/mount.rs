@@ -1192,6 +1192,65 @@ fn corruption_follows_the_errors_behaviour() {
     }
 }
 
+/// A mount in the background has no terminal: the corruption it finds reaches the kernel's
+/// log (dmesg) naming the image, as the kernel's ext4 reports its errors there (or the
+/// system log, where a syslog daemon listens: then this checks nothing and says so).
+#[test]
+fn background_server_reports_corruption_in_the_log() {
+    if !usable() {
+        return;
+    }
+    if Path::new("/dev/log").exists() {
+        eprintln!("SKIP: a syslog daemon listens at /dev/log: the server logs there");
+        return;
+    }
+    if Command::new("debugfs").arg("-V").output().is_err() {
+        eprintln!("SKIP: debugfs is not installed");
+        return;
+    }
+    let kmsg = || {
+        let o = Command::new("dmesg").output().unwrap();
+        assert!(o.status.success(), "dmesg failed");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let e = Env::new("log");
+    e.mount();
+    std::fs::write(e.mnt.join("f"), vec![7u8; 100_000]).unwrap();
+    e.umount();
+    let o = Command::new("debugfs")
+        .args(["-w", "-R", "sif /f block[0] 0"])
+        .arg(&e.img)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let name = e.img.display().to_string();
+    let ours = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("uext4[") && l.contains(&name) && l.contains("extent"))
+            .count()
+    };
+    let before = ours(&kmsg());
+    e.mount();
+    let err = std::fs::read(e.mnt.join("f")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EUCLEAN), "{err}");
+    let start = Instant::now();
+    while ours(&kmsg()) == before {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no line naming {name} and the damaged extent header in dmesg"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    e.umount();
+    let o = Command::new("debugfs")
+        .args(["-w", "-R", "sif /f block[0] 0x0001f30a"])
+        .arg(&e.img)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    e.fsck();
+}
+
 /// kill -9 of the server in the middle of concurrent writers (with a 1 s commit interval):
 /// umount clears the dead mount, the next mount replays the journal, every file left is
 /// readable and e2fsck finds the image clean. Three rounds on the same image.

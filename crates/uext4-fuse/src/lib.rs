@@ -521,10 +521,24 @@ impl FsyncQueue {
             }
             s.1 = true;
         }
+        // A panic in the engine below must not leave the queue marked as led: every later
+        // fsync would wait for a leader that is gone. (The batch it held is answered EIO by
+        // fuser as its replies drop; the next fsync leads what is still queued.)
+        struct Leading<'a>(&'a FsyncQueue);
+        impl Drop for Leading<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.state.lock().1 = false;
+                }
+            }
+        }
+        let _leading = Leading(self);
         loop {
             let batch = {
                 let mut s = self.state.lock();
                 if s.0.is_empty() {
+                    // Given up in the same hold that saw the queue empty: an fsync queued
+                    // after this finds no leader and leads.
                     s.1 = false;
                     return;
                 }
@@ -617,7 +631,7 @@ impl Filesystem for Uext4Fuse {
 
     fn destroy(&mut self) {
         if let Err(e) = self.fs.unmount() {
-            eprintln!("uext4: unmount: {e}");
+            tracing::error!("unmount: {e}");
         }
     }
 
