@@ -7,7 +7,9 @@
 //! listens (`journalctl -t uext4`), otherwise to the kernel's log through /dev/kmsg, where the
 //! kernel's own ext4 reports its errors (`dmesg`). (Its stderr, which the starting `uext4
 //! mount` reads only until the mount is ready, gets the error it exits with.)
-//! `UEXT4_LOG=error|warn|info|debug|trace` sets the level; warn by default.
+//! `UEXT4_LOG=error|warn|info|debug|trace` sets the level; warn by default. (The kernel's
+//! log takes lines from root only, at most about 1 KiB each and ten per five seconds: an
+//! ordinary user's server without a syslog daemon logs nowhere, and a burst is cut short.)
 
 use std::io::Write;
 use std::sync::OnceLock;
@@ -64,7 +66,10 @@ struct SystemLog;
 
 /// Where a background server's lines go, chosen at its first message.
 enum Sink {
-    Syslog,
+    /// To a thread that hands them to syslog(3), which may block on a stalled daemon (or one
+    /// writing its log onto this very mount): the engine logs while holding its locks, so
+    /// it never waits for that; lines beyond the queue's room are dropped.
+    Syslog(std::sync::mpsc::SyncSender<(i32, std::ffi::CString)>),
     Kmsg(std::fs::File),
     Nowhere,
 }
@@ -73,9 +78,20 @@ fn sink() -> &'static Sink {
     static SINK: OnceLock<Sink> = OnceLock::new();
     SINK.get_or_init(|| {
         if std::path::Path::new("/dev/log").exists() {
-            // SAFETY: the identifier is a static C string that outlives every syslog call.
-            unsafe { libc::openlog(c"uext4".as_ptr(), libc::LOG_PID, libc::LOG_DAEMON) };
-            return Sink::Syslog;
+            let (tx, rx) = std::sync::mpsc::sync_channel::<(i32, std::ffi::CString)>(256);
+            let started = std::thread::Builder::new()
+                .name("uext4-syslog".into())
+                .spawn(move || {
+                    // SAFETY: the identifier is a static C string that outlives every call.
+                    unsafe { libc::openlog(c"uext4".as_ptr(), libc::LOG_PID, libc::LOG_DAEMON) };
+                    for (prio, line) in rx {
+                        // SAFETY: a "%s" format with one NUL-terminated string argument.
+                        unsafe { libc::syslog(prio, c"%s".as_ptr(), line.as_ptr()) };
+                    }
+                });
+            if started.is_ok() {
+                return Sink::Syslog(tx);
+            }
         }
         match std::fs::OpenOptions::new().write(true).open("/dev/kmsg") {
             Ok(f) => Sink::Kmsg(f),
@@ -118,12 +134,10 @@ impl Drop for Line {
             _ => libc::LOG_DEBUG,
         };
         match sink() {
-            Sink::Syslog => {
-                let Ok(c) = std::ffi::CString::new(text.replace('\0', " ")) else {
-                    return;
-                };
-                // SAFETY: a "%s" format with one NUL-terminated string argument.
-                unsafe { libc::syslog(prio, c"%s".as_ptr(), c.as_ptr()) };
+            Sink::Syslog(tx) => {
+                if let Ok(c) = std::ffi::CString::new(text.replace('\0', " ")) {
+                    let _ = tx.try_send((prio, c));
+                }
             }
             Sink::Kmsg(f) => {
                 // One record per write: "<priority>name[pid]: text".

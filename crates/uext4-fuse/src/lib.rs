@@ -522,13 +522,19 @@ impl FsyncQueue {
             s.1 = true;
         }
         // A panic in the engine below must not leave the queue marked as led: every later
-        // fsync would wait for a leader that is gone. (The batch it held is answered EIO by
-        // fuser as its replies drop; the next fsync leads what is still queued.)
+        // fsync would wait for a leader that is gone. The batch it held, and the fsyncs
+        // queued meanwhile (which may wait for no other leader), are answered EIO by fuser
+        // as their replies drop.
         struct Leading<'a>(&'a FsyncQueue);
         impl Drop for Leading<'_> {
             fn drop(&mut self) {
                 if std::thread::panicking() {
-                    self.0.state.lock().1 = false;
+                    let stranded = {
+                        let mut s = self.0.state.lock();
+                        s.1 = false;
+                        std::mem::take(&mut s.0)
+                    };
+                    drop(stranded);
                 }
             }
         }

@@ -181,7 +181,9 @@ impl Fs {
             goal
         };
         let start_group = geo.block_group(goal);
-        let mut best: Option<(u32, usize, usize)> = None; // (group, offset, len)
+        // The longest run seen: (group, offset, len); no offset for a never-used group's free
+        // blocks, whose bitmap is built only if it is chosen.
+        let mut best: Option<(u32, Option<usize>, usize)> = None;
         for pass in 0..2 {
             for i in 0..geo.group_count {
                 let g = (start_group + i) % geo.group_count;
@@ -194,8 +196,12 @@ impl Fs {
                 // never used (BLOCK_UNINIT) cannot hold one with fewer free blocks, and
                 // building its bitmap only to look would dirty it (and its descriptor) in this
                 // handle: a search across a thousand small groups made one handle larger than
-                // a small journal. The second pass takes the first free run anyway.
+                // a small journal. Its free blocks (usually one run after its own metadata)
+                // stay a candidate for the longest run.
                 if pass == 0 && (free as u32) < want && self.uninit_block_bitmap(&st) {
+                    if best.is_none_or(|b| b.2 < free as usize) {
+                        best = Some((g, None, free as usize));
+                    }
                     continue;
                 }
                 let from = if g == start_group && i == 0 {
@@ -214,13 +220,20 @@ impl Fs {
                         return self.take_run(h, g, &mut st, &buf, off, len.min(want as usize));
                     }
                     if best.is_none_or(|b| b.2 < len) {
-                        best = Some((g, off, len));
+                        best = Some((g, Some(off), len));
                     }
                 }
             }
-            if let Some((g, off, len)) = best {
+            if let Some((g, off, len)) = best.take() {
                 let mut st = self.groups[g as usize].lock();
                 let buf = self.block_bitmap(h, g, &mut st)?;
+                let limit = geo.blocks_in_group(g) as usize;
+                let Some((off, len)) = off
+                    .map(|o| (o, len))
+                    .or_else(|| self.search_run(g, &buf.read(), 0, want as usize, limit, false))
+                else {
+                    continue;
+                };
                 // Re-check under the lock: another thread may have taken it meanwhile.
                 let at = geo.group_first_block(g) + off as u64;
                 let mut still =

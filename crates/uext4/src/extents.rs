@@ -1008,10 +1008,11 @@ impl Fs {
             groups + descs + (fixed + tree) as usize
         };
         let mut taken = false;
-        for e in c.map.values().rev() {
-            if e.lblk as u64 >= end {
-                continue;
-            }
+        if end == 0 {
+            return Ok(None);
+        }
+        let last = (end - 1).min(u32::MAX as u64) as u32;
+        for (_, e) in c.map.range(..=last).rev() {
             if e.end() <= start as u64 {
                 break;
             }

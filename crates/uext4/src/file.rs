@@ -507,7 +507,13 @@ impl Fs {
     }
 
     /// Zeroes the written blocks' bytes in `[from, to)` (within one block), if mapped.
-    fn zero_partial(&self, ino: u32, st: &mut InodeState, from: u64, to: u64) -> Result<()> {
+    pub(crate) fn zero_partial(
+        &self,
+        ino: u32,
+        st: &mut InodeState,
+        from: u64,
+        to: u64,
+    ) -> Result<()> {
         if from >= to {
             return Ok(());
         }
@@ -563,7 +569,9 @@ impl Fs {
         };
         let bs = self.bs();
         let first = size.div_ceil(bs) as u32;
-        let orphaned_here = size < old && self.truncate_in_pieces(&inode, size, first)?;
+        if size < old {
+            self.truncate_in_pieces(&inode, size, first)?;
+        }
         let mut h = self.start(credits::UNLINK)?;
         let mut st = inode.state.lock();
         check_live(&st)?;
@@ -579,7 +587,9 @@ impl Fs {
             st.raw.set_mtime(now);
         }
         st.raw.set_ctime(now);
-        if orphaned_here {
+        // Only a truncate puts an inode that has links on the orphan list (this one, or one
+        // that failed half-way): it is whole now.
+        if st.orphaned && st.raw.links_count() > 0 {
             self.orphan_del(&mut h, &inode, &mut st)?;
         }
         self.mark_inode_dirty(&mut h, &inode, &mut st)?;
@@ -591,27 +601,31 @@ impl Fs {
     /// with the inode on the orphan list, then the blocks past it go in pieces, each its own
     /// transaction, from the end down, as the kernel's ext4_truncate does. A crash in between
     /// leaves an orphan whose blocks past its size the next open (or e2fsck, or the kernel's
-    /// mount) cuts. Returns whether this put the inode on the list (the caller's last handle
-    /// takes it off); false, doing nothing, when one handle is enough.
-    fn truncate_in_pieces(&self, inode: &Inode, size: u64, first: u32) -> Result<bool> {
+    /// mount) cuts. The caller's last handle takes the inode off the list. Does nothing when
+    /// one handle is enough.
+    fn truncate_in_pieces(&self, inode: &Inode, size: u64, first: u32) -> Result<()> {
         if !self.removal_is_large(inode.ino, &mut inode.state.lock(), first, 1 << 32)? {
-            return Ok(false);
+            return Ok(());
         }
         let mut h = self.start(credits::SETATTR)?;
-        let added = {
+        {
             let mut st = inode.state.lock();
             check_live(&st)?;
+            // The rest of the last block is zeroed first (ordered ahead of the new size, as
+            // data), as the kernel's ext4_block_truncate_page: after a crash, recovery only
+            // cuts whole blocks, and bytes past the size would show again if it grew.
+            let bs = self.bs();
+            if !size.is_multiple_of(bs) {
+                self.zero_partial(inode.ino, &mut st, size, (size / bs + 1) * bs)?;
+            }
             st.raw.set_size(size);
-            let added = !st.orphaned;
-            if added {
+            if !st.orphaned {
                 self.orphan_add(&mut h, inode, &mut st)?;
             }
             self.mark_inode_dirty(&mut h, inode, &mut st)?;
-            added
-        };
+        }
         drop(h);
-        self.remove_in_pieces(inode, first, 1 << 32)?;
-        Ok(added)
+        self.remove_in_pieces(inode, first, 1 << 32)
     }
 
     /// Most metadata blocks one handle of a removal may dirty: half the size at which the
@@ -653,7 +667,8 @@ impl Fs {
         let mut end = end;
         // Decided before a handle is started: most removals fit one, and need none here.
         while piece(&mut inode.state.lock(), end)?.is_some() {
-            let mut h = self.start(credits::UNLINK)?;
+            let _one = self.removal_lock.lock();
+            let mut h = self.start_with_room(budget)?;
             let mut st = inode.state.lock();
             let Some(lo) = piece(&mut st, end)? else {
                 break;

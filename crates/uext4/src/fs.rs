@@ -4,7 +4,8 @@
 //! ranking (take in this order, never the reverse):
 //!   1. `Fs::rename_lock` (only cross-directory renames)
 //!   2. directory inode `io_lock`s (parent before child; two unrelated ones in inode-number order)
-//!   3. file inode `io_lock` (shared for read/overwrite, exclusive when the mapping or size changes)
+//!   3. file inode `io_lock` (shared for read/overwrite, exclusive when the mapping or size
+//!      changes); then `Fs::removal_lock` (around each piece handle of a large removal)
 //!   4. transaction barrier (by starting a handle)
 //!   5. inode `state` mutex
 //!   6. group locks (`groups[g]`), in ascending group order (table locations need none:
@@ -270,6 +271,10 @@ pub struct Fs {
     /// Unlinked inodes too large to free in the handle that dropped their last link: on the
     /// orphan list, freed in pieces once that handle is done (orphan.rs). A leaf lock.
     pub(crate) deferred_deletes: Mutex<Vec<u32>>,
+    /// Held around each piece handle of a large removal (rank: after the file's io_lock,
+    /// before the barrier): one such handle at a time, so that concurrent removals, each
+    /// bounded, cannot together outgrow the log.
+    pub(crate) removal_lock: Mutex<()>,
     /// Inode numbers a front end still refers to (FUSE lookups the kernel has not forgotten):
     /// not reused for new inodes even when freed, so a stale kernel inode never aliases a new
     /// file. A leaf lock.
@@ -581,6 +586,7 @@ impl Fs {
             pending_free: Mutex::new(std::collections::BTreeMap::new()),
             orphans: Mutex::new(Vec::new()),
             deferred_deletes: Mutex::new(Vec::new()),
+            removal_lock: Mutex::new(()),
             pinned: Mutex::new(std::collections::HashSet::new()),
             journal: std::sync::OnceLock::new(),
             delalloc: Default::default(),
@@ -719,6 +725,17 @@ impl Fs {
     pub(crate) fn start(&self, credits: usize) -> Result<Handle<'_>> {
         self.check_writable()?;
         if self.txn.wants_commit() {
+            self.commit()?;
+        }
+        Ok(self.txn.start(credits))
+    }
+
+    /// Starts a handle for a change of up to `credits` blocks in a transaction that has room
+    /// for them below its commit threshold (committing the running one first if not): for
+    /// the large pieces of a removal.
+    pub(crate) fn start_with_room(&self, credits: usize) -> Result<Handle<'_>> {
+        self.check_writable()?;
+        if self.txn.running_len() + credits > self.txn.max_blocks.load(Ordering::Relaxed) {
             self.commit()?;
         }
         Ok(self.txn.start(credits))
@@ -928,6 +945,7 @@ impl Fs {
             extents: None,
             orphaned: false,
             deleted: false,
+            dying: false,
             creating: false,
             delalloc: None,
         };

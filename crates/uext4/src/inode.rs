@@ -23,6 +23,9 @@ pub struct InodeState {
     pub orphaned: bool,
     /// Set when the inode has been freed (its number may be reused).
     pub deleted: bool,
+    /// Set while an unlinked inode nobody has open is freed in pieces (`delete_orphan`): it
+    /// can no longer be opened or linked, as if already deleted.
+    pub dying: bool,
     /// Set from the moment the number is allocated until the creator has initialised the inode
     /// (namei's create): the inode is in the cache then, so that no one loads the number's old
     /// contents from disk, but a stale number that reaches it gets "no such file".
@@ -333,6 +336,7 @@ pub(crate) fn new_inode(
             extents,
             orphaned: false,
             deleted: false,
+            dying: false,
             creating,
             delalloc: None,
         }),

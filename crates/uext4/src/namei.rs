@@ -401,7 +401,7 @@ impl Fs {
         // (found by concurrent_mixed_operations_stay_consistent).
         let ft = {
             let mut ist = inode.state.lock();
-            if ist.deleted || (ist.raw.links_count() == 0 && !ist.orphaned) {
+            if ist.deleted || ist.dying || (ist.raw.links_count() == 0 && !ist.orphaned) {
                 return Err(Error::NotFound);
             }
             if ist.raw.links_count() >= LINK_MAX {
@@ -964,9 +964,13 @@ impl Fs {
         let inode = self.iget(ino)?;
         inode.open_count.fetch_add(1, Ordering::AcqRel);
         // A last unlink that read the count before it went up has freed the inode (under its
-        // state lock); counted on a freed inode, the open's release would land on whatever
-        // inode reuses the number.
-        if inode.state.lock().deleted {
+        // state lock), or is freeing it in pieces; counted on a freed inode, the open's
+        // release would land on whatever inode reuses the number.
+        let gone = {
+            let st = inode.state.lock();
+            st.deleted || st.dying
+        };
+        if gone {
             inode.open_count.fetch_sub(1, Ordering::AcqRel);
             return Err(Error::NotFound);
         }

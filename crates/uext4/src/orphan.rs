@@ -125,32 +125,23 @@ impl Fs {
             let Some(e) = m else { continue };
             let pblk = e.pblk + (lblk - e.lblk as u64);
             let buf = self.bcache.get(pblk)?;
-            let entries: Vec<u32> = {
+            let entries: Vec<(usize, u32)> = {
                 let d = buf.read();
                 (0..per_block)
-                    .map(|i| crate::format::le32(&d, 4 * i))
-                    .filter(|&x| x != 0)
+                    .map(|i| (i, crate::format::le32(&d, 4 * i)))
+                    .filter(|&(_, x)| x != 0)
                     .collect()
             };
-            if entries.is_empty() {
-                continue;
-            }
-            for victim in &entries {
-                self.finish_orphan(*victim, false)?;
+            let slot_file = OrphanFileBlock {
+                ino,
+                gen,
+                pblk,
+                buf: &buf,
+            };
+            for (slot, victim) in entries {
+                self.finish_orphan(victim, Some((&slot_file, slot)))?;
                 done += 1;
             }
-            let mut h = self.start(2)?;
-            {
-                let mut d = buf.write();
-                d[..per_block * 4].fill(0);
-                if self.geo.metadata_csum {
-                    let seed = RawInode::csum_seed(self.geo.csum_seed, ino, gen);
-                    let c = crate::format::csum::crc32c(seed, &pblk.to_le_bytes());
-                    let c = crate::format::csum::crc32c(c, &d[..per_block * 4]);
-                    crate::format::put32(&mut d, bs as usize - 4, c);
-                }
-            }
-            h.dirty(&buf);
         }
         {
             let mut sb = self.sb.lock();
@@ -161,11 +152,14 @@ impl Fs {
     }
 
     /// Finishes one orphan after a crash: deletes it if it has no links, else cuts its blocks
-    /// past i_size (a truncate or extension that was in flight). `in_chain`: it is on the
+    /// past i_size (a truncate or extension that was in flight). `slot`: where the orphan
+    /// file lists it, cleared in the same handle as its last change (a large removal goes in
+    /// pieces, a transaction each: listed after it was freed, a crash would leave the next
+    /// open, e2fsck and the kernel an entry naming a free inode). None: it is on the
     /// s_last_orphan chain, whose order `process_orphans` put in `Fs::orphans`, so every
-    /// write of it keeps its place in the chain and the last one takes it out; otherwise it
-    /// is listed in the orphan file, which is emptied after. A large removal goes in pieces.
-    fn finish_orphan(&self, ino: u32, in_chain: bool) -> Result<()> {
+    /// write of it keeps its place in the chain and the last one takes it out.
+    fn finish_orphan(&self, ino: u32, slot: Option<(&OrphanFileBlock, usize)>) -> Result<()> {
+        let in_chain = slot.is_none();
         if ino == 0 || ino > self.geo.inodes_count {
             return Err(Error::corrupt(format!(
                 "orphan inode number {ino} is out of range"
@@ -191,11 +185,17 @@ impl Fs {
         if !in_chain {
             st.raw.set_dtime(0);
         }
+        if let Some((file, slot)) = slot {
+            file.clear(self, &mut h, slot);
+        }
         if st.raw.links_count() == 0 {
             self.delete_inode(&mut h, &inode, &mut st)
         } else {
             if Self::has_data_blocks(&st.raw) && keep < 1 << 32 {
                 self.ext_remove(&mut h, ino, &mut st, keep as u32, 1u64 << 32)?;
+                // As the kernel's truncate: the rest of the last block reads as zeros.
+                let size = st.raw.size();
+                self.zero_partial(ino, &mut st, size, keep * bs)?;
             }
             if st.orphaned {
                 self.orphan_del(&mut h, &inode, &mut st)?;
@@ -216,16 +216,19 @@ impl Fs {
                 && st.raw.links_count() == 0
                 && inode.open_count.load(std::sync::atomic::Ordering::Acquire) == 0
         };
-        if !unused(&inode.state.lock()) {
-            return Ok(());
+        {
+            // In the same hold as the check: an open (which counts itself, then looks at
+            // `dying` under this lock) either came first and keeps the inode, or backs out.
+            let mut st = inode.state.lock();
+            if !unused(&st) {
+                return Ok(());
+            }
+            st.dying = true;
         }
         self.remove_in_pieces(inode, 0, 1 << 32)?;
         let mut h = self.start(crate::namei::credits::UNLINK)?;
         let mut st = inode.state.lock();
-        if unused(&st) {
-            self.delete_inode(&mut h, inode, &mut st)?;
-        }
-        Ok(())
+        self.delete_inode(&mut h, inode, &mut st)
     }
 
     /// Frees the inodes `drop_link_finish` left on `deferred_deletes`. Called by the public
@@ -271,7 +274,7 @@ impl Fs {
         *self.orphans.lock() = chain.clone();
         let mut done = 0u32;
         for ino in chain {
-            self.finish_orphan(ino, true)?;
+            self.finish_orphan(ino, None)?;
             done += 1;
         }
         done += self.process_orphan_file()?;
@@ -282,5 +285,33 @@ impl Fs {
             self.commit()?;
         }
         Ok(done)
+    }
+}
+
+/// One block of the orphan file (inode `ino`, generation `gen`, at `pblk`): an array of le32
+/// inode numbers, then an 8-byte tail (magic 0x0b10ca04 and a checksum).
+struct OrphanFileBlock<'a> {
+    ino: u32,
+    gen: u32,
+    pblk: u64,
+    buf: &'a std::sync::Arc<crate::bcache::Buffer>,
+}
+
+impl OrphanFileBlock<'_> {
+    /// Clears entry `slot` and the block's checksum with it, in handle `h`.
+    fn clear(&self, fs: &Fs, h: &mut Handle<'_>, slot: usize) {
+        let bs = fs.geo.block_size as usize;
+        let entries = (bs - 8) / 4;
+        {
+            let mut d = self.buf.write();
+            crate::format::put32(&mut d, 4 * slot, 0);
+            if fs.geo.metadata_csum {
+                let seed = RawInode::csum_seed(fs.geo.csum_seed, self.ino, self.gen);
+                let c = crate::format::csum::crc32c(seed, &self.pblk.to_le_bytes());
+                let c = crate::format::csum::crc32c(c, &d[..entries * 4]);
+                crate::format::put32(&mut d, bs - 4, c);
+            }
+        }
+        h.dirty(self.buf);
     }
 }

@@ -1074,3 +1074,56 @@ fn operations_larger_than_the_log_stay_journaled() {
     drop(fs);
     e2fsck_clean(&img.0);
 }
+
+/// An unlinked file that nobody has open is freed in pieces when it is too large for one
+/// handle, from its end down. Meanwhile it cannot be opened (by a stale inode number, as the
+/// library and FUSE's lookup races allow): such an open fails as for a deleted file. (It
+/// succeeded, and the file, kept as an orphan for its opener, read zeros where the pieces
+/// already freed had been.) The open is tried from inside the deletion's device writes.
+#[test]
+fn a_file_being_freed_in_pieces_cannot_be_opened() {
+    let img = scratch("dying");
+    mke2fs(
+        &img.0,
+        "300M",
+        &["-b", "1024", "-g", "256", "-N", "4096", "-J", "size=1"],
+    );
+    let (dev, fs) = open_faulty(&img.0, false);
+    const SIZE: u64 = 200 << 20;
+    let ino = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.fallocate(ino, 0, 0, SIZE).unwrap();
+    fs.write(ino, SIZE - 4096, &[0x5au8; 4096]).unwrap();
+    fs.fsync(ino, false).unwrap();
+    let tries = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let opened = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    {
+        let (fs, tries, opened) = (fs.clone(), tries.clone(), opened.clone());
+        *dev.on_write.lock().unwrap() = Some(Box::new(move |_, _| {
+            tries.fetch_add(1, Ordering::Relaxed);
+            // No release here: the deleting thread holds the file's io_lock.
+            if fs.open(ino).is_ok() {
+                opened.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let c0 = fs.txn_stats().commits.load(Ordering::Relaxed);
+    fs.unlink(2, b"f").unwrap();
+    *dev.on_write.lock().unwrap() = None;
+    assert!(
+        fs.txn_stats().commits.load(Ordering::Relaxed) - c0 >= 2,
+        "the file was not freed in pieces"
+    );
+    assert!(
+        tries.load(Ordering::Relaxed) > 0,
+        "no device write during the deletion"
+    );
+    assert_eq!(
+        opened.load(Ordering::Relaxed),
+        0,
+        "the file was opened while being freed"
+    );
+    assert!(matches!(fs.open(ino), Err(uext4::Error::NotFound)));
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+}
