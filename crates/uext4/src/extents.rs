@@ -1327,7 +1327,7 @@ impl Fs {
                 return Err(self.corrupt(ino, child, "tree deeper than the maximum".into()));
             }
         }
-        // Edit the leaf.
+        // Edit the leaf (a copy of its entries: nothing on disk or in the cache changes yet).
         let mut leaf = path.pop().unwrap();
         let mut appended_last = false;
         if let Some(k) = remove {
@@ -1340,18 +1340,63 @@ impl Fs {
             };
             leaf.entries.remove(p);
         }
+        for x in &add {
+            let pos = leaf.entries.partition_point(|e| key(e) < x.lblk);
+            appended_last = pos == leaf.entries.len();
+            leaf.entries.insert(pos, leaf_entry(x));
+        }
+        // Every block the splits will need is allocated before any node changes, as the
+        // kernel's ext4_ext_split allocates its blocks first: an allocation failing half-way
+        // up (ENOSPC) would leave a leaf split whose parent never learnt of the new half, and
+        // entries lost from the tree.
+        let near = add.first().map(|x| x.pblk).unwrap_or(0);
+        let mut spare = Vec::new();
+        for _ in 0..self.split_blocks_needed(&path, &leaf) {
+            match self.alloc_tree_block(h, ino, st, near) {
+                Ok(b) => spare.push(b),
+                Err(e) => {
+                    for b in spare {
+                        self.free_tree_block(h, st, b)?;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        self.push_up(h, ino, st, path, leaf, near, appended_last, &mut spare)?;
+        for b in spare {
+            self.free_tree_block(h, st, b)?;
+        }
+        // The cache follows the tree only once the tree has changed: a failed edit leaves
+        // both as they were (a cached extent the tree lacks would send later writes to
+        // blocks the failed insertion freed).
         let cache = &mut st.extents.as_mut().unwrap().map;
         if let Some(k) = remove {
             cache.remove(&k);
         }
         for x in &add {
-            let pos = leaf.entries.partition_point(|e| key(e) < x.lblk);
-            appended_last = pos == leaf.entries.len();
-            leaf.entries.insert(pos, leaf_entry(x));
             cache.insert(x.lblk, *x);
         }
-        let near = add.first().map(|x| x.pblk).unwrap_or(0);
-        self.push_up(h, ino, st, path, leaf, near, appended_last)
+        Ok(())
+    }
+
+    /// How many new tree blocks `push_up` will need for an edited leaf: one per full node
+    /// from the leaf up that overflows (a split adds an entry to the parent), and one more
+    /// where the root itself overflows (the tree grows a level).
+    fn split_blocks_needed(&self, path: &[Step], leaf: &Step) -> usize {
+        let mut need = 0;
+        let mut len = leaf.entries.len();
+        let mut node = leaf.node;
+        let mut up = path.len();
+        while len > self.node_cap(node) {
+            need += 1;
+            if matches!(node, Node::Root) || up == 0 {
+                break;
+            }
+            up -= 1;
+            len = path[up].entries.len() + 1;
+            node = path[up].node;
+        }
+        need
     }
 
     /// Writes back an edited node and propagates splits, frees and key changes to its parents.
@@ -1365,6 +1410,7 @@ impl Fs {
         mut cur: Step,
         near: u64,
         appended: bool,
+        spare: &mut Vec<u64>,
     ) -> Result<()> {
         loop {
             let cap = self.node_cap(cur.node);
@@ -1401,7 +1447,10 @@ impl Fs {
             match cur.node {
                 Node::Root => {
                     // Grow the tree: the root's entries move to a new block, the root indexes it.
-                    let b = self.alloc_tree_block(h, ino, st, near)?;
+                    let b = match spare.pop() {
+                        Some(b) => b,
+                        None => self.alloc_tree_block(h, ino, st, near)?,
+                    };
                     self.write_node(h, ino, st, Node::Block(b), cur.depth, &cur.entries, true)?;
                     let first = key(&cur.entries[0]);
                     return self.write_node(
@@ -1425,7 +1474,10 @@ impl Fs {
                         n / 2
                     };
                     let right: Vec<Entry> = cur.entries.split_off(at);
-                    let nb = self.alloc_tree_block(h, ino, st, near)?;
+                    let nb = match spare.pop() {
+                        Some(b) => b,
+                        None => self.alloc_tree_block(h, ino, st, near)?,
+                    };
                     self.write_node(h, ino, st, Node::Block(nb), cur.depth, &right, true)?;
                     self.write_node(h, ino, st, cur.node, cur.depth, &cur.entries, false)?;
                     let mut parent = path.pop().unwrap();

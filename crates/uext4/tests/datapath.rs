@@ -1127,3 +1127,63 @@ fn a_file_being_freed_in_pieces_cannot_be_opened() {
     drop(fs);
     e2fsck_clean(&img.0);
 }
+
+/// An extent that needs a new tree block (here the fifth extent of a file, which grows the
+/// tree a level) on a filesystem with one free block left: the data block is allocated, the
+/// tree block is not, and the write fails with ENOSPC leaving the file as it was. Its extent
+/// cache must not keep the extent the tree never got: it did, so a later write of the same
+/// block took the overwrite path into the freed block, reported success, and the data was
+/// lost on disk (a hole; in buffered mode near a full filesystem, holes in files that fsync
+/// had acknowledged).
+#[test]
+fn an_extent_the_tree_cannot_take_leaves_nothing_behind() {
+    let (img, fs) = open_made("treefull", "8M", &["-b", "1024", "-N", "64"]);
+    let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+    // Four one-block extents fill the root (depth 0, four entries).
+    for l in [0u64, 2, 4, 6] {
+        fs.write(f, l * 1024, &[l as u8 + 1; 1024]).unwrap();
+    }
+    assert_eq!(fs.ext_list(f).unwrap().len(), 4);
+    assert_eq!(fs.ext_tree_depth(f).unwrap(), 0);
+    // Fill the filesystem to one free block.
+    let g = fs.create(2, b"fill", 0o644, 0, 0).unwrap().ino;
+    let free = fs.statfs().blocks_free;
+    fs.fallocate(g, 0, 0, (free - 64) * 1024).unwrap();
+    let mut n = 0u64;
+    while fs.statfs().blocks_free > 1 {
+        let h = fs
+            .create(2, format!("h{n}").as_bytes(), 0o644, 0, 0)
+            .unwrap()
+            .ino;
+        while fs.statfs().blocks_free > 1 && fs.getattr(h).unwrap().size < 4 * 1024 {
+            let size = fs.getattr(h).unwrap().size;
+            fs.write(h, size, &[9u8; 1024]).unwrap();
+        }
+        n += 1;
+    }
+    assert_eq!(fs.statfs().blocks_free, 1);
+    let e = fs.write(f, 8 * 1024, &[42u8; 1024]).unwrap_err();
+    assert!(matches!(e, uext4::Error::NoSpace), "{e}");
+    assert_eq!(
+        fs.ext_list(f).unwrap().len(),
+        4,
+        "the failed extent stayed cached"
+    );
+    assert_eq!(fs.statfs().blocks_free, 1, "the failed write kept blocks");
+    // With room again, the same write lands in the tree.
+    fs.unlink(2, b"fill").unwrap();
+    fs.write(f, 8 * 1024, &[42u8; 1024]).unwrap();
+    fs.fsync(f, false).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+    let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
+    let mut buf = vec![0u8; 1024];
+    fs.read(f, 8 * 1024, &mut buf).unwrap();
+    assert!(
+        buf.iter().all(|&b| b == 42),
+        "the rewritten block is not on disk"
+    );
+    assert_eq!(fs.ext_list(f).unwrap().len(), 5);
+    assert_eq!(fs.ext_tree_depth(f).unwrap(), 1);
+}
