@@ -1092,7 +1092,7 @@ impl HostToImage<'_> {
                 while off < start + len {
                     let n = ((start + len - off) as usize).min(buf.len());
                     f.read_exact_at(&mut buf[..n], off)?;
-                    fs.write(ino, off, &buf[..n])?;
+                    fs.write_all(ino, off, &buf[..n])?;
                     self.progress.add(n as u64);
                     off += n as u64;
                 }
@@ -1453,7 +1453,7 @@ impl ImageToImage<'_> {
                         if got == 0 {
                             break;
                         }
-                        dst.write(f, off, &buf[..got])?;
+                        dst.write_all(f, off, &buf[..got])?;
                         self.progress.add(got as u64);
                         off += got as u64;
                     }

@@ -142,9 +142,40 @@ impl Fs {
         Ok(())
     }
 
+    /// Writes `data` at `off`. As pwrite(2), the count may be short: at the largest file
+    /// size, or when space (or the device) fails after part of the data is written; the
+    /// error then comes with the next call.
     pub fn write(&self, ino: u32, off: u64, data: &[u8]) -> Result<usize> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
-        self.retry_nospace(|| self.write_once(ino, off, data))
+        let n = self.retry_nospace(|| self.write_once(ino, off, data))?;
+        if n == 0 || n == data.len() || self.pending_free.lock().is_empty() {
+            return Ok(n);
+        }
+        // Cut short, perhaps by space that blocks freed but not yet home still hold: the
+        // rest once more after they are, as `retry_nospace` does for a write that could not
+        // start.
+        if self
+            .commit()
+            .and_then(|()| self.checkpoint_drain())
+            .is_err()
+        {
+            return Ok(n);
+        }
+        Ok(n + self
+            .write_once(ino, off + n as u64, &data[n..])
+            .unwrap_or(0))
+    }
+
+    /// Writes all of `data` at `off`, or fails: `write` until done (image tools).
+    pub fn write_all(&self, ino: u32, off: u64, data: &[u8]) -> Result<()> {
+        let mut done = 0;
+        while done < data.len() {
+            match self.write(ino, off + done as u64, &data[done..])? {
+                0 => return Err(Error::NoSpace),
+                n => done += n,
+            }
+        }
+        Ok(())
     }
 
     fn write_once(&self, ino: u32, off: u64, data: &[u8]) -> Result<usize> {
@@ -214,12 +245,17 @@ impl Fs {
             check_live(&st)?;
             st.raw.size()
         };
-        self.write_new_blocks_locked(&inode, off, data, size.max(end))?;
+        // A write cut short by an error after its first runs (ENOSPC) returns what it wrote,
+        // as the kernel's does: the size covers exactly that, not the part that failed.
+        let (n, r) = self.write_new_blocks_upto(&inode, off, data, size.max(end));
+        if n == 0 {
+            r?;
+        }
         self.stats.allocating_writes.fetch_add(1, Ordering::Relaxed);
         self.stats
             .user_bytes_written
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
-        Ok(data.len())
+            .fetch_add(n, Ordering::Relaxed);
+        Ok(n as usize)
     }
 
     /// If `[off, off+len)` lies inside i_size on written blocks, the device byte ranges to write.
@@ -283,6 +319,48 @@ impl Fs {
         data: &[u8],
         new_size: u64,
     ) -> Result<()> {
+        self.write_new_blocks_upto(inode, off, data, new_size).1
+    }
+
+    /// As `write_new_blocks_locked`, and how many bytes from `off` it wrote: on an error
+    /// part-way (ENOSPC after the first runs), the bytes written before it, with the size
+    /// raised to cover them as for a short write, and the error.
+    fn write_new_blocks_upto(
+        &self,
+        inode: &Inode,
+        off: u64,
+        data: &[u8],
+        new_size: u64,
+    ) -> (u64, Result<()>) {
+        let mut done = off;
+        let r = self.write_new_blocks_steps(inode, off, data, new_size, &mut done);
+        match r {
+            Ok(()) => (data.len() as u64, Ok(())),
+            Err(e) if done > off => {
+                let sized = (|| {
+                    let mut h = self.start(credits::SETATTR)?;
+                    let mut st = inode.state.lock();
+                    check_live(&st)?;
+                    self.finish_write_step(&mut h, inode, &mut st, done, new_size)
+                })();
+                match sized {
+                    Ok(()) => (done - off, Err(e)),
+                    Err(e2) => (0, Err(e2)),
+                }
+            }
+            Err(e) => (0, Err(e)),
+        }
+    }
+
+    /// The steps of `write_new_blocks_upto`; `done` follows the end of what is written.
+    fn write_new_blocks_steps(
+        &self,
+        inode: &Inode,
+        off: u64,
+        data: &[u8],
+        new_size: u64,
+        done: &mut u64,
+    ) -> Result<()> {
         let bs = self.bs();
         let ino = inode.ino;
         let end = off + data.len() as u64;
@@ -300,6 +378,7 @@ impl Fs {
                 let p = e.pblk + (lblk - e.lblk as u64);
                 self.write_range(p, lblk, run_last - lblk + 1, off, data, false)?;
                 lblk = run_last + 1;
+                *done = end.min(lblk * bs);
                 need_final = true;
                 continue;
             }
@@ -328,6 +407,7 @@ impl Fs {
                 }
             };
             self.finish_write_step(&mut h, inode, &mut st, upto, new_size)?;
+            *done = upto;
             need_final = upto < end;
         }
         if !need_final {

@@ -589,8 +589,11 @@ fn buffered_writes_into_full_leaves_leave_room_for_splits() {
         // Fill what is left, then give back 250 blocks.
         let c = fs.create(2, b"c", 0o644, 0, 0).unwrap().ino;
         let mut size = 0u64;
-        while fs.write(c, size, &[3u8; 16 << 10]).is_ok() {
-            size += 16 << 10;
+        while let Ok(n) = fs.write(c, size, &[3u8; 16 << 10]) {
+            size += n as u64;
+            if n < 16 << 10 {
+                break;
+            }
         }
         let free = fs.statfs().blocks_free;
         fs.truncate(c, size - (250 - free.min(250)) * 1024).unwrap();
@@ -851,8 +854,12 @@ fn deleted_space_is_usable_at_once() {
             let ino = fs.create(2, name, 0o644, 0, 0).unwrap().ino;
             let chunk = vec![0x33u8; 1 << 20];
             let mut off = 0u64;
-            while fs.write(ino, off, &chunk).is_ok() {
-                off += chunk.len() as u64;
+            // Until a write fails or is cut short (ENOSPC part-way).
+            while let Ok(n) = fs.write(ino, off, &chunk) {
+                off += n as u64;
+                if n < chunk.len() {
+                    break;
+                }
             }
             fs.fsync(ino, false).unwrap_or(());
             off
@@ -938,8 +945,11 @@ fn fallocate_zeroes_on_tmpfs_or_maps_unwritten() {
         let a = fs.create(2, b"a", 0o644, 0, 0).unwrap().ino;
         let chunk = vec![0x5Au8; 1 << 20];
         let mut filled = 0u64;
-        while fs.write(a, filled, &chunk).is_ok() {
-            filled += chunk.len() as u64;
+        while let Ok(n) = fs.write(a, filled, &chunk) {
+            filled += n as u64;
+            if n < chunk.len() {
+                break;
+            }
         }
         fs.fsync(a, false).unwrap();
         fs.unlink(2, b"a").unwrap();
@@ -1186,4 +1196,41 @@ fn an_extent_the_tree_cannot_take_leaves_nothing_behind() {
     );
     assert_eq!(fs.ext_list(f).unwrap().len(), 5);
     assert_eq!(fs.ext_tree_depth(f).unwrap(), 1);
+}
+
+/// A write larger than the space left writes what fits and returns that count, as the
+/// kernel's pwrite does; the size covers exactly what it reported (it grew by the whole
+/// request before, while the write failed with ENOSPC, so a program saw a longer file than
+/// it was told it had written). The next write reports the error.
+#[test]
+fn a_write_cut_short_by_enospc_returns_what_it_wrote() {
+    let (img, fs) = open_made("short", "16M", &["-b", "4096"]);
+    let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+    let chunk: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let mut off = 0u64;
+    let mut short = None;
+    loop {
+        match fs.write(f, off, &chunk) {
+            Ok(n) if n == chunk.len() => off += n as u64,
+            Ok(n) => {
+                short = Some(n);
+                off += n as u64;
+            }
+            Err(uext4::Error::NoSpace) => break,
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+    let n = short.expect("no write was cut short");
+    assert!(n > 0 && n < chunk.len());
+    assert_eq!(
+        fs.getattr(f).unwrap().size,
+        off,
+        "the size is not what the writes reported"
+    );
+    let mut back = vec![0u8; n];
+    fs.read(f, off - n as u64, &mut back).unwrap();
+    assert!(back == chunk[..n], "the short write's data differs");
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
 }
