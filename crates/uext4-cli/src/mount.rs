@@ -206,7 +206,7 @@ fn lock_image(image: &Path, read_only: bool) -> Result<std::fs::File> {
         }
         if Instant::now() >= deadline || fuse_mounted(image) {
             bail!(
-                "{}: in use by another uext4 mount{}",
+                "{}: in use by another uext4 mount{} or a uext4 tool writing it",
                 image.display(),
                 if read_only { " (read-write)" } else { "" }
             );

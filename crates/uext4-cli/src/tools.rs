@@ -211,6 +211,7 @@ fn image_in_use(image: &Path) -> Option<String> {
 }
 
 fn refuse_in_use(image: &Path) -> Result<()> {
+    lock_for_writing(image)?;
     match image_in_use(image) {
         Some(who) => bail!(
             "{}: in use ({who}; mounted?): unmount it first",
@@ -218,6 +219,35 @@ fn refuse_in_use(image: &Path) -> Result<()> {
         ),
         None => Ok(()),
     }
+}
+
+/// Takes the lock a read-write `uext4 mount` takes (an exclusive flock on the image), for as
+/// long as this process runs: a mount started while a tool writes the image is refused, as
+/// a tool is refused while a mount serves it.
+fn lock_for_writing(image: &Path) -> Result<()> {
+    use std::os::unix::io::AsRawFd;
+    static HELD: std::sync::Mutex<Vec<(PathBuf, std::fs::File)>> =
+        std::sync::Mutex::new(Vec::new());
+    let canon = std::fs::canonicalize(image).with_context(|| image.display().to_string())?;
+    let mut held = HELD.lock().unwrap();
+    if held.iter().any(|(p, _)| *p == canon) {
+        return Ok(());
+    }
+    let f = std::fs::File::open(&canon).with_context(|| image.display().to_string())?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            bail!(
+                "{}: in use by a uext4 mount or another uext4 tool: unmount it, or wait for \
+                 the tool to finish",
+                image.display()
+            );
+        }
+        bail!("{}: locking: {e}", image.display());
+    }
+    held.push((canon, f));
+    Ok(())
 }
 
 fn open(image: &Path, read_only: bool) -> Result<Arc<Fs>> {
@@ -316,6 +346,11 @@ fn parent_of(fs: &Fs, path: &str) -> Result<(u32, Vec<u8>)> {
     };
     if name.is_empty() {
         bail!("{path}: needs a file name");
+    }
+    // As rm(1) refuses them: "a/." and "a/.." name a directory by another name, and
+    // removing or replacing them by that name would act on a directory the path hides.
+    if name == "." || name == ".." {
+        bail!("refusing to remove, replace or make '.' or '..' (name the directory itself)");
     }
     let d = resolve(fs, dir, true).with_context(|| dir.to_string())?;
     Ok((d, name.as_bytes().to_vec()))

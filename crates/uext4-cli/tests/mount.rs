@@ -881,6 +881,69 @@ fn second_writer_is_refused() {
     e.fsck();
 }
 
+/// A mount of an image that a uext4 tool is writing waits for the tool (or, past 10 s,
+/// refuses): the tool holds the mount's lock. Before, the mount went ahead, and the tool's
+/// and the mount's changes together left the image corrupt.
+#[test]
+fn mount_waits_for_a_tool_writing_the_image() {
+    if !usable() {
+        return;
+    }
+    let e = Env::new("toolmnt");
+    let tree = e.mnt.parent().unwrap().join("tree");
+    for d in 0..10 {
+        let dir = tree.join(format!("d{d}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in 0..1500 {
+            std::fs::write(dir.join(format!("f{f}")), format!("{d}/{f}")).unwrap();
+        }
+    }
+    let mut cp = Command::new(bin())
+        .args(["cp", "-r"])
+        .arg(&tree)
+        .arg(format!("{}:/t", e.img.display()))
+        .spawn()
+        .unwrap();
+    // Until the tool has the image open.
+    let me = format!("/proc/{}/fd", cp.id());
+    let start = Instant::now();
+    while !std::fs::read_dir(&me).is_ok_and(|d| {
+        d.flatten()
+            .any(|f| std::fs::read_link(f.path()).is_ok_and(|t| t == e.img))
+    }) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the tool never opened the image"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let o = Command::new(bin())
+        .arg("mount")
+        .arg(&e.img)
+        .arg(&e.mnt)
+        .output()
+        .unwrap();
+    let tool_done = cp.try_wait().unwrap();
+    assert!(cp.wait().unwrap().success(), "the copy failed");
+    if o.status.success() {
+        assert!(
+            tool_done.is_some(),
+            "the mount came up while the tool was still writing"
+        );
+        std::fs::create_dir(e.mnt.join("after")).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(e.mnt.join("t/d9/f1499")).unwrap(),
+            "9/1499"
+        );
+        e.umount();
+    } else {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("tool"), "{err}");
+    }
+    e.fsck();
+    let _ = std::fs::remove_dir_all(&tree);
+}
+
 /// fsx-like: threads each drive their own file with random writes, truncates, hole punches,
 /// range zeroing and preallocation, reading back against an in-memory model after every step;
 /// the files are compared again after a remount. Run for the default mount, writeback_cache,

@@ -570,6 +570,14 @@ fn namespace_commands_behave() {
     write_ok(&img, &["ln", "-s", "x/y", &img.at("/toy")]);
     write_ok(&img, &["mkdir", "-p", &img.at("/toy/z/w")]);
     assert_eq!(ok(&["ls", &img.at("/x/y/z")]), "w\n");
+    // '.' and '..' as the last name are refused, as rm(1) refuses them, and nothing goes:
+    // `rm -r img:/.` emptied the whole filesystem before.
+    for p in ["/.", "/x/..", "/x/y/z/.."] {
+        assert!(fails(&["rm", "-r", &img.at(p)]).contains("refusing"), "{p}");
+    }
+    assert!(fails(&["mkdir", &img.at("/x/..")]).contains("refusing"));
+    assert_eq!(ok(&["ls", &img.at("/x/y/z")]), "w\n");
+    assert!(ok(&["ls", &img.at("/")]).contains("lost+found"));
 
     // cp of single files, into a directory and to a new name; overwrite.
     let f = host.0.join("f.txt");
