@@ -1483,6 +1483,28 @@ fn on_kernel_and_uext4(tag: &str, tools: &[&str], script: &str) -> Option<(Strin
     Some((kernel, ours))
 }
 
+/// Times before 1970 with nanoseconds, and times past what an inode holds, set through the
+/// mount read back as on the kernel's ext4: exact, or stopped at the end of the range
+/// (2446, or 1901) rather than wrapped to a time far from it. fuser 0.17 hands the FUSE
+/// server a time before 1970 with its nanoseconds counted the wrong way (-1.75 s as
+/// -2.25 s); the server takes them back (`setattr_time`).
+#[test]
+fn times_before_1970_and_out_of_range_as_the_kernel() {
+    const SCRIPT: &str = r#"
+cd "$1" || exit 1
+touch f
+for t in -315619199.75 -1.000000001 -0.5 1.25 2147483647.999999999 2147483648 \
+         15032385535.5 15032385536 17179869184 -2147483648 -2147483649 -99999999999; do
+    touch -m -d "@$t" f && echo "$t -> $(stat -c %.9Y f)"
+done
+"#;
+    let Some((kernel, ours)) = on_kernel_and_uext4("times", &["touch", "stat"], SCRIPT) else {
+        return;
+    };
+    assert!(kernel.contains("-315619199.75"), "{kernel}");
+    assert_eq!(ours, kernel, "uext4 (left) differs from the kernel (right)");
+}
+
 #[test]
 fn acls_behave_as_on_the_kernel() {
     const SCRIPT: &str = r#"

@@ -175,6 +175,22 @@ fn systime(t: Timestamp) -> SystemTime {
     }
 }
 
+/// A time the kernel sent in a SETATTR, as fuser 0.17 hands it over. The kernel sends
+/// seconds and nanoseconds (-2, 250000000 for -1.75 s); fuser builds a time before the epoch
+/// as the epoch minus both (-2.25 s: its `system_time_from_time`, marked TODO there), so
+/// `touch -d '1960-01-01 00:00:00.25'` stored 23:59:59.75 the day before. Both are taken back
+/// here as the kernel sent them. (Replies convert correctly: `systime`.) The mount test
+/// `times_before_1970_and_out_of_range_as_the_kernel` catches a fuser that changes this.
+fn setattr_time(t: SystemTime) -> Timestamp {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(_) => timestamp(t),
+        Err(e) => Timestamp {
+            sec: -(e.duration().as_secs() as i64),
+            nsec: e.duration().subsec_nanos(),
+        },
+    }
+}
+
 fn timestamp(t: SystemTime) -> Timestamp {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => Timestamp {
@@ -685,7 +701,7 @@ impl Filesystem for Uext4Fuse {
     ) {
         let conv = |t: TimeOrNow| match t {
             TimeOrNow::Now => TimeSet::Now,
-            TimeOrNow::SpecificTime(s) => TimeSet::At(timestamp(s)),
+            TimeOrNow::SpecificTime(s) => TimeSet::At(setattr_time(s)),
         };
         let ext = to_ext(ino);
         let mut mode = mode;
@@ -1478,5 +1494,10 @@ mod tests {
         ] {
             assert_eq!(timestamp(systime(t)), t);
         }
+        // What fuser 0.17 makes of the kernel's (-5 s, 250 ns): the epoch less both.
+        let sent = UNIX_EPOCH - Duration::new(5, 250);
+        assert_eq!(setattr_time(sent), Timestamp { sec: -5, nsec: 250 });
+        let sent = UNIX_EPOCH + Duration::new(5, 250);
+        assert_eq!(setattr_time(sent), Timestamp { sec: 5, nsec: 250 });
     }
 }

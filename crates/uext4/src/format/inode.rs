@@ -67,6 +67,24 @@ impl Timestamp {
             nsec: d.subsec_nanos(),
         }
     }
+    /// The time an inode can hold, as the kernel's timestamp_truncate makes it: with the
+    /// extra fields (`extra`), seconds from -2^31 to 2^34 - 1 - 2^31 (year 2446); without, a
+    /// signed 32-bit count of whole seconds (1901 to 2038). Past either end the time stops at
+    /// the end, with no nanoseconds, instead of wrapping to a time far from it.
+    pub fn clamped(self, extra: bool) -> Self {
+        let (min, max) = if extra {
+            (i32::MIN as i64, (1i64 << 34) - 1 + i32::MIN as i64)
+        } else {
+            (i32::MIN as i64, i32::MAX as i64)
+        };
+        let sec = self.sec.clamp(min, max);
+        let nsec = if !extra || sec == min || sec == max {
+            0
+        } else {
+            self.nsec.min(999_999_999)
+        };
+        Timestamp { sec, nsec }
+    }
     /// Splits into (i_xtime, i_xtime_extra): low 32 bits of seconds, and nanoseconds << 2 |
     /// epoch bits (bits 32-33 of seconds).
     pub fn encode(self) -> (u32, u32) {
@@ -221,21 +239,21 @@ impl RawInode {
             .then(|| Timestamp::decode(self.crtime_lo(), Some(self.crtime_extra())))
     }
     pub fn set_atime(&mut self, t: Timestamp) {
-        let (lo, x) = t.encode();
+        let (lo, x) = t.clamped(self.fits(0x90)).encode();
         self.set_atime_lo(lo);
         if self.fits(0x90) {
             self.set_atime_extra(x);
         }
     }
     pub fn set_mtime(&mut self, t: Timestamp) {
-        let (lo, x) = t.encode();
+        let (lo, x) = t.clamped(self.fits(0x8C)).encode();
         self.set_mtime_lo(lo);
         if self.fits(0x8C) {
             self.set_mtime_extra(x);
         }
     }
     pub fn set_ctime(&mut self, t: Timestamp) {
-        let (lo, x) = t.encode();
+        let (lo, x) = t.clamped(self.fits(0x88)).encode();
         self.set_ctime_lo(lo);
         if self.fits(0x88) {
             self.set_ctime_extra(x);
@@ -243,7 +261,7 @@ impl RawInode {
     }
     pub fn set_crtime(&mut self, t: Timestamp) {
         if self.fits(0x98) {
-            let (lo, x) = t.encode();
+            let (lo, x) = t.clamped(true).encode();
             self.set_crtime_lo(lo);
             self.set_crtime_extra(x);
         }
@@ -321,6 +339,28 @@ mod tests {
             };
             let (lo, x) = t.encode();
             assert_eq!(Timestamp::decode(lo, Some(x)), t, "sec {sec}");
+        }
+    }
+
+    #[test]
+    fn times_past_the_range_stop_at_its_ends() {
+        let t = |sec, nsec| Timestamp { sec, nsec };
+        let max = 15_032_385_535;
+        let min = -2_147_483_648;
+        for (given, extra, want) in [
+            (t(max + 1, 5), true, t(max, 0)),
+            (t(1 << 34, 0), true, t(max, 0)),
+            (t(max - 1, 5), true, t(max - 1, 5)),
+            (t(min - 1, 5), true, t(min, 0)),
+            (t(-5, 250), true, t(-5, 250)),
+            (t(1 << 31, 5), false, t(i32::MAX as i64, 0)),
+            (t(min - 1, 0), false, t(min, 0)),
+            (t(7, 5), false, t(7, 0)),
+        ] {
+            assert_eq!(given.clamped(extra), want, "{given:?} extra {extra}");
+            let mut raw = RawInode::new(if extra { 256 } else { 128 });
+            raw.set_mtime(given);
+            assert_eq!(raw.mtime(), want, "{given:?} stored, extra {extra}");
         }
     }
 }
