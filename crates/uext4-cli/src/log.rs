@@ -7,7 +7,8 @@
 //! listens (`journalctl -t uext4`), otherwise to the kernel's log through /dev/kmsg, where the
 //! kernel's own ext4 reports its errors (`dmesg`). (Its stderr, which the starting `uext4
 //! mount` reads only until the mount is ready, gets the error it exits with.)
-//! `UEXT4_LOG=error|warn|info|debug|trace` sets the level; warn by default. (The kernel's
+//! `UEXT4_LOG=error|warn|info|debug|trace|off` sets the level; warn by default, off for the
+//! image tools (their one-line error says what failed). (The kernel's
 //! log takes lines from root only, at most about 1 KiB each and ten per five seconds: an
 //! ordinary user's server without a syslog daemon logs nowhere, and a burst is cut short.)
 
@@ -20,10 +21,12 @@ use tracing_subscriber::fmt::MakeWriter;
 /// Set in the environment of the server that `uext4 mount` starts in the background.
 pub const BACKGROUND_ENV: &str = "UEXT4_BACKGROUND_SERVER";
 
-/// Installs the logger once, at start. A wrong UEXT4_LOG value is named on stderr.
-pub fn init() {
+/// Installs the logger once, at start, at `default` unless UEXT4_LOG says otherwise (the
+/// image tools pass OFF: each reports the error it meets in its one line, which the
+/// engine's own event would repeat). A wrong UEXT4_LOG value is named on stderr.
+pub fn init(default: LevelFilter) {
     let level = match std::env::var("UEXT4_LOG") {
-        Err(_) => LevelFilter::WARN,
+        Err(_) => default,
         Ok(v) => match v.to_ascii_lowercase().as_str() {
             "off" => LevelFilter::OFF,
             "error" => LevelFilter::ERROR,

@@ -34,7 +34,6 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    log::init();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -64,6 +63,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    log::init(match cli.cmd {
+        Cmd::Tool(_) => tracing_subscriber::filter::LevelFilter::OFF,
+        _ => tracing_subscriber::filter::LevelFilter::WARN,
+    });
     let (name, result) = match cli.cmd {
         Cmd::Mount(a) => ("mount", mount::run_mount(a)),
         Cmd::Stats { mountpoint } => ("stats", mount::run_stats(&mountpoint)),
