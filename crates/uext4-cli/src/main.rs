@@ -25,6 +25,8 @@ struct Cli {
 enum Cmd {
     /// Mount an image or block device through FUSE.
     Mount(mount::MountArgs),
+    /// Unmount a uext4 mount and wait until its server has written the image back.
+    Umount { mountpoint: std::path::PathBuf },
     /// Print a mounted filesystem's engine counters as JSON.
     Stats { mountpoint: std::path::PathBuf },
     /// Run the reference workloads side by side against the kernel, fuse2fs and uext4.
@@ -69,6 +71,7 @@ fn main() -> ExitCode {
     });
     let (name, result) = match cli.cmd {
         Cmd::Mount(a) => ("mount", mount::run_mount(a)),
+        Cmd::Umount { mountpoint } => ("umount", mount::run_umount(&mountpoint)),
         Cmd::Stats { mountpoint } => ("stats", mount::run_stats(&mountpoint)),
         Cmd::Bench(a) => ("bench", bench::run(a)),
         Cmd::Tool(t) => {

@@ -9,6 +9,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use uext4::Fs;
@@ -52,6 +53,14 @@ fn unescape(field: &str) -> Vec<u8> {
 
 /// The mounts at `mountpoint` (an absolute, canonical path): (mount id, filesystem type).
 fn mounts_at(mountpoint: &Path) -> Vec<(u64, String)> {
+    mounts_with_source_at(mountpoint)
+        .into_iter()
+        .map(|(id, t, _)| (id, t))
+        .collect()
+}
+
+/// The mounts at `mountpoint`: (mount id, filesystem type, source).
+fn mounts_with_source_at(mountpoint: &Path) -> Vec<(u64, String, PathBuf)> {
     use std::os::unix::ffi::OsStrExt;
     let want = mountpoint.as_os_str().as_bytes();
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
@@ -64,7 +73,8 @@ fn mounts_at(mountpoint: &Path) -> Vec<(u64, String)> {
             if f.len() < 5 || unescape(f[4]) != want {
                 return None;
             }
-            Some((f[0].parse().ok()?, f.get(sep + 1)?.to_string()))
+            let source = std::ffi::OsStr::from_bytes(&unescape(f.get(sep + 2)?)).into();
+            Some((f[0].parse().ok()?, f.get(sep + 1)?.to_string(), source))
         })
         .collect()
 }
@@ -85,6 +95,42 @@ pub fn is_mounted(mountpoint: &Path) -> bool {
     !mounts_at(&canon).is_empty()
 }
 
+/// `uext4 umount`: unmounts a uext4 mount and returns once its server has written the image
+/// back and let go of it. (umount(8) returns as soon as the kernel lets go of the mount
+/// point, before the server has committed: a program that opens the image right after, the
+/// kernel's own mount or e2fsck, would find it half written.)
+pub fn run_umount(mountpoint: &Path) -> Result<()> {
+    use std::os::unix::io::AsRawFd;
+    let mnt =
+        std::fs::canonicalize(mountpoint).with_context(|| mountpoint.display().to_string())?;
+    let Some((_, _, image)) = mounts_with_source_at(&mnt)
+        .into_iter()
+        .filter(|(_, t, _)| t == "fuse" || t.starts_with("fuse."))
+        .max_by_key(|m| m.0)
+    else {
+        bail!("{}: not a uext4 mount", mountpoint.display());
+    };
+    let f = std::fs::File::open(&image)
+        .with_context(|| format!("{} (the mount's image)", image.display()))?;
+    uext4_fuse::unmount(&mnt).with_context(|| format!("unmounting {}", mnt.display()))?;
+    // The server holds a lock on the image until it has written everything back and exits.
+    let start = Instant::now();
+    let mut told = false;
+    // SAFETY: flock on a descriptor we own.
+    while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        if !told && start.elapsed() > Duration::from_secs(2) {
+            eprintln!(
+                "uext4: umount: waiting for the server to write {} back (and for files still \
+                 open on a busy mount to close)",
+                image.display()
+            );
+            told = true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
 pub fn run_mount(a: MountArgs) -> Result<()> {
     let opts = match Options::parse(&a.options.join(",")) {
         Ok(o) => o,
@@ -103,6 +149,9 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
             "{}: a FUSE mount whose server is gone is still there; umount it first",
             a.mountpoint.display()
         ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("{}: mount point does not exist", a.mountpoint.display())
+        }
         _ => bail!("{}: mount point is not a directory", a.mountpoint.display()),
     }
     // Absolute from here on: the mount table names mount points (and shows the image) that way.
@@ -253,33 +302,9 @@ fn fuse_mounted(image: &Path) -> bool {
     mountinfo.lines().any(|l| {
         let mut t = l.split(" - ").nth(1).unwrap_or("").split(' ');
         let (fstype, src) = (t.next().unwrap_or(""), t.next().unwrap_or(""));
-        fstype.starts_with("fuse") && Path::new(&unescape_mountinfo(src)) == canon
+        fstype.starts_with("fuse")
+            && Path::new(std::ffi::OsStr::from_bytes(&unescape(src))) == canon
     })
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space, and tab, newline and backslash).
-fn unescape_mountinfo(s: &str) -> std::ffi::OsString {
-    use std::os::unix::ffi::OsStringExt;
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let oct = b
-            .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match (b[i], oct) {
-            (b'\\', Some(d)) => {
-                let v = d.iter().fold(0u32, |v, c| v * 8 + (c - b'0') as u32);
-                out.push(v as u8);
-                i += 4;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    std::ffi::OsString::from_vec(out)
 }
 
 fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<()> {

@@ -1436,7 +1436,7 @@ impl ImageToImage<'_> {
         let new = match kind {
             0o040000 => {
                 if !recursive {
-                    bail!("is a directory (use -r)");
+                    bail!("the source is a directory (use -r)");
                 }
                 if self.dirs_made.contains(&ino) {
                     bail!("cannot copy a directory into itself");

@@ -881,6 +881,43 @@ fn second_writer_is_refused() {
     e.fsck();
 }
 
+/// `uext4 umount` returns only once the server has written everything back and let go of
+/// the image, so the kernel's mount or e2fsck can open it at once (after umount(8) the server
+/// is still committing: the kernel saw neither the new file nor the new directory).
+#[test]
+fn uext4_umount_returns_once_the_image_is_written_back() {
+    if !usable() {
+        return;
+    }
+    let e = Env::new("umount");
+    e.mount_with(&["-o", "delalloc"]);
+    let data: Vec<u8> = (0..(96u32 << 20))
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(e.mnt.join("f1"), &data).unwrap();
+    std::fs::create_dir(e.mnt.join("d")).unwrap();
+    for i in 0..300 {
+        std::fs::write(e.mnt.join(format!("d/{i}")), format!("{i}")).unwrap();
+    }
+    let o = Command::new(bin())
+        .arg("umount")
+        .arg(&e.mnt)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // No waiting here: the image must be whole already.
+    e.fsck();
+    assert!(debugfs_cat(&e.img, "/f1") == data, "f1 differs");
+    assert_eq!(debugfs_cat(&e.img, "/d/299"), b"299");
+    let o = Command::new(bin())
+        .arg("umount")
+        .arg(&e.mnt)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a uext4 mount"));
+}
+
 /// A mount of an image that a uext4 tool is writing waits for the tool (or, past 10 s,
 /// refuses): the tool holds the mount's lock. Before, the mount went ahead, and the tool's
 /// and the mount's changes together left the image corrupt.

@@ -59,6 +59,11 @@ pub struct Options {
     /// `prealloc=zeroed` (default) or `prealloc=unwritten`: see
     /// `uext4::MountOptions::prealloc_zeroed`.
     pub prealloc_zeroed: bool,
+    /// nodev, nosuid, noexec (the generic mount flags, passed to the kernel). By default root's
+    /// mounts allow device nodes and set-ID bits, and everyone's allow execution.
+    pub nodev: bool,
+    pub nosuid: bool,
+    pub noexec: bool,
 }
 
 impl Default for Options {
@@ -80,6 +85,9 @@ impl Default for Options {
             acl: true,
             delalloc: false,
             prealloc_zeroed: true,
+            nodev: false,
+            nosuid: false,
+            noexec: false,
         }
     }
 }
@@ -98,10 +106,37 @@ impl Options {
                     .parse::<u64>()
                     .map_err(|_| format!("option {k}: {:?} is not a number", v.unwrap_or("")))
             };
+            let takes_value = matches!(k, "threads" | "commit" | "prealloc" | "errors");
+            if !takes_value && v.is_some() {
+                return Err(format!("option {k} takes no value (write {k}, not {opt})"));
+            }
             match k {
                 "ro" => o.read_only = true,
                 "rw" => o.read_only = false,
-                "threads" => o.threads = (num(v)? as usize).clamp(1, 1024),
+                "threads" => match num(v)? {
+                    n @ 1..=1024 => o.threads = n as usize,
+                    _ => return Err("option threads= takes 1 to 1024".into()),
+                },
+                // fstab's generic options. Reads never change atime here (as noatime), so the
+                // atime policies that allow that are accepted and change nothing.
+                "defaults" | "async" | "auto" | "noauto" | "nouser" | "user" | "users"
+                | "_netdev" | "nofail" | "noatime" | "relatime" | "nodiratime" | "lazytime" => {}
+                "atime" | "strictatime" => {
+                    return Err(format!(
+                        "option {k}: reads do not update atime here (it behaves as noatime)"
+                    ))
+                }
+                "sync" | "dirsync" => {
+                    return Err(format!(
+                        "option {k}: writes are not synchronous; fsync makes them durable"
+                    ))
+                }
+                "nodev" => o.nodev = true,
+                "dev" => o.nodev = false,
+                "nosuid" => o.nosuid = true,
+                "suid" => o.nosuid = false,
+                "noexec" => o.noexec = true,
+                "exec" => o.noexec = false,
                 "allow_other" => o.allow_other = true,
                 "default_permissions" => o.default_permissions = true,
                 "nodefault_permissions" => o.default_permissions = false,
@@ -131,7 +166,7 @@ impl Options {
                         _ => return Err("option errors= takes remount-ro, continue or panic".into()),
                     }
                 }
-                _ => return Err(format!("unknown mount option {opt:?} (known: ro, rw, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten)")),
+                _ => return Err(format!("unknown mount option {opt:?} (known: ro, rw, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten, and the generic defaults, nodev, nosuid, noexec, noatime, relatime)")),
             }
         }
         Ok(o)
@@ -1345,9 +1380,19 @@ pub fn fuse_config(image: &Path, opts: &Options) -> Config {
     });
     // Device nodes and set-user-ID work for root's mounts; fusermount3 refuses them to others.
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        c.mount_options.push(MountOption::Dev);
-        c.mount_options.push(MountOption::Suid);
+    let root = unsafe { libc::geteuid() } == 0;
+    c.mount_options.push(if root && !opts.nodev {
+        MountOption::Dev
+    } else {
+        MountOption::NoDev
+    });
+    c.mount_options.push(if root && !opts.nosuid {
+        MountOption::Suid
+    } else {
+        MountOption::NoSuid
+    });
+    if opts.noexec {
+        c.mount_options.push(MountOption::NoExec);
     }
     if opts.allow_other {
         c.acl = SessionACL::All;
@@ -1469,6 +1514,12 @@ mod tests {
         let e = Options::parse("rw,bogus").unwrap_err();
         assert!(e.contains("bogus"), "{e}");
         assert!(Options::parse("threads=x").is_err());
+        assert!(Options::parse("threads=0").is_err());
+        assert!(Options::parse("allow_other=1").is_err());
+        assert!(Options::parse("atime").is_err());
+        assert!(Options::parse("sync").is_err());
+        let o = Options::parse("defaults,noatime,relatime,nodev,nosuid,noexec").unwrap();
+        assert!(o.nodev && o.nosuid && o.noexec && !o.read_only);
         assert!(Options::parse("errors=explode").is_err());
         assert!(Options::default().threads >= 2);
         assert!(Options::default().mount_options().prealloc_zeroed);

@@ -14,8 +14,10 @@ pub enum Corruption {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// (Not marked as the error's source: its text is already in this one's, and a report
+    /// that walks the chain printed it twice.)
     #[error("I/O error: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
     #[error("not an ext2/3/4 filesystem: {0}")]
     NotExt4(String),
     /// An incompat feature flag we do not implement: refuse to open.
@@ -111,5 +113,11 @@ impl Error {
             Error::Nxio => libc::ENXIO,
             Error::Busy => libc::EBUSY,
         }
+    }
+}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        Error::Io(e)
     }
 }
