@@ -672,6 +672,32 @@ fn fmt_time(t: Timestamp) -> String {
     format!("{}.{:09} +0000", fmt_date(t.sec), t.nsec)
 }
 
+/// A name as ls -b shows it: printable UTF-8 as it is; backslash, control bytes and bytes
+/// that are not UTF-8 as C escapes (`\n`, `\\`, `\377`).
+fn escaped_name(b: &[u8]) -> String {
+    let mut out = String::new();
+    for chunk in b.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\t' => out.push_str("\\t"),
+                c if c.is_control() => {
+                    let mut buf = [0u8; 4];
+                    for x in c.encode_utf8(&mut buf).bytes() {
+                        out.push_str(&format!("\\{x:03o}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        for x in chunk.invalid() {
+            out.push_str(&format!("\\{x:03o}"));
+        }
+    }
+    out
+}
+
 fn ls(path: &str, long: bool) -> Result<()> {
     let (img, p) = image_loc(path)?;
     let fs = open(&img, true)?;
@@ -679,17 +705,29 @@ fn ls(path: &str, long: bool) -> Result<()> {
     let follow = !long || p.ends_with('/');
     let ino = resolve(&fs, &p, follow).with_context(|| path.to_string())?;
     let a = fs.getattr(ino)?;
+    use std::io::IsTerminal;
     let mut out = std::io::stdout().lock();
+    // As ls(1): names go out as they are to a pipe (every byte, UTF-8 or not), and escaped
+    // on a terminal, so that a newline or a control byte in a name cannot pass for something
+    // else.
+    let tty = out.is_terminal();
+    let shown = |b: &[u8]| -> Vec<u8> {
+        if tty {
+            escaped_name(b).into_bytes()
+        } else {
+            b.to_vec()
+        }
+    };
     let mut show = |name: &[u8], a: &Attr| -> Result<()> {
         if long {
             let link = if a.mode & 0o170000 == 0o120000 {
-                format!(" -> {}", String::from_utf8_lossy(&fs.readlink(a.ino)?))
+                [&b" -> "[..], &shown(&fs.readlink(a.ino)?)].concat()
             } else {
-                String::new()
+                Vec::new()
             };
-            writeln!(
+            write!(
                 out,
-                "{} {:>3} {:>5} {:>5} {:>12} {} {}{}",
+                "{} {:>3} {:>5} {:>5} {:>12} {} ",
                 mode_string(a.mode),
                 a.nlink,
                 a.uid,
@@ -704,11 +742,13 @@ fn ls(path: &str, long: bool) -> Result<()> {
                     a.size.to_string()
                 },
                 &fmt_date(a.mtime.sec)[..16],
-                String::from_utf8_lossy(name),
-                link
             )?;
+            out.write_all(&shown(name))?;
+            out.write_all(&link)?;
+            out.write_all(b"\n")?;
         } else {
-            writeln!(out, "{}", String::from_utf8_lossy(name))?;
+            out.write_all(&shown(name))?;
+            out.write_all(b"\n")?;
         }
         Ok(())
     };
@@ -1664,5 +1704,16 @@ fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
         (Loc::Host(_), Loc::Host(_)) => {
             bail!("one side of cp must be IMAGE:PATH (an existing image file)")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn names_on_a_terminal_are_escaped_as_ls_b() {
+        assert_eq!(super::escaped_name(b"plain name"), "plain name");
+        assert_eq!(super::escaped_name(b"a\nb\tc\\d"), "a\\nb\\tc\\\\d");
+        assert_eq!(super::escaped_name(b"x\xffy\x01"), "x\\377y\\001");
+        assert_eq!(super::escaped_name("é".as_bytes()), "é");
     }
 }
