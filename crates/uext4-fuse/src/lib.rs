@@ -936,7 +936,16 @@ impl Filesystem for Uext4Fuse {
         reply: ReplyWrite,
     ) {
         let ext = to_ext(ino);
-        match self.fs.write(ext, offset, data) {
+        // A write from the page cache (writeback_cache, or a shared mapping's pages) is
+        // whole or an error: the kernel's writeback takes a short count for the whole
+        // request and marks its pages clean, so the rest would be lost without an error for
+        // fsync to report. A program's own write may come back short, as pwrite(2) does.
+        let r = if wf.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            self.fs.write_all(ext, offset, data).map(|()| data.len())
+        } else {
+            self.fs.write(ext, offset, data)
+        };
+        match r {
             Ok(n) => {
                 self.write_privs(req, wf, ext);
                 reply.written(n as u32)
