@@ -80,8 +80,8 @@ rc=$?
 (cd "$mnt" && PATH="$work/bin:$PATH" timeout 300 pjdfstest -c "$work/pjdfstest-erofs.toml" -p "$mnt" erofs) >> "$work/out.txt" 2>&1
 rc2=$?; [ $rc -ne 0 ] || rc=$rc2
 cp "$work/out.txt" "${TMPDIR:-/tmp}/uext4-pjdfstest-last.log" 2>/dev/null
-umount "$mnt"
-sleep 0.5
+# (Returns once the server has written the image back: e2fsck below may look at once.)
+"$U" umount "$mnt"
 # Test lines end in "ok", "skipped" or "FAILED" (colours stripped); names may contain "failed".
 sed 's/\x1b\[[0-9;]*m//g' "$work/out.txt" | awk '$NF == "FAILED" {print $1}' > "$work/failed.txt"
 expected=tests/pjdfstest-expected-failures.txt

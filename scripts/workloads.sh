@@ -24,7 +24,8 @@ run() {
   if ! out=$(cd "$mnt" && DIR="$mnt" "$@" 2>&1); then
     echo "$out" | tail -5; echo "workload $name: FAILED"; failed=1; umount "$mnt"; return
   fi
-  umount "$mnt"; sleep 0.3
+  # (Returns once the server has written the image back: e2fsck may look at once.)
+  "$U" umount "$mnt"
   if ! e2fsck -fn "$img" >/dev/null 2>&1; then e2fsck -fn "$img" | head -20; echo "workload $name: e2fsck found problems"; failed=1; return; fi
   echo "workload $name: ok, e2fsck clean"
 }
