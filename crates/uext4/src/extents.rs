@@ -99,6 +99,8 @@ fn cache_cut(map: &mut BTreeMap<u32, Extent>, start: u64, end: u64) {
 struct Freer {
     run: Option<(u64, u64)>,
     count: u64,
+    /// The "data" blocks are a directory's (or symlink's): journaled, so revoked when freed.
+    journaled_data: bool,
 }
 
 impl Freer {
@@ -120,7 +122,7 @@ impl Freer {
     }
     fn flush(&mut self, fs: &Fs, h: &mut Handle<'_>) -> Result<()> {
         if let Some((s, l)) = self.run.take() {
-            fs.free_blocks(h, s, l, false)?;
+            fs.free_blocks(h, s, l, self.journaled_data)?;
         }
         Ok(())
     }
@@ -518,7 +520,10 @@ impl Fs {
         start: u64,
         end: u64,
     ) -> Result<()> {
-        let mut fr = Freer::default();
+        let mut fr = Freer {
+            journaled_data: Self::journaled_data(&st.raw),
+            ..Default::default()
+        };
         let mut ib = st.raw.i_block().to_vec();
         for i in 0..12u64 {
             let p = le32(&ib, 4 * i as usize) as u64;
@@ -908,6 +913,15 @@ impl Fs {
         Ok(())
     }
 
+    /// Whether an inode's data blocks go through the journal (a directory's blocks are
+    /// metadata; a symlink's target block too, as the kernel counts it): freeing them must
+    /// revoke them, or a crash before the journal's tail moves past their last logged copy
+    /// would replay it over whatever file reuses the block (as the kernel's ext4_remove_blocks
+    /// frees directory and symlink blocks with EXT4_FREE_BLOCKS_METADATA).
+    pub(crate) fn journaled_data(raw: &RawInode) -> bool {
+        raw.is_dir() || raw.is_symlink()
+    }
+
     /// Unmaps logical blocks `[start, end)` and frees their data blocks.
     pub(crate) fn ext_remove(
         &self,
@@ -954,7 +968,8 @@ impl Fs {
             }
             self.leaf_edit(h, ino, st, x.lblk, Some(x.lblk), keep)?;
             let freed = cut_hi - cut_lo;
-            self.free_blocks(h, x.pblk + (cut_lo - x.lblk as u64), freed, false)?;
+            let journaled = Self::journaled_data(&st.raw);
+            self.free_blocks(h, x.pblk + (cut_lo - x.lblk as u64), freed, journaled)?;
             let b = st
                 .raw
                 .blocks_512(self.geo.block_size)
@@ -992,6 +1007,12 @@ impl Fs {
         } else {
             (node_capacity(bs as usize, false) as u64 / 2).max(1)
         };
+        // A directory's blocks are revoked as they are freed: a record each (8 bytes at most).
+        let revokes_per_block = if Self::journaled_data(&st.raw) {
+            bs / 8
+        } else {
+            0
+        };
         let mut groups = std::collections::HashSet::new();
         let mut desc_blocks = std::collections::HashSet::new();
         let (mut extents, mut mapped) = (0u64, 0u64);
@@ -1005,7 +1026,12 @@ impl Fs {
             } else {
                 2 * (extents / per_leaf + 1)
             };
-            groups + descs + (fixed + tree) as usize
+            let revoked = if revokes_per_block > 0 {
+                mapped / revokes_per_block + 1
+            } else {
+                0
+            };
+            groups + descs + (fixed + tree + revoked) as usize
         };
         let mut taken = false;
         if end == 0 {
