@@ -1026,11 +1026,9 @@ impl Fs {
             } else {
                 2 * (extents / per_leaf + 1)
             };
-            let revoked = if revokes_per_block > 0 {
-                mapped / revokes_per_block + 1
-            } else {
-                0
-            };
+            let revoked = mapped
+                .checked_div(revokes_per_block)
+                .map_or(0, |blocks| blocks + 1);
             groups + descs + (fixed + tree + revoked) as usize
         };
         let mut taken = false;
