@@ -1183,17 +1183,16 @@ impl HostToImage<'_> {
         if md.nlink() > 1 && !ft.is_dir() {
             self.links.insert((md.dev(), md.ino()), ino);
         }
-        if !ft.is_symlink() {
-            match host_xattrs(src) {
-                Ok(list) => {
-                    for (name, value) in list {
-                        if let Err(e) = fs.setxattr(ino, &name, &value, XattrFlags::Any) {
-                            warn_xattr(src, &name, e);
-                        }
+        // Symlinks too: they carry trusted. and security. attributes (never user. ones).
+        match host_xattrs(src) {
+            Ok(list) => {
+                for (name, value) in list {
+                    if let Err(e) = fs.setxattr(ino, &name, &value, XattrFlags::Any) {
+                        warn_xattr(src, &name, e);
                     }
                 }
-                Err(e) => warn_xattr(src, b"(list)", e),
             }
+            Err(e) => warn_xattr(src, b"(list)", e),
         }
         let set = SetAttr {
             mode: if ft.is_symlink() {
@@ -1259,23 +1258,21 @@ fn set_host_times(fs: &Fs, p: &Path, a: &Attr) -> Result<()> {
     let c = CString::new(p.as_os_str().as_bytes())?;
     // SAFETY: a valid C string. Failure (not root) leaves the copier's ownership, as cp -p does.
     unsafe { libc::lchown(c.as_ptr(), a.uid, a.gid) };
-    // Extended attributes after the owner (a chown drops security.capability), before the mode.
-    if a.mode & 0o170000 != 0o120000 {
-        for name in fs.listxattr(a.ino).unwrap_or_default() {
-            let v = match fs.getxattr(a.ino, &name) {
-                Ok(v) => v,
-                Err(e) => {
-                    warn_xattr(p, &name, e);
-                    continue;
-                }
-            };
-            let cn = CString::new(name.clone())?;
-            // SAFETY: valid C strings and a buffer valid for its length.
-            let r =
-                unsafe { libc::lsetxattr(c.as_ptr(), cn.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
-            if r != 0 {
-                warn_xattr(p, &name, std::io::Error::last_os_error());
+    // Extended attributes after the owner (a chown drops security.capability), before the
+    // mode; a symlink's too (trusted. and security. ones).
+    for name in fs.listxattr(a.ino).unwrap_or_default() {
+        let v = match fs.getxattr(a.ino, &name) {
+            Ok(v) => v,
+            Err(e) => {
+                warn_xattr(p, &name, e);
+                continue;
             }
+        };
+        let cn = CString::new(name.clone())?;
+        // SAFETY: valid C strings and a buffer valid for its length.
+        let r = unsafe { libc::lsetxattr(c.as_ptr(), cn.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+        if r != 0 {
+            warn_xattr(p, &name, std::io::Error::last_os_error());
         }
     }
     if a.mode & 0o170000 != 0o120000 {
@@ -1547,14 +1544,13 @@ impl ImageToImage<'_> {
         if a.nlink > 1 && kind != 0o040000 {
             self.links.insert(ino, new);
         }
-        if kind != 0o120000 {
-            for n in src.listxattr(ino).unwrap_or_default() {
-                let r = src
-                    .getxattr(ino, &n)
-                    .and_then(|v| dst.setxattr(new, &n, &v, XattrFlags::Any));
-                if let Err(e) = r {
-                    warn_xattr(Path::new(&*String::from_utf8_lossy(name)), &n, e);
-                }
+        // Symlinks too (trusted. and security. attributes).
+        for n in src.listxattr(ino).unwrap_or_default() {
+            let r = src
+                .getxattr(ino, &n)
+                .and_then(|v| dst.setxattr(new, &n, &v, XattrFlags::Any));
+            if let Err(e) = r {
+                warn_xattr(Path::new(&*String::from_utf8_lossy(name)), &n, e);
             }
         }
         let set = SetAttr {

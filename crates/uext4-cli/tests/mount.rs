@@ -1673,6 +1673,10 @@ setfacl -m m::rw f
 echo "nobody reads f after mask rw: $(runuser -u nobody -- cat f >/dev/null 2>&1 && echo yes || echo no)"
 setfacl -x u:nobody f; echo "== f after -x $(stat -c '%A' f)"; getfacl -cp f
 setfacl -b g; echo "== g after -b $(stat -c '%A' g)"; getfacl -cp g
+touch noacl; mkdir noacld
+setfattr -x system.posix_acl_access noacl; echo "remove absent access ACL: $?"
+setfattr -x system.posix_acl_default noacld; echo "remove absent default ACL: $?"
+setfattr -x user.absent noacl 2>/dev/null; echo "remove absent user attribute: $?"
 "#;
     let Some((kernel, ours)) = on_kernel_and_uext4("acl", &["setfacl", "getfacl"], SCRIPT) else {
         return;

@@ -220,6 +220,10 @@ fn make_tree(root: &Path) {
     } else {
         eprintln!("SKIP (part): the host filesystem keeps no user xattrs; not copying any");
     }
+    // Symlinks carry trusted. (root only) and security. attributes, never user. ones.
+    if is_root() {
+        assert!(set_xattr(&root.join("link"), "trusted.onlink", b"kept"));
+    }
     // POSIX ACLs (system.posix_acl_access / _default xattrs), where setfacl is there.
     let acl = |args: &[&str], p: &Path| {
         Command::new("setfacl")
@@ -356,7 +360,7 @@ fn assert_same_tree(src: &Path, a: &[(PathBuf, std::fs::Metadata)], back: &Path)
         if is_root() {
             assert_eq!((ma.uid(), ma.gid()), (mb.uid(), mb.gid()), "{what}: owner");
         }
-        if !ma.file_type().is_symlink() {
+        {
             let (xa, xb) = (xattrs(&src.join(rel)), xattrs(&back.join(rel)));
             let brief = |x: &[(Vec<u8>, Vec<u8>)]| {
                 x.iter()

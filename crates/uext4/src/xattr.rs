@@ -243,7 +243,14 @@ impl Fs {
     /// Removes attribute `name` of inode `ino` (`Error::NoAttr` if absent).
     pub fn removexattr(&self, ino: u32, name: &[u8]) -> Result<()> {
         let (index, short) = split_name(name)?;
-        self.xattr_change(ino, index, short, None, XattrFlags::Replace, None)
+        // Removing an ACL is setting none, which succeeds whether there was one (the
+        // kernel's ext4_set_acl with no ACL); any other absent name is ENODATA.
+        let flags = if is_acl(index) {
+            XattrFlags::Any
+        } else {
+            XattrFlags::Replace
+        };
+        self.xattr_change(ino, index, short, None, flags, None)
     }
 
     /// Sets (`value` Some) or removes (None) one attribute. Removing with `XattrFlags::Any`
