@@ -107,6 +107,10 @@ impl Fs {
     pub(crate) fn read_block_bitmap(&self, g: u32, st: &GroupState) -> Result<Arc<Buffer>> {
         let blk = st.desc.block_bitmap();
         let cached = self.bcache.get(blk)?;
+        if !st.bitmap_valid.load(Ordering::Acquire) {
+            self.validate_block_bitmap(g, blk, &cached.read())?;
+            st.bitmap_valid.store(true, Ordering::Release);
+        }
         if self.geo.metadata_csum && !cached.dirty.load(Ordering::Acquire) {
             let data = cached.read();
             if !st.desc.verify_block_bitmap_csum(
@@ -123,6 +127,36 @@ impl Fs {
             }
         }
         Ok(cached)
+    }
+
+    /// Checks, as the kernel's ext4_validate_block_bitmap, that a group's bitmap marks in use
+    /// every block of the filesystem's own structures in the group (its superblock copy and
+    /// descriptors, the bitmaps and inode tables flex_bg placed there, the journal) and the
+    /// padding past the group's last block. A zeroed or damaged bitmap would hand those
+    /// blocks out: one mkdir overwrote the inode table that held the root.
+    fn validate_block_bitmap(&self, g: u32, blk: u64, data: &[u8]) -> Result<()> {
+        let first = self.geo.group_first_block(g);
+        let n = self.geo.blocks_in_group(g) as u64;
+        let bad = {
+            let zone = self.system_zone.read();
+            let found = zone
+                .within(first, first + n)
+                .find(|&(s, e)| (s..e).any(|b| !test_bit(data, (b - first) as usize)));
+            found
+        };
+        let what = match bad {
+            Some((s, e)) => format!("marks system blocks {s}..{e} free"),
+            None if (n as usize..data.len() * 8).any(|i| !test_bit(data, i)) => {
+                "has free bits past the group's last block".to_string()
+            }
+            None => return Ok(()),
+        };
+        Err(self.fail(
+            Error::corrupt(format!("block bitmap of group {g} (block {blk}) {what}")),
+            0,
+            blk,
+            "validate_block_bitmap",
+        ))
     }
 
     /// Builds the bitmap of a group that was never used: its own fixed metadata (superblock
@@ -300,6 +334,21 @@ impl Fs {
         off: usize,
         len: usize,
     ) -> Result<(u64, u32)> {
+        // A run a damaged bitmap showed free over the filesystem's own blocks is refused
+        // before anything is written there (the kernel's ext4_mb_mark_diskspace_used check).
+        let at = self.geo.group_first_block(g) + off as u64;
+        if let Some((s, e)) = self.system_zone.read().overlap(at, at + len as u64) {
+            return Err(self.fail(
+                Error::corrupt(format!(
+                    "group {g}: the block bitmap shows blocks {at}..{} free, which hold the \
+                     filesystem's own structures (blocks {s}..{e})",
+                    at + len as u64
+                )),
+                0,
+                at,
+                "take_run",
+            ));
+        }
         {
             let mut data = buf.write();
             for i in off..off + len {

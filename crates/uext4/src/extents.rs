@@ -336,7 +336,7 @@ impl Fs {
                         ),
                     ));
                 }
-                if let Err(err) = self.check_block(x.pblk, x.len as u64, &|| {
+                if let Err(err) = self.check_file_block(ino, x.pblk, x.len as u64, &|| {
                     format!(
                         "inode {ino}: {}: extent {i} (logical {})",
                         node_name(b),
@@ -387,7 +387,7 @@ impl Fs {
                 } else {
                     hi
                 };
-                if let Err(err) = self.check_block(x.leaf, 1, &|| {
+                if let Err(err) = self.check_file_block(ino, x.leaf, 1, &|| {
                     format!(
                         "inode {ino}: {}: index {i} (logical {})",
                         node_name(b),
@@ -476,7 +476,7 @@ impl Fs {
                 format!("inode {ino}: indirect block {parent}: {}", what())
             }
         };
-        self.check_block(p, 1, &name)
+        self.check_file_block(ino, p, 1, &name)
             .map_err(|e| self.fail(e, ino, if parent == 0 { p } else { parent }, "ext_load"))
     }
 
@@ -844,7 +844,7 @@ impl Fs {
                 e.len, e.lblk
             )));
         }
-        self.check_block(e.pblk, e.len as u64, &|| {
+        self.check_file_block(ino, e.pblk, e.len as u64, &|| {
             format!("inode {ino}: new extent at logical block {}", e.lblk)
         })?;
         let cache = st.extents.as_ref().unwrap();

@@ -223,6 +223,9 @@ impl Geometry {
 /// Per-group state. The mutex around it is the group's allocation lock.
 pub struct GroupState {
     pub desc: GroupDesc,
+    /// The block bitmap read from disk was found to cover the system blocks in the group
+    /// (`Fs::validate_block_bitmap`): checked once per mount.
+    pub bitmap_valid: std::sync::atomic::AtomicBool,
 }
 
 /// Engine counters (besides the transaction's and the device's), shown by `uext4 stats`.
@@ -249,6 +252,9 @@ pub struct Fs {
     /// build its first block bitmap, which must mark every table flex_bg placed in it, while
     /// holding only its own lock (lock rank 6 takes group locks in ascending order only).
     pub(crate) group_tables: Vec<[u64; 3]>,
+    /// The blocks of the filesystem's own structures, which no file may map
+    /// (block_validity.rs); the journal's are added once it is loaded.
+    pub(crate) system_zone: parking_lot::RwLock<crate::block_validity::SystemZone>,
     pub(crate) free_blocks: AtomicU64,
     pub(crate) free_inodes: AtomicU64,
     pub(crate) icache: InodeCache,
@@ -560,10 +566,15 @@ impl Fs {
             free_blocks += desc.free_blocks_count();
             free_inodes += desc.free_inodes_count();
             group_tables.push([desc.block_bitmap(), desc.inode_bitmap(), desc.inode_table()]);
-            groups.push(Mutex::new(GroupState { desc }));
+            groups.push(Mutex::new(GroupState {
+                desc,
+                bitmap_valid: AtomicBool::new(false),
+            }));
         }
 
         let max_txn = 4096usize;
+        let system_zone =
+            parking_lot::RwLock::new(crate::block_validity::SystemZone::new(&geo, &group_tables));
         let fs = Arc::new(Fs {
             dev: counted,
             io,
@@ -572,6 +583,7 @@ impl Fs {
             sb: Mutex::new(sb),
             groups,
             group_tables,
+            system_zone,
             free_blocks: AtomicU64::new(free_blocks),
             free_inodes: AtomicU64::new(free_inodes),
             icache: InodeCache::new(opts.inode_cache_limit),
@@ -916,6 +928,18 @@ impl Fs {
     /// Whether a block number is inside the filesystem and outside the fixed metadata of group 0's
     /// superblock area: used to validate pointers read from disk.
     pub(crate) fn check_block(&self, blk: u64, len: u64, what: &dyn Fn() -> String) -> Result<()> {
+        self.check_file_block(0, blk, len, what)
+    }
+
+    /// As `check_block`, for blocks that inode `ino` maps: the journal inode's own blocks are
+    /// in the system zone, and it alone may map them.
+    pub(crate) fn check_file_block(
+        &self,
+        ino: u32,
+        blk: u64,
+        len: u64,
+        what: &dyn Fn() -> String,
+    ) -> Result<()> {
         if blk < self.geo.first_data_block + 1
             || blk
                 .checked_add(len)
@@ -923,6 +947,14 @@ impl Fs {
         {
             return Err(Error::corrupt(format!(
                 "{}: block {blk} (+{len}) is outside the filesystem",
+                what()
+            )));
+        }
+        let zone = self.system_zone.read().overlap(blk, blk + len);
+        if let Some((s, e)) = zone.filter(|_| ino == 0 || ino != self.sb.lock().journal_inum()) {
+            return Err(Error::corrupt(format!(
+                "{}: block {blk} (+{len}) lies in the filesystem's own structures (blocks \
+                 {s}..{e}: superblock, descriptors, bitmaps, inode tables or journal)",
                 what()
             )));
         }
@@ -961,6 +993,14 @@ impl Fs {
                 .iter()
                 .filter(|e| !e.unwritten)
                 .map(|e| (e.lblk, e.pblk, e.len))
+                .collect(),
+        );
+        // The journal's blocks belong to the filesystem from now on (a block-mapped
+        // journal's indirect blocks are not added: its map is read once, here).
+        self.system_zone.write().add(
+            extents
+                .iter()
+                .map(|e| (e.pblk, e.pblk + e.len as u64))
                 .collect(),
         );
         crate::journal::Journal::open(self.dev.clone(), self.geo.block_size, map)

@@ -224,7 +224,10 @@ impl Fs {
         let cached = {
             let g = self.geo.ino_group(ino);
             let st = self.groups[g as usize].lock();
-            if !self.inode_bit(&st, ino)? {
+            // The reserved inodes (the root, the journal...) are in use whatever their bit
+            // says, as the kernel's iget takes them: a damaged inode bitmap must not hide the
+            // whole tree. (Numbers below s_first_ino are never handed out.)
+            if ino >= self.geo.first_ino && !self.inode_bit(&st, ino)? {
                 return Err(Error::NotFound);
             }
             let mut shard = self.icache.shard(ino).lock();

@@ -17,6 +17,7 @@
 
 pub mod balloc;
 pub mod bcache;
+pub mod block_validity;
 pub mod blockdev;
 pub mod delalloc;
 pub mod dir;

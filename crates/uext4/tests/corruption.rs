@@ -517,3 +517,120 @@ fn directory_aliases_are_refused_not_deadlocked() {
         }
     }
 }
+
+/// `dumpe2fs` of group 0: (block bitmap, first inode-table block).
+fn group0_tables(img: &Path) -> (u64, u64) {
+    let out = sh(&format!("dumpe2fs {} 2>/dev/null", img.display()));
+    let num = |key: &str| -> u64 {
+        let l = out.lines().find(|l| l.contains(key)).unwrap();
+        let after = &l[l.find(key).unwrap() + key.len()..];
+        after
+            .trim_start()
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (num("Block bitmap at "), num("Inode table at "))
+}
+
+/// A damaged extent that points into the inode table (the checksum made good, as a careless
+/// tool or a bit flip before checksumming leaves it) is refused when read: the read fails
+/// naming it, and the unlink that would free those blocks fails too. Before, the read
+/// returned inode-table bytes and the unlink freed the table's blocks, so that later
+/// allocations overwrote every inode (block_validity).
+#[test]
+fn extents_into_the_filesystems_own_blocks_are_refused() {
+    let img = scratch("sysext");
+    mke2fs(&img.0, "64M", &[]);
+    let (_, itable) = group0_tables(&img.0);
+    {
+        let fs = open_rw(&img.0).unwrap();
+        let d = fs.mkdir(2, b"d", 0o755, 0, 0).unwrap().ino;
+        let k = fs.create(d, b"keep", 0o644, 0, 0).unwrap().ino;
+        fs.write(k, 0, b"hello").unwrap();
+        let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+        fs.write(f, 0, &[7u8; 40960]).unwrap();
+        fs.unmount().unwrap();
+    }
+    sh(&format!(
+        "debugfs -w -R 'sif /f block[5] {itable}' {} 2>&1",
+        img.0.display()
+    ));
+    let fs = open_rw(&img.0).unwrap();
+    let f = fs.lookup(2, b"f").unwrap().ino;
+    let mut buf = vec![0u8; 4096];
+    let e = fs.read(f, 0, &mut buf).unwrap_err();
+    assert!(e.to_string().contains("own structures"), "{e}");
+    drop(fs);
+    // errors=continue, so that the unlink is attempted on a filesystem that keeps writing.
+    let fs = Fs::open_path(
+        &img.0,
+        MountOptions {
+            errors: uext4::fs::ErrorsBehaviour::Continue,
+            commit_interval_secs: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        fs.unlink(2, b"f").is_err(),
+        "the unlink freed the inode table"
+    );
+    let g = fs.create(2, b"g", 0o644, 0, 0).unwrap().ino;
+    let _ = fs.write(g, 0, &vec![0x55u8; 1 << 20]);
+    fs.unmount().unwrap();
+    drop(fs);
+    sh(&format!(
+        "e2fsck -fy {} >/dev/null 2>&1; true",
+        img.0.display()
+    ));
+    let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
+    let d = fs.lookup(2, b"d").unwrap().ino;
+    let k = fs.lookup(d, b"keep").unwrap().ino;
+    let mut b = [0u8; 5];
+    fs.read(k, 0, &mut b).unwrap();
+    assert_eq!(&b, b"hello");
+}
+
+/// A zeroed block bitmap (no checksums to catch it) would hand out the group's inode table:
+/// the first allocation from it fails, naming the bitmap, and nothing is written over the
+/// table. Before, one mkdir overwrote the inode table that held the root.
+#[test]
+fn a_bitmap_that_frees_system_blocks_is_refused() {
+    let img = scratch("sysbitmap");
+    mke2fs(&img.0, "64M", &["-O", "^metadata_csum"]);
+    let (bitmap, _) = group0_tables(&img.0);
+    {
+        let fs = open_rw(&img.0).unwrap();
+        let d = fs.mkdir(2, b"d", 0o755, 0, 0).unwrap().ino;
+        let k = fs.create(d, b"keep", 0o644, 0, 0).unwrap().ino;
+        fs.write(k, 0, b"precious").unwrap();
+        fs.unmount().unwrap();
+    }
+    put(&img.0, bitmap * 4096, &[0u8; 4096]);
+    for errors in [
+        uext4::fs::ErrorsBehaviour::RemountRo,
+        uext4::fs::ErrorsBehaviour::Continue,
+    ] {
+        let fs = Fs::open_path(
+            &img.0,
+            MountOptions {
+                errors,
+                commit_interval_secs: 0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let e = fs.mkdir(2, b"x", 0o755, 0, 0).unwrap_err();
+        assert!(e.to_string().contains("block bitmap of group 0"), "{e}");
+        let _ = fs.unmount();
+    }
+    let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
+    let d = fs.lookup(2, b"d").unwrap().ino;
+    let k = fs.lookup(d, b"keep").unwrap().ino;
+    let mut b = [0u8; 8];
+    fs.read(k, 0, &mut b).unwrap();
+    assert_eq!(&b, b"precious");
+}
