@@ -22,8 +22,10 @@ pub struct BenchArgs {
     workloads: Vec<String>,
     /// Systems, comma-separated (default: all available): kernel, kernel-dioread_lock, fuse2fs,
     /// uext4-fuse, uext4-fuse-wbc, uext4-fuse-dax, uext4-fuse-nodax, uext4-fuse-unwritten,
-    /// uext4-lib, uext4-lib-nodax, raw, fuse-null ("nodax": pread/pwrite even on tmpfs;
-    /// "unwritten": `-o prealloc=unwritten`, fallocate makes unwritten extents as the kernel's).
+    /// uext4-lib, uext4-lib-nodax, uext4-lib-dax, uext4-lib-dax-nt, uext4-lib-buffered, raw,
+    /// fuse-null, memcpy ("nodax": pread/pwrite even on tmpfs; "unwritten": `-o
+    /// prealloc=unwritten`, fallocate makes unwritten extents as the kernel's; "dax-nt":
+    /// non-temporal stores; "buffered": delayed allocation; memcpy: pwrite-1g only).
     #[arg(long)]
     systems: Option<String>,
     /// Job counts to sweep (default: 1,2,4,8,16; the fsync workload also 64,256).
@@ -59,7 +61,8 @@ pub struct BenchArgs {
     /// shm (default) or disk.
     #[arg(long, default_value = "shm")]
     backing: String,
-    /// The workloads folder (default: ../shared/workloads from the repository root).
+    /// The workloads folder (default: ../shared/workloads from the current directory, else
+    /// beside the repository the binary was built from).
     #[arg(long)]
     workloads_dir: Option<PathBuf>,
     /// Internal: serve the do-nothing FUSE filesystem at this mount point (used by fuse-null).
@@ -159,7 +162,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let wdir = a
         .workloads_dir
         .clone()
-        .unwrap_or_else(|| PathBuf::from("../shared/workloads"));
+        .unwrap_or_else(|| {
+            let here = PathBuf::from("../shared/workloads");
+            if here.is_dir() {
+                return here;
+            }
+            // crates/uext4-cli -> the repository root -> ../shared/workloads beside it.
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/workloads")
+        });
     let wdir = std::fs::canonicalize(&wdir)
         .with_context(|| format!("workloads folder {}", wdir.display()))?;
     let workloads: Vec<String> = if a.workloads.is_empty() {
