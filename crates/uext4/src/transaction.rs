@@ -52,8 +52,13 @@ pub struct TxnManager {
     pub(crate) barrier: RwLock<()>,
     /// The running transaction. Lock rank: after the barrier, after any buffer lock.
     pub(crate) running: Mutex<RunningTxn>,
-    /// Serialises commits; holds the tid of the last transaction fully committed.
+    /// Serialises commits; holds the tid of the last transaction fully committed. Taken only
+    /// with `try_lock` (see `Fs::commit_upto`): a thread that finds it held waits on
+    /// `commit_gen` instead of queueing on the mutex.
     pub(crate) commit_lock: Mutex<u64>,
+    /// Raised each time `commit_lock` is released; the threads waiting for a commit park on
+    /// its address and are all woken at once (`CommitLockGuard`'s drop).
+    pub(crate) commit_gen: AtomicU64,
     /// The last committed tid, readable without the lock (fsync's fast path).
     pub(crate) committed: AtomicU64,
     /// The running transaction's tid, readable without a lock (the overwrite path's check).
@@ -76,6 +81,7 @@ impl TxnManager {
                 ..Default::default()
             }),
             commit_lock: Mutex::new(first_tid.saturating_sub(1)),
+            commit_gen: AtomicU64::new(0),
             committed: AtomicU64::new(first_tid.saturating_sub(1)),
             running_tid: AtomicU64::new(first_tid),
             max_blocks: std::sync::atomic::AtomicUsize::new(max_blocks.max(16)),
@@ -89,6 +95,24 @@ impl TxnManager {
     }
     pub fn committed_tid(&self) -> u64 {
         self.committed.load(Ordering::Acquire)
+    }
+
+    /// Sleeps until `commit_lock` has been released since `commit_gen` read `seen` (at once if
+    /// it already has).
+    fn wait_commit_released(&self, seen: u64) {
+        let key = &self.commit_gen as *const AtomicU64 as usize;
+        // SAFETY: the key is this manager's own address, used only by this function and
+        // `CommitLockGuard::drop`; the callbacks neither panic nor call into parking_lot.
+        unsafe {
+            parking_lot_core::park(
+                key,
+                || self.commit_gen.load(Ordering::Acquire) == seen,
+                || {},
+                |_, _| {},
+                parking_lot_core::DEFAULT_PARK_TOKEN,
+                None,
+            );
+        }
     }
     pub fn running_len(&self) -> usize {
         self.running.lock().blocks.len()
@@ -182,6 +206,32 @@ impl Drop for Handle<'_> {
     }
 }
 
+/// `commit_lock` held by the committing thread. Dropping it releases the lock, then wakes
+/// every thread waiting for a commit: each finds its transaction committed and returns, or
+/// tries the lock to commit the next one itself.
+///
+/// Why not queue on the mutex: its waiters were woken one at a time, each by the one before
+/// as it let the lock go, so the hundreds of fsyncs that one commit had made durable returned
+/// in a chain of hand-offs, one wake-up and context switch each. Seed 004 in-process on 2
+/// cores, binaries alternated, two rounds: 64 jobs 185k/220k IOPS queued on the mutex
+/// against 247k/277k woken at once, 256 jobs 177k/214k against 214k/252k.
+struct CommitLockGuard<'a> {
+    guard: Option<parking_lot::MutexGuard<'a, u64>>,
+    txn: &'a TxnManager,
+}
+
+impl Drop for CommitLockGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        self.txn.commit_gen.fetch_add(1, Ordering::AcqRel);
+        let key = &self.txn.commit_gen as *const AtomicU64 as usize;
+        // SAFETY: as in `TxnManager::wait_commit_released`.
+        unsafe {
+            parking_lot_core::unpark_all(key, parking_lot_core::DEFAULT_UNPARK_TOKEN);
+        }
+    }
+}
+
 impl crate::fs::Fs {
     /// Commits the running transaction: snapshots its blocks (with the barrier held, so no
     /// handle is half-way through a change), then writes them to the journal and home.
@@ -191,16 +241,33 @@ impl crate::fs::Fs {
         self.commit_upto(u64::MAX)
     }
 
-    /// Commits if transaction `tid` (or an earlier one) is not yet committed.
+    /// Commits if transaction `tid` (or an earlier one) is not yet committed. A caller that
+    /// finds another thread committing waits for it, then returns if that commit covered
+    /// `tid`, else commits (with every change made meanwhile: group commit).
     pub fn commit_upto(&self, tid: u64) -> crate::Result<()> {
-        if self.txn.committed_tid() >= tid {
-            self.txn
-                .stats
-                .fsync_already_committed
-                .fetch_add(1, Ordering::Relaxed);
-            return Ok(());
+        loop {
+            if self.txn.committed_tid() >= tid {
+                self.txn
+                    .stats
+                    .fsync_already_committed
+                    .fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            let seen = self.txn.commit_gen.load(Ordering::Acquire);
+            if let Some(guard) = self.txn.commit_lock.try_lock() {
+                let mut held = CommitLockGuard {
+                    guard: Some(guard),
+                    txn: &self.txn,
+                };
+                let committed = held.guard.as_mut().expect("held until dropped");
+                return self.commit_locked(committed, tid);
+            }
+            self.txn.wait_commit_released(seen);
         }
-        let mut committed = self.txn.commit_lock.lock();
+    }
+
+    /// `commit_upto` with the commit lock held (`committed`: the last committed tid).
+    fn commit_locked(&self, committed: &mut u64, tid: u64) -> crate::Result<()> {
         if *committed >= tid {
             self.txn
                 .stats

@@ -300,14 +300,7 @@ fn mapped_device_populates_backed_pages_only() {
     let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
         .unwrap_or_default();
     let exact = thp.is_empty() || thp.contains("[never]") || thp.contains("[deny]");
-    let rss_kib = || -> u64 {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let name = img.0.to_str().unwrap();
-        let mut lines = smaps.lines().skip_while(|l| !l.ends_with(name));
-        lines.next().expect("the image's mapping in smaps");
-        let rss = lines.find(|l| l.starts_with("Rss:")).unwrap();
-        rss.split_whitespace().nth(1).unwrap().parse().unwrap()
-    };
+    let rss_kib = || mapping_rss_kib(&img.0);
     if exact {
         // The 16 pages at 0 and the page at 1 MiB (chunk 0); not the page at 3 MiB (chunk 1).
         assert_eq!(
@@ -328,6 +321,85 @@ fn mapped_device_populates_backed_pages_only() {
     dev.read_at(3 << 20, &mut b).unwrap();
     assert!(b[..8].iter().all(|&x| x == 3) && b[8..108].iter().all(|&x| x == 7));
     assert!(b[108..].iter().all(|&x| x == 3));
+}
+
+/// A read of a hole in the image returns zeros and leaves it a hole: a load from the mapping
+/// would give the page storage at fault time (on tmpfs; on a full one the fault is SIGBUS).
+#[test]
+fn mapped_device_reads_holes_without_giving_them_storage() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    use uext4::blockdev::BlockDevice;
+    let img = scratch("hole-read");
+    let f = std::fs::File::create(&img.0).unwrap();
+    f.set_len(8 << 20).unwrap();
+    f.write_all_at(&[4u8; 4096], 1 << 20).unwrap();
+    drop(f);
+    let blocks = || std::fs::metadata(&img.0).unwrap().blocks();
+    let before = blocks();
+    let dev = uext4::blockdev::MappedDevice::open(&img.0, false).unwrap();
+    let mut b = vec![1u8; 3 * 4096];
+    // All hole; then a backed page between two holes.
+    dev.read_at(5 << 20, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    dev.read_at((1 << 20) - 4096, &mut b).unwrap();
+    assert!(b[..4096].iter().all(|&x| x == 0) && b[8192..].iter().all(|&x| x == 0));
+    assert!(b[4096..8192].iter().all(|&x| x == 4));
+    assert_eq!(blocks(), before, "reading holes gave them storage");
+}
+
+/// On tmpfs, zeroing a range (what fallocate does for new blocks there) allocates its pages
+/// and maps them into the device's mapping at once, so the kernel clears them now and not
+/// in the first writes that store into them (which would each clear a whole 2 MiB chunk).
+#[test]
+fn mapped_device_zero_range_maps_its_pages() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    use uext4::blockdev::BlockDevice;
+    let img = scratch("zero-range");
+    let f = std::fs::File::create(&img.0).unwrap();
+    if !uext4::blockdev::is_tmpfs(&f) {
+        eprintln!("SKIP: {} is not on tmpfs", img.0.display());
+        return;
+    }
+    f.set_len(8 << 20).unwrap();
+    f.write_all_at(&[8u8; 1 << 20], 4 << 20).unwrap();
+    drop(f);
+    let blocks = || std::fs::metadata(&img.0).unwrap().blocks();
+    let dev = uext4::blockdev::MappedDevice::open(&img.0, false).unwrap();
+    let rss_kib = || mapping_rss_kib(&img.0);
+    let (rss0, blocks0) = (rss_kib(), blocks());
+    // 1 MiB of hole and the 1 MiB of data after it, from the middle of a page to the middle
+    // of a page.
+    dev.zero_range((3 << 20) + 100, (2 << 20) - 200).unwrap();
+    assert!(
+        blocks() >= blocks0 + (1 << 20) / 512 - 8,
+        "the hole's pages were allocated ({blocks0} -> {} sectors)",
+        blocks()
+    );
+    assert!(
+        rss_kib() >= rss0 + 2048 - 8,
+        "the zeroed pages are mapped ({rss0} -> {} KiB)",
+        rss_kib()
+    );
+    let mut b = vec![1u8; 2 << 20];
+    dev.read_at(3 << 20, &mut b).unwrap();
+    assert!(b[100..(2 << 20) - 100].iter().all(|&x| x == 0));
+    assert!(
+        b[(2 << 20) - 100..].iter().all(|&x| x == 8),
+        "the data after the range stays"
+    );
+    dev.write_at((3 << 20) + 4096, &[6u8; 4096]).unwrap();
+    dev.read_at((3 << 20) + 4096, &mut b[..8192]).unwrap();
+    assert!(b[..4096].iter().all(|&x| x == 6) && b[4096..8192].iter().all(|&x| x == 0));
+}
+
+/// The resident size of this process's mapping of `path`, from /proc/self/smaps (KiB).
+fn mapping_rss_kib(path: &std::path::Path) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let name = path.to_str().unwrap();
+    let mut lines = smaps.lines().skip_while(|l| !l.ends_with(name));
+    lines.next().expect("the image's mapping in smaps");
+    let rss = lines.find(|l| l.starts_with("Rss:")).unwrap();
+    rss.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 fn open_buffered(img: &Scratch) -> Arc<Fs> {

@@ -159,17 +159,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
         return null::serve(m, a.null_threads);
     }
     let root = unsafe { libc::geteuid() } == 0;
-    let wdir = a
-        .workloads_dir
-        .clone()
-        .unwrap_or_else(|| {
-            let here = PathBuf::from("../shared/workloads");
-            if here.is_dir() {
-                return here;
-            }
-            // crates/uext4-cli -> the repository root -> ../shared/workloads beside it.
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/workloads")
-        });
+    let wdir = a.workloads_dir.clone().unwrap_or_else(|| {
+        let here = PathBuf::from("../shared/workloads");
+        if here.is_dir() {
+            return here;
+        }
+        // crates/uext4-cli -> the repository root -> ../shared/workloads beside it.
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/workloads")
+    });
     let wdir = std::fs::canonicalize(&wdir)
         .with_context(|| format!("workloads folder {}", wdir.display()))?;
     let workloads: Vec<String> = if a.workloads.is_empty() {
