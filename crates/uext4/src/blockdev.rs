@@ -54,11 +54,28 @@ pub trait BlockDevice: Send + Sync {
 /// there for the writes to come, which store into the pages instead of first finding memory
 /// for a hole. Measured against the punch alone on the fsync workload (three alternated
 /// rounds): 42.8k/31.3k/28.5k against 25.9k/24.9k/22.9k IOPS at 256 jobs, 38.2k/41.5k/31.8k
-/// against 23.3k/31.4k/31.2k at 64. Returns whether the pages were allocated; where tmpfs is
-/// full they are not, and the range stays a hole, still zero.
-fn zero_file_range(file: &File, off: u64, len: u64) -> io::Result<bool> {
+/// against 23.3k/31.4k/31.2k at 64.
+///
+/// Only where the filesystem under the image could still back every page of it: zeroing
+/// takes that filesystem's space now, where unwritten extents take none until written, and
+/// on a thin image (a sparse image larger than its tmpfs) preallocations filled the tmpfs,
+/// so that the next writes, the journal's among them, failed and the filesystem stopped,
+/// losing every change since its last commit. There, and where tmpfs cannot allocate the
+/// pages after all, nothing is allocated (the range is left a hole, still zero) and the
+/// error says so ([`is_backing_full`]): fallocate then makes unwritten extents, as the
+/// kernel's ext4 on such an image does.
+fn zero_file_range(file: &File, off: u64, len: u64) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let fd = file.as_raw_fd();
+    if !backs_whole_image(file) {
+        return Err(io::Error::new(
+            io::ErrorKind::StorageFull,
+            format!(
+                "{BACKING_FULL} for {len} bytes at offset {off}: its filesystem could not \
+                 hold the whole image"
+            ),
+        ));
+    }
     // SAFETY: fallocate on our own descriptor with plain integer arguments.
     let r = unsafe {
         libc::fallocate(
@@ -77,7 +94,43 @@ fn zero_file_range(file: &File, off: u64, len: u64) -> io::Result<bool> {
     }
     // SAFETY: as above; mode 0 inside the file's size allocates and keeps the size.
     let r = unsafe { libc::fallocate(fd, 0, off as libc::off_t, len as libc::off_t) };
-    Ok(r == 0)
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!(
+                "{BACKING_FULL} for {len} bytes at offset {off} (the range is left a hole): {e}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+const BACKING_FULL: &str = "no storage under the image";
+
+/// Whether the filesystem holding `file` has room for every page of it that has no storage
+/// yet (its size less its allocated blocks). False where that cannot be told.
+fn backs_whole_image(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = file.metadata() else {
+        return false;
+    };
+    let unbacked = meta
+        .size()
+        .saturating_sub(meta.blocks().saturating_mul(512));
+    // SAFETY: fstatvfs writes `st` (zeroed plain data) before it is read.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatvfs(file.as_raw_fd(), &mut st) } != 0 {
+        return false;
+    }
+    (st.f_bavail as u64).saturating_mul(st.f_frsize as u64) >= unbacked
+}
+
+/// Whether `e` is `zero_range`'s "no storage under the image": the filesystem holding the
+/// image could not allocate the zeroed range (which is left a hole, reading as zeros).
+pub fn is_backing_full(e: &io::Error) -> bool {
+    e.to_string().starts_with(BACKING_FULL)
 }
 
 /// Counters of device traffic, shown by `uext4 stats`.
@@ -161,7 +214,7 @@ impl BlockDevice for FileDevice {
         if !self.tmpfs {
             return write_zeros(self, off, len);
         }
-        zero_file_range(&self.file, off, len).map(|_| ())
+        zero_file_range(&self.file, off, len)
     }
 }
 
@@ -736,10 +789,9 @@ impl BlockDevice for MappedDevice {
         for p in first..last {
             self.backed.clear(p);
         }
-        if zero_file_range(&self.file, off, len)? {
-            self.mark_backed(first, last);
-            self.populate(first, last);
-        }
+        zero_file_range(&self.file, off, len)?;
+        self.mark_backed(first, last);
+        self.populate(first, last);
         Ok(())
     }
 }

@@ -401,6 +401,7 @@ impl Fs {
                     let n =
                         self.map_hole(&mut h, ino, &mut st, lblk, last, false, &mut |p, n| {
                             self.write_range(p, lblk, n as u64, off, data, true)
+                                .map(|()| false)
                         })?;
                     lblk += n as u64;
                     end.min(lblk * bs)
@@ -431,7 +432,7 @@ impl Fs {
         data: &[u8],
     ) -> Result<()> {
         self.map_hole(h, ino, st, 0, 0, false, &mut |p, _| {
-            self.write_range(p, 0, 1, 0, data, true)
+            self.write_range(p, 0, 1, 0, data, true).map(|()| false)
         })
         .map(drop)
     }
@@ -471,7 +472,9 @@ impl Fs {
 
     /// Maps the hole that starts at `lblk` (up to `last`, the next extent and one chunk): allocates
     /// one run of blocks, lets `fill` write them (new data goes down before the extent that makes
-    /// it visible, R4), then inserts the extent. On failure the blocks are freed. Returns how many
+    /// it visible, R4), then inserts the extent. On failure the blocks are freed. `fill` returns
+    /// true when the blocks could not be given their contents after all and must be mapped
+    /// unwritten (fallocate's zeroing, where the image has no storage for it). Returns how many
     /// blocks were mapped.
     #[allow(clippy::too_many_arguments)]
     fn map_hole(
@@ -482,7 +485,7 @@ impl Fs {
         lblk: u64,
         last: u64,
         unwritten: bool,
-        fill: &mut dyn FnMut(u64, u32) -> Result<()>,
+        fill: &mut dyn FnMut(u64, u32) -> Result<bool>,
     ) -> Result<u32> {
         let next = self
             .ext_next(ino, st, lblk as u32)?
@@ -496,14 +499,31 @@ impl Fs {
         };
         let want = (hole_last - lblk + 1).min(max as u64) as u32;
         let goal = self.alloc_goal(ino, st, lblk)?;
-        let (p, n) = self.alloc_blocks(h, goal, want)?;
+        let (p, mut n) = self.alloc_blocks(h, goal, want)?;
+        let unwritten = match fill(p, n) {
+            Ok(fell_back) => unwritten || fell_back,
+            Err(e) => {
+                let _ = self.free_blocks(h, p, n as u64, false);
+                return Err(e);
+            }
+        };
+        if unwritten && n > MAX_UNWRITTEN_LEN {
+            // Allocated for a written extent, one block longer than an unwritten one may be.
+            let _ = self.free_blocks(
+                h,
+                p + MAX_UNWRITTEN_LEN as u64,
+                (n - MAX_UNWRITTEN_LEN) as u64,
+                false,
+            );
+            n = MAX_UNWRITTEN_LEN;
+        }
         let ext = Extent {
             lblk: lblk as u32,
             len: n,
             pblk: p,
             unwritten,
         };
-        if let Err(e) = fill(p, n).and_then(|()| self.ext_insert(h, ino, st, ext)) {
+        if let Err(e) = self.ext_insert(h, ino, st, ext) {
             let _ = self.free_blocks(h, p, n as u64, false);
             return Err(e);
         }
@@ -866,7 +886,7 @@ impl Fs {
         // free (MountOptions::prealloc_zeroed), written extents over blocks zeroed before the
         // extent points at them. Only blocks that start inside the file's size (after this
         // call) may be written: e2fsck wants the blocks past the size unwritten.
-        let zeroed = self.opts.prealloc_zeroed && self.dev.zeroes_cheaply();
+        let mut zeroed = self.opts.prealloc_zeroed && self.dev.zeroes_cheaply();
         let first = off / bs;
         let last = (end - 1) / bs;
         let mut lblk = first;
@@ -891,10 +911,24 @@ impl Fs {
             };
             let dev = &self.dev;
             let n = self.map_hole(&mut h, ino, &mut st, lblk, upto, !written, &mut |p, n| {
-                if written {
-                    dev.zero_range(p * bs, n as u64 * bs)?;
+                if !written {
+                    return Ok(false);
                 }
-                Ok(())
+                match dev.zero_range(p * bs, n as u64 * bs) {
+                    Ok(()) => Ok(false),
+                    // The filesystem under the image has no room for the zeroed pages (a
+                    // sparse image on a small tmpfs): these blocks and the rest of the range
+                    // get unwritten extents, which need no storage until written, as on the
+                    // kernel's ext4. Reporting success over blocks with nothing under them let
+                    // the first writes into them fail, and the journal's with them (the
+                    // filesystem stopped, losing everything since the last commit).
+                    Err(e) if crate::blockdev::is_backing_full(&e) => {
+                        tracing::info!("{e}: preallocating unwritten extents instead");
+                        zeroed = false;
+                        Ok(true)
+                    }
+                    Err(e) => Err(e.into()),
+                }
             })?;
             if !keep {
                 let upto = end.min((lblk + n as u64) * bs);

@@ -240,6 +240,86 @@ fn mapped_image_on_a_full_tmpfs_fails_cleanly() {
     }
 }
 
+/// fallocate on a thin image (a sparse image larger than its tmpfs): the blocks are made
+/// unwritten extents (no storage until written, as on the kernel's ext4), not zeroed pages
+/// of the tmpfs, so the call does not fill the tmpfs and the filesystem goes on working.
+/// Before, a preallocation that fit took the tmpfs's space (one that did not was reported
+/// done over blocks with nothing under them): the next commits failed and the filesystem
+/// stopped, losing every change since mount. Needs root (a tmpfs of its own, 16 MiB, under
+/// a 64 MiB image).
+#[test]
+fn fallocate_beyond_the_images_storage_makes_unwritten_extents() {
+    if !is_root() {
+        eprintln!("SKIP: not root, no tmpfs of our own to fill");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("uext4-smalltmpfs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    sh(&format!(
+        "mount -t tmpfs -o size=16m uext4test {}",
+        dir.display()
+    ));
+    let img = dir.join("img");
+    let result = std::panic::catch_unwind(|| {
+        mke2fs(&img, "64M", &["-J", "size=4"]);
+        let fs = Fs::open_path(
+            &img,
+            MountOptions {
+                commit_interval_secs: 0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let avail_kib = || -> u64 {
+            let out = sh(&format!("df -k --output=avail {}", dir.display()));
+            out.lines().nth(1).unwrap().trim().parse().unwrap()
+        };
+        let before = avail_kib();
+        let f = fs.create(2, b"prealloc", 0o644, 0, 0).unwrap().ino;
+        fs.fallocate(f, 0, 0, 13 << 20).unwrap();
+        fs.fallocate(f, 0, 13 << 20, 27 << 20).unwrap();
+        assert_eq!(fs.getattr(f).unwrap().size, 40 << 20);
+        assert!(
+            avail_kib() + 1024 >= before,
+            "the preallocation took the tmpfs's space ({before} -> {} KiB free)",
+            avail_kib()
+        );
+        let mut back = vec![1u8; 1 << 20];
+        fs.read(f, 20 << 20, &mut back).unwrap();
+        assert!(
+            back.iter().all(|&x| x == 0),
+            "preallocated blocks read as zeros"
+        );
+        // The filesystem still works: new files, data, fsyncs.
+        for i in 0..50u32 {
+            let g = fs
+                .create(2, format!("f{i}").as_bytes(), 0o644, 0, 0)
+                .unwrap()
+                .ino;
+            fs.write_all(g, 0, &[i as u8; 65536]).unwrap();
+            fs.fsync(g, false).unwrap();
+        }
+        fs.write_all(f, 1 << 20, &[7u8; 1 << 20]).unwrap();
+        fs.fsync(f, false).unwrap();
+        fs.unmount().unwrap();
+        e2fsck_clean(&img);
+        let fs = Fs::open_path(&img, MountOptions::default()).unwrap();
+        let f = fs.lookup(2, b"prealloc").unwrap().ino;
+        fs.read(f, 1 << 20, &mut back).unwrap();
+        assert!(back.iter().all(|&x| x == 7));
+        let g = fs.lookup(2, b"f49").unwrap().ino;
+        let mut small = vec![0u8; 65536];
+        fs.read(g, 0, &mut small).unwrap();
+        assert!(small.iter().all(|&x| x == 49));
+        fs.unmount().unwrap();
+    });
+    let _ = sh(&format!("umount {}", dir.display()));
+    let _ = std::fs::remove_dir(&dir);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
 /// The mapped device gives a hole of a sparse image storage when it first writes there (by
 /// pwrite) and leaves the bytes around the write as they were (zeros), with pages already
 /// backed kept.
