@@ -1691,8 +1691,8 @@ setfattr -x user.absent noacl 2>/dev/null; echo "remove absent user attribute: $
     );
 }
 
-/// Set-ID bits and file capabilities after writes, truncates and chowns by root and by an
-/// ordinary user (the server does this itself under FUSE_HANDLE_KILLPRIV_V2), compared with the
+/// Set-ID bits and file capabilities after writes, truncates, chowns and fallocates by root
+/// and by an ordinary user (the server does this itself under FUSE_HANDLE_KILLPRIV_V2), compared with the
 /// kernel's ext4.
 #[test]
 fn setid_bits_and_capabilities_are_removed_as_on_the_kernel() {
@@ -1723,8 +1723,18 @@ show i j k
 for x in l m n o; do mk $x 755; setcap cap_net_raw+ep $x; done
 echo more >> l; runuser -u nobody -- sh -c 'true'; truncate -s 1 m; chown nobody n
 show l m n o
+# fallocate by the user (punch, zero range, past the end keeping the size, extending) and by
+# root
+mk p 6777; runuser -u nobody -- fallocate -p -o 0 -l 4096 p
+mk q 6777; runuser -u nobody -- fallocate -z -o 0 -l 4096 q
+mk r 6777; runuser -u nobody -- fallocate -n -o 0 -l 1048576 r
+mk s 6767; runuser -u nobody -- fallocate -o 0 -l 8192 s
+mk u 6777; fallocate -p -o 0 -l 4096 u
+show p q r s u
 "#;
-    let Some((kernel, ours)) = on_kernel_and_uext4("setid", &["getcap", "setcap"], SCRIPT) else {
+    let Some((kernel, ours)) =
+        on_kernel_and_uext4("setid", &["getcap", "setcap", "fallocate"], SCRIPT)
+    else {
         return;
     };
     assert!(kernel.contains("a -rwxrwxrwx"), "{kernel}");

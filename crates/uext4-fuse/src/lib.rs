@@ -1249,7 +1249,7 @@ impl Filesystem for Uext4Fuse {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -1257,7 +1257,23 @@ impl Filesystem for Uext4Fuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        empty(self.fs.fallocate(to_ext(ino), mode, offset, length), reply);
+        let ext = to_ext(ino);
+        let r = self.fs.fallocate(ext, mode, offset, length);
+        if r.is_ok() {
+            // Any fallocate changes the file as a write does (the kernel's ext4 calls
+            // file_modified for every mode): an unprivileged caller's removes set-user-ID and
+            // set-group-ID as a write's would. The kernel flags no caller privileges on
+            // fallocate: uid 0 stands for them, as for copy_file_range. (Without this, a user
+            // who may write a set-user-ID file could punch or zero its contents and it stayed
+            // set-user-ID.)
+            let flags = if req.uid() == 0 {
+                WriteFlags::empty()
+            } else {
+                WriteFlags::FUSE_WRITE_KILL_SUIDGID
+            };
+            self.write_privs(req, flags, ext);
+        }
+        empty(r, reply);
     }
 
     #[allow(clippy::too_many_arguments)]
