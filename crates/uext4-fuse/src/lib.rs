@@ -1372,19 +1372,16 @@ impl Filesystem for Uext4Fuse {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        if offset < 0 {
-            return reply.error(Errno::EINVAL);
-        }
-        let r = match whence {
-            libc::SEEK_DATA => self.fs.lseek_data_hole(to_ext(ino), offset as u64, true),
-            libc::SEEK_HOLE => self.fs.lseek_data_hole(to_ext(ino), offset as u64, false),
-            libc::SEEK_SET => Ok(offset as u64),
-            _ => return reply.error(Errno::EINVAL),
-        };
-        match r {
-            Ok(o) => reply.offset(o as i64),
-            Err(e) => reply.error(errno(&e)),
-        }
+        // SEEK_DATA and SEEK_HOLE are not answered here: the kernel asks without first
+        // writing back the dirty pages it caches for the file (a shared mapping's stores, and
+        // with writeback_cache every write), so an answer from the image called data that
+        // exists only in that cache a hole, and copies made with SEEK_DATA (cp) came out with
+        // zeros where the data was. ENOSYS makes the kernel answer from the file's size itself,
+        // for this and every later call: all data, no holes, always right. (The engine's
+        // `lseek_data_hole` serves the library and the image tools, where nothing is cached
+        // beyond the engine.)
+        let _ = (ino, offset, whence);
+        reply.error(Errno::ENOSYS)
     }
 }
 
