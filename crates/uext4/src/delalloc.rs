@@ -101,6 +101,9 @@ pub struct Dirty {
     /// mapped range (`Page::inner`).
     maps: u64,
     inner: u64,
+    /// Pages that hold a block of the space reservation (`Page::reserved`): counted in the
+    /// file's st_blocks, as the kernel's ext4 counts its delayed-allocation reservations.
+    reserved: u64,
     /// Mapping blocks reserved for this inode's writeback (in `Registry::md_reserved`).
     md: u64,
 }
@@ -114,12 +117,19 @@ impl Dirty {
     fn count_in(&mut self, p: &Page) {
         self.maps += p.maps as u64;
         self.inner += p.inner as u64;
+        self.reserved += p.reserved as u64;
+    }
+
+    /// Blocks the cached pages will take when written back (over holes), not yet allocated.
+    pub(crate) fn reserved_blocks(&self) -> u64 {
+        self.reserved
     }
 
     /// Counts a page leaving the cache.
     fn count_out(&mut self, p: &Page) {
         self.maps -= p.maps as u64;
         self.inner -= p.inner as u64;
+        self.reserved -= p.reserved as u64;
     }
 
     /// The first and last logical block that has a page ((0, 0) when none has).
@@ -391,6 +401,7 @@ impl Fs {
                 in_writeback: false,
                 maps: 0,
                 inner: 0,
+                reserved: 0,
                 md: 0,
             })
         });

@@ -423,7 +423,14 @@ pub fn rdev_minor(dev: u32) -> u32 {
 
 impl Fs {
     /// Attributes of an in-memory inode.
-    pub(crate) fn attr_of(&self, ino: u32, raw: &RawInode) -> Attr {
+    pub(crate) fn attr_of(&self, ino: u32, st: &InodeState) -> Attr {
+        let raw = &st.raw;
+        // Blocks that buffered pages will take once written back count already, as the
+        // kernel's ext4 counts its delayed-allocation reservations: tools that judge a file
+        // sparse from st_blocks (tar --sparse, cp) otherwise took fresh data for holes.
+        let pending = st.delalloc.as_ref().map_or(0, |d| {
+            d.reserved_blocks() * (self.geo.block_size as u64 / 512)
+        });
         let ft = raw.file_type();
         let rdev = if ft == crate::format::inode::S_IFCHR || ft == crate::format::inode::S_IFBLK {
             decode_rdev(raw)
@@ -439,7 +446,7 @@ impl Fs {
             uid: raw.uid(),
             gid: raw.gid(),
             size: raw.size(),
-            blocks: raw.blocks_512(self.geo.block_size),
+            blocks: raw.blocks_512(self.geo.block_size) + pending,
             atime: raw.atime(),
             mtime: raw.mtime(),
             ctime: raw.ctime(),
@@ -454,7 +461,7 @@ impl Fs {
     pub fn getattr(&self, ino: u32) -> Result<Attr> {
         let inode = self.iget(ino)?;
         let st = inode.state.lock();
-        Ok(self.attr_of(ino, &st.raw))
+        Ok(self.attr_of(ino, &st))
     }
 
     pub fn root_ino(&self) -> u32 {

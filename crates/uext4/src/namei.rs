@@ -365,7 +365,7 @@ impl Fs {
                 return Err(e);
             }
             let st = inode.state.lock();
-            Ok(self.attr_of(ino, &st.raw))
+            Ok(self.attr_of(ino, &st))
         })
     }
 
@@ -429,7 +429,7 @@ impl Fs {
             self.drop_link_finish(&mut h, &inode, &mut ist)?;
             return Err(e);
         }
-        Ok(self.attr_of(ino, &ist.raw))
+        Ok(self.attr_of(ino, &ist))
     }
 
     pub fn unlink(&self, dir: u32, name: &[u8]) -> Result<()> {
@@ -683,7 +683,7 @@ impl Fs {
             st.raw.set_ctime(now);
         }
         self.mark_inode_dirty(&mut h, &inode, &mut st)?;
-        Ok(self.attr_of(ino, &st.raw))
+        Ok(self.attr_of(ino, &st))
     }
 
     pub fn rename(

@@ -1386,3 +1386,29 @@ fn a_write_cut_short_by_enospc_returns_what_it_wrote() {
     drop(fs);
     e2fsck_clean(&img.0);
 }
+
+/// In buffered mode a file's cached data counts in st_blocks before it is written back, as
+/// the kernel's ext4 counts delayed allocations (`tar --sparse` and cp judge a file sparse by
+/// st_blocks: a fresh file of 0 blocks was archived as empty), and not twice after.
+#[test]
+fn buffered_data_counts_in_blocks_before_writeback() {
+    let img = scratch("bufblocks");
+    mke2fs(&img.0, "64M", &[]);
+    let fs = open_buffered(&img);
+    let f = fs.create(2, b"fresh", 0o644, 0, 0).unwrap().ino;
+    fs.write_all(f, 0, &vec![3u8; 1_000_000]).unwrap();
+    let cached = fs.getattr(f).unwrap().blocks;
+    // 245 blocks of 4 KiB.
+    assert_eq!(cached, 245 * 8, "cached data counted in st_blocks");
+    fs.fsync(f, false).unwrap();
+    let written = fs.getattr(f).unwrap().blocks;
+    assert!(
+        (245 * 8..=246 * 8).contains(&written),
+        "after writeback: {written} sectors (data, perhaps no extent block)"
+    );
+    // An overwrite of written blocks reserves nothing more.
+    fs.write_all(f, 0, &[4u8; 8192]).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().blocks, written);
+    fs.unmount().unwrap();
+    e2fsck_clean(&img.0);
+}
