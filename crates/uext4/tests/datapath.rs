@@ -186,18 +186,8 @@ fn dax_mapped_image_roundtrip() {
 /// own, 16 MiB, under a 64 MiB image).
 #[test]
 fn mapped_image_on_a_full_tmpfs_fails_cleanly() {
-    if !is_root() {
-        eprintln!("SKIP: not root, no tmpfs of our own to fill");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("uext4-fulltmpfs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    sh(&format!(
-        "mount -t tmpfs -o size=16m uext4test {}",
-        dir.display()
-    ));
-    let img = dir.join("img");
-    let result = std::panic::catch_unwind(|| {
+    on_own_tmpfs("fulltmpfs", |dir| {
+        let img = dir.join("img");
         mke2fs(&img, "64M", &["-J", "size=4"]);
         // Room that is given back after the failure, so that the unmount can write its metadata.
         let filler = dir.join("filler");
@@ -233,11 +223,6 @@ fn mapped_image_on_a_full_tmpfs_fails_cleanly() {
         fs.unmount().unwrap();
         e2fsck_clean(&img);
     });
-    let _ = sh(&format!("umount {}", dir.display()));
-    let _ = std::fs::remove_dir(&dir);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
 }
 
 /// fallocate on a thin image (a sparse image larger than its tmpfs): the blocks are made
@@ -249,18 +234,8 @@ fn mapped_image_on_a_full_tmpfs_fails_cleanly() {
 /// a 64 MiB image).
 #[test]
 fn fallocate_beyond_the_images_storage_makes_unwritten_extents() {
-    if !is_root() {
-        eprintln!("SKIP: not root, no tmpfs of our own to fill");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("uext4-smalltmpfs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    sh(&format!(
-        "mount -t tmpfs -o size=16m uext4test {}",
-        dir.display()
-    ));
-    let img = dir.join("img");
-    let result = std::panic::catch_unwind(|| {
+    on_own_tmpfs("smalltmpfs", |dir| {
+        let img = dir.join("img");
         mke2fs(&img, "64M", &["-J", "size=4"]);
         let fs = Fs::open_path(
             &img,
@@ -313,11 +288,6 @@ fn fallocate_beyond_the_images_storage_makes_unwritten_extents() {
         assert!(small.iter().all(|&x| x == 49));
         fs.unmount().unwrap();
     });
-    let _ = sh(&format!("umount {}", dir.display()));
-    let _ = std::fs::remove_dir(&dir);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
 }
 
 /// The mapped device gives a hole of a sparse image storage when it first writes there (by
@@ -480,6 +450,27 @@ fn mapping_rss_kib(path: &std::path::Path) -> u64 {
     lines.next().expect("the image's mapping in smaps");
     let rss = lines.find(|l| l.starts_with("Rss:")).unwrap();
     rss.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Runs `f` on a 16 MiB tmpfs of its own (root only: else says SKIP and returns), which is
+/// unmounted afterwards whatever `f` does.
+fn on_own_tmpfs(tag: &str, f: impl FnOnce(&std::path::Path) + std::panic::UnwindSafe) {
+    if !is_root() {
+        eprintln!("SKIP: not root, no tmpfs of our own to fill");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("uext4-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    sh(&format!(
+        "mount -t tmpfs -o size=16m uext4test {}",
+        dir.display()
+    ));
+    let result = std::panic::catch_unwind(|| f(&dir));
+    let _ = sh(&format!("umount {}", dir.display()));
+    let _ = std::fs::remove_dir(&dir);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
 }
 
 fn open_buffered(img: &Scratch) -> Arc<Fs> {
