@@ -1733,6 +1733,10 @@ mk r 6777; runuser -u nobody -- fallocate -n -o 0 -l 1048576 r
 mk s 6767; runuser -u nobody -- fallocate -o 0 -l 8192 s
 mk u 6777; fallocate -p -o 0 -l 4096 u
 show p q r s u
+# a set-user-ID program that a user rewrites and runs at once runs as that user (the pause
+# lets the attributes cached by chmod expire, so the user's open caches the set-ID mode)
+cp "$(command -v id)" v; chmod 4777 v; sleep 1.2
+runuser -u nobody -- sh -c 'dd if=$(command -v id) of=v conv=notrunc bs=64k status=none; echo "v runs as $(./v -u)"'
 "#;
     let Some((kernel, ours)) =
         on_kernel_and_uext4("setid", &["getcap", "setcap", "fallocate"], SCRIPT)

@@ -308,6 +308,8 @@ pub struct Uext4Fuse {
     /// before every write (one extra request per write otherwise); this server removes
     /// set-ID bits and capabilities on write, truncate and chown instead.
     killpriv: bool,
+    /// Tells the kernel about changes it did not ask for (set once the session exists).
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 impl Uext4Fuse {
@@ -321,6 +323,7 @@ impl Uext4Fuse {
             dont_mask: false,
             killpriv: false,
             fsyncs: FsyncQueue::new(),
+            notifier: Arc::new(std::sync::OnceLock::new()),
         }
     }
 
@@ -466,7 +469,16 @@ impl Uext4Fuse {
             && self.fs.getattr(ext).is_ok_and(|a| {
                 a.mode & 0o2000 != 0 && (a.mode & 0o010 != 0 || !Self::in_group(req, a.gid))
             });
-        let _ = self.fs.remove_privs(ext, kill, sgid);
+        if let Ok(true) = self.fs.remove_privs(ext, kill, sgid) {
+            // The kernel keeps the mode it cached (a write invalidates only size and times),
+            // and runs a program by that mode without asking again until it times out: a
+            // set-user-ID binary that a user had just rewritten still ran set-user-ID.
+            // Invalidating the attributes (not the data) makes exec and stat fetch the new
+            // mode.
+            if let Some(n) = self.notifier.get() {
+                let _ = n.inval_inode(to_fuse(ext), -1, 0);
+            }
+        }
     }
 
     /// Truncate and chown (with HANDLE_KILLPRIV_V2), as the kernel's notify_change would:
@@ -492,7 +504,7 @@ impl Uext4Fuse {
         let sgid = a.mode & 0o2000 != 0
             && (a.mode & 0o010 != 0 && (chown || !privileged)
                 || !privileged && !Self::in_group(req, a.gid));
-        self.fs.remove_privs(ext, suid, sgid)
+        self.fs.remove_privs(ext, suid, sgid).map(drop)
     }
 
     /// Whether the caller is in group `gid` (its own or a supplementary group).
@@ -1511,7 +1523,10 @@ pub fn serve(
     opts: &Options,
 ) -> std::io::Result<Served> {
     let config = fuse_config(image, opts);
-    let session = fuser::spawn_mount2(Uext4Fuse::new(fs, opts.clone()), mountpoint, &config)?;
+    let server = Uext4Fuse::new(fs, opts.clone());
+    let notifier = server.notifier.clone();
+    let session = fuser::spawn_mount2(server, mountpoint, &config)?;
+    let _ = notifier.set(session.notifier());
     Ok(Served {
         session,
         mountpoint: mountpoint.to_path_buf(),

@@ -196,14 +196,15 @@ impl Fs {
     /// and notify_change): set-user-ID when `drop_suid`, set-group-ID when `drop_sgid`, and the
     /// `security.capability` attribute always. Costs no I/O and no handle when there is nothing
     /// to remove (no set-ID bits asked for and no attributes), so a data path may call it per
-    /// request (FUSE's HANDLE_KILLPRIV_V2 makes the server do this on every write).
-    pub fn remove_privs(&self, ino: u32, drop_suid: bool, drop_sgid: bool) -> Result<()> {
+    /// request (FUSE's HANDLE_KILLPRIV_V2 makes the server do this on every write). Returns
+    /// whether the mode changed.
+    pub fn remove_privs(&self, ino: u32, drop_suid: bool, drop_sgid: bool) -> Result<bool> {
         const CAPABILITY: &[u8] = b"security.capability";
         let inode = self.iget(ino)?;
         let (mode, may_have_xattrs) = {
             let st = inode.state.lock();
             if st.raw.is_dir() {
-                return Ok(());
+                return Ok(false);
             }
             let ibody = st
                 .raw
@@ -218,7 +219,8 @@ impl Fs {
         if drop_sgid {
             new &= !0o2000;
         }
-        if new != mode & 0o7777 {
+        let mode_changed = new != mode & 0o7777;
+        if mode_changed {
             self.setattr(
                 ino,
                 &crate::namei::SetAttr {
@@ -237,7 +239,7 @@ impl Fs {
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        Ok(mode_changed)
     }
 
     /// Removes attribute `name` of inode `ino` (`Error::NoAttr` if absent).
