@@ -631,6 +631,9 @@ impl Fs {
                 drop(fs);
                 return Fs::open_dev(dev, opts);
             }
+            // Before anything is written (the journal's features below): a refused open leaves
+            // the image as it was.
+            fs.check_root()?;
             if !fs.is_read_only() {
                 // As the kernel at mount: checksum v3 tags with metadata_csum, 64-bit with 64bit.
                 let mut journal = journal;
@@ -645,6 +648,8 @@ impl Fs {
                 let _ = fs.journal.set(journal);
                 crate::transaction::spawn_checkpointer(Arc::downgrade(&fs), fs.ckpt.clone())?;
             }
+        } else {
+            fs.check_root()?;
         }
         if !fs.is_read_only() {
             fs.mark_mounted()?;
@@ -657,6 +662,34 @@ impl Fs {
             }
         }
         Ok(fs)
+    }
+
+    /// Refuses a filesystem whose root inode is unusable, as the kernel's mount does ("get
+    /// root inode failed", "corrupt root inode, run e2fsck"): with the root deleted the whole
+    /// tree looked empty without a word, and with the root a file the mount point gave EIO.
+    fn check_root(&self) -> Result<()> {
+        let bad = |why: &str| {
+            Error::corrupt(format!(
+                "the root directory (inode {}) {why}; run e2fsck -f",
+                crate::format::inode::ROOT_INO
+            ))
+        };
+        let root = match self.iget(crate::format::inode::ROOT_INO) {
+            Ok(r) => r,
+            Err(Error::NotFound) => return Err(bad("is not in use")),
+            Err(e) => return Err(e),
+        };
+        let st = root.state.lock();
+        if st.raw.links_count() == 0 {
+            return Err(bad("has no links (it was deleted)"));
+        }
+        if !st.raw.is_dir() {
+            return Err(bad("is not a directory"));
+        }
+        if st.raw.size() == 0 {
+            return Err(bad("is empty (no '.' and '..')"));
+        }
+        Ok(())
     }
 
     /// Opens an image file or block device by path.

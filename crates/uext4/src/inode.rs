@@ -239,6 +239,21 @@ impl Fs {
                         // Marked in use but never written: callers see "no such file".
                         return Err(Error::NotFound);
                     }
+                    // As the kernel's iget ("bad i_size value"): a size past the largest a
+                    // file can have is damage, not a file to read (a reader of one with a
+                    // 2^48-byte size streamed zeros without end).
+                    let max = if Self::uses_blockmap(&raw) {
+                        self.blockmap_max_size().min(self.max_file_size())
+                    } else {
+                        self.max_file_size()
+                    };
+                    if raw.size() > max {
+                        return Err(Error::corrupt(format!(
+                            "inode {ino}: size {} is past the largest a file can have here \
+                             ({max}); run e2fsck -f",
+                            raw.size()
+                        )));
+                    }
                     let inode = new_inode(ino, raw, None, false);
                     let committed = self.txn.committed.load(Ordering::Acquire);
                     self.icache.put(&mut shard, inode.clone(), committed);

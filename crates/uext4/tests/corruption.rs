@@ -634,3 +634,66 @@ fn a_bitmap_that_frees_system_blocks_is_refused() {
     fs.read(k, 0, &mut b).unwrap();
     assert_eq!(&b, b"precious");
 }
+
+/// A root directory that was deleted, or is not a directory, refuses the open with an error
+/// naming it, as the kernel's mount refuses it ("get root inode failed", "corrupt root
+/// inode"): before, a deleted root showed an empty tree without a word, and a root that is a
+/// file mounted with the mount point giving EIO. The image is not changed by the attempt.
+#[test]
+fn an_unusable_root_directory_refuses_the_open() {
+    for (set, why) in [
+        ("links_count 0", "no links"),
+        ("mode 0100644", "not a directory"),
+        ("size 0", "empty"),
+    ] {
+        let img = base_image(&[]);
+        sh(&format!(
+            "debugfs -w -R 'sif <2> {set}' {} >/dev/null 2>&1",
+            img.0.display()
+        ));
+        let before = std::fs::read(&img.0).unwrap();
+        for ro in [false, true] {
+            let r = Fs::open_path(
+                &img.0,
+                MountOptions {
+                    read_only: ro,
+                    ..Default::default()
+                },
+            );
+            match r {
+                Err(Error::Corrupt(m)) => {
+                    assert!(
+                        m.contains("root directory") && m.contains(why),
+                        "{set}: {m}"
+                    )
+                }
+                other => panic!("{set}: expected Corrupt, got {:?}", other.map(|_| ())),
+            }
+        }
+        assert!(
+            std::fs::read(&img.0).unwrap() == before,
+            "{set}: the refused open changed the image"
+        );
+    }
+}
+
+/// An inode whose size is past the largest a file can have is damage, as the kernel's iget
+/// says ("bad i_size value"): reading it is refused with its number, where a reader streamed
+/// zeros without end. The rest of the tree stays readable.
+#[test]
+fn a_size_past_the_largest_file_is_refused() {
+    let img = base_image(&[]);
+    sh(&format!(
+        "debugfs -w -R 'sif /g size 0xffffffffffff' {} >/dev/null 2>&1",
+        img.0.display()
+    ));
+    let fs = open_rw(&img.0).unwrap();
+    match fs.lookup(2, b"g") {
+        Err(Error::Corrupt(m)) => assert!(m.contains("size 281474976710655"), "{m}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let d = fs.lookup(2, b"d").unwrap().ino;
+    let f = fs.lookup(d, b"f").unwrap();
+    assert_eq!(f.size, 200_000);
+    fs.unmount().unwrap();
+}
