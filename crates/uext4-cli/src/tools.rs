@@ -968,6 +968,22 @@ fn mv(src: &str, dst: &str) -> Result<()> {
     finish(&fs, &img, r.with_context(|| format!("{src} -> {dst}")))
 }
 
+/// Makes room for a non-directory called `name` in `dir`, as cp(1) does: an existing
+/// non-directory there goes; an existing directory is an error. (Re-copying a tree over an
+/// earlier copy stopped with "file exists" at its first symlink or second hard link.)
+fn make_room(fs: &Fs, dir: u32, name: &[u8]) -> Result<()> {
+    match fs.lookup(dir, name) {
+        Ok(a) if a.is_dir() => bail!(
+            "cannot overwrite directory {} with a non-directory",
+            String::from_utf8_lossy(name)
+        ),
+        Ok(_) => fs.unlink(dir, name)?,
+        Err(Error::NotFound) => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
 fn ln(target: &str, link: &str, symbolic: bool) -> Result<()> {
     let (img, l) = image_loc(link)?;
     let fs = open(&img, false)?;
@@ -1147,18 +1163,16 @@ impl HostToImage<'_> {
             .get(&(md.dev(), md.ino()))
             .filter(|_| md.nlink() > 1)
         {
+            make_room(fs, dir, name)?;
             fs.link(existing, dir, name)?;
             return Ok(());
         } else if ft.is_symlink() {
             let t = std::fs::read_link(src)?;
+            make_room(fs, dir, name)?;
             fs.symlink(dir, name, t.as_os_str().as_bytes(), md.uid(), md.gid())?
                 .ino
         } else if ft.is_file() {
-            if let Ok(a) = fs.lookup(dir, name) {
-                if !a.is_dir() {
-                    fs.unlink(dir, name)?;
-                }
-            }
+            make_room(fs, dir, name)?;
             let ino = fs.create(dir, name, md.mode(), md.uid(), md.gid())?.ino;
             let f = std::fs::File::open(src)?;
             let mut buf = vec![0u8; 1 << 20];
@@ -1177,6 +1191,7 @@ impl HostToImage<'_> {
             }
             ino
         } else {
+            make_room(fs, dir, name)?;
             fs.mknod(dir, name, md.mode(), md.rdev() as u32, md.uid(), md.gid())?
                 .ino
         };
@@ -1328,7 +1343,7 @@ impl ImageToHost<'_> {
         match a.mode & 0o170000 {
             0o040000 => {
                 if !recursive {
-                    bail!("{}: is a directory (use -r)", dst.display());
+                    bail!("the source is a directory (use -r)");
                 }
                 if !self.dirs_seen.insert(ino) {
                     return Err(directory_cycle(ino).into());
@@ -1492,22 +1507,22 @@ impl ImageToImage<'_> {
                 d
             }
             _ if a.nlink > 1 && self.links.contains_key(&ino) => {
+                make_room(dst, dir, name)?;
                 dst.link(self.links[&ino], dir, name)?;
                 return Ok(());
             }
             0o120000 => {
-                dst.symlink(dir, name, &src.readlink(ino)?, a.uid, a.gid)?
-                    .ino
+                let target = src.readlink(ino)?;
+                make_room(dst, dir, name)?;
+                dst.symlink(dir, name, &target, a.uid, a.gid)?.ino
             }
             0o100000 => {
                 if let Ok(e) = dst.lookup(dir, name) {
                     if std::ptr::eq(src, dst) && e.ino == ino {
                         bail!("source and destination are the same file");
                     }
-                    if !e.is_dir() {
-                        dst.unlink(dir, name)?;
-                    }
                 }
+                make_room(dst, dir, name)?;
                 let f = dst.create(dir, name, a.mode as u32, a.uid, a.gid)?.ino;
                 let mut buf = vec![0u8; 1 << 20];
                 let mut pos = 0u64;
@@ -1537,6 +1552,7 @@ impl ImageToImage<'_> {
                 f
             }
             _ => {
+                make_room(dst, dir, name)?;
                 dst.mknod(dir, name, a.mode as u32, a.rdev, a.uid, a.gid)?
                     .ino
             }

@@ -1021,3 +1021,44 @@ fn directory_cycles_and_copies_into_themselves_are_refused() {
     let listing = ok(&["ls", &img.at("/")]);
     assert!(listing.contains('a'), "{listing}");
 }
+
+/// Copying a tree again over an earlier copy replaces what is there, symlinks and hard links
+/// included, as cp(1) does (it stopped with "file exists" at the first symlink); a
+/// non-directory over a directory is refused by name. Host to image and image to image.
+#[test]
+fn copying_over_an_earlier_copy_replaces_links() {
+    let img = Scratch::new("recopy-img");
+    let src = Scratch::new("recopy-src");
+    std::fs::create_dir_all(src.0.join("t")).unwrap();
+    std::fs::write(src.0.join("t/a"), b"first").unwrap();
+    std::fs::hard_link(src.0.join("t/a"), src.0.join("t/b")).unwrap();
+    std::os::unix::fs::symlink("a", src.0.join("t/l")).unwrap();
+    ok(&["mkfs", "--size", "16M", img.s()]);
+    let t = src.0.join("t");
+    write_ok(&img, &["cp", "-r", t.to_str().unwrap(), &img.at("/")]);
+    std::fs::remove_file(src.0.join("t/a")).unwrap();
+    std::fs::remove_file(src.0.join("t/b")).unwrap();
+    std::fs::write(src.0.join("t/a"), b"second").unwrap();
+    std::fs::hard_link(src.0.join("t/a"), src.0.join("t/b")).unwrap();
+    std::fs::remove_file(src.0.join("t/l")).unwrap();
+    std::os::unix::fs::symlink("b", src.0.join("t/l")).unwrap();
+    write_ok(&img, &["cp", "-r", t.to_str().unwrap(), &img.at("/")]);
+    assert_eq!(ok(&["cat", &img.at("/t/a")]), "second");
+    assert_eq!(ok(&["cat", &img.at("/t/b")]), "second");
+    assert_eq!(ok(&["cat", &img.at("/t/l")]), "second");
+    let ls = ok(&["ls", "-l", &img.at("/t")]);
+    assert!(ls.contains("l -> b"), "{ls}");
+    // Inside the image, over an earlier copy too.
+    write_ok(&img, &["cp", "-r", &img.at("/t"), &img.at("/u")]);
+    write_ok(&img, &["cp", "-r", &img.at("/t"), &img.at("/u")]);
+    assert_eq!(ok(&["cat", &img.at("/u/l")]), "second");
+    // A symlink where the copy has a directory.
+    write_ok(&img, &["mkdir", &img.at("/v")]);
+    write_ok(&img, &["mkdir", &img.at("/v/l")]);
+    std::fs::remove_file(src.0.join("t/b")).unwrap();
+    std::fs::create_dir(src.0.join("v")).unwrap();
+    std::os::unix::fs::symlink("a", src.0.join("v/l")).unwrap();
+    let err = fails(&["cp", "-r", src.0.join("v").to_str().unwrap(), &img.at("/")]);
+    assert!(err.contains("cannot overwrite directory l"), "{err}");
+    fsck(&img, "after the refused copy");
+}
