@@ -704,7 +704,7 @@ fn ls(path: &str, long: bool) -> Result<()> {
     // As ls(1): with -l a symlink named as the argument is shown itself, unless it ends in '/'.
     let follow = !long || p.ends_with('/');
     let ino = resolve(&fs, &p, follow).with_context(|| path.to_string())?;
-    let a = fs.getattr(ino)?;
+    let a = fs.getattr(ino).with_context(|| path.to_string())?;
     use std::io::IsTerminal;
     let mut out = std::io::stdout().lock();
     // As ls(1): names go out as they are to a pipe (every byte, UTF-8 or not), and escaped
@@ -759,13 +759,20 @@ fn ls(path: &str, long: bool) -> Result<()> {
     fs.readdir(ino, 0, &mut |e| {
         entries.push(e);
         true
-    })?;
+    })
+    .with_context(|| path.to_string())?;
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     for e in entries {
         if e.name == b"." || e.name == b".." {
             continue;
         }
-        let a = fs.getattr(e.ino)?;
+        let a = fs.getattr(e.ino).with_context(|| {
+            format!(
+                "{}/{}",
+                path.trim_end_matches('/'),
+                String::from_utf8_lossy(&e.name)
+            )
+        })?;
         show(&e.name, &a)?;
     }
     Ok(())

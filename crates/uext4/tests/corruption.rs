@@ -150,16 +150,19 @@ fn inode_corruption_names_the_inode() {
     let img = base_image(&[]);
     let fs = open_rw(&img.0).unwrap();
     let table = fs.group_desc(0).inode_table();
+    let d = fs.lookup(2, b"d").unwrap().ino;
+    assert!(d < fs.superblock().inodes_per_group());
     drop(fs);
-    // Root inode (2) is the second in the table; flip a byte of its mode.
-    flip(&img.0, table * 4096 + 256, 0x40);
+    // Directory d's inode, in group 0's table (256-byte inodes); flip a byte of its mode.
+    let keep = std::fs::read(&img.0).unwrap();
+    flip(&img.0, table * 4096 + (d as u64 - 1) * 256, 0x40);
     let fs = open_rw(&img.0).unwrap();
     let e = fs.lookup(2, b"d").unwrap_err();
-    assert!(e.to_string().contains("inode 2"), "{e}");
+    assert!(e.to_string().contains(&format!("inode {d}")), "{e}");
     // The error is recorded in the superblock as the kernel does.
     let sb = fs.superblock();
     assert!(
-        sb.error_count() >= 1 && sb.first_error_ino() == 2,
+        sb.error_count() >= 1 && sb.first_error_ino() == d,
         "error not recorded"
     );
     // As EXT4_ERR_EFSBADCRC (4), which dumpe2fs names; not an errno.
@@ -172,6 +175,12 @@ fn inode_corruption_names_the_inode() {
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("EFSBADCRC"), "{out}");
+    // The root inode (2) damaged the same way: the open itself is refused, naming it, as
+    // the kernel's mount is ("get root inode failed").
+    std::fs::write(&img.0, &keep).unwrap();
+    flip(&img.0, table * 4096 + 256, 0x40);
+    let e = open_rw(&img.0).map(|_| ()).unwrap_err();
+    assert!(e.to_string().contains("inode 2"), "{e}");
 }
 
 #[test]
