@@ -248,11 +248,12 @@ impl Fs {
                         self.max_file_size()
                     };
                     if raw.size() > max {
-                        return Err(Error::corrupt(format!(
+                        let e = Error::corrupt(format!(
                             "inode {ino}: size {} is past the largest a file can have here \
                              ({max}); run e2fsck -f",
                             raw.size()
-                        )));
+                        ));
+                        return Err(self.fail(e, ino, blk, "iget"));
                     }
                     let inode = new_inode(ino, raw, None, false);
                     let committed = self.txn.committed.load(Ordering::Acquire);

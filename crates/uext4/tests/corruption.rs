@@ -696,13 +696,25 @@ fn a_size_past_the_largest_file_is_refused() {
         "debugfs -w -R 'sif /g size 0xffffffffffff' {} >/dev/null 2>&1",
         img.0.display()
     ));
+    let g = sh(&format!(
+        "debugfs -R 'stat /g' {} 2>/dev/null",
+        img.0.display()
+    ));
+    let g: u32 = g
+        .split("Inode: ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("debugfs names g's inode");
     let fs = open_rw(&img.0).unwrap();
     match fs.lookup(2, b"g") {
         Err(Error::Corrupt(m)) => assert!(m.contains("size 281474976710655"), "{m}"),
         other => panic!("expected Corrupt, got {other:?}"),
     }
+    // Recorded in the superblock, as the kernel records its iget errors.
+    assert_eq!(fs.superblock().first_error_ino(), g);
     let d = fs.lookup(2, b"d").unwrap().ino;
     let f = fs.lookup(d, b"f").unwrap();
     assert_eq!(f.size, 200_000);
-    fs.unmount().unwrap();
+    drop(fs);
 }
