@@ -1814,6 +1814,18 @@ fn concurrent_fsyncs_share_commits() {
     e.umount();
 }
 
+/// Copies `path` to `path.copy` with cp(1) and returns what the copy holds.
+fn cp_and_read(path: &Path) -> Vec<u8> {
+    let copy = path.with_extension("copy");
+    assert!(Command::new("cp")
+        .arg(path)
+        .arg(&copy)
+        .status()
+        .unwrap()
+        .success());
+    std::fs::read(&copy).unwrap()
+}
+
 /// SEEK_DATA/SEEK_HOLE, and the copies made with them, see data that is only in the kernel's
 /// cache: a shared mapping's stores not yet written back, and with writeback_cache a plain
 /// write. The kernel's FUSE asks the server without writing them back first, so the server's
@@ -1858,14 +1870,7 @@ fn seeks_and_copies_see_data_only_in_the_kernels_cache() {
                 "SEEK_DATA from 0 gave {data} (errno {}) over a mapped store at 524288",
                 errno_of(data)
             );
-            let copy = e.mnt.join("mapped.copy");
-            assert!(Command::new("cp")
-                .arg(&path)
-                .arg(&copy)
-                .status()
-                .unwrap()
-                .success());
-            let c = std::fs::read(&copy).unwrap();
+            let c = cp_and_read(&path);
             assert_eq!(&c[524288..524293], b"hello", "cp copied the mapped store");
             libc::munmap(p, 1 << 20);
         }
@@ -1877,14 +1882,7 @@ fn seeks_and_copies_see_data_only_in_the_kernels_cache() {
             f.write_all_at(&[9u8; 100_000], 1 << 20).unwrap();
             let data = unsafe { libc::lseek(f.as_raw_fd(), 0, libc::SEEK_DATA) };
             assert!((0..=1 << 20).contains(&data), "SEEK_DATA gave {data}");
-            let copy = e.mnt.join("written.copy");
-            assert!(Command::new("cp")
-                .arg(&path)
-                .arg(&copy)
-                .status()
-                .unwrap()
-                .success());
-            let c = std::fs::read(&copy).unwrap();
+            let c = cp_and_read(&path);
             assert!(c[1 << 20..].iter().all(|&x| x == 9) && c.len() == (1 << 20) + 100_000);
         }
         drop(f);

@@ -1378,10 +1378,10 @@ impl Filesystem for Uext4Fuse {
     fn lseek(
         &self,
         _req: &Request,
-        ino: INodeNo,
+        _ino: INodeNo,
         _fh: FileHandle,
-        offset: i64,
-        whence: i32,
+        _offset: i64,
+        _whence: i32,
         reply: ReplyLseek,
     ) {
         // SEEK_DATA and SEEK_HOLE are not answered here: the kernel asks without first
@@ -1392,7 +1392,6 @@ impl Filesystem for Uext4Fuse {
         // for this and every later call: all data, no holes, always right. (The engine's
         // `lseek_data_hole` serves the library and the image tools, where nothing is cached
         // beyond the engine.)
-        let _ = (ino, offset, whence);
         reply.error(Errno::ENOSYS)
     }
 }

@@ -70,10 +70,10 @@ fn zero_file_range(file: &File, off: u64, len: u64) -> io::Result<()> {
     if !backs_whole_image(file) {
         return Err(io::Error::new(
             io::ErrorKind::StorageFull,
-            format!(
-                "{BACKING_FULL} for {len} bytes at offset {off}: its filesystem could not \
-                 hold the whole image"
-            ),
+            BackingFull(format!(
+                "no storage under the image for {len} bytes at offset {off}: its filesystem \
+                 could not hold the whole image"
+            )),
         ));
     }
     // SAFETY: fallocate on our own descriptor with plain integer arguments.
@@ -98,15 +98,26 @@ fn zero_file_range(file: &File, off: u64, len: u64) -> io::Result<()> {
         let e = io::Error::last_os_error();
         return Err(io::Error::new(
             e.kind(),
-            format!(
-                "{BACKING_FULL} for {len} bytes at offset {off} (the range is left a hole): {e}"
-            ),
+            BackingFull(format!(
+                "no storage under the image for {len} bytes at offset {off} (the range is \
+                 left a hole): {e}"
+            )),
         ));
     }
     Ok(())
 }
 
-const BACKING_FULL: &str = "no storage under the image";
+/// `zero_range`'s "no storage under the image" (see [`is_backing_full`]).
+#[derive(Debug)]
+struct BackingFull(String);
+
+impl std::fmt::Display for BackingFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BackingFull {}
 
 /// Whether the filesystem holding `file` has room for every page of it that has no storage
 /// yet (its size less its allocated blocks). False where that cannot be told.
@@ -130,7 +141,7 @@ fn backs_whole_image(file: &File) -> bool {
 /// Whether `e` is `zero_range`'s "no storage under the image": the filesystem holding the
 /// image could not allocate the zeroed range (which is left a hole, reading as zeros).
 pub fn is_backing_full(e: &io::Error) -> bool {
-    e.to_string().starts_with(BACKING_FULL)
+    e.get_ref().is_some_and(|inner| inner.is::<BackingFull>())
 }
 
 /// Counters of device traffic, shown by `uext4 stats`.

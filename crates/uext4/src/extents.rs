@@ -649,6 +649,16 @@ impl Fs {
         self.blockmap_max_blocks() * self.geo.block_size as u64
     }
 
+    /// The largest size inode `raw` may have: the filesystem's, or less with an indirect
+    /// block map (the kernel's s_maxbytes and s_bitmap_maxbytes).
+    pub(crate) fn max_size_of(&self, raw: &crate::format::inode::RawInode) -> u64 {
+        if Self::uses_blockmap(raw) {
+            self.blockmap_max_size().min(self.max_file_size())
+        } else {
+            self.max_file_size()
+        }
+    }
+
     /// Maps `e` (written blocks, over a hole) in a file with an indirect block map. First every
     /// indirect block the range needs is found or made (zeroed, journaled, counted in
     /// i_blocks, near the data), then the pointers are set. If an allocation fails, the

@@ -190,11 +190,7 @@ impl Fs {
         // As the kernel's write checks: a write that starts at or past the largest size fails,
         // one that crosses it is cut short there. A file with an indirect block map ends
         // sooner (the kernel's s_bitmap_maxbytes).
-        let limit = if Self::uses_blockmap(&inode.state.lock().raw) {
-            self.blockmap_max_size().min(self.max_file_size())
-        } else {
-            self.max_file_size()
-        };
+        let limit = self.max_size_of(&inode.state.lock().raw);
         if off >= limit {
             return Err(Error::FileTooBig);
         }

@@ -242,11 +242,7 @@ impl Fs {
                     // As the kernel's iget ("bad i_size value"): a size past the largest a
                     // file can have is damage, not a file to read (a reader of one with a
                     // 2^48-byte size streamed zeros without end).
-                    let max = if Self::uses_blockmap(&raw) {
-                        self.blockmap_max_size().min(self.max_file_size())
-                    } else {
-                        self.max_file_size()
-                    };
+                    let max = self.max_size_of(&raw);
                     if raw.size() > max {
                         let e = Error::corrupt(format!(
                             "inode {ino}: size {} is past the largest a file can have here \

@@ -328,13 +328,9 @@ fn mapped_device_backs_holes_before_storing() {
 fn mapped_device_populates_backed_pages_only() {
     use std::os::unix::fs::{FileExt, MetadataExt};
     use uext4::blockdev::BlockDevice;
-    let img = scratch("populate");
-    let f = std::fs::File::create(&img.0).unwrap();
-    if !uext4::blockdev::is_tmpfs(&f) {
-        eprintln!("SKIP: {} is not on tmpfs", img.0.display());
+    let Some((img, f)) = sparse_file_on_tmpfs("populate") else {
         return;
-    }
-    f.set_len(8 << 20).unwrap();
+    };
     f.write_all_at(&[1u8; 64 << 10], 0).unwrap();
     f.write_all_at(&[2u8; 4096], 1 << 20).unwrap();
     f.write_all_at(&[3u8; 4096], 3 << 20).unwrap();
@@ -404,13 +400,9 @@ fn mapped_device_reads_holes_without_giving_them_storage() {
 fn mapped_device_zero_range_maps_its_pages() {
     use std::os::unix::fs::{FileExt, MetadataExt};
     use uext4::blockdev::BlockDevice;
-    let img = scratch("zero-range");
-    let f = std::fs::File::create(&img.0).unwrap();
-    if !uext4::blockdev::is_tmpfs(&f) {
-        eprintln!("SKIP: {} is not on tmpfs", img.0.display());
+    let Some((img, f)) = sparse_file_on_tmpfs("zero-range") else {
         return;
-    }
-    f.set_len(8 << 20).unwrap();
+    };
     f.write_all_at(&[8u8; 1 << 20], 4 << 20).unwrap();
     drop(f);
     let blocks = || std::fs::metadata(&img.0).unwrap().blocks();
@@ -450,6 +442,19 @@ fn mapping_rss_kib(path: &std::path::Path) -> u64 {
     lines.next().expect("the image's mapping in smaps");
     let rss = lines.find(|l| l.starts_with("Rss:")).unwrap();
     rss.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A new 8 MiB sparse file on tmpfs, or None (having said SKIP) where scratch files are not
+/// on tmpfs.
+fn sparse_file_on_tmpfs(tag: &str) -> Option<(Scratch, std::fs::File)> {
+    let img = scratch(tag);
+    let f = std::fs::File::create(&img.0).unwrap();
+    if !uext4::blockdev::is_tmpfs(&f) {
+        eprintln!("SKIP: {} is not on tmpfs", img.0.display());
+        return None;
+    }
+    f.set_len(8 << 20).unwrap();
+    Some((img, f))
 }
 
 /// Runs `f` on a 16 MiB tmpfs of its own (root only: else says SKIP and returns), which is
