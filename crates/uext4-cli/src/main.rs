@@ -26,7 +26,12 @@ enum Cmd {
     /// Mount an image or block device through FUSE.
     Mount(mount::MountArgs),
     /// Unmount a uext4 mount and wait until its server has written the image back.
-    Umount { mountpoint: std::path::PathBuf },
+    Umount {
+        mountpoint: std::path::PathBuf,
+        /// Seconds to wait for the server before giving up (it goes on in the background).
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+    },
     /// Print a mounted filesystem's engine counters as JSON.
     Stats { mountpoint: std::path::PathBuf },
     /// Run the reference workloads side by side against the kernel, fuse2fs and uext4.
@@ -71,7 +76,13 @@ fn main() -> ExitCode {
     });
     let (name, result) = match cli.cmd {
         Cmd::Mount(a) => ("mount", mount::run_mount(a)),
-        Cmd::Umount { mountpoint } => ("umount", mount::run_umount(&mountpoint)),
+        Cmd::Umount {
+            mountpoint,
+            timeout,
+        } => (
+            "umount",
+            mount::run_umount(&mountpoint, std::time::Duration::from_secs(timeout)),
+        ),
         Cmd::Stats { mountpoint } => ("stats", mount::run_stats(&mountpoint)),
         Cmd::Bench(a) => ("bench", bench::run(a)),
         Cmd::Tool(t) => {

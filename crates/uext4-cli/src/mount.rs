@@ -96,39 +96,95 @@ pub fn is_mounted(mountpoint: &Path) -> bool {
 }
 
 /// `uext4 umount`: unmounts a uext4 mount and returns once its server has written the image
-/// back and let go of it. (umount(8) returns as soon as the kernel lets go of the mount
-/// point, before the server has committed: a program that opens the image right after, the
-/// kernel's own mount or e2fsck, would find it half written.)
-pub fn run_umount(mountpoint: &Path) -> Result<()> {
-    use std::os::unix::io::AsRawFd;
+/// back and exited. (umount(8) returns as soon as the kernel lets go of the mount point,
+/// before the server has committed: a program that opens the image right after, the kernel's
+/// own mount or e2fsck, would find it half written.) It waits for that mount's server only,
+/// found by the process id its root answers in `user.uext4.server`, and gives up after
+/// `timeout`.
+pub fn run_umount(mountpoint: &Path, timeout: Duration) -> Result<()> {
     let mnt =
         std::fs::canonicalize(mountpoint).with_context(|| mountpoint.display().to_string())?;
-    let Some((_, _, image)) = mounts_with_source_at(&mnt)
-        .into_iter()
-        .filter(|(_, t, _)| t == "fuse" || t.starts_with("fuse."))
-        .max_by_key(|m| m.0)
-    else {
+    if mounts_with_source_at(&mnt)
+        .iter()
+        .all(|(_, t, _)| t != "fuse" && !t.starts_with("fuse."))
+    {
         bail!("{}: not a uext4 mount", mountpoint.display());
-    };
-    let f = std::fs::File::open(&image)
-        .with_context(|| format!("{} (the mount's image)", image.display()))?;
+    }
+    let pid = server_pid(&mnt).with_context(|| {
+        format!(
+            "{}: not a uext4 mount (its root does not name a uext4 server)",
+            mountpoint.display()
+        )
+    })?;
+    // A descriptor on the process, so that a new process reusing its id is not waited for.
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
     uext4_fuse::unmount(&mnt).with_context(|| format!("unmounting {}", mnt.display()))?;
-    // The server holds a lock on the image until it has written everything back and exits.
+    if pidfd < 0 {
+        // The server is already gone.
+        return Ok(());
+    }
+    // SAFETY: we own the new descriptor; OwnedFd closes it.
+    let pidfd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd) };
     let start = Instant::now();
     let mut told = false;
-    // SAFETY: flock on a descriptor we own.
-    while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        if !told && start.elapsed() > Duration::from_secs(2) {
+    loop {
+        let mut p = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&pidfd),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; a pidfd becomes readable when its process exits.
+        if unsafe { libc::poll(&mut p, 1, 200) } > 0 {
+            return Ok(());
+        }
+        let waited = start.elapsed();
+        if waited >= timeout {
+            bail!(
+                "{}: the server (pid {pid}) has not finished after {} s (files still open on a \
+                 busy mount keep it serving); it goes on in the background",
+                mnt.display(),
+                timeout.as_secs()
+            );
+        }
+        if !told && waited > Duration::from_secs(2) {
             eprintln!(
-                "uext4: umount: waiting for the server to write {} back (and for files still \
-                 open on a busy mount to close)",
-                image.display()
+                "uext4: umount: waiting for the server (pid {pid}) to write the image back (and \
+                 for files still open on a busy mount to close)"
             );
             told = true;
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(())
+}
+
+/// The process id of the uext4 server of the mount at `mnt`.
+fn server_pid(mnt: &Path) -> Result<u32> {
+    let v = root_xattr(mnt, uext4_fuse::SERVER_XATTR)?;
+    std::str::from_utf8(&v)?
+        .trim()
+        .parse()
+        .context("reading the server's process id")
+}
+
+/// One of the virtual attributes a uext4 server answers on its root (`uext4_fuse`).
+fn root_xattr(mountpoint: &Path, name: &[u8]) -> std::io::Result<Vec<u8>> {
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())?;
+    let name = std::ffi::CString::new(name)?;
+    let mut buf = vec![0u8; 1 << 16];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let n = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
 }
 
 pub fn run_mount(a: MountArgs) -> Result<()> {
@@ -228,26 +284,17 @@ fn daemonize(a: &MountArgs, image: &Path, mountpoint: &Path) -> Result<()> {
     }
 }
 
-/// Locks the image for this server: exclusively for a read-write mount, shared for a
-/// read-only one (several read-only mounts may share an image, a writer has it alone). Also
-/// refuses an image file that backs a mounted loop device (the kernel has it mounted).
-fn lock_image(image: &Path, read_only: bool) -> Result<std::fs::File> {
+/// A read-only mount's shared lock on its image, held while it serves: a uext4 writer's
+/// claim (the engine's holder.rs, an exclusive lock) is refused meanwhile, while other
+/// read-only mounts and tools may read. Waits a while for a writer on its way out (below).
+fn lock_shared(image: &Path) -> Result<std::fs::File> {
     use std::os::unix::io::AsRawFd;
     let f = std::fs::File::open(image).with_context(|| image.display().to_string())?;
-    let how = if read_only {
-        libc::LOCK_SH
-    } else {
-        libc::LOCK_EX
-    };
-    // `umount` (or fusermount3 -u) of a uext4 mount returns before its server has committed,
-    // checkpointed and let go of the image: when no mount names the image any more, the
-    // holder is such a server on its way out (or a tool), so wait for it a while instead of
-    // refusing at once.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(f.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
-            break;
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+            return Ok(f);
         }
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
@@ -255,42 +302,30 @@ fn lock_image(image: &Path, read_only: bool) -> Result<std::fs::File> {
         }
         if Instant::now() >= deadline || fuse_mounted(image) {
             bail!(
-                "{}: in use by another uext4 mount{} or a uext4 tool writing it",
-                image.display(),
-                if read_only { " (read-write)" } else { "" }
+                "{}: in use by a read-write uext4 mount or a uext4 tool writing it",
+                image.display()
             );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    if let (Ok(canon), Ok(dir)) = (
-        std::fs::canonicalize(image),
-        std::fs::read_dir("/sys/block"),
-    ) {
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        for ent in dir.flatten() {
-            let name = ent.file_name().to_string_lossy().into_owned();
-            let Ok(backing) = std::fs::read_to_string(ent.path().join("loop/backing_file")) else {
-                continue;
-            };
-            if Path::new(backing.trim_end()) != canon {
-                continue;
+}
+
+/// Opens the image for the server. A read-write open claims it (holder.rs); when the holder
+/// is another uext4 and no mount names the image any more, it is a server on its way out
+/// (`umount` returns before the server has written the image back) or a tool writing it:
+/// wait for it up to 10 s instead of refusing at once.
+fn open_for_mount(image: &Path, opts: uext4::MountOptions) -> Result<std::sync::Arc<Fs>> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match Fs::open_path(image, opts.clone()) {
+            Err(uext4::Error::InUse(h))
+                if h.by_uext4 && Instant::now() < deadline && !fuse_mounted(image) =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
             }
-            let dev = format!("/dev/{name}");
-            let mounted = mountinfo.lines().any(|l| {
-                l.split(" - ")
-                    .nth(1)
-                    .and_then(|t| t.split(' ').nth(1))
-                    .is_some_and(|src| src == dev)
-            });
-            if mounted && !read_only {
-                bail!(
-                    "{}: mounted by the kernel through {dev}; unmount it first",
-                    image.display()
-                );
-            }
+            r => return r.with_context(|| image.display().to_string()),
         }
     }
-    Ok(f)
 }
 
 /// Whether a FUSE mount names `image` as its source (as uext4 mount does, by its full path).
@@ -346,10 +381,14 @@ fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<(
         }));
     }
     crate::log::set_source(image);
-    // Held until the process exits: no second uext4 server writes the same image.
-    let _lock = lock_image(image, opts.read_only)?;
-    let fs =
-        Fs::open_path(image, opts.mount_options()).with_context(|| image.display().to_string())?;
+    // A read-write open claims the image for as long as the filesystem lives; a read-only
+    // mount holds a shared lock until the process exits.
+    let _lock = if opts.read_only {
+        Some(lock_shared(image)?)
+    } else {
+        None
+    };
+    let fs = open_for_mount(image, opts.mount_options())?;
     let before = uext4_mounts_at(mountpoint);
     if let Some(r) = fs.read_only_reason() {
         eprintln!("uext4: mounting read-only: {r}");
@@ -409,31 +448,15 @@ fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<(
 }
 
 pub fn run_stats(path: &Path) -> Result<()> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
     // A path inside the mount names it too: the counters live on the mount's root.
     let canon = std::fs::canonicalize(path).with_context(|| path.display().to_string())?;
     let mountpoint = canon
         .ancestors()
         .find(|p| !uext4_mounts_at(p).is_empty())
         .unwrap_or(&canon);
-    let c = CString::new(mountpoint.as_os_str().as_bytes())?;
-    let name = CString::new(uext4_fuse::STATS_XATTR)?;
-    let mut buf = vec![0u8; 1 << 16];
-    // SAFETY: valid C strings and a buffer of the given length.
-    let n = unsafe {
-        libc::getxattr(
-            c.as_ptr(),
-            name.as_ptr(),
-            buf.as_mut_ptr() as *mut libc::c_void,
-            buf.len(),
-        )
-    };
-    if n < 0 {
-        let e = std::io::Error::last_os_error();
-        bail!("{}: not on a uext4 mount ({e})", path.display());
-    }
-    println!("{}", String::from_utf8_lossy(&buf[..n as usize]));
+    let buf = root_xattr(mountpoint, uext4_fuse::STATS_XATTR)
+        .map_err(|e| anyhow::anyhow!("{}: not on a uext4 mount ({e})", path.display()))?;
+    println!("{}", String::from_utf8_lossy(&buf));
     Ok(())
 }
 

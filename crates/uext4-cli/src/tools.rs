@@ -170,113 +170,34 @@ fn image_loc(s: &str) -> Result<(PathBuf, String)> {
     }
 }
 
-/// Who else has `image` open: another process (a mount server, fuse2fs, a test) or a loop
-/// device (a kernel mount). Writing under them would corrupt the filesystem. Without root,
-/// only the caller's own processes are visible; a best effort, as e2fsck's check is.
-fn image_in_use(image: &Path) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let md = std::fs::metadata(image).ok()?;
-    let same = |m: &std::fs::Metadata| {
-        if md.file_type().is_file() {
-            m.dev() == md.dev() && m.ino() == md.ino()
-        } else {
-            m.rdev() == md.rdev() && m.rdev() != 0
-        }
-    };
-    let me = std::process::id().to_string();
-    for p in std::fs::read_dir("/proc").ok()?.flatten() {
-        let pid = p.file_name().to_string_lossy().into_owned();
-        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            if std::fs::metadata(fd.path()).is_ok_and(|m| same(&m)) {
-                let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
-                return Some(format!("process {pid} ({}) has it open", comm.trim()));
-            }
-        }
-    }
-    for l in std::fs::read_dir("/sys/block").ok()?.flatten() {
-        let name = l.file_name().to_string_lossy().into_owned();
-        if let Ok(back) = std::fs::read_to_string(l.path().join("loop/backing_file")) {
-            if std::fs::metadata(back.trim()).is_ok_and(|m| same(&m)) {
-                return Some(format!("it backs /dev/{name}"));
-            }
-        }
-    }
-    None
-}
-
-fn refuse_in_use(image: &Path) -> Result<()> {
-    lock_for_writing(image)?;
-    match image_in_use(image) {
-        Some(who) => bail!(
-            "{}: in use ({who}; mounted?): unmount it first",
-            image.display()
-        ),
-        None => Ok(()),
-    }
-}
-
-/// Takes the lock a read-write `uext4 mount` takes (an exclusive flock on the image), for as
-/// long as this process runs: a mount started while a tool writes the image is refused, as
-/// a tool is refused while a mount serves it.
-fn lock_for_writing(image: &Path) -> Result<()> {
-    use std::os::unix::io::AsRawFd;
-    static HELD: std::sync::Mutex<Vec<(PathBuf, std::fs::File)>> =
-        std::sync::Mutex::new(Vec::new());
-    let canon = std::fs::canonicalize(image).with_context(|| image.display().to_string())?;
-    let mut held = HELD.lock().unwrap();
-    if held.iter().any(|(p, _)| *p == canon) {
-        return Ok(());
-    }
-    let f = std::fs::File::open(&canon).with_context(|| image.display().to_string())?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            bail!(
-                "{}: in use by a uext4 mount or another uext4 tool: unmount it, or wait for \
-                 the tool to finish",
-                image.display()
-            );
-        }
-        bail!("{}: locking: {e}", image.display());
-    }
-    held.push((canon, f));
-    Ok(())
-}
-
+/// Opens an image for a tool. A read-write open claims the image first (the engine's
+/// holder.rs: refused, naming the holder, while another program writes it). A read-only open
+/// never writes: a journal left to replay (a crash, a killed mount) is replayed in memory.
 fn open(image: &Path, read_only: bool) -> Result<Arc<Fs>> {
-    if !read_only {
-        refuse_in_use(image)?;
+    let fs = Fs::open_path(
+        image,
+        MountOptions {
+            read_only,
+            commit_interval_secs: 0,
+            ..Default::default()
+        },
+    )
+    .with_context(|| image.display().to_string())?;
+    if !read_only && fs.is_read_only() {
+        bail!(
+            "{}: cannot be written: {}",
+            image.display(),
+            fs.read_only_reason().unwrap_or("read-only")
+        );
     }
-    let o = |read_only| {
-        Fs::open_path(
-            image,
-            MountOptions {
-                read_only,
-                commit_interval_secs: 0,
-                ..Default::default()
-            },
-        )
-    };
-    match o(read_only) {
-        // A journal left to replay (a crash, a killed mount): replay it first, as the kernel
-        // does for a read-only mount of a writable device, then open as asked.
-        Err(Error::ReadOnly(m)) if read_only && m.contains("journal needs recovery") => {
-            refuse_in_use(image)?;
-            let rw = o(false).with_context(|| image.display().to_string())?;
-            rw.unmount().with_context(|| image.display().to_string())?;
-            drop(rw);
-            eprintln!("uext4: note: {}: replayed the journal", image.display());
-            o(true).with_context(|| image.display().to_string())
-        }
-        r => r.with_context(|| image.display().to_string()),
+    if fs.journal_replayed_in_memory() {
+        eprintln!(
+            "uext4: note: {}: the journal needs recovery; replayed in memory only (the image \
+             is not changed)",
+            image.display()
+        );
     }
+    Ok(fs)
 }
 
 /// The user running the tool, who owns what it makes (as files made through a mount would be).
@@ -411,9 +332,15 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
             a.image.display()
         ),
     };
-    if exists {
-        refuse_in_use(&a.image)?;
-    }
+    // Held until the new filesystem is written: no one else writes the image meanwhile.
+    let _claim = if exists {
+        Some(
+            uext4::holder::claim_for_writing(&a.image)
+                .with_context(|| a.image.display().to_string())?,
+        )
+    } else {
+        None
+    };
     let is_file = !exists || std::fs::metadata(&a.image)?.is_file();
     let fresh = is_file && (!exists || cur == 0);
     if is_file {
@@ -605,6 +532,11 @@ fn info(image: &Path) -> Result<()> {
             sb.error_count(),
             sb.last_error_ino(),
             sb.last_error_block()
+        );
+    }
+    if fs.journal_replayed_in_memory() {
+        println!(
+            "Needs recovery:           yes (the journal was replayed in memory for this view)"
         );
     }
     if let Some(r) = fs.read_only_reason() {

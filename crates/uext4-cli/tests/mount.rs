@@ -861,10 +861,16 @@ fn second_writer_is_refused() {
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "a second mount {opts:?} was allowed");
-        assert!(err.contains("in use by another uext4 mount"), "{err}");
+        let named = if opts.is_empty() {
+            "in use: uext4 (pid "
+        } else {
+            "in use by a read-write uext4 mount"
+        };
+        assert!(err.contains(named), "{err}");
     }
     e.umount();
-    // Read-only mounts share the image.
+    // Read-only mounts share the image, and `uext4 umount` of one waits for its own server
+    // only (it waited for the other's lock, until that one was unmounted too).
     e.mount_with(&["-o", "ro"]);
     let o = Command::new(bin())
         .args(["mount", "-o", "ro"])
@@ -874,11 +880,86 @@ fn second_writer_is_refused() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(other.join("lost+found").exists());
-    assert!(Command::new("umount")
+    let o = Command::new(bin())
+        .args(["umount", "--timeout", "30"])
         .arg(&other)
-        .status()
-        .unwrap()
-        .success());
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(e.mnt.join("lost+found").exists());
+    e.umount();
+    e.fsck();
+}
+
+/// Writers that are not uext4 refuse a read-write mount too, named: fuse2fs with the image
+/// mounted read-write, and the kernel through a loop device; e2fsck finds the image clean.
+#[test]
+fn other_writers_refuse_a_read_write_mount() {
+    if !usable() {
+        return;
+    }
+    let e = Env::new("others");
+    let peer = e.mnt.parent().unwrap().join("peer");
+    std::fs::create_dir_all(&peer).unwrap();
+    let try_mount = || {
+        Command::new(bin())
+            .arg("mount")
+            .arg(&e.img)
+            .arg(&e.mnt)
+            .output()
+            .unwrap()
+    };
+    if Command::new("fuse2fs").arg("-V").output().is_ok() {
+        let o = Command::new("fuse2fs")
+            .arg(&e.img)
+            .arg(&peer)
+            .args(["-o", "rw"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "fuse2fs: {o:?}");
+        let o = try_mount();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "mounted beside fuse2fs");
+        assert!(
+            err.contains("in use: fuse2fs (pid") && err.contains("open for writing"),
+            "{err}"
+        );
+        assert!(Command::new("umount")
+            .arg(&peer)
+            .status()
+            .unwrap()
+            .success());
+        // fuse2fs writes the image back after umount returns.
+        let start = Instant::now();
+        while Command::new("pgrep")
+            .args(["-x", "fuse2fs"])
+            .output()
+            .unwrap()
+            .status
+            .success()
+            && start.elapsed() < Duration::from_secs(20)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    } else {
+        eprintln!("SKIP: fuse2fs is not installed");
+    }
+    let o = Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&e.img)
+        .arg(&peer)
+        .output()
+        .unwrap();
+    if o.status.success() {
+        let o = try_mount();
+        let err = String::from_utf8_lossy(&o.stderr);
+        let _ = Command::new("umount").arg(&peer).status();
+        assert!(!o.status.success(), "mounted beside the kernel");
+        assert!(err.contains("backs the loop device /dev/loop"), "{err}");
+    } else {
+        eprintln!("SKIP: loop mounts are not available");
+    }
+    e.mount();
     e.umount();
     e.fsck();
 }

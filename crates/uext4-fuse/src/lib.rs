@@ -7,7 +7,9 @@
 //! `uext4 stats` reads the engine's counters as JSON from the virtual extended attribute
 //! [`STATS_XATTR`] (`user.uext4.stats`) of the mount's root. It is answered by getxattr only
 //! and never listed, so programs that enumerate attributes (pjdfstest, cp -a, tar) do not see
-//! it; a real attribute of that name on the root would be shadowed.
+//! it; a real attribute of that name on the root would be shadowed. [`SERVER_XATTR`]
+//! (`user.uext4.server`) answers the same way with the server's process id, which `uext4
+//! umount` waits on.
 
 pub mod acl;
 
@@ -32,6 +34,8 @@ use uext4::{Attr, Error, Fs};
 
 /// The virtual attribute on the mount's root that `uext4 stats` reads.
 pub const STATS_XATTR: &[u8] = b"user.uext4.stats";
+/// The virtual attribute on the mount's root that holds the server's process id (decimal).
+pub const SERVER_XATTR: &[u8] = b"user.uext4.server";
 
 /// How long the kernel may cache attributes and entries (the engine is their only writer).
 const TTL: Duration = Duration::from_secs(1);
@@ -41,6 +45,9 @@ const S_ISGID: u32 = 0o2000;
 #[derive(Clone, Debug)]
 pub struct Options {
     pub read_only: bool,
+    /// Do not replay the journal: the image as it is on disk (implies `ro`, as fuse2fs's
+    /// norecovery; the kernel's ext4 calls it noload).
+    pub norecovery: bool,
     pub threads: usize,
     pub allow_other: bool,
     pub default_permissions: bool,
@@ -73,6 +80,7 @@ impl Default for Options {
             .unwrap_or(2);
         Options {
             read_only: false,
+            norecovery: false,
             threads: cpus.max(2),
             allow_other: false,
             default_permissions: true,
@@ -113,6 +121,7 @@ impl Options {
             match k {
                 "ro" => o.read_only = true,
                 "rw" => o.read_only = false,
+                "norecovery" | "noload" => o.norecovery = true,
                 "threads" => match num(v)? {
                     n @ 1..=1024 => o.threads = n as usize,
                     _ => return Err("option threads= takes 1 to 1024".into()),
@@ -166,15 +175,22 @@ impl Options {
                         _ => return Err("option errors= takes remount-ro, continue or panic".into()),
                     }
                 }
-                _ => return Err(format!("unknown mount option {opt:?} (known: ro, rw, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten, and the generic defaults, nodev, nosuid, noexec, noatime, relatime)")),
+                _ => return Err(format!("unknown mount option {opt:?} (known: ro, rw, norecovery, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten, and the generic defaults, nodev, nosuid, noexec, noatime, relatime)")),
             }
         }
+        if o.norecovery && list.split(',').any(|x| x.trim() == "rw") {
+            return Err(
+                "option norecovery: without the journal the mount is read-only (drop rw)".into(),
+            );
+        }
+        o.read_only |= o.norecovery;
         Ok(o)
     }
 
     pub fn mount_options(&self) -> uext4::MountOptions {
         uext4::MountOptions {
             read_only: self.read_only,
+            norecovery: self.norecovery,
             errors: self.errors,
             commit_interval_secs: self.commit_secs,
             dax: self.dax,
@@ -1129,6 +1145,8 @@ impl Filesystem for Uext4Fuse {
         let ext = to_ext(ino);
         let v = if ext == 2 && name.as_bytes() == STATS_XATTR {
             Ok(self.fs.stats_json().into_bytes())
+        } else if ext == 2 && name.as_bytes() == SERVER_XATTR {
+            Ok(std::process::id().to_string().into_bytes())
         } else {
             self.fs.getxattr(ext, name.as_bytes())
         };

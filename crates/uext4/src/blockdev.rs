@@ -1,7 +1,9 @@
 //! Block devices: the small table of functions everything else reads and writes through.
 //!
-//! Backends: [`FileDevice`] (an image file or block device, pread/pwrite), [`MemDevice`]
-//! (tests), and the recording device of the crash checker (in `crate::recording`).
+//! Backends: [`FileDevice`] (an image file or block device, pread/pwrite), [`MappedDevice`]
+//! (the image mapped into memory), [`MemDevice`] (tests, building images), [`OverlayDevice`]
+//! (writes kept in memory over a device never written: read-only journal replay) and
+//! [`RecordingDevice`] (the crash checker's).
 
 use parking_lot::RwLock;
 use std::fs::{File, OpenOptions};
@@ -291,6 +293,93 @@ impl BlockDevice for MemDevice {
     }
     fn size(&self) -> u64 {
         self.data.read().len() as u64
+    }
+}
+
+/// A device whose writes stay in memory, laid over a device that is never written: the
+/// journal of an image opened read-only is replayed into it, so the reader sees the recovered
+/// filesystem while the image stays byte for byte as it was (the kernel's ext4 replays into
+/// the device even for a read-only mount; debugfs and sleuthkit never write, and forensic
+/// copies must not change). Whole 4 KiB pages are kept: a write reads the rest of its pages
+/// from below first.
+pub struct OverlayDevice {
+    below: std::sync::Arc<dyn BlockDevice>,
+    /// Page number -> the page's bytes (shorter at the end of a device whose size is not a
+    /// whole number of pages).
+    pages: RwLock<std::collections::HashMap<u64, Box<[u8]>>>,
+}
+
+const OVERLAY_PAGE: u64 = 4096;
+
+impl OverlayDevice {
+    pub fn new(below: std::sync::Arc<dyn BlockDevice>) -> Self {
+        OverlayDevice {
+            below,
+            pages: RwLock::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// How many bytes are held in memory over the device.
+    pub fn overlaid_bytes(&self) -> u64 {
+        self.pages.read().values().map(|p| p.len() as u64).sum()
+    }
+
+    fn check_range(&self, off: u64, len: usize) -> io::Result<()> {
+        range_check(off, len, usize::try_from(self.size()).unwrap_or(usize::MAX)).map(|_| ())
+    }
+}
+
+impl BlockDevice for OverlayDevice {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.check_range(off, buf.len())?;
+        self.below.read_at(off, buf)?;
+        let pages = self.pages.read();
+        if pages.is_empty() || buf.is_empty() {
+            return Ok(());
+        }
+        let end = off + buf.len() as u64;
+        for pno in off / OVERLAY_PAGE..end.div_ceil(OVERLAY_PAGE) {
+            let Some(page) = pages.get(&pno) else {
+                continue;
+            };
+            let pstart = pno * OVERLAY_PAGE;
+            let from = off.max(pstart);
+            let to = end.min(pstart + page.len() as u64);
+            if from < to {
+                buf[(from - off) as usize..(to - off) as usize]
+                    .copy_from_slice(&page[(from - pstart) as usize..(to - pstart) as usize]);
+            }
+        }
+        Ok(())
+    }
+    fn write_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
+        self.check_range(off, buf.len())?;
+        let size = self.size();
+        let end = off + buf.len() as u64;
+        let mut pages = self.pages.write();
+        for pno in off / OVERLAY_PAGE..end.div_ceil(OVERLAY_PAGE) {
+            let pstart = pno * OVERLAY_PAGE;
+            let page = match pages.entry(pno) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let len = (size - pstart).min(OVERLAY_PAGE) as usize;
+                    let mut page = vec![0u8; len].into_boxed_slice();
+                    self.below.read_at(pstart, &mut page)?;
+                    e.insert(page)
+                }
+            };
+            let from = off.max(pstart);
+            let to = end.min(pstart + page.len() as u64);
+            page[(from - pstart) as usize..(to - pstart) as usize]
+                .copy_from_slice(&buf[(from - off) as usize..(to - off) as usize]);
+        }
+        Ok(())
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        self.below.size()
     }
 }
 
@@ -804,5 +893,36 @@ impl BlockDevice for MappedDevice {
         self.mark_backed(first, last);
         self.populate(first, last);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod overlay_tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn overlay_keeps_writes_in_memory_and_reads_them_over_the_device() {
+        // A size that is not a whole number of pages, to cover the short last page.
+        let size = 3 * OVERLAY_PAGE as usize + 1000;
+        let below: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let dev = Arc::new(MemDevice::from_vec(below.clone()));
+        let ov = OverlayDevice::new(dev.clone());
+        // Across a page boundary, and into the short last page.
+        ov.write_at(4000, &[0xaa; 200]).unwrap();
+        ov.write_at(3 * OVERLAY_PAGE + 990, &[0xbb; 10]).unwrap();
+        assert!(ov.write_at(size as u64 - 5, &[0; 10]).is_err());
+        ov.flush().unwrap();
+        assert_eq!(dev.to_vec(), below, "the device below was written");
+        let mut want = below.clone();
+        want[4000..4200].fill(0xaa);
+        want[size - 10..].fill(0xbb);
+        let mut got = vec![0u8; size];
+        ov.read_at(0, &mut got).unwrap();
+        assert_eq!(got, want);
+        let mut part = vec![0u8; 300];
+        ov.read_at(3950, &mut part).unwrap();
+        assert_eq!(part, want[3950..4250]);
+        assert_eq!(ov.overlaid_bytes(), 2 * OVERLAY_PAGE + 1000);
     }
 }

@@ -71,6 +71,9 @@ pub enum Error {
     Nxio,
     #[error("device or resource busy")]
     Busy,
+    /// A read-write open of an image that another program writes or holds (holder.rs).
+    #[error("in use: {0}")]
+    InUse(crate::holder::Holder),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -111,7 +114,7 @@ impl Error {
             Error::Loop => libc::EINVAL,
             Error::Stopped(_) => libc::EROFS,
             Error::Nxio => libc::ENXIO,
-            Error::Busy => libc::EBUSY,
+            Error::Busy | Error::InUse(_) => libc::EBUSY,
         }
     }
 }

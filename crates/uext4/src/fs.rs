@@ -31,7 +31,13 @@ use std::sync::Arc;
 /// Options for opening a filesystem.
 #[derive(Clone, Debug)]
 pub struct MountOptions {
+    /// Nothing on the device is ever written. A journal that needs recovery is replayed into
+    /// memory (`blockdev::OverlayDevice`): the filesystem is seen recovered while the image
+    /// stays byte for byte as it was. Orphans are left for a read-write open.
     pub read_only: bool,
+    /// Do not load or replay the journal: the filesystem as it is on the device, as the
+    /// kernel's `noload` and fuse2fs's `norecovery` (which, as here, implies read-only).
+    pub norecovery: bool,
     /// What to do on a corruption error.
     pub errors: ErrorsBehaviour,
     /// Seconds between background commits (0: only on fsync, size threshold and unmount).
@@ -65,8 +71,8 @@ pub struct MountOptions {
 }
 
 impl MountOptions {
-    /// The defaults, read-only: nothing on the device is changed (an image whose journal needs
-    /// recovery is refused; orphans are left for a read-write open).
+    /// The defaults, read-only: nothing on the device is changed (a journal that needs
+    /// recovery is replayed in memory; orphans are left for a read-write open).
     pub fn ro() -> MountOptions {
         MountOptions {
             read_only: true,
@@ -79,6 +85,7 @@ impl Default for MountOptions {
     fn default() -> Self {
         MountOptions {
             read_only: false,
+            norecovery: false,
             errors: ErrorsBehaviour::RemountRo,
             commit_interval_secs: 5,
             dax: false,
@@ -260,6 +267,9 @@ pub struct Fs {
     pub(crate) icache: InodeCache,
     pub(crate) txn: TxnManager,
     pub(crate) read_only: AtomicBool,
+    /// The journal was replayed into memory over the device (a read-only open of an image
+    /// that needed recovery): `dev` is an `OverlayDevice`.
+    replayed_in_memory: bool,
     /// Set after a corruption error: no more writes (unless errors=continue).
     pub(crate) stopped: Mutex<Option<String>>,
     pub(crate) opts: MountOptions,
@@ -291,6 +301,8 @@ pub struct Fs {
     pub(crate) delalloc: crate::delalloc::Registry,
     /// Committed transactions on their way home (background checkpointing, transaction.rs).
     pub(crate) ckpt: Arc<crate::transaction::Checkpointer>,
+    /// A read-write `open_path`'s claim on its image (holder.rs), released with the `Fs`.
+    claim: std::sync::OnceLock<crate::holder::WriterClaim>,
 }
 
 /// Wraps a device to count its traffic while sharing the counters with `Fs`.
@@ -531,10 +543,26 @@ pub fn check_features(sb: &Superblock) -> Result<Option<String>> {
 impl Fs {
     /// Opens the filesystem on `dev`: checks the superblock, features and group descriptors.
     /// (`Fs::open_path` opens a file or block device by path; `fs.open(ino)` opens a file.)
-    pub fn open_dev(dev: Arc<dyn BlockDevice>, mut opts: MountOptions) -> Result<Arc<Fs>> {
+    pub fn open_dev(dev: Arc<dyn BlockDevice>, opts: MountOptions) -> Result<Arc<Fs>> {
+        Fs::open_dev_replaying(dev, opts, None)
+    }
+
+    /// `open_dev`; with `in_memory` (the first open's read-only reason), `dev` is the
+    /// `OverlayDevice` a read-only open replays the journal into.
+    fn open_dev_replaying(
+        dev: Arc<dyn BlockDevice>,
+        mut opts: MountOptions,
+        in_memory: Option<Option<String>>,
+    ) -> Result<Arc<Fs>> {
         let sb = read_superblock(&*dev)?;
-        let ro_reason = check_features(&sb)?;
-        if ro_reason.is_some() || dev.read_only() {
+        let mut ro_reason = check_features(&sb)?;
+        if ro_reason.is_none() && dev.read_only() && !opts.read_only {
+            ro_reason = Some("the image or device is not writable".into());
+        }
+        if let Some(Some(r)) = &in_memory {
+            ro_reason.get_or_insert_with(|| r.clone());
+        }
+        if ro_reason.is_some() || dev.read_only() || opts.norecovery {
             opts.read_only = true;
         }
         let geo = geometry(&sb, dev.size())?;
@@ -589,6 +617,7 @@ impl Fs {
             icache: InodeCache::new(opts.inode_cache_limit),
             txn: TxnManager::new(1, max_txn),
             read_only: AtomicBool::new(opts.read_only),
+            replayed_in_memory: in_memory.is_some(),
             stopped: Mutex::new(None),
             opts,
             rename_lock: Mutex::new(()),
@@ -603,18 +632,32 @@ impl Fs {
             journal: std::sync::OnceLock::new(),
             delalloc: Default::default(),
             ckpt: Default::default(),
+            claim: std::sync::OnceLock::new(),
         });
-        if fs.superblock().has_compat(COMPAT_HAS_JOURNAL) {
+        if fs.opts.norecovery {
+            // The image as it is on the device, journal or not (read-only: see above).
+            if fs.superblock().has_incompat(INCOMPAT_RECOVER) {
+                tracing::warn!(
+                    "norecovery: the journal is not replayed; what it holds is not seen"
+                );
+            }
+            fs.check_root()?;
+        } else if fs.superblock().has_compat(COMPAT_HAS_JOURNAL) {
             let needs = fs.superblock().has_incompat(INCOMPAT_RECOVER);
             let journal = fs.load_journal()?;
             if needs || journal.needs_recovery() {
-                if fs.is_read_only() {
-                    return Err(Error::ReadOnly(
-                        " (the journal needs recovery: open the image read-write once to replay it)".into(),
-                    ));
+                if fs.is_read_only() && in_memory.is_none() {
+                    // Replay into memory laid over the device, which is never written.
+                    drop(journal);
+                    let opts = fs.opts.clone();
+                    let reason = fs.ro_reason.clone();
+                    drop(fs);
+                    let overlay = Arc::new(crate::blockdev::OverlayDevice::new(dev));
+                    return Fs::open_dev_replaying(overlay, opts, Some(reason));
                 }
                 let report = journal.recover()?;
-                tracing::info!(?report, "replayed the journal");
+                let in_memory_replay = in_memory.is_some();
+                tracing::info!(?report, in_memory_replay, "replayed the journal");
                 // Clear needs_recovery in the superblock as replayed (not our stale copy), then
                 // open again over the recovered image.
                 let bytes = {
@@ -629,7 +672,7 @@ impl Fs {
                 drop(journal);
                 let opts = fs.opts.clone();
                 drop(fs);
-                return Fs::open_dev(dev, opts);
+                return Fs::open_dev_replaying(dev, opts, in_memory);
             }
             // Before anything is written (the journal's features below): a refused open leaves
             // the image as it was.
@@ -692,8 +735,24 @@ impl Fs {
         Ok(())
     }
 
-    /// Opens an image file or block device by path.
+    /// Opens an image file or block device by path. A read-write open first claims the image
+    /// (holder.rs): it is refused, naming the holder, while another program writes it.
     pub fn open_path(path: &std::path::Path, opts: MountOptions) -> Result<Arc<Fs>> {
+        let mut opts = opts;
+        opts.read_only |= opts.norecovery;
+        let claim = if opts.read_only {
+            None
+        } else {
+            Some(crate::holder::claim_for_writing(path)?)
+        };
+        let fs = Fs::open_path_unclaimed(path, opts)?;
+        if let Some(c) = claim.filter(|_| !fs.is_read_only()) {
+            let _ = fs.claim.set(c);
+        }
+        Ok(fs)
+    }
+
+    fn open_path_unclaimed(path: &std::path::Path, opts: MountOptions) -> Result<Arc<Fs>> {
         if opts.dax && !opts.read_only {
             let dev = crate::blockdev::MappedDevice::open(path, opts.dax_non_temporal)?;
             return Fs::open_dev(Arc::new(dev), opts);
@@ -722,6 +781,12 @@ impl Fs {
 
     pub fn is_read_only(&self) -> bool {
         self.read_only.load(Ordering::Relaxed)
+    }
+
+    /// Whether the journal needed recovery and, the open being read-only, was replayed into
+    /// memory: what is seen is the recovered filesystem; the device is unchanged.
+    pub fn journal_replayed_in_memory(&self) -> bool {
+        self.replayed_in_memory
     }
 
     /// Why the filesystem was opened read-only, if it was forced.
@@ -818,7 +883,7 @@ impl Fs {
         if self.opts.errors == ErrorsBehaviour::Panic {
             panic!("uext4: {err} (errors=panic)");
         }
-        if self.dev.read_only() {
+        if self.dev.read_only() || self.is_read_only() {
             return err;
         }
         // s_*_error_errcode holds the kernel's EXT4_ERR_* numbers, not errno values.

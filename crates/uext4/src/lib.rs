@@ -26,6 +26,7 @@ pub mod extents;
 pub mod file;
 pub mod format;
 pub mod fs;
+pub mod holder;
 pub mod htree;
 pub mod ialloc;
 pub mod inline;
