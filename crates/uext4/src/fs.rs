@@ -301,8 +301,9 @@ pub struct Fs {
     pub(crate) delalloc: crate::delalloc::Registry,
     /// Committed transactions on their way home (background checkpointing, transaction.rs).
     pub(crate) ckpt: Arc<crate::transaction::Checkpointer>,
-    /// A read-write `open_path`'s claim on its image (holder.rs), released with the `Fs`.
-    claim: std::sync::OnceLock<crate::holder::WriterClaim>,
+    /// A read-write `open_path`'s claim on its image (holder.rs), released at unmount (after
+    /// which nothing is written) or when the `Fs` is dropped.
+    pub(crate) claim: Mutex<Option<crate::holder::WriterClaim>>,
 }
 
 /// Wraps a device to count its traffic while sharing the counters with `Fs`.
@@ -632,7 +633,7 @@ impl Fs {
             journal: std::sync::OnceLock::new(),
             delalloc: Default::default(),
             ckpt: Default::default(),
-            claim: std::sync::OnceLock::new(),
+            claim: Mutex::new(None),
         });
         if fs.opts.norecovery {
             // The image as it is on the device, journal or not (read-only: see above).
@@ -747,7 +748,7 @@ impl Fs {
         };
         let fs = Fs::open_path_unclaimed(path, opts)?;
         if let Some(c) = claim.filter(|_| !fs.is_read_only()) {
-            let _ = fs.claim.set(c);
+            *fs.claim.lock() = Some(c);
         }
         Ok(fs)
     }

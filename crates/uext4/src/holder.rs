@@ -43,7 +43,17 @@ fn in_use(who: String, by_uext4: bool) -> Error {
 /// A read-write open's hold on its image: released when dropped (with the filesystem).
 #[derive(Debug)]
 pub struct WriterClaim {
-    _file: File,
+    file: File,
+}
+
+impl Drop for WriterClaim {
+    fn drop(&mut self) {
+        // Unlocked explicitly: a child forked meanwhile by another thread shares the open file
+        // description (and so the lock) until its exec closes it, and a reopen right after
+        // would find the image still held.
+        // SAFETY: flock on a descriptor we own.
+        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
 }
 
 /// Claims `path` for writing, or says who holds it. Nothing is written either way.
@@ -89,7 +99,7 @@ pub fn claim_for_writing(path: &Path) -> Result<WriterClaim> {
     if let Some(who) = other_holder(&md) {
         return Err(in_use(who, false));
     }
-    Ok(WriterClaim { _file: file })
+    Ok(WriterClaim { file })
 }
 
 /// Whether `m` is the same file (or block device) as `md`.
@@ -132,14 +142,31 @@ fn lock_holder(md: &std::fs::Metadata) -> Option<(u32, bool)> {
     })
 }
 
+/// Whether the process at `proc` is a child of ours between fork and exec (our program still,
+/// holding copies of our descriptors until exec closes them): another thread of ours starting a
+/// program is not another writer.
+fn forked_not_yet_exec(proc: &Path, me: u32, my_exe: Option<&Path>) -> bool {
+    let ppid = std::fs::read_to_string(proc.join("stat"))
+        .ok()
+        .and_then(|st| {
+            // "pid (comm) state ppid ...": the command may hold spaces and parentheses.
+            let rest = &st[st.rfind(')')? + 1..];
+            rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+        });
+    ppid == Some(me)
+        && my_exe.is_some()
+        && std::fs::read_link(proc.join("exe")).ok().as_deref() == my_exe
+}
+
 /// Another process with the file open for writing, or a loop device backed by it.
 fn other_holder(md: &std::fs::Metadata) -> Option<String> {
     let me = std::process::id();
+    let my_exe = std::fs::read_link("/proc/self/exe").ok();
     for p in std::fs::read_dir("/proc").ok()?.flatten() {
         let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
-        if pid == me {
+        if pid == me || forked_not_yet_exec(&p.path(), me, my_exe.as_deref()) {
             continue;
         }
         let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {

@@ -523,6 +523,8 @@ impl crate::fs::Fs {
         };
         self.bcache.forget(blk);
         self.read_only.store(true, Ordering::Relaxed);
+        // Nothing more is written: another writer may have the image now.
+        self.claim.lock().take();
         Ok(())
     }
 }
