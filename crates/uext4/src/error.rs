@@ -71,6 +71,16 @@ pub enum Error {
     Nxio,
     #[error("device or resource busy")]
     Busy,
+    /// Multi-mount protection refused a read-write open: the MMP block shows the filesystem
+    /// in use by another node (`fsck`: e2fsck, or another e2fsprogs tool, holds it). What the
+    /// block last said: the node, its device name and the time of its last update.
+    #[error("{}", crate::mmp::busy_message(*fsck, node, device, *time))]
+    MmpBusy {
+        node: String,
+        device: String,
+        time: u64,
+        fsck: bool,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -111,7 +121,7 @@ impl Error {
             Error::Loop => libc::EINVAL,
             Error::Stopped(_) => libc::EROFS,
             Error::Nxio => libc::ENXIO,
-            Error::Busy => libc::EBUSY,
+            Error::Busy | Error::MmpBusy { .. } => libc::EBUSY,
         }
     }
 }

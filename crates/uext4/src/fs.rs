@@ -291,6 +291,9 @@ pub struct Fs {
     pub(crate) delalloc: crate::delalloc::Registry,
     /// Committed transactions on their way home (background checkpointing, transaction.rs).
     pub(crate) ckpt: Arc<crate::transaction::Checkpointer>,
+    /// This node's hold on the multi-mount protection block (read-write opens of `mmp`
+    /// filesystems; mmp.rs): released at unmount. A leaf lock.
+    pub(crate) mmp: Mutex<Option<crate::mmp::Mmp>>,
 }
 
 /// Wraps a device to count its traffic while sharing the counters with `Fs`.
@@ -531,12 +534,26 @@ pub fn check_features(sb: &Superblock) -> Result<Option<String>> {
 impl Fs {
     /// Opens the filesystem on `dev`: checks the superblock, features and group descriptors.
     /// (`Fs::open_path` opens a file or block device by path; `fs.open(ino)` opens a file.)
-    pub fn open_dev(dev: Arc<dyn BlockDevice>, mut opts: MountOptions) -> Result<Arc<Fs>> {
+    pub fn open_dev(dev: Arc<dyn BlockDevice>, opts: MountOptions) -> Result<Arc<Fs>> {
+        Fs::open_dev_mmp(dev, opts, None)
+    }
+
+    /// `open_dev`, for the reopen after journal recovery with the MMP block already held.
+    fn open_dev_mmp(
+        dev: Arc<dyn BlockDevice>,
+        mut opts: MountOptions,
+        mmp: Option<crate::mmp::Mmp>,
+    ) -> Result<Arc<Fs>> {
         let sb = read_superblock(&*dev)?;
         let ro_reason = check_features(&sb)?;
         if ro_reason.is_some() || dev.read_only() {
             opts.read_only = true;
         }
+        // Multi-mount protection before anything is written (journal recovery included).
+        let mmp = match mmp {
+            Some(m) => Some(m),
+            None => crate::mmp::protect(&dev, &sb, opts.read_only)?,
+        };
         let geo = geometry(&sb, dev.size())?;
         let io = Arc::new(IoCounters::default());
         let counted: Arc<dyn BlockDevice> = Arc::new(Counted {
@@ -603,7 +620,11 @@ impl Fs {
             journal: std::sync::OnceLock::new(),
             delalloc: Default::default(),
             ckpt: Default::default(),
+            mmp: Mutex::new(mmp),
         });
+        if let Some(m) = &*fs.mmp.lock() {
+            m.start(Arc::downgrade(&fs))?;
+        }
         if fs.superblock().has_compat(COMPAT_HAS_JOURNAL) {
             let needs = fs.superblock().has_incompat(INCOMPAT_RECOVER);
             let journal = fs.load_journal()?;
@@ -628,8 +649,9 @@ impl Fs {
                 dev.flush()?;
                 drop(journal);
                 let opts = fs.opts.clone();
+                let mmp = fs.mmp.lock().take();
                 drop(fs);
-                return Fs::open_dev(dev, opts);
+                return Fs::open_dev_mmp(dev, opts, mmp);
             }
             // Before anything is written (the journal's features below): a refused open leaves
             // the image as it was.
