@@ -445,12 +445,32 @@ impl Fs {
     }
 }
 
-/// What `uext4 info` shows: the MMP block of an image with the `mmp` feature, as read now.
-pub fn read_block(dev: &Arc<dyn BlockDevice>, sb: &Superblock) -> Result<Option<MmpBlock>> {
-    if !sb.has_incompat(INCOMPAT_MMP) {
-        return Ok(None);
+impl Fs {
+    /// The MMP block in words, as read now (`uext4 info`): `None` without the `mmp` feature.
+    pub fn mmp_info(&self) -> Option<String> {
+        let sb = self.superblock();
+        if !sb.has_incompat(INCOMPAT_MMP) {
+            return None;
+        }
+        let at = match Where::new(&self.dev, &sb) {
+            Ok(at) => at,
+            Err(e) => return Some(e.to_string()),
+        };
+        Some(match at.read() {
+            Ok(m) => format!(
+                "block {}, update interval {} s, check interval {} s, {} (node {}, device {}, \
+                 at {})",
+                at.blk,
+                at.update_interval,
+                m.check_interval(),
+                seq_state(m.seq()),
+                m.nodename(),
+                m.bdevname(),
+                utc(m.time())
+            ),
+            Err(e) => format!("block {}: {e}", at.blk),
+        })
     }
-    Where::new(dev, sb)?.read().map(Some)
 }
 
 /// A sequence number in words.
