@@ -400,7 +400,7 @@ fn run(shared: &Shared) {
         st.ours.set_time(now_secs());
         st.ours.set_check_interval(check_interval as u16);
         if let Err(e) = shared.at.write(&mut st.ours) {
-            if failed_writes % 60 == 0 {
+            if failed_writes.is_multiple_of(60) {
                 tracing::error!("MMP: error writing the MMP block: {e}");
             }
             failed_writes += 1;

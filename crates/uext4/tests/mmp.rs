@@ -292,8 +292,7 @@ fn a_running_filesystem_stops_when_another_node_takes_the_block() {
     std::thread::sleep(Duration::from_millis(2500));
     let e = fs
         .create(2, b"c", 0o100644, 0, 0)
-        .err()
-        .expect("writes stopped");
+        .expect_err("writes stopped");
     assert!(e.to_string().contains("MMP"), "{e}");
     assert!(fs.unmount().is_err(), "nothing more is committed");
     drop(fs);
