@@ -237,9 +237,8 @@ pub(crate) fn protect(
     if !sb.has_incompat(INCOMPAT_MMP) {
         return Ok(None);
     }
-    let at = Where::new(dev, sb)?;
     if read_only {
-        match at.read() {
+        match Where::new(dev, sb).and_then(|at| at.read()) {
             Ok(m) if m.seq() != MMP_SEQ_CLEAN => {
                 tracing::warn!("opened read-only while the MMP block says: {}", busy(&m))
             }
@@ -248,6 +247,7 @@ pub(crate) fn protect(
         }
         return Ok(None);
     }
+    let at = Where::new(dev, sb)?;
     let mut m = at.read()?;
     let mut check = at.update_interval.max(MMP_MIN_CHECK_INTERVAL);
     check = check.max(m.check_interval() as u32);
@@ -283,7 +283,10 @@ pub(crate) fn protect(
     m.set_time(now_secs());
     m.set_nodename(&hostname());
     m.set_bdevname(&dev.name().unwrap_or_else(|| "uext4".into()));
-    m.set_check_interval((MMP_CHECK_MULT * at.update_interval).max(MMP_MIN_CHECK_INTERVAL) as u16);
+    m.set_check_interval(
+        (MMP_CHECK_MULT * at.update_interval).clamp(MMP_MIN_CHECK_INTERVAL, MMP_MAX_CHECK_INTERVAL)
+            as u16,
+    );
     at.write(&mut m)?;
     std::thread::sleep(settle);
     let back = at.read()?;

@@ -325,6 +325,17 @@ fn a_corrupt_mmp_block_refuses_the_open_with_a_clear_error() {
         .unwrap();
     assert!(e.to_string().contains("MMP block"), "{e}");
     assert!(std::fs::read(&img.0).unwrap() == before, "nothing written");
+    // A read-only open, which never writes the block, only warns.
+    let ro = Fs::open_path(
+        &img.0,
+        MountOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    drop(ro);
+    assert!(std::fs::read(&img.0).unwrap() == before, "nothing written");
     // A damaged checksum too.
     let img = mmp_image("mmpbadcsum", &[]);
     let (_, off) = read_mmp(&img.0);
