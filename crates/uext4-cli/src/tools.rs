@@ -526,6 +526,9 @@ fn info(image: &Path) -> Result<()> {
             println!("Journal features:         {}", f.join(" "));
         }
     }
+    if let Some(m) = fs.mmp_info() {
+        println!("MMP:                      {m}");
+    }
     if sb.error_count() > 0 {
         println!(
             "Errors recorded:          {} (last at inode {}, block {})",

@@ -48,6 +48,23 @@ pub trait BlockDevice: Send + Sync {
     fn zero_range(&self, off: u64, len: u64) -> io::Result<()> {
         write_zeros(self, off, len)
     }
+    /// Reads as `read_at`, but from the device itself rather than any cache of it on this
+    /// host: for the multi-mount protection block, which another node may have rewritten.
+    fn read_fresh_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.read_at(off, buf)
+    }
+    /// A short name of what is underneath (the image file's or device's name), for the
+    /// multi-mount protection block's `mmp_bdevname`.
+    fn name(&self) -> Option<String> {
+        None
+    }
+}
+
+/// The last component of the path that `file` was opened by.
+fn file_name(file: &File) -> Option<String> {
+    use std::os::fd::AsRawFd;
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()?;
+    Some(link.file_name()?.to_string_lossy().into_owned())
 }
 
 /// Zeroes `off..off + len` of a file on tmpfs without writing data: punches a hole (the old
@@ -228,6 +245,25 @@ impl BlockDevice for FileDevice {
             return write_zeros(self, off, len);
         }
         zero_file_range(&self.file, off, len)
+    }
+    fn read_fresh_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // Drops this host's cached (clean) copy first, so that a block device shared with
+        // other nodes is read from the device. An image file has one page cache for every
+        // process on the host, which is what the others write into.
+        // SAFETY: posix_fadvise only reads its integer arguments; the descriptor is ours.
+        unsafe {
+            libc::posix_fadvise(
+                self.file.as_raw_fd(),
+                off as libc::off_t,
+                buf.len() as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            );
+        }
+        self.file.read_exact_at(buf, off)
+    }
+    fn name(&self) -> Option<String> {
+        file_name(&self.file)
     }
 }
 
@@ -856,6 +892,9 @@ impl BlockDevice for MappedDevice {
     }
     fn size(&self) -> u64 {
         self.map.len() as u64
+    }
+    fn name(&self) -> Option<String> {
+        file_name(&self.file)
     }
     fn is_mapped(&self) -> bool {
         true

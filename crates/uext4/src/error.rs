@@ -74,6 +74,16 @@ pub enum Error {
     /// A read-write open of an image that another program writes or holds (holder.rs).
     #[error("in use: {0}")]
     InUse(crate::holder::Holder),
+    /// Multi-mount protection refused a read-write open: the MMP block shows the filesystem
+    /// in use by another node (`fsck`: e2fsck, or another e2fsprogs tool, holds it). What the
+    /// block last said: the node, its device name and the time of its last update.
+    #[error("{}", crate::mmp::busy_message(*fsck, node, device, *time))]
+    MmpBusy {
+        node: String,
+        device: String,
+        time: u64,
+        fsck: bool,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -114,7 +124,7 @@ impl Error {
             Error::Loop => libc::EINVAL,
             Error::Stopped(_) => libc::EROFS,
             Error::Nxio => libc::ENXIO,
-            Error::Busy | Error::InUse(_) => libc::EBUSY,
+            Error::Busy | Error::InUse(_) | Error::MmpBusy { .. } => libc::EBUSY,
         }
     }
 }

@@ -304,6 +304,19 @@ pub struct Fs {
     /// A read-write `open_path`'s claim on its image (holder.rs), released at unmount (after
     /// which nothing is written) or when the `Fs` is dropped.
     pub(crate) claim: Mutex<Option<crate::holder::WriterClaim>>,
+    /// This node's hold on the multi-mount protection block (read-write opens of `mmp`
+    /// filesystems; mmp.rs): released at unmount. A leaf lock.
+    pub(crate) mmp: Mutex<Option<crate::mmp::Mmp>>,
+}
+
+/// What the open after a journal replay carries over from the one that replayed.
+#[derive(Default)]
+struct Reopen {
+    /// Replayed into an `OverlayDevice` (a read-only open), with the first open's read-only
+    /// reason.
+    in_memory: Option<Option<String>>,
+    /// The MMP block, already held (a read-write open).
+    mmp: Option<crate::mmp::Mmp>,
 }
 
 /// Wraps a device to count its traffic while sharing the counters with `Fs`.
@@ -545,16 +558,16 @@ impl Fs {
     /// Opens the filesystem on `dev`: checks the superblock, features and group descriptors.
     /// (`Fs::open_path` opens a file or block device by path; `fs.open(ino)` opens a file.)
     pub fn open_dev(dev: Arc<dyn BlockDevice>, opts: MountOptions) -> Result<Arc<Fs>> {
-        Fs::open_dev_replaying(dev, opts, None)
+        Fs::open_dev_again(dev, opts, Reopen::default())
     }
 
-    /// `open_dev`; with `in_memory` (the first open's read-only reason), `dev` is the
-    /// `OverlayDevice` a read-only open replays the journal into.
-    fn open_dev_replaying(
+    /// `open_dev`, and the open again after a journal replay (`reopen`).
+    fn open_dev_again(
         dev: Arc<dyn BlockDevice>,
         mut opts: MountOptions,
-        in_memory: Option<Option<String>>,
+        reopen: Reopen,
     ) -> Result<Arc<Fs>> {
+        let Reopen { in_memory, mmp } = reopen;
         let sb = read_superblock(&*dev)?;
         let mut ro_reason = check_features(&sb)?;
         if ro_reason.is_none() && dev.read_only() && !opts.read_only {
@@ -566,6 +579,11 @@ impl Fs {
         if ro_reason.is_some() || dev.read_only() || opts.norecovery {
             opts.read_only = true;
         }
+        // Multi-mount protection before anything is written (journal recovery included).
+        let mmp = match mmp {
+            Some(m) => Some(m),
+            None => crate::mmp::protect(&dev, &sb, opts.read_only)?,
+        };
         let geo = geometry(&sb, dev.size())?;
         let io = Arc::new(IoCounters::default());
         let counted: Arc<dyn BlockDevice> = Arc::new(Counted {
@@ -634,7 +652,11 @@ impl Fs {
             delalloc: Default::default(),
             ckpt: Default::default(),
             claim: Mutex::new(None),
+            mmp: Mutex::new(mmp),
         });
+        if let Some(m) = &*fs.mmp.lock() {
+            m.start(Arc::downgrade(&fs))?;
+        }
         if fs.opts.norecovery {
             // The image as it is on the device, journal or not (read-only: see above).
             if fs.superblock().has_incompat(INCOMPAT_RECOVER) {
@@ -654,7 +676,11 @@ impl Fs {
                     let reason = fs.ro_reason.clone();
                     drop(fs);
                     let overlay = Arc::new(crate::blockdev::OverlayDevice::new(dev));
-                    return Fs::open_dev_replaying(overlay, opts, Some(reason));
+                    let reopen = Reopen {
+                        in_memory: Some(reason),
+                        mmp: None,
+                    };
+                    return Fs::open_dev_again(overlay, opts, reopen);
                 }
                 let report = journal.recover()?;
                 let in_memory_replay = in_memory.is_some();
@@ -672,8 +698,9 @@ impl Fs {
                 dev.flush()?;
                 drop(journal);
                 let opts = fs.opts.clone();
+                let mmp = fs.mmp.lock().take();
                 drop(fs);
-                return Fs::open_dev_replaying(dev, opts, in_memory);
+                return Fs::open_dev_again(dev, opts, Reopen { in_memory, mmp });
             }
             // Before anything is written (the journal's features below): a refused open leaves
             // the image as it was.

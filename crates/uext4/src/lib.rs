@@ -13,7 +13,8 @@
 //! - [`inline`]: inline data (small files and directories kept in the inode);
 //! - [`inode`], [`namei`], [`file`]: inodes, namespace operations, file I/O;
 //! - [`delalloc`]: buffered mode's write-back cache with delayed allocation;
-//! - [`mkfs`]: making a new filesystem.
+//! - [`mkfs`]: making a new filesystem;
+//! - [`mmp`]: multi-mount protection (the MMP block and its updating thread).
 
 pub mod balloc;
 pub mod bcache;
@@ -33,6 +34,7 @@ pub mod inline;
 pub mod inode;
 pub mod journal;
 pub mod mkfs;
+pub mod mmp;
 pub mod namei;
 pub mod orphan;
 pub mod transaction;

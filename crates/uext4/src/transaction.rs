@@ -522,6 +522,9 @@ impl crate::fs::Fs {
             (0u64, 1024usize)
         };
         self.bcache.forget(blk);
+        if let Some(m) = &*self.mmp.lock() {
+            m.release()?;
+        }
         self.read_only.store(true, Ordering::Relaxed);
         // Nothing more is written: another writer may have the image now.
         self.claim.lock().take();

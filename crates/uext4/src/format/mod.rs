@@ -10,6 +10,7 @@ pub mod features;
 pub mod group_desc;
 pub mod htree;
 pub mod inode;
+pub mod mmp;
 pub mod superblock;
 pub mod xattr;
 

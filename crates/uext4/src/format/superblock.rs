@@ -91,6 +91,8 @@ impl Superblock {
     le_field!(min_extra_isize, set_min_extra_isize, u16, 0x15C);
     le_field!(want_extra_isize, set_want_extra_isize, u16, 0x15E);
     le_field!(flags, set_flags, u32, 0x160);
+    le_field!(mmp_update_interval, set_mmp_update_interval, u16, 0x166);
+    le_field!(mmp_block, set_mmp_block, u64, 0x168);
     le_field!(log_groups_per_flex, set_log_groups_per_flex, u8, 0x174);
     le_field!(checksum_type, set_checksum_type, u8, 0x175);
     le_field!(kbytes_written, set_kbytes_written, u64, 0x178);
