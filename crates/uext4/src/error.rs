@@ -71,6 +71,9 @@ pub enum Error {
     Nxio,
     #[error("device or resource busy")]
     Busy,
+    /// A partition table that cannot be used, or a partition it does not have.
+    #[error("{0}")]
+    PartitionTable(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -112,6 +115,7 @@ impl Error {
             Error::Stopped(_) => libc::EROFS,
             Error::Nxio => libc::ENXIO,
             Error::Busy => libc::EBUSY,
+            Error::PartitionTable(_) => libc::EINVAL,
         }
     }
 }

@@ -13,7 +13,8 @@
 //! - [`inline`]: inline data (small files and directories kept in the inode);
 //! - [`inode`], [`namei`], [`file`]: inodes, namespace operations, file I/O;
 //! - [`delalloc`]: buffered mode's write-back cache with delayed allocation;
-//! - [`mkfs`]: making a new filesystem.
+//! - [`mkfs`]: making a new filesystem;
+//! - [`partition`]: GPT and MBR partition tables, and what a device or partition holds.
 
 pub mod balloc;
 pub mod bcache;
@@ -34,6 +35,7 @@ pub mod journal;
 pub mod mkfs;
 pub mod namei;
 pub mod orphan;
+pub mod partition;
 pub mod transaction;
 pub mod xattr;
 
