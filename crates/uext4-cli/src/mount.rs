@@ -24,7 +24,9 @@ pub struct MountArgs {
     /// writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax,
     /// nodax (an image on tmpfs is mapped unless this is given), noacl (POSIX ACLs are on by
     /// default), delalloc (the engine caches allocating writes and writes them back in large
-    /// runs).
+    /// runs); where the filesystem is: partition=N (of a GPT or MBR disk image; or write
+    /// IMAGE@N), offset=BYTES (a multiple of 512, as fuse2fs's offset=; or write
+    /// IMAGE@offset=BYTES) with an optional size=BYTES.
     #[arg(short = 'o')]
     options: Vec<String>,
     image: PathBuf,
@@ -170,8 +172,13 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
     let mut img = crate::tools::image_arg(&a.image)?;
     if let Some(spec) = &spec {
         if img.within != crate::tools::Within::Whole {
+            let opt = if spec.starts_with("offset=") {
+                spec.clone()
+            } else {
+                format!("partition={spec}")
+            };
             bail!(
-                "{}: the image names its partition or offset already; drop -o {spec}",
+                "{}: the image names its partition or offset already; drop -o {opt}",
                 a.image.display()
             );
         }

@@ -1,5 +1,7 @@
 //! The image tools: mkfs, info, ls, cat, cp, mkdir, rm, mv, ln, stat, truncate. Paths inside an
-//! image are written IMAGE:PATH. Each tool opens the image, does its work and leaves the image
+//! image are written IMAGE:PATH; IMAGE may be `disk.img@2` (partition 2 of a whole-disk image,
+//! GPT or MBR, numbered as fdisk and lsblk number them) or `disk.img@offset=BYTES[,size=BYTES]`
+//! (a filesystem at a byte offset, as in a SIF container); a file literally named so wins. Each tool opens the image, does its work and leaves the image
 //! clean (`Fs::unmount`), so no root and no mount are needed.
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -19,9 +21,11 @@ use uext4::{Attr, Error, Fs, MountOptions};
 
 #[derive(Subcommand)]
 pub enum ToolCmd {
-    /// Make a new ext4 (or ext3, ext2) filesystem (creates IMAGE if missing).
+    /// Make a new ext4 (or ext3, ext2) filesystem (creates IMAGE if missing; IMAGE@N makes it
+    /// in partition N, IMAGE@offset=BYTES at that offset of an existing file).
     Mkfs(MkfsArgs),
-    /// Print a summary of the superblock and features.
+    /// Print a summary of the superblock and features; of a whole-disk image, its partitions
+    /// (name one as IMAGE@N).
     Info { image: PathBuf },
     /// List a directory: IMAGE:PATH.
     Ls {

@@ -842,7 +842,7 @@ impl RegionDevice {
     /// the device, and the window must not be empty or run past the device's end.
     pub fn new(inner: Arc<dyn BlockDevice>, r: Region) -> crate::Result<Self> {
         let size = inner.size();
-        if r.offset % REGION_ALIGN != 0 {
+        if !r.offset.is_multiple_of(REGION_ALIGN) {
             return Err(crate::Error::Invalid(format!(
                 "offset {} is not a multiple of {REGION_ALIGN} bytes",
                 r.offset
