@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need, when missing: e2fsprogs (mke2fs, e2fsck, debugfs),
-# fuse3, fio, xfsprogs (xfs_io), attr, acl and capability tools, fuse2fs (the peer in benchmarks), and
+# fuse3, fio, xfsprogs (xfs_io), attr, acl and capability tools, fuse2fs (the peer in benchmarks),
+# gdisk and fdisk (sgdisk and sfdisk make the partitioned disks of the partition tests), and
 # pjdfstest (through cargo). Safe to run again; does nothing when all is present.
 set -euo pipefail
 
@@ -15,6 +16,8 @@ command -v getfattr >/dev/null || need+=(attr)
 command -v getfacl >/dev/null || need+=(acl)
 command -v setcap >/dev/null || need+=(libcap2-bin)
 command -v fuse2fs >/dev/null || need+=(fuse2fs)
+command -v sgdisk >/dev/null || need+=(gdisk)
+command -v sfdisk >/dev/null || need+=(fdisk)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then

@@ -14,6 +14,11 @@ use std::process::ExitCode;
     name = "uext4",
     version,
     about = "Userspace ext4: mount, inspect and modify ext4 images",
+    after_help = "A path inside an image is IMAGE:PATH (disk.img:/etc/hosts). IMAGE@N names \
+                  partition N of a whole-disk image (GPT or MBR, numbered as fdisk and lsblk \
+                  do): disk.img@2:/etc/hosts; IMAGE@offset=BYTES[,size=BYTES] a filesystem \
+                  at a byte offset (a multiple of 512), as in a SIF container. A file literally \
+                  named disk.img@2 wins. `uext4 info disk.img` lists a disk's partitions.",
     disable_help_subcommand = true
 )]
 struct Cli {

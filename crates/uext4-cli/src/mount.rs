@@ -24,7 +24,9 @@ pub struct MountArgs {
     /// writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax,
     /// nodax (an image on tmpfs is mapped unless this is given), noacl (POSIX ACLs are on by
     /// default), delalloc (the engine caches allocating writes and writes them back in large
-    /// runs).
+    /// runs); where the filesystem is: partition=N (of a GPT or MBR disk image; or write
+    /// IMAGE@N), offset=BYTES (a multiple of 512, as fuse2fs's offset=; or write
+    /// IMAGE@offset=BYTES) with an optional size=BYTES.
     #[arg(short = 'o')]
     options: Vec<String>,
     image: PathBuf,
@@ -187,8 +189,67 @@ fn root_xattr(mountpoint: &Path, name: &[u8]) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// Takes `offset=BYTES` (fuse2fs's name), `size=BYTES` and `partition=N` out of the option
+/// list: they say where the filesystem is, not how to serve it. Returns the other options and
+/// the `@` form they make (`offset=N[,size=N]` or `N`), if any.
+fn take_region_options(options: &[String]) -> Result<(Vec<String>, Option<String>)> {
+    let (mut rest, mut offset, mut size, mut part) = (Vec::new(), None, None, None);
+    for o in options.iter().flat_map(|l| l.split(',')) {
+        match o.trim().split_once('=') {
+            Some(("offset", v)) => offset = Some(v.to_string()),
+            Some(("size", v)) => size = Some(v.to_string()),
+            Some(("partition", v)) => part = Some(v.to_string()),
+            _ if o.trim().is_empty() => {}
+            _ => rest.push(o.trim().to_string()),
+        }
+    }
+    let spec = match (offset, size, part) {
+        (None, None, None) => None,
+        (None, None, Some(p)) => Some(p),
+        (Some(o), s, None) => Some(match s {
+            Some(s) => format!("offset={o},size={s}"),
+            None => format!("offset={o}"),
+        }),
+        (None, Some(_), _) => bail!("option size= needs offset= (size=BYTES is the length there)"),
+        (Some(_), _, Some(_)) => bail!("options offset= and partition= exclude each other"),
+    };
+    Ok((rest, spec))
+}
+
 pub fn run_mount(a: MountArgs) -> Result<()> {
-    let opts = match Options::parse(&a.options.join(",")) {
+    // Where the filesystem is: IMAGE@N or IMAGE@offset=BYTES, or -o partition=N / offset=BYTES.
+    let (options, spec) = match take_region_options(&a.options) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("uext4: mount: {e}");
+            std::process::exit(2);
+        }
+    };
+    let mut img = crate::tools::image_arg(&a.image)?;
+    if let Some(spec) = &spec {
+        if img.within != crate::tools::Within::Whole {
+            let opt = if spec.starts_with("offset=") {
+                spec.clone()
+            } else {
+                format!("partition={spec}")
+            };
+            bail!(
+                "{}: the image names its partition or offset already; drop -o {opt}",
+                a.image.display()
+            );
+        }
+        img.within = crate::tools::parse_within(spec).with_context(|| format!("-o {spec}"))?;
+    }
+    let region = crate::tools::fs_region_of(&img)?;
+    let a = MountArgs {
+        image: img.path.clone(),
+        options: match region_option(&img) {
+            Some(o) => options.iter().cloned().chain([o]).collect(),
+            None => options.clone(),
+        },
+        ..a
+    };
+    let opts = match Options::parse(&options.join(",")) {
         Ok(o) => o,
         Err(e) => {
             // A usage error: one line naming the option, exit status 2.
@@ -217,7 +278,22 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
     if !a.foreground {
         return daemonize(&a, &image, &mountpoint);
     }
-    serve_foreground(&image, &mountpoint, &opts)
+    serve_foreground(&image, region, &mountpoint, &opts)
+}
+
+/// The `-o` option that names `img`'s partition or offset, for the server started in the
+/// background.
+fn region_option(img: &crate::tools::Img) -> Option<String> {
+    use crate::tools::Within;
+    match img.within {
+        Within::Whole => None,
+        Within::Partition(n) => Some(format!("partition={n}")),
+        Within::Offset { offset, size: None } => Some(format!("offset={offset}")),
+        Within::Offset {
+            offset,
+            size: Some(s),
+        } => Some(format!("offset={offset},size={s}")),
+    }
 }
 
 fn daemonize(a: &MountArgs, image: &Path, mountpoint: &Path) -> Result<()> {
@@ -342,7 +418,12 @@ fn fuse_mounted(image: &Path) -> bool {
     })
 }
 
-fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<()> {
+fn serve_foreground(
+    image: &Path,
+    region: Option<uext4::blockdev::Region>,
+    mountpoint: &Path,
+    opts: &Options,
+) -> Result<()> {
     let mut opts = opts.clone();
     if !opts.read_only {
         use std::os::unix::ffi::OsStrExt;
@@ -388,7 +469,11 @@ fn serve_foreground(image: &Path, mountpoint: &Path, opts: &Options) -> Result<(
     } else {
         None
     };
-    let fs = open_for_mount(image, opts.mount_options())?;
+    let mount_options = uext4::MountOptions {
+        region,
+        ..opts.mount_options()
+    };
+    let fs = open_for_mount(image, mount_options)?;
     let before = uext4_mounts_at(mountpoint);
     if let Some(r) = fs.read_only_reason() {
         eprintln!("uext4: mounting read-only: {r}");

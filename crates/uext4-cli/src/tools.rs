@@ -1,5 +1,7 @@
 //! The image tools: mkfs, info, ls, cat, cp, mkdir, rm, mv, ln, stat, truncate. Paths inside an
-//! image are written IMAGE:PATH. Each tool opens the image, does its work and leaves the image
+//! image are written IMAGE:PATH; IMAGE may be `disk.img@2` (partition 2 of a whole-disk image,
+//! GPT or MBR, numbered as fdisk and lsblk number them) or `disk.img@offset=BYTES[,size=BYTES]`
+//! (a filesystem at a byte offset, as in a SIF container); a file literally named so wins. Each tool opens the image, does its work and leaves the image
 //! clean (`Fs::unmount`), so no root and no mount are needed.
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -10,17 +12,20 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use uext4::blockdev::BlockDevice;
+use uext4::blockdev::{BlockDevice, FileDevice, Region, RegionDevice};
 use uext4::format::inode::Timestamp;
 use uext4::namei::{RenameFlags, SetAttr, TimeSet};
+use uext4::partition::{identify, Contents, Table};
 use uext4::xattr::XattrFlags;
 use uext4::{Attr, Error, Fs, MountOptions};
 
 #[derive(Subcommand)]
 pub enum ToolCmd {
-    /// Make a new ext4 (or ext3, ext2) filesystem (creates IMAGE if missing).
+    /// Make a new ext4 (or ext3, ext2) filesystem (creates IMAGE if missing; IMAGE@N makes it
+    /// in partition N, IMAGE@offset=BYTES at that offset of an existing file).
     Mkfs(MkfsArgs),
-    /// Print a summary of the superblock and features.
+    /// Print a summary of the superblock and features; of a whole-disk image, its partitions
+    /// (name one as IMAGE@N).
     Info { image: PathBuf },
     /// List a directory: IMAGE:PATH.
     Ls {
@@ -131,36 +136,239 @@ pub fn parse_size(s: &str) -> Result<u64> {
         .ok_or_else(|| anyhow!("size {s:?} is too large"))
 }
 
+/// Which part of an image file holds the filesystem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Within {
+    /// The whole file (or device).
+    Whole,
+    /// `IMAGE@N`: partition N of a whole-disk image (GPT or MBR), numbered as fdisk and lsblk
+    /// number them.
+    Partition(u32),
+    /// `IMAGE@offset=BYTES[,size=BYTES]`: a filesystem at a byte offset (a multiple of 512),
+    /// as in a container file (Apptainer's SIF); to the end of the file without `size`.
+    Offset { offset: u64, size: Option<u64> },
+}
+
+/// An image file, and where in it the filesystem is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Img {
+    pub path: PathBuf,
+    pub within: Within,
+}
+
+impl Img {
+    /// The image as written on the command line: `disk.img`, `disk.img@2`,
+    /// `disk.img@offset=1048576`.
+    pub fn name(&self) -> String {
+        let p = self.path.display();
+        match self.within {
+            Within::Whole => p.to_string(),
+            Within::Partition(n) => format!("{p}@{n}"),
+            Within::Offset { offset, size: None } => format!("{p}@offset={offset}"),
+            Within::Offset {
+                offset,
+                size: Some(s),
+            } => format!("{p}@offset={offset},size={s}"),
+        }
+    }
+
+    /// Where the filesystem lies in the file (`None`: the whole file). Reads the partition
+    /// table for `IMAGE@N`, and checks the region against the file; every failure is one line
+    /// naming the image.
+    pub fn region(&self) -> Result<Option<Region>> {
+        let dev =
+            FileDevice::open(&self.path, true).with_context(|| self.path.display().to_string())?;
+        let dev: Arc<dyn BlockDevice> = Arc::new(dev);
+        self.region_in(&dev).map(|(r, _)| r)
+    }
+
+    /// The region, and the window onto it (the whole device for `Whole`).
+    fn region_in(
+        &self,
+        dev: &Arc<dyn BlockDevice>,
+    ) -> Result<(Option<Region>, Arc<dyn BlockDevice>)> {
+        let region = match self.within {
+            Within::Whole => return Ok((None, dev.clone())),
+            Within::Offset { offset, size } => Region { offset, len: size },
+            Within::Partition(n) => match Table::read(&**dev) {
+                Ok(Some(t)) => t
+                    .region_of(n)
+                    .map_err(|e| anyhow!("{}: {e}", self.path.display()))?,
+                Ok(None) => bail!(
+                    "{}: no partition table (neither GPT nor MBR), so no partition {n}; for a \
+                     filesystem at an offset write {}@offset=BYTES",
+                    self.path.display(),
+                    self.path.display()
+                ),
+                Err(e) => bail!("{}: {e}", self.path.display()),
+            },
+        };
+        match RegionDevice::new(dev.clone(), region) {
+            Ok(w) => Ok((Some(w.region()), Arc::new(w))),
+            Err(Error::Invalid(m)) => bail!("{}: {m}", self.name()),
+            Err(e) => bail!("{}: {e}", self.name()),
+        }
+    }
+
+    /// The region, once an ext2/3/4 superblock is known to be there: a partition or an offset
+    /// that holds something else is refused, saying what it seems to hold. For a whole file
+    /// that holds a partition table or a qcow2 (VMDK, ...) image, the error says how to reach
+    /// the filesystem.
+    fn fs_region(&self) -> Result<Option<Region>> {
+        let dev = match FileDevice::open(&self.path, true) {
+            Ok(d) => Arc::new(d) as Arc<dyn BlockDevice>,
+            // Let the open report it (as it always has).
+            Err(_) if self.within == Within::Whole => return Ok(None),
+            Err(e) => return Err(e).with_context(|| self.path.display().to_string()),
+        };
+        let (region, view) = self.region_in(&dev)?;
+        let contents = identify(&*view);
+        if matches!(contents, Contents::Ext { .. }) {
+            return Ok(region);
+        }
+        let path = self.path.display();
+        match self.within {
+            Within::Whole => {
+                if let Contents::ImageFormat(f) = contents {
+                    bail!("{path}: {f}");
+                }
+                if let Ok(Some(t)) = Table::read(&*dev) {
+                    bail!(
+                        "{path}: not ext4 itself but a whole disk: {}; name one as {path}@N \
+                         (uext4 info {path} lists them)",
+                        t.summary()
+                    );
+                }
+                // The open says what is wrong (bad magic, too small, ...).
+                Ok(None)
+            }
+            Within::Partition(n) => {
+                bail!("{path}: partition {n} is not ext4 (it holds {contents})")
+            }
+            Within::Offset { offset, .. } => {
+                bail!("{path}: no ext4 at offset {offset} (it holds {contents})")
+            }
+        }
+    }
+
+    /// The byte range of the file this names (for telling whether two overlap).
+    fn range(&self) -> Result<(u64, u64)> {
+        let size = FileDevice::open(&self.path, true)
+            .with_context(|| self.path.display().to_string())?
+            .size();
+        Ok(match self.region()? {
+            None => (0, size),
+            Some(r) => (r.offset, r.len.map_or(size, |l| r.offset + l)),
+        })
+    }
+}
+
+/// The region of the filesystem `img` names, once ext2/3/4 is known to be there (for mount).
+pub fn fs_region_of(img: &Img) -> Result<Option<Region>> {
+    img.fs_region()
+}
+
+/// Opens the filesystem `img` names (see [`Img::fs_region`]).
+fn open_img(img: &Img, read_only: bool) -> Result<Arc<Fs>> {
+    let region = img.fs_region()?;
+    open(&img.path, region, read_only)
+}
+
+/// Whether `p` is an existing file or device (not a directory).
+fn is_image_file(p: &Path) -> bool {
+    p.is_file()
+        || std::fs::metadata(p)
+            .map(|m| !m.is_dir() && !m.is_file())
+            .unwrap_or(false)
+}
+
+/// What follows the `@` of `IMAGE@...`.
+pub fn parse_within(spec: &str) -> Result<Within> {
+    if let Ok(n) = spec.parse::<u32>() {
+        if n == 0 {
+            bail!("partitions are numbered from 1 (as fdisk and lsblk number them)");
+        }
+        return Ok(Within::Partition(n));
+    }
+    if spec.starts_with("offset=") {
+        let (mut offset, mut size) = (None, None);
+        for part in spec.split(',') {
+            match part.split_once('=') {
+                Some(("offset", v)) => offset = Some(parse_size(v)?),
+                Some(("size", v)) => size = Some(parse_size(v)?),
+                _ => bail!("{part:?}: expected offset=BYTES or size=BYTES"),
+            }
+        }
+        let offset = offset.unwrap_or(0);
+        if size == Some(0) {
+            bail!("size=0: the region is empty");
+        }
+        return Ok(Within::Offset { offset, size });
+    }
+    bail!("after '@' give a partition number (IMAGE@2) or offset=BYTES[,size=BYTES]")
+}
+
+/// `IMAGE`, `IMAGE@N` or `IMAGE@offset=BYTES[,size=BYTES]`: `None` when no such file exists.
+/// A file named by the whole text wins over the `@` forms.
+fn parse_image(s: &str) -> Result<Option<Img>> {
+    if is_image_file(Path::new(s)) {
+        return Ok(Some(Img {
+            path: PathBuf::from(s),
+            within: Within::Whole,
+        }));
+    }
+    if let Some((base, spec)) = s.rsplit_once('@') {
+        if is_image_file(Path::new(base)) {
+            let within = parse_within(spec).with_context(|| s.to_string())?;
+            return Ok(Some(Img {
+                path: PathBuf::from(base),
+                within,
+            }));
+        }
+    }
+    Ok(None)
+}
+
+/// An image argument without a path inside it (info, mkfs, mount): the `@` forms as in
+/// [`parse_image`]; a name that matches nothing is taken as a file name (whose open then
+/// says it is missing).
+pub fn image_arg(p: &Path) -> Result<Img> {
+    if let Some(s) = p.to_str() {
+        if let Some(img) = parse_image(s)? {
+            return Ok(img);
+        }
+    }
+    Ok(Img {
+        path: p.to_path_buf(),
+        within: Within::Whole,
+    })
+}
+
 /// An IMAGE:PATH argument, or a host path.
 enum Loc {
-    Image(PathBuf, String),
+    Image(Img, String),
     Host(PathBuf),
 }
 
-fn parse_loc(s: &str) -> Loc {
+fn parse_loc(s: &str) -> Result<Loc> {
     // The image is the first prefix before a ':' that is an existing file or device (an image
-    // name may itself contain ':').
+    // name may itself contain ':'), or such a file followed by @N or @offset=BYTES.
     for (at, _) in s.match_indices(':') {
         let (img, path) = (&s[..at], &s[at + 1..]);
-        let p = Path::new(img);
-        if p.is_file()
-            || std::fs::metadata(p)
-                .map(|m| !m.is_dir() && !m.is_file())
-                .unwrap_or(false)
-        {
+        if let Some(img) = parse_image(img)? {
             let path = if path.is_empty() {
                 "/".to_string()
             } else {
                 path.to_string()
             };
-            return Loc::Image(p.to_path_buf(), path);
+            return Ok(Loc::Image(img, path));
         }
     }
-    Loc::Host(PathBuf::from(s))
+    Ok(Loc::Host(PathBuf::from(s)))
 }
 
-fn image_loc(s: &str) -> Result<(PathBuf, String)> {
-    match parse_loc(s) {
+fn image_loc(s: &str) -> Result<(Img, String)> {
+    match parse_loc(s)? {
         Loc::Image(i, p) => Ok((i, p)),
         Loc::Host(_) => match s.split_once(':') {
             Some((img, _)) if !Path::new(img).exists() => bail!("{img}: no such image file"),
@@ -173,12 +381,13 @@ fn image_loc(s: &str) -> Result<(PathBuf, String)> {
 /// Opens an image for a tool. A read-write open claims the image first (the engine's
 /// holder.rs: refused, naming the holder, while another program writes it). A read-only open
 /// never writes: a journal left to replay (a crash, a killed mount) is replayed in memory.
-fn open(image: &Path, read_only: bool) -> Result<Arc<Fs>> {
+fn open(image: &Path, region: Option<Region>, read_only: bool) -> Result<Arc<Fs>> {
     let fs = Fs::open_path(
         image,
         MountOptions {
             read_only,
             commit_interval_secs: 0,
+            region,
             ..Default::default()
         },
     )
@@ -318,55 +527,61 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
     if let Some(bs) = a.block_size.filter(|&b| b != 1024 && b != 4096) {
         bail!("--block-size {bs}: use 1024 or 4096");
     }
-    let exists = a.image.exists();
-    let cur = if exists {
-        uext4::blockdev::FileDevice::open(&a.image, true)?.size()
-    } else {
-        0
-    };
-    let size = match &a.size {
-        Some(s) => parse_size(s)?,
-        None if cur > 0 => cur,
-        None => bail!(
-            "{}: the image does not exist: give --size (like --size 1G)",
-            a.image.display()
-        ),
-    };
+    let img = image_arg(&a.image)?;
     // Held until the new filesystem is written: no one else writes the image meanwhile.
-    let _claim = if exists {
+    let _claim = if img.path.exists() {
         Some(
-            uext4::holder::claim_for_writing(&a.image)
-                .with_context(|| a.image.display().to_string())?,
+            uext4::holder::claim_for_writing(&img.path)
+                .with_context(|| img.path.display().to_string())?,
         )
     } else {
         None
     };
-    let is_file = !exists || std::fs::metadata(&a.image)?.is_file();
-    let fresh = is_file && (!exists || cur == 0);
-    if is_file {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&a.image)
-            .with_context(|| a.image.display().to_string())?;
-        if f.metadata()?.len() < size {
-            f.set_len(size)?;
+    let (dev, size, fresh, region) = if img.within == Within::Whole {
+        let exists = a.image.exists();
+        let cur = if exists {
+            FileDevice::open(&a.image, true)?.size()
+        } else {
+            0
+        };
+        let size = match &a.size {
+            Some(s) => parse_size(s)?,
+            None if cur > 0 => cur,
+            None => bail!(
+                "{}: the image does not exist: give --size (like --size 1G)",
+                a.image.display()
+            ),
+        };
+        let is_file = !exists || std::fs::metadata(&a.image)?.is_file();
+        let fresh = is_file && (!exists || cur == 0);
+        if is_file {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&a.image)
+                .with_context(|| a.image.display().to_string())?;
+            if f.metadata()?.len() < size {
+                f.set_len(size)?;
+            }
         }
-    }
-    let dev = uext4::blockdev::FileDevice::open(&a.image, false)
-        .with_context(|| a.image.display().to_string())?;
+        let dev =
+            FileDevice::open(&a.image, false).with_context(|| a.image.display().to_string())?;
+        (Arc::new(dev) as Arc<dyn BlockDevice>, size, fresh, None)
+    } else {
+        mkfs_target(&a, &img)?
+    };
     let mut o = uext4::mkfs::MkfsOptions::like_mke2fs(size, a.block_size);
     o.journal_blocks = a
         .journal_size
         .map(|m| ((m as u64) << 20).div_ceil(o.block_size as u64) as u32);
-    o.label = a.label.unwrap_or_default();
+    o.label = a.label.clone().unwrap_or_default();
     o.assume_zeroed = fresh;
     o.features = features;
-    uext4::mkfs::mkfs(&dev, &o).with_context(|| a.image.display().to_string())?;
+    uext4::mkfs::mkfs(&*dev, &o).with_context(|| img.name())?;
     drop(dev);
     // One line of summary, read back from what was written.
-    let fs = open(&a.image, true)?;
+    let fs = open(&img.path, region, true)?;
     let st = fs.statfs();
     let journal = if fs
         .superblock()
@@ -382,7 +597,7 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
     };
     println!(
         "{}: {}, {} MiB, {} blocks of {} bytes, {} inodes, {journal}",
-        a.image.display(),
+        img.name(),
         o.features.type_name(),
         size >> 20,
         fs.geo.blocks_count,
@@ -390,6 +605,49 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
         st.files
     );
     Ok(())
+}
+
+/// mkfs inside a partition (`IMAGE@N`) or at an offset (`IMAGE@offset=BYTES`) of an existing
+/// file: the window onto it, the filesystem's size (the partition's or what is left of the
+/// file, or `--size` where it fits), and its region. The offset form with `--size` grows a
+/// file that is too short; a partition is never grown.
+#[allow(clippy::type_complexity)]
+fn mkfs_target(
+    a: &MkfsArgs,
+    img: &Img,
+) -> Result<(Arc<dyn BlockDevice>, u64, bool, Option<Region>)> {
+    let want = a.size.as_deref().map(parse_size).transpose()?;
+    if !img.path.exists() {
+        bail!("{}: no such image file", img.path.display());
+    }
+    if let (Within::Offset { offset, size }, Some(w)) = (img.within, want) {
+        let end = offset
+            .checked_add(size.unwrap_or(w))
+            .ok_or_else(|| anyhow!("{}: offset and size overflow", img.name()))?;
+        if std::fs::metadata(&img.path)?.is_file() {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&img.path)
+                .with_context(|| img.path.display().to_string())?;
+            if f.metadata()?.len() < end {
+                f.set_len(end)?;
+            }
+        }
+    }
+    let region = img.region()?;
+    let dev = FileDevice::open(&img.path, false).with_context(|| img.path.display().to_string())?;
+    let r = region.ok_or_else(|| anyhow!("{}: no region", img.name()))?;
+    let win = RegionDevice::new(Arc::new(dev), r).map_err(|e| anyhow!("{}: {e}", img.name()))?;
+    let size = match want {
+        Some(w) if w > win.size() => bail!(
+            "{}: --size {w} is larger than the {} bytes there",
+            img.name(),
+            win.size()
+        ),
+        Some(w) => w,
+        None => win.size(),
+    };
+    Ok((Arc::new(win), size, false, region))
 }
 
 /// The superblock's identity: UUID, label, features by name, state.
@@ -427,12 +685,14 @@ fn print_identity(sb: &uext4::format::superblock::Superblock) {
 
 /// `info` of a filesystem uext4 cannot open (a feature it does not implement): what the
 /// primary superblock says, and why it does not open.
-fn info_superblock_only(image: &Path, why: &anyhow::Error) -> Result<()> {
+fn info_superblock_only(img: &Img, why: &anyhow::Error) -> Result<()> {
     use uext4::format::superblock::{Superblock, SUPERBLOCK_SIZE};
-    let dev = uext4::blockdev::FileDevice::open(image, true)
-        .with_context(|| image.display().to_string())?;
+    let image = &img.path;
+    let dev: Arc<dyn BlockDevice> =
+        Arc::new(FileDevice::open(image, true).with_context(|| image.display().to_string())?);
+    let (_, dev) = img.region_in(&dev)?;
     let mut b = vec![0u8; SUPERBLOCK_SIZE];
-    uext4::blockdev::BlockDevice::read_at(&dev, 1024, &mut b)
+    dev.read_at(1024, &mut b)
         .with_context(|| image.display().to_string())?;
     let sb = Superblock::from_bytes(&b);
     print_identity(&sb);
@@ -452,13 +712,91 @@ fn info_superblock_only(image: &Path, why: &anyhow::Error) -> Result<()> {
     Ok(())
 }
 
-fn info(image: &Path) -> Result<()> {
-    let fs = match open(image, true) {
+/// `info` of a whole disk: its partitions, what each holds, and how to name one.
+fn info_partitions(image: &Path, dev: &Arc<dyn BlockDevice>, t: &Table) {
+    let p = image.display();
+    println!(
+        "{p}: a whole disk with a {} partition table ({}-byte sectors), {} partition{}",
+        t.scheme,
+        t.sector_size,
+        t.partitions.len(),
+        if t.partitions.len() == 1 { "" } else { "s" }
+    );
+    println!(
+        "{:>3}  {:>14}  {:>14}  {:>10}  {:<24}  {:<16}  holds",
+        "#", "start (bytes)", "size (bytes)", "size", "type", "name"
+    );
+    let mut ext = Vec::new();
+    for part in &t.partitions {
+        let holds = if part.extended {
+            "(the logical partitions)".to_string()
+        } else {
+            uext4::partition::identify_partition(dev, part).to_string()
+        };
+        if !part.extended && holds.starts_with("ext") {
+            ext.push(part.number);
+        }
+        println!(
+            "{:>3}  {:>14}  {:>14}  {:>10}  {:<24}  {:<16}  {holds}",
+            part.number,
+            part.start,
+            part.len,
+            human_size(part.len),
+            part.type_name,
+            part.name
+        );
+    }
+    match ext.first() {
+        Some(n) => println!(
+            "Name a partition as {p}@N: uext4 info {p}@{n}, uext4 ls {p}@{n}:/, \
+             uext4 mount {p}@{n} MOUNTPOINT (or -o partition={n})"
+        ),
+        None => println!("No partition holds ext2/3/4."),
+    }
+}
+
+/// 1536 -> "1.5 KiB".
+fn human_size(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
+
+fn info(arg: &Path) -> Result<()> {
+    let img = image_arg(arg)?;
+    if img.within == Within::Whole {
+        // A whole disk or a qcow2 (VMDK, ...) image: say what it is instead of "not ext4".
+        if let Ok(dev) = FileDevice::open(&img.path, true) {
+            let dev: Arc<dyn BlockDevice> = Arc::new(dev);
+            match identify(&*dev) {
+                Contents::Ext { .. } => {}
+                Contents::ImageFormat(f) => bail!("{}: {f}", img.path.display()),
+                _ => match Table::read(&*dev) {
+                    Ok(Some(t)) => {
+                        info_partitions(&img.path, &dev, &t);
+                        return Ok(());
+                    }
+                    Err(e) => bail!("{}: not ext4, and {e}", img.path.display()),
+                    Ok(None) => {}
+                },
+            }
+        }
+    }
+    let fs = match open_img(&img, true) {
         Ok(fs) => fs,
         // What the superblock says can still be shown.
         Err(e) => match e.downcast_ref::<Error>() {
             Some(Error::Unsupported(_) | Error::UnsupportedIncompat(_)) => {
-                return info_superblock_only(image, &e)
+                return info_superblock_only(&img, &e)
             }
             _ => return Err(e),
         },
@@ -466,6 +804,17 @@ fn info(image: &Path) -> Result<()> {
     let sb = fs.superblock();
     let g = &fs.geo;
     use uext4::format::features::*;
+    if let Some(r) = img.region()? {
+        println!(
+            "Location:                 {}, {} bytes at offset {}",
+            match img.within {
+                Within::Partition(n) => format!("partition {n} of {}", img.path.display()),
+                _ => format!("inside {}", img.path.display()),
+            },
+            r.len.unwrap_or(0),
+            r.offset
+        );
+    }
     print_identity(&sb);
     println!("Block size:               {}", g.block_size);
     println!("Block count:              {}", g.blocks_count);
@@ -635,7 +984,7 @@ fn escaped_name(b: &[u8]) -> String {
 
 fn ls(path: &str, long: bool) -> Result<()> {
     let (img, p) = image_loc(path)?;
-    let fs = open(&img, true)?;
+    let fs = open_img(&img, true)?;
     // As ls(1): with -l a symlink named as the argument is shown itself, unless it ends in '/'.
     let follow = !long || p.ends_with('/');
     let ino = resolve(&fs, &p, follow).with_context(|| path.to_string())?;
@@ -715,7 +1064,7 @@ fn ls(path: &str, long: bool) -> Result<()> {
 
 fn cat(path: &str) -> Result<()> {
     let (img, p) = image_loc(path)?;
-    let fs = open(&img, true)?;
+    let fs = open_img(&img, true)?;
     let ino = resolve(&fs, &p, true).with_context(|| path.to_string())?;
     let a = fs.getattr(ino)?;
     if a.is_dir() {
@@ -740,7 +1089,7 @@ fn cat(path: &str) -> Result<()> {
 
 fn stat(path: &str) -> Result<()> {
     let (img, p) = image_loc(path)?;
-    let fs = open(&img, true)?;
+    let fs = open_img(&img, true)?;
     let ino = resolve(&fs, &p, false).with_context(|| path.to_string())?;
     let a = fs.getattr(ino)?;
     println!("  File: {p}");
@@ -790,7 +1139,7 @@ fn stat(path: &str) -> Result<()> {
 
 fn mkdir(path: &str, parents: bool) -> Result<()> {
     let (img, p) = image_loc(path)?;
-    let fs = open(&img, false)?;
+    let fs = open_img(&img, false)?;
     let r = (|| -> Result<()> {
         if parents {
             let mut cur = 2u32;
@@ -822,7 +1171,7 @@ fn mkdir(path: &str, parents: bool) -> Result<()> {
         }
         Ok(())
     })();
-    finish(&fs, &img, r.with_context(|| path.to_string()))
+    finish(&fs, &img.path, r.with_context(|| path.to_string()))
 }
 
 /// The error for a directory that a recursive walk reaches a second time: in a sound image
@@ -870,7 +1219,7 @@ fn remove_tree(
 
 fn rm(path: &str, recursive: bool, force: bool) -> Result<()> {
     let (img, p) = image_loc(path)?;
-    let fs = open(&img, false)?;
+    let fs = open_img(&img, false)?;
     let r = (|| -> Result<()> {
         let (d, n) = parent_of(&fs, &p)?;
         let res = if recursive {
@@ -887,7 +1236,7 @@ fn rm(path: &str, recursive: bool, force: bool) -> Result<()> {
             r => Ok(r?),
         }
     })();
-    finish(&fs, &img, r.with_context(|| path.to_string()))
+    finish(&fs, &img.path, r.with_context(|| path.to_string()))
 }
 
 fn mv(src: &str, dst: &str) -> Result<()> {
@@ -896,7 +1245,7 @@ fn mv(src: &str, dst: &str) -> Result<()> {
     if img != img2 {
         bail!("{dst}: mv works inside one image; use cp and rm between images");
     }
-    let fs = open(&img, false)?;
+    let fs = open_img(&img, false)?;
     let r = (|| -> Result<()> {
         let (sd, sn) = parent_of(&fs, &s)?;
         // Moving onto an existing directory puts the source inside it.
@@ -907,7 +1256,7 @@ fn mv(src: &str, dst: &str) -> Result<()> {
         fs.rename(sd, &sn, dd, &dn, RenameFlags::default())?;
         Ok(())
     })();
-    finish(&fs, &img, r.with_context(|| format!("{src} -> {dst}")))
+    finish(&fs, &img.path, r.with_context(|| format!("{src} -> {dst}")))
 }
 
 /// Makes room for a non-directory called `name` in `dir`, as cp(1) does: an existing
@@ -928,14 +1277,14 @@ fn make_room(fs: &Fs, dir: u32, name: &[u8]) -> Result<()> {
 
 fn ln(target: &str, link: &str, symbolic: bool) -> Result<()> {
     let (img, l) = image_loc(link)?;
-    let fs = open(&img, false)?;
+    let fs = open_img(&img, false)?;
     let r = (|| -> Result<()> {
         let (d, n) = parent_of(&fs, &l)?;
         if symbolic {
             let (uid, gid) = caller();
             fs.symlink(d, &n, target.as_bytes(), uid, gid)?;
         } else {
-            let t = match parse_loc(target) {
+            let t = match parse_loc(target)? {
                 Loc::Image(i, p) if i == img => p,
                 Loc::Image(..) => bail!("{target}: hard links must stay inside one image"),
                 Loc::Host(p) => p.to_string_lossy().into_owned(),
@@ -945,13 +1294,13 @@ fn ln(target: &str, link: &str, symbolic: bool) -> Result<()> {
         }
         Ok(())
     })();
-    finish(&fs, &img, r.with_context(|| link.to_string()))
+    finish(&fs, &img.path, r.with_context(|| link.to_string()))
 }
 
 fn truncate(path: &str, size: &str, create: bool) -> Result<()> {
     let (img, p) = image_loc(path)?;
     let size = parse_size(size)?;
-    let fs = open(&img, false)?;
+    let fs = open_img(&img, false)?;
     let r = (|| -> Result<()> {
         let ino = match resolve(&fs, &p, true) {
             Ok(ino) => ino,
@@ -966,7 +1315,7 @@ fn truncate(path: &str, size: &str, create: bool) -> Result<()> {
         };
         Ok(fs.truncate(ino, size)?)
     })();
-    finish(&fs, &img, r.with_context(|| path.to_string()))
+    finish(&fs, &img.path, r.with_context(|| path.to_string()))
 }
 
 // ---- cp ----
@@ -1524,9 +1873,9 @@ impl ImageToImage<'_> {
 }
 
 fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
-    match (parse_loc(src), parse_loc(dst)) {
+    match (parse_loc(src)?, parse_loc(dst)?) {
         (Loc::Host(s), Loc::Image(img, d)) => {
-            let fs = open(&img, false)?;
+            let fs = open_img(&img, false)?;
             let total = host_total(&s);
             let r = (|| -> Result<()> {
                 let name = s
@@ -1550,10 +1899,10 @@ fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
                     _ => r,
                 }
             })();
-            finish(&fs, &img, r.with_context(|| format!("{src} -> {dst}")))
+            finish(&fs, &img.path, r.with_context(|| format!("{src} -> {dst}")))
         }
         (Loc::Image(img, s), Loc::Host(d)) => {
-            let fs = open(&img, true)?;
+            let fs = open_img(&img, true)?;
             let ino = resolve(&fs, &s, false).with_context(|| src.to_string())?;
             let total = if recursive {
                 image_total(&fs, ino, &mut Default::default())
@@ -1591,14 +1940,23 @@ fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
         }
         (Loc::Image(si, s), Loc::Image(di, d)) => {
             // Directly between the two engines; one engine when both sides are the same image.
-            let same = std::fs::canonicalize(&si)? == std::fs::canonicalize(&di)?;
-            let dfs = open(&di, false)?;
+            let same_file = std::fs::canonicalize(&si.path)? == std::fs::canonicalize(&di.path)?;
+            let same = same_file && si.within == di.within;
+            if same_file && !same {
+                // Two parts of one file: fine when they are apart (two partitions), never
+                // when one overlaps the other.
+                let (a, b) = (si.range()?, di.range()?);
+                if a.0 < b.1 && b.0 < a.1 {
+                    bail!("{src} -> {dst}: the two overlap in {}", si.path.display());
+                }
+            }
+            let dfs = open_img(&di, false)?;
             let sfs = if same {
                 dfs.clone()
             } else {
-                match open(&si, true) {
+                match open_img(&si, true) {
                     Ok(f) => f,
-                    Err(e) => return finish(&dfs, &di, Err(e)),
+                    Err(e) => return finish(&dfs, &di.path, Err(e)),
                 }
             };
             let r = (|| -> Result<()> {
@@ -1653,7 +2011,7 @@ fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
                     None => r,
                 }
             })();
-            finish(&dfs, &di, r.with_context(|| format!("{src} -> {dst}")))
+            finish(&dfs, &di.path, r.with_context(|| format!("{src} -> {dst}")))
         }
         (Loc::Host(_), Loc::Host(_)) => {
             bail!("one side of cp must be IMAGE:PATH (an existing image file)")

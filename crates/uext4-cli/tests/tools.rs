@@ -1244,3 +1244,361 @@ fn copying_over_an_earlier_copy_replaces_links() {
     assert!(err.contains("cannot overwrite directory l"), "{err}");
     fsck(&img, "after the refused copy");
 }
+
+// ---- partitions and offsets ----
+
+fn have(tool: &str) -> bool {
+    let ok = Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success() || !o.stdout.is_empty() || !o.stderr.is_empty());
+    if !ok {
+        eprintln!(
+            "SKIP: {tool} is not installed (gdisk / fdisk packages; scripts/install-deps.sh)"
+        );
+    }
+    ok
+}
+
+/// `e2fsck -fn 'IMAGE?offset=BYTES'`: must be clean.
+fn fsck_at(img: &Path, offset: u64, when: &str) {
+    let o = Command::new("e2fsck")
+        .arg("-fn")
+        .arg(format!("{}?offset={offset}", img.display()))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "e2fsck at offset {offset} {when}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Fills `start..start + len` of the file with a pattern that names its place.
+fn fill_pattern(img: &Path, start: u64, len: u64, seed: u8) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(img).unwrap();
+    let buf: Vec<u8> = (0..len).map(|i| (i % 251) as u8 ^ seed).collect();
+    f.write_all_at(&buf, start).unwrap();
+}
+
+/// Everything of the file outside `start..end` (tables, neighbours, headers, trailers).
+fn outside(img: &Path, start: u64, end: u64) -> Vec<u8> {
+    let v = std::fs::read(img).unwrap();
+    [&v[..start as usize], &v[end as usize..]].concat()
+}
+
+const SECTOR: u64 = 512;
+// Partition 1: sectors 2048..10240 (4 MiB), partition 2 (ext4): 10240..59392 (24 MiB),
+// partition 3: from 59392 to the end (the table's own end for GPT).
+const P2: (u64, u64) = (10240 * SECTOR, 59392 * SECTOR);
+
+/// A 32 MiB whole-disk image with three partitions, made by sgdisk (GPT) or sfdisk (MBR);
+/// partitions 1 and 3 filled with patterns. None (and a SKIP) without the tool.
+fn partitioned_disk(tag: &str, gpt: bool) -> Option<Scratch> {
+    let disk = Scratch::new(tag);
+    std::fs::File::create(&disk.0)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let ok = if gpt {
+        if !have("sgdisk") {
+            return None;
+        }
+        Command::new("sgdisk")
+            .args([
+                "-n",
+                "1:2048:10239",
+                "-c",
+                "1:before",
+                "-n",
+                "2:10240:59391",
+            ])
+            .args(["-c", "2:data", "-n", "3:59392:0", "-c", "3:after", disk.s()])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    } else {
+        if !have("sfdisk") {
+            return None;
+        }
+        use std::io::Write;
+        let mut c = Command::new("sfdisk")
+            .arg(disk.s())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        c.stdin
+            .take()
+            .unwrap()
+            .write_all(b"label: dos\n2048,8192,83\n10240,49152,83\n59392,,83\n")
+            .unwrap();
+        c.wait().unwrap().success()
+    };
+    assert!(ok, "making the partition table");
+    fill_pattern(&disk.0, 2048 * SECTOR, 8192 * SECTOR, 0x5a);
+    fill_pattern(&disk.0, 59392 * SECTOR, 4096 * SECTOR, 0xa5);
+    Some(disk)
+}
+
+/// Writes a lot into partition 2 through the tools and the mount, to its last block; the
+/// rest of the disk is unchanged byte for byte and e2fsck is clean at every step.
+fn writes_stay_inside_partition_2(gpt: bool) {
+    if !have_e2fsck() {
+        return;
+    }
+    let Some(disk) = partitioned_disk(if gpt { "gpt" } else { "mbr" }, gpt) else {
+        return;
+    };
+    let before = outside(&disk.0, P2.0, P2.1);
+    let p2 = |path: &str| format!("{}@2:{path}", disk.s());
+    let info = ok(&["info", disk.s()]);
+    assert!(info.contains(if gpt { "GPT" } else { "MBR" }), "{info}");
+    assert!(info.contains("3 partitions"), "{info}");
+    ok(&["mkfs", &format!("{}@2", disk.s())]);
+    let info = ok(&["info", disk.s()]);
+    let line2 = info
+        .lines()
+        .find(|l| l.trim_start().starts_with("2 "))
+        .unwrap();
+    assert!(line2.contains("ext4"), "{info}");
+    assert!(info.contains(&format!("{}@N", disk.s())), "{info}");
+    fsck_at(&disk.0, P2.0, "after mkfs");
+
+    // The tools: a tree in, the namespace commands, then a file larger than the space left.
+    let src = Scratch::new(if gpt { "gpt-src" } else { "mbr-src" });
+    std::fs::create_dir(&src.0).unwrap();
+    for i in 0..200 {
+        std::fs::write(src.0.join(format!("f{i}")), vec![i as u8; 1000 + i * 37]).unwrap();
+    }
+    ok(&["cp", "-r", src.s(), &p2("/tree")]);
+    ok(&["mkdir", "-p", &p2("/a/b/c")]);
+    ok(&["ln", "-s", "/tree/f1", &p2("/a/link")]);
+    ok(&["ln", &p2("/tree/f2"), &p2("/a/hard")]);
+    ok(&["mv", &p2("/tree/f3"), &p2("/a/b/moved")]);
+    ok(&["truncate", "-s", "1M", &p2("/a/sparse")]);
+    ok(&["rm", &p2("/tree/f4")]);
+    assert_eq!(ok(&["cat", &p2("/a/link")]).len(), 1037);
+    assert!(ok(&["stat", &p2("/a/b/moved")]).contains("Size: 1111"));
+    fsck_at(&disk.0, P2.0, "after the namespace commands");
+    let big = Scratch::new(if gpt { "gpt-big" } else { "mbr-big" });
+    std::fs::write(&big.0, vec![0x77u8; 30 << 20]).unwrap();
+    let e = fails(&["cp", big.s(), &p2("/big")]);
+    assert!(e.contains("no space"), "{e}");
+    fsck_at(&disk.0, P2.0, "after filling it with uext4 cp");
+    ok(&["rm", &p2("/big")]);
+    assert_eq!(
+        outside(&disk.0, P2.0, P2.1),
+        before,
+        "the tools wrote outside partition 2"
+    );
+
+    // The mount: -o partition=2, to ENOSPC, then IMAGE@2.
+    if is_root() && Path::new("/dev/fuse").exists() {
+        let mnt = Scratch::new(if gpt { "gpt-mnt" } else { "mbr-mnt" });
+        std::fs::create_dir(&mnt.0).unwrap();
+        ok(&["mount", "-o", "partition=2", disk.s(), mnt.s()]);
+        std::fs::write(mnt.0.join("hello"), b"written through the mount\n").unwrap();
+        let fill = Command::new("dd")
+            .args(["if=/dev/urandom", "bs=1M", "count=40"])
+            .arg(format!("of={}", mnt.0.join("fill").display()))
+            .output()
+            .unwrap();
+        assert!(!fill.status.success(), "40 MiB fit in a 24 MiB partition?");
+        assert!(String::from_utf8_lossy(&fill.stderr).contains("No space left"));
+        ok(&["umount", mnt.s()]);
+        fsck_at(&disk.0, P2.0, "after filling it through the mount");
+        assert_eq!(
+            outside(&disk.0, P2.0, P2.1),
+            before,
+            "the mount wrote outside partition 2"
+        );
+        ok(&["mount", &format!("{}@2", disk.s()), mnt.s()]);
+        assert_eq!(
+            std::fs::read(mnt.0.join("hello")).unwrap(),
+            b"written through the mount\n"
+        );
+        std::fs::remove_file(mnt.0.join("fill")).unwrap();
+        ok(&["umount", mnt.s()]);
+        fsck_at(&disk.0, P2.0, "after the second mount");
+
+        // The kernel reads partition 2 back through a loop device at its offset.
+        let k = Command::new("mount")
+            .args([
+                "-o",
+                &format!("ro,loop,offset={},sizelimit={}", P2.0, P2.1 - P2.0),
+            ])
+            .arg(&disk.0)
+            .arg(&mnt.0)
+            .output()
+            .unwrap();
+        if k.status.success() {
+            let hello = std::fs::read(mnt.0.join("hello"));
+            let f5 = std::fs::read(mnt.0.join("tree/f5"));
+            let _ = Command::new("umount").arg(&mnt.0).status();
+            assert_eq!(hello.unwrap(), b"written through the mount\n");
+            assert_eq!(f5.unwrap(), vec![5u8; 1000 + 5 * 37]);
+        } else {
+            eprintln!(
+                "SKIP (part): no loop mount here: {}",
+                String::from_utf8_lossy(&k.stderr).trim()
+            );
+        }
+    } else {
+        eprintln!("SKIP (part): the mount part needs root and /dev/fuse");
+    }
+    assert_eq!(
+        outside(&disk.0, P2.0, P2.1),
+        before,
+        "wrote outside partition 2"
+    );
+}
+
+#[test]
+fn gpt_partition_writes_stay_inside_it() {
+    writes_stay_inside_partition_2(true);
+}
+
+#[test]
+fn mbr_partition_writes_stay_inside_it() {
+    writes_stay_inside_partition_2(false);
+}
+
+/// A SIF-like file: a header of 1 MiB, an ext4 image of 16 MiB, a trailer of 1 MiB.
+#[test]
+fn filesystem_at_an_offset() {
+    if !have_e2fsck() {
+        return;
+    }
+    const OFF: u64 = 1 << 20;
+    const LEN: u64 = 16 << 20;
+    let sif = Scratch::new("sif");
+    std::fs::File::create(&sif.0)
+        .unwrap()
+        .set_len(OFF + LEN + (1 << 20))
+        .unwrap();
+    fill_pattern(&sif.0, 0, OFF, 0x11);
+    fill_pattern(&sif.0, OFF + LEN, 1 << 20, 0x22);
+    let before = outside(&sif.0, OFF, OFF + LEN);
+    let at = format!("{}@offset={OFF},size={LEN}", sif.s());
+    ok(&["mkfs", &at]);
+    fsck_at(&sif.0, OFF, "after mkfs");
+    let src = Scratch::new("sif-src");
+    std::fs::create_dir(&src.0).unwrap();
+    for i in 0..50 {
+        std::fs::write(src.0.join(format!("f{i}")), vec![i as u8; 5000 + i]).unwrap();
+    }
+    ok(&["cp", "-r", src.s(), &format!("{at}:/d")]);
+    let big = Scratch::new("sif-big");
+    std::fs::write(&big.0, vec![0x33u8; 20 << 20]).unwrap();
+    fails(&["cp", big.s(), &format!("{at}:/big")]);
+    fsck_at(&sif.0, OFF, "after filling it");
+    // Without size= the filesystem still ends where its superblock says.
+    let plain = format!("{}@offset=1048576:/d/f7", sif.s());
+    assert_eq!(ok(&["cat", &plain]).len(), 5007);
+    assert_eq!(
+        outside(&sif.0, OFF, OFF + LEN),
+        before,
+        "wrote outside the window"
+    );
+
+    // An image mke2fs made at an offset reads and writes too.
+    let m = Command::new("mke2fs")
+        .args(["-q", "-F", "-t", "ext4", "-E", &format!("offset={OFF}")])
+        .arg(&sif.0)
+        .arg("8M")
+        .output()
+        .unwrap();
+    assert!(m.status.success(), "{}", String::from_utf8_lossy(&m.stderr));
+    let at = format!("{}@offset={OFF}", sif.s());
+    ok(&["mkdir", &format!("{at}:/x")]);
+    assert!(ok(&["ls", &format!("{at}:/")]).contains("lost+found"));
+    assert!(ok(&["info", &at]).contains("Location:"));
+    fsck_at(&sif.0, OFF, "after writing mke2fs's image");
+    assert_eq!(
+        &std::fs::read(&sif.0).unwrap()[..OFF as usize],
+        &before[..OFF as usize]
+    );
+}
+
+/// Bad partitions and offsets: one line each, exit 1, the image unchanged.
+#[test]
+fn bad_partitions_and_offsets_are_one_line_errors() {
+    if !have_e2fsck() {
+        return;
+    }
+    let Some(disk) = partitioned_disk("bad", true) else {
+        return;
+    };
+    ok(&["mkfs", &format!("{}@2", disk.s())]);
+    let before = std::fs::read(&disk.0).unwrap();
+    let d = disk.s();
+    let cases: [(String, &str); 9] = [
+        (
+            format!("{d}@7:/"),
+            "partition 7 does not exist (the GPT partition table has 3 partitions: 1, 2, 3)",
+        ),
+        (
+            format!("{d}@1:/"),
+            "partition 1 is not ext4 (it holds unrecognised data)",
+        ),
+        (format!("{d}@0:/"), "numbered from 1"),
+        (format!("{d}@x:/"), "partition number"),
+        (
+            format!("{d}@offset=1000:/"),
+            "offset 1000 is not a multiple of 512 bytes",
+        ),
+        (
+            format!("{d}@offset=1073741824:/"),
+            "offset 1073741824 is past the end",
+        ),
+        (format!("{d}@offset=5242880,size=1G:/"), "runs past the end"),
+        (format!("{d}@offset=1048576:/"), "no ext4 at offset 1048576"),
+        (format!("{d}:/"), "not ext4 itself but a whole disk"),
+    ];
+    for (arg, want) in &cases {
+        for cmd in [&["ls", arg.as_str()][..], &["mkdir", &format!("{arg}new")]] {
+            let e = fails(cmd);
+            assert!(e.contains(want), "uext4 {cmd:?}: {e:?} lacks {want:?}");
+        }
+    }
+    let plain = Scratch::new("bad-plain");
+    std::fs::File::create(&plain.0)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    let e = fails(&["ls", &format!("{}@2:/", plain.s())]);
+    assert!(e.contains("no partition table"), "{e}");
+    let e = fails(&["info", &format!("{d}@3")]);
+    assert!(e.contains("partition 3 is not ext4"), "{e}");
+    let e = fails(&["mkfs", &format!("{d}@9")]);
+    assert!(e.contains("partition 9 does not exist"), "{e}");
+    let e = fails_with(&["mount", "-o", "partition=2,offset=512", d, plain.s()], 2);
+    assert!(e.contains("exclude each other"), "{e}");
+    if is_root() && Path::new("/dev/fuse").exists() {
+        let mnt = Scratch::new("bad-mnt");
+        std::fs::create_dir(&mnt.0).unwrap();
+        let e = fails(&["mount", "-o", "partition=5", d, mnt.s()]);
+        assert!(e.contains("partition 5 does not exist"), "{e}");
+        let e = fails(&["mount", "-o", "offset=100", d, mnt.s()]);
+        assert!(e.contains("not a multiple of 512"), "{e}");
+    }
+    // A qcow2 file is named for what it is.
+    let q = Scratch::new("bad-qcow2");
+    let mut v = vec![0u8; 1 << 20];
+    v[..4].copy_from_slice(b"QFI\xfb");
+    std::fs::write(&q.0, &v).unwrap();
+    let e = fails(&["info", q.s()]);
+    assert!(
+        e.contains("qcow2 image") && e.contains("qemu-img convert"),
+        "{e}"
+    );
+    assert!(
+        std::fs::read(&disk.0).unwrap() == before,
+        "a refused command changed the image"
+    );
+    fsck_at(&disk.0, P2.0, "after the refused commands");
+}

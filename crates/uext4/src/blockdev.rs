@@ -2,8 +2,10 @@
 //!
 //! Backends: [`FileDevice`] (an image file or block device, pread/pwrite), [`MappedDevice`]
 //! (the image mapped into memory), [`MemDevice`] (tests, building images), [`OverlayDevice`]
-//! (writes kept in memory over a device never written: read-only journal replay) and
-//! [`RecordingDevice`] (the crash checker's).
+//! (writes kept in memory over a device never written: read-only journal replay),
+//! [`RegionDevice`] (a window onto part of another device: a partition of a whole-disk image,
+//! or a filesystem kept at an offset inside a container file) and [`RecordingDevice`] (the
+//! crash checker's).
 
 use parking_lot::RwLock;
 use std::fs::{File, OpenOptions};
@@ -11,6 +13,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// A byte-addressed device. Implementations must be safe to call from many threads at once.
 pub trait BlockDevice: Send + Sync {
@@ -963,5 +966,253 @@ mod overlay_tests {
         ov.read_at(3950, &mut part).unwrap();
         assert_eq!(part, want[3950..4250]);
         assert_eq!(ov.overlaid_bytes(), 2 * OVERLAY_PAGE + 1000);
+    }
+}
+
+/// Where a filesystem lies inside a bigger device: a partition of a whole-disk image (see
+/// [`crate::partition`]), or an image kept at a byte offset inside a container file (as
+/// Apptainer's SIF keeps one). Given to [`crate::MountOptions::region`], or to
+/// [`RegionDevice::new`] directly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    /// Byte offset of the filesystem's first byte: a multiple of [`REGION_ALIGN`].
+    pub offset: u64,
+    /// Length in bytes; `None` reaches to the end of the device.
+    pub len: Option<u64>,
+}
+
+/// What a [`Region`]'s offset must be a multiple of: the sector size of partition tables,
+/// and what the kernel's loop device (`losetup -o`) and every backend here can address.
+pub const REGION_ALIGN: u64 = 512;
+
+/// A window onto `offset..offset + len` of another device, seen as a device of its own
+/// starting at 0: every access is translated and bounds-checked, so nothing outside the
+/// window is ever read or written (an access past its end is an error, never a write into
+/// the neighbouring partition). Read-only, flush, mapping and cheap zeroing are the wrapped
+/// device's.
+pub struct RegionDevice {
+    inner: Arc<dyn BlockDevice>,
+    offset: u64,
+    len: u64,
+}
+
+impl RegionDevice {
+    /// Checks `r` against `inner`: the offset must be a multiple of [`REGION_ALIGN`], inside
+    /// the device, and the window must not be empty or run past the device's end.
+    pub fn new(inner: Arc<dyn BlockDevice>, r: Region) -> crate::Result<Self> {
+        let size = inner.size();
+        if !r.offset.is_multiple_of(REGION_ALIGN) {
+            return Err(crate::Error::Invalid(format!(
+                "offset {} is not a multiple of {REGION_ALIGN} bytes",
+                r.offset
+            )));
+        }
+        if r.offset >= size {
+            return Err(crate::Error::Invalid(format!(
+                "offset {} is past the end of the device ({size} bytes)",
+                r.offset
+            )));
+        }
+        let len = match r.len {
+            None => size - r.offset,
+            Some(0) => {
+                return Err(crate::Error::Invalid(format!(
+                    "the region at offset {} is empty (length 0)",
+                    r.offset
+                )))
+            }
+            Some(l) if r.offset.checked_add(l).is_none_or(|e| e > size) => {
+                return Err(crate::Error::Invalid(format!(
+                    "the region of {l} bytes at offset {} runs past the end of the device \
+                     ({size} bytes)",
+                    r.offset
+                )))
+            }
+            Some(l) => l,
+        };
+        Ok(RegionDevice {
+            inner,
+            offset: r.offset,
+            len,
+        })
+    }
+
+    /// The window, in the wrapped device's bytes.
+    pub fn region(&self) -> Region {
+        Region {
+            offset: self.offset,
+            len: Some(self.len),
+        }
+    }
+
+    /// `off` translated to the wrapped device, once `off..off + len` is known to lie inside
+    /// the window.
+    fn translate(&self, off: u64, len: u64) -> io::Result<u64> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.offset + off),
+            _ => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "access at byte {off} (+{len}) is past the end of the region ({} bytes at \
+                     offset {})",
+                    self.len, self.offset
+                ),
+            )),
+        }
+    }
+}
+
+impl BlockDevice for RegionDevice {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        let at = self.translate(off, buf.len() as u64)?;
+        self.inner.read_at(at, buf)
+    }
+    fn write_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
+        let at = self.translate(off, buf.len() as u64)?;
+        self.inner.write_at(at, buf)
+    }
+    fn write_new_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
+        let at = self.translate(off, buf.len() as u64)?;
+        self.inner.write_new_at(at, buf)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.inner.flush()
+    }
+    fn size(&self) -> u64 {
+        self.len
+    }
+    fn read_only(&self) -> bool {
+        self.inner.read_only()
+    }
+    fn is_mapped(&self) -> bool {
+        self.inner.is_mapped()
+    }
+    fn zeroes_cheaply(&self) -> bool {
+        self.inner.zeroes_cheaply()
+    }
+    fn zero_range(&self, off: u64, len: u64) -> io::Result<()> {
+        let at = self.translate(off, len)?;
+        self.inner.zero_range(at, len)
+    }
+    fn read_fresh_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        let at = self.translate(off, buf.len() as u64)?;
+        self.inner.read_fresh_at(at, buf)
+    }
+    fn name(&self) -> Option<String> {
+        self.inner.name()
+    }
+}
+
+#[cfg(test)]
+mod region_tests {
+    use super::*;
+
+    fn backing() -> Arc<MemDevice> {
+        // Every byte of the device names its own 512-byte sector, so a misplaced access shows.
+        let v: Vec<u8> = (0..16 * 512).map(|i| (i / 512) as u8 + 1).collect();
+        Arc::new(MemDevice::from_vec(v))
+    }
+
+    fn region(offset: u64, len: Option<u64>) -> Region {
+        Region { offset, len }
+    }
+
+    #[test]
+    fn reads_and_writes_are_translated() {
+        let mem = backing();
+        let d = RegionDevice::new(mem.clone(), region(4 * 512, Some(4 * 512))).unwrap();
+        assert_eq!(d.size(), 4 * 512);
+        let mut b = [0u8; 4];
+        d.read_at(0, &mut b).unwrap();
+        assert_eq!(b, [5; 4], "byte 0 of the window is sector 4 of the device");
+        d.read_at(3 * 512 + 508, &mut b).unwrap();
+        assert_eq!(b, [8; 4]);
+        d.write_at(512, &[0xaa; 512]).unwrap();
+        d.zero_range(2 * 512, 512).unwrap();
+        d.write_new_at(3 * 512, &[0xbb; 16]).unwrap();
+        let v = mem.to_vec();
+        assert!(v[5 * 512..6 * 512].iter().all(|&x| x == 0xaa));
+        assert!(v[6 * 512..7 * 512].iter().all(|&x| x == 0));
+        assert!(v[7 * 512..7 * 512 + 16].iter().all(|&x| x == 0xbb));
+        // Everything outside the window is as it was.
+        for (i, &x) in v.iter().enumerate() {
+            if !(4 * 512..8 * 512).contains(&i) {
+                assert_eq!(
+                    x,
+                    (i / 512) as u8 + 1,
+                    "byte {i} outside the window changed"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn accesses_past_the_window_fail_and_touch_nothing() {
+        let mem = backing();
+        let before = mem.to_vec();
+        let d = RegionDevice::new(mem.clone(), region(512, Some(2 * 512))).unwrap();
+        let mut b = [0u8; 2];
+        assert!(d.read_at(2 * 512 - 1, &mut b).is_err());
+        assert!(d.read_at(u64::MAX, &mut b).is_err());
+        assert!(d.write_at(2 * 512 - 1, &[1, 2]).is_err());
+        assert!(d.write_at(2 * 512, &[1]).is_err());
+        assert!(d.write_new_at(u64::MAX - 1, &[1, 2, 3]).is_err());
+        assert!(d.zero_range(512, 2 * 512).is_err());
+        assert!(d.zero_range(u64::MAX, 2).is_err());
+        assert_eq!(mem.to_vec(), before, "a refused access wrote something");
+        // The last byte is inside.
+        d.write_at(2 * 512 - 1, &[9]).unwrap();
+        assert_eq!(mem.to_vec()[3 * 512 - 1], 9);
+    }
+
+    #[test]
+    fn bad_regions_are_refused() {
+        let mem = backing();
+        let size = mem.size();
+        let err = |r| RegionDevice::new(mem.clone(), r).err().unwrap().to_string();
+        assert!(err(region(100, None)).contains("not a multiple of 512"));
+        assert!(err(region(size, None)).contains("past the end"));
+        assert!(err(region(size + 512, Some(512))).contains("past the end"));
+        assert!(err(region(512, Some(size))).contains("runs past the end"));
+        assert!(err(region(512, Some(u64::MAX))).contains("runs past the end"));
+        assert!(err(region(512, Some(0))).contains("empty"));
+        // To the end of the device when no length is given.
+        let d = RegionDevice::new(mem.clone(), region(15 * 512, None)).unwrap();
+        assert_eq!(d.size(), 512);
+        assert_eq!(d.region(), region(15 * 512, Some(512)));
+    }
+
+    #[test]
+    fn properties_of_the_device_carry_through() {
+        struct Ro;
+        impl BlockDevice for Ro {
+            fn read_at(&self, _: u64, buf: &mut [u8]) -> io::Result<()> {
+                buf.fill(0);
+                Ok(())
+            }
+            fn write_at(&self, _: u64, _: &[u8]) -> io::Result<()> {
+                Err(io::Error::from_raw_os_error(libc::EROFS))
+            }
+            fn flush(&self) -> io::Result<()> {
+                Ok(())
+            }
+            fn size(&self) -> u64 {
+                1 << 20
+            }
+            fn read_only(&self) -> bool {
+                true
+            }
+            fn is_mapped(&self) -> bool {
+                true
+            }
+            fn zeroes_cheaply(&self) -> bool {
+                true
+            }
+        }
+        let d = RegionDevice::new(Arc::new(Ro), region(4096, None)).unwrap();
+        assert!(d.read_only() && d.is_mapped() && d.zeroes_cheaply());
+        assert_eq!(d.size(), (1 << 20) - 4096);
+        let m = RegionDevice::new(backing(), region(0, None)).unwrap();
+        assert!(!m.read_only() && !m.is_mapped() && !m.zeroes_cheaply());
     }
 }

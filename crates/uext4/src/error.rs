@@ -84,6 +84,9 @@ pub enum Error {
         time: u64,
         fsck: bool,
     },
+    /// A partition table that cannot be used, or a partition it does not have.
+    #[error("{0}")]
+    PartitionTable(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -125,6 +128,7 @@ impl Error {
             Error::Stopped(_) => libc::EROFS,
             Error::Nxio => libc::ENXIO,
             Error::Busy | Error::InUse(_) | Error::MmpBusy { .. } => libc::EBUSY,
+            Error::PartitionTable(_) => libc::EINVAL,
         }
     }
 }

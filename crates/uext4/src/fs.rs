@@ -68,6 +68,23 @@ pub struct MountOptions {
     /// In-memory inodes kept beyond those in use (about 1 KiB each); past it, inodes nothing
     /// needs are dropped and read back from the inode table when next used.
     pub inode_cache_limit: usize,
+    /// Where on the device the filesystem lies, when not at its start: a partition of a
+    /// whole-disk image ([`crate::partition::Table`] finds one by number) or an image at an
+    /// offset inside a container file. `Fs::open_path` and `Fs::open_dev` then see only that
+    /// window ([`crate::blockdev::RegionDevice`]): nothing outside it is read or written. An
+    /// offset that is not a multiple of 512, past the end, or a window running past the end
+    /// is refused (`Error::Invalid`). `None` (the default): the whole device.
+    ///
+    /// ```no_run
+    /// use uext4::{blockdev::Region, Fs, MountOptions};
+    /// let opts = MountOptions {
+    ///     region: Some(Region { offset: 1 << 20, len: Some(64 << 20) }),
+    ///     ..MountOptions::ro()
+    /// };
+    /// let fs = Fs::open_path("disk.img".as_ref(), opts)?;
+    /// # Ok::<(), uext4::Error>(())
+    /// ```
+    pub region: Option<crate::blockdev::Region>,
 }
 
 impl MountOptions {
@@ -95,6 +112,7 @@ impl Default for MountOptions {
             buffered_limit_bytes: 128 << 20,
             prealloc_zeroed: true,
             inode_cache_limit: 1 << 17,
+            region: None,
         }
     }
 }
@@ -558,10 +576,15 @@ impl Fs {
     /// Opens the filesystem on `dev`: checks the superblock, features and group descriptors.
     /// (`Fs::open_path` opens a file or block device by path; `fs.open(ino)` opens a file.)
     pub fn open_dev(dev: Arc<dyn BlockDevice>, opts: MountOptions) -> Result<Arc<Fs>> {
+        let dev: Arc<dyn BlockDevice> = match opts.region {
+            Some(r) => Arc::new(crate::blockdev::RegionDevice::new(dev, r)?),
+            None => dev,
+        };
         Fs::open_dev_again(dev, opts, Reopen::default())
     }
 
-    /// `open_dev`, and the open again after a journal replay (`reopen`).
+    /// `open_dev` once the device is the filesystem's own (its region), and the open again
+    /// after a journal replay (`reopen`).
     fn open_dev_again(
         dev: Arc<dyn BlockDevice>,
         mut opts: MountOptions,

@@ -15,6 +15,7 @@
 //! - [`delalloc`]: buffered mode's write-back cache with delayed allocation;
 //! - [`mkfs`]: making a new filesystem;
 //! - [`mmp`]: multi-mount protection (the MMP block and its updating thread).
+//! - [`partition`]: GPT and MBR partition tables, and what a device or partition holds.
 
 pub mod balloc;
 pub mod bcache;
@@ -37,6 +38,7 @@ pub mod mkfs;
 pub mod mmp;
 pub mod namei;
 pub mod orphan;
+pub mod partition;
 pub mod transaction;
 pub mod xattr;
 
