@@ -917,6 +917,13 @@ fn other_writers_refuse_a_read_write_mount() {
             .output()
             .unwrap();
         assert!(o.status.success(), "fuse2fs: {o:?}");
+        struct Unmount<'a>(&'a Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = Command::new("umount").arg("-l").arg(self.0).output();
+            }
+        }
+        let _peer_mount = Unmount(&peer);
         let o = try_mount();
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "mounted beside fuse2fs");
@@ -931,8 +938,9 @@ fn other_writers_refuse_a_read_write_mount() {
             .success());
         // fuse2fs writes the image back after umount returns.
         let start = Instant::now();
+        let this_image = format!("^fuse2fs {} ", e.img.display());
         while Command::new("pgrep")
-            .args(["-x", "fuse2fs"])
+            .args(["-f", &this_image])
             .output()
             .unwrap()
             .status

@@ -96,8 +96,8 @@ pub fn claim_for_writing(path: &Path) -> Result<WriterClaim> {
         let who = format!("{who}: unmount it, or wait for the tool to finish");
         return Err(in_use(who, true));
     }
-    if let Some(who) = other_holder(&md) {
-        return Err(in_use(who, false));
+    if let Some((who, by_uext4)) = other_holder(&md) {
+        return Err(in_use(who, by_uext4));
     }
     Ok(WriterClaim { file })
 }
@@ -158,8 +158,10 @@ fn forked_not_yet_exec(proc: &Path, me: u32, my_exe: Option<&Path>) -> bool {
         && std::fs::read_link(proc.join("exe")).ok().as_deref() == my_exe
 }
 
-/// Another process with the file open for writing, or a loop device backed by it.
-fn other_holder(md: &std::fs::Metadata) -> Option<String> {
+/// Another process with the file open for writing, or a loop device backed by it; and
+/// whether that process runs our own program (a uext4 server that has unmounted and released
+/// its claim, on its way out).
+fn other_holder(md: &std::fs::Metadata) -> Option<(String, bool)> {
     let me = std::process::id();
     let my_exe = std::fs::read_link("/proc/self/exe").ok();
     for p in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -184,7 +186,10 @@ fn other_holder(md: &std::fs::Metadata) -> Option<String> {
                 .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
                 .is_some_and(|f| f & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32);
             if writing {
-                return Some(format!("{} has it open for writing", process(pid)));
+                let ours = my_exe.is_some()
+                    && std::fs::read_link(p.path().join("exe")).ok().as_deref()
+                        == my_exe.as_deref();
+                return Some((format!("{} has it open for writing", process(pid)), ours));
             }
         }
     }
@@ -194,9 +199,12 @@ fn other_holder(md: &std::fs::Metadata) -> Option<String> {
         };
         if std::fs::metadata(back.trim_end()).is_ok_and(|m| same_file(md, &m)) {
             let dev = format!("/dev/{}", l.file_name().to_string_lossy());
-            return Some(format!(
-                "it backs the loop device {dev} (the kernel may have it mounted): unmount it \
-                 and detach it (losetup -d {dev})"
+            return Some((
+                format!(
+                    "it backs the loop device {dev} (the kernel may have it mounted): unmount \
+                     it and detach it (losetup -d {dev})"
+                ),
+                false,
             ));
         }
     }

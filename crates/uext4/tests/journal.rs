@@ -1163,3 +1163,59 @@ fn concurrent_fsyncs_all_return_and_share_commits() {
     fs.unmount().unwrap();
     e2fsck_clean(&img.0);
 }
+
+/// A filesystem inside a region of a bigger device (a partition), left with its journal to
+/// replay: a read-only open replays it in memory (the device keeps its bytes), a read-write
+/// open replays it into the region only, and the neighbours before and after stay intact.
+#[test]
+fn a_journal_inside_a_partition_replays_there_only() {
+    let img = scratch("jregion");
+    mke2fs(&img.0, "32M", &[]);
+    let fsbytes = std::fs::read(&img.0).unwrap();
+    let head = vec![0x5au8; 1 << 20];
+    let tail = vec![0xa5u8; 1 << 20];
+    let region = uext4::blockdev::Region {
+        offset: head.len() as u64,
+        len: Some(fsbytes.len() as u64),
+    };
+    let disk: Vec<u8> = [head.clone(), fsbytes, tail.clone()].concat();
+    let dev = Arc::new(uext4::blockdev::MemDevice::from_vec(disk));
+    let opts = |read_only| MountOptions {
+        read_only,
+        region: Some(region),
+        commit_interval_secs: 0,
+        ..Default::default()
+    };
+    // A writer that commits and vanishes without unmounting.
+    let fs = Fs::open_dev(dev.clone(), opts(false)).unwrap();
+    fs.mkdir(fs.root_ino(), b"committed", 0o755, 0, 0).unwrap();
+    let f = fs.create(fs.root_ino(), b"file", 0o644, 0, 0).unwrap().ino;
+    fs.write(f, 0, &[7u8; 100_000]).unwrap();
+    fs.commit().unwrap();
+    let crashed = dev.to_vec();
+    std::mem::forget(fs);
+    let dev = Arc::new(uext4::blockdev::MemDevice::from_vec(crashed.clone()));
+    {
+        let fs = Fs::open_dev(dev.clone(), opts(true)).unwrap();
+        assert!(fs.lookup(fs.root_ino(), b"committed").is_ok());
+        fs.unmount().unwrap();
+    }
+    assert!(dev.to_vec() == crashed, "a read-only open wrote the device");
+    {
+        let fs = Fs::open_dev(dev.clone(), opts(false)).unwrap();
+        assert!(fs.lookup(fs.root_ino(), b"committed").is_ok());
+        let mut back = vec![0u8; 100_000];
+        fs.read(f, 0, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 7));
+        fs.unmount().unwrap();
+    }
+    let after = dev.to_vec();
+    let (h, rest) = after.split_at(head.len());
+    let (fsb, t) = rest.split_at(rest.len() - tail.len());
+    assert!(
+        h == head && t == tail,
+        "a neighbour of the region was written"
+    );
+    std::fs::write(&img.0, fsb).unwrap();
+    e2fsck_clean(&img.0);
+}

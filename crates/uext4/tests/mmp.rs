@@ -122,6 +122,13 @@ fn mmp_images_open_read_write_and_unmount_clean() {
     }
 }
 
+/// A read-write open of the image as another node sharing its storage would make it: the
+/// device itself, without this host's writer claim (holder.rs), so MMP alone decides.
+fn open_as_another_node(path: &Path) -> uext4::Result<Arc<Fs>> {
+    let dev = uext4::blockdev::FileDevice::open(path, false)?;
+    Fs::open_dev(Arc::new(dev), MountOptions::default())
+}
+
 #[test]
 fn a_second_read_write_open_is_refused_while_one_holds_the_image() {
     let img = mmp_image("mmpheld", &[]);
@@ -143,8 +150,14 @@ fn a_second_read_write_open_is_refused_while_one_holds_the_image() {
     // (A read-only open of a held image waits for nothing and writes nothing: see
     // e2fsck_sequence_is_refused_at_once. Here the journal is in use, which a read-only
     // open refuses as needing recovery.)
+    // On this host the writer claim refuses at once; MMP is for another node sharing the
+    // storage, which this open stands for (the device opened without the claim).
+    assert!(matches!(
+        Fs::open_path(&img.0, MountOptions::default()),
+        Err(Error::InUse(_))
+    ));
     let t = Instant::now();
-    let err = match Fs::open_path(&img.0, MountOptions::default()) {
+    let err = match open_as_another_node(&img.0) {
         Ok(_) => panic!("a second read-write open succeeded"),
         Err(e) => e,
     };
@@ -388,9 +401,7 @@ fn the_kernel_takes_an_image_uext4_left_and_each_refuses_the_other() {
         std::fs::write(m.dir.join("from-kernel"), b"hello").unwrap();
         // While the kernel holds it, uext4 is refused.
         let t = Instant::now();
-        let e = Fs::open_path(&img.0, MountOptions::default())
-            .err()
-            .unwrap();
+        let e = open_as_another_node(&img.0).err().unwrap();
         eprintln!("uext4 refused after {:?}: {e}", t.elapsed());
         assert!(matches!(e, Error::MmpBusy { fsck: false, .. }), "{e}");
         drop(m);
