@@ -1,4 +1,4 @@
-//! `uext4 bench`: the reference workloads (the shared workloads folder, one per seed document)
+//! `uext4 bench`: the reference workloads (built-in fio jobs in workloads/, one per seed document)
 //! run side by side, in one run, against the kernel's ext4 on a loop device, fuse2fs, uext4
 //! through FUSE (default, writeback_cache, dax), uext4 in-process, the raw storage, and a FUSE
 //! server that does nothing (the transport's ceiling). Results go to JSON and a Markdown report
@@ -61,8 +61,8 @@ pub struct BenchArgs {
     /// shm (default) or disk.
     #[arg(long, default_value = "shm")]
     backing: String,
-    /// The workloads folder (default: ../shared/workloads from the current directory, else
-    /// beside the repository the binary was built from).
+    /// A folder of fio job files (WORKLOAD.fio) to run instead of the built-in ones
+    /// (crates/uext4-cli/src/bench/workloads, compiled into the binary).
     #[arg(long)]
     workloads_dir: Option<PathBuf>,
     /// Internal: serve the do-nothing FUSE filesystem at this mount point (used by fuse-null).
@@ -159,16 +159,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
         return null::serve(m, a.null_threads);
     }
     let root = unsafe { libc::geteuid() } == 0;
-    let wdir = a.workloads_dir.clone().unwrap_or_else(|| {
-        let here = PathBuf::from("../shared/workloads");
-        if here.is_dir() {
-            return here;
-        }
-        // crates/uext4-cli -> the repository root -> ../shared/workloads beside it.
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/workloads")
-    });
-    let wdir = std::fs::canonicalize(&wdir)
-        .with_context(|| format!("workloads folder {}", wdir.display()))?;
+    let wdir = match &a.workloads_dir {
+        Some(d) => Some(
+            std::fs::canonicalize(d)
+                .with_context(|| format!("workloads folder {}", d.display()))?,
+        ),
+        None => None,
+    };
     let workloads: Vec<String> = if a.workloads.is_empty() {
         WORKLOADS.iter().map(|s| s.to_string()).collect()
     } else {
@@ -400,7 +397,8 @@ type Step = (String, Option<u32>, String, usize);
 struct Ctx {
     base: PathBuf,
     exe: PathBuf,
-    wdir: PathBuf,
+    /// `--workloads-dir`; the built-in job files when `None`.
+    wdir: Option<PathBuf>,
     runtime: u64,
     quick: bool,
     journal_mib: Option<u32>,
@@ -478,10 +476,27 @@ impl Drop for Mounted {
     }
 }
 
+/// The reference fio jobs, one per seed document (the workloads folder's README says which).
+fn builtin_job(w: &str) -> Option<&'static str> {
+    Some(match w {
+        "overwrite-4k" => include_str!("workloads/overwrite-4k.fio"),
+        "mixed-randrw-4k" => include_str!("workloads/mixed-randrw-4k.fio"),
+        "fsync-randwrite-16k" => include_str!("workloads/fsync-randwrite-16k.fio"),
+        _ => return None,
+    })
+}
+
 impl Ctx {
     fn job_file(&self, w: &str) -> Result<PathBuf> {
-        let src = self.wdir.join(format!("{w}.fio"));
-        let text = std::fs::read_to_string(&src).with_context(|| src.display().to_string())?;
+        let text = match &self.wdir {
+            Some(d) => {
+                let src = d.join(format!("{w}.fio"));
+                std::fs::read_to_string(&src).with_context(|| src.display().to_string())?
+            }
+            None => builtin_job(w)
+                .with_context(|| format!("no built-in fio job for {w}"))?
+                .to_string(),
+        };
         let mut out = String::new();
         for line in text.lines() {
             let l = line.trim();
