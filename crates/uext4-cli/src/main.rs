@@ -3,6 +3,7 @@
 
 mod bench;
 mod log;
+mod mkfs;
 mod mount;
 mod tools;
 

@@ -5,7 +5,7 @@
 //! clean (`Fs::unmount`), so no root and no mount are needed.
 
 use anyhow::{anyhow, bail, Context, Result};
-use clap::{Args, Subcommand};
+use clap::Subcommand;
 use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
@@ -20,10 +20,11 @@ use uext4::xattr::XattrFlags;
 use uext4::{Attr, Error, Fs, MountOptions};
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per run
 pub enum ToolCmd {
     /// Make a new ext4 (or ext3, ext2) filesystem (creates IMAGE if missing; IMAGE@N makes it
     /// in partition N, IMAGE@offset=BYTES at that offset of an existing file).
-    Mkfs(MkfsArgs),
+    Mkfs(crate::mkfs::MkfsArgs),
     /// Print a summary of the superblock and features; of a whole-disk image, its partitions
     /// (name one as IMAGE@N).
     Info { image: PathBuf },
@@ -35,12 +36,13 @@ pub enum ToolCmd {
     },
     /// Print a file: IMAGE:PATH.
     Cat { path: String },
-    /// Copy files; either side may be IMAGE:PATH.
+    /// Copy files: SRC... DST, either side may be IMAGE:PATH (several sources go into the
+    /// directory DST; `DIR/.` copies DIR's contents, as cp(1)).
     Cp {
         #[arg(short = 'r', short_alias = 'R')]
         recursive: bool,
-        src: String,
-        dst: String,
+        #[arg(required = true, num_args = 2..)]
+        paths: Vec<String>,
     },
     /// Make directories: IMAGE:PATH.
     Mkdir {
@@ -95,28 +97,6 @@ impl ToolCmd {
             ToolCmd::Truncate { .. } => "truncate",
         }
     }
-}
-
-#[derive(Args)]
-pub struct MkfsArgs {
-    /// Size, like 64M or 2G (default: the existing file's or device's size).
-    #[arg(long)]
-    size: Option<String>,
-    /// 1024 or 4096 (default: as mke2fs, 1024 below 512 MiB, else 4096)
-    #[arg(long)]
-    block_size: Option<u32>,
-    /// Journal size in MiB (0: no journal; default: mke2fs's default for the size).
-    #[arg(long)]
-    journal_size: Option<u32>,
-    /// Filesystem type: ext4, ext3 (journal, block maps) or ext2 (neither), as mke2fs -t
-    #[arg(short = 't', default_value = "ext4")]
-    fs_type: String,
-    /// Features to set or clear, mke2fs style: -O ^metadata_csum,metadata_csum_seed
-    #[arg(short = 'O')]
-    features: Option<String>,
-    #[arg(short = 'L')]
-    label: Option<String>,
-    image: PathBuf,
 }
 
 /// Parses a size like 4096, 64K, 64M, 2G, 1T.
@@ -381,7 +361,7 @@ fn image_loc(s: &str) -> Result<(Img, String)> {
 /// Opens an image for a tool. A read-write open claims the image first (the engine's
 /// holder.rs: refused, naming the holder, while another program writes it). A read-only open
 /// never writes: a journal left to replay (a crash, a killed mount) is replayed in memory.
-fn open(image: &Path, region: Option<Region>, read_only: bool) -> Result<Arc<Fs>> {
+pub(crate) fn open(image: &Path, region: Option<Region>, read_only: bool) -> Result<Arc<Fs>> {
     let fs = Fs::open_path(
         image,
         MountOptions {
@@ -410,7 +390,7 @@ fn open(image: &Path, region: Option<Region>, read_only: bool) -> Result<Arc<Fs>
 }
 
 /// The user running the tool, who owns what it makes (as files made through a mount would be).
-fn caller() -> (u32, u32) {
+pub(crate) fn caller() -> (u32, u32) {
     // SAFETY: plain getters without arguments.
     unsafe { (libc::geteuid(), libc::getegid()) }
 }
@@ -488,15 +468,20 @@ fn parent_of(fs: &Fs, path: &str) -> Result<(u32, Vec<u8>)> {
 
 pub fn run(cmd: ToolCmd) -> Result<()> {
     match cmd {
-        ToolCmd::Mkfs(a) => mkfs(a),
+        ToolCmd::Mkfs(a) => crate::mkfs::run(a),
         ToolCmd::Info { image } => info(&image),
         ToolCmd::Ls { long, path } => ls(&path, long),
         ToolCmd::Cat { path } => cat(&path),
-        ToolCmd::Cp {
-            recursive,
-            src,
-            dst,
-        } => cp(&src, &dst, recursive),
+        ToolCmd::Cp { recursive, paths } => {
+            let (dst, srcs) = paths.split_last().expect("clap asks for two paths or more");
+            if srcs.len() > 1 && !is_directory(dst)? {
+                bail!("{dst}: target is not a directory (several sources go into a directory)");
+            }
+            for src in srcs {
+                cp(src, dst, recursive)?;
+            }
+            Ok(())
+        }
         ToolCmd::Mkdir { parents, path } => mkdir(&path, parents),
         ToolCmd::Rm {
             recursive,
@@ -516,138 +501,6 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
             path,
         } => truncate(&path, &size, !no_create),
     }
-}
-
-fn mkfs(a: MkfsArgs) -> Result<()> {
-    // Options first: a wrong one leaves no file behind.
-    let mut features = uext4::mkfs::FeatureSet::for_type(&a.fs_type)?;
-    if let Some(f) = &a.features {
-        features.apply(f)?;
-    }
-    if let Some(bs) = a.block_size.filter(|&b| b != 1024 && b != 4096) {
-        bail!("--block-size {bs}: use 1024 or 4096");
-    }
-    let img = image_arg(&a.image)?;
-    // Held until the new filesystem is written: no one else writes the image meanwhile.
-    let _claim = if img.path.exists() {
-        Some(
-            uext4::holder::claim_for_writing(&img.path)
-                .with_context(|| img.path.display().to_string())?,
-        )
-    } else {
-        None
-    };
-    let (dev, size, fresh, region) = if img.within == Within::Whole {
-        let exists = a.image.exists();
-        let cur = if exists {
-            FileDevice::open(&a.image, true)?.size()
-        } else {
-            0
-        };
-        let size = match &a.size {
-            Some(s) => parse_size(s)?,
-            None if cur > 0 => cur,
-            None => bail!(
-                "{}: the image does not exist: give --size (like --size 1G)",
-                a.image.display()
-            ),
-        };
-        let is_file = !exists || std::fs::metadata(&a.image)?.is_file();
-        let fresh = is_file && (!exists || cur == 0);
-        if is_file {
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&a.image)
-                .with_context(|| a.image.display().to_string())?;
-            if f.metadata()?.len() < size {
-                f.set_len(size)?;
-            }
-        }
-        let dev =
-            FileDevice::open(&a.image, false).with_context(|| a.image.display().to_string())?;
-        (Arc::new(dev) as Arc<dyn BlockDevice>, size, fresh, None)
-    } else {
-        mkfs_target(&a, &img)?
-    };
-    let mut o = uext4::mkfs::MkfsOptions::like_mke2fs(size, a.block_size);
-    o.journal_blocks = a
-        .journal_size
-        .map(|m| ((m as u64) << 20).div_ceil(o.block_size as u64) as u32);
-    o.label = a.label.clone().unwrap_or_default();
-    o.assume_zeroed = fresh;
-    o.features = features;
-    uext4::mkfs::mkfs(&*dev, &o).with_context(|| img.name())?;
-    drop(dev);
-    // One line of summary, read back from what was written.
-    let fs = open(&img.path, region, true)?;
-    let st = fs.statfs();
-    let journal = if fs
-        .superblock()
-        .has_compat(uext4::format::features::COMPAT_HAS_JOURNAL)
-    {
-        let j = fs
-            .getattr(fs.superblock().journal_inum())
-            .map(|a| a.size)
-            .unwrap_or(0);
-        format!("a {} MiB journal", j >> 20)
-    } else {
-        "no journal".to_string()
-    };
-    println!(
-        "{}: {}, {} MiB, {} blocks of {} bytes, {} inodes, {journal}",
-        img.name(),
-        o.features.type_name(),
-        size >> 20,
-        fs.geo.blocks_count,
-        fs.geo.block_size,
-        st.files
-    );
-    Ok(())
-}
-
-/// mkfs inside a partition (`IMAGE@N`) or at an offset (`IMAGE@offset=BYTES`) of an existing
-/// file: the window onto it, the filesystem's size (the partition's or what is left of the
-/// file, or `--size` where it fits), and its region. The offset form with `--size` grows a
-/// file that is too short; a partition is never grown.
-#[allow(clippy::type_complexity)]
-fn mkfs_target(
-    a: &MkfsArgs,
-    img: &Img,
-) -> Result<(Arc<dyn BlockDevice>, u64, bool, Option<Region>)> {
-    let want = a.size.as_deref().map(parse_size).transpose()?;
-    if !img.path.exists() {
-        bail!("{}: no such image file", img.path.display());
-    }
-    if let (Within::Offset { offset, size }, Some(w)) = (img.within, want) {
-        let end = offset
-            .checked_add(size.unwrap_or(w))
-            .ok_or_else(|| anyhow!("{}: offset and size overflow", img.name()))?;
-        if std::fs::metadata(&img.path)?.is_file() {
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&img.path)
-                .with_context(|| img.path.display().to_string())?;
-            if f.metadata()?.len() < end {
-                f.set_len(end)?;
-            }
-        }
-    }
-    let region = img.region()?;
-    let dev = FileDevice::open(&img.path, false).with_context(|| img.path.display().to_string())?;
-    let r = region.ok_or_else(|| anyhow!("{}: no region", img.name()))?;
-    let win = RegionDevice::new(Arc::new(dev), r).map_err(|e| anyhow!("{}: {e}", img.name()))?;
-    let size = match want {
-        Some(w) if w > win.size() => bail!(
-            "{}: --size {w} is larger than the {} bytes there",
-            img.name(),
-            win.size()
-        ),
-        Some(w) => w,
-        None => win.size(),
-    };
-    Ok((Arc::new(win), size, false, region))
 }
 
 /// The superblock's identity: UUID, label, features by name, state.
@@ -1443,11 +1296,7 @@ impl HostToImage<'_> {
                 Ok(a) if a.is_dir() => a.ino,
                 _ => fs.mkdir(dir, name, md.mode(), md.uid(), md.gid())?.ino,
             };
-            let mut entries: Vec<_> = std::fs::read_dir(src)?.flatten().collect();
-            entries.sort_by_key(|e| e.file_name());
-            for e in entries {
-                self.copy(&e.path(), ino, e.file_name().as_bytes(), true)?;
-            }
+            self.copy_entries(src, ino)?;
             ino
         } else if let Some(&existing) = self
             .links
@@ -1489,6 +1338,42 @@ impl HostToImage<'_> {
         if md.nlink() > 1 && !ft.is_dir() {
             self.links.insert((md.dev(), md.ino()), ino);
         }
+        self.copy_attributes(src, &md, ino, false)
+    }
+
+    /// Copies the entries of the host directory `src` into the image's directory `dir`, in
+    /// name order (the same image from the same tree, whatever order the host lists it in).
+    fn copy_entries(&mut self, src: &Path, dir: u32) -> Result<()> {
+        let mut entries: Vec<_> = std::fs::read_dir(src)?.flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            self.copy(&e.path(), dir, e.file_name().as_bytes(), true)?;
+        }
+        Ok(())
+    }
+
+    /// `cp -r DIR/. IMAGE:DEST`, as cp(1): DIR's contents into DEST, and DIR's own mode,
+    /// owner, times and attributes onto DEST (`mkfs -d DIR` puts a tree in the root so).
+    pub(crate) fn copy_contents(&mut self, src: &Path, dir: u32) -> Result<()> {
+        let md = std::fs::metadata(src)?;
+        if !md.is_dir() {
+            bail!("{}: not a directory", src.display());
+        }
+        self.copy_entries(src, dir)?;
+        self.copy_attributes(src, &md, dir, true)
+    }
+
+    /// Extended attributes, mode and times of `src` onto `ino` (and its owner with `owner`:
+    /// made inodes get it at creation).
+    fn copy_attributes(
+        &mut self,
+        src: &Path,
+        md: &std::fs::Metadata,
+        ino: u32,
+        owner: bool,
+    ) -> Result<()> {
+        let fs = self.fs;
+        let ft = md.file_type();
         // Symlinks too: they carry trusted. and security. attributes (never user. ones).
         match host_xattrs(src) {
             Ok(list) => {
@@ -1506,12 +1391,30 @@ impl HostToImage<'_> {
             } else {
                 Some(md.mode())
             },
+            uid: owner.then(|| md.uid()),
+            gid: owner.then(|| md.gid()),
             atime: Some(TimeSet::At(ts(md.atime(), md.atime_nsec()))),
             mtime: Some(TimeSet::At(ts(md.mtime(), md.mtime_nsec()))),
             ..Default::default()
         };
         fs.setattr(ino, &set)?;
         Ok(())
+    }
+}
+
+/// Copies the contents of the host directory `src` into the image directory `dir` (and
+/// `src`'s own attributes onto `dir`), as `cp -a SRC/. DEST`.
+pub(crate) fn copy_host_contents(fs: &Fs, src: &Path, dir: u32) -> Result<()> {
+    let mut c = HostToImage {
+        fs,
+        links: HashMap::new(),
+        progress: Progress::new(host_total(src)),
+        failed_at: None,
+    };
+    let r = c.copy_contents(src, dir);
+    match c.failed_at {
+        Some(p) => r.with_context(|| p.display().to_string()),
+        None => r,
     }
 }
 
@@ -1872,11 +1775,36 @@ impl ImageToImage<'_> {
     }
 }
 
+/// Whether `path` (host or IMAGE:PATH) is a directory.
+fn is_directory(path: &str) -> Result<bool> {
+    Ok(match parse_loc(path)? {
+        Loc::Host(p) => p.is_dir(),
+        Loc::Image(img, p) => {
+            let fs = open_img(&img, true)?;
+            resolve(&fs, &p, true).is_ok_and(|ino| fs.getattr(ino).is_ok_and(|a| a.is_dir()))
+        }
+    })
+}
+
 fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
     match (parse_loc(src)?, parse_loc(dst)?) {
         (Loc::Host(s), Loc::Image(img, d)) => {
             let fs = open_img(&img, false)?;
             let total = host_total(&s);
+            if src == "." || src.ends_with("/.") {
+                // DIR/. : DIR's contents into the directory DST, as cp(1).
+                let r = (|| -> Result<()> {
+                    if !recursive {
+                        bail!("{src}: is a directory (use -r)");
+                    }
+                    let dir = resolve(&fs, &d, true).with_context(|| dst.to_string())?;
+                    if !fs.getattr(dir)?.is_dir() {
+                        bail!("{dst}: not a directory");
+                    }
+                    copy_host_contents(&fs, &s, dir)
+                })();
+                return finish(&fs, &img.path, r.with_context(|| format!("{src} -> {dst}")));
+            }
             let r = (|| -> Result<()> {
                 let name = s
                     .file_name()

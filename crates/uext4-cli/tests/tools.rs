@@ -704,7 +704,12 @@ fn mkfs_options_and_info() {
     );
     // Without a journal; then again over the same file, size taken from the file, and the
     // rest as mke2fs picks for 96 MiB (its "small" type: 1 KiB blocks, an inode per 4 KiB).
-    write_ok(&img, &["mkfs", "--journal-size", "0", img.s()]);
+    // An existing filesystem is overwritten only when asked, and the refusal writes nothing.
+    let before = std::fs::read(&img.0).unwrap();
+    let e = fails(&["mkfs", "--journal-size", "0", img.s()]);
+    assert!(e.contains("already holds") && e.contains("--force"), "{e}");
+    assert!(std::fs::read(&img.0).unwrap() == before);
+    write_ok(&img, &["mkfs", "--force", "--journal-size", "0", img.s()]);
     let info = ok(&["info", img.s()]);
     assert!(
         !info.contains("has_journal") && info.contains("Block size:               1024"),
@@ -1601,4 +1606,203 @@ fn bad_partitions_and_offsets_are_one_line_errors() {
         "a refused command changed the image"
     );
     fsck_at(&disk.0, P2.0, "after the refused commands");
+}
+
+/// A tree with what image builders put in a rootfs: nested directories, a hard link, a
+/// symlink, a sparse file, an executable, an extended attribute.
+fn rootfs_tree(root: &Path) {
+    std::fs::create_dir_all(root.join("etc/conf.d")).unwrap();
+    std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+    std::fs::write(root.join("etc/hostname"), "builder\n").unwrap();
+    std::fs::write(root.join("etc/conf.d/a"), vec![b'a'; 9000]).unwrap();
+    std::fs::hard_link(root.join("etc/conf.d/a"), root.join("etc/conf.d/a-link")).unwrap();
+    std::os::unix::fs::symlink("../etc/hostname", root.join("usr/name")).unwrap();
+    let bin = root.join("usr/bin/tool");
+    std::fs::write(&bin, vec![0x7fu8; 70_000]).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let f = std::fs::File::create(root.join("sparse")).unwrap();
+    f.set_len(8 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_at(&f, b"end", (8 << 20) - 3).unwrap();
+    let c = CString::new(root.join("etc/hostname").as_os_str().as_bytes()).unwrap();
+    // SAFETY: valid C strings and a value buffer of the given length.
+    unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            c"user.builder".as_ptr(),
+            b"yes".as_ptr().cast(),
+            3,
+            0,
+        )
+    };
+}
+
+/// `mkfs -d DIR` with SOURCE_DATE_EPOCH builds byte-identical images from the same tree
+/// wherever and whenever it runs (another directory, another umask, a later clock), and the
+/// image holds the tree: the kernel-independent checks here, e2fsck clean.
+#[test]
+fn reproducible_images_from_a_tree() {
+    if !have_e2fsck() {
+        return;
+    }
+    let work = Scratch::new("repro");
+    let (t1, t2) = (work.0.join("one/tree"), work.0.join("two/elsewhere/tree"));
+    rootfs_tree(&t1);
+    rootfs_tree(&t2);
+    // The second tree is written later: other ctimes and, without clamping, other mtimes.
+    let build = |tree: &Path, img: &Path, umask: &str| {
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "umask {umask}; exec \"$0\" mkfs --size 64M -d \"$1\" \"$2\"",
+            ))
+            .arg(bin())
+            .arg(tree)
+            .arg(img)
+            .env("SOURCE_DATE_EPOCH", "1700000000")
+            .current_dir(tree.parent().unwrap())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let (i1, i2) = (work.0.join("one.img"), work.0.join("two.img"));
+    build(&t1, &i1, "022");
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    build(&t2, &i2, "077");
+    assert!(
+        std::fs::read(&i1).unwrap() == std::fs::read(&i2).unwrap(),
+        "two builds of the same tree differ"
+    );
+    let o = Command::new("e2fsck").arg("-fn").arg(&i1).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    let at = |p: &str| format!("{}:{p}", i1.display());
+    assert_eq!(ok(&["cat", &at("/etc/hostname")]), "builder\n");
+    let st = ok(&["stat", &at("/etc/conf.d/a")]);
+    assert!(st.contains("Links: 2"), "{st}");
+    let st = ok(&["stat", &at("/etc/hostname")]);
+    // Every time clamped to the epoch (the files were written after it).
+    assert!(st.contains("2023-11-14 22:13:20"), "{st}");
+    assert!(
+        !ok(&["ls", "-l", &at("/")]).contains(" tree"),
+        "-d copies the contents"
+    );
+    // Without SOURCE_DATE_EPOCH and with -U and -E hash_seed the identity is as asked.
+    let i3 = work.0.join("three.img");
+    let u = "d5d8f1b4-4c4b-4a0f-9d1e-2f0c6f1b7a01";
+    ok(&[
+        "mkfs",
+        "--size",
+        "32M",
+        "-U",
+        u,
+        "-E",
+        "hash_seed=0b1c2d3e-4f50-4162-8374-95a6b7c8d9e0,root_owner=1234:5678",
+        "-N",
+        "2048",
+        "-m",
+        "1",
+        "-I",
+        "512",
+        i3.to_str().unwrap(),
+    ]);
+    let d = Command::new("dumpe2fs")
+        .arg("-h")
+        .arg(&i3)
+        .output()
+        .unwrap();
+    let d = String::from_utf8_lossy(&d.stdout);
+    for want in [
+        &format!("Filesystem UUID:          {u}")[..],
+        "Directory Hash Seed:      0b1c2d3e-4f50-4162-8374-95a6b7c8d9e0",
+        "Inode count:              2048",
+        "Reserved block count:     327",
+        "Inode size:\t          512",
+    ] {
+        assert!(d.contains(want), "dumpe2fs lacks {want:?}:\n{d}");
+    }
+    let st = ok(&["stat", &format!("{}:/", i3.display())]);
+    assert!(st.contains("1234") && st.contains("5678"), "{st}");
+    // mke2fs gives the same counts for the same request.
+    let m = work.0.join("mke2fs.img");
+    let o = Command::new("mke2fs")
+        .args([
+            "-q", "-F", "-t", "ext4", "-N", "2048", "-m", "1", "-I", "512",
+        ])
+        .arg(&m)
+        .arg("32M")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let md = Command::new("dumpe2fs").arg("-h").arg(&m).output().unwrap();
+    let md = String::from_utf8_lossy(&md.stdout);
+    for field in ["Inode count:", "Reserved block count:", "Inodes per group:"] {
+        let line = |t: &str| {
+            t.lines()
+                .find(|l| l.starts_with(field))
+                .unwrap_or("")
+                .to_string()
+        };
+        assert_eq!(line(&d), line(&md), "{field}");
+    }
+    let o = Command::new("e2fsck").arg("-fn").arg(&i3).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    // A failed mkfs leaves no file of its own behind.
+    let bad = work.0.join("bad.img");
+    fails(&[
+        "mkfs",
+        "--size",
+        "32M",
+        "-N",
+        "99999999",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(!bad.exists(), "a failed mkfs left its file");
+}
+
+/// `cp -r DIR/. IMAGE:DEST` copies DIR's contents (cp(1)'s rule), and several sources go
+/// into a directory.
+#[test]
+fn cp_takes_contents_and_several_sources() {
+    if !have_e2fsck() {
+        return;
+    }
+    let work = Scratch::new("cpdot");
+    let tree = work.0.join("tree");
+    rootfs_tree(&tree);
+    let img = Scratch::new("cpdot-img");
+    ok(&["mkfs", "--size", "64M", img.s()]);
+    ok(&["mkdir", &img.at("/dest")]);
+    write_ok(
+        &img,
+        &[
+            "cp",
+            "-r",
+            &format!("{}/.", tree.display()),
+            &img.at("/dest"),
+        ],
+    );
+    let ls = ok(&["ls", &img.at("/dest")]);
+    assert!(
+        ls.contains("etc") && ls.contains("usr") && !ls.contains("tree"),
+        "{ls}"
+    );
+    let (a, b) = (work.0.join("x"), work.0.join("y"));
+    std::fs::write(&a, "x").unwrap();
+    std::fs::write(&b, "y").unwrap();
+    write_ok(
+        &img,
+        &[
+            "cp",
+            a.to_str().unwrap(),
+            b.to_str().unwrap(),
+            &img.at("/dest"),
+        ],
+    );
+    assert_eq!(ok(&["cat", &img.at("/dest/y")]), "y");
+    let e = fails(&[
+        "cp",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        &img.at("/dest/x"),
+    ]);
+    assert!(e.contains("not a directory"), "{e}");
 }

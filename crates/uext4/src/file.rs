@@ -13,7 +13,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::extent::{Extent, MAX_INIT_LEN, MAX_UNWRITTEN_LEN};
-use crate::format::inode::{Timestamp, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
+use crate::format::inode::{S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::fs::Fs;
 use crate::inode::{Inode, InodeState};
 use crate::namei::credits;
@@ -291,7 +291,7 @@ impl Fs {
 
     /// Updates mtime and ctime in memory only; the inode is written at the next commit (R1).
     fn touch_lazily(&self, inode: &Inode) {
-        let now = Timestamp::now();
+        let now = self.now();
         {
             let mut st = inode.state.lock();
             st.raw.set_mtime(now);
@@ -442,7 +442,7 @@ impl Fs {
         written_to: u64,
         new_size: u64,
     ) -> Result<()> {
-        let now = Timestamp::now();
+        let now = self.now();
         let size = st.raw.size();
         let target = written_to.min(new_size);
         if target > size {
@@ -678,7 +678,7 @@ impl Fs {
             }
         }
         st.raw.set_size(size);
-        let now = Timestamp::now();
+        let now = self.now();
         if size != old {
             st.raw.set_mtime(now);
         }
@@ -866,7 +866,7 @@ impl Fs {
                     self.ext_remove(&mut h, ino, &mut st, first_full as u32, last_full)?;
                 }
             }
-            let now = Timestamp::now();
+            let now = self.now();
             st.raw.set_mtime(now);
             st.raw.set_ctime(now);
             self.mark_inode_dirty(&mut h, &inode, &mut st)?;
@@ -941,7 +941,7 @@ impl Fs {
         if !keep && end > st.raw.size() {
             st.raw.set_size(end);
         }
-        st.raw.set_ctime(Timestamp::now());
+        st.raw.set_ctime(self.now());
         self.mark_inode_dirty(&mut h, &inode, &mut st)?;
         inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
         Ok(())

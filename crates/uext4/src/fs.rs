@@ -65,6 +65,11 @@ pub struct MountOptions {
     /// fallocated files). Blocks past the size (KEEP_SIZE) stay unwritten, as e2fsck wants.
     /// On by default; `prealloc=unwritten` (mount) turns it off, giving the kernel's layout.
     pub prealloc_zeroed: bool,
+    /// Reproducible builds (SOURCE_DATE_EPOCH): no time the filesystem records is later than
+    /// this (seconds since the epoch; later ones are stored as it), and new inodes get
+    /// generations from a sequence seeded by the hash seed instead of random ones, so the
+    /// same operations on the same image give the same bytes.
+    pub time_clamp: Option<i64>,
     /// In-memory inodes kept beyond those in use (about 1 KiB each); past it, inodes nothing
     /// needs are dropped and read back from the inode table when next used.
     pub inode_cache_limit: usize,
@@ -113,6 +118,7 @@ impl Default for MountOptions {
             prealloc_zeroed: true,
             inode_cache_limit: 1 << 17,
             region: None,
+            time_clamp: None,
         }
     }
 }
@@ -295,6 +301,8 @@ pub struct Fs {
     pub(crate) rename_lock: Mutex<()>,
     pub(crate) ro_reason: Option<String>,
     pub stats: FsStats,
+    /// Reproducible builds: how many generations `next_generation` has handed out.
+    pub(crate) generations: AtomicU64,
     /// Rotor for spreading new directories over groups.
     pub(crate) dir_rotor: AtomicU64,
     /// Blocks freed by transactions not yet committed: start -> (length, tid). Not reused
@@ -666,6 +674,7 @@ impl Fs {
             ro_reason,
             stats: FsStats::default(),
             dir_rotor: AtomicU64::new(0),
+            generations: AtomicU64::new(0),
             pending_free: Mutex::new(std::collections::BTreeMap::new()),
             orphans: Mutex::new(Vec::new()),
             deferred_deletes: Mutex::new(Vec::new()),
@@ -733,6 +742,7 @@ impl Fs {
                 let mut journal = journal;
                 let sb = fs.superblock();
                 journal.set_features(sb.has_metadata_csum(), sb.is_64bit())?;
+                journal.set_time_clamp(fs.opts.time_clamp);
                 fs.txn
                     .max_blocks
                     .store(journal.max_transaction_blocks(), Ordering::Relaxed);
@@ -845,6 +855,11 @@ impl Fs {
         self.ro_reason.as_deref()
     }
 
+    /// The time to record now: the clock, or `MountOptions::time_clamp` if that is earlier.
+    pub(crate) fn now(&self) -> crate::format::inode::Timestamp {
+        crate::format::inode::Timestamp::now().at_most(self.opts.time_clamp)
+    }
+
     pub fn superblock(&self) -> Superblock {
         self.sb.lock().clone()
     }
@@ -905,7 +920,7 @@ impl Fs {
     /// Marks the superblock as mounted (state not clean) and writes it.
     fn mark_mounted(&self) -> Result<()> {
         let mut sb = self.sb.lock();
-        let now = crate::format::inode::Timestamp::now().sec as u32;
+        let now = self.now().sec as u32;
         sb.set_mtime(now);
         let v = sb.mnt_count().wrapping_add(1);
         sb.set_mnt_count(v);
@@ -946,7 +961,7 @@ impl Fs {
         };
         {
             let mut sb = self.sb.lock();
-            let now = crate::format::inode::Timestamp::now().sec as u32;
+            let now = self.now().sec as u32;
             let v = sb.state() | STATE_ERROR;
             sb.set_state(v);
             let v = sb.error_count().wrapping_add(1);

@@ -235,8 +235,20 @@ pub struct MkfsOptions {
     /// Bytes of filesystem per inode.
     pub inode_ratio: u32,
     pub label: String,
-    /// None: a random (version 4) UUID.
+    /// None: a random (version 4) UUID (mke2fs -U).
     pub uuid: Option<[u8; 16]>,
+    /// The directory hash seed; None: random (mke2fs -E hash_seed=).
+    pub hash_seed: Option<[u8; 16]>,
+    /// The time to record as the creation time and on the first inodes (seconds since the
+    /// epoch; SOURCE_DATE_EPOCH for reproducible builds); None: now.
+    pub time: Option<i64>,
+    /// How many inodes (mke2fs -N; rounded up to fill the groups' inode table blocks);
+    /// None: one per `inode_ratio` bytes.
+    pub inodes: Option<u64>,
+    /// Per cent of the blocks reserved for the superuser (mke2fs -m).
+    pub reserved_percent: f64,
+    /// Owner of the root directory (mke2fs -E root_owner=UID:GID).
+    pub root_owner: (u32, u32),
     pub features: FeatureSet,
     /// The device reads as zeros already (a new sparse file): skip zeroing inode tables, the
     /// journal and the backup reserved GDT blocks.
@@ -255,6 +267,11 @@ impl MkfsOptions {
             inode_ratio: 16384,
             label: String::new(),
             uuid: None,
+            hash_seed: None,
+            time: None,
+            inodes: None,
+            reserved_percent: 5.0,
+            root_owner: (0, 0),
             features: FeatureSet::ext4(),
             assume_zeroed: false,
         }
@@ -457,10 +474,19 @@ pub fn geometry(dev_size: u64, opts: &MkfsOptions) -> Result<Geometry> {
     let desc_size: u32 = if f.has_64bit { 64 } else { 32 };
     let descs_per_block = bs / desc_size;
     let apb = bs / 4;
-    // mke2fs: inodes for the requested size, and 5% reserved (as doubles, as mke2fs).
-    let mut inodes_count: u64 =
-        (param_blocks * bs64 / opts.inode_ratio as u64).min(u32::MAX as u64);
-    let param_r = (5.0f64 * param_blocks as f64 / 100.0) as u64;
+    // mke2fs: inodes for the requested size (or as asked), and the reserved share (as
+    // doubles, as mke2fs).
+    if !(0.0..=50.0).contains(&opts.reserved_percent) {
+        return Err(Error::Invalid(format!(
+            "reserved blocks {}%: from 0 to 50",
+            opts.reserved_percent
+        )));
+    }
+    let mut inodes_count: u64 = opts
+        .inodes
+        .unwrap_or(param_blocks * bs64 / opts.inode_ratio as u64)
+        .min(u32::MAX as u64);
+    let param_r = (opts.reserved_percent * param_blocks as f64 / 100.0) as u64;
     let mut blocks = param_blocks;
     let mut r_blocks = param_r;
     let mut bpg = bs * 8;
@@ -1006,8 +1032,11 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         u[8] = (u[8] & 0x3f) | 0x80;
         u
     });
-    let hash_seed: [u8; 16] = random_bytes();
-    let now = Timestamp::now();
+    let hash_seed: [u8; 16] = opts.hash_seed.unwrap_or_else(random_bytes);
+    let now = match opts.time {
+        Some(sec) => Timestamp { sec, nsec: 0 },
+        None => Timestamp::now(),
+    };
 
     // Superblock.
     let mut sb = Superblock::zeroed();
@@ -1287,6 +1316,8 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
     }
     let sectors = bs64 / 512;
     let mut root = new_inode(S_IFDIR | 0o755, 3);
+    root.set_uid(opts.root_owner.0);
+    root.set_gid(opts.root_owner.1);
     map_blocks(&mut bm, ROOT_INO, &mut root, &[(root_blk, 1)], None)?;
     root.set_size(bs64);
     root.set_blocks_512(sectors);

@@ -59,10 +59,11 @@ pub enum TimeSet {
 }
 
 impl TimeSet {
-    fn resolve(self, now: Timestamp) -> Timestamp {
+    /// The time to store: `now` (already clamped), or the time given, clamped to `clamp`.
+    fn resolve(self, now: Timestamp, clamp: Option<i64>) -> Timestamp {
         match self {
             TimeSet::Now => now,
-            TimeSet::At(t) => t,
+            TimeSet::At(t) => t.at_most(clamp),
         }
     }
 }
@@ -82,6 +83,27 @@ pub struct DirEntry {
     pub name: Vec<u8>,
     /// The offset to pass to readdir to continue after this entry.
     pub next_offset: u64,
+}
+
+impl Fs {
+    /// i_generation for a new inode: random (`next_generation`), or in a reproducible build
+    /// (`MountOptions::time_clamp`) the next of a sequence seeded by the hash seed, so that
+    /// the same operations give the same bytes.
+    fn next_generation(&self) -> u32 {
+        if self.opts.time_clamp.is_none() {
+            return next_generation();
+        }
+        let n = self.generations.fetch_add(1, Ordering::Relaxed);
+        let seed = self
+            .geo
+            .hash_seed
+            .iter()
+            .fold(0u64, |a, &w| a.rotate_left(17) ^ w as u64);
+        let mut z = seed.wrapping_add(n.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) as u32
+    }
 }
 
 /// i_generation for a new inode: unpredictable and different from the previous holder of the
@@ -314,7 +336,7 @@ impl Fs {
             }
             check_dir_live(&d)?;
             let is_dir = mode & S_IFMT == S_IFDIR;
-            let now = Timestamp::now();
+            let now = self.now();
             let mut raw = self.new_raw_inode();
             raw.set_mode(mode);
             raw.set_uid(uid);
@@ -324,7 +346,7 @@ impl Fs {
             raw.set_mtime(now);
             raw.set_ctime(now);
             raw.set_crtime(now);
-            raw.set_generation(next_generation());
+            raw.set_generation(self.next_generation());
             init(self, &mut raw)?;
             let mut h = self.start(credits::CREATE)?;
             let inode = self.alloc_inode(&mut h, dir, is_dir, raw)?;
@@ -357,7 +379,7 @@ impl Fs {
                 let _ = self.evict_blocks(&mut h, &inode, &mut ist);
                 // The inode was already written live in this handle: write it back as deleted.
                 ist.raw.set_links_count(0);
-                ist.raw.set_dtime(Timestamp::now().sec as u32);
+                ist.raw.set_dtime(self.now().sec as u32);
                 let _ = self.write_inode(&mut h, ino, &mut ist.raw);
                 ist.deleted = true;
                 drop(ist);
@@ -394,7 +416,7 @@ impl Fs {
         }
         check_dir_live(&d)?;
         let mut h = self.start(credits::LINK)?;
-        let now = Timestamp::now();
+        let now = self.now();
         // The link count goes up before the new entry exists, in the same hold of the inode's
         // lock as the check that the inode is live: an unlink of its last other name in
         // between would otherwise free it, and the new entry would then name a freed inode
@@ -484,7 +506,7 @@ impl Fs {
             }
         }
         let mut h = self.start(credits::UNLINK)?;
-        let now = Timestamp::now();
+        let now = self.now();
         {
             let mut dst = d.state.lock();
             self.dir_remove(&mut h, dir, &mut dst, name)?;
@@ -547,7 +569,7 @@ impl Fs {
         }
         self.evict_blocks(h, inode, ist)?;
         self.xattr_free_all(h, inode.ino, ist)?;
-        ist.raw.set_dtime(Timestamp::now().sec as u32);
+        ist.raw.set_dtime(self.now().sec as u32);
         ist.raw.set_size(0);
         self.mark_inode_dirty(h, inode, ist)?;
         ist.deleted = true;
@@ -651,7 +673,7 @@ impl Fs {
         if st.deleted {
             return Err(Error::NotFound);
         }
-        let now = Timestamp::now();
+        let now = self.now();
         let mut changed = set.size.is_some();
         if let Some(m) = set.mode {
             let m = (m as u16 & !S_IFMT) | st.raw.file_type();
@@ -667,18 +689,18 @@ impl Fs {
             changed = true;
         }
         if let Some(t) = set.atime {
-            st.raw.set_atime(t.resolve(now));
+            st.raw.set_atime(t.resolve(now, self.opts.time_clamp));
             changed = true;
         }
         if let Some(t) = set.mtime {
-            st.raw.set_mtime(t.resolve(now));
+            st.raw.set_mtime(t.resolve(now, self.opts.time_clamp));
             changed = true;
         }
         if let Some(t) = set.crtime {
-            st.raw.set_crtime(t);
+            st.raw.set_crtime(t.at_most(self.opts.time_clamp));
         }
         if let Some(t) = set.ctime {
-            st.raw.set_ctime(t);
+            st.raw.set_ctime(t.at_most(self.opts.time_clamp));
         } else if changed {
             st.raw.set_ctime(now);
         }
@@ -839,7 +861,7 @@ impl Fs {
             }
         }
         let mut h = self.start(credits::RENAME)?;
-        let now = Timestamp::now();
+        let now = self.now();
         if flags.exchange {
             let t = tgt.unwrap();
             let (tino, tft) = target.unwrap();

@@ -374,7 +374,7 @@ impl crate::fs::Fs {
             let mut sb = self.sb.lock();
             sb.set_free_blocks_count(self.free_blocks.load(Ordering::Relaxed));
             sb.set_free_inodes_count(self.free_inodes.load(Ordering::Relaxed) as u32);
-            sb.set_wtime(crate::format::inode::Timestamp::now().sec as u32);
+            sb.set_wtime(self.now().sec as u32);
             sb.set_csum();
             sb.bytes().to_vec()
         };

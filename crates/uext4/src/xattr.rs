@@ -12,7 +12,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::features::COMPAT_EXT_ATTR;
-use crate::format::inode::{RawInode, Timestamp};
+use crate::format::inode::RawInode;
 use crate::format::xattr::*;
 use crate::format::{le32, put32};
 use crate::fs::Fs;
@@ -337,7 +337,7 @@ impl Fs {
             let m = st.raw.mode();
             st.raw.set_mode(m & !0o777 | bits);
         }
-        st.raw.set_ctime(Timestamp::now());
+        st.raw.set_ctime(self.now());
         self.mark_inode_dirty(&mut h, &inode, &mut st)
     }
 

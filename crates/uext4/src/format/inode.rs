@@ -67,6 +67,14 @@ impl Timestamp {
             nsec: d.subsec_nanos(),
         }
     }
+    /// This time, or `limit` (whole seconds) if that is earlier: reproducible builds clamp
+    /// every recorded time to SOURCE_DATE_EPOCH.
+    pub fn at_most(self, limit: Option<i64>) -> Self {
+        match limit {
+            Some(l) if self.sec >= l => Timestamp { sec: l, nsec: 0 },
+            _ => self,
+        }
+    }
     /// The time an inode can hold, as the kernel's timestamp_truncate makes it: with the
     /// extra fields (`extra`), seconds from -2^31 to 2^34 - 1 - 2^31 (year 2446); without, a
     /// signed 32-bit count of whole seconds (1901 to 2038). Past either end the time stops at

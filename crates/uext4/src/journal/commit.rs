@@ -147,7 +147,7 @@ impl Journal {
             self.dev.flush()?;
             let mut c = vec![0u8; bs];
             header(&mut c, BT_COMMIT, tid);
-            let now = crate::format::inode::Timestamp::now();
+            let now = crate::format::inode::Timestamp::now().at_most(self.time_clamp);
             put_be64(&mut c, COMMIT_SEC, now.sec as u64);
             put_be32(&mut c, COMMIT_NSEC, now.nsec);
             if self.compat_csum {

@@ -138,6 +138,8 @@ pub struct Journal {
     pub log_blocks_written: AtomicU64,
     /// Times a commit had to wait for the log's tail to advance.
     pub checkpoint_waits: AtomicU64,
+    /// Commit blocks record no time later than this (reproducible builds).
+    time_clamp: Option<i64>,
 }
 
 impl Journal {
@@ -250,6 +252,7 @@ impl Journal {
             commits: AtomicU64::new(0),
             log_blocks_written: AtomicU64::new(0),
             checkpoint_waits: AtomicU64::new(0),
+            time_clamp: None,
         };
         j.update_free(&j.log.lock());
         Ok(j)
@@ -284,6 +287,11 @@ impl Journal {
     /// Turns on checksum v3 and 64-bit block numbers in an empty journal, as the kernel does
     /// at mount for filesystems with metadata_csum and 64bit. Does nothing when the features
     /// are already set; refused while the log holds transactions.
+    /// Commit blocks record no time later than `clamp` (`MountOptions::time_clamp`).
+    pub fn set_time_clamp(&mut self, clamp: Option<i64>) {
+        self.time_clamp = clamp;
+    }
+
     pub fn set_features(&mut self, csum_v3: bool, has_64bit: bool) -> Result<()> {
         let log = self.log.get_mut();
         let mut want = log.sb.feature_incompat;

@@ -1,0 +1,345 @@
+//! `uext4 mkfs`: a new filesystem with mke2fs's defaults and options, optionally filled from a
+//! host directory (`-d`), reproducible byte for byte from the same inputs.
+//!
+//! Reproducible builds follow the convention of reproducible-builds.org: with
+//! `SOURCE_DATE_EPOCH` set, every time the image records is clamped to it (creation times,
+//! copied files' times, commit blocks), inode generations come from a sequence seeded by the
+//! hash seed, and a UUID and hash seed not given with `-U` / `-E hash_seed=` are derived from
+//! the epoch and the label (name-based UUIDs), so the same tree and options give the same
+//! bytes on any machine. Directory entries are copied in name order.
+
+use crate::tools::{image_arg, open, parse_size, Img, Within};
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+use std::sync::Arc;
+use uext4::blockdev::{BlockDevice, FileDevice, Region, RegionDevice};
+use uext4::MountOptions;
+
+#[derive(Args)]
+pub struct MkfsArgs {
+    /// Size, like 64M or 2G (default: the existing file's or device's size).
+    #[arg(long)]
+    size: Option<String>,
+    /// 1024 or 4096 (default: as mke2fs, 1024 below 512 MiB, else 4096)
+    #[arg(long)]
+    block_size: Option<u32>,
+    /// Journal size in MiB (0: no journal; default: mke2fs's default for the size).
+    #[arg(long)]
+    journal_size: Option<u32>,
+    /// Filesystem type: ext4, ext3 (journal, block maps) or ext2 (neither), as mke2fs -t
+    #[arg(short = 't', default_value = "ext4")]
+    fs_type: String,
+    /// Features to set or clear, mke2fs style: -O ^metadata_csum,metadata_csum_seed
+    #[arg(short = 'O')]
+    features: Option<String>,
+    #[arg(short = 'L')]
+    label: Option<String>,
+    /// The filesystem's UUID (default: random, or with SOURCE_DATE_EPOCH derived from it).
+    #[arg(short = 'U')]
+    uuid: Option<String>,
+    /// Extended options, mke2fs style: hash_seed=UUID, root_owner[=UID:GID].
+    #[arg(short = 'E')]
+    extended: Option<String>,
+    /// Number of inodes (as mke2fs -N).
+    #[arg(short = 'N')]
+    inodes: Option<u64>,
+    /// Bytes per inode (as mke2fs -i; default by size, as mke2fs).
+    #[arg(short = 'i')]
+    inode_ratio: Option<u32>,
+    /// Inode size in bytes (as mke2fs -I: 128, 256, ... up to the block size).
+    #[arg(short = 'I')]
+    inode_size: Option<u16>,
+    /// Per cent of blocks reserved for the superuser (as mke2fs -m; default 5).
+    #[arg(short = 'm')]
+    reserved_percent: Option<f64>,
+    /// Fill the new filesystem from this directory (as mke2fs -d): its contents become the
+    /// root's, with modes, owners, times (ns), xattrs, hard links, holes and special files.
+    #[arg(short = 'd')]
+    root_dir: Option<PathBuf>,
+    /// Overwrite a filesystem that is already there (without it, mkfs refuses).
+    #[arg(short = 'F', long)]
+    force: bool,
+    image: PathBuf,
+}
+
+/// `-E` options.
+#[derive(Default)]
+struct Extended {
+    hash_seed: Option<[u8; 16]>,
+    root_owner: Option<(u32, u32)>,
+}
+
+fn parse_uuid(s: &str, what: &str) -> Result<[u8; 16]> {
+    uuid::Uuid::parse_str(s)
+        .map(|u| *u.as_bytes())
+        .map_err(|e| anyhow!("{what} {s:?} is not a UUID ({e})"))
+}
+
+fn parse_extended(list: &str) -> Result<Extended> {
+    let mut e = Extended::default();
+    for opt in list.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+        match opt.split_once('=') {
+            Some(("hash_seed", v)) => e.hash_seed = Some(parse_uuid(v, "hash_seed")?),
+            Some(("root_owner", v)) => {
+                let (u, g) = v
+                    .split_once(':')
+                    .and_then(|(u, g)| Some((u.parse().ok()?, g.parse().ok()?)))
+                    .ok_or_else(|| anyhow!("root_owner={v}: give UID:GID, like 1000:1000"))?;
+                e.root_owner = Some((u, g));
+            }
+            None if opt == "root_owner" => e.root_owner = Some(crate::tools::caller()),
+            _ => bail!(
+                "-E {opt}: unknown extended option (known: hash_seed=UUID, root_owner[=UID:GID])"
+            ),
+        }
+    }
+    Ok(e)
+}
+
+/// SOURCE_DATE_EPOCH, when set: seconds since the epoch.
+fn source_date_epoch() -> Result<Option<i64>> {
+    match std::env::var("SOURCE_DATE_EPOCH") {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| anyhow!("SOURCE_DATE_EPOCH={v:?} is not a number of seconds")),
+        _ => Ok(None),
+    }
+}
+
+/// A name-based UUID for what a reproducible build did not give: the same for the same
+/// epoch, label and purpose.
+fn derived_uuid(epoch: i64, label: &str, purpose: &str) -> [u8; 16] {
+    let name = format!("uext4 mkfs {purpose} {epoch} {label}");
+    *uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes()).as_bytes()
+}
+
+/// Whether the first bytes of `dev` hold an ext2/3/4 superblock.
+fn holds_ext4(dev: &dyn BlockDevice) -> bool {
+    let mut magic = [0u8; 2];
+    dev.size() >= 1082
+        && dev.read_at(1080, &mut magic).is_ok()
+        && u16::from_le_bytes(magic) == 0xEF53
+}
+
+pub fn run(a: MkfsArgs) -> Result<()> {
+    // Options first: a wrong one leaves no file behind.
+    let mut features = uext4::mkfs::FeatureSet::for_type(&a.fs_type)?;
+    if let Some(f) = &a.features {
+        features.apply(f)?;
+    }
+    if let Some(bs) = a.block_size.filter(|&b| b != 1024 && b != 4096) {
+        bail!("--block-size {bs}: use 1024 or 4096");
+    }
+    let ext = parse_extended(a.extended.as_deref().unwrap_or(""))?;
+    let uuid = a.uuid.as_deref().map(|u| parse_uuid(u, "-U")).transpose()?;
+    let epoch = source_date_epoch()?;
+    if let Some(d) = &a.root_dir {
+        if !d.is_dir() {
+            bail!("-d {}: not a directory", d.display());
+        }
+    }
+    let img = image_arg(&a.image)?;
+    let created = !img.path.exists();
+    let r = build(&a, &img, features, ext, uuid, epoch);
+    if r.is_err() && created {
+        // A failed mkfs leaves nothing of its own behind.
+        let _ = std::fs::remove_file(&img.path);
+    }
+    r
+}
+
+fn build(
+    a: &MkfsArgs,
+    img: &Img,
+    features: uext4::mkfs::FeatureSet,
+    ext: Extended,
+    uuid: Option<[u8; 16]>,
+    epoch: Option<i64>,
+) -> Result<()> {
+    // Held until the new filesystem is written: no one else writes the image meanwhile.
+    let _claim = if img.path.exists() {
+        Some(
+            uext4::holder::claim_for_writing(&img.path)
+                .with_context(|| img.path.display().to_string())?,
+        )
+    } else {
+        None
+    };
+    let (dev, size, fresh, region) = if img.within == Within::Whole {
+        whole_target(a)?
+    } else {
+        region_target(a, img)?
+    };
+    if !a.force && holds_ext4(&*dev) {
+        bail!(
+            "{}: already holds an ext2/3/4 filesystem; give --force to overwrite it",
+            img.name()
+        );
+    }
+    let label = a.label.clone().unwrap_or_default();
+    let mut o = uext4::mkfs::MkfsOptions::like_mke2fs(size, a.block_size);
+    o.journal_blocks = a
+        .journal_size
+        .map(|m| ((m as u64) << 20).div_ceil(o.block_size as u64) as u32);
+    if let Some(i) = a.inode_ratio {
+        o.inode_ratio = i;
+    }
+    if let Some(i) = a.inode_size {
+        o.inode_size = i;
+    }
+    o.inodes = a.inodes;
+    if let Some(m) = a.reserved_percent {
+        o.reserved_percent = m;
+    }
+    o.uuid = uuid.or(epoch.map(|e| derived_uuid(e, &label, "uuid")));
+    o.hash_seed = ext
+        .hash_seed
+        .or(epoch.map(|e| derived_uuid(e, &label, "hash_seed")));
+    o.time = epoch;
+    // As mke2fs run by an ordinary user with root_owner: the root directory is the caller's,
+    // so the user's own mount of the image is writable.
+    o.root_owner = ext.root_owner.unwrap_or_else(crate::tools::caller);
+    o.label = label;
+    o.assume_zeroed = fresh;
+    o.features = features;
+    uext4::mkfs::mkfs(&*dev, &o).with_context(|| img.name())?;
+    drop(dev);
+    if let Some(d) = &a.root_dir {
+        let fs = uext4::Fs::open_path(
+            &img.path,
+            MountOptions {
+                region,
+                commit_interval_secs: 0,
+                time_clamp: epoch,
+                ..Default::default()
+            },
+        )
+        .with_context(|| img.name())?;
+        let r = crate::tools::copy_host_contents(&fs, d, fs.root_ino());
+        // An explicit root_owner wins over the directory's own owner.
+        let r = r.and_then(|()| match ext.root_owner {
+            Some((uid, gid)) => {
+                let set = uext4::namei::SetAttr {
+                    uid: Some(uid),
+                    gid: Some(gid),
+                    ..Default::default()
+                };
+                fs.setattr(fs.root_ino(), &set)
+                    .map(|_| ())
+                    .map_err(Into::into)
+            }
+            None => Ok(()),
+        });
+        let u = fs.unmount();
+        r.with_context(|| format!("-d {}", d.display()))?;
+        u.with_context(|| img.name())?;
+    }
+    summary(img, region, &o)
+}
+
+/// One line of summary, read back from what was written.
+fn summary(img: &Img, region: Option<Region>, o: &uext4::mkfs::MkfsOptions) -> Result<()> {
+    let fs = open(&img.path, region, true)?;
+    let st = fs.statfs();
+    let journal = if fs
+        .superblock()
+        .has_compat(uext4::format::features::COMPAT_HAS_JOURNAL)
+    {
+        let j = fs
+            .getattr(fs.superblock().journal_inum())
+            .map(|a| a.size)
+            .unwrap_or(0);
+        format!("a {} MiB journal", j >> 20)
+    } else {
+        "no journal".to_string()
+    };
+    println!(
+        "{}: {}, {} MiB, {} blocks of {} bytes, {} inodes, {journal}",
+        img.name(),
+        o.features.type_name(),
+        (fs.geo.blocks_count * fs.geo.block_size as u64) >> 20,
+        fs.geo.blocks_count,
+        fs.geo.block_size,
+        st.files
+    );
+    Ok(())
+}
+
+/// The whole image file or device: made (or grown) to the size asked.
+/// Where mkfs writes: the device (a window for a region), the filesystem's size, whether the
+/// device reads as zeros already (a new file), and the region in the image file.
+type Target = (Arc<dyn BlockDevice>, u64, bool, Option<Region>);
+
+fn whole_target(a: &MkfsArgs) -> Result<Target> {
+    let exists = a.image.exists();
+    let cur = if exists {
+        FileDevice::open(&a.image, true)?.size()
+    } else {
+        0
+    };
+    let size = match &a.size {
+        Some(s) => parse_size(s)?,
+        None if cur > 0 => cur,
+        None => bail!(
+            "{}: the image does not exist: give --size (like --size 1G)",
+            a.image.display()
+        ),
+    };
+    let is_file = !exists || std::fs::metadata(&a.image)?.is_file();
+    let fresh = is_file && (!exists || cur == 0);
+    if is_file {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&a.image)
+            .with_context(|| a.image.display().to_string())?;
+        if f.metadata()?.len() < size {
+            f.set_len(size)?;
+        }
+    }
+    let dev = FileDevice::open(&a.image, false).with_context(|| a.image.display().to_string())?;
+    Ok((Arc::new(dev), size, fresh, None))
+}
+
+/// mkfs inside a partition (`IMAGE@N`) or at an offset (`IMAGE@offset=BYTES`) of an existing
+/// file: the window onto it, the filesystem's size (the partition's or what is left of the
+/// file, or `--size` where it fits), and its region. The offset form with `--size` grows a
+/// file that is too short; a partition is never grown.
+fn region_target(a: &MkfsArgs, img: &Img) -> Result<Target> {
+    let want = a.size.as_deref().map(parse_size).transpose()?;
+    if !img.path.exists() {
+        bail!("{}: no such image file", img.path.display());
+    }
+    if let (Within::Offset { offset, size }, Some(w)) = (img.within, want) {
+        let end = offset
+            .checked_add(size.unwrap_or(w))
+            .ok_or_else(|| anyhow!("{}: offset and size overflow", img.name()))?;
+        if std::fs::metadata(&img.path)?.is_file() {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&img.path)
+                .with_context(|| img.path.display().to_string())?;
+            if f.metadata()?.len() < end {
+                f.set_len(end)?;
+            }
+        }
+    }
+    let region = img.region()?;
+    let dev = FileDevice::open(&img.path, false).with_context(|| img.path.display().to_string())?;
+    let r = region.ok_or_else(|| anyhow!("{}: no region", img.name()))?;
+    let win = RegionDevice::new(Arc::new(dev), r).map_err(|e| anyhow!("{}: {e}", img.name()))?;
+    let size = match want {
+        Some(w) if w > win.size() => bail!(
+            "{}: --size {w} is larger than the {} bytes there",
+            img.name(),
+            win.size()
+        ),
+        Some(w) => w,
+        None => win.size(),
+    };
+    Ok((Arc::new(win), size, false, region))
+}
