@@ -116,7 +116,10 @@ pub fn is_nbd_uri(s: &str) -> bool {
 /// Where an NBD URI says to connect.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Address {
-    Tcp { host: String, port: u16 },
+    Tcp {
+        host: String,
+        port: u16,
+    },
     Unix(PathBuf),
     /// A socket in Linux's abstract namespace (`socket=%00name`): the name without the NUL.
     UnixAbstract(Vec<u8>),
@@ -132,11 +135,11 @@ pub struct NbdUri {
     pub connections: Option<usize>,
 }
 
-fn bad_uri(uri: &str, why: impl std::fmt::Display) -> Error {
-    Error::Invalid(format!("{uri}: bad NBD URI: {why}"))
+fn bad_uri(why: impl std::fmt::Display) -> Error {
+    Error::Invalid(format!("bad NBD URI: {why}"))
 }
 
-fn percent_decode(uri: &str, s: &str) -> Result<Vec<u8>> {
+fn percent_decode(s: &str) -> Result<Vec<u8>> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -146,7 +149,7 @@ fn percent_decode(uri: &str, s: &str) -> Result<Vec<u8>> {
                 .get(i + 1..i + 3)
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| bad_uri(uri, "a '%' not followed by two hex digits"))?;
+                .ok_or_else(|| bad_uri("a '%' not followed by two hex digits"))?;
             out.push(hex);
             i += 3;
         } else {
@@ -163,11 +166,11 @@ impl NbdUri {
     pub fn parse(uri: &str) -> Result<NbdUri> {
         let (scheme, rest) = uri
             .split_once("://")
-            .ok_or_else(|| bad_uri(uri, "expected nbd:// or nbd+unix://"))?;
+            .ok_or_else(|| bad_uri("expected nbd:// or nbd+unix://"))?;
         let scheme = scheme.to_ascii_lowercase();
         if scheme.starts_with("nbds") {
             return Err(Error::NotSupported(format!(
-                "{uri}: TLS ({scheme}://) is not supported by uext4's NBD client; serve the \
+                "TLS ({scheme}://) is not supported by uext4's NBD client; serve the \
                  export without TLS on a Unix socket or a trusted network"
             )));
         }
@@ -176,12 +179,12 @@ impl NbdUri {
             "nbd+unix" => true,
             _ => {
                 return Err(Error::NotSupported(format!(
-                    "{uri}: the transport {scheme}:// is not supported (use nbd:// or nbd+unix://)"
+                    "the transport {scheme}:// is not supported (use nbd:// or nbd+unix://)"
                 )))
             }
         };
         if rest.contains('#') {
-            return Err(bad_uri(uri, "a fragment ('#') has no meaning here"));
+            return Err(bad_uri("a fragment ('#') has no meaning here"));
         }
         let (before_query, query) = match rest.split_once('?') {
             Some((b, q)) => (b, Some(q)),
@@ -191,51 +194,50 @@ impl NbdUri {
             Some(i) => (&before_query[..i], &before_query[i..]),
             None => (before_query, ""),
         };
-        let export_bytes = percent_decode(uri, path.strip_prefix('/').unwrap_or(path))?;
-        let export = String::from_utf8(export_bytes)
-            .map_err(|_| bad_uri(uri, "the export name is not UTF-8"))?;
+        let export_bytes = percent_decode(path.strip_prefix('/').unwrap_or(path))?;
+        let export =
+            String::from_utf8(export_bytes).map_err(|_| bad_uri("the export name is not UTF-8"))?;
         if export.contains('\0') {
-            return Err(bad_uri(uri, "the export name contains a NUL"));
+            return Err(bad_uri("the export name contains a NUL"));
         }
         if export.len() > 4096 {
-            return Err(bad_uri(uri, "the export name is longer than 4096 bytes"));
+            return Err(bad_uri("the export name is longer than 4096 bytes"));
         }
         let mut socket = None;
         let mut connections = None;
         for param in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (k, v) = param.split_once('=').unwrap_or((param, ""));
             match k {
-                "socket" => socket = Some(percent_decode(uri, v)?),
+                "socket" => socket = Some(percent_decode(v)?),
                 "x-connections" => {
                     let n: usize = v
                         .parse()
                         .ok()
                         .filter(|n| (1..=MAX_CONNECTIONS).contains(n))
                         .ok_or_else(|| {
-                            bad_uri(uri, format!("x-connections={v}: give 1 to {MAX_CONNECTIONS}"))
+                            bad_uri(format!("x-connections={v}: give 1 to {MAX_CONNECTIONS}"))
                         })?;
                     connections = Some(n);
                 }
                 k if k.starts_with("tls") => {
                     return Err(Error::NotSupported(format!(
-                        "{uri}: {k}: TLS is not supported by uext4's NBD client"
+                        "{k}: TLS is not supported by uext4's NBD client"
                     )))
                 }
-                k => return Err(bad_uri(uri, format!("unknown query parameter {k:?}"))),
+                k => return Err(bad_uri(format!("unknown query parameter {k:?}"))),
             }
         }
         let address = if unix {
             if !authority.is_empty() {
                 return Err(bad_uri(
-                    uri,
                     "nbd+unix:// takes no host (write nbd+unix:///export?socket=PATH)",
                 ));
             }
             let s = socket.ok_or_else(|| {
-                bad_uri(uri, "nbd+unix:// needs ?socket=PATH (the server's Unix socket)")
+                bad_uri("nbd+unix:// needs ?socket=PATH (the server's Unix socket)")
             })?;
             match s.split_first() {
-                None => return Err(bad_uri(uri, "socket= is empty")),
+                None => return Err(bad_uri("socket= is empty")),
                 Some((0, name)) => Address::UnixAbstract(name.to_vec()),
                 Some(_) => {
                     use std::os::unix::ffi::OsStringExt;
@@ -244,13 +246,13 @@ impl NbdUri {
             }
         } else {
             if socket.is_some() {
-                return Err(bad_uri(uri, "socket= is for nbd+unix:// URIs"));
+                return Err(bad_uri("socket= is for nbd+unix:// URIs"));
             }
             // userinfo is for TLS authentication only.
             let hostport = match authority.rsplit_once('@') {
                 Some(_) => {
                     return Err(Error::NotSupported(format!(
-                        "{uri}: a user name in the URI is for TLS, which is not supported"
+                        "a user name in the URI is for TLS, which is not supported"
                     )))
                 }
                 None => authority,
@@ -258,12 +260,12 @@ impl NbdUri {
             let (host, port) = if let Some(rest) = hostport.strip_prefix('[') {
                 let (h, after) = rest
                     .split_once(']')
-                    .ok_or_else(|| bad_uri(uri, "an IPv6 address without its closing ']'"))?;
+                    .ok_or_else(|| bad_uri("an IPv6 address without its closing ']'"))?;
                 let port = match after {
                     "" => None,
                     p => Some(
                         p.strip_prefix(':')
-                            .ok_or_else(|| bad_uri(uri, "expected ':PORT' after ']'"))?,
+                            .ok_or_else(|| bad_uri("expected ':PORT' after ']'"))?,
                     ),
                 };
                 (h.to_string(), port)
@@ -279,10 +281,10 @@ impl NbdUri {
                     .parse::<u16>()
                     .ok()
                     .filter(|&p| p != 0)
-                    .ok_or_else(|| bad_uri(uri, format!("bad port {p:?}")))?,
+                    .ok_or_else(|| bad_uri(format!("bad port {p:?}")))?,
             };
-            let host = String::from_utf8(percent_decode(uri, &host)?)
-                .map_err(|_| bad_uri(uri, "the host name is not UTF-8"))?;
+            let host = String::from_utf8(percent_decode(&host)?)
+                .map_err(|_| bad_uri("the host name is not UTF-8"))?;
             let host = if host.is_empty() {
                 "localhost".to_string()
             } else {
@@ -346,13 +348,13 @@ impl Write for Stream {
     }
 }
 
-fn connect(uri: &str, addr: &Address) -> Result<Stream> {
-    let fail = |e: io::Error| Error::Nbd(format!("{uri}: connecting to the NBD server: {e}"));
+fn connect(addr: &Address) -> Result<Stream> {
+    let fail = |e: io::Error| Error::Nbd(format!("connecting to the NBD server: {e}"));
     match addr {
         Address::Tcp { host, port } => {
             let addrs: Vec<_> = (host.as_str(), *port)
                 .to_socket_addrs()
-                .map_err(|e| Error::Nbd(format!("{uri}: cannot resolve {host}: {e}")))?
+                .map_err(|e| Error::Nbd(format!("cannot resolve {host}: {e}")))?
                 .collect();
             let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
             for a in addrs {
@@ -412,8 +414,8 @@ fn send_option(s: &mut Stream, opt: u32, data: &[u8]) -> io::Result<()> {
 }
 
 /// The fixed newstyle handshake on a fresh connection, ending in the transmission phase.
-fn handshake(uri: &str, s: &mut Stream, export: &str) -> Result<ExportInfo> {
-    let proto = |why: String| Error::Nbd(format!("{uri}: {why}"));
+fn handshake(s: &mut Stream, export: &str) -> Result<ExportInfo> {
+    let proto = Error::Nbd;
     let io_err = |e: io::Error| match e.kind() {
         io::ErrorKind::UnexpectedEof => proto(
             "the server closed the connection during the handshake (is the export name right? \
@@ -426,7 +428,8 @@ fn handshake(uri: &str, s: &mut Stream, export: &str) -> Result<ExportInfo> {
         )),
         _ => proto(format!("handshake: {e}")),
     };
-    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(io_err)?;
+    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .map_err(io_err)?;
     if read_u64(s).map_err(io_err)? != NBDMAGIC {
         return Err(proto("not an NBD server (no NBDMAGIC greeting)".into()));
     }
@@ -509,9 +512,7 @@ fn handshake(uri: &str, s: &mut Stream, export: &str) -> Result<ExportInfo> {
                     }
                     INFO_BLOCK_SIZE => {
                         if body.len() != 12 {
-                            return Err(proto(
-                                "an NBD_INFO_BLOCK_SIZE of the wrong length".into(),
-                            ));
+                            return Err(proto("an NBD_INFO_BLOCK_SIZE of the wrong length".into()));
                         }
                         let g = |i: usize| {
                             u32::from_be_bytes(body[i..i + 4].try_into().unwrap_or_default())
@@ -523,42 +524,36 @@ fn handshake(uri: &str, s: &mut Stream, export: &str) -> Result<ExportInfo> {
             }
             REP_ERR_UNSUP => {
                 // A server from before NBD_OPT_GO.
-                return export_name_fallback(uri, s, export, no_zeroes);
+                return export_name_fallback(s, export, no_zeroes);
             }
             REP_ERR_UNKNOWN => {
-                return Err(Error::Nbd(format!(
-                    "{uri}: the server has no {shown}{}",
-                    msg()
-                )))
+                return Err(Error::Nbd(format!("the server has no {shown}{}", msg())))
             }
             REP_ERR_TLS_REQD => {
                 return Err(Error::NotSupported(format!(
-                    "{uri}: the server requires TLS, which uext4's NBD client does not support{}",
+                    "the server requires TLS, which uext4's NBD client does not support{}",
                     msg()
                 )))
             }
             REP_ERR_POLICY => {
                 return Err(Error::Nbd(format!(
-                    "{uri}: the server refuses {shown} by its policy{}",
+                    "the server refuses {shown} by its policy{}",
                     msg()
                 )))
             }
             REP_ERR_SHUTDOWN => {
-                return Err(Error::Nbd(format!(
-                    "{uri}: the server is shutting down{}",
-                    msg()
-                )))
+                return Err(Error::Nbd(format!("the server is shutting down{}", msg())))
             }
             REP_ERR_INVALID | REP_ERR_PLATFORM | REP_ERR_BLOCK_SIZE_REQD | REP_ERR_TOO_BIG => {
                 return Err(Error::Nbd(format!(
-                    "{uri}: the server refused NBD_OPT_GO (error {:#x}){}",
+                    "the server refused NBD_OPT_GO (error {:#x}){}",
                     rtype,
                     msg()
                 )))
             }
             t if t & REP_ERR != 0 => {
                 return Err(Error::Nbd(format!(
-                    "{uri}: the server refused NBD_OPT_GO (error {t:#x}){}",
+                    "the server refused NBD_OPT_GO (error {t:#x}){}",
                     msg()
                 )))
             }
@@ -567,7 +562,7 @@ fn handshake(uri: &str, s: &mut Stream, export: &str) -> Result<ExportInfo> {
     }
     let (size, flags) =
         export_info.ok_or_else(|| proto("NBD_OPT_GO ended without NBD_INFO_EXPORT".into()))?;
-    let info = block_sizes(uri, size, flags, sizes)?;
+    let info = block_sizes(size, flags, sizes)?;
     s.set_read_timeout(None).map_err(io_err)?;
     Ok(info)
 }
@@ -581,17 +576,12 @@ fn abort(s: &mut Stream) {
 }
 
 /// `NBD_OPT_EXPORT_NAME`, for a server without `NBD_OPT_GO`: no block size constraints.
-fn export_name_fallback(
-    uri: &str,
-    s: &mut Stream,
-    export: &str,
-    no_zeroes: bool,
-) -> Result<ExportInfo> {
+fn export_name_fallback(s: &mut Stream, export: &str, no_zeroes: bool) -> Result<ExportInfo> {
     let io_err = |e: io::Error| {
         Error::Nbd(if e.kind() == io::ErrorKind::UnexpectedEof {
-            format!("{uri}: the server closed the connection: it has no export {export:?}")
+            format!("the server closed the connection: it has no export {export:?}")
         } else {
-            format!("{uri}: handshake: {e}")
+            format!("handshake: {e}")
         })
     };
     send_option(s, OPT_EXPORT_NAME, export.as_bytes()).map_err(io_err)?;
@@ -601,22 +591,19 @@ fn export_name_fallback(
         let mut z = [0u8; 124];
         s.read_exact(&mut z).map_err(io_err)?;
     }
-    let info = block_sizes(uri, size, flags, None)?;
+    let info = block_sizes(size, flags, None)?;
     s.set_read_timeout(None).map_err(io_err)?;
     Ok(info)
 }
 
 /// Checks the export's size, flags and block size constraints (the protocol's defaults where
 /// the server gave none).
-fn block_sizes(
-    uri: &str,
-    size: u64,
-    flags: u16,
-    sizes: Option<(u32, u32, u32)>,
-) -> Result<ExportInfo> {
-    let proto = |why: String| Error::Nbd(format!("{uri}: {why}"));
+fn block_sizes(size: u64, flags: u16, sizes: Option<(u32, u32, u32)>) -> Result<ExportInfo> {
+    let proto = Error::Nbd;
     if flags & TF_HAS_FLAGS == 0 {
-        return Err(proto("the server sent transmission flags without HAS_FLAGS".into()));
+        return Err(proto(
+            "the server sent transmission flags without HAS_FLAGS".into(),
+        ));
     }
     if size > i64::MAX as u64 {
         return Err(proto(format!("an export size of {size} bytes")));
@@ -660,6 +647,8 @@ struct Conn {
     pending: Arc<Mutex<Pending>>,
     next_cookie: AtomicU64,
     reader: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The most requests ever waiting for their replies at once (pipelining at work).
+    max_in_flight: AtomicUsize,
 }
 
 /// A request sent and not yet answered.
@@ -732,6 +721,7 @@ impl Conn {
             pending,
             next_cookie: AtomicU64::new(1),
             reader: Mutex::new(Some(reader)),
+            max_in_flight: AtomicUsize::new(0),
         }))
     }
 
@@ -762,6 +752,8 @@ impl Conn {
                 return Err(io::Error::new(io::ErrorKind::BrokenPipe, why.clone()));
             }
             p.waiting.insert(cookie, (expect, tx));
+            self.max_in_flight
+                .fetch_max(p.waiting.len(), Ordering::Relaxed);
         }
         let mut hdr = [0u8; 28];
         hdr[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
@@ -897,8 +889,8 @@ impl NbdDevice {
     /// a server that exports read-only makes the device read-only too.
     pub fn open(uri: &str, read_only: bool) -> Result<NbdDevice> {
         let parsed = NbdUri::parse(uri)?;
-        let mut s = connect(uri, &parsed.address)?;
-        let info = handshake(uri, &mut s, &parsed.export).inspect_err(|_| abort(&mut s))?;
+        let mut s = connect(&parsed.address)?;
+        let info = handshake(&mut s, &parsed.export).inspect_err(|_| abort(&mut s))?;
         let mut conns = vec![Conn::start(uri, s, "uext4-nbd-0".into())?];
         let want = if info.flags & TF_CAN_MULTI_CONN != 0 {
             parsed.connections.unwrap_or(DEFAULT_CONNECTIONS)
@@ -907,12 +899,11 @@ impl NbdDevice {
         };
         for i in 1..want {
             // Extra connections are an optimization: stop at the first that fails.
-            let extra = connect(uri, &parsed.address).and_then(|mut s| {
-                let other =
-                    handshake(uri, &mut s, &parsed.export).inspect_err(|_| abort(&mut s))?;
+            let extra = connect(&parsed.address).and_then(|mut s| {
+                let other = handshake(&mut s, &parsed.export).inspect_err(|_| abort(&mut s))?;
                 if other != info {
                     return Err(Error::Nbd(format!(
-                        "{uri}: a second connection saw a different export"
+                        "a second connection saw a different export"
                     )));
                 }
                 Conn::start(uri, s, format!("uext4-nbd-{i}"))
@@ -939,6 +930,15 @@ impl NbdDevice {
     /// How many connections carry the requests.
     pub fn connections(&self) -> usize {
         self.conns.len()
+    }
+
+    /// The most requests that were ever in flight at once on one connection.
+    pub fn max_in_flight(&self) -> usize {
+        self.conns
+            .iter()
+            .map(|c| c.max_in_flight.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Whether the server exports the image read-only.
@@ -1083,7 +1083,10 @@ impl BlockDevice for NbdDevice {
         }
         // With several connections the server promised (CAN_MULTI_CONN) that a flush on one
         // covers the writes completed on all.
-        self.conn().submit(CMD_FLUSH, 0, 0, None)?.wait().map(|_| ())
+        self.conn()
+            .submit(CMD_FLUSH, 0, 0, None)?
+            .wait()
+            .map(|_| ())
     }
 
     fn size(&self) -> u64 {
@@ -1169,10 +1172,16 @@ mod tests {
     #[test]
     fn uris_parse_as_the_standard_says() {
         let p = |s| NbdUri::parse(s).unwrap();
-        assert_eq!(p("nbd://example.com/disk"), tcp("example.com", 10809, "disk"));
+        assert_eq!(
+            p("nbd://example.com/disk"),
+            tcp("example.com", 10809, "disk")
+        );
         assert_eq!(p("nbd://example.com/"), tcp("example.com", 10809, ""));
         assert_eq!(p("nbd://example.com"), tcp("example.com", 10809, ""));
-        assert_eq!(p("nbd://example.com//disk"), tcp("example.com", 10809, "/disk"));
+        assert_eq!(
+            p("nbd://example.com//disk"),
+            tcp("example.com", 10809, "/disk")
+        );
         assert_eq!(
             p("nbd://example.com/hello%20world"),
             tcp("example.com", 10809, "hello world")
@@ -1215,7 +1224,12 @@ mod tests {
         assert!(e("nbd://h/x?x-connections=0").contains("x-connections"));
         assert!(e("nbd://[::1/x").contains("']'"));
         assert!(e("nbd://u@h/x").contains("TLS"));
-        for s in ["nbd://h/x", "nbd+unix:///x?socket=/s", "nbds://h", "NBD://h"] {
+        for s in [
+            "nbd://h/x",
+            "nbd+unix:///x?socket=/s",
+            "nbds://h",
+            "NBD://h",
+        ] {
             assert!(is_nbd_uri(s), "{s}");
         }
         for s in ["disk.img", "/tmp/nbd", "http://h/x", "nbd:/x"] {
@@ -1225,13 +1239,13 @@ mod tests {
 
     #[test]
     fn block_size_constraints_are_checked() {
-        let ok = block_sizes("u", 1 << 20, TF_HAS_FLAGS, Some((512, 4096, 1 << 30))).unwrap();
+        let ok = block_sizes(1 << 20, TF_HAS_FLAGS, Some((512, 4096, 1 << 30))).unwrap();
         assert_eq!((ok.min_block, ok.max_payload), (512, DEFAULT_MAX_PAYLOAD));
-        let odd = block_sizes("u", 1 << 20, TF_HAS_FLAGS, Some((4096, 4096, 10000))).unwrap();
+        let odd = block_sizes(1 << 20, TF_HAS_FLAGS, Some((4096, 4096, 10000))).unwrap();
         assert_eq!(odd.max_payload, 8192);
-        assert!(block_sizes("u", 1, TF_HAS_FLAGS, Some((3, 4096, 8192))).is_err());
-        assert!(block_sizes("u", 1, TF_HAS_FLAGS, Some((4096, 4096, 512))).is_err());
-        assert!(block_sizes("u", 1, 0, None).is_err());
-        assert!(block_sizes("u", u64::MAX, TF_HAS_FLAGS, None).is_err());
+        assert!(block_sizes(1, TF_HAS_FLAGS, Some((3, 4096, 8192))).is_err());
+        assert!(block_sizes(1, TF_HAS_FLAGS, Some((4096, 4096, 512))).is_err());
+        assert!(block_sizes(1, 0, None).is_err());
+        assert!(block_sizes(u64::MAX, TF_HAS_FLAGS, None).is_err());
     }
 }
