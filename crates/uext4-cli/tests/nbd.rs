@@ -64,7 +64,9 @@ impl Nbdkit {
         let sock = std::env::temp_dir().join(format!("{}.sock", tag(t)));
         let _ = std::fs::remove_file(&sock);
         let mut c = Command::new("nbdkit");
-        c.args(["-f", "--exit-with-parent", "-U"]).arg(&sock).args(args);
+        c.args(["-f", "--exit-with-parent", "-U"])
+            .arg(&sock)
+            .args(args);
         let uri = format!("nbd+unix:///?socket={}", sock.display());
         Nbdkit::start(c, sock, uri, None)
     }
@@ -102,7 +104,10 @@ impl Nbdkit {
             if let Ok(Some(st)) = s.child.try_wait() {
                 panic!("nbdkit exited at start: {st}");
             }
-            assert!(t.elapsed() < Duration::from_secs(20), "nbdkit did not start");
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "nbdkit did not start"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -236,7 +241,10 @@ fn a_read_only_export_is_refused_by_writing_tools_in_one_line() {
     let e = fails(&["mkfs", &srv.uri]);
     assert!(e.contains("read-only"), "{e}");
     drop(srv);
-    assert!(std::fs::read(&img.0).unwrap() == before, "the read-only export changed");
+    assert!(
+        std::fs::read(&img.0).unwrap() == before,
+        "the read-only export changed"
+    );
 }
 
 #[test]
@@ -274,7 +282,10 @@ fn a_fuse_mount_over_nbd_runs_a_shell_workload_and_stays_clean() {
         ok(&["umount", m]);
         // Read back through the tools (same server, a fresh connection).
         let ls = ok(&["ls", &srv.at("/a")]);
-        assert!(ls.contains("moved") && ls.contains("f200") && !ls.contains("f150"), "{ls}");
+        assert!(
+            ls.contains("moved") && ls.contains("f200") && !ls.contains("f150"),
+            "{ls}"
+        );
     }
     let _ = std::fs::remove_dir(&mnt);
     let sha_file = format!("{m}.sha");

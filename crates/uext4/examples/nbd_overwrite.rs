@@ -79,7 +79,10 @@ fn nbdkit(args: &[String], ready: impl Fn() -> bool, sock: std::path::PathBuf) -
     let s = Server(c, sock);
     let t = Instant::now();
     while !ready() {
-        assert!(t.elapsed() < Duration::from_secs(20), "nbdkit did not start");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "nbdkit did not start"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     s
@@ -143,7 +146,12 @@ fn main() {
         let unix = {
             let s2 = sock.clone();
             let _srv = nbdkit(
-                &["-U".into(), sock.display().to_string(), "file".into(), file.clone()],
+                &[
+                    "-U".into(),
+                    sock.display().to_string(),
+                    "file".into(),
+                    file.clone(),
+                ],
                 move || s2.exists(),
                 sock.clone(),
             );

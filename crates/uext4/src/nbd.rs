@@ -251,9 +251,9 @@ impl NbdUri {
             // userinfo is for TLS authentication only.
             let hostport = match authority.rsplit_once('@') {
                 Some(_) => {
-                    return Err(Error::NotSupported(format!(
-                        "a user name in the URI is for TLS, which is not supported"
-                    )))
+                    return Err(Error::NotSupported(
+                        "a user name in the URI is for TLS, which is not supported".to_string(),
+                    ))
                 }
                 None => authority,
             };
@@ -902,9 +902,9 @@ impl NbdDevice {
             let extra = connect(&parsed.address).and_then(|mut s| {
                 let other = handshake(&mut s, &parsed.export).inspect_err(|_| abort(&mut s))?;
                 if other != info {
-                    return Err(Error::Nbd(format!(
-                        "a second connection saw a different export"
-                    )));
+                    return Err(Error::Nbd(
+                        "a second connection saw a different export".to_string(),
+                    ));
                 }
                 Conn::start(uri, s, format!("uext4-nbd-{i}"))
             });
