@@ -300,3 +300,53 @@ fn a_fuse_mount_over_nbd_runs_a_shell_workload_and_stays_clean() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout), sha);
 }
+
+/// A server that dies while a tool writes: the tool fails in one line, exit status 1 (never
+/// a silent death by SIGPIPE, which the tools leave at its default), and the next open
+/// replays the journal and leaves the image clean.
+#[test]
+fn a_server_killed_under_a_writing_tool_gives_one_line_and_recovers() {
+    if !have("nbdkit") || !have("e2fsck") {
+        return;
+    }
+    let img = Scratch::new("killed", 128 << 20);
+    let img_s = img.0.to_str().unwrap();
+    let src = Scratch::new("killed-src", 0);
+    std::fs::write(&src.0, vec![0x42u8; 40 << 20]).unwrap();
+    {
+        let srv = Nbdkit::unix("killed0", &["file", &format!("file={img_s}")]);
+        ok(&["mkfs", &srv.uri]);
+        ok(&["mkdir", &srv.at("/kept")]);
+    }
+    // Every write takes 300 ms: the copy (its data, journal and checkpoint writes) is
+    // still going when the server is killed.
+    let mut srv = Nbdkit::unix(
+        "killed",
+        &[
+            "--filter=delay",
+            "file",
+            &format!("file={img_s}"),
+            "delay-write=300ms",
+        ],
+    );
+    let child = Command::new(bin())
+        .args(["cp", src.0.to_str().unwrap(), &srv.at("/big")])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    let _ = srv.child.kill();
+    let _ = srv.child.wait();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    eprintln!("cp with the server killed: {:?}: {err}", o.status);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("NBD"), "{err}");
+    drop(srv);
+    let srv = Nbdkit::unix("killed2", &["file", &format!("file={img_s}")]);
+    assert!(ok(&["ls", &srv.at("/")]).contains("kept"));
+    ok(&["mkdir", &srv.at("/after")]);
+    drop(srv);
+    e2fsck_clean(img_s);
+}

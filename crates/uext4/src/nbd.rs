@@ -337,10 +337,31 @@ impl Read for Stream {
 }
 
 impl Write for Stream {
+    /// send(2) with MSG_NOSIGNAL: a server gone away is an EPIPE error here, never a SIGPIPE
+    /// (the image tools restore SIGPIPE's default, which would end the process silently).
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write(buf),
-            Stream::Unix(s) => s.write(buf),
+        use std::os::fd::AsRawFd;
+        let fd = match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        };
+        loop {
+            // SAFETY: `buf` is valid for `buf.len()` bytes; the descriptor is our open socket.
+            let n = unsafe {
+                libc::send(
+                    fd,
+                    buf.as_ptr() as *const libc::c_void,
+                    buf.len(),
+                    libc::MSG_NOSIGNAL,
+                )
+            };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
         }
     }
     fn flush(&mut self) -> io::Result<()> {
