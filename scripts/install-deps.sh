@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need, when missing: e2fsprogs (mke2fs, e2fsck, debugfs),
 # fuse3, fio, xfsprogs (xfs_io), attr, acl and capability tools, fuse2fs (the peer in benchmarks),
-# gdisk and fdisk (sgdisk and sfdisk make the partitioned disks of the partition tests), and
+# gdisk and fdisk (sgdisk and sfdisk make the partitioned disks of the partition tests), nbdkit
+# and qemu-utils (the NBD servers of the NBD backend's tests: nbdkit, qemu-nbd, qemu-img), and
 # pjdfstest (through cargo). Safe to run again; does nothing when all is present.
 set -euo pipefail
 
@@ -18,6 +19,8 @@ command -v setcap >/dev/null || need+=(libcap2-bin)
 command -v fuse2fs >/dev/null || need+=(fuse2fs)
 command -v sgdisk >/dev/null || need+=(gdisk)
 command -v sfdisk >/dev/null || need+=(fdisk)
+command -v nbdkit >/dev/null || need+=(nbdkit)
+command -v qemu-nbd >/dev/null || need+=(qemu-utils)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then

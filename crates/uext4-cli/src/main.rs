@@ -19,7 +19,10 @@ use std::process::ExitCode;
                   partition N of a whole-disk image (GPT or MBR, numbered as fdisk and lsblk \
                   do): disk.img@2:/etc/hosts; IMAGE@offset=BYTES[,size=BYTES] a filesystem \
                   at a byte offset (a multiple of 512), as in a SIF container. A file literally \
-                  named disk.img@2 wins. `uext4 info disk.img` lists a disk's partitions.",
+                  named disk.img@2 wins. `uext4 info disk.img` lists a disk's partitions. \
+                  An NBD export is named by its URI: nbd://host[:port]/export or \
+                  nbd+unix:///export?socket=PATH; in URI:PATH the URI ends at the first ':' \
+                  after its host and port (nbd://localhost/disk:/etc/hosts).",
     disable_help_subcommand = true
 )]
 struct Cli {

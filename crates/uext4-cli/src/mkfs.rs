@@ -13,7 +13,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
-use uext4::blockdev::{BlockDevice, FileDevice, Region, RegionDevice};
+use uext4::blockdev::{is_nbd_uri, open_image, BlockDevice, FileDevice, Region, RegionDevice};
 use uext4::MountOptions;
 
 #[derive(Args)]
@@ -142,7 +142,7 @@ pub fn run(a: MkfsArgs) -> Result<()> {
         }
     }
     let img = image_arg(&a.image)?;
-    let created = !img.path.exists();
+    let created = !img.path.exists() && !is_nbd_uri(&img.path);
     let r = build(&a, &img, features, ext, uuid, epoch);
     if r.is_err() && created {
         // A failed mkfs leaves nothing of its own behind.
@@ -159,8 +159,9 @@ fn build(
     uuid: Option<[u8; 16]>,
     epoch: Option<i64>,
 ) -> Result<()> {
-    // Held until the new filesystem is written: no one else writes the image meanwhile.
-    let _claim = if img.path.exists() {
+    // Held until the new filesystem is written: no one else writes the image meanwhile. (An
+    // NBD export has nothing local to claim: its server decides who writes it.)
+    let _claim = if img.path.exists() && !is_nbd_uri(&img.path) {
         Some(
             uext4::holder::claim_for_writing(&img.path)
                 .with_context(|| img.path.display().to_string())?,
@@ -168,7 +169,9 @@ fn build(
     } else {
         None
     };
-    let (dev, size, fresh, region) = if img.within == Within::Whole {
+    let (dev, size, fresh, region) = if img.within == Within::Whole && is_nbd_uri(&img.path) {
+        nbd_target(a, img)?
+    } else if img.within == Within::Whole {
         whole_target(a)?
     } else {
         region_target(a, img)?
@@ -273,6 +276,24 @@ fn summary(img: &Img, region: Option<Region>, o: &uext4::mkfs::MkfsOptions) -> R
 /// device reads as zeros already (a new file), and the region in the image file.
 type Target = (Arc<dyn BlockDevice>, u64, bool, Option<Region>);
 
+/// A whole NBD export: its size, or less with `--size`.
+fn nbd_target(a: &MkfsArgs, img: &Img) -> Result<Target> {
+    let dev = open_image(&img.path, false).with_context(|| img.name())?;
+    if dev.read_only() {
+        bail!("{}: the NBD server exports it read-only", img.name());
+    }
+    let size = match a.size.as_deref().map(parse_size).transpose()? {
+        Some(w) if w > dev.size() => bail!(
+            "{}: --size {w} is larger than the export ({} bytes)",
+            img.name(),
+            dev.size()
+        ),
+        Some(w) => w,
+        None => dev.size(),
+    };
+    Ok((dev, size, false, None))
+}
+
 fn whole_target(a: &MkfsArgs) -> Result<Target> {
     let exists = a.image.exists();
     let cur = if exists {
@@ -311,14 +332,14 @@ fn whole_target(a: &MkfsArgs) -> Result<Target> {
 /// file that is too short; a partition is never grown.
 fn region_target(a: &MkfsArgs, img: &Img) -> Result<Target> {
     let want = a.size.as_deref().map(parse_size).transpose()?;
-    if !img.path.exists() {
+    if !img.path.exists() && !is_nbd_uri(&img.path) {
         bail!("{}: no such image file", img.path.display());
     }
     if let (Within::Offset { offset, size }, Some(w)) = (img.within, want) {
         let end = offset
             .checked_add(size.unwrap_or(w))
             .ok_or_else(|| anyhow!("{}: offset and size overflow", img.name()))?;
-        if std::fs::metadata(&img.path)?.is_file() {
+        if !is_nbd_uri(&img.path) && std::fs::metadata(&img.path)?.is_file() {
             let f = std::fs::OpenOptions::new()
                 .write(true)
                 .open(&img.path)
@@ -329,9 +350,12 @@ fn region_target(a: &MkfsArgs, img: &Img) -> Result<Target> {
         }
     }
     let region = img.region()?;
-    let dev = FileDevice::open(&img.path, false).with_context(|| img.path.display().to_string())?;
+    let dev = open_image(&img.path, false).with_context(|| img.path.display().to_string())?;
+    if dev.read_only() {
+        bail!("{}: cannot be written", img.path.display());
+    }
     let r = region.ok_or_else(|| anyhow!("{}: no region", img.name()))?;
-    let win = RegionDevice::new(Arc::new(dev), r).map_err(|e| anyhow!("{}: {e}", img.name()))?;
+    let win = RegionDevice::new(dev, r).map_err(|e| anyhow!("{}: {e}", img.name()))?;
     let size = match want {
         Some(w) if w > win.size() => bail!(
             "{}: --size {w} is larger than the {} bytes there",

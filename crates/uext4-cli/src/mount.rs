@@ -257,7 +257,8 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
             std::process::exit(2);
         }
     };
-    if !a.image.exists() {
+    let nbd = uext4::blockdev::is_nbd_uri(&a.image);
+    if !nbd && !a.image.exists() {
         bail!("{}: no such image file or device", a.image.display());
     }
     match std::fs::metadata(&a.mountpoint) {
@@ -274,7 +275,12 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
     // Absolute from here on: the mount table names mount points (and shows the image) that way.
     let mountpoint =
         std::fs::canonicalize(&a.mountpoint).with_context(|| a.mountpoint.display().to_string())?;
-    let image = std::fs::canonicalize(&a.image).with_context(|| a.image.display().to_string())?;
+    // An NBD URI is kept as written (it names no local file).
+    let image = if nbd {
+        a.image.clone()
+    } else {
+        std::fs::canonicalize(&a.image).with_context(|| a.image.display().to_string())?
+    };
     if !a.foreground {
         return daemonize(&a, &image, &mountpoint);
     }
@@ -425,7 +431,10 @@ fn serve_foreground(
     opts: &Options,
 ) -> Result<()> {
     let mut opts = opts.clone();
-    if !opts.read_only {
+    // An NBD export: nothing local to check or lock; the server decides who writes it (one
+    // that exports read-only opens read-only).
+    let nbd = uext4::blockdev::is_nbd_uri(image);
+    if !opts.read_only && !nbd {
         use std::os::unix::ffi::OsStrExt;
         let c = std::ffi::CString::new(image.as_os_str().as_bytes())?;
         // SAFETY: a valid NUL-terminated path.
@@ -464,7 +473,7 @@ fn serve_foreground(
     crate::log::set_source(image);
     // A read-write open claims the image for as long as the filesystem lives; a read-only
     // mount holds a shared lock until the process exits.
-    let _lock = if opts.read_only {
+    let _lock = if opts.read_only && !nbd {
         Some(lock_shared(image)?)
     } else {
         None
@@ -478,6 +487,18 @@ fn serve_foreground(
     if let Some(r) = fs.read_only_reason() {
         eprintln!("uext4: mounting read-only: {r}");
     }
+    // A device that refuses writes (an NBD export served read-only) mounts `ro`, as a
+    // write-protected image file does above.
+    let ro_opts;
+    let opts = if fs.is_read_only() && !opts.read_only {
+        ro_opts = Options {
+            read_only: true,
+            ..opts.clone()
+        };
+        &ro_opts
+    } else {
+        opts
+    };
     if opts.dax {
         eprintln!("uext4: dax: the image is mapped; reads and writes are memory copies");
     } else if fs.is_mapped() {

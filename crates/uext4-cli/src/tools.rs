@@ -12,7 +12,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use uext4::blockdev::{BlockDevice, FileDevice, Region, RegionDevice};
+use uext4::blockdev::{open_image, BlockDevice, Region, RegionDevice};
 use uext4::format::inode::Timestamp;
 use uext4::namei::{RenameFlags, SetAttr, TimeSet};
 use uext4::partition::{identify, Contents, Table};
@@ -156,9 +156,7 @@ impl Img {
     /// table for `IMAGE@N`, and checks the region against the file; every failure is one line
     /// naming the image.
     pub fn region(&self) -> Result<Option<Region>> {
-        let dev =
-            FileDevice::open(&self.path, true).with_context(|| self.path.display().to_string())?;
-        let dev: Arc<dyn BlockDevice> = Arc::new(dev);
+        let dev = open_image(&self.path, true).with_context(|| self.path.display().to_string())?;
         self.region_in(&dev).map(|(r, _)| r)
     }
 
@@ -195,8 +193,8 @@ impl Img {
     /// that holds a partition table or a qcow2 (VMDK, ...) image, the error says how to reach
     /// the filesystem.
     fn fs_region(&self) -> Result<Option<Region>> {
-        let dev = match FileDevice::open(&self.path, true) {
-            Ok(d) => Arc::new(d) as Arc<dyn BlockDevice>,
+        let dev = match open_image(&self.path, true) {
+            Ok(d) => d,
             // Let the open report it (as it always has).
             Err(_) if self.within == Within::Whole => return Ok(None),
             Err(e) => return Err(e).with_context(|| self.path.display().to_string()),
@@ -233,7 +231,7 @@ impl Img {
 
     /// The byte range of the file this names (for telling whether two overlap).
     fn range(&self) -> Result<(u64, u64)> {
-        let size = FileDevice::open(&self.path, true)
+        let size = open_image(&self.path, true)
             .with_context(|| self.path.display().to_string())?
             .size();
         Ok(match self.region()? {
@@ -291,6 +289,9 @@ pub fn parse_within(spec: &str) -> Result<Within> {
 /// `IMAGE`, `IMAGE@N` or `IMAGE@offset=BYTES[,size=BYTES]`: `None` when no such file exists.
 /// A file named by the whole text wins over the `@` forms.
 fn parse_image(s: &str) -> Result<Option<Img>> {
+    if uext4::nbd::is_nbd_uri(s) {
+        return parse_nbd_image(s).map(Some);
+    }
     if is_image_file(Path::new(s)) {
         return Ok(Some(Img {
             path: PathBuf::from(s),
@@ -307,6 +308,29 @@ fn parse_image(s: &str) -> Result<Option<Img>> {
         }
     }
     Ok(None)
+}
+
+/// Where an NBD URI's authority (host and port) ends: after it, a ':' or '@' is ours.
+fn nbd_authority_end(s: &str) -> usize {
+    let start = s.find("://").map_or(0, |i| i + 3);
+    start + s[start..].find(['/', '?']).unwrap_or(s.len() - start)
+}
+
+/// An NBD URI as an image, with an optional `@N` or `@offset=BYTES[,size=BYTES]` at its end
+/// (after the export name and query: an '@' inside them is written `%40`).
+fn parse_nbd_image(s: &str) -> Result<Img> {
+    let auth = nbd_authority_end(s);
+    if let Some(at) = s[auth..].rfind('@').map(|i| auth + i) {
+        let within = parse_within(&s[at + 1..]).with_context(|| s.to_string())?;
+        return Ok(Img {
+            path: PathBuf::from(&s[..at]),
+            within,
+        });
+    }
+    Ok(Img {
+        path: PathBuf::from(s),
+        within: Within::Whole,
+    })
 }
 
 /// An image argument without a path inside it (info, mkfs, mount): the `@` forms as in
@@ -331,6 +355,23 @@ enum Loc {
 }
 
 fn parse_loc(s: &str) -> Result<Loc> {
+    // An NBD URI ends at the first ':' after its authority (a ':' in the export name or the
+    // socket path is written %3A): `nbd+unix:///disk?socket=/run/x.sock:/etc`.
+    if uext4::nbd::is_nbd_uri(s) {
+        let auth = nbd_authority_end(s);
+        return match s[auth..].find(':').map(|i| auth + i) {
+            Some(at) => {
+                let path = match &s[at + 1..] {
+                    "" => "/".to_string(),
+                    p => p.to_string(),
+                };
+                Ok(Loc::Image(parse_nbd_image(&s[..at])?, path))
+            }
+            None => bail!(
+                "{s}: expected NBD-URI:PATH (a ':' and the path inside the image after the URI)"
+            ),
+        };
+    }
     // The image is the first prefix before a ':' that is an existing file or device (an image
     // name may itself contain ':'), or such a file followed by @N or @offset=BYTES.
     for (at, _) in s.match_indices(':') {
@@ -541,8 +582,7 @@ fn print_identity(sb: &uext4::format::superblock::Superblock) {
 fn info_superblock_only(img: &Img, why: &anyhow::Error) -> Result<()> {
     use uext4::format::superblock::{Superblock, SUPERBLOCK_SIZE};
     let image = &img.path;
-    let dev: Arc<dyn BlockDevice> =
-        Arc::new(FileDevice::open(image, true).with_context(|| image.display().to_string())?);
+    let dev = open_image(image, true).with_context(|| image.display().to_string())?;
     let (_, dev) = img.region_in(&dev)?;
     let mut b = vec![0u8; SUPERBLOCK_SIZE];
     dev.read_at(1024, &mut b)
@@ -628,8 +668,7 @@ fn info(arg: &Path) -> Result<()> {
     let img = image_arg(arg)?;
     if img.within == Within::Whole {
         // A whole disk or a qcow2 (VMDK, ...) image: say what it is instead of "not ext4".
-        if let Ok(dev) = FileDevice::open(&img.path, true) {
-            let dev: Arc<dyn BlockDevice> = Arc::new(dev);
+        if let Ok(dev) = open_image(&img.path, true) {
             match identify(&*dev) {
                 Contents::Ext { .. } => {}
                 Contents::ImageFormat(f) => bail!("{}: {f}", img.path.display()),

@@ -87,6 +87,10 @@ pub enum Error {
     /// A partition table that cannot be used, or a partition it does not have.
     #[error("{0}")]
     PartitionTable(String),
+    /// An NBD server that cannot be reached, has no such export, or broke the handshake
+    /// (nbd.rs); the text names the URI and the reason.
+    #[error("{0}")]
+    Nbd(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -129,6 +133,7 @@ impl Error {
             Error::Nxio => libc::ENXIO,
             Error::Busy | Error::InUse(_) | Error::MmpBusy { .. } => libc::EBUSY,
             Error::PartitionTable(_) => libc::EINVAL,
+            Error::Nbd(_) => libc::EIO,
         }
     }
 }

@@ -798,9 +798,18 @@ impl Fs {
 
     /// Opens an image file or block device by path. A read-write open first claims the image
     /// (holder.rs): it is refused, naming the holder, while another program writes it.
+    ///
+    /// A path written as an NBD URI (`nbd://host[:port]/export`,
+    /// `nbd+unix:///export?socket=PATH`: [`crate::nbd`]) opens that export of an NBD server
+    /// instead. Nothing local is claimed for it: the server decides who may write (it may
+    /// export read-only, which opens read-only).
     pub fn open_path(path: &std::path::Path, opts: MountOptions) -> Result<Arc<Fs>> {
         let mut opts = opts;
         opts.read_only |= opts.norecovery;
+        if let Some(uri) = path.to_str().filter(|s| crate::nbd::is_nbd_uri(s)) {
+            let dev = crate::nbd::NbdDevice::open(uri, opts.read_only)?;
+            return Fs::open_dev(Arc::new(dev), opts);
+        }
         let claim = if opts.read_only {
             None
         } else {

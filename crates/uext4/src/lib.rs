@@ -16,6 +16,7 @@
 //! - [`mkfs`]: making a new filesystem;
 //! - [`mmp`]: multi-mount protection (the MMP block and its updating thread).
 //! - [`partition`]: GPT and MBR partition tables, and what a device or partition holds.
+//! - [`nbd`]: an NBD client as a block device (images served by nbdkit, qemu-nbd, ...).
 
 pub mod balloc;
 pub mod bcache;
@@ -37,6 +38,7 @@ pub mod journal;
 pub mod mkfs;
 pub mod mmp;
 pub mod namei;
+pub mod nbd;
 pub mod orphan;
 pub mod partition;
 pub mod transaction;

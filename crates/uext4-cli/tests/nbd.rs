@@ -1,0 +1,352 @@
+//! The `uext4` command on NBD exports served by nbdkit on this machine (Unix sockets and TCP
+//! loopback only): mkfs, the image tools with `URI:PATH`, `@offset=`, `info`, a FUSE mount
+//! with a shell workload, and a read-only export. Every image written is checked with
+//! `e2fsck -fn` afterwards. Skips with `SKIP: ...` without nbdkit (or, for the mount, without
+//! root and /dev/fuse).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_uext4")
+}
+
+fn have(prog: &str) -> bool {
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {prog}"))
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIP: {prog} is not installed (scripts/install-deps.sh installs it)");
+    }
+    ok
+}
+
+fn tag(t: &str) -> String {
+    format!("uext4-nbdcli-{t}-{}", std::process::id())
+}
+
+/// A file in /dev/shm (or the temp dir), removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(t: &str, size: u64) -> Scratch {
+        let d = if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let p = d.join(tag(t));
+        let f = std::fs::File::create(&p).unwrap();
+        f.set_len(size).unwrap();
+        Scratch(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// nbdkit on a fresh Unix socket (or TCP loopback), stopped on drop.
+struct Nbdkit {
+    child: Child,
+    sock: PathBuf,
+    uri: String,
+}
+
+impl Nbdkit {
+    fn unix(t: &str, args: &[&str]) -> Nbdkit {
+        let sock = std::env::temp_dir().join(format!("{}.sock", tag(t)));
+        let _ = std::fs::remove_file(&sock);
+        let mut c = Command::new("nbdkit");
+        c.args(["-f", "--exit-with-parent", "-U"])
+            .arg(&sock)
+            .args(args);
+        let uri = format!("nbd+unix:///?socket={}", sock.display());
+        Nbdkit::start(c, sock, uri, None)
+    }
+
+    fn tcp(args: &[&str]) -> Nbdkit {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut c = Command::new("nbdkit");
+        c.args(["-f", "--exit-with-parent", "-i", "127.0.0.1", "-p"])
+            .arg(port.to_string())
+            .args(args);
+        let uri = format!("nbd://127.0.0.1:{port}/");
+        Nbdkit::start(c, PathBuf::new(), uri, Some(port))
+    }
+
+    fn start(mut c: Command, sock: PathBuf, uri: String, port: Option<u16>) -> Nbdkit {
+        c.stdin(Stdio::null()).stdout(Stdio::null());
+        let mut s = Nbdkit {
+            child: c.spawn().expect("starting nbdkit"),
+            sock,
+            uri,
+        };
+        let t = Instant::now();
+        loop {
+            let up = match port {
+                Some(p) => std::net::TcpStream::connect(("127.0.0.1", p)).is_ok(),
+                None => s.sock.exists(),
+            };
+            if up {
+                return s;
+            }
+            if let Ok(Some(st)) = s.child.try_wait() {
+                panic!("nbdkit exited at start: {st}");
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "nbdkit did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn at(&self, path: &str) -> String {
+        format!("{}:{path}", self.uri)
+    }
+}
+
+impl Drop for Nbdkit {
+    fn drop(&mut self) {
+        // SAFETY: kill with our child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.sock);
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(bin()).args(args).output().unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = run(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "uext4 {args:?} failed: {err}");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A command that must fail with one line on stderr, exit status 1.
+fn fails(args: &[&str]) -> String {
+    let o = run(args);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "uext4 {args:?}: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "uext4 {args:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+fn e2fsck_clean(img: &str) {
+    let o = Command::new("e2fsck").arg("-fn").arg(img).output().unwrap();
+    assert!(
+        o.status.success(),
+        "e2fsck -fn {img}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn tools_on_an_export_over_a_unix_socket_and_tcp() {
+    if !have("nbdkit") || !have("e2fsck") {
+        return;
+    }
+    let img = Scratch::new("tools", 64 << 20);
+    let img_s = img.0.to_str().unwrap();
+    {
+        let srv = Nbdkit::unix("tools", &["file", &format!("file={img_s}")]);
+        ok(&["mkfs", &srv.uri]);
+        ok(&["mkdir", "-p", &srv.at("/etc/deep")]);
+        ok(&["cp", "/etc/hostname", &srv.at("/etc/hostname")]);
+        ok(&["cp", "-r", "/etc/apt", &srv.at("/etc/deep/apt")]);
+        let ls = ok(&["ls", &srv.at("/etc")]);
+        assert!(ls.contains("hostname") && ls.contains("deep"), "{ls}");
+        assert_eq!(
+            ok(&["cat", &srv.at("/etc/hostname")]),
+            std::fs::read_to_string("/etc/hostname").unwrap()
+        );
+        // The root: nothing after the ':'.
+        assert!(ok(&["ls", &srv.at("")]).contains("etc"));
+        let info = ok(&["info", &srv.uri]);
+        assert!(info.contains("Block size"), "{info}");
+        // A bad URI, a missing socket, a URI with no path after it: one line each.
+        let e = fails(&["ls", "nbd+unix:///?sockt=/x:/"]);
+        assert!(e.contains("unknown query parameter"), "{e}");
+        let e = fails(&["ls", "nbd+unix:///?socket=/nonexistent.sock:/"]);
+        assert!(e.contains("connecting to the NBD server"), "{e}");
+        let e = fails(&["ls", &srv.uri]);
+        assert!(e.contains("NBD-URI:PATH"), "{e}");
+    }
+    e2fsck_clean(img_s);
+    // The same image over TCP, read back and written again.
+    {
+        let srv = Nbdkit::tcp(&["file", &format!("file={img_s}")]);
+        let want = std::fs::read_dir("/etc/apt").unwrap().count();
+        let got = ok(&["ls", &srv.at("/etc/deep/apt")]).lines().count();
+        assert_eq!(got, want, "/etc/apt copied over NBD");
+        ok(&["rm", "-r", &srv.at("/etc/deep")]);
+        ok(&["ln", "-s", "hostname", &srv.at("/etc/link")]);
+        assert!(ok(&["ls", &srv.at("/etc")]).contains("link"));
+    }
+    e2fsck_clean(img_s);
+}
+
+#[test]
+fn a_filesystem_at_an_offset_of_an_export() {
+    if !have("nbdkit") || !have("e2fsck") {
+        return;
+    }
+    let img = Scratch::new("offset", 48 << 20);
+    let img_s = img.0.to_str().unwrap();
+    {
+        let srv = Nbdkit::unix("offset", &["file", &format!("file={img_s}")]);
+        let at = format!("{}@offset=1M", srv.uri);
+        ok(&["mkfs", "--size", "32M", &at]);
+        ok(&["mkdir", &format!("{at}:/inside")]);
+        assert!(ok(&["ls", &format!("{at}:/")]).contains("inside"));
+        let info = ok(&["info", &at]);
+        assert!(info.contains("at offset 1048576"), "{info}");
+    }
+    e2fsck_clean(&format!("{img_s}?offset=1048576"));
+}
+
+#[test]
+fn a_read_only_export_is_refused_by_writing_tools_in_one_line() {
+    if !have("nbdkit") || !have("mke2fs") {
+        return;
+    }
+    let img = Scratch::new("ro", 16 << 20);
+    let img_s = img.0.to_str().unwrap();
+    let st = Command::new("mke2fs")
+        .args(["-q", "-F", "-t", "ext4", img_s])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let before = std::fs::read(&img.0).unwrap();
+    let srv = Nbdkit::unix("ro", &["-r", "file", &format!("file={img_s}")]);
+    assert!(ok(&["ls", &srv.at("/")]).contains("lost+found"));
+    let e = fails(&["mkdir", &srv.at("/x")]);
+    assert!(e.contains("cannot be written"), "{e}");
+    let e = fails(&["mkfs", &srv.uri]);
+    assert!(e.contains("read-only"), "{e}");
+    drop(srv);
+    assert!(
+        std::fs::read(&img.0).unwrap() == before,
+        "the read-only export changed"
+    );
+}
+
+#[test]
+fn a_fuse_mount_over_nbd_runs_a_shell_workload_and_stays_clean() {
+    // SAFETY: a plain getter.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIP: the NBD mount test needs root and /dev/fuse");
+        return;
+    }
+    if !have("nbdkit") || !have("e2fsck") {
+        return;
+    }
+    let img = Scratch::new("mount", 96 << 20);
+    let img_s = img.0.to_str().unwrap();
+    let mnt = std::env::temp_dir().join(tag("mnt"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    let m = mnt.to_str().unwrap();
+    {
+        let srv = Nbdkit::unix("mount", &["file", &format!("file={img_s}")]);
+        ok(&["mkfs", &srv.uri]);
+        ok(&["mount", &srv.uri, m]);
+        let script = format!(
+            "set -e; cd {m}; mkdir -p a/b/c; cp -r /etc/apt a/b/c/; \
+             dd if=/dev/urandom of=big bs=1M count=8 status=none; sha=$(sha256sum < big); \
+             for i in $(seq 1 200); do echo $i > a/f$i; done; rm a/f1*; \
+             mv a/b a/moved; ln -s moved a/l; sync; \
+             [ \"$(sha256sum < big)\" = \"$sha\" ]; ls a | wc -l; echo \"$sha\" > {m}.sha"
+        );
+        let o = Command::new("sh").arg("-c").arg(&script).output().unwrap();
+        assert!(
+            o.status.success(),
+            "workload: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        ok(&["umount", m]);
+        // Read back through the tools (same server, a fresh connection).
+        let ls = ok(&["ls", &srv.at("/a")]);
+        assert!(
+            ls.contains("moved") && ls.contains("f200") && !ls.contains("f150"),
+            "{ls}"
+        );
+    }
+    let _ = std::fs::remove_dir(&mnt);
+    let sha_file = format!("{m}.sha");
+    let sha = std::fs::read_to_string(&sha_file).unwrap();
+    let _ = std::fs::remove_file(&sha_file);
+    e2fsck_clean(img_s);
+    // And locally: the big file is what was written through the mount.
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(format!("{} cat {img_s}:/big | sha256sum", bin()))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), sha);
+}
+
+/// A server that dies while a tool writes: the tool fails in one line, exit status 1 (never
+/// a silent death by SIGPIPE, which the tools leave at its default), and the next open
+/// replays the journal and leaves the image clean.
+#[test]
+fn a_server_killed_under_a_writing_tool_gives_one_line_and_recovers() {
+    if !have("nbdkit") || !have("e2fsck") {
+        return;
+    }
+    let img = Scratch::new("killed", 128 << 20);
+    let img_s = img.0.to_str().unwrap();
+    let src = Scratch::new("killed-src", 0);
+    std::fs::write(&src.0, vec![0x42u8; 40 << 20]).unwrap();
+    {
+        let srv = Nbdkit::unix("killed0", &["file", &format!("file={img_s}")]);
+        ok(&["mkfs", &srv.uri]);
+        ok(&["mkdir", &srv.at("/kept")]);
+    }
+    // Every write takes 300 ms: the copy (its data, journal and checkpoint writes) is
+    // still going when the server is killed.
+    let mut srv = Nbdkit::unix(
+        "killed",
+        &[
+            "--filter=delay",
+            "file",
+            &format!("file={img_s}"),
+            "delay-write=300ms",
+        ],
+    );
+    let child = Command::new(bin())
+        .args(["cp", src.0.to_str().unwrap(), &srv.at("/big")])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    let _ = srv.child.kill();
+    let _ = srv.child.wait();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    eprintln!("cp with the server killed: {:?}: {err}", o.status);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("NBD"), "{err}");
+    drop(srv);
+    let srv = Nbdkit::unix("killed2", &["file", &format!("file={img_s}")]);
+    assert!(ok(&["ls", &srv.at("/")]).contains("kept"));
+    ok(&["mkdir", &srv.at("/after")]);
+    drop(srv);
+    e2fsck_clean(img_s);
+}
