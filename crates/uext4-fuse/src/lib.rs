@@ -879,7 +879,7 @@ impl Filesystem for Uext4Fuse {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -887,21 +887,20 @@ impl Filesystem for Uext4Fuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
-            return reply.error(Errno::EINVAL);
-        }
-        let f = uext4::namei::RenameFlags {
-            noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
-            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+        let p = to_ext(parent);
+        // A whiteout is owned as a new node in the source directory would be.
+        let (uid, gid, _) = if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            self.owner(req, p)
+        } else {
+            (0, 0, false)
+        };
+        let f = match uext4::namei::RenameFlags::from_bits(flags.bits(), uid, gid) {
+            Ok(f) => f,
+            Err(e) => return reply.error(errno(&e)),
         };
         empty(
-            self.fs.rename(
-                to_ext(parent),
-                name.as_bytes(),
-                to_ext(newparent),
-                newname.as_bytes(),
-                f,
-            ),
+            self.fs
+                .rename(p, name.as_bytes(), to_ext(newparent), newname.as_bytes(), f),
             reply,
         );
     }
