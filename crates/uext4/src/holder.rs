@@ -96,10 +96,24 @@ pub fn claim_for_writing(path: &Path) -> Result<WriterClaim> {
         let who = format!("{who}: unmount it, or wait for the tool to finish");
         return Err(in_use(who, true));
     }
-    if let Some(who) = other_holder(&md) {
-        return Err(in_use(who, false));
+    // An image passed as a descriptor (/proc/self/fd/N, /dev/fd/N, as Apptainer passes it to
+    // fuse2fs) is the caller's to give: the process that opened it for us (and still holds
+    // it) is not another writer. The lock above still keeps other uext4 writers out.
+    if !passed_descriptor(path) {
+        if let Some(who) = other_holder(&md) {
+            return Err(in_use(who, false));
+        }
     }
     Ok(WriterClaim { file })
+}
+
+/// Whether `path` names one of this process's descriptors.
+fn passed_descriptor(path: &Path) -> bool {
+    let s = path.to_string_lossy();
+    ["/proc/self/fd/", "/dev/fd/"].iter().any(|p| {
+        s.strip_prefix(p)
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    })
 }
 
 /// Whether `m` is the same file (or block device) as `md`.
