@@ -418,6 +418,7 @@ impl Fs {
     }
 
     /// A fresh inode, allocated near `dir` in handle `h` and written whole, with no name yet.
+    #[allow(clippy::too_many_arguments)]
     fn new_unnamed_inode(
         &self,
         h: &mut Handle<'_>,
