@@ -100,8 +100,8 @@ pub fn claim_for_writing(path: &Path) -> Result<WriterClaim> {
     // fuse2fs) is the caller's to give: the process that opened it for us (and still holds
     // it) is not another writer. The lock above still keeps other uext4 writers out.
     if !passed_descriptor(path) {
-        if let Some(who) = other_holder(&md) {
-            return Err(in_use(who, false));
+        if let Some((who, uext4)) = other_holder(&md) {
+            return Err(in_use(who, uext4));
         }
     }
     Ok(WriterClaim { file })
@@ -172,8 +172,9 @@ fn forked_not_yet_exec(proc: &Path, me: u32, my_exe: Option<&Path>) -> bool {
         && std::fs::read_link(proc.join("exe")).ok().as_deref() == my_exe
 }
 
-/// Another process with the file open for writing, or a loop device backed by it.
-fn other_holder(md: &std::fs::Metadata) -> Option<String> {
+/// Another process with the file open for writing, or a loop device backed by it; and
+/// whether that process is a uext4 (a server that has let go of its claim and is exiting).
+fn other_holder(md: &std::fs::Metadata) -> Option<(String, bool)> {
     let me = std::process::id();
     let my_exe = std::fs::read_link("/proc/self/exe").ok();
     for p in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -198,7 +199,11 @@ fn other_holder(md: &std::fs::Metadata) -> Option<String> {
                 .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
                 .is_some_and(|f| f & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32);
             if writing {
-                return Some(format!("{} has it open for writing", process(pid)));
+                let exe = std::fs::read_link(p.path().join("exe")).ok();
+                let uext4 = exe.is_some() && exe == my_exe
+                    || std::fs::read_to_string(p.path().join("comm"))
+                        .is_ok_and(|c| c.trim_end() == "uext4");
+                return Some((format!("{} has it open for writing", process(pid)), uext4));
             }
         }
     }
@@ -208,9 +213,12 @@ fn other_holder(md: &std::fs::Metadata) -> Option<String> {
         };
         if std::fs::metadata(back.trim_end()).is_ok_and(|m| same_file(md, &m)) {
             let dev = format!("/dev/{}", l.file_name().to_string_lossy());
-            return Some(format!(
-                "it backs the loop device {dev} (the kernel may have it mounted): unmount it \
-                 and detach it (losetup -d {dev})"
+            return Some((
+                format!(
+                    "it backs the loop device {dev} (the kernel may have it mounted): unmount \
+                     it and detach it (losetup -d {dev})"
+                ),
+                false,
             ));
         }
     }
