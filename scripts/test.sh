@@ -57,6 +57,10 @@ cargo_tests() {
 }
 
 suite "build (release)" cargo build --release --workspace
+# The mount helpers (mount -t fuse.uext4, fstab), for the overlay suite's helper test.
+if [ "$(id -u)" -eq 0 ]; then
+  suite "scripts/install.sh" bash scripts/install.sh
+fi
 suite "cargo tests" cargo_tests
 suite "scripts/demo.sh" env UEXT4_DEMO_KEEP=0 bash scripts/demo.sh
 for s in scripts/pjdfstest.sh scripts/workloads.sh scripts/bench-quick.sh; do

@@ -7,7 +7,7 @@ mod mkfs;
 mod mount;
 mod tools;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -49,8 +49,64 @@ enum Cmd {
     Tool(tools::ToolCmd),
 }
 
+/// The command line as `uext4 mount` reads it, for the forms in which other programs start a
+/// FUSE filesystem:
+/// - called as `mount.uext4` or `mount.fuse.uext4` (mount(8)'s helper for `-t fuse.uext4`
+///   and fstab lines): `IMAGE MOUNTPOINT [-sfnv] [-o OPTIONS]`;
+/// - called as `fuse2fs` (a drop-in): `[-f] [-o OPTIONS] IMAGE MOUNTPOINT`;
+/// - `uext4 IMAGE MOUNTPOINT -o OPTIONS`, as mount.fuse3 runs the program named by the type
+///   `fuse.uext4`.
+///
+/// mount(8)'s -s (sloppy), -n (no mtab) and -v (verbose) change nothing here.
+fn mount_argv(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let Some(argv0) = args.first() else {
+        return args;
+    };
+    let base = std::path::Path::new(argv0)
+        .file_name()
+        .map(|b| b.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let helper = base.starts_with("mount.") || base == "fuse2fs";
+    let first = args.get(1).map(|a| a.to_string_lossy().into_owned());
+    let subcommands = Cli::command()
+        .get_subcommands()
+        .flat_map(|c| {
+            std::iter::once(c.get_name().to_string())
+                .chain(c.get_all_aliases().map(str::to_string))
+                .collect::<Vec<_>>()
+        })
+        .collect::<Vec<_>>();
+    // mount.fuse3's form: the first argument is an existing image, not a subcommand.
+    let fuse_form = args.len() >= 3
+        && first.as_deref().is_some_and(|f| {
+            !f.starts_with('-')
+                && !subcommands.iter().any(|s| s == f)
+                && std::path::Path::new(f).exists()
+        });
+    if !helper && !fuse_form {
+        return args;
+    }
+    let mut out: Vec<std::ffi::OsString> = vec!["uext4".into(), "mount".into()];
+    let mut it = args.into_iter().skip(1);
+    while let Some(a) = it.next() {
+        match a.to_str() {
+            Some("-s" | "-n" | "-v" | "-sn" | "-ns") => {}
+            // fuse2fs's -d (debug) would keep it in the foreground.
+            Some("-d") => out.push("-f".into()),
+            Some("-o") => {
+                out.push(a);
+                if let Some(v) = it.next() {
+                    out.push(v);
+                }
+            }
+            _ => out.push(a),
+        }
+    }
+    out
+}
+
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(mount_argv(std::env::args_os().collect())) {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;

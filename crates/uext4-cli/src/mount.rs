@@ -261,25 +261,38 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
     if !nbd && !a.image.exists() {
         bail!("{}: no such image file or device", a.image.display());
     }
-    match std::fs::metadata(&a.mountpoint) {
-        Ok(m) if m.is_dir() => {}
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => bail!(
-            "{}: a FUSE mount whose server is gone is still there; umount it first",
-            a.mountpoint.display()
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            bail!("{}: mount point does not exist", a.mountpoint.display())
+    // /dev/fd/N as the mount point: a /dev/fuse descriptor the caller has mounted (checked
+    // when the server starts). Otherwise a directory.
+    let fd_mount = uext4_fuse::fd_path(&a.mountpoint).is_some();
+    if !fd_mount {
+        match std::fs::metadata(&a.mountpoint) {
+            Ok(m) if m.is_dir() => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => bail!(
+                "{}: a FUSE mount whose server is gone is still there; umount it first",
+                a.mountpoint.display()
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                bail!("{}: mount point does not exist", a.mountpoint.display())
+            }
+            _ => bail!("{}: mount point is not a directory", a.mountpoint.display()),
         }
-        _ => bail!("{}: mount point is not a directory", a.mountpoint.display()),
     }
     // Absolute from here on: the mount table names mount points (and shows the image) that way.
-    let mountpoint =
-        std::fs::canonicalize(&a.mountpoint).with_context(|| a.mountpoint.display().to_string())?;
-    // An NBD URI is kept as written (it names no local file).
+    // An image or mount point given as a descriptor (/proc/self/fd/N, /dev/fd/N) stays so:
+    // the file it names may have no path reachable from here. An NBD URI is kept as written
+    // (it names no local file).
+    let keep = |p: &Path| -> Result<PathBuf> {
+        if uext4_fuse::fd_path(p).is_some() {
+            Ok(p.to_path_buf())
+        } else {
+            std::fs::canonicalize(p).with_context(|| p.display().to_string())
+        }
+    };
+    let mountpoint = keep(&a.mountpoint)?;
     let image = if nbd {
         a.image.clone()
     } else {
-        std::fs::canonicalize(&a.image).with_context(|| a.image.display().to_string())?
+        keep(&a.image)?
     };
     if !a.foreground {
         return daemonize(&a, &image, &mountpoint);
@@ -522,7 +535,9 @@ fn serve_foreground(
         .into_iter()
         .filter(|id| !before.contains(id))
         .max();
+    let fd_mount = uext4_fuse::fd_path(mountpoint).is_some();
     let still_mounted = || match ours {
+        _ if fd_mount => !session.is_finished(),
         Some(id) => uext4_mounts_at(mountpoint).contains(&id),
         None => is_mounted(mountpoint),
     };
@@ -533,6 +548,12 @@ fn serve_foreground(
         };
         // SAFETY: `set` is a valid signal set; a null info pointer is allowed.
         let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
+        if sig > 0 && fd_mount {
+            // The caller mounted the descriptor and unmounts it: write everything back and
+            // stop serving (the mount answers ENOTCONN until its owner takes it down).
+            fs.unmount().context("writing the filesystem back")?;
+            std::process::exit(0);
+        }
         if sig > 0 {
             // Unmount (detached when busy); on failure keep serving until asked again.
             match uext4_fuse::unmount(mountpoint) {

@@ -469,7 +469,8 @@ fn system_calls_through_the_mount() {
     std::fs::write(&x, b"X").unwrap();
     std::fs::write(&y, b"Y").unwrap();
     unsafe {
-        // rename flags: NOREPLACE refuses, EXCHANGE swaps, WHITEOUT is not supported.
+        // rename flags: NOREPLACE refuses, EXCHANGE swaps, WHITEOUT leaves a 0/0 character
+        // device, unknown bits are EINVAL.
         let r = libc::renameat2(
             libc::AT_FDCWD,
             cstr(&x).as_ptr(),
@@ -493,7 +494,23 @@ fn system_calls_through_the_mount() {
             cstr(&z).as_ptr(),
             libc::RENAME_WHITEOUT,
         );
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        let r = libc::renameat2(
+            libc::AT_FDCWD,
+            cstr(&y).as_ptr(),
+            libc::AT_FDCWD,
+            cstr(&z).as_ptr(),
+            1 << 7,
+        );
         assert_eq!(errno_of(r as i64), libc::EINVAL);
+    }
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let wh = std::fs::symlink_metadata(&x).unwrap();
+        assert!(wh.file_type().is_char_device(), "{wh:?}");
+        assert_eq!((wh.mode(), wh.rdev(), wh.nlink()), (0o020000, 0, 1));
+        std::fs::remove_file(&x).unwrap();
+        std::fs::rename(&z, &x).unwrap();
     }
     assert_eq!(std::fs::read(&x).unwrap(), b"Y");
     assert_eq!(std::fs::read(&y).unwrap(), b"X");

@@ -71,6 +71,11 @@ pub struct Options {
     pub nodev: bool,
     pub nosuid: bool,
     pub noexec: bool,
+    /// fuse2fs's `fakeroot`: every caller acts as root on the image (no permission checks by
+    /// the kernel or the server, chown and chmod allowed to all); implies nodev and nosuid.
+    /// Whoever can reach the mount (everyone, with allow_other) can read and change every
+    /// file in the image.
+    pub fakeroot: bool,
 }
 
 impl Default for Options {
@@ -96,6 +101,7 @@ impl Default for Options {
             nodev: false,
             nosuid: false,
             noexec: false,
+            fakeroot: false,
         }
     }
 }
@@ -114,6 +120,53 @@ impl Options {
                     .parse::<u64>()
                     .map_err(|_| format!("option {k}: {:?} is not a number", v.unwrap_or("")))
             };
+            const KNOWN: &[&str] = &[
+                "ro",
+                "rw",
+                "norecovery",
+                "noload",
+                "threads",
+                "defaults",
+                "async",
+                "auto",
+                "noauto",
+                "nouser",
+                "user",
+                "users",
+                "_netdev",
+                "nofail",
+                "noatime",
+                "relatime",
+                "nodiratime",
+                "lazytime",
+                "atime",
+                "strictatime",
+                "sync",
+                "dirsync",
+                "nodev",
+                "dev",
+                "nosuid",
+                "suid",
+                "noexec",
+                "exec",
+                "allow_other",
+                "default_permissions",
+                "nodefault_permissions",
+                "writeback_cache",
+                "direct_io",
+                "commit",
+                "dax",
+                "nodax",
+                "acl",
+                "noacl",
+                "delalloc",
+                "prealloc",
+                "errors",
+                "fakeroot",
+            ];
+            if !KNOWN.contains(&k) {
+                return Err(format!("unknown mount option {opt:?} (known: ro, rw, norecovery, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten, fakeroot, offset=BYTES, size=BYTES, partition=N, and the generic defaults, nodev, nosuid, noexec, noatime, relatime)"));
+            }
             let takes_value = matches!(k, "threads" | "commit" | "prealloc" | "errors");
             if !takes_value && v.is_some() {
                 return Err(format!("option {k} takes no value (write {k}, not {opt})"));
@@ -160,6 +213,7 @@ impl Options {
                 "acl" => o.acl = true,
                 "noacl" => o.acl = false,
                 "delalloc" => o.delalloc = true,
+                "fakeroot" => o.fakeroot = true,
                 "prealloc" => {
                     o.prealloc_zeroed = match v {
                         Some("zeroed") => true,
@@ -172,10 +226,12 @@ impl Options {
                         Some("remount-ro") => uext4::fs::ErrorsBehaviour::RemountRo,
                         Some("continue") => uext4::fs::ErrorsBehaviour::Continue,
                         Some("panic") => uext4::fs::ErrorsBehaviour::Panic,
-                        _ => return Err("option errors= takes remount-ro, continue or panic".into()),
+                        _ => {
+                            return Err("option errors= takes remount-ro, continue or panic".into())
+                        }
                     }
                 }
-                _ => return Err(format!("unknown mount option {opt:?} (known: ro, rw, norecovery, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten, and the generic defaults, nodev, nosuid, noexec, noatime, relatime)")),
+                _ => return Err(format!("unknown mount option {opt:?}")),
             }
         }
         if o.norecovery && list.split(',').any(|x| x.trim() == "rw") {
@@ -184,6 +240,16 @@ impl Options {
             );
         }
         o.read_only |= o.norecovery;
+        if o.fakeroot {
+            // As fuse2fs: the server decides (everyone is root), and nothing in the image
+            // can raise privileges on the host.
+            o.default_permissions = false;
+            // FUSE_POSIX_ACL makes the kernel check permissions (it turns default_permissions
+            // on): ACLs are stored but not enforced, as with fuse2fs.
+            o.acl = false;
+            o.nodev = true;
+            o.nosuid = true;
+        }
         Ok(o)
     }
 
@@ -362,6 +428,11 @@ impl Uext4Fuse {
         }
     }
 
+    /// Whether the caller acts as root here: uid 0, or anyone under `fakeroot`.
+    fn privileged(&self, req: &Request) -> bool {
+        self.opts.fakeroot || req.uid() == 0
+    }
+
     /// Owner of a new inode: the caller, with the group of a setgid parent.
     fn owner(&self, req: &Request, parent: u32) -> (u32, u32, bool) {
         match self.fs.getattr(parent) {
@@ -457,7 +528,7 @@ impl Uext4Fuse {
             self.fs.setxattr(ino, acl::ACCESS, value, f)?;
         }
         let mut mode = (attr.mode as u32 & !0o777 & 0o7777) | a.mode_bits();
-        if req.uid() != 0 && !Self::in_group(req, attr.gid) {
+        if !self.privileged(req) && !Self::in_group(req, attr.gid) {
             mode &= !S_ISGID;
         }
         if mode != attr.mode as u32 & 0o7777 {
@@ -515,7 +586,7 @@ impl Uext4Fuse {
         if a.is_dir() {
             return Ok(());
         }
-        let privileged = req.uid() == 0;
+        let privileged = self.privileged(req);
         let suid = chown || !privileged;
         let sgid = a.mode & 0o2000 != 0
             && (a.mode & 0o010 != 0 && (chown || !privileged)
@@ -776,7 +847,7 @@ impl Filesystem for Uext4Fuse {
         }
         // Without HANDLE_KILLPRIV_V2 the kernel sends the mode a chown leaves; this covers a
         // kernel that sends none for a non-root caller.
-        if !self.killpriv && chown && mode.is_none() && req.uid() != 0 {
+        if !self.killpriv && chown && mode.is_none() && !self.privileged(req) {
             if let Ok(a) = self.fs.getattr(ext) {
                 if a.mode & 0o6000 != 0 && a.mode & S_IFMT != 0o040000 {
                     mode = Some(a.mode as u32 & !0o6000);
@@ -879,7 +950,7 @@ impl Filesystem for Uext4Fuse {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -887,21 +958,20 @@ impl Filesystem for Uext4Fuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
-            return reply.error(Errno::EINVAL);
-        }
-        let f = uext4::namei::RenameFlags {
-            noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
-            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+        let p = to_ext(parent);
+        // A whiteout is owned as a new node in the source directory would be.
+        let (uid, gid, _) = if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            self.owner(req, p)
+        } else {
+            (0, 0, false)
+        };
+        let f = match uext4::namei::RenameFlags::from_bits(flags.bits(), uid, gid) {
+            Ok(f) => f,
+            Err(e) => return reply.error(errno(&e)),
         };
         empty(
-            self.fs.rename(
-                to_ext(parent),
-                name.as_bytes(),
-                to_ext(newparent),
-                newname.as_bytes(),
-                f,
-            ),
+            self.fs
+                .rename(p, name.as_bytes(), to_ext(newparent), newname.as_bytes(), f),
             reply,
         );
     }
@@ -1205,7 +1275,7 @@ impl Filesystem for Uext4Fuse {
         } else {
             0
         });
-        let ok = if req.uid() == 0 {
+        let ok = if self.privileged(req) {
             // Root may do anything but execute a file nobody may execute.
             want & 1 == 0 || a.is_dir() || mode & 0o111 != 0
         } else {
@@ -1296,7 +1366,7 @@ impl Filesystem for Uext4Fuse {
             // fallocate: uid 0 stands for them, as for copy_file_range. (Without this, a user
             // who may write a set-user-ID file could punch or zero its contents and it stayed
             // set-user-ID.)
-            let flags = if req.uid() == 0 {
+            let flags = if self.privileged(req) {
                 WriteFlags::empty()
             } else {
                 WriteFlags::FUSE_WRITE_KILL_SUIDGID
@@ -1346,7 +1416,7 @@ impl Filesystem for Uext4Fuse {
         }
         if done > 0 {
             // The kernel flags no caller privileges on copy_file_range: uid 0 stands for them.
-            let flags = if req.uid() == 0 {
+            let flags = if self.privileged(req) {
                 WriteFlags::empty()
             } else {
                 WriteFlags::FUSE_WRITE_KILL_SUIDGID
@@ -1472,6 +1542,11 @@ impl Served {
         self.join()
     }
 
+    /// Whether the session has ended (the kernel let go of the mount).
+    pub fn is_finished(&self) -> bool {
+        self.session.guard.is_finished()
+    }
+
     /// Waits until the session ends (someone else unmounted it).
     pub fn join(self) -> std::io::Result<()> {
         self.session.join()
@@ -1542,12 +1617,120 @@ pub fn serve(
     let config = fuse_config(image, opts);
     let server = Uext4Fuse::new(fs, opts.clone());
     let notifier = server.notifier.clone();
-    let session = fuser::spawn_mount2(server, mountpoint, &config)?;
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let session = if let Some(fd) = fd_path(mountpoint) {
+        // libfuse's convention (what Apptainer and mount.fuse3's drop_privileges pass): the
+        // caller opened /dev/fuse and mounted it; /dev/fd/N is that descriptor.
+        let dev = fuse_device_fd(fd)?;
+        fuser::Session::from_fd(server, dev, config.acl, config.clone())?.spawn()?
+    } else if root {
+        // Root mounts directly, as the type "fuse.uext4" (fuser's own mount says "fuse").
+        let dev = mount_as_root(image, mountpoint, opts)?;
+        fuser::Session::from_fd(server, dev, config.acl, config.clone())?.spawn()?
+    } else {
+        fuser::spawn_mount2(server, mountpoint, &config)?
+    };
     let _ = notifier.set(session.notifier());
     Ok(Served {
         session,
         mountpoint: mountpoint.to_path_buf(),
     })
+}
+
+/// The descriptor number in `/dev/fd/N` or `/proc/self/fd/N`.
+pub fn fd_path(p: &Path) -> Option<i32> {
+    let s = p.to_str()?;
+    let n = s
+        .strip_prefix("/dev/fd/")
+        .or_else(|| s.strip_prefix("/proc/self/fd/"))?;
+    n.parse::<i32>().ok().filter(|&n| n >= 0)
+}
+
+/// A copy of descriptor `fd`, which must be an open /dev/fuse (character device 10, 229).
+fn fuse_device_fd(fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: fstat into a zeroed struct; dup of a descriptor number (fails if not open).
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut st) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if st.st_mode & libc::S_IFMT != libc::S_IFCHR || st.st_rdev != libc::makedev(10, 229) {
+            return Err(std::io::Error::other(format!(
+                "/dev/fd/{fd} is not a /dev/fuse descriptor (a mount point given as /dev/fd/N \
+                 is a /dev/fuse descriptor its caller has mounted)"
+            )));
+        }
+        let d = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3);
+        if d < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(std::os::fd::OwnedFd::from_raw_fd(d))
+    }
+}
+
+/// Opens /dev/fuse and mounts it at `mountpoint` as "fuse.uext4" (so /proc/mounts shows the
+/// subtype, as fusermount3 records it for ordinary users), with the image as the source.
+fn mount_as_root(
+    image: &Path,
+    mountpoint: &Path,
+    opts: &Options,
+) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let dev: std::os::fd::OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?
+        .into();
+    let mode = std::fs::metadata(mountpoint)?.mode();
+    // SAFETY: getuid/getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let mut data = format!(
+        "fd={},rootmode={:o},user_id={uid},group_id={gid}",
+        dev.as_raw_fd(),
+        mode & libc::S_IFMT
+    );
+    if opts.default_permissions {
+        data.push_str(",default_permissions");
+    }
+    if opts.allow_other {
+        data.push_str(",allow_other");
+    }
+    let mut flags: libc::c_ulong = 0;
+    if opts.nodev {
+        flags |= libc::MS_NODEV;
+    }
+    if opts.nosuid {
+        flags |= libc::MS_NOSUID;
+    }
+    if opts.noexec {
+        flags |= libc::MS_NOEXEC;
+    }
+    if opts.read_only {
+        flags |= libc::MS_RDONLY;
+    }
+    let c = |s: &[u8]| {
+        std::ffi::CString::new(s).map_err(|_| std::io::Error::other("a NUL in a mount argument"))
+    };
+    let src = c(image.as_os_str().as_bytes())?;
+    let target = c(mountpoint.as_os_str().as_bytes())?;
+    let data = c(data.as_bytes())?;
+    // SAFETY: valid NUL-terminated strings that outlive the call.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            c"fuse.uext4".as_ptr(),
+            flags,
+            data.as_ptr().cast(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(dev)
 }
 
 #[cfg(test)]

@@ -96,10 +96,24 @@ pub fn claim_for_writing(path: &Path) -> Result<WriterClaim> {
         let who = format!("{who}: unmount it, or wait for the tool to finish");
         return Err(in_use(who, true));
     }
-    if let Some((who, by_uext4)) = other_holder(&md) {
-        return Err(in_use(who, by_uext4));
+    // An image passed as a descriptor (/proc/self/fd/N, /dev/fd/N, as Apptainer passes it to
+    // fuse2fs) is the caller's to give: the process that opened it for us (and still holds
+    // it) is not another writer. The lock above still keeps other uext4 writers out.
+    if !passed_descriptor(path) {
+        if let Some((who, uext4)) = other_holder(&md) {
+            return Err(in_use(who, uext4));
+        }
     }
     Ok(WriterClaim { file })
+}
+
+/// Whether `path` names one of this process's descriptors.
+fn passed_descriptor(path: &Path) -> bool {
+    let s = path.to_string_lossy();
+    ["/proc/self/fd/", "/dev/fd/"].iter().any(|p| {
+        s.strip_prefix(p)
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    })
 }
 
 /// Whether `m` is the same file (or block device) as `md`.
@@ -159,8 +173,7 @@ fn forked_not_yet_exec(proc: &Path, me: u32, my_exe: Option<&Path>) -> bool {
 }
 
 /// Another process with the file open for writing, or a loop device backed by it; and
-/// whether that process runs our own program (a uext4 server that has unmounted and released
-/// its claim, on its way out).
+/// whether that process is a uext4 (a server that has let go of its claim and is exiting).
 fn other_holder(md: &std::fs::Metadata) -> Option<(String, bool)> {
     let me = std::process::id();
     let my_exe = std::fs::read_link("/proc/self/exe").ok();
@@ -186,10 +199,11 @@ fn other_holder(md: &std::fs::Metadata) -> Option<(String, bool)> {
                 .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
                 .is_some_and(|f| f & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32);
             if writing {
-                let ours = my_exe.is_some()
-                    && std::fs::read_link(p.path().join("exe")).ok().as_deref()
-                        == my_exe.as_deref();
-                return Some((format!("{} has it open for writing", process(pid)), ours));
+                let exe = std::fs::read_link(p.path().join("exe")).ok();
+                let uext4 = exe.is_some() && exe == my_exe
+                    || std::fs::read_to_string(p.path().join("comm"))
+                        .is_ok_and(|c| c.trim_end() == "uext4");
+                return Some((format!("{} has it open for writing", process(pid)), uext4));
             }
         }
     }

@@ -68,10 +68,52 @@ impl TimeSet {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+/// renameat2's flags, as the kernel numbers them.
+pub const RENAME_NOREPLACE: u32 = 1;
+pub const RENAME_EXCHANGE: u32 = 2;
+pub const RENAME_WHITEOUT: u32 = 4;
+
+/// How `rename` treats the names (renameat2's flags).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RenameFlags {
+    /// RENAME_NOREPLACE: fail with `Exists` if the new name exists.
     pub noreplace: bool,
+    /// RENAME_EXCHANGE: swap the two names (both must exist; either may be a directory).
     pub exchange: bool,
+    /// RENAME_WHITEOUT: the source name is replaced, in the rename's transaction, by a
+    /// whiteout (a character device 0/0 with mode 0, as the kernel's ext4 makes it for
+    /// overlayfs) owned by this (uid, gid).
+    pub whiteout: Option<(u32, u32)>,
+}
+
+impl RenameFlags {
+    /// renameat2's flag bits; the whiteout, if asked for, is owned by `uid`/`gid`. Unknown
+    /// bits, and EXCHANGE with NOREPLACE or WHITEOUT, are `Invalid` (EINVAL, as the kernel).
+    pub fn from_bits(bits: u32, uid: u32, gid: u32) -> Result<RenameFlags> {
+        let known = RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT;
+        if bits & !known != 0 {
+            return Err(Error::Invalid(format!(
+                "rename: unknown flags {:#x}",
+                bits & !known
+            )));
+        }
+        let f = RenameFlags {
+            noreplace: bits & RENAME_NOREPLACE != 0,
+            exchange: bits & RENAME_EXCHANGE != 0,
+            whiteout: (bits & RENAME_WHITEOUT != 0).then_some((uid, gid)),
+        };
+        f.check()?;
+        Ok(f)
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.exchange && (self.noreplace || self.whiteout.is_some()) {
+            return Err(Error::Invalid(
+                "RENAME_EXCHANGE with RENAME_NOREPLACE or RENAME_WHITEOUT".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// One directory entry as readdir returns it.
@@ -374,20 +416,102 @@ impl Fs {
                 Ok(())
             })();
             if let Err(e) = result {
-                // Undo: release whatever the new inode got, and its number.
-                let mut ist = inode.state.lock();
-                let _ = self.evict_blocks(&mut h, &inode, &mut ist);
-                // The inode was already written live in this handle: write it back as deleted.
-                ist.raw.set_links_count(0);
-                ist.raw.set_dtime(self.now().sec as u32);
-                let _ = self.write_inode(&mut h, ino, &mut ist.raw);
-                ist.deleted = true;
-                drop(ist);
-                self.free_inode(&mut h, ino, is_dir)?;
+                self.discard_new_inode(&mut h, &inode, is_dir)?;
                 return Err(e);
             }
             let st = inode.state.lock();
             Ok(self.attr_of(ino, &st))
+        })
+    }
+
+    /// Undoes an inode allocated in this handle whose name could not be added: releases
+    /// whatever it got, and its number.
+    fn discard_new_inode(&self, h: &mut Handle<'_>, inode: &Inode, is_dir: bool) -> Result<()> {
+        let mut ist = inode.state.lock();
+        let _ = self.evict_blocks(h, inode, &mut ist);
+        // The inode was already written live in this handle: write it back as deleted.
+        ist.raw.set_links_count(0);
+        ist.raw.set_dtime(self.now().sec as u32);
+        let _ = self.write_inode(h, inode.ino, &mut ist.raw);
+        ist.deleted = true;
+        ist.creating = false;
+        drop(ist);
+        self.free_inode(h, inode.ino, is_dir)
+    }
+
+    /// A fresh inode, allocated near `dir` in handle `h` and written whole, with no name yet.
+    #[allow(clippy::too_many_arguments)]
+    fn new_unnamed_inode(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        mode: u16,
+        uid: u32,
+        gid: u32,
+        now: Timestamp,
+        init: impl Fn(&Fs, &mut RawInode),
+    ) -> Result<InodeRef> {
+        let mut raw = self.new_raw_inode();
+        raw.set_mode(mode);
+        raw.set_uid(uid);
+        raw.set_gid(gid);
+        raw.set_links_count(1);
+        raw.set_atime(now);
+        raw.set_mtime(now);
+        raw.set_ctime(now);
+        raw.set_crtime(now);
+        raw.set_generation(self.next_generation());
+        init(self, &mut raw);
+        let inode = self.alloc_inode(h, dir, false, raw)?;
+        let mut ist = inode.state.lock();
+        if let Err(e) = self.mark_inode_dirty(h, &inode, &mut ist) {
+            drop(ist);
+            self.discard_new_inode(h, &inode, false)?;
+            return Err(e);
+        }
+        ist.creating = false;
+        drop(ist);
+        Ok(inode)
+    }
+
+    /// The whiteout RENAME_WHITEOUT leaves under the old name: a character device 0/0 with
+    /// mode 0 and one link (ext4_whiteout_for_rename), owned by the caller.
+    fn new_whiteout(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        uid: u32,
+        gid: u32,
+        now: Timestamp,
+    ) -> Result<InodeRef> {
+        self.new_unnamed_inode(h, dir, S_IFCHR, uid, gid, now, |_, raw| encode_rdev(raw, 0))
+    }
+
+    /// O_TMPFILE: a new regular file (mode's permission bits) with no name, on the orphan
+    /// list with no links (as the kernel's ext4_tmpfile), opened once: `release` frees it
+    /// unless `link` gave it a name meanwhile (which takes it off the orphan list). A crash
+    /// before either leaves an orphan that the next open (or e2fsck) frees.
+    pub fn tmpfile(&self, dir: u32, mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.stats.ops.fetch_add(1, Ordering::Relaxed);
+        let mode = (mode as u16 & !S_IFMT) | S_IFREG;
+        self.retry_nospace(|| {
+            self.check_writable()?;
+            let d = self.dir_inode(dir)?;
+            let _g = d.io_lock.read();
+            check_dir_live(&d)?;
+            let mut h = self.start(credits::CREATE)?;
+            let now = self.now();
+            let inode = self.new_unnamed_inode(&mut h, dir, mode, uid, gid, now, |fs, raw| {
+                if fs.geo.extents {
+                    Fs::ext_init_root(raw);
+                }
+            })?;
+            inode.open_count.fetch_add(1, Ordering::AcqRel);
+            let mut ist = inode.state.lock();
+            ist.raw.set_links_count(0);
+            self.orphan_add(&mut h, &inode, &mut ist)?;
+            self.mark_inode_dirty(&mut h, &inode, &mut ist)?;
+            Ok(self.attr_of(inode.ino, &ist))
         })
     }
 
@@ -716,7 +840,12 @@ impl Fs {
         nname: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
-        let r = self.rename_inner(odir, oname, ndir, nname, flags);
+        let r = if flags.whiteout.is_some() {
+            // The whiteout takes an inode: on ENOSPC with frees held back, retried as a create.
+            self.retry_nospace(|| self.rename_inner(odir, oname, ndir, nname, flags))
+        } else {
+            self.rename_inner(odir, oname, ndir, nname, flags)
+        };
         // A replaced file too large to free in the rename's handle is freed now.
         self.delete_deferred();
         r
@@ -736,11 +865,7 @@ impl Fs {
         if is_dot(oname) || is_dot(nname) {
             return Err(Error::Busy);
         }
-        if flags.exchange && flags.noreplace {
-            return Err(Error::Invalid(
-                "RENAME_EXCHANGE with RENAME_NOREPLACE".into(),
-            ));
-        }
+        flags.check()?;
         self.check_writable()?;
         let cross = odir != ndir;
         let _rl = if cross {
@@ -860,7 +985,11 @@ impl Fs {
                 }
             }
         }
-        let mut h = self.start(credits::RENAME)?;
+        let mut h = self.start(if flags.whiteout.is_some() {
+            credits::RENAME + credits::CREATE
+        } else {
+            credits::RENAME
+        })?;
         let now = self.now();
         if flags.exchange {
             let t = tgt.unwrap();
@@ -906,15 +1035,30 @@ impl Fs {
             return Ok(());
         }
 
-        // Plain rename: point (or add) the new name at the source, then remove the old name.
+        // Plain rename: point (or add) the new name at the source, then remove the old name
+        // (or, with RENAME_WHITEOUT, point it at a new whiteout, as ext4_rename does).
+        let whiteout = match flags.whiteout {
+            Some((uid, gid)) => Some(self.new_whiteout(&mut h, odir, uid, gid, now)?),
+            None => None,
+        };
         let mut replaced: Option<InodeRef> = None;
         {
             let mut s = nd.state.lock();
-            if target.is_some() {
-                self.dir_set(&mut h, ndir, &mut s, nname, sino, sft)?;
-                replaced = tgt;
+            let set = if target.is_some() {
+                self.dir_set(&mut h, ndir, &mut s, nname, sino, sft)
+                    .map(|_| ())
             } else {
-                self.dir_add(&mut h, ndir, &mut s, nname, sino, sft)?;
+                self.dir_add(&mut h, ndir, &mut s, nname, sino, sft)
+            };
+            if let Err(e) = set {
+                drop(s);
+                if let Some(w) = &whiteout {
+                    self.discard_new_inode(&mut h, w, false)?;
+                }
+                return Err(e);
+            }
+            if target.is_some() {
+                replaced = tgt;
             }
             if src_is_dir && cross && replaced.is_none() {
                 inc_nlink(&mut s.raw)?;
@@ -929,7 +1073,14 @@ impl Fs {
         }
         {
             let mut s = od.state.lock();
-            self.dir_remove(&mut h, odir, &mut s, oname)?;
+            match &whiteout {
+                Some(w) => {
+                    self.dir_set(&mut h, odir, &mut s, oname, w.ino, FT_CHRDEV)?;
+                }
+                None => {
+                    self.dir_remove(&mut h, odir, &mut s, oname)?;
+                }
+            }
             if src_is_dir && cross {
                 dec_nlink(&mut s.raw);
             }

@@ -51,6 +51,11 @@ enum Fact {
     AtAny(Vec<Vec<Vec<u8>>>, Vec<u8>),
     /// A symlink at this path with this target.
     Link(Vec<Vec<u8>>, Vec<u8>),
+    /// A RENAME_WHITEOUT in flight: either the file is still at the first path (the second
+    /// absent), or it is at the second and a whiteout at the first; never a mix.
+    WhiteoutRename(Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<u8>),
+    /// A whiteout (a 0/0 character device, mode 0, one link) at this path.
+    Whiteout(Vec<Vec<u8>>),
 }
 
 struct Workload {
@@ -72,6 +77,12 @@ fn resolve(fs: &Fs, path: &[Vec<u8>]) -> uext4::Result<u32> {
         ino = fs.lookup(ino, c)?.ino;
     }
     Ok(ino)
+}
+
+fn is_whiteout(fs: &Fs, path: &[Vec<u8>]) -> bool {
+    resolve(fs, path)
+        .and_then(|i| fs.getattr(i))
+        .is_ok_and(|a| a.mode == 0o020000 && a.rdev == 0 && a.nlink == 1)
 }
 
 fn read_all(fs: &Fs, ino: u32) -> Vec<u8> {
@@ -230,7 +241,55 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
         }
         w.acks.push((usize::MAX, Fact::Link(path, target)));
     }
-    // 8. inline data (images prepared by `inline_base`): files and a directory the kernel kept
+    // 8. overlayfs's upper-layer operations: renames that leave a whiteout (within and
+    // across directories), and tmpfiles written, then linked in (or never, and released).
+    let ov = fs.mkdir(2, b"ov", 0o755, 0, 0).unwrap().ino;
+    let ow = fs.mkdir(2, b"ovw", 0o755, 0, 0).unwrap().ino;
+    fs.fsync(2, false).unwrap();
+    for i in 0..(2 * scale) as u16 {
+        let (src, dst) = (format!("s{i}"), format!("d{i}"));
+        let data = tagged(400 + i, 0, 3000 + 5000 * (i as usize % 3));
+        let ino = fs.create(ov, src.as_bytes(), 0o644, 0, 0).unwrap().ino;
+        fs.write(ino, 0, &data).unwrap();
+        fs.fsync(ino, false).unwrap();
+        fs.fsync(ov, false).unwrap();
+        let (nd, ndname) = if i % 2 == 0 { (ov, "ov") } else { (ow, "ovw") };
+        let (from, to) = (p(&["ov", &src]), p(&[ndname, &dst]));
+        w.owner.insert(from.clone(), 400 + i);
+        w.owner.insert(to.clone(), 400 + i);
+        ack(
+            &mut w,
+            Fact::WhiteoutRename(from.clone(), to.clone(), data.clone()),
+        );
+        let flags = RenameFlags {
+            whiteout: Some((0, 0)),
+            ..Default::default()
+        };
+        fs.rename(ov, src.as_bytes(), nd, dst.as_bytes(), flags)
+            .unwrap();
+        fs.fsync(ov, false).unwrap();
+        fs.fsync(nd, false).unwrap();
+        ack(&mut w, Fact::Equals(to, data));
+        ack(&mut w, Fact::Whiteout(from));
+    }
+    for i in 0..(2 * scale) as u16 {
+        let t = fs.tmpfile(ov, 0o644, 0, 0).unwrap().ino;
+        let data = tagged(450 + i, 0, 6000 + 4000 * (i as usize % 2));
+        fs.write(t, 0, &data).unwrap();
+        fs.fsync(t, false).unwrap();
+        let name = format!("t{i}");
+        let path = p(&["ov", &name]);
+        w.owner.insert(path.clone(), 450 + i);
+        if i % 2 == 0 {
+            fs.link(t, ov, name.as_bytes()).unwrap();
+            fs.fsync(ov, false).unwrap();
+            ack(&mut w, Fact::Equals(path, data));
+        } else {
+            ack(&mut w, Fact::Absent(path));
+        }
+        fs.release(t).unwrap();
+    }
+    // 9. inline data (images prepared by `inline_base`): files and a directory the kernel kept
     // inside their inodes, each converted to a block by its first change.
     if let Ok(il) = resolve(fs, &p(&["il"])) {
         for i in 0..INLINE_FILES {
@@ -291,7 +350,11 @@ fn finish_workload(fs: &Fs, dev: &RecordingDevice, mut w: Workload) -> Workload 
         let (path, mut allowed) = match &a.1 {
             Fact::Equals(p, c) => (p.clone(), vec![c.clone()]),
             Fact::OneOf(p, cs) => (p.clone(), cs.clone()),
-            Fact::Absent(_) | Fact::AtAny(..) | Fact::Link(..) => continue,
+            Fact::Absent(_)
+            | Fact::AtAny(..)
+            | Fact::Link(..)
+            | Fact::WhiteoutRename(..)
+            | Fact::Whiteout(_) => continue,
         };
         {
             let path = &path;
@@ -506,6 +569,21 @@ fn check_state(img: Vec<u8>, w: &Workload, at: usize, file: &Scratch) -> Vec<Str
             Fact::Absent(path) => {
                 if resolve(&fs, path).is_ok() {
                     bad.push(format!("{path:?}: acknowledged removal undone"));
+                }
+            }
+            Fact::Whiteout(path) => {
+                if !is_whiteout(&fs, path) {
+                    bad.push(format!("{path:?}: acknowledged whiteout missing"));
+                }
+            }
+            Fact::WhiteoutRename(from, to, want) => {
+                let content = |p: &[Vec<u8>]| resolve(&fs, p).ok().map(|i| read_all(&fs, i));
+                let before = content(from).as_ref() == Some(want) && resolve(&fs, to).is_err();
+                let after = content(to).as_ref() == Some(want) && is_whiteout(&fs, from);
+                if !before && !after {
+                    bad.push(format!(
+                        "{from:?} -> {to:?}: a whiteout rename is neither undone nor whole"
+                    ));
                 }
             }
             Fact::Link(path, target) => match resolve(&fs, path) {

@@ -309,7 +309,7 @@ impl Run {
                 let dst = m.children(ddir).get(&dnm).copied();
                 let flags = RenameFlags {
                     noreplace,
-                    exchange: false,
+                    ..Default::default()
                 };
                 let r = fs.rename(m.ino[sdir], &snm, m.ino[ddir], &dnm, flags);
                 let src_dir = matches!(m.nodes[src], Node::Dir(_));
@@ -803,12 +803,12 @@ fn concurrent_mixed_operations_on(opts: MountOptions, mkfs: &[&str]) {
                         let flags = if rnd().is_multiple_of(3) {
                             RenameFlags {
                                 noreplace: true,
-                                exchange: false,
+                                ..Default::default()
                             }
                         } else {
                             RenameFlags {
-                                noreplace: false,
                                 exchange: true,
+                                ..Default::default()
                             }
                         };
                         fs.rename(d, a.as_bytes(), d2, b.as_bytes(), flags)
