@@ -63,7 +63,7 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 suite "cargo tests" cargo_tests
 suite "scripts/demo.sh" env UEXT4_DEMO_KEEP=0 bash scripts/demo.sh
-for s in scripts/pjdfstest.sh scripts/workloads.sh scripts/bench-quick.sh; do
+for s in scripts/pjdfstest.sh scripts/workloads.sh; do
   [ -f "$s" ] && suite "$s" bash "$s"
 done
 # POSIX behaviour again on an ext3 image (indirect block maps instead of extents).

@@ -96,7 +96,8 @@ impl Nbdkit {
         loop {
             let up = match port {
                 Some(p) => std::net::TcpStream::connect(("127.0.0.1", p)).is_ok(),
-                None => s.sock.exists(),
+                // Listening, not only bound: the socket file appears before listen().
+                None => std::os::unix::net::UnixStream::connect(&s.sock).is_ok(),
             };
             if up {
                 return s;

@@ -8,7 +8,10 @@
 //! - another uext4 holds the image (the claim is an exclusive `flock` on it, kept for as long
 //!   as the filesystem is open; a read-only `uext4 mount` holds a shared one);
 //! - another process has the file open for writing (fuse2fs, e2fsck, debugfs -w, a loop
-//!   setup): found through /proc/PID/fdinfo, whose `flags` give the open's access mode;
+//!   setup): found through /proc/PID/fdinfo, whose `flags` give the open's access mode. An
+//!   image handed to us open (/proc/self/fd/N, as Apptainer hands its overlay to fuse2fs) is
+//!   shared with whoever handed it: descriptors on that same open file description (kcmp(2))
+//!   do not count;
 //! - a loop device is backed by it (the kernel may have it mounted);
 //! - for a block device, the kernel refuses the exclusive open (it is mounted or claimed).
 //!
@@ -96,24 +99,46 @@ pub fn claim_for_writing(path: &Path) -> Result<WriterClaim> {
         let who = format!("{who}: unmount it, or wait for the tool to finish");
         return Err(in_use(who, true));
     }
-    // An image passed as a descriptor (/proc/self/fd/N, /dev/fd/N, as Apptainer passes it to
-    // fuse2fs) is the caller's to give: the process that opened it for us (and still holds
-    // it) is not another writer. The lock above still keeps other uext4 writers out.
-    if !passed_descriptor(path) {
-        if let Some((who, uext4)) = other_holder(&md) {
-            return Err(in_use(who, uext4));
-        }
+    if let Some((who, uext4)) = other_holder(&md, passed_descriptor(path)) {
+        return Err(in_use(who, uext4));
     }
     Ok(WriterClaim { file })
 }
 
-/// Whether `path` names one of this process's descriptors.
-fn passed_descriptor(path: &Path) -> bool {
-    let s = path.to_string_lossy();
-    ["/proc/self/fd/", "/dev/fd/"].iter().any(|p| {
-        s.strip_prefix(p)
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-    })
+/// The descriptor number when `path` names one of ours (/proc/self/fd/N, /dev/fd/N): an
+/// image handed to us open, as Apptainer hands its overlay to fuse2fs.
+fn passed_descriptor(path: &Path) -> Option<i32> {
+    let s = path.to_str()?;
+    ["/proc/self/fd/", "/dev/fd/"]
+        .iter()
+        .find_map(|p| s.strip_prefix(p)?.parse().ok())
+}
+
+/// Whether descriptor `theirs` of process `pid` is the same open file description as our
+/// descriptor `ours` (kcmp(2)): the caller that handed us the image, and the other children
+/// it started with the descriptor, share it with us and are not other writers.
+fn same_description(pid: u32, ours: i32, theirs: i32) -> bool {
+    const KCMP_FILE: libc::c_long = 0;
+    // SAFETY: kcmp only compares kernel objects named by pids and descriptor numbers.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            std::process::id() as libc::c_long,
+            pid as libc::c_long,
+            KCMP_FILE,
+            ours as libc::c_long,
+            theirs as libc::c_long,
+        )
+    };
+    r == 0
+}
+
+/// The parent process id of the process at `proc` (/proc/PID).
+fn parent_of(proc: &Path) -> Option<u32> {
+    let st = std::fs::read_to_string(proc.join("stat")).ok()?;
+    // "pid (comm) state ppid ...": the command may hold spaces and parentheses.
+    let rest = &st[st.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Whether `m` is the same file (or block device) as `md`.
@@ -160,21 +185,14 @@ fn lock_holder(md: &std::fs::Metadata) -> Option<(u32, bool)> {
 /// holding copies of our descriptors until exec closes them): another thread of ours starting a
 /// program is not another writer.
 fn forked_not_yet_exec(proc: &Path, me: u32, my_exe: Option<&Path>) -> bool {
-    let ppid = std::fs::read_to_string(proc.join("stat"))
-        .ok()
-        .and_then(|st| {
-            // "pid (comm) state ppid ...": the command may hold spaces and parentheses.
-            let rest = &st[st.rfind(')')? + 1..];
-            rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-        });
-    ppid == Some(me)
+    parent_of(proc) == Some(me)
         && my_exe.is_some()
         && std::fs::read_link(proc.join("exe")).ok().as_deref() == my_exe
 }
 
 /// Another process with the file open for writing, or a loop device backed by it; and
 /// whether that process is a uext4 (a server that has let go of its claim and is exiting).
-fn other_holder(md: &std::fs::Metadata) -> Option<(String, bool)> {
+fn other_holder(md: &std::fs::Metadata, passed: Option<i32>) -> Option<(String, bool)> {
     let me = std::process::id();
     let my_exe = std::fs::read_link("/proc/self/exe").ok();
     for p in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -190,6 +208,12 @@ fn other_holder(md: &std::fs::Metadata) -> Option<(String, bool)> {
         for fd in fds.flatten() {
             if !std::fs::metadata(fd.path()).is_ok_and(|m| same_file(md, &m)) {
                 continue;
+            }
+            let theirs = fd.file_name().to_str().and_then(|n| n.parse().ok());
+            if let (Some(ours), Some(theirs)) = (passed, theirs) {
+                if same_description(pid, ours, theirs) {
+                    continue;
+                }
             }
             let info = std::fs::read_to_string(p.path().join("fdinfo").join(fd.file_name()))
                 .unwrap_or_default();

@@ -113,7 +113,8 @@ impl Server {
                     .unwrap();
                 std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
             } else {
-                s.sock.exists()
+                // Listening, not only bound: the socket file appears before listen().
+                std::os::unix::net::UnixStream::connect(&s.sock).is_ok()
             };
             if up {
                 break;
