@@ -1669,6 +1669,30 @@ pub fn report(
         ));
     }
     if repeat > 1 {
+        // Every run, so that a noisy machine shows: the median of two is the slower one.
+        s.push_str("Every run, seconds, in measuring order:\n\n| workload |");
+        for sys in &systems {
+            s.push_str(&format!(" {sys} |"));
+        }
+        s.push_str("\n|---|");
+        for _ in &systems {
+            s.push_str("---|");
+        }
+        s.push('\n');
+        for w in &workloads {
+            s.push_str(&format!("| {w} |"));
+            for sys in &systems {
+                let runs = rs
+                    .iter()
+                    .find(|r| r.system == *sys && r.workload == *w)
+                    .map(|r| r.runs.clone())
+                    .unwrap_or_default();
+                let v: Vec<String> = runs.iter().map(|x| format!("{x:.3}")).collect();
+                s.push_str(&format!(" {} |", v.join(", ")));
+            }
+            s.push('\n');
+        }
+        s.push('\n');
         s.push_str("Spread (slowest run / fastest), by workload:\n\n");
         for sys in &systems {
             let sp: Vec<String> = workloads
