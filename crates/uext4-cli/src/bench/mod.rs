@@ -47,9 +47,11 @@ pub struct BenchArgs {
     /// Systems, comma-separated (default: all available): kernel, kernel-dioread_lock, fuse2fs,
     /// uext4-fuse, uext4-fuse-wbc, uext4-fuse-dax, uext4-fuse-nodax, uext4-fuse-unwritten,
     /// uext4-lib, uext4-lib-nodax, uext4-lib-dax, uext4-lib-dax-nt, uext4-lib-buffered, raw,
-    /// fuse-null, memcpy ("nodax": pread/pwrite even on tmpfs; "unwritten": `-o
+    /// fuse-null, memcpy, fuse-mem ("nodax": pread/pwrite even on tmpfs; "unwritten": `-o
     /// prealloc=unwritten`, fallocate makes unwritten extents as the kernel's; "dax-nt":
-    /// non-temporal stores; "buffered": delayed allocation; memcpy: pwrite-1g only).
+    /// non-temporal stores; "buffered": delayed allocation; memcpy: pwrite-1g only; fuse-mem,
+    /// an in-memory FUSE server: the metadata family only, which runs on raw, fuse-mem, kernel,
+    /// fuse2fs, uext4-fuse, uext4-fuse-wbc and uext4-lib).
     #[arg(long)]
     systems: Option<String>,
     /// Job counts to sweep (default: 1,2,4,8,16; the fsync workload also 64,256).
@@ -65,7 +67,8 @@ pub struct BenchArgs {
     /// with a 4 MiB journal, in the same run.
     #[arg(long)]
     journal_size: Option<u32>,
-    /// Every system and workload, briefly (under two minutes): checks that all produce numbers.
+    /// Every system and workload, briefly (a few minutes; the metadata family on a tree of
+    /// about 1,000 entries): checks that all produce numbers.
     #[arg(long)]
     quick: bool,
     /// Lay overwrite-4k's files out as fio's create_only does by itself: fallocated, so the
