@@ -1,5 +1,6 @@
 //! `uext4 bench --quick`: every available system produces numbers for every workload (never how
-//! fast), from the built-in fio jobs. Needs root and fio; skips with a message otherwise.
+//! fast), from the built-in fio jobs, and for every workload of the metadata family (a generated
+//! tree of about 1,000 entries). Needs root and fio; skips with a message otherwise.
 
 use std::path::Path;
 use std::process::Command;
@@ -96,6 +97,10 @@ fn quick_bench_produces_numbers_for_every_system() {
             if *s == "memcpy" && w != "pwrite-1g" {
                 continue;
             }
+            // The in-memory FUSE server is the metadata family's ceiling only.
+            if *s == "fuse-mem" {
+                continue;
+            }
             let rs: Vec<_> = recs
                 .iter()
                 .filter(|r| r["workload"] == w && r["system"] == *s)
@@ -116,6 +121,52 @@ fn quick_bench_produces_numbers_for_every_system() {
             }
         }
     }
+    // The metadata family: every system that runs it has seconds for every workload, and its
+    // image (where it has one) is clean.
+    let mut meta_expect = vec!["raw", "kernel", "uext4-fuse", "uext4-lib"];
+    if Path::new("/dev/fuse").exists() {
+        meta_expect.extend(["fuse-mem", "uext4-fuse-wbc"]);
+        if fuse2fs {
+            meta_expect.push("fuse2fs");
+        }
+    }
+    for s in meta_expect {
+        for w in [
+            "untar",
+            "stat-walk",
+            "read-all",
+            "cp-a",
+            "pkg-install",
+            "rm-rf",
+        ] {
+            let r = recs
+                .iter()
+                .find(|r| r["workload"] == w && r["system"] == s)
+                .unwrap_or_else(|| panic!("no record for {s} {w}"));
+            assert!(
+                r["seconds"].as_f64().unwrap_or(0.0) > 0.0,
+                "{s} {w}: no time ({})",
+                r["note"]
+            );
+            assert!(
+                r["entries"].as_u64().unwrap_or(0) > 0,
+                "{s} {w}: no entries"
+            );
+            let f = r["fsck"].as_str().unwrap();
+            if s == "fuse2fs" {
+                if f != "clean" {
+                    eprintln!("note: fuse2fs {w}: e2fsck: {f}");
+                }
+            } else if s == "raw" || s == "fuse-mem" {
+                assert_eq!(f, "-", "{s} {w}: no image to check");
+            } else {
+                assert_eq!(f, "clean", "{s} {w}: e2fsck after the family");
+            }
+        }
+    }
+    assert!(std::fs::read_to_string(out.join("report.md"))
+        .unwrap()
+        .contains("Metadata workloads"));
     // The fsync workload ran with a 4 MiB journal as well as the default one.
     assert!(recs
         .iter()

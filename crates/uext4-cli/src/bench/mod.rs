@@ -2,9 +2,13 @@
 //! run side by side, in one run, against the kernel's ext4 on a loop device, fuse2fs, uext4
 //! through FUSE (default, writeback_cache, dax), uext4 in-process, the raw storage, and a FUSE
 //! server that does nothing (the transport's ceiling). Results go to JSON and a Markdown report
-//! with ratios and ASCII charts of the job sweep.
+//! with ratios and ASCII charts of the job sweep. The metadata family (meta.rs: untar, stat-walk,
+//! read-all, cp-a, pkg-install, rm-rf) runs on the same systems and on an in-memory FUSE server
+//! (memfs.rs, the transport's ceiling for metadata) and is reported in seconds.
 
 mod loadgen;
+mod memfs;
+mod meta;
 mod null;
 mod png;
 
@@ -17,15 +21,37 @@ use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Workloads to run (default: all): overwrite-4k, mixed-randrw-4k, fsync-randwrite-16k, pwrite-1g.
-    #[arg(long = "workload")]
+    /// Workloads to run, repeated or comma-separated (default: all of --family): the data
+    /// family's fio jobs overwrite-4k, mixed-randrw-4k, fsync-randwrite-16k, pwrite-1g; the
+    /// metadata family's untar, stat-walk, read-all, cp-a, pkg-install, rm-rf (run in that
+    /// order on one fresh image per system, each timed apart; those before the last one asked
+    /// for run too, since each starts from what the ones before it left, but only those asked
+    /// for are reported).
+    #[arg(long = "workload", value_delimiter = ',')]
     workloads: Vec<String>,
+    /// Which family runs when no --workload is given: data (the fio jobs), metadata (a source
+    /// tree unpacked, walked, read, copied, updated as a package manager does, and removed, on
+    /// kernel, fuse2fs, uext4-fuse, uext4-fuse-wbc, uext4-lib, raw and fuse-mem), or all.
+    #[arg(long, default_value = "all")]
+    family: String,
+    /// The metadata family's tree: a folder or an uncompressed tarball, read into memory first
+    /// (default: a source tree generated from a fixed seed, about 10,000 entries; 1,000 with
+    /// --quick).
+    #[arg(long)]
+    tree: Option<PathBuf>,
+    /// Count the FUSE requests of every metadata workload on the FUSE systems, by opcode, with
+    /// perf on the fuse:fuse_request_send tracepoint (needs root and perf): one extra, untimed
+    /// run per FUSE system; the report adds requests per entry.
+    #[arg(long)]
+    count_requests: bool,
     /// Systems, comma-separated (default: all available): kernel, kernel-dioread_lock, fuse2fs,
     /// uext4-fuse, uext4-fuse-wbc, uext4-fuse-dax, uext4-fuse-nodax, uext4-fuse-unwritten,
     /// uext4-lib, uext4-lib-nodax, uext4-lib-dax, uext4-lib-dax-nt, uext4-lib-buffered, raw,
-    /// fuse-null, memcpy ("nodax": pread/pwrite even on tmpfs; "unwritten": `-o
+    /// fuse-null, memcpy, fuse-mem ("nodax": pread/pwrite even on tmpfs; "unwritten": `-o
     /// prealloc=unwritten`, fallocate makes unwritten extents as the kernel's; "dax-nt":
-    /// non-temporal stores; "buffered": delayed allocation; memcpy: pwrite-1g only).
+    /// non-temporal stores; "buffered": delayed allocation; memcpy: pwrite-1g only; fuse-mem,
+    /// an in-memory FUSE server: the metadata family only, which runs on raw, fuse-mem, kernel,
+    /// fuse2fs, uext4-fuse, uext4-fuse-wbc and uext4-lib).
     #[arg(long)]
     systems: Option<String>,
     /// Job counts to sweep (default: 1,2,4,8,16; the fsync workload also 64,256).
@@ -41,7 +67,8 @@ pub struct BenchArgs {
     /// with a 4 MiB journal, in the same run.
     #[arg(long)]
     journal_size: Option<u32>,
-    /// Every system and workload, briefly (under two minutes): checks that all produce numbers.
+    /// Every system and workload, briefly (a few minutes; the metadata family on a tree of
+    /// about 1,000 entries): checks that all produce numbers.
     #[arg(long)]
     quick: bool,
     /// Lay overwrite-4k's files out as fio's create_only does by itself: fallocated, so the
@@ -70,9 +97,12 @@ pub struct BenchArgs {
     serve_null: Option<PathBuf>,
     #[arg(long, hide = true, default_value_t = 2)]
     null_threads: usize,
+    /// Internal: serve the in-memory FUSE filesystem at this mount point (used by fuse-mem).
+    #[arg(long, hide = true)]
+    serve_mem: Option<PathBuf>,
 }
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Clone, Debug, Default)]
 pub struct Record {
     pub system: String,
     pub workload: String,
@@ -88,8 +118,15 @@ pub struct Record {
     pub journal: String,
     /// The image's journal size as dumpe2fs reports it (none for raw and fuse-null).
     pub journal_mib: Option<u32>,
-    /// Every run's IOPS for this point, in the order measured (one unless --repeat).
+    /// Every run's IOPS for this point, in the order measured (one unless --repeat); for the
+    /// metadata family every run's seconds.
     pub runs: Vec<f64>,
+    /// Metadata family: the workload's seconds (`iops` is then entries per second).
+    pub seconds: Option<f64>,
+    /// Metadata family: the entries the workload went through (files for pkg-install).
+    pub entries: Option<u64>,
+    /// Metadata family with --count-requests: the FUSE requests it sent, by opcode, and "total".
+    pub requests: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 const WORKLOADS: &[&str] = &[
@@ -115,6 +152,7 @@ const SYSTEMS: &[&str] = &[
     "uext4-lib-dax-nt",
     "uext4-lib-buffered",
     "memcpy",
+    "fuse-mem",
 ];
 
 fn have(cmd: &str) -> bool {
@@ -158,6 +196,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if let Some(m) = &a.serve_null {
         return null::serve(m, a.null_threads);
     }
+    if let Some(m) = &a.serve_mem {
+        return memfs::serve(m, a.null_threads);
+    }
     let root = unsafe { libc::geteuid() } == 0;
     let wdir = match &a.workloads_dir {
         Some(d) => Some(
@@ -166,16 +207,52 @@ pub fn run(a: BenchArgs) -> Result<()> {
         ),
         None => None,
     };
-    let workloads: Vec<String> = if a.workloads.is_empty() {
-        WORKLOADS.iter().map(|s| s.to_string()).collect()
+    let all_workloads: Vec<&str> = WORKLOADS.iter().chain(meta::WORKLOADS).copied().collect();
+    let requested: Vec<String> = if a.workloads.is_empty() {
+        let fams: &[&[&str]] = match a.family.as_str() {
+            "data" => &[WORKLOADS],
+            "metadata" => &[meta::WORKLOADS],
+            "all" => &[WORKLOADS, meta::WORKLOADS],
+            f => bail!("unknown family {f:?} (known: data, metadata, all)"),
+        };
+        fams.iter()
+            .flat_map(|f| f.iter())
+            .map(|s| s.to_string())
+            .collect()
     } else {
-        a.workloads.clone()
+        a.workloads
+            .iter()
+            .map(|w| w.trim().to_string())
+            .filter(|w| !w.is_empty())
+            .collect()
     };
-    for w in &workloads {
-        if !WORKLOADS.contains(&w.as_str()) {
-            bail!("unknown workload {w:?} (known: {})", WORKLOADS.join(", "));
+    for w in &requested {
+        if !all_workloads.contains(&w.as_str()) {
+            bail!(
+                "unknown workload {w:?} (known: {})",
+                all_workloads.join(", ")
+            );
         }
     }
+    let workloads: Vec<String> = requested
+        .iter()
+        .filter(|w| WORKLOADS.contains(&w.as_str()))
+        .cloned()
+        .collect();
+    let meta_workloads: Vec<String> = requested
+        .iter()
+        .filter(|w| meta::WORKLOADS.contains(&w.as_str()))
+        .cloned()
+        .collect();
+    // The tree first: a bad --tree stops the run before anything is set up.
+    let tree = if meta_workloads.is_empty() {
+        None
+    } else {
+        Some(match &a.tree {
+            Some(p) => meta::load(p)?,
+            None => meta::generate(if a.quick { 1_000 } else { 10_000 }, 0x5eed_0024),
+        })
+    };
     let mut systems: Vec<String> = match &a.systems {
         Some(s) => s
             .split(',')
@@ -195,6 +272,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "kernel" | "kernel-dioread_lock" if !root => Some("needs root and loop devices"),
             "fuse2fs" if !have("fuse2fs") => Some("fuse2fs is not installed"),
             "fuse-null"
+            | "fuse-mem"
             | "uext4-fuse"
             | "uext4-fuse-wbc"
             | "uext4-fuse-dax"
@@ -212,7 +290,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         why.is_none()
     });
-    if !have("fio") {
+    if !workloads.is_empty() && !have("fio") {
         bail!("fio is not installed (apt-get install fio): every workload but the in-process one needs it");
     }
     let parse_jobs = |s: &str| -> Result<Vec<usize>> {
@@ -241,6 +319,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     std::fs::create_dir_all(&base)?;
     std::fs::create_dir_all(&a.out)?;
     let exe = std::env::current_exe()?;
+    // The metadata family's images: room for the tree twice (cp-a) and the updates.
+    let meta_mib = tree
+        .as_ref()
+        .map(|t| (t.data_bytes() * 3 / (1 << 20) + 512).max(1024))
+        .unwrap_or(1024);
     let ctx = Ctx {
         base,
         exe,
@@ -249,6 +332,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         quick: a.quick,
         journal_mib: a.journal_size,
         written_layout: !a.fallocated_layout,
+        meta_mib,
     };
 
     if a.repeat == 0 {
@@ -274,6 +358,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 if s == "memcpy" && w != "pwrite-1g" {
                     continue;
                 }
+                // The in-memory server is the metadata family's ceiling.
+                if s == "fuse-mem" {
+                    continue;
+                }
                 // The ceilings have no journal: measured once.
                 if vi > 0 && (s == "raw" || s == "fuse-null") {
                     continue;
@@ -297,12 +385,117 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     let plan = interleave(plan, a.repeat);
-    let pb = indicatif::ProgressBar::new(plan.len() as u64);
+    // The metadata family: one run per system and round, each a fresh image, the systems
+    // rotated by one place every round; with --count-requests one more, untimed, run per FUSE
+    // system counts its requests.
+    let meta_systems: Vec<String> = if meta_workloads.is_empty() {
+        Vec::new()
+    } else {
+        systems
+            .iter()
+            .filter(|s| meta::SYSTEMS.contains(&s.as_str()))
+            .cloned()
+            .collect()
+    };
+    let mut meta_plan: Vec<(String, bool)> = Vec::new();
+    for round in 0..a.repeat {
+        for i in 0..meta_systems.len() {
+            meta_plan.push((
+                meta_systems[(i + round) % meta_systems.len()].clone(),
+                false,
+            ));
+        }
+    }
+    let mut count_note = None;
+    if a.count_requests && !meta_systems.is_empty() {
+        if !root || !meta::PerfCounter::available() {
+            count_note = Some("requests not counted: needs root and perf with the fuse:fuse_request_send tracepoint".to_string());
+        } else {
+            for s in &meta_systems {
+                if is_fuse(s) {
+                    meta_plan.push((s.clone(), true));
+                }
+            }
+        }
+    }
+    let pb = indicatif::ProgressBar::new((plan.len() + meta_plan.len()) as u64);
     pb.set_style(
         indicatif::ProgressStyle::with_template("{elapsed_precise} {bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let mut records = Vec::new();
+    let mut counted: Vec<Record> = Vec::new();
+    let mut meta_errors: Vec<String> = Vec::new();
+    if let Some(tree) = &tree {
+        let line = format!("metadata tree: {}, {}", tree.source, tree.summary());
+        if pb.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            pb.println(line);
+        }
+    }
+    for (s, count) in &meta_plan {
+        let Some(tree) = &tree else { break };
+        pb.set_message(format!(
+            "metadata family on {s}{}",
+            if *count { " (counting requests)" } else { "" }
+        ));
+        let rs = ctx
+            .measure_meta(s, tree, &meta_workloads, *count)
+            .unwrap_or_else(|e| {
+                let note = one_line(&format!("error: {e:#}"));
+                meta_workloads
+                    .iter()
+                    .map(|w| Record {
+                        system: s.clone(),
+                        workload: w.clone(),
+                        jobs: 1,
+                        fsck: "-".into(),
+                        note: note.clone(),
+                        journal: "default".into(),
+                        ..Default::default()
+                    })
+                    .collect()
+            });
+        for r in &rs {
+            let line = format!(
+                "{:>20} {:>20}{}: {:>8.3} s {:>7} entries  fsck {}{}",
+                s,
+                r.workload,
+                if *count { " (counting)" } else { "" },
+                r.seconds.unwrap_or(0.0),
+                r.entries.unwrap_or(0),
+                r.fsck,
+                if r.note.is_empty() {
+                    String::new()
+                } else {
+                    format!("  ({})", r.note)
+                }
+            );
+            if pb.is_hidden() {
+                eprintln!("{line}");
+            } else {
+                pb.println(line);
+            }
+            // A failed run or an e2fsck complaint fails the bench (after the report); a
+            // warning (a syncfs error) is reported with the numbers.
+            // fuse2fs's images are not ours: its e2fsck complaints are reported, not fatal.
+            if r.note.starts_with("error")
+                || (r.fsck != "clean" && r.fsck != "-" && r.system != "fuse2fs")
+            {
+                let e = format!("{} {}: {} {}", r.system, r.workload, r.fsck, r.note);
+                if !meta_errors.contains(&e) {
+                    meta_errors.push(e);
+                }
+            }
+        }
+        if *count {
+            counted.extend(rs);
+        } else {
+            records.extend(rs);
+        }
+        pb.inc(1);
+    }
     for (w, jn, s, j) in &plan {
         let (w, jn, s, j) = (w.as_str(), *jn, s.as_str(), *j);
         let label = journal_label(jn, a.journal_size);
@@ -320,7 +513,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             note: one_line(&format!("error: {e:#}")),
             journal: label.clone(),
             journal_mib: None,
-            runs: Vec::new(),
+            ..Default::default()
         });
         let line = format!(
             "{:>20} {:>20} {:>3} jobs {:>8}: {:>10.0} IOPS {:>9.1} MiB/s  p99 {:>8.0} us  fsck {}{}",
@@ -349,7 +542,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
         pb.inc(1);
     }
     pb.finish_and_clear();
-    let records = medians(records);
+    let mut records = medians(records);
+    for r in records.iter_mut() {
+        if let Some(c) = counted
+            .iter()
+            .find(|c| c.system == r.system && c.workload == r.workload)
+        {
+            r.requests = c.requests.clone();
+        }
+    }
     // The mount points are empty now (every system was unmounted after its run); a folder
     // still mounted or holding files is left as it is (remove_dir refuses both). The job
     // files written for fio go too.
@@ -370,7 +571,29 @@ pub fn run(a: BenchArgs) -> Result<()> {
         a.out.join("results.json"),
         serde_json::to_string_pretty(&records)?,
     )?;
-    let report = report(&records, &skipped, runtime, a.repeat, &a.out);
+    let data: Vec<Record> = records
+        .iter()
+        .filter(|r| r.seconds.is_none() && !meta::WORKLOADS.contains(&r.workload.as_str()))
+        .cloned()
+        .collect();
+    let mut report = if workloads.is_empty() {
+        let mut s = "# uext4 bench\n\n".to_string();
+        if !skipped.is_empty() {
+            s.push_str(&format!("Skipped: {}\n\n", skipped.join("; ")));
+        }
+        s
+    } else {
+        report(&data, &skipped, runtime, a.repeat, &a.out)
+    };
+    if let Some(tree) = &tree {
+        report.push_str(&meta::report(
+            &records,
+            &format!("{}: {}", tree.source, tree.summary()),
+            a.repeat,
+            meta::pkg_count(a.quick),
+            count_note.as_deref(),
+        ));
+    }
     std::fs::write(a.out.join("report.md"), &report)?;
     println!("{report}");
     println!(
@@ -378,6 +601,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         a.out.display(),
         a.out.display()
     );
+    if !meta_errors.is_empty() {
+        bail!("metadata family: {}", meta_errors.join("; "));
+    }
     if a.quick {
         let missing: Vec<String> = records
             .iter()
@@ -404,6 +630,13 @@ struct Ctx {
     journal_mib: Option<u32>,
     /// overwrite-4k's files are written before timing (see `BenchArgs::fallocated_layout`).
     written_layout: bool,
+    /// The metadata family's image size, MiB.
+    meta_mib: u64,
+}
+
+/// The systems served through FUSE (their requests can be counted).
+fn is_fuse(s: &str) -> bool {
+    s == "fuse2fs" || s == "fuse-mem" || s == "fuse-null" || s.starts_with("uext4-fuse")
 }
 
 /// The journal size of an image in MiB, as dumpe2fs reports it ("Total journal size: 64M").
@@ -525,7 +758,9 @@ impl Ctx {
 
     /// Image size in MiB: room for the workload's files (fsync-randwrite-16k: 28.8 MB per job).
     fn image_mib(&self, w: &str, jobs: usize) -> u64 {
-        if self.quick {
+        if w == "metadata" {
+            self.meta_mib
+        } else if self.quick {
             1024
         } else if w == "fsync-randwrite-16k" {
             (jobs as u64 * 30 + 2048).max(6144)
@@ -564,10 +799,21 @@ impl Ctx {
                     journal_mib: None,
                 })
             }
-            "fuse-null" => {
+            "fuse-null" | "fuse-mem" => {
                 let mut c = Command::new(&self.exe);
-                c.args(["bench", "--serve-null"])
+                let threads = std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(2)
+                    .max(2);
+                c.arg("bench")
+                    .arg(if system == "fuse-null" {
+                        "--serve-null"
+                    } else {
+                        "--serve-mem"
+                    })
                     .arg(&dir)
+                    .arg("--null-threads")
+                    .arg(threads.to_string())
                     .stdin(std::process::Stdio::null())
                     .stdout(std::process::Stdio::null())
                     .stderr(std::process::Stdio::null());
@@ -665,7 +911,7 @@ impl Ctx {
                 note: String::new(),
                 journal: label,
                 journal_mib: None,
-                runs: Vec::new(),
+                ..Default::default()
             });
         }
         if system.starts_with("uext4-lib") {
@@ -702,7 +948,7 @@ impl Ctx {
                 note: String::new(),
                 journal: label,
                 journal_mib,
-                runs: Vec::new(),
+                ..Default::default()
             });
         }
         let m = self.setup(system, w, jobs, journal)?;
@@ -789,8 +1035,99 @@ impl Ctx {
             note: String::new(),
             journal: label,
             journal_mib,
-            runs: Vec::new(),
+            ..Default::default()
         })
+    }
+}
+
+impl Ctx {
+    /// The metadata family on `system`: a fresh image (or folder, or server), every workload
+    /// up to the last one asked for, in order, then e2fsck. With `count`, each workload's FUSE
+    /// requests are counted (the timings of that run are not used).
+    fn measure_meta(
+        &self,
+        system: &str,
+        tree: &meta::Tree,
+        selected: &[String],
+        count: bool,
+    ) -> Result<Vec<Record>> {
+        let (timed, fsck_result, journal_mib, stats) = if system == "uext4-lib" {
+            let img = self.base.join("uext4-lib.img");
+            let journal_mib = self.mke2fs(&img, self.journal_mib, self.meta_mib)?;
+            let fs = uext4::Fs::open_path(&img, uext4::MountOptions::default())
+                .map_err(|e| anyhow!("{}: {e}", img.display()))?;
+            let r = meta::run_family(&meta::Lib { fs: &fs }, tree, selected, self.quick, None);
+            let stats = serde_json::from_str(&fs.stats_json()).ok();
+            let u = fs.unmount();
+            drop(fs);
+            let timed = r?;
+            u.map_err(|e| anyhow!("unmount: {e}"))?;
+            let f = fsck(&img);
+            let _ = std::fs::remove_file(&img);
+            (timed, f, journal_mib, stats)
+        } else {
+            let m = self.setup(system, "metadata", 1, self.journal_mib)?;
+            let ops = meta::Posix::new(&m.dir);
+            let mut counter = if count {
+                Some(meta::PerfCounter::new(&m.dir, &self.base)?)
+            } else {
+                None
+            };
+            let r = meta::run_family(
+                &ops,
+                tree,
+                selected,
+                self.quick,
+                counter.as_mut().map(|c| c as &mut dyn meta::Counter),
+            );
+            let stats = if system.starts_with("uext4-fuse") {
+                Command::new(&self.exe)
+                    .arg("stats")
+                    .arg(&m.dir)
+                    .output()
+                    .ok()
+                    .and_then(|o| serde_json::from_slice(&o.stdout).ok())
+            } else {
+                None
+            };
+            let img = m.img.clone();
+            let journal_mib = m.journal_mib;
+            drop(m);
+            let f = match &img {
+                Some(i) => {
+                    let r = fsck(i);
+                    let _ = std::fs::remove_file(i);
+                    r
+                }
+                None => "-".into(),
+            };
+            (r?, f, journal_mib, stats)
+        };
+        let n = timed.len();
+        Ok(timed
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| Record {
+                system: system.into(),
+                workload: t.workload.into(),
+                jobs: 1,
+                iops: t.entries as f64 / t.secs.max(1e-9),
+                fsck: fsck_result.clone(),
+                // The engine's counters after the whole family: with its last workload.
+                stats: if i + 1 == n { stats.clone() } else { None },
+                journal: "default".into(),
+                journal_mib,
+                seconds: Some(t.secs),
+                entries: Some(t.entries),
+                requests: t.requests,
+                note: if t.note.is_empty() {
+                    String::new()
+                } else {
+                    format!("warning: {}", t.note)
+                },
+                ..Default::default()
+            })
+            .collect())
     }
 }
 
@@ -842,7 +1179,7 @@ fn medians(records: Vec<Record>) -> Vec<Record> {
     groups
         .into_iter()
         .map(|g| {
-            let runs: Vec<f64> = g.iter().map(|r| r.iops).collect();
+            let runs: Vec<f64> = g.iter().map(|r| r.seconds.unwrap_or(r.iops)).collect();
             let fsck = g
                 .iter()
                 .map(|r| r.fsck.clone())
@@ -1199,7 +1536,7 @@ mod tests {
             note: String::new(),
             journal: "default".into(),
             journal_mib: None,
-            runs: Vec::new(),
+            ..Default::default()
         }
     }
 
