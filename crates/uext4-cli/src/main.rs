@@ -5,6 +5,7 @@ mod bench;
 mod log;
 mod mkfs;
 mod mount;
+mod tar;
 mod tools;
 
 use clap::{CommandFactory, Parser, Subcommand};

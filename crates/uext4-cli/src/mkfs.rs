@@ -53,8 +53,9 @@ pub struct MkfsArgs {
     /// Per cent of blocks reserved for the superuser (as mke2fs -m; default 5).
     #[arg(short = 'm')]
     reserved_percent: Option<f64>,
-    /// Fill the new filesystem from this directory (as mke2fs -d): its contents become the
-    /// root's, with modes, owners, times (ns), xattrs, hard links, holes and special files.
+    /// Fill the new filesystem from this directory or tar archive (plain, gzip or zstd; `-`
+    /// reads it from stdin), as mke2fs -d: its contents become the root's, with modes, owners,
+    /// times (ns), xattrs, hard links, holes and special files.
     #[arg(short = 'd')]
     root_dir: Option<PathBuf>,
     /// Overwrite a filesystem that is already there (without it, mkfs refuses).
@@ -137,8 +138,11 @@ pub fn run(a: MkfsArgs) -> Result<()> {
     let uuid = a.uuid.as_deref().map(|u| parse_uuid(u, "-U")).transpose()?;
     let epoch = source_date_epoch()?;
     if let Some(d) = &a.root_dir {
-        if !d.is_dir() {
-            bail!("-d {}: not a directory", d.display());
+        if !d.is_dir() && !crate::tar::is_archive(d) {
+            bail!(
+                "-d {}: neither a directory nor an archive file",
+                d.display()
+            );
         }
     }
     let img = image_arg(&a.image)?;
@@ -221,7 +225,12 @@ fn build(
             },
         )
         .with_context(|| img.name())?;
-        let r = crate::tools::copy_host_contents(&fs, d, fs.root_ino());
+        let r = if d.is_dir() {
+            crate::tools::copy_host_contents(&fs, d, fs.root_ino())
+        } else {
+            let mut u = crate::tar::Unpacker::new(&fs, fs.root_ino());
+            u.unpack(d).and_then(|()| u.finish())
+        };
         // An explicit root_owner wins over the directory's own owner.
         let r = r.and_then(|()| match ext.root_owner {
             Some((uid, gid)) => {

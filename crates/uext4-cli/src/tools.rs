@@ -247,7 +247,7 @@ pub fn fs_region_of(img: &Img) -> Result<Option<Region>> {
 }
 
 /// Opens the filesystem `img` names (see [`Img::fs_region`]).
-fn open_img(img: &Img, read_only: bool) -> Result<Arc<Fs>> {
+pub(crate) fn open_img(img: &Img, read_only: bool) -> Result<Arc<Fs>> {
     let region = img.fs_region()?;
     open(&img.path, region, read_only)
 }
@@ -388,7 +388,7 @@ fn parse_loc(s: &str) -> Result<Loc> {
     Ok(Loc::Host(PathBuf::from(s)))
 }
 
-fn image_loc(s: &str) -> Result<(Img, String)> {
+pub(crate) fn image_loc(s: &str) -> Result<(Img, String)> {
     match parse_loc(s)? {
         Loc::Image(i, p) => Ok((i, p)),
         Loc::Host(_) => match s.split_once(':') {
@@ -437,7 +437,7 @@ pub(crate) fn caller() -> (u32, u32) {
 }
 
 /// The process umask (read by setting and restoring it).
-fn umask() -> u32 {
+pub(crate) fn umask() -> u32 {
     // SAFETY: umask only swaps the process's mask.
     unsafe {
         let m = libc::umask(0o022);
@@ -447,7 +447,7 @@ fn umask() -> u32 {
 }
 
 /// Leaves the image clean; the operation's own error comes first when both fail.
-fn finish(fs: &Fs, image: &Path, r: Result<()>) -> Result<()> {
+pub(crate) fn finish(fs: &Fs, image: &Path, r: Result<()>) -> Result<()> {
     let u = fs.unmount();
     r?;
     u.with_context(|| image.display().to_string())
@@ -455,11 +455,11 @@ fn finish(fs: &Fs, image: &Path, r: Result<()>) -> Result<()> {
 
 /// Walks `path` from the root, following symlinks in the middle (and at the end with
 /// `follow`). Returns the inode.
-fn resolve(fs: &Fs, path: &str, follow: bool) -> uext4::Result<u32> {
+pub(crate) fn resolve(fs: &Fs, path: &str, follow: bool) -> uext4::Result<u32> {
     resolve_from(fs, 2, path, follow, &mut 0)
 }
 
-fn resolve_from(
+pub(crate) fn resolve_from(
     fs: &Fs,
     start: u32,
     path: &str,
@@ -489,7 +489,7 @@ fn resolve_from(
 }
 
 /// Splits "a/b/c" into the parent's inode and "c".
-fn parent_of(fs: &Fs, path: &str) -> Result<(u32, Vec<u8>)> {
+pub(crate) fn parent_of(fs: &Fs, path: &str) -> Result<(u32, Vec<u8>)> {
     let trimmed = path.trim_end_matches('/');
     let (dir, name) = match trimmed.rsplit_once('/') {
         Some((d, n)) => (if d.is_empty() { "/" } else { d }, n),
@@ -1069,7 +1069,7 @@ fn mkdir(path: &str, parents: bool) -> Result<()> {
 /// The error for a directory that a recursive walk reaches a second time: in a sound image
 /// every directory has one parent, so this is a cycle or a hard-linked directory made by
 /// corruption. Recursing on would never end.
-fn directory_cycle(ino: u32) -> Error {
+pub(crate) fn directory_cycle(ino: u32) -> Error {
     Error::corrupt(format!(
         "directory inode {ino} is reached twice (a directory cycle or a hard-linked directory); run e2fsck -f"
     ))
@@ -1154,7 +1154,7 @@ fn mv(src: &str, dst: &str) -> Result<()> {
 /// Makes room for a non-directory called `name` in `dir`, as cp(1) does: an existing
 /// non-directory there goes; an existing directory is an error. (Re-copying a tree over an
 /// earlier copy stopped with "file exists" at its first symlink or second hard link.)
-fn make_room(fs: &Fs, dir: u32, name: &[u8]) -> Result<()> {
+pub(crate) fn make_room(fs: &Fs, dir: u32, name: &[u8]) -> Result<()> {
     match fs.lookup(dir, name) {
         Ok(a) if a.is_dir() => bail!(
             "cannot overwrite directory {} with a non-directory",
