@@ -11,7 +11,7 @@
 use crate::tools::{image_arg, open, parse_size, Img, Within};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use uext4::blockdev::{is_nbd_uri, open_image, BlockDevice, FileDevice, Region, RegionDevice};
 use uext4::MountOptions;
@@ -58,6 +58,14 @@ pub struct MkfsArgs {
     /// times (ns), xattrs, hard links, holes and special files.
     #[arg(short = 'd')]
     root_dir: Option<PathBuf>,
+    /// Every file owned by root (0:0) whatever the tree or archive says (genext2fs's -U);
+    /// modes are kept. A device table (-D) and -E root_owner= still set the owners they name.
+    #[arg(long = "all-root", alias = "squash-uids")]
+    all_root: bool,
+    /// A genext2fs-style device table applied after filling: NAME TYPE MODE UID GID MAJOR
+    /// MINOR START INC COUNT per line (device nodes and owners without root).
+    #[arg(short = 'D', long = "devtable")]
+    devtable: Option<PathBuf>,
     /// Overwrite a filesystem that is already there (without it, mkfs refuses).
     #[arg(short = 'F', long)]
     force: bool,
@@ -145,9 +153,14 @@ pub fn run(a: MkfsArgs) -> Result<()> {
             );
         }
     }
+    let devtable = a
+        .devtable
+        .as_deref()
+        .map(crate::devtable::read)
+        .transpose()?;
     let img = image_arg(&a.image)?;
     let created = !img.path.exists() && !is_nbd_uri(&img.path);
-    let r = build(&a, &img, features, ext, uuid, epoch);
+    let r = build(&a, &img, features, ext, uuid, epoch, devtable);
     if r.is_err() && created {
         // A failed mkfs leaves nothing of its own behind.
         let _ = std::fs::remove_file(&img.path);
@@ -162,6 +175,7 @@ fn build(
     ext: Extended,
     uuid: Option<[u8; 16]>,
     epoch: Option<i64>,
+    devtable: Option<Vec<(usize, crate::devtable::Line)>>,
 ) -> Result<()> {
     // Held until the new filesystem is written: no one else writes the image meanwhile. (An
     // NBD export has nothing local to claim: its server decides who writes it.)
@@ -214,7 +228,7 @@ fn build(
     o.features = features;
     uext4::mkfs::mkfs(&*dev, &o).with_context(|| img.name())?;
     drop(dev);
-    if let Some(d) = &a.root_dir {
+    if a.root_dir.is_some() || a.all_root || devtable.is_some() {
         let fs = uext4::Fs::open_path(
             &img.path,
             MountOptions {
@@ -225,12 +239,24 @@ fn build(
             },
         )
         .with_context(|| img.name())?;
-        let r = if d.is_dir() {
-            crate::tools::copy_host_contents(&fs, d, fs.root_ino())
-        } else {
-            let mut u = crate::tar::Unpacker::new(&fs, fs.root_ino());
-            u.unpack(d).and_then(|()| u.finish())
+        let r = match &a.root_dir {
+            Some(d) if d.is_dir() => crate::tools::copy_host_contents(&fs, d, fs.root_ino()),
+            Some(d) => {
+                let mut u = crate::tar::Unpacker::new(&fs, fs.root_ino());
+                u.unpack(d).and_then(|()| u.finish())
+            }
+            None => Ok(()),
         };
+        let r = r.with_context(|| {
+            format!(
+                "-d {}",
+                a.root_dir.as_deref().unwrap_or(Path::new("")).display()
+            )
+        });
+        let r = r.and_then(|()| match a.all_root {
+            true => crate::attrs::squash_owners(&fs, fs.root_ino()),
+            false => Ok(()),
+        });
         // An explicit root_owner wins over the directory's own owner.
         let r = r.and_then(|()| match ext.root_owner {
             Some((uid, gid)) => {
@@ -245,8 +271,12 @@ fn build(
             }
             None => Ok(()),
         });
+        let r = r.and_then(|()| match (&a.devtable, &devtable) {
+            (Some(p), Some(t)) => crate::devtable::apply(&fs, p, t),
+            _ => Ok(()),
+        });
         let u = fs.unmount();
-        r.with_context(|| format!("-d {}", d.display()))?;
+        r?;
         u.with_context(|| img.name())?;
     }
     summary(img, region, &o)

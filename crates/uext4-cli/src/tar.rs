@@ -51,6 +51,25 @@ pub fn open_archive(path: &Path) -> Result<Box<dyn Read>> {
     })
 }
 
+/// `uext4 cp --from-tar ARCHIVE... IMAGE:DIR`: each archive unpacked into the directory, in
+/// order (later entries replace earlier ones of the same name).
+pub fn cp_from_tar(archives: &[String], dst: &str) -> Result<()> {
+    let (img, d) = crate::tools::image_loc(dst)?;
+    let fs = crate::tools::open_img(&img, false)?;
+    let r = (|| -> Result<()> {
+        let dir = crate::tools::resolve(&fs, &d, true).with_context(|| dst.to_string())?;
+        if !fs.getattr(dir)?.is_dir() {
+            bail!("{dst}: not a directory");
+        }
+        let mut u = Unpacker::new(&fs, dir);
+        for a in archives {
+            u.unpack(Path::new(a)).with_context(|| a.clone())?;
+        }
+        u.finish()
+    })();
+    crate::tools::finish(&fs, &img.path, r)
+}
+
 /// A path in an archive as components, with `/`, `.` and empty components dropped; `..` is
 /// refused (it could name something outside the directory unpacked into).
 pub fn clean_path(p: &[u8]) -> Result<Vec<&[u8]>> {

@@ -41,6 +41,10 @@ pub enum ToolCmd {
     Cp {
         #[arg(short = 'r', short_alias = 'R')]
         recursive: bool,
+        /// The sources are tar archives (plain, gzip or zstd; `-` is stdin), unpacked in
+        /// order into the image directory DST as they say (owners, devices, xattrs, holes).
+        #[arg(long = "from-tar")]
+        from_tar: bool,
         #[arg(required = true, num_args = 2..)]
         paths: Vec<String>,
     },
@@ -69,6 +73,47 @@ pub enum ToolCmd {
     },
     /// Show a file's attributes: IMAGE:PATH.
     Stat { path: String },
+    /// Change permissions: MODE (octal, or symbolic as u+x,go-w) IMAGE:PATH.
+    Chmod {
+        #[arg(short = 'R')]
+        recursive: bool,
+        #[arg(allow_hyphen_values = true)]
+        mode: String,
+        path: String,
+    },
+    /// Change the owner: UID[:GID] (numeric) IMAGE:PATH.
+    Chown {
+        #[arg(short = 'R')]
+        recursive: bool,
+        /// Change a symlink itself, not what it points to.
+        #[arg(short = 'h', long = "no-dereference")]
+        no_deref: bool,
+        owner: String,
+        path: String,
+    },
+    /// Set a file's access and modification times (now, or as -d, -t or -r say); a missing
+    /// file is made, as touch(1) makes it, unless -c.
+    Touch {
+        /// Only the access time.
+        #[arg(short = 'a')]
+        atime: bool,
+        /// Only the modification time.
+        #[arg(short = 'm')]
+        mtime: bool,
+        /// Do not create a missing file.
+        #[arg(short = 'c', long = "no-create")]
+        no_create: bool,
+        /// A date: @SECONDS, YYYY-MM-DD[ HH:MM[:SS[.NS]]][Z|+HH:MM] (UTC unless a zone).
+        #[arg(short = 'd', long = "date")]
+        date: Option<String>,
+        /// A stamp: [[CC]YY]MMDDhhmm[.ss] (UTC).
+        #[arg(short = 't')]
+        stamp: Option<String>,
+        /// The times of this file (a host path or IMAGE:PATH).
+        #[arg(short = 'r', long = "reference")]
+        reference: Option<String>,
+        path: String,
+    },
     /// Set a file's size: IMAGE:PATH (a missing file is made, as truncate(1) makes it;
     /// with -c it is left missing).
     Truncate {
@@ -94,6 +139,9 @@ impl ToolCmd {
             ToolCmd::Mv { .. } => "mv",
             ToolCmd::Ln { .. } => "ln",
             ToolCmd::Stat { .. } => "stat",
+            ToolCmd::Chmod { .. } => "chmod",
+            ToolCmd::Chown { .. } => "chown",
+            ToolCmd::Touch { .. } => "touch",
             ToolCmd::Truncate { .. } => "truncate",
         }
     }
@@ -513,8 +561,15 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
         ToolCmd::Info { image } => info(&image),
         ToolCmd::Ls { long, path } => ls(&path, long),
         ToolCmd::Cat { path } => cat(&path),
-        ToolCmd::Cp { recursive, paths } => {
+        ToolCmd::Cp {
+            recursive,
+            from_tar,
+            paths,
+        } => {
             let (dst, srcs) = paths.split_last().expect("clap asks for two paths or more");
+            if from_tar {
+                return crate::tar::cp_from_tar(srcs, dst);
+            }
             if srcs.len() > 1 && !is_directory(dst)? {
                 bail!("{dst}: target is not a directory (several sources go into a directory)");
             }
@@ -536,6 +591,36 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
             link,
         } => ln(&target, &link, symbolic),
         ToolCmd::Stat { path } => stat(&path),
+        ToolCmd::Chmod {
+            recursive,
+            mode,
+            path,
+        } => crate::attrs::chmod(&mode, &path, recursive),
+        ToolCmd::Chown {
+            recursive,
+            no_deref,
+            owner,
+            path,
+        } => crate::attrs::chown(&owner, &path, recursive, no_deref),
+        ToolCmd::Touch {
+            atime,
+            mtime,
+            no_create,
+            date,
+            stamp,
+            reference,
+            path,
+        } => crate::attrs::touch(
+            &crate::attrs::TouchArgs {
+                atime_only: atime,
+                mtime_only: mtime,
+                no_create,
+                date,
+                stamp,
+                reference,
+            },
+            &path,
+        ),
         ToolCmd::Truncate {
             size,
             no_create,
