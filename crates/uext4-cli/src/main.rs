@@ -4,6 +4,7 @@
 mod attrs;
 mod bench;
 mod devtable;
+mod fit;
 mod log;
 mod mkfs;
 mod mount;

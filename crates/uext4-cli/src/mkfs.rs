@@ -18,7 +18,8 @@ use uext4::MountOptions;
 
 #[derive(Args)]
 pub struct MkfsArgs {
-    /// Size, like 64M or 2G (default: the existing file's or device's size).
+    /// Size, like 64M or 2G (default: the existing file's or device's size); `fit`: the
+    /// smallest that holds what -d gives with --fit-free per cent free.
     #[arg(long)]
     size: Option<String>,
     /// 1024 or 4096 (default: as mke2fs, 1024 below 512 MiB, else 4096)
@@ -66,6 +67,10 @@ pub struct MkfsArgs {
     /// MINOR START INC COUNT per line (device nodes and owners without root).
     #[arg(short = 'D', long = "devtable")]
     devtable: Option<PathBuf>,
+    /// With --size fit: the share of blocks and inodes left free after filling, in per cent
+    /// (besides the -m reserve).
+    #[arg(long = "fit-free", default_value_t = 10.0)]
+    fit_free: f64,
     /// Overwrite a filesystem that is already there (without it, mkfs refuses).
     #[arg(short = 'F', long)]
     force: bool,
@@ -133,7 +138,48 @@ fn holds_ext4(dev: &dyn BlockDevice) -> bool {
         && u16::from_le_bytes(magic) == 0xEF53
 }
 
-pub fn run(a: MkfsArgs) -> Result<()> {
+/// mke2fs's choices for `size` with the command line's sizing options.
+fn sizing(a: &MkfsArgs, size: u64, features: &uext4::mkfs::FeatureSet) -> uext4::mkfs::MkfsOptions {
+    let mut o = uext4::mkfs::MkfsOptions::like_mke2fs(size, a.block_size);
+    o.journal_blocks = a
+        .journal_size
+        .map(|m| ((m as u64) << 20).div_ceil(o.block_size as u64) as u32);
+    if let Some(i) = a.inode_ratio {
+        o.inode_ratio = i;
+    }
+    if let Some(i) = a.inode_size {
+        o.inode_size = i;
+    }
+    o.inodes = a.inodes;
+    if let Some(m) = a.reserved_percent {
+        o.reserved_percent = m;
+    }
+    o.features = features.clone();
+    o
+}
+
+/// `--size fit`: the size that holds the input (see fit.rs).
+fn fit_size(a: &MkfsArgs, features: &uext4::mkfs::FeatureSet) -> Result<u64> {
+    let Some(d) = &a.root_dir else {
+        bail!("--size fit needs -d DIR or -d ARCHIVE");
+    };
+    if d == Path::new("-") {
+        bail!("--size fit reads the input twice: give the archive as a file, not stdin");
+    }
+    if !(0.0..100.0).contains(&a.fit_free) {
+        bail!("--fit-free {}: a per cent from 0 to below 100", a.fit_free);
+    }
+    let isize = a.inode_size.unwrap_or(256);
+    let need = if d.is_dir() {
+        crate::fit::measure_tree(d, isize, features.extents)
+    } else {
+        crate::fit::measure_archive(d, isize, features.extents)
+    }
+    .with_context(|| format!("-d {}", d.display()))?;
+    crate::fit::fit(&need, a.fit_free, &|size| sizing(a, size, features))
+}
+
+pub fn run(mut a: MkfsArgs) -> Result<()> {
     // Options first: a wrong one leaves no file behind.
     let mut features = uext4::mkfs::FeatureSet::for_type(&a.fs_type)?;
     if let Some(f) = &a.features {
@@ -152,6 +198,13 @@ pub fn run(a: MkfsArgs) -> Result<()> {
                 d.display()
             );
         }
+    }
+    if a.size.as_deref() == Some("fit") {
+        let img = image_arg(&a.image)?;
+        if img.within != Within::Whole || is_nbd_uri(&img.path) {
+            bail!("--size fit makes an image file (not a partition, a region or an export)");
+        }
+        a.size = Some(fit_size(&a, &features)?.to_string());
     }
     let devtable = a
         .devtable
@@ -201,20 +254,7 @@ fn build(
         );
     }
     let label = a.label.clone().unwrap_or_default();
-    let mut o = uext4::mkfs::MkfsOptions::like_mke2fs(size, a.block_size);
-    o.journal_blocks = a
-        .journal_size
-        .map(|m| ((m as u64) << 20).div_ceil(o.block_size as u64) as u32);
-    if let Some(i) = a.inode_ratio {
-        o.inode_ratio = i;
-    }
-    if let Some(i) = a.inode_size {
-        o.inode_size = i;
-    }
-    o.inodes = a.inodes;
-    if let Some(m) = a.reserved_percent {
-        o.reserved_percent = m;
-    }
+    let mut o = sizing(a, size, &features);
     o.uuid = uuid.or(epoch.map(|e| derived_uuid(e, &label, "uuid")));
     o.hash_seed = ext
         .hash_seed
@@ -225,7 +265,6 @@ fn build(
     o.root_owner = ext.root_owner.unwrap_or_else(crate::tools::caller);
     o.label = label;
     o.assume_zeroed = fresh;
-    o.features = features;
     uext4::mkfs::mkfs(&*dev, &o).with_context(|| img.name())?;
     drop(dev);
     if a.root_dir.is_some() || a.all_root || devtable.is_some() {

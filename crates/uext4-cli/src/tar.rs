@@ -166,16 +166,142 @@ fn acl_text_to_vfs(text: &[u8]) -> Result<Vec<u8>> {
 }
 
 /// One member of an archive, with what its extension headers said.
-struct Member {
-    h: tar::Header,
-    path: Vec<u8>,
-    link: Vec<u8>,
+pub(crate) struct Member {
+    pub h: tar::Header,
+    pub path: Vec<u8>,
+    pub link: Vec<u8>,
     /// Bytes of data stored in the archive.
-    size: u64,
+    pub size: u64,
     /// PAX records (global ones first), in order.
-    pax: Vec<(String, Vec<u8>)>,
+    pub pax: Vec<(String, Vec<u8>)>,
     /// An old GNU sparse file: its (offset, length) segments and its size.
-    gnu_sparse: Option<(Vec<(u64, u64)>, u64)>,
+    pub gnu_sparse: Option<(Vec<(u64, u64)>, u64)>,
+}
+
+/// Walks the archive at `path` (`-`: stdin), calling `f` on each member with its data.
+///
+/// The stream is walked here, header by header, with the tar crate decoding each header
+/// (numbers in octal or base-256, the ustar prefix, GNU sparse maps): the crate's own iterator
+/// reads PAX records line by line, so a record whose value holds a newline (a binary xattr such
+/// as an ACL or a capability, GNU tar's text ACLs) breaks it and the records after it. PAX
+/// records are parsed by their length here.
+pub(crate) fn for_each_member(
+    path: &Path,
+    f: &mut dyn FnMut(&Member, &mut dyn Read) -> Result<()>,
+) -> Result<()> {
+    let mut r = open_archive(path)?;
+    let mut global: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut local: Option<Vec<(String, Vec<u8>)>> = None;
+    let (mut long_name, mut long_link) = (None, None);
+    let mut hb = [0u8; 512];
+    let mut index = 0u64;
+    loop {
+        index += 1;
+        let at = || format!("entry {index}");
+        if !read_block(&mut r, &mut hb).with_context(at)? {
+            if local.is_some() || long_name.is_some() || long_link.is_some() {
+                bail!("{}: the archive ends after an extension header", at());
+            }
+            break;
+        }
+        if hb.iter().all(|&b| b == 0) {
+            // The end-of-archive marker.
+            break;
+        }
+        let mut h = tar::Header::new_old();
+        h.as_mut_bytes().copy_from_slice(&hb);
+        check_sum(&h).with_context(|| {
+            if index == 1 {
+                "not a tar archive".to_string()
+            } else {
+                at()
+            }
+        })?;
+        let stored = h.entry_size().with_context(at)?;
+        match h.entry_type().as_byte() {
+            b'x' => {
+                local =
+                    Some(parse_pax(&read_data(&mut r, stored).with_context(at)?).with_context(at)?);
+                continue;
+            }
+            b'g' => {
+                global.extend(
+                    parse_pax(&read_data(&mut r, stored).with_context(at)?).with_context(at)?,
+                );
+                continue;
+            }
+            b'L' => {
+                long_name = Some(until_nul(read_data(&mut r, stored).with_context(at)?));
+                continue;
+            }
+            b'K' => {
+                long_link = Some(until_nul(read_data(&mut r, stored).with_context(at)?));
+                continue;
+            }
+            _ => {}
+        }
+        let mut pax = global.clone();
+        pax.extend(local.take().unwrap_or_default());
+        let get = |k: &str| {
+            pax.iter()
+                .rev()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.clone())
+        };
+        let path = get("path")
+            .or(long_name.take())
+            .unwrap_or_else(|| h.path_bytes().into_owned());
+        let link = get("linkpath")
+            .or(long_link.take())
+            .or_else(|| h.link_name_bytes().map(|l| l.into_owned()))
+            .unwrap_or_default();
+        let size = match get("size") {
+            Some(v) => pax_num(&v).with_context(at)?,
+            None => stored,
+        };
+        // Old GNU sparse: the map is in the header and in extension blocks after it.
+        let mut gnu_sparse = None;
+        if h.entry_type().as_byte() == b'S' {
+            let g = h
+                .as_gnu()
+                .ok_or_else(|| anyhow!("{}: a sparse entry without a GNU header", at()))?;
+            let mut map = Vec::new();
+            for sp in g.sparse.iter().filter(|sp| !sp.is_empty()) {
+                map.push((sp.offset()?, sp.length()?));
+            }
+            let mut more = g.is_extended();
+            while more {
+                let mut ext = tar::GnuExtSparseHeader::new();
+                if !read_block(&mut r, ext.as_mut_bytes())? {
+                    bail!("{}: the archive ends inside a sparse map", at());
+                }
+                for sp in ext.sparse.iter().filter(|sp| !sp.is_empty()) {
+                    map.push((sp.offset()?, sp.length()?));
+                }
+                more = ext.is_extended();
+            }
+            gnu_sparse = Some((map, g.real_size()?));
+        }
+        let name = String::from_utf8_lossy(&path).into_owned();
+        let m = Member {
+            h,
+            path,
+            link,
+            size,
+            pax,
+            gnu_sparse,
+        };
+        let mut data = (&mut r).take(size);
+        f(&m, &mut data).with_context(|| format!("entry {index} ({name})"))?;
+        // What the entry did not read, and the padding to the next header.
+        let left = data.limit() + (512 - size % 512) % 512;
+        let skipped = std::io::copy(&mut (&mut r).take(left), &mut std::io::sink())
+            .with_context(|| format!("entry {index} ({name})"))?;
+        if skipped < left {
+            bail!("entry {index} ({name}): the archive ends inside it");
+        }
+    }
+    Ok(())
 }
 
 /// Reads one 512-byte block: false at the end of the input before its first byte.
@@ -318,128 +444,8 @@ impl<'a> Unpacker<'a> {
 
     /// Unpacks the archive at `path` (`-`: stdin), entry by entry in archive order. Errors
     /// name the entry.
-    ///
-    /// The stream is walked here, header by header, with the tar crate decoding each header
-    /// (numbers in octal or base-256, the ustar prefix, GNU sparse maps): the crate's own
-    /// iterator reads PAX records line by line, so a record whose value holds a newline (a
-    /// binary xattr such as an ACL or a capability, GNU tar's text ACLs) breaks it and the
-    /// records after it. PAX records are parsed by their length here.
     pub fn unpack(&mut self, path: &Path) -> Result<()> {
-        let mut r = open_archive(path)?;
-        let mut global: Vec<(String, Vec<u8>)> = Vec::new();
-        let mut local: Option<Vec<(String, Vec<u8>)>> = None;
-        let (mut long_name, mut long_link) = (None, None);
-        let mut hb = [0u8; 512];
-        let mut index = 0u64;
-        loop {
-            index += 1;
-            let at = || format!("entry {index}");
-            if !read_block(&mut r, &mut hb).with_context(at)? {
-                if local.is_some() || long_name.is_some() || long_link.is_some() {
-                    bail!("{}: the archive ends after an extension header", at());
-                }
-                break;
-            }
-            if hb.iter().all(|&b| b == 0) {
-                // The end-of-archive marker.
-                break;
-            }
-            let mut h = tar::Header::new_old();
-            h.as_mut_bytes().copy_from_slice(&hb);
-            check_sum(&h).with_context(|| {
-                if index == 1 {
-                    "not a tar archive".to_string()
-                } else {
-                    at()
-                }
-            })?;
-            let stored = h.entry_size().with_context(at)?;
-            match h.entry_type().as_byte() {
-                b'x' => {
-                    local = Some(
-                        parse_pax(&read_data(&mut r, stored).with_context(at)?).with_context(at)?,
-                    );
-                    continue;
-                }
-                b'g' => {
-                    global.extend(
-                        parse_pax(&read_data(&mut r, stored).with_context(at)?).with_context(at)?,
-                    );
-                    continue;
-                }
-                b'L' => {
-                    long_name = Some(until_nul(read_data(&mut r, stored).with_context(at)?));
-                    continue;
-                }
-                b'K' => {
-                    long_link = Some(until_nul(read_data(&mut r, stored).with_context(at)?));
-                    continue;
-                }
-                _ => {}
-            }
-            let mut pax = global.clone();
-            pax.extend(local.take().unwrap_or_default());
-            let get = |k: &str| {
-                pax.iter()
-                    .rev()
-                    .find(|(key, _)| key == k)
-                    .map(|(_, v)| v.clone())
-            };
-            let path = get("path")
-                .or(long_name.take())
-                .unwrap_or_else(|| h.path_bytes().into_owned());
-            let link = get("linkpath")
-                .or(long_link.take())
-                .or_else(|| h.link_name_bytes().map(|l| l.into_owned()))
-                .unwrap_or_default();
-            let size = match get("size") {
-                Some(v) => pax_num(&v).with_context(at)?,
-                None => stored,
-            };
-            // Old GNU sparse: the map is in the header and in extension blocks after it.
-            let mut gnu_sparse = None;
-            if h.entry_type().as_byte() == b'S' {
-                let g = h
-                    .as_gnu()
-                    .ok_or_else(|| anyhow!("{}: a sparse entry without a GNU header", at()))?;
-                let mut map = Vec::new();
-                for sp in g.sparse.iter().filter(|sp| !sp.is_empty()) {
-                    map.push((sp.offset()?, sp.length()?));
-                }
-                let mut more = g.is_extended();
-                while more {
-                    let mut ext = tar::GnuExtSparseHeader::new();
-                    if !read_block(&mut r, ext.as_mut_bytes())? {
-                        bail!("{}: the archive ends inside a sparse map", at());
-                    }
-                    for sp in ext.sparse.iter().filter(|sp| !sp.is_empty()) {
-                        map.push((sp.offset()?, sp.length()?));
-                    }
-                    more = ext.is_extended();
-                }
-                gnu_sparse = Some((map, g.real_size()?));
-            }
-            let name = String::from_utf8_lossy(&path).into_owned();
-            let m = Member {
-                h,
-                path,
-                link,
-                size,
-                pax,
-                gnu_sparse,
-            };
-            let mut data = (&mut r).take(size);
-            self.entry(&m, &mut data)
-                .with_context(|| format!("entry {index} ({name})"))?;
-            // What the entry did not read, and the padding to the next header.
-            let left = data.limit() + (512 - size % 512) % 512;
-            let skipped = std::io::copy(&mut (&mut r).take(left), &mut std::io::sink())
-                .with_context(|| format!("entry {index} ({name})"))?;
-            if skipped < left {
-                bail!("entry {index} ({name}): the archive ends inside it");
-            }
-        }
-        Ok(())
+        for_each_member(path, &mut |m, data| self.entry(m, data))
     }
 
     /// Sets the directories' times (last, in reverse order of their entries).

@@ -1373,7 +1373,7 @@ fn ts(sec: i64, nsec: i64) -> Timestamp {
 }
 
 /// Host data segments of a file: (offset, length), via SEEK_DATA/SEEK_HOLE.
-fn host_segments(f: &std::fs::File, size: u64) -> Vec<(u64, u64)> {
+pub(crate) fn host_segments(f: &std::fs::File, size: u64) -> Vec<(u64, u64)> {
     use std::os::unix::io::AsRawFd;
     let mut out = Vec::new();
     let mut pos: i64 = 0;
@@ -1543,7 +1543,7 @@ pub(crate) fn copy_host_contents(fs: &Fs, src: &Path, dir: u32) -> Result<()> {
 }
 
 /// The extended attributes of a host path (not following a symlink): (name, value) pairs.
-fn host_xattrs(p: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+pub(crate) fn host_xattrs(p: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     use std::ffi::CString;
     let c = CString::new(p.as_os_str().as_bytes())?;
     let mut names = vec![0u8; 4096];
