@@ -621,8 +621,14 @@ impl<'a> Unpacker<'a> {
                 fs.symlink(dir, name, &m.link, uid, gid)?.ino
             }
             Kind::Char | Kind::Block | Kind::Fifo => {
-                let major = h.device_major()?.unwrap_or(0);
-                let minor = h.device_minor()?.unwrap_or(0);
+                // A FIFO has no device number (GNU tar leaves the fields blank).
+                let (major, minor) = match kind {
+                    Kind::Fifo => (0, 0),
+                    _ => (
+                        h.device_major()?.unwrap_or(0),
+                        h.device_minor()?.unwrap_or(0),
+                    ),
+                };
                 let rdev = (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12);
                 let ft = match kind {
                     Kind::Char => 0o020000,
