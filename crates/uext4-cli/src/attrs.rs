@@ -473,7 +473,7 @@ mod tests {
         assert!(parse_date("yesterday").is_err());
         assert_eq!(parse_stamp("202311142213.20").unwrap().sec, 1_700_000_000);
         assert_eq!(parse_stamp("2311142213.20").unwrap().sec, 1_700_000_000);
-        assert!(parse_stamp("23111422").is_ok());
+        assert!(parse_stamp("11142213").is_ok());
         assert!(parse_stamp("2311x42213").is_err());
     }
 }

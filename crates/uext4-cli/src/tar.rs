@@ -775,7 +775,7 @@ impl<'a> Unpacker<'a> {
             std::io::copy(&mut (&mut r).take(pad), &mut std::io::sink())?;
         } else if let Some(m) = get("GNU.sparse.map") {
             let v: Vec<u64> = m.split(|&b| b == b',').map(num).collect::<Result<_>>()?;
-            if v.len() % 2 != 0 {
+            if !v.len().is_multiple_of(2) {
                 bail!("bad sparse map");
             }
             map = v.chunks(2).map(|c| (c[0], c[1])).collect();
