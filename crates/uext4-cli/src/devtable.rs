@@ -64,6 +64,10 @@ pub fn parse_line(l: &str) -> Result<Option<Line>> {
         t => bail!("type {t:?}: use f, d, c, b or p"),
     };
     let mode = num(2, 8, "mode")?;
+    let (start, count) = (num(7, 10, "start")?, num(9, 10, "count")?);
+    if count.saturating_sub(start) > 1 << 16 {
+        bail!("count {count}: more than 65536 nodes from one line");
+    }
     if mode > 0o7777 {
         bail!("mode {:o}: only permission, set-id and sticky bits", mode);
     }
@@ -75,9 +79,9 @@ pub fn parse_line(l: &str) -> Result<Option<Line>> {
         gid: num(4, 10, "gid")?,
         major: num(5, 10, "major")?,
         minor: num(6, 10, "minor")?,
-        start: num(7, 10, "start")?,
+        start,
         inc: num(8, 10, "inc")?,
-        count: num(9, 10, "count")?,
+        count,
     }))
 }
 
