@@ -11,14 +11,15 @@
 use crate::tools::{image_arg, open, parse_size, Img, Within};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use uext4::blockdev::{is_nbd_uri, open_image, BlockDevice, FileDevice, Region, RegionDevice};
 use uext4::MountOptions;
 
 #[derive(Args)]
 pub struct MkfsArgs {
-    /// Size, like 64M or 2G (default: the existing file's or device's size).
+    /// Size, like 64M or 2G (default: the existing file's or device's size); `fit`: the
+    /// smallest that holds what -d gives with --fit-free per cent free.
     #[arg(long)]
     size: Option<String>,
     /// 1024 or 4096 (default: as mke2fs, 1024 below 512 MiB, else 4096)
@@ -53,10 +54,23 @@ pub struct MkfsArgs {
     /// Per cent of blocks reserved for the superuser (as mke2fs -m; default 5).
     #[arg(short = 'm')]
     reserved_percent: Option<f64>,
-    /// Fill the new filesystem from this directory (as mke2fs -d): its contents become the
-    /// root's, with modes, owners, times (ns), xattrs, hard links, holes and special files.
+    /// Fill the new filesystem from this directory or tar archive (plain, gzip or zstd; `-`
+    /// reads it from stdin), as mke2fs -d: its contents become the root's, with modes, owners,
+    /// times (ns), xattrs, hard links, holes and special files.
     #[arg(short = 'd')]
     root_dir: Option<PathBuf>,
+    /// Every file owned by root (0:0) whatever the tree or archive says (genext2fs's -U);
+    /// modes are kept. A device table (-D) and -E root_owner= still set the owners they name.
+    #[arg(long = "all-root", alias = "squash-uids")]
+    all_root: bool,
+    /// A genext2fs-style device table applied after filling: NAME TYPE MODE UID GID MAJOR
+    /// MINOR START INC COUNT per line (device nodes and owners without root).
+    #[arg(short = 'D', long = "devtable")]
+    devtable: Option<PathBuf>,
+    /// With --size fit: the share of blocks and inodes left free after filling, in per cent
+    /// (besides the -m reserve).
+    #[arg(long = "fit-free", default_value_t = 10.0)]
+    fit_free: f64,
     /// Overwrite a filesystem that is already there (without it, mkfs refuses).
     #[arg(short = 'F', long)]
     force: bool,
@@ -124,7 +138,48 @@ fn holds_ext4(dev: &dyn BlockDevice) -> bool {
         && u16::from_le_bytes(magic) == 0xEF53
 }
 
-pub fn run(a: MkfsArgs) -> Result<()> {
+/// mke2fs's choices for `size` with the command line's sizing options.
+fn sizing(a: &MkfsArgs, size: u64, features: &uext4::mkfs::FeatureSet) -> uext4::mkfs::MkfsOptions {
+    let mut o = uext4::mkfs::MkfsOptions::like_mke2fs(size, a.block_size);
+    o.journal_blocks = a
+        .journal_size
+        .map(|m| ((m as u64) << 20).div_ceil(o.block_size as u64) as u32);
+    if let Some(i) = a.inode_ratio {
+        o.inode_ratio = i;
+    }
+    if let Some(i) = a.inode_size {
+        o.inode_size = i;
+    }
+    o.inodes = a.inodes;
+    if let Some(m) = a.reserved_percent {
+        o.reserved_percent = m;
+    }
+    o.features = features.clone();
+    o
+}
+
+/// `--size fit`: the size that holds the input (see fit.rs).
+fn fit_size(a: &MkfsArgs, features: &uext4::mkfs::FeatureSet) -> Result<u64> {
+    let Some(d) = &a.root_dir else {
+        bail!("--size fit needs -d DIR or -d ARCHIVE");
+    };
+    if d == Path::new("-") {
+        bail!("--size fit reads the input twice: give the archive as a file, not stdin");
+    }
+    if !(0.0..100.0).contains(&a.fit_free) {
+        bail!("--fit-free {}: a per cent from 0 to below 100", a.fit_free);
+    }
+    let isize = a.inode_size.unwrap_or(256);
+    let need = if d.is_dir() {
+        crate::fit::measure_tree(d, isize, features.extents)
+    } else {
+        crate::fit::measure_archive(d, isize, features.extents)
+    }
+    .with_context(|| format!("-d {}", d.display()))?;
+    crate::fit::fit(&need, a.fit_free, &|size| sizing(a, size, features))
+}
+
+pub fn run(mut a: MkfsArgs) -> Result<()> {
     // Options first: a wrong one leaves no file behind.
     let mut features = uext4::mkfs::FeatureSet::for_type(&a.fs_type)?;
     if let Some(f) = &a.features {
@@ -137,13 +192,28 @@ pub fn run(a: MkfsArgs) -> Result<()> {
     let uuid = a.uuid.as_deref().map(|u| parse_uuid(u, "-U")).transpose()?;
     let epoch = source_date_epoch()?;
     if let Some(d) = &a.root_dir {
-        if !d.is_dir() {
-            bail!("-d {}: not a directory", d.display());
+        if !d.is_dir() && !crate::tar::is_archive(d) {
+            bail!(
+                "-d {}: neither a directory nor an archive file",
+                d.display()
+            );
         }
     }
+    if a.size.as_deref() == Some("fit") {
+        let img = image_arg(&a.image)?;
+        if img.within != Within::Whole || is_nbd_uri(&img.path) {
+            bail!("--size fit makes an image file (not a partition, a region or an export)");
+        }
+        a.size = Some(fit_size(&a, &features)?.to_string());
+    }
+    let devtable = a
+        .devtable
+        .as_deref()
+        .map(crate::devtable::read)
+        .transpose()?;
     let img = image_arg(&a.image)?;
     let created = !img.path.exists() && !is_nbd_uri(&img.path);
-    let r = build(&a, &img, features, ext, uuid, epoch);
+    let r = build(&a, &img, features, ext, uuid, epoch, devtable);
     if r.is_err() && created {
         // A failed mkfs leaves nothing of its own behind.
         let _ = std::fs::remove_file(&img.path);
@@ -158,6 +228,7 @@ fn build(
     ext: Extended,
     uuid: Option<[u8; 16]>,
     epoch: Option<i64>,
+    devtable: Option<Vec<(usize, crate::devtable::Line)>>,
 ) -> Result<()> {
     // Held until the new filesystem is written: no one else writes the image meanwhile. (An
     // NBD export has nothing local to claim: its server decides who writes it.)
@@ -183,20 +254,7 @@ fn build(
         );
     }
     let label = a.label.clone().unwrap_or_default();
-    let mut o = uext4::mkfs::MkfsOptions::like_mke2fs(size, a.block_size);
-    o.journal_blocks = a
-        .journal_size
-        .map(|m| ((m as u64) << 20).div_ceil(o.block_size as u64) as u32);
-    if let Some(i) = a.inode_ratio {
-        o.inode_ratio = i;
-    }
-    if let Some(i) = a.inode_size {
-        o.inode_size = i;
-    }
-    o.inodes = a.inodes;
-    if let Some(m) = a.reserved_percent {
-        o.reserved_percent = m;
-    }
+    let mut o = sizing(a, size, &features);
     o.uuid = uuid.or(epoch.map(|e| derived_uuid(e, &label, "uuid")));
     o.hash_seed = ext
         .hash_seed
@@ -207,10 +265,9 @@ fn build(
     o.root_owner = ext.root_owner.unwrap_or_else(crate::tools::caller);
     o.label = label;
     o.assume_zeroed = fresh;
-    o.features = features;
     uext4::mkfs::mkfs(&*dev, &o).with_context(|| img.name())?;
     drop(dev);
-    if let Some(d) = &a.root_dir {
+    if a.root_dir.is_some() || a.all_root || devtable.is_some() {
         let fs = uext4::Fs::open_path(
             &img.path,
             MountOptions {
@@ -221,7 +278,24 @@ fn build(
             },
         )
         .with_context(|| img.name())?;
-        let r = crate::tools::copy_host_contents(&fs, d, fs.root_ino());
+        let r = match &a.root_dir {
+            Some(d) if d.is_dir() => crate::tools::copy_host_contents(&fs, d, fs.root_ino()),
+            Some(d) => {
+                let mut u = crate::tar::Unpacker::new(&fs, fs.root_ino());
+                u.unpack(d).and_then(|()| u.finish())
+            }
+            None => Ok(()),
+        };
+        let r = r.with_context(|| {
+            format!(
+                "-d {}",
+                a.root_dir.as_deref().unwrap_or(Path::new("")).display()
+            )
+        });
+        let r = r.and_then(|()| match a.all_root {
+            true => crate::attrs::squash_owners(&fs, fs.root_ino()),
+            false => Ok(()),
+        });
         // An explicit root_owner wins over the directory's own owner.
         let r = r.and_then(|()| match ext.root_owner {
             Some((uid, gid)) => {
@@ -236,8 +310,12 @@ fn build(
             }
             None => Ok(()),
         });
+        let r = r.and_then(|()| match (&a.devtable, &devtable) {
+            (Some(p), Some(t)) => crate::devtable::apply(&fs, p, t),
+            _ => Ok(()),
+        });
         let u = fs.unmount();
-        r.with_context(|| format!("-d {}", d.display()))?;
+        r?;
         u.with_context(|| img.name())?;
     }
     summary(img, region, &o)

@@ -41,6 +41,10 @@ pub enum ToolCmd {
     Cp {
         #[arg(short = 'r', short_alias = 'R')]
         recursive: bool,
+        /// The sources are tar archives (plain, gzip or zstd; `-` is stdin), unpacked in
+        /// order into the image directory DST as they say (owners, devices, xattrs, holes).
+        #[arg(long = "from-tar")]
+        from_tar: bool,
         #[arg(required = true, num_args = 2..)]
         paths: Vec<String>,
     },
@@ -69,6 +73,47 @@ pub enum ToolCmd {
     },
     /// Show a file's attributes: IMAGE:PATH.
     Stat { path: String },
+    /// Change permissions: MODE (octal, or symbolic as u+x,go-w) IMAGE:PATH.
+    Chmod {
+        #[arg(short = 'R')]
+        recursive: bool,
+        #[arg(allow_hyphen_values = true)]
+        mode: String,
+        path: String,
+    },
+    /// Change the owner: UID[:GID] (numeric) IMAGE:PATH.
+    Chown {
+        #[arg(short = 'R')]
+        recursive: bool,
+        /// Change a symlink itself, not what it points to.
+        #[arg(short = 'h', long = "no-dereference")]
+        no_deref: bool,
+        owner: String,
+        path: String,
+    },
+    /// Set a file's access and modification times (now, or as -d, -t or -r say); a missing
+    /// file is made, as touch(1) makes it, unless -c.
+    Touch {
+        /// Only the access time.
+        #[arg(short = 'a')]
+        atime: bool,
+        /// Only the modification time.
+        #[arg(short = 'm')]
+        mtime: bool,
+        /// Do not create a missing file.
+        #[arg(short = 'c', long = "no-create")]
+        no_create: bool,
+        /// A date: @SECONDS, YYYY-MM-DD[ HH:MM[:SS[.NS]]][Z|+HH:MM] (UTC unless a zone).
+        #[arg(short = 'd', long = "date")]
+        date: Option<String>,
+        /// A stamp: [[CC]YY]MMDDhhmm[.ss] (UTC).
+        #[arg(short = 't')]
+        stamp: Option<String>,
+        /// The times of this file (a host path or IMAGE:PATH).
+        #[arg(short = 'r', long = "reference")]
+        reference: Option<String>,
+        path: String,
+    },
     /// Set a file's size: IMAGE:PATH (a missing file is made, as truncate(1) makes it;
     /// with -c it is left missing).
     Truncate {
@@ -94,6 +139,9 @@ impl ToolCmd {
             ToolCmd::Mv { .. } => "mv",
             ToolCmd::Ln { .. } => "ln",
             ToolCmd::Stat { .. } => "stat",
+            ToolCmd::Chmod { .. } => "chmod",
+            ToolCmd::Chown { .. } => "chown",
+            ToolCmd::Touch { .. } => "touch",
             ToolCmd::Truncate { .. } => "truncate",
         }
     }
@@ -247,7 +295,7 @@ pub fn fs_region_of(img: &Img) -> Result<Option<Region>> {
 }
 
 /// Opens the filesystem `img` names (see [`Img::fs_region`]).
-fn open_img(img: &Img, read_only: bool) -> Result<Arc<Fs>> {
+pub(crate) fn open_img(img: &Img, read_only: bool) -> Result<Arc<Fs>> {
     let region = img.fs_region()?;
     open(&img.path, region, read_only)
 }
@@ -388,7 +436,7 @@ fn parse_loc(s: &str) -> Result<Loc> {
     Ok(Loc::Host(PathBuf::from(s)))
 }
 
-fn image_loc(s: &str) -> Result<(Img, String)> {
+pub(crate) fn image_loc(s: &str) -> Result<(Img, String)> {
     match parse_loc(s)? {
         Loc::Image(i, p) => Ok((i, p)),
         Loc::Host(_) => match s.split_once(':') {
@@ -437,7 +485,7 @@ pub(crate) fn caller() -> (u32, u32) {
 }
 
 /// The process umask (read by setting and restoring it).
-fn umask() -> u32 {
+pub(crate) fn umask() -> u32 {
     // SAFETY: umask only swaps the process's mask.
     unsafe {
         let m = libc::umask(0o022);
@@ -447,7 +495,7 @@ fn umask() -> u32 {
 }
 
 /// Leaves the image clean; the operation's own error comes first when both fail.
-fn finish(fs: &Fs, image: &Path, r: Result<()>) -> Result<()> {
+pub(crate) fn finish(fs: &Fs, image: &Path, r: Result<()>) -> Result<()> {
     let u = fs.unmount();
     r?;
     u.with_context(|| image.display().to_string())
@@ -455,11 +503,11 @@ fn finish(fs: &Fs, image: &Path, r: Result<()>) -> Result<()> {
 
 /// Walks `path` from the root, following symlinks in the middle (and at the end with
 /// `follow`). Returns the inode.
-fn resolve(fs: &Fs, path: &str, follow: bool) -> uext4::Result<u32> {
+pub(crate) fn resolve(fs: &Fs, path: &str, follow: bool) -> uext4::Result<u32> {
     resolve_from(fs, 2, path, follow, &mut 0)
 }
 
-fn resolve_from(
+pub(crate) fn resolve_from(
     fs: &Fs,
     start: u32,
     path: &str,
@@ -489,7 +537,7 @@ fn resolve_from(
 }
 
 /// Splits "a/b/c" into the parent's inode and "c".
-fn parent_of(fs: &Fs, path: &str) -> Result<(u32, Vec<u8>)> {
+pub(crate) fn parent_of(fs: &Fs, path: &str) -> Result<(u32, Vec<u8>)> {
     let trimmed = path.trim_end_matches('/');
     let (dir, name) = match trimmed.rsplit_once('/') {
         Some((d, n)) => (if d.is_empty() { "/" } else { d }, n),
@@ -513,8 +561,15 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
         ToolCmd::Info { image } => info(&image),
         ToolCmd::Ls { long, path } => ls(&path, long),
         ToolCmd::Cat { path } => cat(&path),
-        ToolCmd::Cp { recursive, paths } => {
+        ToolCmd::Cp {
+            recursive,
+            from_tar,
+            paths,
+        } => {
             let (dst, srcs) = paths.split_last().expect("clap asks for two paths or more");
+            if from_tar {
+                return crate::tar::cp_from_tar(srcs, dst);
+            }
             if srcs.len() > 1 && !is_directory(dst)? {
                 bail!("{dst}: target is not a directory (several sources go into a directory)");
             }
@@ -536,6 +591,36 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
             link,
         } => ln(&target, &link, symbolic),
         ToolCmd::Stat { path } => stat(&path),
+        ToolCmd::Chmod {
+            recursive,
+            mode,
+            path,
+        } => crate::attrs::chmod(&mode, &path, recursive),
+        ToolCmd::Chown {
+            recursive,
+            no_deref,
+            owner,
+            path,
+        } => crate::attrs::chown(&owner, &path, recursive, no_deref),
+        ToolCmd::Touch {
+            atime,
+            mtime,
+            no_create,
+            date,
+            stamp,
+            reference,
+            path,
+        } => crate::attrs::touch(
+            &crate::attrs::TouchArgs {
+                atime_only: atime,
+                mtime_only: mtime,
+                no_create,
+                date,
+                stamp,
+                reference,
+            },
+            &path,
+        ),
         ToolCmd::Truncate {
             size,
             no_create,
@@ -1069,7 +1154,7 @@ fn mkdir(path: &str, parents: bool) -> Result<()> {
 /// The error for a directory that a recursive walk reaches a second time: in a sound image
 /// every directory has one parent, so this is a cycle or a hard-linked directory made by
 /// corruption. Recursing on would never end.
-fn directory_cycle(ino: u32) -> Error {
+pub(crate) fn directory_cycle(ino: u32) -> Error {
     Error::corrupt(format!(
         "directory inode {ino} is reached twice (a directory cycle or a hard-linked directory); run e2fsck -f"
     ))
@@ -1154,7 +1239,7 @@ fn mv(src: &str, dst: &str) -> Result<()> {
 /// Makes room for a non-directory called `name` in `dir`, as cp(1) does: an existing
 /// non-directory there goes; an existing directory is an error. (Re-copying a tree over an
 /// earlier copy stopped with "file exists" at its first symlink or second hard link.)
-fn make_room(fs: &Fs, dir: u32, name: &[u8]) -> Result<()> {
+pub(crate) fn make_room(fs: &Fs, dir: u32, name: &[u8]) -> Result<()> {
     match fs.lookup(dir, name) {
         Ok(a) if a.is_dir() => bail!(
             "cannot overwrite directory {} with a non-directory",
@@ -1288,7 +1373,7 @@ fn ts(sec: i64, nsec: i64) -> Timestamp {
 }
 
 /// Host data segments of a file: (offset, length), via SEEK_DATA/SEEK_HOLE.
-fn host_segments(f: &std::fs::File, size: u64) -> Vec<(u64, u64)> {
+pub(crate) fn host_segments(f: &std::fs::File, size: u64) -> Vec<(u64, u64)> {
     use std::os::unix::io::AsRawFd;
     let mut out = Vec::new();
     let mut pos: i64 = 0;
@@ -1458,7 +1543,7 @@ pub(crate) fn copy_host_contents(fs: &Fs, src: &Path, dir: u32) -> Result<()> {
 }
 
 /// The extended attributes of a host path (not following a symlink): (name, value) pairs.
-fn host_xattrs(p: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+pub(crate) fn host_xattrs(p: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     use std::ffi::CString;
     let c = CString::new(p.as_os_str().as_bytes())?;
     let mut names = vec![0u8; 4096];
