@@ -2103,3 +2103,34 @@ fn removed_open_inodes_stay_usable_until_closed() {
     e.umount();
     e.fsck();
 }
+
+/// The server `uext4 mount` starts in the background does not keep the caller's working
+/// directory: started from inside another mount, it must not hold that mount busy (fstests'
+/// scratch mounts, made from inside the test mount, left it impossible to unmount).
+#[test]
+fn background_server_leaves_the_callers_directory() {
+    if !usable() {
+        return;
+    }
+    let a = Env::new("cwda");
+    let b = Env::new("cwdb");
+    a.mount();
+    let o = Command::new(bin())
+        .arg("mount")
+        .arg(&b.img)
+        .arg(&b.mnt)
+        .current_dir(&a.mnt)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("umount").arg(&a.mnt).output().unwrap();
+    assert!(
+        o.status.success(),
+        "umount of the caller's directory's mount: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    wait_server_gone(&a.img);
+    b.umount();
+    a.fsck();
+    b.fsck();
+}
