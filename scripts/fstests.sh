@@ -9,6 +9,8 @@
 #   --systems uext4,ext4,fuse2fs          which systems to run the list on (default: uext4;
 #                                         ext4 is the kernel's, on loop devices)
 #   --all                                 the same as --systems uext4,ext4,fuse2fs
+#   --report                              runs nothing: prints the table of the last (or the
+#                                         running) run of that list and those systems
 #
 # Prints one table (pass / fail / not run per system) and, for uext4, the reason for every
 # failure and not-run. Exits non-zero when a uext4 test fails that tests/fstests-expected.txt
@@ -35,15 +37,17 @@ repo=$(pwd)
 
 list_mode=ci
 systems=uext4
+report=0
 tests=()
 while [ $# -gt 0 ]; do
   case $1 in
     --long) list_mode=quick ;;
     --auto) list_mode=auto ;;
     --all) systems=uext4,ext4,fuse2fs ;;
+    --report) report=1 ;;
     --systems) systems=$2; shift ;;
     --systems=*) systems=${1#--systems=} ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     -*) echo "scripts/fstests.sh: unknown option $1" >&2; exit 2 ;;
     *) tests+=("$1"); list_mode=args ;;
   esac
@@ -133,7 +137,7 @@ for s in "${syslist[@]}"; do
 done
 
 U=${UEXT4_BIN:-${CARGO_TARGET_DIR:-target}/release/uext4}
-case " ${syslist[*]} " in
+[ $report = 1 ] || case " ${syslist[*]} " in
   *" uext4 "*)
     cargo build --release -q -p uext4-cli || exit 1
     # mount -t fuse.uext4 needs the helper (/sbin/mount.fuse.uext4): install this build.
@@ -161,7 +165,7 @@ cleanup() {
   done
   for l in "${loops[@]}"; do losetup -d "$l" 2>/dev/null; done
 }
-trap cleanup EXIT
+[ $report = 1 ] || trap cleanup EXIT
 
 # Makes an image of system $1 at $2 with size $3.
 mkimage() {
@@ -203,7 +207,8 @@ setup_system() {
       truncate -s "$test_size" "$tdev"; truncate -s "$scratch_size" "$sdev"
       tdev=$(losetup -f --show "$d/test.img") || return 1; loops+=("$tdev")
       sdev=$(losetup -f --show "$d/scratch.img") || return 1; loops+=("$sdev")
-      mke2fs -q -F -t ext4 "$tdev" || return 1 ;;
+      mke2fs -q -F -t ext4 "$tdev" || return 1
+      mke2fs -q -F -t ext4 "$sdev" || return 1 ;;
   esac
   devs[$s.test]=$tdev; devs[$s.scratch]=$sdev
   cat > "$d/config" <<CFG
@@ -249,6 +254,7 @@ run_one() {
   esac
   (cd "$fst" && HOST_OPTIONS=$d/config timeout "$per_test_timeout" ./check "$t") > "$d/check.log" 2>&1
   local rc=$?
+  cp "$d/check.log" "$res.check.log" 2>/dev/null
   unmount_all "$s"
   if [ "$s" != ext4 ]; then
     wait_released "$s" "${devs[$s.test]}" || why="server did not release the test image; "
@@ -271,13 +277,13 @@ run_one() {
   # did not ask for it to go unchecked).
   local f
   if ! f=$(fsck_image "${devs[$s.test]}"); then st=fail; why="$f; $why"; fi
-  if grep -q "_require_scratch" "$fst/tests/$t" && ! grep -q "_require_scratch_nocheck" "$fst/tests/$t"; then
+  if [ "$st" != notrun ] && grep -q "_require_scratch" "$fst/tests/$t" && ! grep -q "_require_scratch_nocheck" "$fst/tests/$t"; then
     if ! f=$(fsck_image "${devs[$s.scratch]}"); then st=fail; why="$f; $why"; fi
   fi
   status[$s.$t]=$st; reason[$s.$t]=$why
 }
 
-for s in "${syslist[@]}"; do
+[ $report = 1 ] || for s in "${syslist[@]}"; do
   setup_system "$s" || { echo "cannot set up $s"; exit 1; }
 done
 # The systems run side by side, each through the list in order, each in its own directories.
@@ -293,11 +299,12 @@ run_system() {
 }
 t0=$SECONDS
 pids=()
-for s in "${syslist[@]}"; do
+[ $report = 1 ] || for s in "${syslist[@]}"; do
   run_system "$s" & pids+=($!)
 done
-wait "${pids[@]}"
+[ ${#pids[@]} = 0 ] || wait "${pids[@]}"
 for s in "${syslist[@]}"; do
+  [ -f "$work/$s/status.tsv" ] || continue
   while IFS=$'\t' read -r t st why; do
     status[$s.$t]=$st; reason[$s.$t]=$why
   done < "$work/$s/status.tsv"
@@ -310,7 +317,7 @@ for s in "${syslist[@]}"; do line+=$(printf ' %-7s' "$s"); done
 echo "$line"
 for t in "${tests[@]}"; do
   line=$(printf '%-13s' "$t")
-  for s in "${syslist[@]}"; do line+=$(printf ' %-7s' "${status[$s.$t]:-?}"); done
+  for s in "${syslist[@]}"; do line+=$(printf ' %-7s' "${status[$s.$t]:--}"); done
   echo "$line"
 done
 echo
@@ -330,8 +337,8 @@ case " ${syslist[*]} " in
     echo
     echo "uext4, every test that did not pass (E: listed in $expected):"
     for t in "${tests[@]}"; do
-      st=${status[uext4.$t]}
-      [ "$st" = pass ] && continue
+      st=${status[uext4.$t]:-}
+      [ -z "$st" ] || [ "$st" = pass ] && continue
       listed=$(awk -v t="$t" -v st="$st" '$1 == t && $2 == st' "$expected" 2>/dev/null)
       mark=" "; [ -n "$listed" ] && mark=E
       printf '%s %-13s %-6s %s\n' "$mark" "$t" "$st" "${reason[uext4.$t]}"
