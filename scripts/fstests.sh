@@ -26,9 +26,11 @@
 # snapshot ../shared/fstests/fstests.tar.gz beside the repository (CI machines cannot download;
 # this is the only place the project looks outside itself, and only for this test input, never
 # when the product runs); else the script skips. It is built once into
-# ${XDG_CACHE_HOME:-$HOME/.cache}/uext4-fstests (FSTESTS_CACHE) and reused while the source is
+# /var/tmp/uext4-fstests (FSTESTS_CACHE) and reused while the source is
 # the same. Build dependencies are installed with apt-get when missing (as root).
-# Images live in FSTESTS_WORK (default: a directory under the cache); FSTESTS_TEST_SIZE and
+# Images and mount points live in FSTESTS_WORK (default: a directory under the cache); both must
+# be reachable by fstests' unprivileged users (fsgqa runs fstests' helpers on the mounts), so
+# the default cache is /var/tmp/uext4-fstests rather than root's home. FSTESTS_TEST_SIZE and
 # FSTESTS_SCRATCH_SIZE set their sizes (4G each by default, sparse).
 # Needs root, /dev/fuse and loop devices; skips with a message otherwise.
 set -uo pipefail
@@ -68,8 +70,9 @@ if [ -z "$src" ] || [ ! -e "$src" ]; then
   exit 0
 fi
 
-cache=${FSTESTS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/uext4-fstests}
+cache=${FSTESTS_CACHE:-/var/tmp/uext4-fstests}
 mkdir -p "$cache"
+chmod 755 "$cache"
 
 need=()
 for pair in make:make gcc:gcc autoconf:autoconf automake:automake libtoolize:libtool-bin \
@@ -198,6 +201,7 @@ declare -A devs
 setup_system() {
   local s=$1 d=$work/$1
   rm -rf "$d"; mkdir -p "$d/test" "$d/scratch" "$d/results"
+  chmod 755 "$work" "$d"
   local tdev=$d/test.img sdev=$d/scratch.img fstyp=fuse subtyp="" opts="-o allow_other"
   case $s in
     uext4) subtyp=.uext4; mkimage uext4 "$tdev" "$test_size" || return 1 ;;
@@ -222,6 +226,32 @@ export TEST_FS_MOUNT_OPTS="$opts"
 export MOUNT_OPTIONS="$opts"
 export RESULT_BASE=$d/results
 CFG
+  # `mount -o remount,ro` of a FUSE mount goes to its mount helper, which cannot remount;
+  # the kernel's FUSE remounts read-only through mount(2) itself, which mount -i makes (as
+  # scripts/pjdfstest.sh does). fstests finds this mount first in its PATH.
+  if [ "$fstyp" = fuse ]; then
+    mkdir -p "$d/bin"
+    cat > "$d/bin/mount" <<SH
+#!/bin/sh
+case " \$* " in *remount*) exec $(command -v mount) -i "\$@";; esac
+exec $(command -v mount) "\$@"
+SH
+    chmod 755 "$d/bin/mount"
+    # The systems run side by side, and a df or statfs of every mount (fstests runs them)
+    # holds a FUSE mount for as long as its server takes to answer: an unmount in that
+    # moment fails with "target is busy" though nothing uses the mount. Retried for 5 s.
+    cat > "$d/bin/umount" <<SH
+#!/bin/sh
+i=0
+while :; do
+  err=\$($(command -v umount) "\$@" 2>&1) && exit 0
+  case \$err in *busy*) [ \$i -lt 25 ] || break; i=\$((i + 1)); sleep 0.2 ;; *) break ;; esac
+done
+echo "\$err" >&2
+exit 32
+SH
+    chmod 755 "$d/bin/umount"
+  fi
   # fstests compares the type df shows with FSTYP; the kernel shows a FUSE mount with a subtype
   # as fuse.SUBTYPE (fuse.uext4, fuse.ext4 for fuse2fs), which fstests' FSTYP=fuse does not
   # expect: its df goes through this filter, which shows those as fuse.
@@ -252,7 +282,7 @@ run_one() {
   case $s in
     uext4|fuse2fs) mkimage "$s" "${devs[$s.scratch]}" "$scratch_size" || { status[$s.$t]=fail; reason[$s.$t]="cannot make the scratch image"; return; } ;;
   esac
-  (cd "$fst" && HOST_OPTIONS=$d/config timeout "$per_test_timeout" ./check "$t") > "$d/check.log" 2>&1
+  (cd "$fst" && PATH="$d/bin:$PATH" HOST_OPTIONS=$d/config timeout "$per_test_timeout" ./check "$t") > "$d/check.log" 2>&1
   local rc=$?
   cp "$d/check.log" "$res.check.log" 2>/dev/null
   unmount_all "$s"
