@@ -355,11 +355,11 @@ printf '%-8s %5s %5s %7s\n' system pass fail "not run"
 for s in "${syslist[@]}"; do
   p=0 f=0 n=0
   for t in "${tests[@]}"; do
-    case ${status[$s.$t]} in pass) p=$((p + 1)) ;; fail) f=$((f + 1)) ;; notrun) n=$((n + 1)) ;; esac
+    case ${status[$s.$t]:-} in pass) p=$((p + 1)) ;; fail) f=$((f + 1)) ;; notrun) n=$((n + 1)) ;; esac
   done
   printf '%-8s %5d %5d %7d\n' "$s" $p $f $n
 done
-echo "(${#tests[@]} tests, $((SECONDS - t0)) s)"
+if [ $report = 1 ]; then echo "(${#tests[@]} tests in the list; - : not run yet)"; else echo "(${#tests[@]} tests, $((SECONDS - t0)) s)"; fi
 
 rc=0
 case " ${syslist[*]} " in
@@ -375,7 +375,7 @@ case " ${syslist[*]} " in
       if [ "$st" = fail ] && [ -z "$listed" ]; then rc=1; fi
     done
     for t in "${tests[@]}"; do
-      if [ "${status[uext4.$t]}" = pass ] && awk -v t="$t" '$1 == t && $2 == "fail" {f=1} END {exit !f}' "$expected" 2>/dev/null; then
+      if [ "${status[uext4.$t]:-}" = pass ] && awk -v t="$t" '$1 == t && $2 == "fail" {f=1} END {exit !f}' "$expected" 2>/dev/null; then
         echo "  $t passes now: remove it from $expected"
       fi
     done
