@@ -66,6 +66,13 @@ suite "scripts/demo.sh" env UEXT4_DEMO_KEEP=0 bash scripts/demo.sh
 for s in scripts/pjdfstest.sh scripts/workloads.sh; do
   [ -f "$s" ] && suite "$s" bash "$s"
 done
+# fstests (xfstests) through a uext4 mount: the bounded list (tests/fstests-ci.txt), or
+# generic/quick with --long; e2fsck after every test; skips without the fstests source.
+if [ $long = 1 ]; then
+  suite "scripts/fstests.sh --long" bash scripts/fstests.sh --long
+else
+  suite "scripts/fstests.sh" bash scripts/fstests.sh
+fi
 # POSIX behaviour again on an ext3 image (indirect block maps instead of extents).
 suite "scripts/pjdfstest.sh on ext3" env UEXT4_PJDFSTEST_FS=ext3 bash scripts/pjdfstest.sh
 

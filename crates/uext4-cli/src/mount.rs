@@ -329,6 +329,14 @@ fn daemonize(a: &MountArgs, image: &Path, mountpoint: &Path) -> Result<()> {
     cmd.arg(image).arg(mountpoint);
     // Its messages go to the system log once nobody reads its stderr (log.rs).
     cmd.env(crate::log::BACKGROUND_ENV, "1");
+    // In the root directory, as daemons go: the caller's working directory may be inside
+    // another mount, which a server kept there would hold busy until it exits (`cd /mnt/a;
+    // uext4 mount b.img /mnt/b; umount /mnt/a` failed with "target is busy"). The image and
+    // mount point are absolute by now; an NBD URI may name a relative socket path, so the
+    // server for one stays where it was started.
+    if image.is_absolute() {
+        cmd.current_dir("/");
+    }
     cmd.stdin(std::process::Stdio::null())
         .stdout(logf.try_clone()?)
         .stderr(logf);

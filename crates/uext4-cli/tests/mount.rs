@@ -1996,3 +1996,141 @@ fn seeks_and_copies_see_data_only_in_the_kernels_cache() {
         e.fsck();
     }
 }
+
+/// An open directory or file whose last name goes (rmdir, unlink, or a rename over it) stays
+/// usable through its descriptor until the last close, as on the kernel's ext4 (fstests
+/// generic/035): fstat gives its attributes with link count 0, fchmod, fsetxattr and
+/// ftruncate work, nothing can be created in a removed directory; the last close frees it and
+/// the image is clean.
+#[test]
+fn removed_open_inodes_stay_usable_until_closed() {
+    if !usable() {
+        return;
+    }
+    use std::os::unix::io::AsRawFd;
+    let e = Env::new("rmopen");
+    e.mount();
+    let m = &e.mnt;
+    let fstat = |fd: i32| -> libc::stat {
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let r = unsafe { libc::fstat(fd, &mut st) };
+        assert_eq!(r, 0, "fstat: {}", std::io::Error::last_os_error());
+        st
+    };
+    let check_usable = |fd: i32, what: &str| unsafe {
+        let st = fstat(fd);
+        assert_eq!(st.st_nlink, 0, "{what}: link count");
+        assert_eq!(
+            libc::fchmod(fd, 0o700),
+            0,
+            "{what}: fchmod: {}",
+            std::io::Error::last_os_error()
+        );
+        assert_eq!(
+            fstat(fd).st_mode & 0o7777,
+            0o700,
+            "{what}: mode after fchmod"
+        );
+        let v = b"v";
+        let r = libc::fsetxattr(fd, c"user.k".as_ptr(), v.as_ptr().cast(), 1, 0);
+        assert_eq!(
+            r,
+            0,
+            "{what}: fsetxattr: {}",
+            std::io::Error::last_os_error()
+        );
+        let mut buf = [0u8; 8];
+        let n = libc::fgetxattr(fd, c"user.k".as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+        assert_eq!(n, 1, "{what}: fgetxattr");
+    };
+
+    // rmdir of an open directory.
+    let d1 = m.join("d1");
+    std::fs::create_dir(&d1).unwrap();
+    let f1 = std::fs::File::open(&d1).unwrap();
+    std::fs::remove_dir(&d1).unwrap();
+    check_usable(f1.as_raw_fd(), "rmdir");
+    unsafe {
+        let fd = libc::openat(
+            f1.as_raw_fd(),
+            c"new".as_ptr(),
+            libc::O_CREAT | libc::O_WRONLY,
+            0o644,
+        );
+        assert_eq!(
+            errno_of(fd as i64),
+            libc::ENOENT,
+            "create in a removed directory"
+        );
+    }
+    assert!(!d1.exists());
+
+    // A directory renamed over an open one.
+    let (d2, d3) = (m.join("d2"), m.join("d3"));
+    std::fs::create_dir(&d2).unwrap();
+    std::fs::create_dir(&d3).unwrap();
+    let f2 = std::fs::File::open(&d2).unwrap();
+    std::fs::rename(&d3, &d2).unwrap();
+    check_usable(f2.as_raw_fd(), "rename over a directory");
+
+    // A file renamed over an open one, and an unlinked open file: data, size and attributes.
+    let (a, b) = (m.join("a"), m.join("b"));
+    std::fs::write(&a, b"new").unwrap();
+    std::fs::write(&b, vec![7u8; 100_000]).unwrap();
+    let fb = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&b)
+        .unwrap();
+    std::fs::rename(&a, &b).unwrap();
+    check_usable(fb.as_raw_fd(), "rename over a file");
+    fb.set_len(10).unwrap();
+    assert_eq!(fstat(fb.as_raw_fd()).st_size, 10);
+    use std::os::unix::fs::FileExt;
+    fb.write_all_at(b"xyz", 20).unwrap();
+    let mut back = [0u8; 23];
+    fb.read_exact_at(&mut back, 0).unwrap();
+    assert_eq!(&back[..10], &[7u8; 10]);
+    assert_eq!(&back[20..], b"xyz");
+    std::fs::remove_file(&b).unwrap();
+    drop((f1, f2, fb));
+    let mut names: Vec<_> = std::fs::read_dir(m)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["d2", "lost+found"]);
+    e.umount();
+    e.fsck();
+}
+
+/// The server `uext4 mount` starts in the background does not keep the caller's working
+/// directory: started from inside another mount, it must not hold that mount busy (fstests'
+/// scratch mounts, made from inside the test mount, left it impossible to unmount).
+#[test]
+fn background_server_leaves_the_callers_directory() {
+    if !usable() {
+        return;
+    }
+    let a = Env::new("cwda");
+    let b = Env::new("cwdb");
+    a.mount();
+    let o = Command::new(bin())
+        .arg("mount")
+        .arg(&b.img)
+        .arg(&b.mnt)
+        .current_dir(&a.mnt)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("umount").arg(&a.mnt).output().unwrap();
+    assert!(
+        o.status.success(),
+        "umount of the caller's directory's mount: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    wait_server_gone(&a.img);
+    b.umount();
+    a.fsck();
+    b.fsck();
+}

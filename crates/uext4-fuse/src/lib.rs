@@ -1088,16 +1088,38 @@ impl Filesystem for Uext4Fuse {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.getattr(to_ext(ino)) {
+        let ext = to_ext(ino);
+        // Counted open, as a file's open is: a directory removed (rmdir, or a rename over
+        // it) while open stays usable through its descriptor until releasedir (fstat shows
+        // link count 0, fchmod and fsetxattr work), as on the kernel's ext4.
+        match self.fs.getattr(ext).and_then(|a| {
+            if a.is_dir() {
+                self.fs.open(ext).map(|()| true)
+            } else {
+                Ok(false)
+            }
+        }) {
             // The kernel may cache listings; it drops them itself when it changes the
             // directory (all changes come through it).
-            Ok(a) if a.is_dir() => reply.opened(
+            Ok(true) => reply.opened(
                 FileHandle(0),
                 FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
             ),
-            Ok(_) => reply.error(Errno::ENOTDIR),
+            Ok(false) => reply.error(Errno::ENOTDIR),
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        // The last close of a removed directory frees it.
+        empty(self.fs.release(to_ext(ino)), reply);
     }
 
     fn readdir(
