@@ -22,10 +22,9 @@
 # unmounts both, waits for the server to let go, and runs `e2fsck -fn` on both: any complaint
 # fails that test. Each test runs in its own `./check` invocation for that reason.
 #
-# The fstests source: FSTESTS_SRC (a source directory or a .tar.gz of one); else, in CI, the
-# snapshot ../shared/fstests/fstests.tar.gz beside the repository (CI machines cannot download;
-# this is the only place the project looks outside itself, and only for this test input, never
-# when the product runs); else the script skips. It is built once into
+# The fstests source: FSTESTS_SRC (a source directory or a .tar.gz of one: an upstream
+# checkout, or the snapshot .ci/run names for CI, whose machines cannot download); without it
+# the script skips. It is built once into
 # /var/tmp/uext4-fstests (FSTESTS_CACHE) and reused while the source is
 # the same. Build dependencies are installed with apt-get when missing (as root).
 # Images and mount points live in FSTESTS_WORK (default: a directory under the cache); both must
@@ -61,10 +60,6 @@ if [ ! -e /dev/fuse ]; then echo "SKIP: fstests needs /dev/fuse"; exit 0; fi
 
 # --- the fstests source -------------------------------------------------------------------
 src=${FSTESTS_SRC:-}
-if [ -z "$src" ] && [ -f ../shared/fstests/fstests.tar.gz ]; then
-  # CI's snapshot of the test suite (see the header): a test input only.
-  src=$(cd .. && pwd)/shared/fstests/fstests.tar.gz
-fi
 if [ -z "$src" ] || [ ! -e "$src" ]; then
   echo "SKIP: fstests source not found (set FSTESTS_SRC)"
   exit 0
