@@ -290,8 +290,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         why.is_none()
     });
-    if !workloads.is_empty() && !have("fio") {
-        bail!("fio is not installed (apt-get install fio): every workload but the in-process one needs it");
+    let data_family = workloads.iter().any(|w| WORKLOADS.contains(&w.as_str()));
+    let only_in_process = systems
+        .iter()
+        .all(|s| s.starts_with("uext4-lib") || s == "memcpy");
+    if data_family && !only_in_process && !have("fio") {
+        bail!("fio is not installed (apt-get install fio): every system but the in-process ones (uext4-lib*) needs it");
     }
     let parse_jobs = |s: &str| -> Result<Vec<usize>> {
         s.split(',')
