@@ -379,16 +379,7 @@ impl Fs {
             check_dir_live(&d)?;
             let is_dir = mode & S_IFMT == S_IFDIR;
             let now = self.now();
-            let mut raw = self.new_raw_inode();
-            raw.set_mode(mode);
-            raw.set_uid(uid);
-            raw.set_gid(gid);
-            raw.set_links_count(1);
-            raw.set_atime(now);
-            raw.set_mtime(now);
-            raw.set_ctime(now);
-            raw.set_crtime(now);
-            raw.set_generation(self.next_generation());
+            let mut raw = self.fresh_raw_inode(mode, uid, gid, now);
             init(self, &mut raw)?;
             let mut h = self.start(credits::CREATE)?;
             let inode = self.alloc_inode(&mut h, dir, is_dir, raw)?;
@@ -439,6 +430,22 @@ impl Fs {
         self.free_inode(h, inode.ino, is_dir)
     }
 
+    /// The on-disk fields of a new inode: its mode and owner, one link, every time `now`, a
+    /// new generation.
+    fn fresh_raw_inode(&self, mode: u16, uid: u32, gid: u32, now: Timestamp) -> RawInode {
+        let mut raw = self.new_raw_inode();
+        raw.set_mode(mode);
+        raw.set_uid(uid);
+        raw.set_gid(gid);
+        raw.set_links_count(1);
+        raw.set_atime(now);
+        raw.set_mtime(now);
+        raw.set_ctime(now);
+        raw.set_crtime(now);
+        raw.set_generation(self.next_generation());
+        raw
+    }
+
     /// A fresh inode, allocated near `dir` in handle `h` and written whole, with no name yet.
     #[allow(clippy::too_many_arguments)]
     fn new_unnamed_inode(
@@ -451,16 +458,7 @@ impl Fs {
         now: Timestamp,
         init: impl Fn(&Fs, &mut RawInode),
     ) -> Result<InodeRef> {
-        let mut raw = self.new_raw_inode();
-        raw.set_mode(mode);
-        raw.set_uid(uid);
-        raw.set_gid(gid);
-        raw.set_links_count(1);
-        raw.set_atime(now);
-        raw.set_mtime(now);
-        raw.set_ctime(now);
-        raw.set_crtime(now);
-        raw.set_generation(self.next_generation());
+        let mut raw = self.fresh_raw_inode(mode, uid, gid, now);
         init(self, &mut raw);
         let inode = self.alloc_inode(h, dir, false, raw)?;
         let mut ist = inode.state.lock();
