@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need, when missing: e2fsprogs (mke2fs, e2fsck, debugfs),
 # fuse3, fio, xfsprogs (xfs_io), attr, acl and capability tools, fuse2fs (the peer in benchmarks),
+# fuse-overlayfs (the overlay users run over fuse2fs today, in scripts/bench-overlay.sh),
 # gdisk and fdisk (sgdisk and sfdisk make the partitioned disks of the partition tests), nbdkit
 # and qemu-utils (the NBD servers of the NBD backend's tests: nbdkit, qemu-nbd, qemu-img), and
 # pjdfstest (through cargo). Safe to run again; does nothing when all is present.
@@ -17,6 +18,7 @@ command -v getfattr >/dev/null || need+=(attr)
 command -v getfacl >/dev/null || need+=(acl)
 command -v setcap >/dev/null || need+=(libcap2-bin)
 command -v fuse2fs >/dev/null || need+=(fuse2fs)
+command -v fuse-overlayfs >/dev/null || need+=(fuse-overlayfs)
 command -v sgdisk >/dev/null || need+=(gdisk)
 command -v sfdisk >/dev/null || need+=(fdisk)
 command -v nbdkit >/dev/null || need+=(nbdkit)
