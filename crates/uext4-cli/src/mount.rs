@@ -474,7 +474,8 @@ fn serve_foreground(
     let set = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SIGUSR1: the session has ended (raised by the thread that waits for it, below).
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1] {
             libc::sigaddset(&mut set, s);
         }
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
@@ -544,8 +545,18 @@ fn serve_foreground(
         .filter(|id| !before.contains(id))
         .max();
     let fd_mount = uext4_fuse::fd_path(mountpoint).is_some();
+    // The session ends once the kernel lets go of the mount (after the last open file of a
+    // detached mount is closed); the thread that waits for it wakes the loop below at once,
+    // so the image is written back as soon as the mount is gone.
+    let (ended_tx, ended) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = ended_tx.send(session.join());
+        // SAFETY: a signal to our own process; SIGUSR1 is blocked in every thread and taken
+        // by the loop's sigtimedwait.
+        unsafe { libc::kill(libc::getpid(), libc::SIGUSR1) };
+    });
     let still_mounted = || match ours {
-        _ if fd_mount => !session.is_finished(),
+        _ if fd_mount => !waiter.is_finished(),
         Some(id) => uext4_mounts_at(mountpoint).contains(&id),
         None => is_mounted(mountpoint),
     };
@@ -556,6 +567,9 @@ fn serve_foreground(
         };
         // SAFETY: `set` is a valid signal set; a null info pointer is allowed.
         let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
+        if sig == libc::SIGUSR1 {
+            break;
+        }
         if sig > 0 && fd_mount {
             // The caller mounted the descriptor and unmounts it: write everything back and
             // stop serving (the mount answers ENOTCONN until its owner takes it down).
@@ -573,9 +587,7 @@ fn serve_foreground(
             break;
         }
     }
-    // The session ends once the kernel lets go of the mount (after the last open file of a
-    // detached mount is closed).
-    if let Err(e) = session.join() {
+    if let Ok(Err(e)) = ended.recv() {
         tracing::error!("serving {}: {e}", mountpoint.display());
     }
     fs.unmount().context("writing the filesystem back")?;
