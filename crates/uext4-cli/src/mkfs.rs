@@ -14,6 +14,7 @@ use clap::Args;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use uext4::blockdev::{is_nbd_uri, open_image, BlockDevice, FileDevice, Region, RegionDevice};
+use uext4::partition::{identify, Contents};
 use uext4::MountOptions;
 
 #[derive(Args)]
@@ -130,14 +131,6 @@ fn derived_uuid(epoch: i64, label: &str, purpose: &str) -> [u8; 16] {
     *uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes()).as_bytes()
 }
 
-/// Whether the first bytes of `dev` hold an ext2/3/4 superblock.
-fn holds_ext4(dev: &dyn BlockDevice) -> bool {
-    let mut magic = [0u8; 2];
-    dev.size() >= 1082
-        && dev.read_at(1080, &mut magic).is_ok()
-        && u16::from_le_bytes(magic) == 0xEF53
-}
-
 /// mke2fs's choices for `size` with the command line's sizing options.
 fn sizing(a: &MkfsArgs, size: u64, features: &uext4::mkfs::FeatureSet) -> uext4::mkfs::MkfsOptions {
     let mut o = uext4::mkfs::MkfsOptions::like_mke2fs(size, a.block_size);
@@ -247,9 +240,9 @@ fn build(
     } else {
         region_target(a, img)?
     };
-    if !a.force && holds_ext4(&*dev) {
+    if let (false, Contents::Ext { kind, .. }) = (a.force, identify(&*dev)) {
         bail!(
-            "{}: already holds an ext2/3/4 filesystem; give --force to overwrite it",
+            "{}: already holds an {kind} filesystem; give --force to overwrite it",
             img.name()
         );
     }

@@ -269,7 +269,13 @@ fn mkfs_over_tcp_on_the_memory_plugin_then_a_tree_then_e2fsck_of_the_export() {
     let fs = Fs::open_path(Path::new(&srv.uri), ro()).unwrap();
     check_tree(&fs, 3, 7);
     drop(fs);
-    let dev = NbdDevice::open(&srv.uri, true).unwrap();
+    e2fsck_export(&srv.uri);
+}
+
+/// Copies what the export at `uri` holds into a scratch file and runs `e2fsck -fn` on it (a
+/// memory export has no file of its own to check).
+fn e2fsck_export(uri: &str) {
+    let dev = NbdDevice::open(uri, true).unwrap();
     let mut all = vec![0u8; dev.size() as usize];
     dev.read_at(0, &mut all).unwrap();
     let out = scratch("nbd-mem-copy");
@@ -409,6 +415,9 @@ fn block_size_constraints_are_honoured_with_read_modify_write() {
     write_tree(&fs, 2, 7);
     check_tree(&fs, 2, 7);
     fs.unmount().unwrap();
+    drop(fs);
+    drop(dev);
+    e2fsck_export(&srv.uri);
 }
 
 #[test]

@@ -1532,6 +1532,19 @@ impl Drop for PerfCounter {
 
 /// The metadata family's section of the report: seconds per workload and system, uext4's
 /// ratios, e2fsck, and requests per entry where they were counted.
+/// A Markdown table's first two lines: "workload" and one column per item.
+fn table_header<T: std::fmt::Display>(s: &mut String, cols: impl Iterator<Item = T>) {
+    s.push_str("| workload |");
+    let mut n = 0;
+    for c in cols {
+        s.push_str(&format!(" {c} |"));
+        n += 1;
+    }
+    s.push_str("\n|---|");
+    s.push_str(&"---|".repeat(n));
+    s.push('\n');
+}
+
 pub fn report(
     records: &[super::Record],
     tree: &str,
@@ -1586,15 +1599,7 @@ pub fn report(
     };
     let total =
         |sys: &str| -> Option<f64> { workloads.iter().map(|w| secs(sys, w)).sum::<Option<f64>>() };
-    s.push_str("| workload |");
-    for sys in &systems {
-        s.push_str(&format!(" {sys} |"));
-    }
-    s.push_str("\n|---|");
-    for _ in &systems {
-        s.push_str("---|");
-    }
-    s.push('\n');
+    table_header(&mut s, systems.iter());
     let cell = |v: Option<f64>| match v {
         Some(v) => format!(" {v:.3} |"),
         None => " - |".to_string(),
@@ -1621,15 +1626,7 @@ pub fn report(
         }
     }
     if !cols.is_empty() {
-        s.push_str("| workload |");
-        for (a, b) in &cols {
-            s.push_str(&format!(" {a} / {b} |"));
-        }
-        s.push_str("\n|---|");
-        for _ in &cols {
-            s.push_str("---|");
-        }
-        s.push('\n');
+        table_header(&mut s, cols.iter().map(|(a, b)| format!("{a} / {b}")));
         let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) => format!(" {:.2}x |", a / b),
             _ => " - |".to_string(),
@@ -1670,23 +1667,18 @@ pub fn report(
     }
     if repeat > 1 {
         // Every run, so that a noisy machine shows: the median of two is the slower one.
-        s.push_str("Every run, seconds, in measuring order:\n\n| workload |");
-        for sys in &systems {
-            s.push_str(&format!(" {sys} |"));
-        }
-        s.push_str("\n|---|");
-        for _ in &systems {
-            s.push_str("---|");
-        }
-        s.push('\n');
+        s.push_str("Every run, seconds, in measuring order:\n\n");
+        table_header(&mut s, systems.iter());
+        let runs_of = |sys: &str, w: &str| -> Vec<f64> {
+            rs.iter()
+                .find(|r| r.system == sys && r.workload == w)
+                .map(|r| r.runs.clone())
+                .unwrap_or_default()
+        };
         for w in &workloads {
             s.push_str(&format!("| {w} |"));
             for sys in &systems {
-                let runs = rs
-                    .iter()
-                    .find(|r| r.system == *sys && r.workload == *w)
-                    .map(|r| r.runs.clone())
-                    .unwrap_or_default();
+                let runs = runs_of(sys, w);
                 let v: Vec<String> = runs.iter().map(|x| format!("{x:.3}")).collect();
                 s.push_str(&format!(" {} |", v.join(", ")));
             }
@@ -1698,11 +1690,7 @@ pub fn report(
             let sp: Vec<String> = workloads
                 .iter()
                 .map(|w| {
-                    let runs = rs
-                        .iter()
-                        .find(|r| r.system == *sys && r.workload == *w)
-                        .map(|r| r.runs.clone())
-                        .unwrap_or_default();
+                    let runs = runs_of(sys, w);
                     let lo = runs.iter().copied().fold(f64::INFINITY, f64::min);
                     let hi = runs.iter().copied().fold(0.0, f64::max);
                     if lo > 0.0 && lo.is_finite() {
@@ -1723,15 +1711,10 @@ pub fn report(
         .filter(|sys| rs.iter().any(|r| r.system == *sys && r.requests.is_some()))
         .collect();
     if !counted.is_empty() {
-        s.push_str("FUSE requests per entry (perf, fuse:fuse_request_send, a separate untimed run):\n\n| workload |");
-        for sys in &counted {
-            s.push_str(&format!(" {sys} |"));
-        }
-        s.push_str("\n|---|");
-        for _ in &counted {
-            s.push_str("---|");
-        }
-        s.push('\n');
+        s.push_str(
+            "FUSE requests per entry (perf, fuse:fuse_request_send, a separate untimed run):\n\n",
+        );
+        table_header(&mut s, counted.iter());
         for w in &workloads {
             s.push_str(&format!("| {w} |"));
             for sys in &counted {

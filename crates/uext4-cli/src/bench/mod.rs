@@ -786,6 +786,37 @@ impl Ctx {
         Ok(journal_size_of(img))
     }
 
+    /// After a measurement: the engine's counters (uext4 mounts), the mount taken down, and
+    /// e2fsck's verdict on its image (then removed); with the image's journal size.
+    fn take_down(
+        &self,
+        system: &str,
+        m: Mounted,
+    ) -> (Option<serde_json::Value>, String, Option<u32>) {
+        let stats = if system.starts_with("uext4-fuse") {
+            Command::new(&self.exe)
+                .arg("stats")
+                .arg(&m.dir)
+                .output()
+                .ok()
+                .and_then(|o| serde_json::from_slice(&o.stdout).ok())
+        } else {
+            None
+        };
+        let img = m.img.clone();
+        let journal_mib = m.journal_mib;
+        drop(m);
+        let fsck = match &img {
+            Some(i) => {
+                let r = fsck(i);
+                let _ = std::fs::remove_file(i);
+                r
+            }
+            None => "-".into(),
+        };
+        (stats, fsck, journal_mib)
+    }
+
     fn setup(&self, system: &str, w: &str, jobs: usize, journal: Option<u32>) -> Result<Mounted> {
         let mib = self.image_mib(w, jobs);
         let dir = self.base.join(format!("mnt-{system}"));
@@ -1005,27 +1036,7 @@ impl Ctx {
             ))?;
             parse_fio(&out)?
         };
-        let stats = if system.starts_with("uext4-fuse") {
-            Command::new(&self.exe)
-                .arg("stats")
-                .arg(&m.dir)
-                .output()
-                .ok()
-                .and_then(|o| serde_json::from_slice(&o.stdout).ok())
-        } else {
-            None
-        };
-        let img = m.img.clone();
-        let journal_mib = m.journal_mib;
-        drop(m);
-        let fsck = match &img {
-            Some(i) => {
-                let r = fsck(i);
-                let _ = std::fs::remove_file(i);
-                r
-            }
-            None => "-".into(),
-        };
+        let (stats, fsck, journal_mib) = self.take_down(system, m);
         Ok(Record {
             system: system.into(),
             workload: w.into(),
@@ -1084,27 +1095,7 @@ impl Ctx {
                 self.quick,
                 counter.as_mut().map(|c| c as &mut dyn meta::Counter),
             );
-            let stats = if system.starts_with("uext4-fuse") {
-                Command::new(&self.exe)
-                    .arg("stats")
-                    .arg(&m.dir)
-                    .output()
-                    .ok()
-                    .and_then(|o| serde_json::from_slice(&o.stdout).ok())
-            } else {
-                None
-            };
-            let img = m.img.clone();
-            let journal_mib = m.journal_mib;
-            drop(m);
-            let f = match &img {
-                Some(i) => {
-                    let r = fsck(i);
-                    let _ = std::fs::remove_file(i);
-                    r
-                }
-                None => "-".into(),
-            };
+            let (stats, f, journal_mib) = self.take_down(system, m);
             (r?, f, journal_mib, stats)
         };
         let n = timed.len();
