@@ -103,20 +103,16 @@ impl Fs {
         )
     }
 
-    /// Validates one node and loads its extents. `lo`/`hi` bound the logical blocks its parent
-    /// said it covers (`lo` is the parent's key for this node).
-    #[allow(clippy::too_many_arguments)]
-    fn load_node(
+    /// Validates a node's header (and its checksum, for a block) and returns it; `blk` is
+    /// None for the root in i_block.
+    fn check_node(
         &self,
         ino: u32,
         seed: u32,
         data: &[u8],
         blk: Option<u64>,
         want_depth: u16,
-        lo: u64,
-        hi: u64,
-        out: &mut BTreeMap<u32, Extent>,
-    ) -> Result<()> {
+    ) -> Result<ExtentHeader> {
         let b = blk.unwrap_or(0);
         let hdr = ExtentHeader::read(data);
         if hdr.magic != EXTENT_MAGIC {
@@ -159,6 +155,25 @@ impl Fs {
                 }
             }
         }
+        Ok(hdr)
+    }
+
+    /// Validates one node and loads its extents. `lo`/`hi` bound the logical blocks its parent
+    /// said it covers (`lo` is the parent's key for this node).
+    #[allow(clippy::too_many_arguments)]
+    fn load_node(
+        &self,
+        ino: u32,
+        seed: u32,
+        data: &[u8],
+        blk: Option<u64>,
+        want_depth: u16,
+        lo: u64,
+        hi: u64,
+        out: &mut BTreeMap<u32, Extent>,
+    ) -> Result<()> {
+        let b = blk.unwrap_or(0);
+        let hdr = self.check_node(ino, seed, data, blk, want_depth)?;
         let n = hdr.entries as usize;
         let entry =
             |i: usize| &data[HEADER_SIZE + i * ENTRY_SIZE..HEADER_SIZE + (i + 1) * ENTRY_SIZE];
