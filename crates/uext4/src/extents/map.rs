@@ -2,7 +2,8 @@
 //! which physical block holds a file's logical block, and every change to that mapping, goes
 //! through here, which answers from the extent cache and sends changes to the extent tree
 //! (`tree`) or to the indirect block map (`indirect`), whichever the inode uses. Callers never
-//! choose between the two themselves.
+//! choose between the two themselves. Its methods keep the `ext_` names their callers know:
+//! the extents they speak of are the cache's, whichever map stores them.
 
 use super::cache::ExtentCache;
 use super::tree;
@@ -140,6 +141,25 @@ impl Fs {
             return self.blockmap_insert(h, ino, st, e);
         }
         self.tree_insert(h, ino, st, e)
+    }
+
+    /// Converts the unwritten extents in `[start, start+len)` to written. Only a tree has
+    /// unwritten extents.
+    pub(crate) fn ext_mark_written(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+        start: u32,
+        len: u32,
+    ) -> Result<()> {
+        self.ext_load(ino, st)?;
+        if st.extents.as_ref().unwrap().blockmap {
+            return Err(Error::NotSupported(format!(
+                "inode {ino}: unwritten blocks in a file with an indirect block map (not extents)"
+            )));
+        }
+        self.tree_mark_written(h, ino, st, start, len)
     }
 
     /// Whether an inode's data blocks go through the journal (a directory's blocks are

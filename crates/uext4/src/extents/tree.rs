@@ -297,16 +297,6 @@ impl Fs {
         leaves * levels + leaves.div_ceil(half) + 2
     }
 
-    fn writable_tree(&self, ino: u32, st: &mut InodeState) -> Result<()> {
-        self.ext_load(ino, st)?;
-        if st.extents.as_ref().unwrap().blockmap {
-            return Err(Error::NotSupported(format!(
-                "inode {ino}: unwritten blocks in a file with an indirect block map (not extents)"
-            )));
-        }
-        Ok(())
-    }
-
     /// Maps a hole in the tree (checked by `ext_insert`): inserts `e`, merging it with a
     /// contiguous neighbour.
     pub(super) fn tree_insert(
@@ -443,8 +433,8 @@ impl Fs {
         }
     }
 
-    /// Converts the unwritten extents in `[start, start+len)` to written.
-    pub(crate) fn ext_mark_written(
+    /// Converts the unwritten extents in `[start, start+len)` of the tree to written.
+    pub(super) fn tree_mark_written(
         &self,
         h: &mut Handle<'_>,
         ino: u32,
@@ -452,7 +442,6 @@ impl Fs {
         start: u32,
         len: u32,
     ) -> Result<()> {
-        self.writable_tree(ino, st)?;
         let end = start as u64 + len as u64;
         let mut pos = start;
         while (pos as u64) < end {
