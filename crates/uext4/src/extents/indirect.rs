@@ -50,6 +50,21 @@ impl Freer {
     }
 }
 
+/// How many indirect blocks mapping `maps` new pages, the cached ones lying in `span`
+/// (first and last logical block), may allocate at worst: past the twelve direct blocks, a
+/// single indirect block per `bs / 4` blocks of the span, and a double indirect one per
+/// `(bs / 4)^2`, but never more than one per page on either level; and the triple
+/// indirect block.
+pub(super) fn md_need(bs: u64, maps: u64, span: (u64, u64)) -> u64 {
+    let (first, last) = span;
+    if last < 12 {
+        return 0;
+    }
+    let per = bs / 4;
+    let width = last - first.min(last);
+    maps.min(width / per + 2) + maps.min(width / (per * per) + 2) + 1
+}
+
 impl Fs {
     /// Reads the indirect block map of a non-extent file into extents.
     pub(super) fn load_blockmap(
@@ -284,22 +299,6 @@ impl Fs {
     /// The largest size of a file with an indirect block map (the kernel's s_bitmap_maxbytes).
     pub fn blockmap_max_size(&self) -> u64 {
         self.blockmap_max_blocks() * self.geo.block_size as u64
-    }
-
-    /// How many indirect blocks mapping `maps` new pages, the cached ones lying in `span`
-    /// (first and last logical block), may allocate at worst: past the twelve direct blocks, a
-    /// single indirect block per `bs / 4` blocks of the span, and a double indirect one per
-    /// `(bs / 4)^2`, but never more than one per page on either level; and the triple
-    /// indirect block.
-    pub(super) fn blockmap_md_need(&self, maps: u64, span: (u64, u64)) -> u64 {
-        let bs = self.geo.block_size as u64;
-        let (first, last) = span;
-        if last < 12 {
-            return 0;
-        }
-        let per = bs / 4;
-        let width = last - first.min(last);
-        maps.min(width / per + 2) + maps.min(width / (per * per) + 2) + 1
     }
 
     /// Maps `e` (written blocks, over a hole) in a file with an indirect block map. First every

@@ -6,7 +6,7 @@
 //! the extents they speak of are the cache's, whichever map stores them.
 
 use super::cache::ExtentCache;
-use super::tree;
+use super::{indirect, tree};
 use crate::error::{Error, Result};
 use crate::format::extent::*;
 use crate::format::inode::RawInode;
@@ -287,7 +287,7 @@ impl Fs {
 
     /// Mapping blocks that writing back `maps` mapping-changing pages (`inner` of them inside
     /// the mapped range), the cached ones lying in `span` (first and last logical block), may
-    /// allocate at worst (`tree_md_need`, `blockmap_md_need`).
+    /// allocate at worst (`tree::md_need`, `indirect::md_need`).
     pub(crate) fn map_md_need(
         &self,
         st: &InodeState,
@@ -301,9 +301,9 @@ impl Fs {
         let blockmap =
             st.extents.as_ref().is_some_and(|c| c.blockmap) || Self::uses_blockmap(&st.raw);
         if blockmap {
-            self.blockmap_md_need(maps, span)
+            indirect::md_need(self.geo.block_size as u64, maps, span)
         } else {
-            self.tree_md_need(st, maps, inner)
+            tree::md_need(self.geo.block_size as u64, st, maps, inner)
         }
     }
 

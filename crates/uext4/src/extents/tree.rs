@@ -80,6 +80,31 @@ pub(crate) fn depth(raw: &RawInode) -> u16 {
     ExtentHeader::read(raw.i_block()).depth
 }
 
+/// How many tree blocks mapping `maps` new pages (`inner` of them inside the mapped
+/// range) may allocate at worst. None while the extents fit in the inode. Else each page
+/// adds at most two extents (one over an unwritten extent splits it in three). Past the
+/// mapped end they all go into the last leaf, which splits off its last entry when full
+/// and fills the new leaf: a leaf per half-full leaf of them, and one. Inside the mapped
+/// range each may land in a different full leaf, which splits in half: a leaf per
+/// half-full leaf of them and one per leaf they touch (no more than the pages, nor than
+/// the extents there are). Each new block may split a full node on every level above,
+/// and the root may move down twice.
+pub(super) fn md_need(bs: u64, st: &InodeState, maps: u64, inner: u64) -> u64 {
+    let have = st.extents.as_ref().map_or(0, |c| c.map.len() as u64);
+    if have + 2 * maps <= 4 {
+        return 0;
+    }
+    let half = ((bs - 12) / 12 / 2).max(1);
+    let inner = inner.min(maps);
+    let appended = 2 * (maps - inner);
+    let mut leaves = appended.div_ceil(half) + 1;
+    if inner > 0 {
+        leaves += (2 * inner).min((2 * inner).div_ceil(half) + inner.min(have.max(1)));
+    }
+    let levels = depth(&st.raw) as u64 + 1;
+    leaves * levels + leaves.div_ceil(half) + 2
+}
+
 impl Fs {
     /// Reads and validates the tree rooted in `raw`'s i_block into `out`.
     pub(super) fn load_tree(
@@ -105,7 +130,7 @@ impl Fs {
 
     /// Validates a node's header (and its checksum, for a block) and returns it; `blk` is
     /// None for the root in i_block.
-    fn check_node(
+    fn check_extent_node(
         &self,
         ino: u32,
         seed: u32,
@@ -173,7 +198,7 @@ impl Fs {
         out: &mut BTreeMap<u32, Extent>,
     ) -> Result<()> {
         let b = blk.unwrap_or(0);
-        let hdr = self.check_node(ino, seed, data, blk, want_depth)?;
+        let hdr = self.check_extent_node(ino, seed, data, blk, want_depth)?;
         let n = hdr.entries as usize;
         let entry =
             |i: usize| &data[HEADER_SIZE + i * ENTRY_SIZE..HEADER_SIZE + (i + 1) * ENTRY_SIZE];
@@ -269,32 +294,6 @@ impl Fs {
             }
         }
         Ok(())
-    }
-
-    /// How many tree blocks mapping `maps` new pages (`inner` of them inside the mapped
-    /// range) may allocate at worst. None while the extents fit in the inode. Else each page
-    /// adds at most two extents (one over an unwritten extent splits it in three). Past the
-    /// mapped end they all go into the last leaf, which splits off its last entry when full
-    /// and fills the new leaf: a leaf per half-full leaf of them, and one. Inside the mapped
-    /// range each may land in a different full leaf, which splits in half: a leaf per
-    /// half-full leaf of them and one per leaf they touch (no more than the pages, nor than
-    /// the extents there are). Each new block may split a full node on every level above,
-    /// and the root may move down twice.
-    pub(super) fn tree_md_need(&self, st: &InodeState, maps: u64, inner: u64) -> u64 {
-        let bs = self.geo.block_size as u64;
-        let have = st.extents.as_ref().map_or(0, |c| c.map.len() as u64);
-        if have + 2 * maps <= 4 {
-            return 0;
-        }
-        let half = ((bs - 12) / 12 / 2).max(1);
-        let inner = inner.min(maps);
-        let appended = 2 * (maps - inner);
-        let mut leaves = appended.div_ceil(half) + 1;
-        if inner > 0 {
-            leaves += (2 * inner).min((2 * inner).div_ceil(half) + inner.min(have.max(1)));
-        }
-        let levels = depth(&st.raw) as u64 + 1;
-        leaves * levels + leaves.div_ceil(half) + 2
     }
 
     /// Maps a hole in the tree (checked by `ext_insert`): inserts `e`, merging it with a
