@@ -1,6 +1,5 @@
 //! Damaged trees are refused with errors that name the damage, never a panic.
 
-use super::model::*;
 use super::*;
 use crate::format::{le16, put16};
 use std::os::unix::fs::FileExt;

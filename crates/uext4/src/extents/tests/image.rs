@@ -1,39 +1,14 @@
 //! Scattered writes through the file API build deep trees that read back and stay in step.
 
+use super::*;
 use crate::format::inode::{Timestamp, S_IFREG};
-use crate::fs::{Fs, MountOptions};
-use std::process::Command;
-
-fn mkimg(tag: &str, extra: &[&str]) -> std::path::PathBuf {
-    let p = std::path::PathBuf::from(format!(
-        "/dev/shm/uext4-ext-{tag}-{}.img",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&p);
-    let st = Command::new("mke2fs")
-        .args(["-q", "-F", "-t", "ext4"])
-        .args(extra)
-        .arg(&p)
-        .arg("256M")
-        .status()
-        .unwrap();
-    assert!(st.success());
-    p
-}
 
 /// A file written at scattered offsets (thousands of extents: a depth-2 tree with 1 KiB
 /// blocks) reads back as written; punching and truncating keep the tree and the cache in
 /// step; freeing the inode leaves an e2fsck-clean image.
 fn scattered(tag: &str, extra: &[&str], n: u64) {
-    let p = mkimg(tag, extra);
-    let fs = Fs::open_path(
-        &p,
-        MountOptions {
-            commit_interval_secs: 0,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let img = mkimg(tag, "256M", &[&["-t", "ext4"], extra].concat());
+    let fs = open(&img.0, false);
     let bs = fs.geo.block_size as u64;
     let ino = {
         let mut h = fs.start(16).unwrap();
@@ -108,13 +83,7 @@ fn scattered(tag: &str, extra: &[&str], n: u64) {
         fs.free_inode(&mut h, ino, false).unwrap();
     }
     fs.unmount().unwrap();
-    let out = Command::new("e2fsck").arg("-fn").arg(&p).output().unwrap();
-    assert!(
-        out.status.success(),
-        "e2fsck: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let _ = std::fs::remove_file(&p);
+    e2fsck_clean(&img.0);
 }
 
 #[test]

@@ -1,7 +1,6 @@
 //! Files with the old indirect block map (written by debugfs on an ext3 image): read through
 //! the cache, refused for new mappings, truncated and deleted cleanly.
 
-use super::model::*;
 use super::*;
 use std::os::unix::fs::FileExt;
 use std::process::Command;

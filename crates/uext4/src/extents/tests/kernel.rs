@@ -2,8 +2,7 @@
 //! unwritten space, punches), and uext4 reads the kernel's tree back (equal to debugfs's
 //! reading) and changes it again for the kernel. Needs root and loop devices; skips otherwise.
 
-use super::model::*;
-
+use super::*;
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::process::Command;

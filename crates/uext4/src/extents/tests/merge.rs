@@ -1,6 +1,5 @@
 //! Extents merge as the kernel merges them.
 
-use super::model::*;
 use super::*;
 
 #[test]
