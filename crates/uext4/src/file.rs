@@ -653,7 +653,7 @@ impl Fs {
                     ))
                 }
             }
-            if size > self.blockmap_max_size() && Self::uses_blockmap(&st.raw) {
+            if size > self.max_size_of(&st.raw) {
                 return Err(Error::FileTooBig);
             }
             st.raw.size().max(mem_size.unwrap_or(0))
