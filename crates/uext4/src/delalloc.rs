@@ -19,7 +19,7 @@
 //! Space: every cached page over a hole reserves one block, and each inode with pages that
 //! change its mapping (over holes or unwritten extents) reserves the extent-tree blocks (or,
 //! for an indirect-mapped file, the indirect blocks) their writeback may need, counted for the
-//! worst case (`Fs::delalloc_md_need`). A write whose pages would reserve more than the free
+//! worst case (`Fs::map_md_need`). A write whose pages would reserve more than the free
 //! blocks (less a small margin) first writes back, then fails with `Error::NoSpace`; rewriting
 //! cached pages or mapped blocks needs no space. Allocations other than writeback's may not
 //! take reserved blocks (`Fs::unreserved_blocks`), as the kernel keeps delalloc reservations
@@ -219,64 +219,13 @@ impl Fs {
         }
     }
 
-    /// Mapping blocks that writing back `maps` mapping-changing pages (`inner` of them inside
-    /// the mapped range), the cached ones lying in `span` (first and last logical block), may
-    /// allocate at worst.
-    ///
-    /// Extents: none while they fit in the inode. Else each page adds at most two extents (one
-    /// over an unwritten extent splits it in three). Past the mapped end they all go into the
-    /// last leaf, which splits off its last entry when full and fills the new leaf: a leaf
-    /// per half-full leaf of them, and one. Inside the mapped range each may land in a
-    /// different full leaf, which splits in half: a leaf per half-full leaf of them and one per
-    /// leaf they touch (no more than the pages, nor than the extents there are). Each new
-    /// block may split a full node on every level above, and the root may move down twice.
-    /// Indirect blocks: past the twelve direct blocks, a single indirect block per `bs / 4`
-    /// blocks of the span, and a double indirect one per `(bs / 4)^2`, but never more than one
-    /// per page on either level; and the triple indirect block.
-    pub(crate) fn delalloc_md_need(
-        &self,
-        st: &InodeState,
-        maps: u64,
-        inner: u64,
-        span: (u64, u64),
-    ) -> u64 {
-        if maps == 0 {
-            return 0;
-        }
-        let bs = self.geo.block_size as u64;
-        let blockmap = st.extents.as_ref().is_some_and(|c| c.blockmap)
-            || st.raw.flags() & crate::format::inode::FL_EXTENTS == 0;
-        if blockmap {
-            let (first, last) = span;
-            if last < 12 {
-                return 0;
-            }
-            let per = bs / 4;
-            let width = last - first.min(last);
-            return maps.min(width / per + 2) + maps.min(width / (per * per) + 2) + 1;
-        }
-        let have = st.extents.as_ref().map_or(0, |c| c.map.len() as u64);
-        if have + 2 * maps <= 4 {
-            return 0;
-        }
-        let half = ((bs - 12) / 12 / 2).max(1);
-        let inner = inner.min(maps);
-        let appended = 2 * (maps - inner);
-        let mut leaves = appended.div_ceil(half) + 1;
-        if inner > 0 {
-            leaves += (2 * inner).min((2 * inner).div_ceil(half) + inner.min(have.max(1)));
-        }
-        let levels = self.ext_depth(st) as u64 + 1;
-        leaves * levels + leaves.div_ceil(half) + 2
-    }
-
     /// Sets the inode's mapping-block reservation to what its pages need now.
     fn delalloc_md_update(&self, st: &mut InodeState) {
         let (maps, inner, span, old) = match st.delalloc.as_ref() {
             Some(d) => (d.maps, d.inner, d.span(), d.md),
             None => return,
         };
-        let need = self.delalloc_md_need(st, maps, inner, span);
+        let need = self.map_md_need(st, maps, inner, span);
         if need >= old {
             self.delalloc
                 .md_reserved
@@ -333,7 +282,7 @@ impl Fs {
                             (d.maps, d.inner, d.md, d.span())
                         });
                     let span = (span.0.min(first), span.1.max(last));
-                    self.delalloc_md_need(&st, had + maps, had_inner + inner, span)
+                    self.map_md_need(&st, had + maps, had_inner + inner, span)
                         .saturating_sub(md)
                 };
                 (pages, holes, md_more)

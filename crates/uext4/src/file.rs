@@ -31,11 +31,6 @@ impl Fs {
         self.geo.block_size as u64
     }
 
-    /// Whether a regular file maps its blocks with the old indirect block map (ext2/ext3).
-    pub(crate) fn uses_blockmap(raw: &crate::format::inode::RawInode) -> bool {
-        raw.flags() & crate::format::inode::FL_EXTENTS == 0
-    }
-
     /// Largest size of a file with an extent tree, as the kernel's ext4_max_size sets
     /// s_maxbytes: 2^32 - 1 blocks (one block short of what ee_block can name, so that an
     /// extent's length can reach the end), and without huge_file no more blocks than i_blocks
@@ -658,7 +653,7 @@ impl Fs {
                     ))
                 }
             }
-            if size > self.blockmap_max_size() && Self::uses_blockmap(&st.raw) {
+            if size > self.max_size_of(&st.raw) {
                 return Err(Error::FileTooBig);
             }
             st.raw.size().max(mem_size.unwrap_or(0))

@@ -237,13 +237,8 @@ impl Fs {
         self.xattr_store(h, ino, st, rest, l.blk, &old_block)?;
         st.raw.set_flags(st.raw.flags() & !FL_INLINE_DATA);
         st.raw.i_block_mut().fill(0);
-        if self.geo.extents {
-            Self::ext_init_root(&mut st.raw);
-        }
-        st.extents = Some(ExtentCache {
-            blockmap: !self.geo.extents,
-            ..Default::default()
-        });
+        self.init_block_map(&mut st.raw);
+        st.extents = Some(ExtentCache::unmapped(&st.raw));
         match block {
             Some(mut b) if st.raw.is_dir() => {
                 st.raw.set_size(0);

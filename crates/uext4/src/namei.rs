@@ -305,8 +305,8 @@ impl Fs {
         self.new_node(dir, name, mode as u16, uid, gid, None, |fs, raw| {
             if ft == S_IFCHR || ft == S_IFBLK {
                 encode_rdev(raw, rdev);
-            } else if ft == S_IFREG && fs.geo.extents {
-                Fs::ext_init_root(raw);
+            } else if ft == S_IFREG {
+                fs.init_block_map(raw);
             }
             Ok(())
         })
@@ -315,9 +315,7 @@ impl Fs {
     pub fn mkdir(&self, dir: u32, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
         let mode = (mode as u16 & !S_IFMT) | S_IFDIR;
         self.new_node(dir, name, mode, uid, gid, None, |fs, raw| {
-            if fs.geo.extents {
-                Fs::ext_init_root(raw);
-            }
+            fs.init_block_map(raw);
             raw.set_links_count(2);
             Ok(())
         })
@@ -346,8 +344,8 @@ impl Fs {
             if target.len() < I_BLOCK_SIZE {
                 // Fast symlink: the target lives in i_block.
                 raw.i_block_mut()[..target.len()].copy_from_slice(target);
-            } else if fs.geo.extents {
-                Fs::ext_init_root(raw);
+            } else {
+                fs.init_block_map(raw);
             }
             Ok(())
         })
@@ -500,9 +498,7 @@ impl Fs {
             let mut h = self.start(credits::CREATE)?;
             let now = self.now();
             let inode = self.new_unnamed_inode(&mut h, dir, mode, uid, gid, now, |fs, raw| {
-                if fs.geo.extents {
-                    Fs::ext_init_root(raw);
-                }
+                fs.init_block_map(raw);
             })?;
             inode.open_count.fetch_add(1, Ordering::AcqRel);
             let mut ist = inode.state.lock();
