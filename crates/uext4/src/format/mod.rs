@@ -5,6 +5,7 @@
 
 pub mod csum;
 pub mod dir_entry;
+pub mod dx_hash;
 pub mod extent;
 pub mod features;
 pub mod group_desc;
