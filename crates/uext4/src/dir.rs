@@ -239,10 +239,7 @@ impl Fs {
         if !self.geo.metadata_csum {
             return;
         }
-        let t = b.len() - DIRENT_TAIL_SIZE;
-        put_tail(b, 0);
-        let c = crate::format::csum::crc32c(self.dir_seed(dir, &st.raw), &b[..t]);
-        put_tail(b, c);
+        set_tail_csum(b, self.dir_seed(dir, &st.raw));
     }
 
     /// Whether the directory uses its index (the flag, and dir_index on the filesystem).

@@ -11,6 +11,7 @@
 //! With metadata_csum every leaf block ends in a 12-byte fake entry: inode 0, rec_len 12,
 //! name_len 0, file_type 0xDE, then the crc32c of the block before it.
 
+use crate::format::csum::crc32c;
 use crate::format::inode::{
     S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK,
 };
@@ -132,6 +133,14 @@ pub fn put_tail(b: &mut [u8], csum: u32) {
     b[t + 6] = 0;
     b[t + 7] = FT_DIR_CSUM;
     put32(b, t + 8, csum);
+}
+
+/// Writes the checksum tail of a leaf block: crc32c from the directory inode's seed over the
+/// block before the tail.
+pub fn set_tail_csum(b: &mut [u8], seed: u32) {
+    let t = b.len() - DIRENT_TAIL_SIZE;
+    let c = crc32c(seed, &b[..t]);
+    put_tail(b, c);
 }
 
 pub fn tail_csum(b: &[u8]) -> u32 {

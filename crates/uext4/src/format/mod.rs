@@ -12,6 +12,7 @@ pub mod group_desc;
 pub mod htree;
 pub mod inode;
 pub mod mmp;
+pub mod orphan_file;
 pub mod superblock;
 pub mod xattr;
 

@@ -105,6 +105,7 @@ impl Superblock {
     le_field!(last_error_ino, set_last_error_ino, u32, 0x1D0);
     le_field!(last_error_line, set_last_error_line, u32, 0x1D4);
     le_field!(last_error_block, set_last_error_block, u64, 0x1D8);
+    le_field!(overhead_clusters, set_overhead_clusters, u32, 0x248);
     le_field!(backup_bg0, set_backup_bg0, u32, 0x24C);
     le_field!(backup_bg1, set_backup_bg1, u32, 0x250);
     le_field!(lpf_ino, set_lpf_ino, u32, 0x268);
