@@ -132,3 +132,6 @@ pub fn set_node_csum(b: &mut [u8], seed: u32) {
     let c = crc32c(seed, &b[..t]);
     put32(b, t, c);
 }
+
+#[cfg(test)]
+mod tests;

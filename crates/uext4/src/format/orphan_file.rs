@@ -29,3 +29,6 @@ pub fn put_tail(b: &mut [u8], seed: Option<u32>, pblk: u64) {
         put32(b, t + 4, c);
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -4,6 +4,7 @@
 
 use super::layout::Layout;
 use super::place::ORPHAN_INO;
+use super::tables::FLEX_GROUPS;
 use super::writer::Maker;
 use super::MkfsOptions;
 use crate::error::Result;
@@ -53,15 +54,6 @@ pub(super) fn build_superblock(
     overhead: u64,
 ) -> Superblock {
     let f = &opts.features;
-    let (bs, fdb, bpg, ipg) = (
-        l.block_size,
-        l.first_data_block,
-        l.blocks_per_group,
-        l.inodes_per_group,
-    );
-    let (groups, blocks, rsv) = (l.groups, l.blocks, l.reserved_gdt_blocks);
-    let (uuid, hash_seed, now) = (id.uuid, id.hash_seed, id.now);
-    let isz = opts.inode_size as u64;
     let mut sb = Superblock::zeroed();
     sb.set_magic(EXT4_MAGIC);
     sb.set_rev_level(1);
@@ -92,28 +84,28 @@ pub(super) fn build_superblock(
                 flag(f.uninit_bg, RO_COMPAT_GDT_CSUM)
             },
     );
-    sb.set_inodes_count(groups * ipg);
-    sb.set_blocks_count(blocks);
+    sb.set_inodes_count(l.groups * l.inodes_per_group);
+    sb.set_blocks_count(l.blocks);
     sb.set_r_blocks_count(l.r_blocks);
-    sb.set_first_data_block(fdb as u32);
-    let log = bs.trailing_zeros() - 10;
+    sb.set_first_data_block(l.first_data_block as u32);
+    let log = l.block_size.trailing_zeros() - 10;
     sb.set_log_block_size(log);
     sb.set_log_cluster_size(log);
-    sb.set_blocks_per_group(bpg);
-    sb.set_clusters_per_group(bpg);
-    sb.set_inodes_per_group(ipg);
+    sb.set_blocks_per_group(l.blocks_per_group);
+    sb.set_clusters_per_group(l.blocks_per_group);
+    sb.set_inodes_per_group(l.inodes_per_group);
     sb.set_mtime(0);
-    sb.set_wtime(now.sec as u32);
-    sb.set_mkfs_time(now.sec as u32);
-    sb.set_lastcheck(now.sec as u32);
+    sb.set_wtime(id.now.sec as u32);
+    sb.set_mkfs_time(id.now.sec as u32);
+    sb.set_lastcheck(id.now.sec as u32);
     sb.set_max_mnt_count(0xFFFF);
     sb.set_state(STATE_VALID);
     sb.set_errors(1);
     sb.set_first_ino(GOOD_OLD_FIRST_INO);
     sb.set_inode_size(opts.inode_size);
-    sb.set_uuid(uuid);
+    sb.set_uuid(id.uuid);
     sb.set_volume_name(&opts.label);
-    sb.set_reserved_gdt_blocks(rsv as u16);
+    sb.set_reserved_gdt_blocks(l.reserved_gdt_blocks as u16);
     if f.has_64bit {
         sb.set_desc_size(64);
     }
@@ -121,10 +113,10 @@ pub(super) fn build_superblock(
     let mut seed = [0u32; 4];
     for (i, s) in seed.iter_mut().enumerate() {
         *s = u32::from_le_bytes([
-            hash_seed[4 * i],
-            hash_seed[4 * i + 1],
-            hash_seed[4 * i + 2],
-            hash_seed[4 * i + 3],
+            id.hash_seed[4 * i],
+            id.hash_seed[4 * i + 1],
+            id.hash_seed[4 * i + 2],
+            id.hash_seed[4 * i + 3],
         ]);
     }
     sb.set_hash_seed(seed);
@@ -136,17 +128,17 @@ pub(super) fn build_superblock(
     });
     sb.set_default_mount_opts(0x000C); // user_xattr, acl
                                        // mke2fs records the extra size whenever the inodes have room, feature or not.
-    if isz > GOOD_OLD_INODE_SIZE as u64 {
+    if opts.inode_size as usize > GOOD_OLD_INODE_SIZE {
         sb.set_min_extra_isize(EXTRA_ISIZE);
         sb.set_want_extra_isize(EXTRA_ISIZE);
     }
     if f.flex_bg {
-        sb.set_log_groups_per_flex(4);
+        sb.set_log_groups_per_flex(FLEX_GROUPS.trailing_zeros() as u8);
     }
     if f.metadata_csum {
         sb.set_checksum_type(CRC32C_CHKSUM);
         if f.metadata_csum_seed {
-            sb.set_checksum_seed(crc32c(!0, &uuid));
+            sb.set_checksum_seed(crc32c(!0, &id.uuid));
         }
     }
     if jblocks > 0 {

@@ -40,3 +40,13 @@ fn entry_roundtrip_and_types() {
     c[6] = 200;
     assert_eq!(DirEntryRef { block: &c, off: 0 }.name().len(), 8);
 }
+
+#[test]
+fn tail_checksum_covers_the_block_before_the_tail() {
+    let mut b = vec![0u8; 1024];
+    put_dirent(&mut b, 0, 2, 1012, b".", FT_DIR);
+    set_tail_csum(&mut b, 7);
+    assert!(has_tail(&b));
+    let want = crate::format::csum::crc32c(7, &b[..1012]);
+    assert_eq!(tail_csum(&b), want);
+}
