@@ -12,7 +12,7 @@
 //! Every function here runs with the caller holding the directory's `io_lock` and its `state`
 //! mutex (passed as `st`), as in dir.rs.
 
-use crate::dir::DirIterFn;
+use crate::dir::block::DirIterFn;
 use crate::error::{Error, Result};
 use crate::format::dir_entry::*;
 use crate::format::features::INCOMPAT_LARGEDIR;
@@ -26,7 +26,7 @@ pub use crate::format::dx_hash::{dirhash, hash_version_known};
 pub use crate::format::htree::*;
 
 /// A live entry with its hash: (major, minor, name, inode, type).
-pub(crate) type Hashed = (u32, u32, Vec<u8>, u32, u8);
+type Hashed = (u32, u32, Vec<u8>, u32, u8);
 
 /// One level of a walk down the index: (logical block of the index block, its entries, the
 /// position taken).
@@ -354,6 +354,11 @@ impl Fs {
         Ok(v)
     }
 
+    /// Hashed entries packed into a fresh leaf image.
+    fn pack_hashed(&self, entries: &[Hashed]) -> Vec<u8> {
+        self.pack_leaf(entries.iter().map(|e| (&e.2[..], e.3, e.4)))
+    }
+
     /// Converts a full one-block directory into an indexed one, as the kernel's make_indexed_dir:
     /// block 0 becomes the dx root, its entries are split by hash into two new leaves.
     pub(crate) fn make_indexed(
@@ -382,8 +387,8 @@ impl Fs {
         let (l1, p1) = self.dir_append_block(h, dir, st)?;
         let (l2, p2) = self.dir_append_block(h, dir, st)?;
         let (left, right, split_hash) = Self::split_sorted(entries);
-        self.put_leaf(h, dir, st, p1, &mut self.pack_leaf(&left))?;
-        self.put_leaf(h, dir, st, p2, &mut self.pack_leaf(&right))?;
+        self.put_leaf(h, dir, st, p1, &mut self.pack_hashed(&left))?;
+        self.put_leaf(h, dir, st, p2, &mut self.pack_hashed(&right))?;
         // The root: "." and "..", dx_root_info, then the two leaves.
         let bs = self.geo.block_size as usize;
         let mut root = vec![0u8; bs];
@@ -456,8 +461,8 @@ impl Fs {
             self.dx_make_room(h, dir, st, &mut path)?;
             let (nl, np) = self.dir_append_block(h, dir, st)?;
             let (left, right, split_hash) = Self::split_sorted(entries);
-            self.put_leaf(h, dir, st, pblk, &mut self.pack_leaf(&left))?;
-            self.put_leaf(h, dir, st, np, &mut self.pack_leaf(&right))?;
+            self.put_leaf(h, dir, st, pblk, &mut self.pack_hashed(&left))?;
+            self.put_leaf(h, dir, st, np, &mut self.pack_hashed(&right))?;
             let bottom = path.len() - 1;
             let (blblk, bnode, bpos) = &mut path[bottom];
             if bnode.entries.get(*bpos).map(|e| e.1) != Some(leaf) {
