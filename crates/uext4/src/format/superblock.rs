@@ -17,6 +17,27 @@ pub const FLAGS_UNSIGNED_HASH: u32 = 0x2;
 
 pub const CRC32C_CHKSUM: u8 = 1;
 
+/// Whether `g` is 0, 1 or a power of 3, 5 or 7: the groups that keep superblock and descriptor
+/// table copies under sparse_super.
+pub fn sparse_group(g: u32) -> bool {
+    if g <= 1 {
+        return true;
+    }
+    for base in [3u32, 5, 7] {
+        let mut p = base;
+        while p < g {
+            p = match p.checked_mul(base) {
+                Some(v) => v,
+                None => break,
+            };
+        }
+        if p == g {
+            return true;
+        }
+    }
+    false
+}
+
 #[derive(Clone)]
 pub struct Superblock(pub Box<[u8; SUPERBLOCK_SIZE]>);
 

@@ -6,26 +6,7 @@
 use super::MkfsOptions;
 use crate::error::{Error, Result};
 use crate::format::inode::GOOD_OLD_FIRST_INO;
-
-/// Whether `g` is 0, 1 or a power of 3, 5 or 7 (the groups sparse_super keeps copies in).
-pub(super) fn sparse_group(g: u32) -> bool {
-    if g <= 1 {
-        return true;
-    }
-    for base in [3u32, 5, 7] {
-        let mut p = base;
-        while p < g {
-            p = match p.checked_mul(base) {
-                Some(v) => v,
-                None => break,
-            };
-        }
-        if p == g {
-            return true;
-        }
-    }
-    false
-}
+use crate::format::superblock::sparse_group;
 
 /// Groups holding backups, in ext2fs_list_backups order (1, 3, 5, 7, 9, 25, 27, 49, ...).
 pub(super) fn backup_groups(groups: u32, sparse: bool) -> Vec<u32> {

@@ -1,6 +1,7 @@
-use super::layout::{backup_groups, sparse_group};
+use super::layout::backup_groups;
 use super::*;
 use crate::format::csum::crc32c;
+use crate::format::superblock::sparse_group;
 use crate::format::superblock::{Superblock, EXT4_MAGIC};
 
 #[test]
