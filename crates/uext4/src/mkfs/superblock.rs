@@ -208,7 +208,7 @@ fn random_bytes<const N: usize>() -> [u8; N] {
 
 /// A jbd2 v2 superblock for an empty internal journal of `maxlen` blocks (1024 bytes): the
 /// journal module's [`JournalSuperblock::new_v2`](crate::journal::format::JournalSuperblock)
-/// with the filesystem as its one user (s_users[0] = the UUID), checksummed (crc32c from ~0
+/// with the filesystem as its one user (`s_users[0]` = the UUID), checksummed (crc32c from ~0
 /// over the superblock with the checksum zeroed) when `csum_v3`.
 pub fn journal_superblock(
     block_size: u32,
