@@ -144,7 +144,7 @@ impl Fs {
         dir: u32,
         st: &InodeState,
         offset: u64,
-        f: &mut crate::dir::DirIterFn<'_>,
+        f: &mut crate::dir::block::DirIterFn<'_>,
     ) -> Result<()> {
         let (parent, entries) = self.inline_dir(dir, &st.raw)?;
         let ft = self.geo.filetype as u8 * FT_DIR;

@@ -11,6 +11,7 @@
 //! With metadata_csum every leaf block ends in a 12-byte fake entry: inode 0, rec_len 12,
 //! name_len 0, file_type 0xDE, then the crc32c of the block before it.
 
+use crate::format::csum::crc32c;
 use crate::format::inode::{
     S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK,
 };
@@ -134,52 +135,17 @@ pub fn put_tail(b: &mut [u8], csum: u32) {
     put32(b, t + 8, csum);
 }
 
+/// Writes the checksum tail of a leaf block: crc32c from the directory inode's seed over the
+/// block before the tail.
+pub fn set_tail_csum(b: &mut [u8], seed: u32) {
+    let t = b.len() - DIRENT_TAIL_SIZE;
+    let c = crc32c(seed, &b[..t]);
+    put_tail(b, c);
+}
+
 pub fn tail_csum(b: &[u8]) -> u32 {
     le32(b, b.len() - 4)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn entry_roundtrip_and_types() {
-        let mut b = vec![0u8; 1024];
-        put_dirent(&mut b, 12, 77, 24, b"hello", FT_REG);
-        let e = DirEntryRef { block: &b, off: 12 };
-        assert_eq!(
-            (
-                e.inode(),
-                e.rec_len(),
-                e.name_len(),
-                e.file_type(),
-                e.name()
-            ),
-            (77, 24, 5, FT_REG, &b"hello"[..])
-        );
-        assert_eq!(rec_len_for(1), 12);
-        assert_eq!(rec_len_for(4), 12);
-        assert_eq!(rec_len_for(5), 16);
-        assert_eq!(rec_len_for(255), 264);
-        assert_eq!(ftype_from_mode(0o100644), FT_REG);
-        assert_eq!(ftype_from_mode(0o040755), FT_DIR);
-        assert_eq!(ftype_from_mode(0o120777), FT_SYMLINK);
-        assert_eq!(ftype_from_mode(0o020000), FT_CHRDEV);
-        assert_eq!(ftype_from_mode(0o060000), FT_BLKDEV);
-        assert_eq!(ftype_from_mode(0o010000), FT_FIFO);
-        assert_eq!(ftype_from_mode(0o140000), FT_SOCK);
-        assert_eq!(ftype_from_mode(0), FT_UNKNOWN);
-        assert!(!has_tail(&b));
-        put_tail(&mut b, 0xdead_beef);
-        assert!(has_tail(&b));
-        assert_eq!(tail_csum(&b), 0xdead_beef);
-        assert_eq!(rec_len_from_disk(0, 65536), 65536);
-        assert_eq!(rec_len_from_disk(65535, 65536), 65536);
-        assert_eq!(rec_len_from_disk(0, 4096), 0);
-        assert_eq!(rec_len_to_disk(65536), 65535);
-        // A name past the block end is clamped, not a panic.
-        let mut c = vec![0u8; 16];
-        c[6] = 200;
-        assert_eq!(DirEntryRef { block: &c, off: 0 }.name().len(), 8);
-    }
-}
+mod tests;

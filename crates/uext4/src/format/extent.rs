@@ -2,6 +2,7 @@
 //! entries: leaves (ext4_extent) at depth 0, indexes (ext4_extent_idx) above. The root lives in
 //! i_block (4 entries); other nodes fill a block and end in a 4-byte checksum tail.
 
+use super::csum::crc32c;
 use super::{le16, le32, put16, put32};
 
 pub const EXTENT_MAGIC: u16 = 0xF30A;
@@ -123,3 +124,14 @@ pub fn node_capacity(size: usize, is_root: bool) -> u16 {
 pub fn tail_offset(max: u16) -> usize {
     HEADER_SIZE + ENTRY_SIZE * max as usize
 }
+
+/// Writes the checksum tail of a non-root node: crc32c from the inode's seed over the header
+/// and all eh_max entries.
+pub fn set_node_csum(b: &mut [u8], seed: u32) {
+    let t = tail_offset(ExtentHeader::read(b).max);
+    let c = crc32c(seed, &b[..t]);
+    put32(b, t, c);
+}
+
+#[cfg(test)]
+mod tests;

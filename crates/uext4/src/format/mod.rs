@@ -5,12 +5,14 @@
 
 pub mod csum;
 pub mod dir_entry;
+pub mod dx_hash;
 pub mod extent;
 pub mod features;
 pub mod group_desc;
 pub mod htree;
 pub mod inode;
 pub mod mmp;
+pub mod orphan_file;
 pub mod superblock;
 pub mod xattr;
 

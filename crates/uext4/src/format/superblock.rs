@@ -17,6 +17,27 @@ pub const FLAGS_UNSIGNED_HASH: u32 = 0x2;
 
 pub const CRC32C_CHKSUM: u8 = 1;
 
+/// Whether `g` is 0, 1 or a power of 3, 5 or 7: the groups that keep superblock and descriptor
+/// table copies under sparse_super.
+pub fn sparse_group(g: u32) -> bool {
+    if g <= 1 {
+        return true;
+    }
+    for base in [3u32, 5, 7] {
+        let mut p = base;
+        while p < g {
+            p = match p.checked_mul(base) {
+                Some(v) => v,
+                None => break,
+            };
+        }
+        if p == g {
+            return true;
+        }
+    }
+    false
+}
+
 #[derive(Clone)]
 pub struct Superblock(pub Box<[u8; SUPERBLOCK_SIZE]>);
 
@@ -105,6 +126,7 @@ impl Superblock {
     le_field!(last_error_ino, set_last_error_ino, u32, 0x1D0);
     le_field!(last_error_line, set_last_error_line, u32, 0x1D4);
     le_field!(last_error_block, set_last_error_block, u64, 0x1D8);
+    le_field!(overhead_clusters, set_overhead_clusters, u32, 0x248);
     le_field!(backup_bg0, set_backup_bg0, u32, 0x24C);
     le_field!(backup_bg1, set_backup_bg1, u32, 0x250);
     le_field!(lpf_ino, set_lpf_ino, u32, 0x268);

@@ -1,0 +1,376 @@
+//! Directory blocks (Documentation/filesystems/ext4/directory.rst, "Linear (Classic)
+//! Directories"): blocks of `ext4_dir_entry_2` mapped through the directory's extent tree (or
+//! block map), each ending in a checksum tail with metadata_csum. Mapping, reading, checking
+//! and writing one block, and putting an entry into one; the linear walks (dir.rs) and the
+//! hashed index (htree.rs) are built on these.
+//!
+//! The caller holds the directory's `io_lock` and passes its `state` (as `st`), as in dir.rs.
+
+use crate::error::{Error, Result};
+use crate::format::dir_entry::*;
+use crate::format::extent::Extent;
+use crate::format::inode::RawInode;
+use crate::format::{le16, le32};
+use crate::fs::Fs;
+use crate::inode::InodeState;
+use crate::transaction::Handle;
+
+/// One entry as parsed (and checked) from a block.
+#[derive(Clone, Debug)]
+pub(crate) struct Dirent {
+    pub off: usize,
+    pub inode: u32,
+    pub rec_len: usize,
+    pub name_len: usize,
+    pub ftype: u8,
+}
+
+impl Dirent {
+    fn used(&self) -> usize {
+        if self.inode == 0 {
+            0
+        } else {
+            rec_len_for(self.name_len)
+        }
+    }
+    pub(crate) fn name<'a>(&self, b: &'a [u8]) -> &'a [u8] {
+        &b[self.off + DIRENT_HEADER..self.off + DIRENT_HEADER + self.name_len]
+    }
+}
+
+/// readdir's callback: (next offset, inode, file type, name) -> continue?
+pub(crate) type DirIterFn<'a> = dyn FnMut(u64, u32, u8, &[u8]) -> bool + 'a;
+
+impl Fs {
+    pub(crate) fn dir_seed(&self, ino: u32, raw: &RawInode) -> u32 {
+        RawInode::csum_seed(self.geo.csum_seed, ino, raw.generation())
+    }
+
+    /// Bytes of a leaf block available to entries (the tail takes the last 12 with checksums).
+    pub(crate) fn leaf_space(&self) -> usize {
+        self.geo.block_size as usize
+            - if self.geo.metadata_csum {
+                DIRENT_TAIL_SIZE
+            } else {
+                0
+            }
+    }
+
+    pub(crate) fn ft(&self, ftype: u8) -> u8 {
+        if self.geo.filetype {
+            ftype
+        } else {
+            0
+        }
+    }
+
+    pub(crate) fn dir_err(&self, dir: u32, lblk: u32, pblk: u64, what: String) -> Error {
+        self.fail(
+            Error::corrupt(format!("directory inode {dir}, block {lblk}: {what}")),
+            dir,
+            pblk,
+            "dir",
+        )
+    }
+
+    pub(crate) fn dir_csum_err(&self, dir: u32, lblk: u32, pblk: u64, what: &str) -> Error {
+        self.fail(
+            Error::BadChecksum(format!(
+                "directory inode {dir}, block {lblk} (physical {pblk}): {what}"
+            )),
+            dir,
+            pblk,
+            "dir",
+        )
+    }
+
+    /// Physical block of directory block `lblk`, None for a hole.
+    pub(crate) fn dir_pblk_opt(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        lblk: u32,
+    ) -> Result<Option<u64>> {
+        match self.ext_map(dir, st, lblk)? {
+            Some(e) if !e.unwritten && lblk >= e.lblk && lblk - e.lblk < e.len => {
+                Ok(Some(e.pblk + (lblk - e.lblk) as u64))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The first mapped directory block at or after `lblk` and before `end`, with its physical
+    /// block. Holes (and unwritten extents) are skipped in one step, as the kernel's readdir
+    /// does: a corrupted i_size far past the last block must not cost a lookup per missing
+    /// block (found by fuzzing: a walk that looked hung).
+    pub(crate) fn dir_next_block(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        mut lblk: u32,
+        end: u32,
+    ) -> Result<Option<(u32, u64)>> {
+        while lblk < end {
+            let Some(e) = self.ext_next(dir, st, lblk)? else {
+                return Ok(None);
+            };
+            if e.unwritten {
+                lblk = e.end().min(u32::MAX as u64) as u32;
+                continue;
+            }
+            let at = lblk.max(e.lblk);
+            if at >= end {
+                return Ok(None);
+            }
+            return Ok(Some((at, e.pblk + (at - e.lblk) as u64)));
+        }
+        Ok(None)
+    }
+
+    /// Physical block of directory block `lblk`; a hole is corruption.
+    pub(crate) fn dir_pblk(&self, dir: u32, st: &mut InodeState, lblk: u32) -> Result<u64> {
+        match self.dir_pblk_opt(dir, st, lblk)? {
+            Some(p) => Ok(p),
+            None => Err(self.dir_err(dir, lblk, 0, "hole in directory".into())),
+        }
+    }
+
+    pub(crate) fn dir_blocks(&self, st: &InodeState) -> u32 {
+        (st.raw.size() / self.geo.block_size as u64).min(u32::MAX as u64) as u32
+    }
+
+    /// A copy of directory block `lblk`: (physical block, bytes).
+    pub(crate) fn dir_read(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        lblk: u32,
+    ) -> Result<(u64, Vec<u8>)> {
+        let pblk = self.dir_pblk(dir, st, lblk)?;
+        let data = self.bcache.get(pblk)?.read().to_vec();
+        Ok((pblk, data))
+    }
+
+    /// Checks a leaf block (every entry's rec_len, name_len and inode; the checksum tail with
+    /// metadata_csum) and returns its entries, the unused ones included.
+    pub(crate) fn dir_validate_block(
+        &self,
+        dir: u32,
+        st: &InodeState,
+        lblk: u32,
+        pblk: u64,
+        b: &[u8],
+    ) -> Result<Vec<Dirent>> {
+        let bs = b.len();
+        let mut end = bs;
+        if self.geo.metadata_csum {
+            if !has_tail(b) {
+                return Err(self.dir_csum_err(dir, lblk, pblk, "no directory checksum tail"));
+            }
+            end = bs - DIRENT_TAIL_SIZE;
+            let want = crate::format::csum::crc32c(self.dir_seed(dir, &st.raw), &b[..end]);
+            if tail_csum(b) != want {
+                return Err(self.dir_csum_err(dir, lblk, pblk, "leaf checksum mismatch"));
+            }
+        }
+        self.dir_parse_entries(&b[..end], &|why| self.dir_err(dir, lblk, pblk, why))
+    }
+
+    /// Checks and returns the entries of one run of them (a leaf block up to its tail, or a
+    /// part of an inline directory), the unused ones included; `err` names the place.
+    pub(crate) fn dir_parse_entries(
+        &self,
+        b: &[u8],
+        err: &dyn Fn(String) -> Error,
+    ) -> Result<Vec<Dirent>> {
+        let end = b.len();
+        let mut out = Vec::new();
+        let mut off = 0;
+        while off < end {
+            if off + DIRENT_HEADER > end {
+                return Err(err(format!("entry at offset {off} overruns the block")));
+            }
+            let rec_len = rec_len_from_disk(le16(b, off + 4), self.geo.block_size as usize);
+            let name_len = b[off + 6] as usize;
+            let inode = le32(b, off);
+            let bad = if rec_len < MIN_REC_LEN {
+                Some("rec_len is smaller than minimal")
+            } else if !rec_len.is_multiple_of(4) {
+                Some("rec_len % 4 != 0")
+            } else if off + rec_len > end {
+                Some("directory entry overrun")
+            } else if rec_len < rec_len_for(name_len) {
+                Some("rec_len is too small for name_len")
+            } else if inode != 0 && name_len == 0 {
+                Some("empty name")
+            } else if inode > self.geo.inodes_count {
+                Some("inode out of bounds")
+            } else {
+                None
+            };
+            if let Some(why) = bad {
+                return Err(err(format!(
+                    "bad entry at offset {off}: {why} (inode {inode}, rec_len {rec_len}, \
+                     name_len {name_len})"
+                )));
+            }
+            out.push(Dirent {
+                off,
+                inode,
+                rec_len,
+                name_len,
+                ftype: self.ft(b[off + 7]),
+            });
+            off += rec_len;
+        }
+        Ok(out)
+    }
+
+    /// Writes the checksum tail of a leaf block.
+    pub(crate) fn set_leaf_csum(&self, dir: u32, st: &InodeState, b: &mut [u8]) {
+        if !self.geo.metadata_csum {
+            return;
+        }
+        set_tail_csum(b, self.dir_seed(dir, &st.raw));
+    }
+
+    /// Searches one leaf block for `name`: (inode, type, offset).
+    pub(crate) fn leaf_find(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        lblk: u32,
+        pblk: u64,
+        name: &[u8],
+    ) -> Result<Option<(u32, u8, usize)>> {
+        let buf = self.bcache.get(pblk)?;
+        let data = buf.read();
+        for e in self.dir_validate_block(dir, st, lblk, pblk, &data)? {
+            if e.inode != 0 && e.name_len == name.len() && e.name(&data) == name {
+                return Ok(Some((e.inode, e.ftype, e.off)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Writes a changed leaf block through the handle (checksum tail first).
+    pub(crate) fn put_leaf(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        st: &InodeState,
+        pblk: u64,
+        data: &mut [u8],
+    ) -> Result<()> {
+        self.set_leaf_csum(dir, st, data);
+        let buf = self.bcache.get(pblk)?;
+        buf.write().copy_from_slice(data);
+        h.dirty(&buf);
+        Ok(())
+    }
+
+    /// Tries to put an entry into a leaf block in memory: an unused entry big enough, or the
+    /// slack after a live one. Returns false if there is no room.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn leaf_insert(
+        &self,
+        dir: u32,
+        st: &InodeState,
+        lblk: u32,
+        pblk: u64,
+        data: &mut [u8],
+        name: &[u8],
+        ino: u32,
+        ftype: u8,
+    ) -> Result<bool> {
+        let need = rec_len_for(name.len());
+        let ft = self.ft(ftype);
+        for e in self.dir_validate_block(dir, st, lblk, pblk, data)? {
+            if e.inode == 0 && e.rec_len >= need {
+                put_dirent(data, e.off, ino, e.rec_len, name, ft);
+                return Ok(true);
+            }
+            let used = e.used();
+            if e.inode != 0 && e.rec_len >= used + need {
+                set_rec_len(data, e.off, used);
+                put_dirent(data, e.off + used, ino, e.rec_len - used, name, ft);
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Appends a block to the directory (allocated near its last block, or near the inode
+    /// table of its group); grows i_size. Returns (lblk, pblk); the caller fills the block.
+    pub(crate) fn dir_append_block(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        st: &mut InodeState,
+    ) -> Result<(u32, u64)> {
+        let lblk = self.dir_blocks(st);
+        if lblk >= u32::MAX - 1 {
+            return Err(Error::NoSpace);
+        }
+        let last = match lblk.checked_sub(1) {
+            Some(l) => self.dir_pblk_opt(dir, st, l)?,
+            None => None,
+        };
+        let goal = match last {
+            Some(p) => p + 1,
+            None => self.group_desc(self.geo.ino_group(dir)).inode_table(),
+        };
+        h.extend(4);
+        let (p, _) = self.alloc_blocks(h, goal, 1)?;
+        if let Err(e) = self.ext_insert(
+            h,
+            dir,
+            st,
+            Extent {
+                lblk,
+                len: 1,
+                pblk: p,
+                unwritten: false,
+            },
+        ) {
+            let _ = self.free_blocks(h, p, 1, true);
+            return Err(e);
+        }
+        st.raw
+            .set_size((lblk as u64 + 1) * self.geo.block_size as u64);
+        self.bcache.get_new(p)?;
+        Ok((lblk, p))
+    }
+
+    /// An empty leaf block image (one unused entry over the whole space, and the tail).
+    pub(crate) fn empty_leaf(&self) -> Vec<u8> {
+        let mut b = vec![0u8; self.geo.block_size as usize];
+        set_rec_len(&mut b, 0, self.leaf_space());
+        if self.geo.metadata_csum {
+            put_tail(&mut b, 0);
+        }
+        b
+    }
+
+    /// `entries` (name, inode, type) packed into a fresh leaf image (the last one takes the
+    /// rest of the space).
+    pub(crate) fn pack_leaf<'a>(
+        &self,
+        entries: impl IntoIterator<Item = (&'a [u8], u32, u8)>,
+    ) -> Vec<u8> {
+        let mut b = self.empty_leaf();
+        let space = self.leaf_space();
+        let mut off = 0;
+        let mut it = entries.into_iter().peekable();
+        while let Some((name, ino, ft)) = it.next() {
+            let rl = if it.peek().is_none() {
+                space - off
+            } else {
+                rec_len_for(name.len())
+            };
+            put_dirent(&mut b, off, ino, rl, name, self.ft(ft));
+            off += rl;
+        }
+        b
+    }
+}

@@ -1,0 +1,178 @@
+//! Step 3 of mkfs: the blocks of the first files, allocated as mke2fs allocates them and in its
+//! order: the root directory and lost+found (16 KiB: at least 2 blocks, at most 12) at the first
+//! free blocks, the resize inode's double-indirect block after the group 0 tables, the journal at
+//! the start of the group mke2fs picks in the middle of the filesystem, and the orphan file.
+
+use super::alloc::{BlockMap, Blocks};
+use super::layout::Layout;
+use super::options::{default_journal_blocks, default_orphan_file_blocks};
+use super::tables::FLEX_GROUPS;
+use super::MkfsOptions;
+use crate::error::{Error, Result};
+use crate::format::inode::GOOD_OLD_FIRST_INO;
+
+/// The orphan file's inode (the first after lost+found).
+pub(super) const ORPHAN_INO: u32 = GOOD_OLD_FIRST_INO + 1;
+
+/// The blocks of a file: its data as runs, and its block map when files have no extents.
+#[derive(Default)]
+pub(super) struct FileBlocks {
+    pub blocks: u64,
+    pub runs: Vec<(u64, u64)>,
+    pub map: Option<BlockMap>,
+}
+
+/// Where the first files' blocks went.
+pub(super) struct Placement {
+    pub root: u64,
+    pub lost_found: Vec<u64>,
+    pub resize_dind: Option<u64>,
+    pub journal: FileBlocks,
+    pub orphan: FileBlocks,
+    /// Inodes in use in group 0: the reserved ones, lost+found and the orphan file.
+    pub used_inodes: u32,
+}
+
+pub(super) fn too_small() -> Error {
+    Error::Invalid(
+        "filesystem too small for its metadata and journal; use a smaller journal".into(),
+    )
+}
+
+/// Allocates the first files' blocks in `bm`.
+pub(super) fn place_files(bm: &mut Blocks, l: &Layout, opts: &MkfsOptions) -> Result<Placement> {
+    let f = &opts.features;
+    let used_inodes = if f.orphan_file {
+        ORPHAN_INO
+    } else {
+        GOOD_OLD_FIRST_INO
+    };
+    if used_inodes > l.inodes_per_group {
+        return Err(Error::Invalid("too few inodes per group".into()));
+    }
+    let fdb = l.first_data_block;
+    let root = bm.new_block(fdb).ok_or_else(too_small)?;
+    bm.mark(root, 1, true);
+    let bs = l.block_size as u64;
+    let mut lpf_n = 1u64;
+    while lpf_n < 12 && !(lpf_n * bs >= 16384 && lpf_n >= 2) {
+        lpf_n += 1;
+    }
+    let mut lost_found = Vec::new();
+    let mut goal = root;
+    for _ in 0..lpf_n {
+        let b = bm.new_block(goal).ok_or_else(too_small)?;
+        bm.mark(b, 1, true);
+        lost_found.push(b);
+        goal = b;
+    }
+    let resize_dind = if l.resize_inode {
+        let goal = fdb + l.super_blocks() + 1 + l.inode_table_blocks as u64;
+        let b = bm.new_block(goal).ok_or_else(too_small)?;
+        bm.mark(b, 1, true);
+        Some(b)
+    } else {
+        None
+    };
+    let journal = place_journal(bm, l, opts)?;
+    let orphan = if f.orphan_file {
+        let n = default_orphan_file_blocks(l.blocks) as u64;
+        alloc_file(bm, l, opts, fdb, n)?
+    } else {
+        FileBlocks::default()
+    };
+    Ok(Placement {
+        root,
+        lost_found,
+        resize_dind,
+        journal,
+        orphan,
+        used_inodes,
+    })
+}
+
+/// The journal's size (as asked, or mke2fs's default for the size; 0 without has_journal) and
+/// its blocks, at the start of a group in the middle of the filesystem (ext2fs_mkjournal's
+/// get_midpoint_journal_block).
+fn place_journal(bm: &mut Blocks, l: &Layout, opts: &MkfsOptions) -> Result<FileBlocks> {
+    let f = &opts.features;
+    let jblocks: u64 = if f.has_journal {
+        match opts.journal_blocks {
+            Some(n) => n as u64,
+            None => default_journal_blocks(l.blocks) as u64,
+        }
+    } else {
+        0
+    };
+    if jblocks > 0 && jblocks < 1024 {
+        return Err(Error::Invalid(format!(
+            "journal of {jblocks} blocks: the least is 1024"
+        )));
+    }
+    if jblocks > (1 << 30) / l.block_size as u64 * 10 {
+        return Err(Error::Invalid(format!(
+            "journal of {jblocks} blocks: the most is 10 GiB"
+        )));
+    }
+    if jblocks == 0 {
+        return Ok(FileBlocks::default());
+    }
+    let free_total = l.blocks - bm.used();
+    // mke2fs checks only a size it was given.
+    if opts.journal_blocks.is_some() && jblocks > free_total / 2 {
+        return Err(too_small());
+    }
+    let (fdb, groups) = (l.first_data_block, l.groups);
+    let flex = if f.flex_bg { FLEX_GROUPS } else { 0 };
+    let mut group = bm.group_of((l.blocks - fdb) / 2);
+    let start;
+    if flex > 0 && group > flex {
+        group &= !(flex - 1);
+        while group < groups && bm.free_in(l, group) == 0 {
+            group += 1;
+        }
+        if group == groups {
+            group = 0;
+        }
+        start = group;
+    } else {
+        start = group.saturating_sub(1);
+    }
+    let end = if group + 1 < groups { group + 1 } else { group };
+    let mut best = start;
+    for g in start + 1..=end {
+        if bm.free_in(l, g) > bm.free_in(l, best) {
+            best = g;
+        }
+    }
+    // Without extents mke2fs maps it block by block from the journal inode's group, the first.
+    let goal = if f.extents { l.group_first(best) } else { fdb };
+    alloc_file(bm, l, opts, goal, jblocks)
+}
+
+/// Allocates `n` data blocks from `goal` on: in runs with extents, else with the indirect
+/// blocks that map them.
+fn alloc_file(
+    bm: &mut Blocks,
+    l: &Layout,
+    opts: &MkfsOptions,
+    goal: u64,
+    n: u64,
+) -> Result<FileBlocks> {
+    if opts.features.extents {
+        let runs = bm.alloc_runs(goal, n).ok_or_else(too_small)?;
+        return Ok(FileBlocks {
+            blocks: n,
+            runs,
+            map: None,
+        });
+    }
+    let map = bm
+        .alloc_block_mapped(goal, n, l.block_size)
+        .ok_or_else(too_small)?;
+    Ok(FileBlocks {
+        blocks: n,
+        runs: map.runs.clone(),
+        map: Some(map),
+    })
+}
