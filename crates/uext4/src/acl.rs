@@ -161,7 +161,9 @@ impl Fs {
                     mode |= S_ISGID;
                 }
             }
-            if !is_dir && mode & (S_ISGID | 0o010) == S_ISGID | 0o010 && !cred.in_group_or_privileged(gid)
+            if !is_dir
+                && mode & (S_ISGID | 0o010) == S_ISGID | 0o010
+                && !cred.in_group_or_privileged(gid)
             {
                 mode &= !S_ISGID;
             }

@@ -61,9 +61,12 @@ impl Fs {
 /// commit ended, and no thread was left to take the writes that the next commit would carry.)
 /// `R` is where an answer goes (a FUSE reply).
 pub struct FsyncQueue<R> {
-    /// Queued fsyncs (inode, datasync, reply), and whether a leader is draining them.
-    state: Mutex<(Vec<(u32, bool, R)>, bool)>,
+    /// Queued fsyncs, and whether a leader is draining them.
+    state: Mutex<(Vec<Queued<R>>, bool)>,
 }
+
+/// An fsync waiting for a commit: inode, datasync, and where its answer goes.
+type Queued<R> = (u32, bool, R);
 
 impl<R> Default for FsyncQueue<R> {
     fn default() -> Self {

@@ -43,7 +43,6 @@ pub fn ftype_of(mode: u16) -> u8 {
 
 pub use crate::attr::{SetAttr, TimeSet};
 
-
 /// renameat2's flags, as the kernel numbers them.
 pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
@@ -252,7 +251,13 @@ impl Fs {
     /// `uid`/`gid` with the permission bits of `mode`, as an image tool does. A default ACL of
     /// `dir` is inherited (and limits the mode) in the create's handle; no umask applies.
     pub fn create(&self, dir: u32, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
-        self.mknod_inner(dir, name, with_type(mode, S_IFREG), 0, &NewOwner::raw(uid, gid))
+        self.mknod_inner(
+            dir,
+            name,
+            with_type(mode, S_IFREG),
+            0,
+            &NewOwner::raw(uid, gid),
+        )
     }
 
     /// Creates a regular file (or another type in `mode`) for `cred`, as open(O_CREAT) does:

@@ -10,13 +10,13 @@
 //! Locking: the inode's `io_lock` (shared to read, exclusive to change), then the handle, then
 //! `inode.state`, then group locks (allocation) and buffer locks, per the ranking in fs.rs.
 
+use crate::cred::Cred;
 use crate::error::{Error, Result};
 use crate::format::features::COMPAT_EXT_ATTR;
 use crate::format::inode::RawInode;
 use crate::format::xattr::*;
 use crate::format::{le32, put32};
 use crate::fs::Fs;
-use crate::cred::Cred;
 use crate::inode::{Inode, InodeState};
 use crate::transaction::Handle;
 use std::sync::atomic::Ordering;
@@ -360,7 +360,11 @@ impl Fs {
             .ibody
             .into_iter()
             .chain(l.block)
-            .filter(|e| !entries.iter().any(|n| n.index == e.index && n.name == e.name))
+            .filter(|e| {
+                !entries
+                    .iter()
+                    .any(|n| n.index == e.index && n.name == e.name)
+            })
             .collect();
         all.extend(entries);
         self.xattr_store(h, ino, st, all, l.blk, &old_block)?;

@@ -1,9 +1,7 @@
 //! The ACL/mode rules on their own (uext4::acl), as the kernel's fs/posix_acl.c.
 
 use uext4::acl;
-use uext4::format::xattr::{
-    AclEntry, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER, ACL_USER, ACL_USER_OBJ,
-};
+use uext4::format::xattr::{AclEntry, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER, ACL_USER, ACL_USER_OBJ};
 
 fn acl(entries: &[(u16, u16, u32)]) -> Vec<AclEntry> {
     entries
@@ -26,7 +24,11 @@ fn create_masq_limits_mode_and_acl_as_the_kernel() {
     assert_eq!(acl::mode_bits(&a), 0o664);
     assert!(!acl::is_equivalent_to_mode(&a));
     // Without a mask the owning group entry takes the group bits.
-    let mut b = acl(&[(ACL_USER_OBJ, 7, 0), (ACL_GROUP_OBJ, 7, 0), (ACL_OTHER, 0, 0)]);
+    let mut b = acl(&[
+        (ACL_USER_OBJ, 7, 0),
+        (ACL_GROUP_OBJ, 7, 0),
+        (ACL_OTHER, 0, 0),
+    ]);
     assert_eq!(acl::create_masq(&mut b, 0o40755), 0o40750);
     assert!(acl::is_equivalent_to_mode(&b));
 }
@@ -42,5 +44,8 @@ fn chmod_updates_the_mask_not_the_owning_group() {
     ]);
     acl::chmod(&mut a, 0o640);
     assert_eq!(acl::mode_bits(&a), 0o640);
-    assert_eq!(a[2].perm, 7, "the owning group entry keeps its bits under a mask");
+    assert_eq!(
+        a[2].perm, 7,
+        "the owning group entry keeps its bits under a mask"
+    );
 }
