@@ -3,7 +3,7 @@
 //! ACL in step with chmod (`posix_acl_chmod`) and taking the mode from an access ACL that is
 //! set (`posix_acl_update_mode`). The ACLs are lists of [`AclEntry`]; their two byte forms are
 //! in [`crate::format::xattr`]. The engine's create paths (namei.rs) apply them through
-//! [`Fs::new_inode_policy`], inside the create's handle.
+//! `Fs::new_inode_policy`, inside the create's handle.
 
 use crate::cred::Cred;
 use crate::error::Result;
