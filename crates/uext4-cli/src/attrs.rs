@@ -199,12 +199,10 @@ pub fn chown(owner: &str, path: &str, recursive: bool, no_deref: bool) -> Result
                 gid,
                 ..Default::default()
             };
-            fs.setattr(a.ino, &set)?;
-            // As the kernel's chown: a file that is not a directory loses set-user-ID,
-            // set-group-ID (when group-executable) and security.capability.
-            if !a.is_dir() && a.mode & 0o170000 != 0o120000 {
-                fs.remove_privs(a.ino, true, a.mode & 0o010 != 0)?;
-            }
+            // As the kernel's chown (the engine's rule, in the change's handle): a file that is
+            // not a directory loses set-user-ID, set-group-ID (when group-executable) and
+            // security.capability.
+            fs.setattr_as(&uext4::Cred::root(), a.ino, &set)?;
             Ok(())
         })
     })();

@@ -11,13 +11,27 @@
 //! - Only the parts of a new block that the write does not cover are zeroed (R3); the bytes
 //!   zeroed are counted in `FsStats::zeroed_bytes`.
 
+use crate::cred::Cred;
 use crate::error::{Error, Result};
 use crate::format::extent::{Extent, MAX_INIT_LEN, MAX_UNWRITTEN_LEN};
 use crate::format::inode::{S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::fs::Fs;
 use crate::inode::{Inode, InodeState};
 use crate::namei::credits;
+use crate::xattr::may_have_cap;
 use std::sync::atomic::Ordering;
+
+/// The set-ID bits a write by `cred` takes from a regular file (the kernel's
+/// should_remove_suid): none for a privileged caller; else set-user-ID, and set-group-ID when
+/// group-executable or of a group the caller is not in.
+fn write_privs(raw: &crate::format::inode::RawInode, cred: &Cred) -> u16 {
+    let mode = raw.mode();
+    if cred.privileged || mode & 0o6000 == 0 {
+        return 0;
+    }
+    let sgid = mode & 0o2000 != 0 && (mode & 0o010 != 0 || !cred.in_group(raw.gid()));
+    0o4000 | if sgid { 0o2000 } else { 0 }
+}
 
 pub const FALLOC_FL_KEEP_SIZE: i32 = 0x01;
 pub const FALLOC_FL_PUNCH_HOLE: i32 = 0x02;
@@ -141,10 +155,64 @@ impl Fs {
     /// size, or when space (or the device) fails after part of the data is written; the
     /// error then comes with the next call.
     pub fn write(&self, ino: u32, off: u64, data: &[u8]) -> Result<usize> {
+        self.write_inner(None, ino, off, data).map(|(n, _)| n)
+    }
+
+    /// [`Fs::write`] for `cred`, as the kernel's write with file_remove_privs: first a regular
+    /// file loses `security.capability`, and, unless `cred` is privileged, set-user-ID and
+    /// set-group-ID (when group-executable, or of a group the caller is not in), in one
+    /// handle. The count, and whether the mode changed. A file with no set-ID bits and no
+    /// capability costs nothing more than `write` (the check uses the inode's mode and what
+    /// is known of its attributes, under the lock the write takes anyway).
+    pub fn write_as(&self, cred: &Cred, ino: u32, off: u64, data: &[u8]) -> Result<(usize, bool)> {
+        self.write_inner(Some(cred), ino, off, data)
+    }
+
+    /// [`Fs::write_all`] for `cred` (as [`Fs::write_as`]): whether the mode changed.
+    pub fn write_all_as(&self, cred: &Cred, ino: u32, off: u64, data: &[u8]) -> Result<bool> {
+        let mut done = 0;
+        let mut changed = false;
+        while done < data.len() {
+            match self.write_inner(Some(cred), ino, off + done as u64, &data[done..])? {
+                (0, _) => return Err(Error::NoSpace),
+                (n, c) => {
+                    done += n;
+                    changed |= c;
+                }
+            }
+        }
+        Ok(changed)
+    }
+
+    /// [`Fs::fallocate`] for `cred`: any mode changes the file as a write does (the kernel's
+    /// ext4 calls file_modified for each), so it first takes away what [`Fs::write_as`]
+    /// would. Whether the mode changed.
+    pub fn fallocate_as(
+        &self,
+        cred: &Cred,
+        ino: u32,
+        mode: i32,
+        off: u64,
+        len: u64,
+    ) -> Result<bool> {
+        let inode = self.iget(ino)?;
+        let changed = self.remove_privs_of(&inode, &|raw| write_privs(raw, cred))?;
+        self.fallocate(ino, mode, off, len)?;
+        Ok(changed)
+    }
+
+    fn write_inner(
+        &self,
+        cred: Option<&Cred>,
+        ino: u32,
+        off: u64,
+        data: &[u8],
+    ) -> Result<(usize, bool)> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
-        let n = self.retry_nospace(|| self.write_once(ino, off, data))?;
+        let mut changed = false;
+        let n = self.retry_nospace(|| self.write_once(cred, &mut changed, ino, off, data))?;
         if n == 0 || n == data.len() || self.pending_free.lock().is_empty() {
-            return Ok(n);
+            return Ok((n, changed));
         }
         // Cut short, perhaps by space that blocks freed but not yet home still hold: the
         // rest once more after they are, as `retry_nospace` does for a write that could not
@@ -154,11 +222,12 @@ impl Fs {
             .and_then(|()| self.checkpoint_drain())
             .is_err()
         {
-            return Ok(n);
+            return Ok((n, changed));
         }
-        Ok(n + self
-            .write_once(ino, off + n as u64, &data[n..])
-            .unwrap_or(0))
+        let more = self
+            .write_once(None, &mut changed, ino, off + n as u64, &data[n..])
+            .unwrap_or(0);
+        Ok((n + more, changed))
     }
 
     /// Writes all of `data` at `off`, or fails: `write` until done (image tools).
@@ -173,7 +242,14 @@ impl Fs {
         Ok(())
     }
 
-    fn write_once(&self, ino: u32, off: u64, data: &[u8]) -> Result<usize> {
+    fn write_once(
+        &self,
+        cred: Option<&Cred>,
+        mode_changed: &mut bool,
+        ino: u32,
+        off: u64,
+        data: &[u8],
+    ) -> Result<usize> {
         self.check_writable()?;
         if data.is_empty() {
             return Ok(0);
@@ -185,7 +261,17 @@ impl Fs {
         // As the kernel's write checks: a write that starts at or past the largest size fails,
         // one that crosses it is cut short there. A file with an indirect block map ends
         // sooner (the kernel's s_bitmap_maxbytes).
-        let limit = self.max_size_of(&inode.state.lock().raw);
+        let (limit, privs) = {
+            let st = inode.state.lock();
+            let privs = cred.filter(|c| {
+                st.raw.file_type() == S_IFREG
+                    && (st.raw.mode() & write_privs(&st.raw, c) != 0 || may_have_cap(&st))
+            });
+            (self.max_size_of(&st.raw), privs)
+        };
+        if let Some(c) = privs {
+            *mode_changed |= self.remove_privs_of(&inode, &|raw| write_privs(raw, c))?;
+        }
         if off >= limit {
             return Err(Error::FileTooBig);
         }
@@ -984,48 +1070,6 @@ impl Fs {
                 return Ok(size);
             }
         }
-    }
-
-    /// Makes the file's data and metadata durable. Concurrent fsyncs share one commit; one that
-    /// finds its changes committed only flushes the device; fdatasync does not commit for a
-    /// timestamp-only change.
-    pub fn fsync(&self, ino: u32, datasync: bool) -> Result<()> {
-        self.fsync_many(&[(ino, datasync)])?.pop().unwrap_or(Ok(()))
-    }
-
-    /// fsync of many files at once (a server's queued requests): each file's buffered data is
-    /// written back (its own result), then one commit covers every file that needs one, or one
-    /// device flush if none does. The outer error is that commit's or flush's, for all of them.
-    pub fn fsync_many(&self, files: &[(u32, bool)]) -> Result<Vec<Result<()>>> {
-        let mut need = 0u64;
-        let results: Vec<Result<()>> = files
-            .iter()
-            .map(|&(ino, datasync)| {
-                self.stats.ops.fetch_add(1, Ordering::Relaxed);
-                let inode = self.iget(ino)?;
-                self.retry_nospace(|| self.delalloc_writeback(&inode))?;
-                let tid = if datasync {
-                    inode.last_data_tid.load(Ordering::Acquire)
-                } else {
-                    inode.last_tid.load(Ordering::Acquire)
-                };
-                need = need.max(tid);
-                Ok(())
-            })
-            .collect();
-        if self.is_read_only() {
-            return Ok(results);
-        }
-        if need > self.txn.committed_tid() {
-            self.commit_upto(need)?;
-        } else {
-            self.txn
-                .stats
-                .fsync_already_committed
-                .fetch_add(files.len() as u64, Ordering::Relaxed);
-            self.dev.flush()?;
-        }
-        Ok(results)
     }
 
     /// The engine's counters as a JSON object.

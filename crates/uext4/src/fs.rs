@@ -1153,6 +1153,7 @@ impl Fs {
             dying: false,
             creating: false,
             delalloc: None,
+            no_capability: false,
         };
         self.ext_load(ino, &mut st)
             .map_err(|e| Error::corrupt(format!("journal inode {ino}: {e}")))?;

@@ -32,6 +32,8 @@ pub struct InodeState {
     pub creating: bool,
     /// Buffered mode: data not yet written back, and the size the device backs (delalloc.rs).
     pub delalloc: Option<Box<crate::delalloc::Dirty>>,
+    /// Known to have no `security.capability` (xattr.rs keeps it): a write skips the look.
+    pub no_capability: bool,
 }
 
 impl InodeState {
@@ -354,6 +356,7 @@ pub(crate) fn new_inode(
             dying: false,
             creating,
             delalloc: None,
+            no_capability: false,
         }),
         open_count: AtomicU32::new(0),
         last_tid: AtomicU64::new(0),

@@ -18,10 +18,13 @@
 //! - [`partition`]: GPT and MBR partition tables, and what a device or partition holds.
 //! - [`nbd`]: an NBD client as a block device (images served by nbdkit, qemu-nbd, ...).
 
+pub mod acl;
+pub mod attr;
 pub mod balloc;
 pub mod bcache;
 pub mod block_validity;
 pub mod blockdev;
+pub mod cred;
 pub mod delalloc;
 pub mod dir;
 pub mod error;
@@ -29,6 +32,7 @@ pub mod extents;
 pub mod file;
 pub mod format;
 pub mod fs;
+pub mod fsync;
 pub mod holder;
 pub mod htree;
 pub mod ialloc;
@@ -44,6 +48,7 @@ pub mod partition;
 pub mod transaction;
 pub mod xattr;
 
+pub use cred::Cred;
 pub use error::{Error, Result};
 pub use fs::{Fs, MountOptions, StatFs};
 pub use inode::Attr;

@@ -6,6 +6,8 @@
 //! `Fs::rename_lock`, then both directories' `io_lock`s in inode-number order. The handle is
 //! started after the `io_lock`s and before any inode `state` mutex.
 
+use crate::acl::{NewOwner, Umask};
+use crate::cred::Cred;
 use crate::error::{Error, Result};
 use crate::format::inode::*;
 use crate::fs::Fs;
@@ -39,34 +41,7 @@ pub fn ftype_of(mode: u16) -> u8 {
     }
 }
 
-/// Which attributes `setattr` changes.
-#[derive(Clone, Debug, Default)]
-pub struct SetAttr {
-    pub mode: Option<u32>,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    pub size: Option<u64>,
-    pub atime: Option<TimeSet>,
-    pub mtime: Option<TimeSet>,
-    pub ctime: Option<Timestamp>,
-    pub crtime: Option<Timestamp>,
-}
-
-#[derive(Clone, Copy, Debug)]
-pub enum TimeSet {
-    Now,
-    At(Timestamp),
-}
-
-impl TimeSet {
-    /// The time to store: `now` (already clamped), or the time given, clamped to `clamp`.
-    fn resolve(self, now: Timestamp, clamp: Option<i64>) -> Timestamp {
-        match self {
-            TimeSet::Now => now,
-            TimeSet::At(t) => t.at_most(clamp),
-        }
-    }
-}
+pub use crate::attr::{SetAttr, TimeSet};
 
 /// renameat2's flags, as the kernel numbers them.
 pub const RENAME_NOREPLACE: u32 = 1;
@@ -272,16 +247,36 @@ impl Fs {
         }
     }
 
-    /// Creates a regular file (or, with another type in `mode`, that kind of node).
+    /// Creates a regular file (or, with another type in `mode`, that kind of node) owned by
+    /// `uid`/`gid` with the permission bits of `mode`, as an image tool does. A default ACL of
+    /// `dir` is inherited (and limits the mode) in the create's handle; no umask applies.
     pub fn create(&self, dir: u32, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
-        let mode = if mode & S_IFMT as u32 == 0 {
-            mode | S_IFREG as u32
-        } else {
-            mode
-        };
-        self.mknod(dir, name, mode, 0, uid, gid)
+        self.mknod_inner(
+            dir,
+            name,
+            with_type(mode, S_IFREG),
+            0,
+            &NewOwner::raw(uid, gid),
+        )
     }
 
+    /// Creates a regular file (or another type in `mode`) for `cred`, as open(O_CREAT) does:
+    /// owned by the caller, with the group of a set-group-ID `dir`; under a default ACL of
+    /// `dir` the ACL limits the mode and becomes the file's access ACL, else `umask` applies.
+    /// All in the create's handle.
+    pub fn create_as(
+        &self,
+        cred: &Cred,
+        dir: u32,
+        name: &[u8],
+        mode: u32,
+        umask: Umask,
+    ) -> Result<Attr> {
+        let owner = NewOwner::of(cred, umask);
+        self.mknod_inner(dir, name, with_type(mode, S_IFREG), 0, &owner)
+    }
+
+    /// Makes a node of the type in `mode` owned by `uid`/`gid` (as [`Fs::create`]).
     pub fn mknod(
         &self,
         dir: u32,
@@ -291,10 +286,34 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> Result<Attr> {
+        self.mknod_inner(dir, name, mode, rdev, &NewOwner::raw(uid, gid))
+    }
+
+    /// Makes a node of the type in `mode` for `cred` (as [`Fs::create_as`]).
+    pub fn mknod_as(
+        &self,
+        cred: &Cred,
+        dir: u32,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        umask: Umask,
+    ) -> Result<Attr> {
+        self.mknod_inner(dir, name, mode, rdev, &NewOwner::of(cred, umask))
+    }
+
+    fn mknod_inner(
+        &self,
+        dir: u32,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        owner: &NewOwner<'_>,
+    ) -> Result<Attr> {
         let ft = (mode as u16) & S_IFMT;
         match ft {
             S_IFREG | S_IFCHR | S_IFBLK | S_IFIFO | S_IFSOCK => {}
-            S_IFDIR => return self.mkdir(dir, name, mode, uid, gid),
+            S_IFDIR => return self.mkdir_inner(dir, name, mode, owner),
             _ => {
                 return Err(Error::Invalid(format!(
                     "mknod: unsupported file type {:o}",
@@ -302,7 +321,7 @@ impl Fs {
                 )))
             }
         }
-        self.new_node(dir, name, mode as u16, uid, gid, None, |fs, raw| {
+        self.new_node(dir, name, mode as u16, owner, None, |fs, raw| {
             if ft == S_IFCHR || ft == S_IFBLK {
                 encode_rdev(raw, rdev);
             } else if ft == S_IFREG {
@@ -312,15 +331,35 @@ impl Fs {
         })
     }
 
+    /// Makes a directory owned by `uid`/`gid` (as [`Fs::create`]); it also inherits the
+    /// default ACL of `dir` as its own default ACL.
     pub fn mkdir(&self, dir: u32, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.mkdir_inner(dir, name, mode, &NewOwner::raw(uid, gid))
+    }
+
+    /// Makes a directory for `cred` (as [`Fs::create_as`]); under a set-group-ID `dir` it is
+    /// set-group-ID too.
+    pub fn mkdir_as(
+        &self,
+        cred: &Cred,
+        dir: u32,
+        name: &[u8],
+        mode: u32,
+        umask: Umask,
+    ) -> Result<Attr> {
+        self.mkdir_inner(dir, name, mode, &NewOwner::of(cred, umask))
+    }
+
+    fn mkdir_inner(&self, dir: u32, name: &[u8], mode: u32, owner: &NewOwner<'_>) -> Result<Attr> {
         let mode = (mode as u16 & !S_IFMT) | S_IFDIR;
-        self.new_node(dir, name, mode, uid, gid, None, |fs, raw| {
+        self.new_node(dir, name, mode, owner, None, |fs, raw| {
             fs.init_block_map(raw);
             raw.set_links_count(2);
             Ok(())
         })
     }
 
+    /// Makes a symbolic link owned by `uid`/`gid`.
     pub fn symlink(
         &self,
         dir: u32,
@@ -328,6 +367,23 @@ impl Fs {
         target: &[u8],
         uid: u32,
         gid: u32,
+    ) -> Result<Attr> {
+        self.symlink_inner(dir, name, target, &NewOwner::raw(uid, gid))
+    }
+
+    /// Makes a symbolic link for `cred`: owned by the caller, with the group of a
+    /// set-group-ID `dir` (a link's mode is always 0777 and it inherits no ACL).
+    pub fn symlink_as(&self, cred: &Cred, dir: u32, name: &[u8], target: &[u8]) -> Result<Attr> {
+        let owner = NewOwner::of(cred, Umask::Acl(0));
+        self.symlink_inner(dir, name, target, &owner)
+    }
+
+    fn symlink_inner(
+        &self,
+        dir: u32,
+        name: &[u8],
+        target: &[u8],
+        owner: &NewOwner<'_>,
     ) -> Result<Attr> {
         if target.is_empty() {
             return Err(Error::NotFound);
@@ -339,7 +395,7 @@ impl Fs {
         // A slow symlink's target is its first data block, written before the name is linked
         // (a readlink that finds the name reads the whole target; a crash leaves both or neither).
         let slow = (target.len() >= I_BLOCK_SIZE).then_some(target);
-        self.new_node(dir, name, mode, uid, gid, slow, |fs, raw| {
+        self.new_node(dir, name, mode, owner, slow, |fs, raw| {
             raw.set_size(target.len() as u64);
             if target.len() < I_BLOCK_SIZE {
                 // Fast symlink: the target lives in i_block.
@@ -351,6 +407,18 @@ impl Fs {
         })
     }
 
+    /// The owner `cred` gives a new inode in `dir`: the caller's uid, and the group of a
+    /// set-group-ID `dir` or else the caller's (a rename's whiteout is owned so).
+    pub fn owner_in(&self, cred: &Cred, dir: u32) -> Result<(u32, u32)> {
+        let d = self.iget(dir)?;
+        let st = d.state.lock();
+        if st.raw.mode() & 0o2000 != 0 {
+            Ok((cred.uid, st.raw.gid()))
+        } else {
+            Ok((cred.uid, cred.gid))
+        }
+    }
+
     /// Lets `init` fill in type-specific fields, allocates the inode, writes `first_block` (if
     /// any) as its data block 0, and links it into `dir`.
     #[allow(clippy::too_many_arguments)]
@@ -359,8 +427,7 @@ impl Fs {
         dir: u32,
         name: &[u8],
         mode: u16,
-        uid: u32,
-        gid: u32,
+        owner: &NewOwner<'_>,
         first_block: Option<&[u8]>,
         init: impl Fn(&Fs, &mut RawInode) -> Result<()>,
     ) -> Result<Attr> {
@@ -376,10 +443,11 @@ impl Fs {
             }
             check_dir_live(&d)?;
             let is_dir = mode & S_IFMT == S_IFDIR;
+            let new = self.new_inode_policy(&d, mode, owner)?;
             let now = self.now();
-            let mut raw = self.fresh_raw_inode(mode, uid, gid, now);
+            let mut raw = self.fresh_raw_inode(new.mode, new.uid, new.gid, now);
             init(self, &mut raw)?;
-            let mut h = self.start(credits::CREATE)?;
+            let mut h = self.start(credits::CREATE + new.extra_credits())?;
             let inode = self.alloc_inode(&mut h, dir, is_dir, raw)?;
             let ino = inode.ino;
             let result = (|| -> Result<()> {
@@ -390,6 +458,8 @@ impl Fs {
                 if is_dir {
                     self.dir_init(&mut h, ino, &mut ist, dir)?;
                 }
+                // Inherited ACLs in the create's handle, as the kernel's ext4_init_acl.
+                self.xattr_put_in(&mut h, ino, &mut ist, new.xattrs.clone())?;
                 self.mark_inode_dirty(&mut h, &inode, &mut ist)?;
                 // Whole now: a stale number that reaches it sees a new inode, as after reuse.
                 ist.creating = false;
@@ -488,6 +558,16 @@ impl Fs {
     /// unless `link` gave it a name meanwhile (which takes it off the orphan list). A crash
     /// before either leaves an orphan that the next open (or e2fsck) frees.
     pub fn tmpfile(&self, dir: u32, mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.tmpfile_inner(dir, mode, &NewOwner::raw(uid, gid))
+    }
+
+    /// [`Fs::tmpfile`] for `cred`: owned as [`Fs::create_as`] owns a file, with its mode
+    /// and ACL from the directory's default ACL or the umask.
+    pub fn tmpfile_as(&self, cred: &Cred, dir: u32, mode: u32, umask: Umask) -> Result<Attr> {
+        self.tmpfile_inner(dir, mode, &NewOwner::of(cred, umask))
+    }
+
+    fn tmpfile_inner(&self, dir: u32, mode: u32, owner: &NewOwner<'_>) -> Result<Attr> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         let mode = (mode as u16 & !S_IFMT) | S_IFREG;
         self.retry_nospace(|| {
@@ -495,15 +575,18 @@ impl Fs {
             let d = self.dir_inode(dir)?;
             let _g = d.io_lock.read();
             check_dir_live(&d)?;
-            let mut h = self.start(credits::CREATE)?;
+            let new = self.new_inode_policy(&d, mode, owner)?;
+            let mut h = self.start(credits::CREATE + new.extra_credits())?;
             let now = self.now();
-            let inode = self.new_unnamed_inode(&mut h, dir, mode, uid, gid, now, |fs, raw| {
-                fs.init_block_map(raw);
-            })?;
+            let inode =
+                self.new_unnamed_inode(&mut h, dir, new.mode, new.uid, new.gid, now, |fs, raw| {
+                    fs.init_block_map(raw);
+                })?;
             inode.open_count.fetch_add(1, Ordering::AcqRel);
             let mut ist = inode.state.lock();
             ist.raw.set_links_count(0);
             self.orphan_add(&mut h, &inode, &mut ist)?;
+            self.xattr_put_in(&mut h, inode.ino, &mut ist, new.xattrs.clone())?;
             self.mark_inode_dirty(&mut h, &inode, &mut ist)?;
             Ok(self.attr_of(inode.ino, &ist))
         })
@@ -777,53 +860,6 @@ impl Fs {
                 next_offset: next,
             })
         })
-    }
-
-    pub fn setattr(&self, ino: u32, set: &SetAttr) -> Result<Attr> {
-        self.stats.ops.fetch_add(1, Ordering::Relaxed);
-        self.check_writable()?;
-        if let Some(size) = set.size {
-            self.truncate(ino, size)?;
-        }
-        let inode = self.iget(ino)?;
-        let mut h = self.start(credits::SETATTR)?;
-        let mut st = inode.state.lock();
-        if st.deleted {
-            return Err(Error::NotFound);
-        }
-        let now = self.now();
-        let mut changed = set.size.is_some();
-        if let Some(m) = set.mode {
-            let m = (m as u16 & !S_IFMT) | st.raw.file_type();
-            st.raw.set_mode(m);
-            changed = true;
-        }
-        if let Some(u) = set.uid {
-            st.raw.set_uid(u);
-            changed = true;
-        }
-        if let Some(g) = set.gid {
-            st.raw.set_gid(g);
-            changed = true;
-        }
-        if let Some(t) = set.atime {
-            st.raw.set_atime(t.resolve(now, self.opts.time_clamp));
-            changed = true;
-        }
-        if let Some(t) = set.mtime {
-            st.raw.set_mtime(t.resolve(now, self.opts.time_clamp));
-            changed = true;
-        }
-        if let Some(t) = set.crtime {
-            st.raw.set_crtime(t.at_most(self.opts.time_clamp));
-        }
-        if let Some(t) = set.ctime {
-            st.raw.set_ctime(t.at_most(self.opts.time_clamp));
-        } else if changed {
-            st.raw.set_ctime(now);
-        }
-        self.mark_inode_dirty(&mut h, &inode, &mut st)?;
-        Ok(self.attr_of(ino, &st))
     }
 
     pub fn rename(
@@ -1187,6 +1223,15 @@ pub mod credits {
 /// Fails with NotFound if directory `d` has been removed (checked with its io_lock held, so
 /// it stays so while the caller holds the lock), as the kernel refuses entries in a dead
 /// directory.
+/// `mode` with file type `ft` when it names none.
+fn with_type(mode: u32, ft: u16) -> u32 {
+    if mode & S_IFMT as u32 == 0 {
+        mode | ft as u32
+    } else {
+        mode
+    }
+}
+
 fn check_dir_live(d: &Inode) -> Result<()> {
     let st = d.state.lock();
     if st.deleted || st.raw.links_count() == 0 {
@@ -1196,20 +1241,4 @@ fn check_dir_live(d: &Inode) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    #[test]
-    fn generations_are_spread_and_not_repeated() {
-        let g: Vec<u32> = (0..1000).map(|_| super::next_generation()).collect();
-        let mut d = g.clone();
-        d.sort_unstable();
-        d.dedup();
-        assert_eq!(d.len(), g.len(), "a generation repeated");
-        // Not a counter: consecutive values differ in many bits.
-        let close = g
-            .windows(2)
-            .filter(|w| (w[0] ^ w[1]).count_ones() < 4)
-            .count();
-        assert!(close < 10, "{close} consecutive pairs nearly equal");
-        assert!(g.iter().any(|&x| x & 0x8000_0000 != 0) && g.iter().any(|&x| x < 1 << 31));
-    }
-}
+mod tests;

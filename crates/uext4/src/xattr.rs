@@ -10,13 +10,14 @@
 //! Locking: the inode's `io_lock` (shared to read, exclusive to change), then the handle, then
 //! `inode.state`, then group locks (allocation) and buffer locks, per the ranking in fs.rs.
 
+use crate::cred::Cred;
 use crate::error::{Error, Result};
 use crate::format::features::COMPAT_EXT_ATTR;
 use crate::format::inode::RawInode;
 use crate::format::xattr::*;
 use crate::format::{le32, put32};
 use crate::fs::Fs;
-use crate::inode::InodeState;
+use crate::inode::{Inode, InodeState};
 use crate::transaction::Handle;
 use std::sync::atomic::Ordering;
 
@@ -34,13 +35,32 @@ pub enum XattrFlags {
 /// Metadata blocks one attribute change can dirty: the inode's table block, a new block with
 /// its bitmap and descriptor, the old block (refcount) or its bitmap and descriptor, the
 /// superblock.
-const XATTR_CREDITS: usize = 10;
+pub(crate) const XATTR_CREDITS: usize = 10;
+
+const S_ISUID: u16 = 0o4000;
+const S_ISGID: u16 = 0o2000;
+/// The name of `security.capability` after its prefix.
+const CAPABILITY: &[u8] = b"capability";
 
 /// An inode's attributes as read: in-inode entries, block entries, the block number (0: none).
 pub(crate) struct Loaded {
     pub ibody: Vec<XattrEntry>,
     pub block: Vec<XattrEntry>,
     pub blk: u64,
+}
+
+/// Whether the inode has any extended attribute (in the inode or a block): known from its
+/// on-disk fields in memory, without I/O.
+pub(crate) fn has_xattrs(raw: &RawInode) -> bool {
+    raw.xattr_area()
+        .is_some_and(|r| le32(&raw.0[r], 0) == XATTR_MAGIC)
+        || raw.file_acl() != 0
+}
+
+/// Whether the inode may have `security.capability`: not when it has no attributes, or a
+/// look found none since (the cached knowledge a write checks before any lock or I/O).
+pub(crate) fn may_have_cap(st: &InodeState) -> bool {
+    !st.no_capability && has_xattrs(&st.raw)
 }
 
 fn is_acl(index: u8) -> bool {
@@ -151,11 +171,26 @@ impl Fs {
             .collect())
     }
 
-    /// Sets attribute `name` of inode `ino`. POSIX ACLs are given in the VFS form; an ACL with
-    /// no entries removes the attribute. An access ACL also sets the permission bits it implies
-    /// (owner, mask or owning group, other) as the kernel does, and one that says no more than
-    /// those bits is not stored (an existing one is removed).
+    /// Sets attribute `name` of inode `ino`, as root would: [`Fs::setxattr_as`] with
+    /// [`Cred::root`].
     pub fn setxattr(&self, ino: u32, name: &[u8], value: &[u8], flags: XattrFlags) -> Result<()> {
+        self.setxattr_as(&Cred::root(), ino, name, value, flags)
+    }
+
+    /// Sets attribute `name` of inode `ino` for `cred`. POSIX ACLs are given in the VFS form; an
+    /// ACL with no entries removes the attribute. An access ACL also sets the permission bits
+    /// it implies (owner, mask or owning group, other), one that says no more than those bits
+    /// is not stored (an existing one is removed), and set-group-ID goes when the caller is
+    /// neither privileged nor in the file's group: the kernel's posix_acl_update_mode, in the
+    /// attribute's handle.
+    pub fn setxattr_as(
+        &self,
+        cred: &Cred,
+        ino: u32,
+        name: &[u8],
+        value: &[u8],
+        flags: XattrFlags,
+    ) -> Result<()> {
         let (index, short) = split_name(name)?;
         if !is_acl(index) {
             if value.len() > VALUE_MAX {
@@ -176,70 +211,181 @@ impl Fs {
         if index == INDEX_POSIX_ACL_DEFAULT {
             return self.xattr_change(ino, index, short, Some(acl_to_disk(&acl)), flags, None);
         }
-        let perm = |tag| acl.iter().find(|e| e.tag == tag).map_or(0, |e| e.perm & 7);
-        let group = if acl.iter().any(|e| e.tag == ACL_MASK) {
-            perm(ACL_MASK)
-        } else {
-            perm(ACL_GROUP_OBJ)
-        };
-        let bits = perm(ACL_USER_OBJ) << 6 | group << 3 | perm(ACL_OTHER);
-        let value = (acl.len() > 3).then(|| acl_to_disk(&acl));
+        let bits = crate::acl::mode_bits(&acl);
+        let value = (!crate::acl::is_equivalent_to_mode(&acl)).then(|| acl_to_disk(&acl));
         let flags = if value.is_none() {
             XattrFlags::Any
         } else {
             flags
         };
-        self.xattr_change(ino, index, short, value, flags, Some(bits))
+        let mode = |raw: &RawInode| {
+            let mut m = raw.mode() & !0o777 | bits;
+            if !cred.in_group_or_privileged(raw.gid()) {
+                m &= !S_ISGID;
+            }
+            m
+        };
+        self.xattr_change(ino, index, short, value, flags, Some(&mode))
     }
 
     /// What a write, truncate or chown takes away from a file (the kernel's file_remove_privs
     /// and notify_change): set-user-ID when `drop_suid`, set-group-ID when `drop_sgid`, and the
-    /// `security.capability` attribute always. Costs no I/O and no handle when there is nothing
-    /// to remove (no set-ID bits asked for and no attributes), so a data path may call it per
-    /// request (FUSE's HANDLE_KILLPRIV_V2 makes the server do this on every write). Returns
-    /// whether the mode changed.
+    /// `security.capability` attribute always, in one handle. Costs no I/O and no handle when
+    /// there is nothing to remove. Returns whether the mode changed. The engine's
+    /// [`Fs::write_as`] and [`Fs::setattr_as`] apply this themselves from the caller's
+    /// credentials.
     pub fn remove_privs(&self, ino: u32, drop_suid: bool, drop_sgid: bool) -> Result<bool> {
-        const CAPABILITY: &[u8] = b"security.capability";
         let inode = self.iget(ino)?;
-        let (mode, may_have_xattrs) = {
+        let clear = (if drop_suid { S_ISUID } else { 0 }) | if drop_sgid { S_ISGID } else { 0 };
+        self.remove_privs_of(&inode, &|_| clear)
+    }
+
+    /// Takes away from `inode` (not a directory) the set-ID bits `clear` returns for its
+    /// on-disk fields, and `security.capability`, in one handle; nothing (no handle) when there
+    /// is neither. Whether the mode changed.
+    pub(crate) fn remove_privs_of(
+        &self,
+        inode: &Inode,
+        clear: &dyn Fn(&RawInode) -> u16,
+    ) -> Result<bool> {
+        {
             let st = inode.state.lock();
-            if st.raw.is_dir() {
+            if st.raw.is_dir() || (st.raw.mode() & clear(&st.raw) == 0 && !may_have_cap(&st)) {
                 return Ok(false);
             }
-            let ibody = st
-                .raw
-                .xattr_area()
-                .is_some_and(|r| le32(&st.raw.0[r], 0) == XATTR_MAGIC);
-            (st.raw.mode() as u32, ibody || st.raw.file_acl() != 0)
+        }
+        self.check_writable()?;
+        let _io = inode.io_lock.write();
+        let mut h = self.start(XATTR_CREDITS)?;
+        let mut st = inode.state.lock();
+        if st.deleted || st.raw.is_dir() {
+            return Ok(false);
+        }
+        let dropped = self.drop_capability_in(&mut h, inode.ino, &mut st)?;
+        let mode = st.raw.mode();
+        let new = mode & !clear(&st.raw);
+        if new != mode {
+            st.raw.set_mode(new);
+        }
+        if new != mode || dropped {
+            st.raw.set_ctime(self.now());
+            self.mark_inode_dirty(&mut h, inode, &mut st)?;
+        }
+        Ok(new != mode)
+    }
+
+    /// Removes `security.capability` from the inode in handle `h`, if it has one (the inode's
+    /// state held). Whether it had one. Afterwards the inode is known to have none, so later
+    /// writes skip the look.
+    pub(crate) fn drop_capability_in(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+    ) -> Result<bool> {
+        if !may_have_cap(st) {
+            return Ok(false);
+        }
+        let is_cap = |e: &XattrEntry| e.index == INDEX_SECURITY && e.name == CAPABILITY;
+        let mut l = self.xattr_load(ino, &st.raw)?;
+        if !l.ibody.iter().chain(l.block.iter()).any(is_cap) {
+            st.no_capability = true;
+            return Ok(false);
+        }
+        if Self::is_inline(&st.raw) {
+            self.inline_convert(h, ino, st)?;
+            l = self.xattr_load(ino, &st.raw)?;
+        }
+        let old_block = l.block.clone();
+        let all: Vec<XattrEntry> = l
+            .ibody
+            .into_iter()
+            .chain(l.block)
+            .filter(|e| !is_cap(e))
+            .collect();
+        self.xattr_store(h, ino, st, all, l.blk, &old_block)?;
+        st.no_capability = true;
+        Ok(true)
+    }
+
+    /// The ACL of kind `index` (access or default) of the inode, if it has one (its state
+    /// held). No I/O for an inode without attributes.
+    pub(crate) fn acl_in(
+        &self,
+        ino: u32,
+        st: &InodeState,
+        index: u8,
+    ) -> Result<Option<Vec<AclEntry>>> {
+        if !has_xattrs(&st.raw) {
+            return Ok(None);
+        }
+        let l = self.xattr_load(ino, &st.raw)?;
+        let Some(e) = l
+            .ibody
+            .iter()
+            .chain(l.block.iter())
+            .find(|e| e.index == index && e.name.is_empty())
+        else {
+            return Ok(None);
         };
-        let mut new = mode & 0o7777;
-        if drop_suid {
-            new &= !0o4000;
-        }
-        if drop_sgid {
-            new &= !0o2000;
-        }
-        let mode_changed = new != mode & 0o7777;
-        if mode_changed {
-            self.setattr(
+        acl_from_disk(&e.value).map(Some).map_err(|why| {
+            self.fail(
+                Error::corrupt(format!("inode {ino}: POSIX ACL: {why}")),
                 ino,
-                &crate::namei::SetAttr {
-                    mode: Some(new),
-                    ..Default::default()
-                },
-            )?;
+                l.blk,
+                "acl",
+            )
+        })
+    }
+
+    /// Adds (or replaces) attributes of the inode in handle `h` (its state held): a new
+    /// inode's inherited ACLs, a chmod's updated access ACL.
+    pub(crate) fn xattr_put_in(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+        entries: Vec<XattrEntry>,
+    ) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
         }
-        if may_have_xattrs {
-            match self.getxattr(ino, CAPABILITY) {
-                Ok(_) => match self.removexattr(ino, CAPABILITY) {
-                    Ok(()) | Err(Error::NoAttr) => {}
-                    Err(e) => return Err(e),
-                },
-                Err(Error::NoAttr) => {}
-                Err(e) => return Err(e),
+        let mut l = self.xattr_load(ino, &st.raw)?;
+        if Self::is_inline(&st.raw) {
+            self.inline_convert(h, ino, st)?;
+            l = self.xattr_load(ino, &st.raw)?;
+        }
+        let old_block = l.block.clone();
+        let mut all: Vec<XattrEntry> = l
+            .ibody
+            .into_iter()
+            .chain(l.block)
+            .filter(|e| {
+                !entries
+                    .iter()
+                    .any(|n| n.index == e.index && n.name == e.name)
+            })
+            .collect();
+        all.extend(entries);
+        self.xattr_store(h, ino, st, all, l.blk, &old_block)?;
+        self.ext_attr_feature_on(h)
+    }
+
+    /// As the kernel does: the first attribute turns on the ext_attr feature.
+    fn ext_attr_feature_on(&self, h: &mut Handle<'_>) -> Result<()> {
+        let missing = {
+            let mut sb = self.sb.lock();
+            let missing = !sb.has_compat(COMPAT_EXT_ATTR);
+            if missing {
+                let f = sb.feature_compat() | COMPAT_EXT_ATTR;
+                sb.set_feature_compat(f);
             }
+            missing
+        };
+        if missing {
+            self.write_superblock_to_buffer(h)?;
         }
-        Ok(mode_changed)
+        Ok(())
     }
 
     /// Removes attribute `name` of inode `ino` (`Error::NoAttr` if absent).
@@ -256,7 +402,7 @@ impl Fs {
     }
 
     /// Sets (`value` Some) or removes (None) one attribute. Removing with `XattrFlags::Any`
-    /// tolerates absence. `mode_bits` replaces the inode's rwx bits.
+    /// tolerates absence. `mode` gives the inode's new mode (from its on-disk fields).
     fn xattr_change(
         &self,
         ino: u32,
@@ -264,7 +410,7 @@ impl Fs {
         name: &[u8],
         value: Option<Vec<u8>>,
         flags: XattrFlags,
-        mode_bits: Option<u16>,
+        mode: Option<&dyn Fn(&RawInode) -> u16>,
     ) -> Result<()> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         self.check_writable()?;
@@ -319,23 +465,14 @@ impl Fs {
             self.xattr_store(&mut h, ino, &mut st, all, l.blk, &old_block)?;
         }
         if value_added {
-            // As the kernel does: the first attribute turns on the ext_attr feature.
-            let missing = {
-                let mut sb = self.sb.lock();
-                let missing = !sb.has_compat(COMPAT_EXT_ATTR);
-                if missing {
-                    let f = sb.feature_compat() | COMPAT_EXT_ATTR;
-                    sb.set_feature_compat(f);
-                }
-                missing
-            };
-            if missing {
-                self.write_superblock_to_buffer(&mut h)?;
+            self.ext_attr_feature_on(&mut h)?;
+            if index == INDEX_SECURITY && name == CAPABILITY {
+                st.no_capability = false;
             }
         }
-        if let Some(bits) = mode_bits {
-            let m = st.raw.mode();
-            st.raw.set_mode(m & !0o777 | bits);
+        if let Some(mode) = mode {
+            let m = mode(&st.raw);
+            st.raw.set_mode(m);
         }
         st.raw.set_ctime(self.now());
         self.mark_inode_dirty(&mut h, &inode, &mut st)

@@ -1,0 +1,231 @@
+//! Mount options: the `-o` list parsed, and what it asks of the engine.
+
+/// Mount options, as `-o` gives them.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub read_only: bool,
+    /// Do not replay the journal: the image as it is on disk (implies `ro`, as fuse2fs's
+    /// norecovery; the kernel's ext4 calls it noload).
+    pub norecovery: bool,
+    pub threads: usize,
+    pub allow_other: bool,
+    pub default_permissions: bool,
+    pub writeback_cache: bool,
+    pub direct_io: bool,
+    pub commit_secs: u64,
+    pub errors: uext4::fs::ErrorsBehaviour,
+    pub dax: bool,
+    /// Map an image on tmpfs as `dax` does (default; `nodax` turns it off, and `dax` off).
+    pub map_tmpfs: bool,
+    /// POSIX ACLs enforced by the kernel and inherited from default ACLs (FUSE_POSIX_ACL).
+    pub acl: bool,
+    /// The engine's buffered mode (delayed allocation): writes that allocate are cached and
+    /// written back in large runs at fsync, every commit interval and at unmount.
+    pub delalloc: bool,
+    /// `prealloc=zeroed` (default) or `prealloc=unwritten`: see
+    /// `uext4::MountOptions::prealloc_zeroed`.
+    pub prealloc_zeroed: bool,
+    /// nodev, nosuid, noexec (the generic mount flags, passed to the kernel). By default root's
+    /// mounts allow device nodes and set-ID bits, and everyone's allow execution.
+    pub nodev: bool,
+    pub nosuid: bool,
+    pub noexec: bool,
+    /// fuse2fs's `fakeroot`: every caller acts as root on the image (no permission checks by
+    /// the kernel or the server, chown and chmod allowed to all); implies nodev and nosuid.
+    /// Whoever can reach the mount (everyone, with allow_other) can read and change every
+    /// file in the image.
+    pub fakeroot: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2);
+        Options {
+            read_only: false,
+            norecovery: false,
+            threads: cpus.max(2),
+            allow_other: false,
+            default_permissions: true,
+            writeback_cache: false,
+            direct_io: false,
+            commit_secs: 5,
+            errors: uext4::fs::ErrorsBehaviour::RemountRo,
+            dax: false,
+            map_tmpfs: true,
+            acl: true,
+            delalloc: false,
+            prealloc_zeroed: true,
+            nodev: false,
+            nosuid: false,
+            noexec: false,
+            fakeroot: false,
+        }
+    }
+}
+
+impl Options {
+    /// Parses a comma-separated option list; an unknown option is an error naming it.
+    pub fn parse(list: &str) -> Result<Options, String> {
+        let mut o = Options::default();
+        for opt in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (k, v) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            let num = |v: Option<&str>| -> Result<u64, String> {
+                v.ok_or_else(|| format!("option {k} needs a value ({k}=N)"))?
+                    .parse::<u64>()
+                    .map_err(|_| format!("option {k}: {:?} is not a number", v.unwrap_or("")))
+            };
+            const KNOWN: &[&str] = &[
+                "ro",
+                "rw",
+                "norecovery",
+                "noload",
+                "threads",
+                "defaults",
+                "async",
+                "auto",
+                "noauto",
+                "nouser",
+                "user",
+                "users",
+                "_netdev",
+                "nofail",
+                "noatime",
+                "relatime",
+                "nodiratime",
+                "lazytime",
+                "atime",
+                "strictatime",
+                "sync",
+                "dirsync",
+                "nodev",
+                "dev",
+                "nosuid",
+                "suid",
+                "noexec",
+                "exec",
+                "allow_other",
+                "default_permissions",
+                "nodefault_permissions",
+                "writeback_cache",
+                "direct_io",
+                "commit",
+                "dax",
+                "nodax",
+                "acl",
+                "noacl",
+                "delalloc",
+                "prealloc",
+                "errors",
+                "fakeroot",
+            ];
+            if !KNOWN.contains(&k) {
+                return Err(format!("unknown mount option {opt:?} (known: ro, rw, norecovery, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten, fakeroot, offset=BYTES, size=BYTES, partition=N, and the generic defaults, nodev, nosuid, noexec, noatime, relatime)"));
+            }
+            let takes_value = matches!(k, "threads" | "commit" | "prealloc" | "errors");
+            if !takes_value && v.is_some() {
+                return Err(format!("option {k} takes no value (write {k}, not {opt})"));
+            }
+            match k {
+                "ro" => o.read_only = true,
+                "rw" => o.read_only = false,
+                "norecovery" | "noload" => o.norecovery = true,
+                "threads" => match num(v)? {
+                    n @ 1..=1024 => o.threads = n as usize,
+                    _ => return Err("option threads= takes 1 to 1024".into()),
+                },
+                // fstab's generic options. Reads never change atime here (as noatime), so the
+                // atime policies that allow that are accepted and change nothing.
+                "defaults" | "async" | "auto" | "noauto" | "nouser" | "user" | "users"
+                | "_netdev" | "nofail" | "noatime" | "relatime" | "nodiratime" | "lazytime" => {}
+                "atime" | "strictatime" => {
+                    return Err(format!(
+                        "option {k}: reads do not update atime here (it behaves as noatime)"
+                    ))
+                }
+                "sync" | "dirsync" => {
+                    return Err(format!(
+                        "option {k}: writes are not synchronous; fsync makes them durable"
+                    ))
+                }
+                "nodev" => o.nodev = true,
+                "dev" => o.nodev = false,
+                "nosuid" => o.nosuid = true,
+                "suid" => o.nosuid = false,
+                "noexec" => o.noexec = true,
+                "exec" => o.noexec = false,
+                "allow_other" => o.allow_other = true,
+                "default_permissions" => o.default_permissions = true,
+                "nodefault_permissions" => o.default_permissions = false,
+                "writeback_cache" => o.writeback_cache = true,
+                "direct_io" => o.direct_io = true,
+                "commit" => o.commit_secs = num(v)?,
+                "dax" => o.dax = true,
+                "nodax" => {
+                    o.dax = false;
+                    o.map_tmpfs = false;
+                }
+                "acl" => o.acl = true,
+                "noacl" => o.acl = false,
+                "delalloc" => o.delalloc = true,
+                "fakeroot" => o.fakeroot = true,
+                "prealloc" => {
+                    o.prealloc_zeroed = match v {
+                        Some("zeroed") => true,
+                        Some("unwritten") => false,
+                        _ => return Err("option prealloc= takes zeroed or unwritten".into()),
+                    }
+                }
+                "errors" => {
+                    o.errors = match v {
+                        Some("remount-ro") => uext4::fs::ErrorsBehaviour::RemountRo,
+                        Some("continue") => uext4::fs::ErrorsBehaviour::Continue,
+                        Some("panic") => uext4::fs::ErrorsBehaviour::Panic,
+                        _ => {
+                            return Err("option errors= takes remount-ro, continue or panic".into())
+                        }
+                    }
+                }
+                _ => return Err(format!("unknown mount option {opt:?}")),
+            }
+        }
+        if o.norecovery && list.split(',').any(|x| x.trim() == "rw") {
+            return Err(
+                "option norecovery: without the journal the mount is read-only (drop rw)".into(),
+            );
+        }
+        o.read_only |= o.norecovery;
+        if o.fakeroot {
+            // As fuse2fs: the server decides (everyone is root), and nothing in the image
+            // can raise privileges on the host.
+            o.default_permissions = false;
+            // FUSE_POSIX_ACL makes the kernel check permissions (it turns default_permissions
+            // on): ACLs are stored but not enforced, as with fuse2fs.
+            o.acl = false;
+            o.nodev = true;
+            o.nosuid = true;
+        }
+        Ok(o)
+    }
+
+    pub fn mount_options(&self) -> uext4::MountOptions {
+        uext4::MountOptions {
+            read_only: self.read_only,
+            norecovery: self.norecovery,
+            errors: self.errors,
+            commit_interval_secs: self.commit_secs,
+            dax: self.dax,
+            map_tmpfs: self.map_tmpfs,
+            buffered: self.delalloc,
+            prealloc_zeroed: self.prealloc_zeroed,
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

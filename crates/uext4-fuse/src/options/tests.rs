@@ -1,0 +1,34 @@
+use super::*;
+
+#[test]
+fn options_parse_and_reject() {
+    let o = Options::parse(
+        "ro,threads=4,allow_other,writeback_cache,commit=7,errors=continue,dax,delalloc",
+    )
+    .unwrap();
+    assert!(o.read_only && o.allow_other && o.writeback_cache && o.dax && o.delalloc);
+    assert_eq!((o.threads, o.commit_secs), (4, 7));
+    assert!(o.map_tmpfs, "an image on tmpfs is mapped by default");
+    let o = Options::parse("dax,nodax").unwrap();
+    assert!(!o.dax && !o.map_tmpfs && !o.mount_options().map_tmpfs);
+    let e = Options::parse("rw,bogus").unwrap_err();
+    assert!(e.contains("bogus"), "{e}");
+    assert!(Options::parse("threads=x").is_err());
+    assert!(Options::parse("threads=0").is_err());
+    assert!(Options::parse("allow_other=1").is_err());
+    assert!(Options::parse("atime").is_err());
+    assert!(Options::parse("sync").is_err());
+    let o = Options::parse("defaults,noatime,relatime,nodev,nosuid,noexec").unwrap();
+    assert!(o.nodev && o.nosuid && o.noexec && !o.read_only);
+    assert!(Options::parse("errors=explode").is_err());
+    assert!(Options::default().threads >= 2);
+    assert!(Options::default().mount_options().prealloc_zeroed);
+    assert!(
+        !Options::parse("prealloc=unwritten")
+            .unwrap()
+            .mount_options()
+            .prealloc_zeroed
+    );
+    assert!(Options::parse("prealloc=zeroed").unwrap().prealloc_zeroed);
+    assert!(Options::parse("prealloc").is_err());
+}
