@@ -29,6 +29,7 @@ pub mod extents;
 pub mod file;
 pub mod format;
 pub mod fs;
+pub mod geometry;
 pub mod holder;
 pub mod htree;
 pub mod ialloc;

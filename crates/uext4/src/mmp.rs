@@ -24,6 +24,7 @@
 //! is in use.
 
 use crate::blockdev::BlockDevice;
+use crate::error::utc;
 use crate::error::{Error, Result};
 use crate::format::features::INCOMPAT_MMP;
 use crate::format::mmp::*;
@@ -32,47 +33,6 @@ use crate::fs::Fs;
 use parking_lot::{Condvar, Mutex};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
-
-/// The one-line message of `Error::MmpBusy`.
-pub fn busy_message(fsck: bool, node: &str, device: &str, time: u64) -> String {
-    let node = if node.is_empty() { "?" } else { node };
-    let device = if device.is_empty() { "?" } else { device };
-    if fsck {
-        format!(
-            "MMP: e2fsck is running on it (node {node}, device {device}, since {}); wait for \
-             it to finish, or if it was killed, run e2fsck again",
-            utc(time)
-        )
-    } else {
-        format!(
-            "MMP: in use by node {node} (device {device}), last updated {}; if that node is \
-             gone, run e2fsck",
-            utc(time)
-        )
-    }
-}
-
-/// Seconds since the epoch as "YYYY-MM-DD HH:MM:SS UTC".
-fn utc(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (proleptic Gregorian, eras of 400 years).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
 
 fn now_secs() -> u64 {
     std::time::SystemTime::now()
