@@ -366,7 +366,7 @@ impl Fs {
         let v = st.desc.free_blocks_count() - len as u64;
         st.desc.set_free_blocks_count(v);
         self.write_group_desc(h, g, st)?;
-        self.free_blocks.fetch_sub(len as u64, Ordering::Relaxed);
+        self.sb.free_blocks.fetch_sub(len as u64, Ordering::Relaxed);
         self.delalloc_claim(len as u64);
         Ok((self.geo.group_first_block(g) + off as u64, len as u32))
     }
@@ -433,7 +433,7 @@ impl Fs {
             st.desc.set_free_blocks_count(v);
             self.write_group_desc(h, g, &mut st)?;
             drop(st);
-            self.free_blocks.fetch_add(gend - blk, Ordering::Relaxed);
+            self.sb.free_blocks.fetch_add(gend - blk, Ordering::Relaxed);
             blk = gend;
         }
         Ok(())

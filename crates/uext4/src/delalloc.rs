@@ -198,7 +198,8 @@ impl Fs {
             0 => 0,
             n => n + RESERVE_MARGIN_BLOCKS,
         };
-        self.free_blocks
+        self.sb
+            .free_blocks
             .load(Ordering::Relaxed)
             .saturating_sub(held)
     }
@@ -496,7 +497,7 @@ impl Fs {
     /// `pages` more pages would pass the memory limit.
     fn room_for(&self, pages: u64, more: u64) -> (bool, bool) {
         let bs = self.geo.block_size as u64;
-        let free = self.free_blocks.load(Ordering::Relaxed);
+        let free = self.sb.free_blocks.load(Ordering::Relaxed);
         let reserved = self.delalloc_held_blocks();
         let memory = self.delalloc.bytes.load(Ordering::Relaxed) + pages * bs;
         (

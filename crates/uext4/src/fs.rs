@@ -24,6 +24,7 @@ use crate::format::inode::RawInode;
 use crate::format::superblock::*;
 pub use crate::geometry::Geometry;
 use crate::inode::InodeCache;
+use crate::super_info::{encode_superblock, superblock_location, SuperInfo};
 use crate::transaction::{Handle, TxnManager};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -155,8 +156,8 @@ pub struct Fs {
     pub(crate) io: Arc<IoCounters>,
     pub(crate) bcache: BufferCache,
     pub geo: Geometry,
-    /// The in-memory superblock; free counts live in the atomics below and are stored at commit.
-    pub(crate) sb: Mutex<Superblock>,
+    /// The superblock, free counters, read-only and stop flags (super_info.rs).
+    pub(crate) sb: SuperInfo,
     pub(crate) groups: Vec<Mutex<GroupState>>,
     /// Where each group's block bitmap, inode bitmap and inode table are, as read at open
     /// (nothing moves them: no resize). Read without the group locks, so that a group can
@@ -166,20 +167,14 @@ pub struct Fs {
     /// The blocks of the filesystem's own structures, which no file may map
     /// (block_validity.rs); the journal's are added once it is loaded.
     pub(crate) system_zone: parking_lot::RwLock<crate::block_validity::SystemZone>,
-    pub(crate) free_blocks: AtomicU64,
-    pub(crate) free_inodes: AtomicU64,
     pub(crate) icache: InodeCache,
     pub(crate) txn: TxnManager,
-    pub(crate) read_only: AtomicBool,
     /// The journal was replayed into memory over the device (a read-only open of an image
     /// that needed recovery): `dev` is an `OverlayDevice`.
     replayed_in_memory: bool,
-    /// Set after a corruption error: no more writes (unless errors=continue).
-    pub(crate) stopped: Mutex<Option<String>>,
     pub(crate) opts: MountOptions,
     /// Serialises renames that move an entry between directories (rank 1).
     pub(crate) rename_lock: Mutex<()>,
-    pub(crate) ro_reason: Option<String>,
     pub stats: FsStats,
     /// Reproducible builds: how many generations `next_generation` has handed out.
     pub(crate) generations: AtomicU64,
@@ -404,20 +399,15 @@ impl Fs {
             io,
             bcache,
             geo,
-            sb: Mutex::new(sb),
+            sb: SuperInfo::new(sb, free_blocks, free_inodes, opts.read_only, ro_reason),
             groups,
             group_tables,
             system_zone,
-            free_blocks: AtomicU64::new(free_blocks),
-            free_inodes: AtomicU64::new(free_inodes),
             icache: InodeCache::new(opts.inode_cache_limit),
             txn: TxnManager::new(1, max_txn),
-            read_only: AtomicBool::new(opts.read_only),
             replayed_in_memory: in_memory.is_some(),
-            stopped: Mutex::new(None),
             opts,
             rename_lock: Mutex::new(()),
-            ro_reason,
             stats: FsStats::default(),
             dir_rotor: AtomicU64::new(0),
             generations: AtomicU64::new(0),
@@ -451,7 +441,7 @@ impl Fs {
                     // Replay into memory laid over the device, which is never written.
                     drop(journal);
                     let opts = fs.opts.clone();
-                    let reason = fs.ro_reason.clone();
+                    let reason = fs.sb.read_only_reason().map(str::to_string);
                     drop(fs);
                     let overlay = Arc::new(crate::blockdev::OverlayDevice::new(dev));
                     let reopen = Reopen {
@@ -469,8 +459,7 @@ impl Fs {
                     let mut sb = read_superblock(&*dev)?;
                     let f = sb.feature_incompat() & !INCOMPAT_RECOVER;
                     sb.set_feature_incompat(f);
-                    sb.set_csum();
-                    sb.bytes().to_vec()
+                    encode_superblock(&mut sb)
                 };
                 dev.write_at(SUPERBLOCK_OFFSET, &bytes)?;
                 dev.flush()?;
@@ -596,7 +585,7 @@ impl Fs {
     }
 
     pub fn is_read_only(&self) -> bool {
-        self.read_only.load(Ordering::Relaxed)
+        self.sb.is_read_only()
     }
 
     /// Whether the journal needed recovery and, the open being read-only, was replayed into
@@ -607,7 +596,7 @@ impl Fs {
 
     /// Why the filesystem was opened read-only, if it was forced.
     pub fn read_only_reason(&self) -> Option<&str> {
-        self.ro_reason.as_deref()
+        self.sb.read_only_reason()
     }
 
     /// The time to record now: the clock, or `MountOptions::time_clamp` if that is earlier.
@@ -617,6 +606,11 @@ impl Fs {
 
     pub fn superblock(&self) -> Superblock {
         self.sb.lock().clone()
+    }
+
+    /// Why the filesystem stopped writing, if it did.
+    pub fn stop_reason(&self) -> Option<String> {
+        self.sb.stop_reason()
     }
 
     pub fn io_counters(&self) -> &IoCounters {
@@ -630,25 +624,13 @@ impl Fs {
     /// Stops the filesystem writing (the first reason is kept): later changes fail with
     /// `Error::Stopped`, and unmount leaves the superblock marked not clean.
     pub(crate) fn stop(&self, why: &str) {
-        let mut s = self.stopped.lock();
-        if s.is_none() {
-            tracing::error!("filesystem stopped: {why}");
-            *s = Some(why.to_string());
-        }
+        self.sb.stop(why);
     }
 
     /// Fails if the filesystem may not be written.
+    #[inline]
     pub(crate) fn check_writable(&self) -> Result<()> {
-        if let Some(why) = &*self.stopped.lock() {
-            return Err(Error::Stopped(why.clone()));
-        }
-        if self.is_read_only() {
-            return Err(Error::ReadOnly(match &self.ro_reason {
-                Some(r) => format!(" ({r})"),
-                None => String::new(),
-            }));
-        }
-        Ok(())
+        self.sb.check_writable()
     }
 
     /// Starts a handle for a metadata change of at most `credits` blocks, committing first if
@@ -674,21 +656,20 @@ impl Fs {
 
     /// Marks the superblock as mounted (state not clean) and writes it.
     fn mark_mounted(&self) -> Result<()> {
-        let mut sb = self.sb.lock();
         let now = self.now().sec as u32;
-        sb.set_mtime(now);
-        let v = sb.mnt_count().wrapping_add(1);
-        sb.set_mnt_count(v);
-        let v = sb.state() & !STATE_VALID;
-        sb.set_state(v);
-        if self.journal.get().is_some() {
-            // As the kernel: needs_recovery is set while the journal is in use.
-            let f = sb.feature_incompat() | INCOMPAT_RECOVER;
-            sb.set_feature_incompat(f);
-        }
-        sb.set_csum();
-        let bytes = sb.bytes().to_vec();
-        drop(sb);
+        let journaled = self.journal.get().is_some();
+        let bytes = self.sb.encode(false, |sb| {
+            sb.set_mtime(now);
+            let v = sb.mnt_count().wrapping_add(1);
+            sb.set_mnt_count(v);
+            let v = sb.state() & !STATE_VALID;
+            sb.set_state(v);
+            if journaled {
+                // As the kernel: needs_recovery is set while the journal is in use.
+                let f = sb.feature_incompat() | INCOMPAT_RECOVER;
+                sb.set_feature_incompat(f);
+            }
+        });
         self.dev.write_at(SUPERBLOCK_OFFSET, &bytes)?;
         self.dev.flush()?;
         Ok(())
@@ -715,27 +696,25 @@ impl Fs {
             _ => EXT4_ERR_EFSCORRUPTED,
         };
         {
-            let mut sb = self.sb.lock();
             let now = self.now().sec as u32;
-            let v = sb.state() | STATE_ERROR;
-            sb.set_state(v);
-            let v = sb.error_count().wrapping_add(1);
-            sb.set_error_count(v);
-            if sb.first_error_time() == 0 {
-                sb.set_first_error_time(now);
-                sb.set_first_error_ino(ino);
-                sb.set_first_error_block(blk);
-                sb.set_error_func(true, func);
-                sb.set_first_error_errcode(code);
-            }
-            sb.set_last_error_time(now);
-            sb.set_last_error_ino(ino);
-            sb.set_last_error_block(blk);
-            sb.set_error_func(false, func);
-            sb.set_last_error_errcode(code);
-            sb.set_csum();
-            let bytes = sb.bytes().to_vec();
-            drop(sb);
+            let bytes = self.sb.encode(false, |sb| {
+                let v = sb.state() | STATE_ERROR;
+                sb.set_state(v);
+                let v = sb.error_count().wrapping_add(1);
+                sb.set_error_count(v);
+                if sb.first_error_time() == 0 {
+                    sb.set_first_error_time(now);
+                    sb.set_first_error_ino(ino);
+                    sb.set_first_error_block(blk);
+                    sb.set_error_func(true, func);
+                    sb.set_first_error_errcode(code);
+                }
+                sb.set_last_error_time(now);
+                sb.set_last_error_ino(ino);
+                sb.set_last_error_block(blk);
+                sb.set_error_func(false, func);
+                sb.set_last_error_errcode(code);
+            });
             let _ = self.dev.write_at(SUPERBLOCK_OFFSET, &bytes);
             let _ = self.dev.flush();
         }
@@ -777,7 +756,7 @@ impl Fs {
                 .free_blocks_unreserved()
                 .saturating_sub(sb.r_blocks_count()),
             files: self.geo.inodes_count as u64,
-            files_free: self.free_inodes.load(Ordering::Relaxed),
+            files_free: self.sb.free_inodes.load(Ordering::Relaxed),
             name_max: 255,
         }
     }
@@ -785,7 +764,8 @@ impl Fs {
     /// Free blocks less those that buffered data not yet written back holds (its data and
     /// the mapping blocks its writeback may need).
     fn free_blocks_unreserved(&self) -> u64 {
-        self.free_blocks
+        self.sb
+            .free_blocks
             .load(Ordering::Relaxed)
             .saturating_sub(self.delalloc_held_blocks())
     }
@@ -804,23 +784,21 @@ impl Fs {
 
     /// Writes the superblock (with current free counts) through a handle.
     pub(crate) fn write_superblock_to_buffer(&self, h: &mut Handle<'_>) -> Result<()> {
-        let bytes = {
-            let mut sb = self.sb.lock();
-            sb.set_free_blocks_count(self.free_blocks.load(Ordering::Relaxed));
-            sb.set_free_inodes_count(self.free_inodes.load(Ordering::Relaxed) as u32);
-            sb.set_csum();
-            sb.bytes().to_vec()
-        };
-        // The superblock lives at byte 1024: block 1 with 1 KiB blocks, inside block 0 otherwise.
-        let (blk, off) = if self.geo.block_size == 1024 {
-            (1u64, 0usize)
-        } else {
-            (0u64, 1024usize)
-        };
-        let buf = self.bcache.get(blk)?;
-        buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
+        let buf = self.superblock_to_buffer(|_| {})?;
         h.dirty(&buf);
         Ok(())
+    }
+
+    /// Encodes the superblock (with current free counts, after `edit`) into its buffer.
+    pub(crate) fn superblock_to_buffer(
+        &self,
+        edit: impl FnOnce(&mut Superblock),
+    ) -> Result<Arc<crate::bcache::Buffer>> {
+        let bytes = self.sb.encode(true, edit);
+        let (blk, off) = superblock_location(self.geo.block_size);
+        let buf = self.bcache.get(blk)?;
+        buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
+        Ok(buf)
     }
 
     /// How many inodes are in memory (bounded by `MountOptions::inode_cache_limit` plus those

@@ -67,8 +67,8 @@ impl Fs {
         let first = if is_dir && n > 1 {
             // Spread directories: start at a rotating group with at least average free inodes
             // and blocks.
-            let avg_i = self.free_inodes.load(Ordering::Relaxed) / n as u64;
-            let avg_b = self.free_blocks.load(Ordering::Relaxed) / n as u64;
+            let avg_i = self.sb.free_inodes.load(Ordering::Relaxed) / n as u64;
+            let avg_b = self.sb.free_blocks.load(Ordering::Relaxed) / n as u64;
             let start = self.dir_rotor.fetch_add(1, Ordering::Relaxed) as u32 % n;
             (0..n)
                 .map(|i| (start + i) % n)
@@ -169,7 +169,7 @@ impl Fs {
                 st.desc.set_used_dirs_count(v);
             }
             self.write_group_desc(h, g, &mut st)?;
-            self.free_inodes.fetch_sub(1, Ordering::Relaxed);
+            self.sb.free_inodes.fetch_sub(1, Ordering::Relaxed);
             let ino = g * ipg as u32 + idx as u32 + 1;
             // Nothing is mapped yet; without the extents flag (a filesystem without the
             // extents feature) blocks will go into an indirect block map.
@@ -221,7 +221,7 @@ impl Fs {
         self.write_group_desc(h, g, &mut st)?;
         self.icache.remove(ino);
         drop(st);
-        self.free_inodes.fetch_add(1, Ordering::Relaxed);
+        self.sb.free_inodes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 

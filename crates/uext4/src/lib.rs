@@ -42,6 +42,7 @@ pub mod namei;
 pub mod nbd;
 pub mod orphan;
 pub mod partition;
+pub mod super_info;
 pub mod transaction;
 pub mod xattr;
 

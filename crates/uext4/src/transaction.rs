@@ -340,7 +340,8 @@ impl crate::fs::Fs {
             }
         }
         // The superblock carries the free counts; it goes with every commit.
-        let sb_buf = self.superblock_buffer_for_commit()?;
+        let now = self.now().sec as u32;
+        let sb_buf = self.superblock_to_buffer(|sb| sb.set_wtime(now))?;
         blocks.insert(sb_buf.blk, sb_buf);
         let mut snap: Vec<(u64, Vec<u8>)> = blocks
             .values()
@@ -365,27 +366,6 @@ impl crate::fs::Fs {
             j.abort(&why);
         }
         e
-    }
-
-    /// Puts the superblock, with the current free counts, into its buffer (barrier held).
-    fn superblock_buffer_for_commit(&self) -> crate::Result<std::sync::Arc<Buffer>> {
-        use crate::format::superblock::SUPERBLOCK_SIZE;
-        let bytes = {
-            let mut sb = self.sb.lock();
-            sb.set_free_blocks_count(self.free_blocks.load(Ordering::Relaxed));
-            sb.set_free_inodes_count(self.free_inodes.load(Ordering::Relaxed) as u32);
-            sb.set_wtime(self.now().sec as u32);
-            sb.set_csum();
-            sb.bytes().to_vec()
-        };
-        let (blk, off) = if self.geo.block_size == 1024 {
-            (1u64, 0usize)
-        } else {
-            (0u64, 1024usize)
-        };
-        let buf = self.bcache.get(blk)?;
-        buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
-        Ok(buf)
     }
 
     /// Makes a committed transaction durable: through the journal when there is one (its
@@ -501,31 +481,23 @@ impl crate::fs::Fs {
             j.set_clean()?;
         }
         use crate::format::superblock::{STATE_VALID, SUPERBLOCK_OFFSET};
-        let bytes = {
-            let mut sb = self.sb.lock();
+        let stopped = self.sb.is_stopped();
+        let bytes = self.sb.encode(true, |sb| {
             let f = sb.feature_incompat() & !crate::format::features::INCOMPAT_RECOVER;
             sb.set_feature_incompat(f);
-            if self.stopped.lock().is_none() {
+            if !stopped {
                 let v = sb.state() | STATE_VALID;
                 sb.set_state(v);
             }
-            sb.set_free_blocks_count(self.free_blocks.load(Ordering::Relaxed));
-            sb.set_free_inodes_count(self.free_inodes.load(Ordering::Relaxed) as u32);
-            sb.set_csum();
-            sb.bytes().to_vec()
-        };
+        });
         self.dev.write_at(SUPERBLOCK_OFFSET, &bytes)?;
         self.dev.flush()?;
-        let (blk, _) = if self.geo.block_size == 1024 {
-            (1u64, 0usize)
-        } else {
-            (0u64, 1024usize)
-        };
+        let (blk, _) = crate::super_info::superblock_location(self.geo.block_size);
         self.bcache.forget(blk);
         if let Some(m) = &*self.mmp.lock() {
             m.release()?;
         }
-        self.read_only.store(true, Ordering::Relaxed);
+        self.sb.set_read_only();
         // Nothing more is written: another writer may have the image now.
         self.claim.lock().take();
         Ok(())
