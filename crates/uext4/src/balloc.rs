@@ -12,8 +12,54 @@ use crate::error::{Error, Result};
 use crate::format::group_desc::BG_BLOCK_UNINIT;
 use crate::fs::{Fs, GroupState};
 use crate::transaction::Handle;
+use parking_lot::{Mutex, MutexGuard};
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+/// Blocks freed by transactions not yet home: start -> (length, tid). Not reused until their
+/// transaction's blocks are home (the journal's checkpointer releases them). Shared with the
+/// checkpointer's hooks; a leaf lock.
+#[derive(Clone, Default)]
+pub struct PendingFrees(Arc<Mutex<BTreeMap<u64, (u64, u64)>>>);
+
+impl PendingFrees {
+    pub fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, (u64, u64)>> {
+        self.0.lock()
+    }
+
+    /// Holds back `len` blocks from `start`, freed by transaction `tid`.
+    pub fn insert(&self, start: u64, len: u64, tid: u64) {
+        self.0.lock().insert(start, (len, tid));
+    }
+
+    /// Whether any freed block is held back.
+    pub fn has_any(&self) -> bool {
+        !self.0.lock().is_empty()
+    }
+
+    /// Lets go of what transactions up to `tid` freed.
+    pub fn release(&self, tid: u64) {
+        self.0.lock().retain(|_, (_, t)| *t > tid);
+    }
+
+    /// The first held-back range overlapping `[blk, blk+len)`, as (start, end). The ranges
+    /// are disjoint (a block is freed once until reused).
+    pub fn first_overlap(&self, blk: u64, len: u64) -> Option<(u64, u64)> {
+        let p = self.0.lock();
+        if p.is_empty() || len == 0 {
+            return None;
+        }
+        if let Some((&s, &(l, _))) = p.range(..=blk).next_back() {
+            if s + l > blk {
+                return Some((s, s + l));
+            }
+        }
+        p.range(blk + 1..blk + len)
+            .next()
+            .map(|(&s, &(l, _))| (s, s + l))
+    }
+}
 
 #[inline]
 pub(crate) fn test_bit(b: &[u8], i: usize) -> bool {
@@ -389,7 +435,7 @@ impl Fs {
         // another thread may look for free blocks, and it must find these held back until this
         // transaction is home. Done after, an allocation in between took a block that is still
         // in use, and the forget and revoke below then dropped its new owner's buffer.
-        self.pending_free.lock().insert(start, (len, h.tid()));
+        self.pending_free.insert(start, len, h.tid());
         if metadata {
             for b in start..end {
                 self.bcache.forget(b);
@@ -443,38 +489,12 @@ impl Fs {
     /// `[blk, blk+len)`, as (start, end); such blocks are free in the bitmap but must not be
     /// reused yet. The pending ranges are disjoint (a block is freed once until reused).
     pub(crate) fn pending_free_first_overlap(&self, blk: u64, len: u64) -> Option<(u64, u64)> {
-        let p = self.pending_free.lock();
-        if p.is_empty() || len == 0 {
-            return None;
-        }
-        if let Some((&s, &(l, _))) = p.range(..=blk).next_back() {
-            if s + l > blk {
-                return Some((s, s + l));
-            }
-        }
-        p.range(blk + 1..blk + len)
-            .next()
-            .map(|(&s, &(l, _))| (s, s + l))
-    }
-
-    /// Runs `op`, and once more if it ran out of space while blocks freed by transactions not
-    /// yet home were held back: after committing and waiting for those to go home, so that
-    /// deleting a file on a full filesystem makes its space usable at once (the kernel's
-    /// ext4_should_retry_alloc forces a commit likewise). Call with no handle open.
-    pub(crate) fn retry_nospace<T>(&self, mut op: impl FnMut() -> Result<T>) -> Result<T> {
-        match op() {
-            Err(Error::NoSpace) if !self.pending_free.lock().is_empty() => {
-                self.commit()?;
-                self.checkpoint_drain()?;
-                op()
-            }
-            r => r,
-        }
+        self.pending_free.first_overlap(blk, len)
     }
 
     /// Forgets pending frees of transactions up to `tid` (called after they commit).
     pub(crate) fn release_pending_frees(&self, tid: u64) {
-        self.pending_free.lock().retain(|_, (_, t)| *t > tid);
+        self.pending_free.release(tid);
     }
 
     /// Whether block `blk` is marked in use in its group's bitmap (for checks and tests).

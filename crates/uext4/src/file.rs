@@ -1071,7 +1071,7 @@ impl Fs {
             self.sb.free_inodes.load(Ordering::Relaxed),
             l(&self.delalloc.bytes),
             l(&self.delalloc.writeback_runs),
-            l(&self.ckpt.batches),
+            self.journal.get().map_or(0, |j| j.checkpoint_batches()),
             self.journal
                 .get()
                 .map_or(0, |j| j.checkpoint_waits.load(Ordering::Relaxed)),

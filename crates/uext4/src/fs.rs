@@ -157,7 +157,7 @@ pub struct Fs {
     pub(crate) bcache: BufferCache,
     pub geo: Geometry,
     /// The superblock, free counters, read-only and stop flags (super_info.rs).
-    pub(crate) sb: SuperInfo,
+    pub(crate) sb: Arc<SuperInfo>,
     pub(crate) groups: Vec<Mutex<GroupState>>,
     /// Where each group's block bitmap, inode bitmap and inode table are, as read at open
     /// (nothing moves them: no resize). Read without the group locks, so that a group can
@@ -182,7 +182,7 @@ pub struct Fs {
     pub(crate) dir_rotor: AtomicU64,
     /// Blocks freed by transactions not yet committed: start -> (length, tid). Not reused
     /// until their transaction commits.
-    pub(crate) pending_free: Mutex<std::collections::BTreeMap<u64, (u64, u64)>>,
+    pub(crate) pending_free: crate::balloc::PendingFrees,
     /// The orphan list in chain order, head first (see orphan.rs). A leaf lock.
     pub(crate) orphans: Mutex<Vec<u32>>,
     /// Unlinked inodes too large to free in the handle that dropped their last link: on the
@@ -197,11 +197,10 @@ pub struct Fs {
     /// file. A leaf lock.
     pub(crate) pinned: Mutex<std::collections::HashSet<u32>>,
     /// The jbd2 journal (inode 8), when the filesystem has one and it is opened read-write.
-    pub(crate) journal: std::sync::OnceLock<crate::journal::Journal>,
+    /// It writes committed transactions home itself (its checkpointer).
+    pub(crate) journal: std::sync::OnceLock<Arc<crate::journal::Journal>>,
     /// Buffered mode's dirty inodes and their memory and space (delalloc.rs).
     pub(crate) delalloc: crate::delalloc::Registry,
-    /// Committed transactions on their way home (background checkpointing, transaction.rs).
-    pub(crate) ckpt: Arc<crate::transaction::Checkpointer>,
     /// A read-write `open_path`'s claim on its image (holder.rs), released at unmount (after
     /// which nothing is written) or when the `Fs` is dropped.
     pub(crate) claim: Mutex<Option<crate::holder::WriterClaim>>,
@@ -399,7 +398,13 @@ impl Fs {
             io,
             bcache,
             geo,
-            sb: SuperInfo::new(sb, free_blocks, free_inodes, opts.read_only, ro_reason),
+            sb: Arc::new(SuperInfo::new(
+                sb,
+                free_blocks,
+                free_inodes,
+                opts.read_only,
+                ro_reason,
+            )),
             groups,
             group_tables,
             system_zone,
@@ -411,14 +416,13 @@ impl Fs {
             stats: FsStats::default(),
             dir_rotor: AtomicU64::new(0),
             generations: AtomicU64::new(0),
-            pending_free: Mutex::new(std::collections::BTreeMap::new()),
+            pending_free: Default::default(),
             orphans: Mutex::new(Vec::new()),
             deferred_deletes: Mutex::new(Vec::new()),
             removal_lock: Mutex::new(()),
             pinned: Mutex::new(std::collections::HashSet::new()),
             journal: std::sync::OnceLock::new(),
             delalloc: Default::default(),
-            ckpt: Default::default(),
             claim: Mutex::new(None),
             mmp: Mutex::new(mmp),
         });
@@ -481,11 +485,12 @@ impl Fs {
                 fs.txn
                     .max_blocks
                     .store(journal.max_transaction_blocks(), Ordering::Relaxed);
-                // A commit that finds the log full hurries the batching checkpointer.
-                let ckpt = fs.ckpt.clone();
-                journal.set_checkpoint_callback(Box::new(move || ckpt.hurry()));
+                let journal = Arc::new(journal);
+                journal.start_checkpointer(Box::new(FsCheckpointHooks {
+                    sb: fs.sb.clone(),
+                    pending_free: fs.pending_free.clone(),
+                }))?;
                 let _ = fs.journal.set(journal);
-                crate::transaction::spawn_checkpointer(Arc::downgrade(&fs), fs.ckpt.clone())?;
             }
         } else {
             fs.check_root()?;
@@ -901,6 +906,21 @@ impl Fs {
                 .collect(),
         );
         crate::journal::Journal::open(self.dev.clone(), self.geo.block_size, map)
+    }
+}
+
+/// What the journal's checkpointer tells the filesystem: the state it touches, shared.
+pub(crate) struct FsCheckpointHooks {
+    pub(crate) sb: Arc<SuperInfo>,
+    pub(crate) pending_free: crate::balloc::PendingFrees,
+}
+
+impl crate::journal::CheckpointHooks for FsCheckpointHooks {
+    fn checkpointed(&self, tid: u64) {
+        self.pending_free.release(tid);
+    }
+    fn failed(&self, why: &str) {
+        self.sb.stop(why);
     }
 }
 

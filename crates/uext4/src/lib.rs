@@ -43,6 +43,7 @@ pub mod nbd;
 pub mod orphan;
 pub mod partition;
 pub mod super_info;
+pub mod sync;
 pub mod transaction;
 pub mod xattr;
 
