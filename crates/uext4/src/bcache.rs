@@ -148,14 +148,4 @@ impl BufferCache {
             b.dirty.store(false, Ordering::Release);
         }
     }
-
-    /// After a commit wrote `blk` home: clear its dirty mark unless the next transaction has
-    /// already changed it again.
-    pub(crate) fn mark_clean_if_not_running(&self, blk: u64, txn: &crate::transaction::TxnManager) {
-        if let Some(b) = self.shard(blk).lock().get(&blk) {
-            if !txn.running.lock().blocks.contains_key(&blk) {
-                b.dirty.store(false, Ordering::Release);
-            }
-        }
-    }
 }
