@@ -35,44 +35,13 @@ use crate::error::{Error, Result};
 use crate::format::inode::S_IFREG;
 use crate::fs::Fs;
 use crate::inode::{Inode, InodeRef, InodeState};
+use crate::mballoc::Claim;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Blocks kept free beyond the reservations (slack for the estimates).
 const RESERVE_MARGIN_BLOCKS: u64 = 64;
-
-thread_local! {
-    /// This thread is writing back cached pages: its allocations may use the reservations.
-    static WRITING_BACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Of the run this thread writes back: reserved blocks its allocations have not claimed
-    /// yet, and those they have.
-    static CLAIM: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
-}
-
-/// Marks the current thread as writing back a run holding `budget` reserved blocks until
-/// dropped; allocations meanwhile claim them (`Fs::delalloc_claim`).
-struct WritebackScope(bool, (u64, u64));
-
-impl WritebackScope {
-    fn enter(budget: u64) -> Self {
-        WritebackScope(
-            WRITING_BACK.with(|w| w.replace(true)),
-            CLAIM.with(|c| c.replace((budget, 0))),
-        )
-    }
-
-    /// Reserved blocks claimed by allocations so far.
-    fn claimed(&self) -> u64 {
-        CLAIM.with(|c| c.get().1)
-    }
-}
-
-impl Drop for WritebackScope {
-    fn drop(&mut self) {
-        WRITING_BACK.with(|w| w.set(self.0));
-        CLAIM.with(|c| c.set(self.1));
-    }
-}
 
 /// Longest run of pages written back as one write (one allocation, one handle).
 const WRITEBACK_RUN_BLOCKS: u64 = 8192;
@@ -97,6 +66,9 @@ pub struct Dirty {
     pub disk_size: u64,
     /// Writeback is running: the ordinary write path it calls keeps the file's times.
     pub(crate) in_writeback: bool,
+    /// While a run is written back: its reservation, which the allocations for this inode
+    /// (its data and its mapping blocks) take from (`InodeState::writeback_claim`).
+    pub(crate) claim: Option<Claim>,
     /// Pages whose writeback changes the mapping (`Page::maps`), and of them those inside the
     /// mapped range (`Page::inner`).
     maps: u64,
@@ -146,8 +118,8 @@ pub struct Registry {
     inodes: parking_lot::Mutex<HashMap<u32, InodeRef>>,
     /// Bytes held in pages, all inodes.
     pub bytes: AtomicU64,
-    /// Blocks reserved by pages over holes, all inodes.
-    pub reserved: AtomicU64,
+    /// Blocks reserved by pages over holes, all inodes (shared with writeback `Claim`s).
+    pub reserved: Arc<AtomicU64>,
     /// Extent-tree or indirect blocks reserved for writeback, all inodes.
     pub md_reserved: AtomicU64,
     /// Runs written back (each one allocation and one handle at most).
@@ -187,11 +159,11 @@ impl Fs {
             + self.delalloc.md_reserved.load(Ordering::Relaxed)
     }
 
-    /// Blocks an allocation may take: all free ones while writing back cached pages, else the
-    /// free ones less what cached pages hold and, while they hold any, the margin kept for
-    /// the estimates (`u64::MAX` when not buffered).
+    /// Blocks an allocation that is not a writeback's (which has a `Claim`) may take: the free
+    /// ones less what cached pages hold and, while they hold any, the margin kept for the
+    /// estimates (`u64::MAX` when not buffered).
     pub(crate) fn unreserved_blocks(&self) -> u64 {
-        if !self.buffered() || WRITING_BACK.with(|w| w.get()) {
+        if !self.buffered() {
             return u64::MAX;
         }
         let held = match self.delalloc_held_blocks() {
@@ -202,22 +174,6 @@ impl Fs {
             .free_blocks
             .load(Ordering::Relaxed)
             .saturating_sub(held)
-    }
-
-    /// An allocation of `n` blocks was made (the free count already lower): while a run is
-    /// written back, they come out of its reservation, as the kernel claims a delalloc
-    /// reservation when it allocates, so that the free blocks are not counted short by the
-    /// run twice until it is done.
-    pub(crate) fn delalloc_claim(&self, n: u64) {
-        if !WRITING_BACK.with(|w| w.get()) {
-            return;
-        }
-        let (left, claimed) = CLAIM.with(|c| c.get());
-        let take = left.min(n);
-        if take > 0 {
-            CLAIM.with(|c| c.set((left - take, claimed + take)));
-            self.delalloc.reserved.fetch_sub(take, Ordering::Relaxed);
-        }
     }
 
     /// Mapping blocks that writing back `maps` mapping-changing pages (`inner` of them inside
@@ -400,6 +356,7 @@ impl Fs {
                 pages: BTreeMap::new(),
                 disk_size,
                 in_writeback: false,
+                claim: None,
                 maps: 0,
                 inner: 0,
                 reserved: 0,
@@ -579,14 +536,15 @@ impl Fs {
             // The run may end past i_size (the last block is zero beyond it): the size is
             // clamped to i_size by the write path.
             let budget = pages.iter().filter(|(_, p)| p.reserved).count() as u64;
-            let (r, claimed) = {
-                let scope = WritebackScope::enter(budget);
-                let r = self.write_new_blocks_locked(inode, start * bs, &buf, mem_size);
-                (r, scope.claimed())
-            };
+            if let Some(d) = inode.state.lock().delalloc.as_mut() {
+                d.claim = Some(Claim::new(budget, self.delalloc.reserved.clone()));
+            }
+            let r = self.write_new_blocks_locked(inode, start * bs, &buf, mem_size);
             let mut st = inode.state.lock();
+            let mut claimed = 0;
             if let Some(d) = st.delalloc.as_mut() {
                 d.in_writeback = false;
+                claimed = d.claim.take().map_or(0, |c| c.claimed());
             }
             match r {
                 Ok(()) => {

@@ -1290,7 +1290,7 @@ impl Fs {
         } else {
             self.geo.group_first_block(self.geo.ino_group(ino))
         };
-        let (b, _) = self.alloc_blocks(h, goal, 1)?;
+        let (b, _) = self.alloc_blocks(h, goal, 1, st.writeback_claim())?;
         let v = st.raw.blocks_512(self.geo.block_size) + self.sectors_per_block();
         st.raw.set_blocks_512(v);
         h.extend(4);
@@ -1860,7 +1860,7 @@ mod model_tests {
                             + goal as u64 * (fs.geo.blocks_count - fs.geo.first_data_block) / 65536
                     }
                 };
-                let (p, got) = fs.alloc_blocks(&mut h, goal, len).unwrap();
+                let (p, got) = fs.alloc_blocks(&mut h, goal, len, None).unwrap();
                 let e = Extent {
                     lblk,
                     len: got,
@@ -2091,7 +2091,7 @@ mod merge_tests {
             while lblk < 40000 {
                 let mut h = fs.start(16).unwrap();
                 let mut st = inode.state.lock();
-                let (p, got) = fs.alloc_blocks(&mut h, goal, chunk).unwrap();
+                let (p, got) = fs.alloc_blocks(&mut h, goal, chunk, None).unwrap();
                 let e = Extent {
                     lblk,
                     len: got,
@@ -2139,7 +2139,7 @@ mod merge_tests {
         {
             let mut h = fs.start(16).unwrap();
             let mut st = inode.state.lock();
-            let (p0, got) = fs.alloc_blocks(&mut h, 0, 100).unwrap();
+            let (p0, got) = fs.alloc_blocks(&mut h, 0, 100, None).unwrap();
             assert_eq!(got, 100);
             p = p0;
             let e = Extent {
@@ -2194,7 +2194,7 @@ mod merge_tests {
             let n = 600u32;
             let mut h = fs.start(16).unwrap();
             let mut st = inode.state.lock();
-            let (p, got) = fs.alloc_blocks(&mut h, 0, n).unwrap();
+            let (p, got) = fs.alloc_blocks(&mut h, 0, n, None).unwrap();
             assert_eq!(got, n);
             let e = Extent {
                 lblk: 0,
@@ -2258,7 +2258,7 @@ mod corruption_tests {
         for i in 0..n {
             let mut h = fs.start(16).unwrap();
             let mut st = inode.state.lock();
-            let (p, _) = fs.alloc_blocks(&mut h, 0, 1).unwrap();
+            let (p, _) = fs.alloc_blocks(&mut h, 0, 1, None).unwrap();
             let e = Extent {
                 lblk: i * 2,
                 len: 1,

@@ -148,7 +148,7 @@ impl Fs {
     pub fn write(&self, ino: u32, off: u64, data: &[u8]) -> Result<usize> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         let n = self.retry_nospace(|| self.write_once(ino, off, data))?;
-        if n == 0 || n == data.len() || self.pending_free.lock().is_empty() {
+        if n == 0 || n == data.len() || self.balloc.pending_free.lock().is_empty() {
             return Ok(n);
         }
         // Cut short, perhaps by space that blocks freed but not yet home still hold: the
@@ -495,7 +495,7 @@ impl Fs {
         };
         let want = (hole_last - lblk + 1).min(max as u64) as u32;
         let goal = self.alloc_goal(ino, st, lblk)?;
-        let (p, mut n) = self.alloc_blocks(h, goal, want)?;
+        let (p, mut n) = self.alloc_blocks(h, goal, want, st.writeback_claim())?;
         let unwritten = match fill(p, n) {
             Ok(fell_back) => unwritten || fell_back,
             Err(e) => {

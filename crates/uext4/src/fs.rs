@@ -24,10 +24,12 @@ use crate::format::inode::RawInode;
 use crate::format::superblock::*;
 pub use crate::geometry::Geometry;
 use crate::inode::InodeCache;
+pub use crate::mballoc::GroupState;
+use crate::mballoc::{BlockAllocator, PendingFrees};
 use crate::super_info::{encode_superblock, superblock_location, SuperInfo};
 use crate::transaction::{Handle, TxnManager};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Options for opening a filesystem.
@@ -132,14 +134,6 @@ pub enum ErrorsBehaviour {
     Panic,
 }
 
-/// Per-group state. The mutex around it is the group's allocation lock.
-pub struct GroupState {
-    pub desc: GroupDesc,
-    /// The block bitmap read from disk was found to cover the system blocks in the group
-    /// (`Fs::validate_block_bitmap`): checked once per mount.
-    pub bitmap_valid: std::sync::atomic::AtomicBool,
-}
-
 /// Engine counters (besides the transaction's and the device's), shown by `uext4 stats`.
 #[derive(Default, Debug)]
 pub struct FsStats {
@@ -158,15 +152,9 @@ pub struct Fs {
     pub geo: Geometry,
     /// The superblock, free counters, read-only and stop flags (super_info.rs).
     pub(crate) sb: Arc<SuperInfo>,
-    pub(crate) groups: Vec<Mutex<GroupState>>,
-    /// Where each group's block bitmap, inode bitmap and inode table are, as read at open
-    /// (nothing moves them: no resize). Read without the group locks, so that a group can
-    /// build its first block bitmap, which must mark every table flex_bg placed in it, while
-    /// holding only its own lock (lock rank 6 takes group locks in ascending order only).
-    pub(crate) group_tables: Vec<[u64; 3]>,
-    /// The blocks of the filesystem's own structures, which no file may map
-    /// (block_validity.rs); the journal's are added once it is loaded.
-    pub(crate) system_zone: parking_lot::RwLock<crate::block_validity::SystemZone>,
+    /// The block allocator's state: groups and their locks, table locations, the system
+    /// zone, pending frees, the directory rotor (mballoc.rs).
+    pub(crate) balloc: BlockAllocator,
     pub(crate) icache: InodeCache,
     pub(crate) txn: TxnManager,
     /// The journal was replayed into memory over the device (a read-only open of an image
@@ -178,11 +166,6 @@ pub struct Fs {
     pub stats: FsStats,
     /// Reproducible builds: how many generations `next_generation` has handed out.
     pub(crate) generations: AtomicU64,
-    /// Rotor for spreading new directories over groups.
-    pub(crate) dir_rotor: AtomicU64,
-    /// Blocks freed by transactions not yet committed: start -> (length, tid). Not reused
-    /// until their transaction commits.
-    pub(crate) pending_free: crate::balloc::PendingFrees,
     /// The orphan list in chain order, head first (see orphan.rs). A leaf lock.
     pub(crate) orphans: Mutex<Vec<u32>>,
     /// Unlinked inodes too large to free in the handle that dropped their last link: on the
@@ -363,36 +346,9 @@ impl Fs {
         });
         let bcache = BufferCache::new(counted.clone(), geo.block_size as usize, geo.blocks_count);
 
-        // Group descriptors.
-        let mut groups = Vec::with_capacity(geo.group_count as usize);
-        let mut group_tables = Vec::with_capacity(geo.group_count as usize);
-        let mut free_blocks = 0u64;
-        let mut free_inodes = 0u64;
-        for g in 0..geo.group_count {
-            let blk = geo.gdt_block_of(g);
-            let buf = bcache.get(blk)?;
-            let data = buf.read();
-            let off = (g % geo.descs_per_block) as usize * geo.desc_size as usize;
-            let desc = GroupDesc::from_bytes(&data[off..off + geo.desc_size.min(64) as usize]);
-            drop(data);
-            if !desc.verify_csum(geo.gd_csum, g) {
-                return Err(Error::BadChecksum(format!(
-                    "group descriptor {g} (in block {blk})"
-                )));
-            }
-            check_desc(&geo, g, &desc)?;
-            free_blocks += desc.free_blocks_count();
-            free_inodes += desc.free_inodes_count();
-            group_tables.push([desc.block_bitmap(), desc.inode_bitmap(), desc.inode_table()]);
-            groups.push(Mutex::new(GroupState {
-                desc,
-                bitmap_valid: AtomicBool::new(false),
-            }));
-        }
+        let (balloc, free_blocks, free_inodes) = BlockAllocator::load(&geo, &bcache)?;
 
         let max_txn = 4096usize;
-        let system_zone =
-            parking_lot::RwLock::new(crate::block_validity::SystemZone::new(&geo, &group_tables));
         let fs = Arc::new(Fs {
             dev: counted,
             io,
@@ -405,18 +361,14 @@ impl Fs {
                 opts.read_only,
                 ro_reason,
             )),
-            groups,
-            group_tables,
-            system_zone,
+            balloc,
             icache: InodeCache::new(opts.inode_cache_limit),
             txn: TxnManager::new(1, max_txn),
             replayed_in_memory: in_memory.is_some(),
             opts,
             rename_lock: Mutex::new(()),
             stats: FsStats::default(),
-            dir_rotor: AtomicU64::new(0),
             generations: AtomicU64::new(0),
-            pending_free: Default::default(),
             orphans: Mutex::new(Vec::new()),
             deferred_deletes: Mutex::new(Vec::new()),
             removal_lock: Mutex::new(()),
@@ -488,7 +440,7 @@ impl Fs {
                 let journal = Arc::new(journal);
                 journal.start_checkpointer(Box::new(FsCheckpointHooks {
                     sb: fs.sb.clone(),
-                    pending_free: fs.pending_free.clone(),
+                    pending_free: fs.balloc.pending_free.clone(),
                 }))?;
                 let _ = fs.journal.set(journal);
             }
@@ -824,7 +776,7 @@ impl Fs {
 
     /// Reads group `g`'s descriptor (a copy).
     pub fn group_desc(&self, g: u32) -> GroupDesc {
-        self.groups[g as usize].lock().desc.clone()
+        self.balloc.groups[g as usize].lock().desc.clone()
     }
 
     /// Whether a block number is inside the filesystem and outside the fixed metadata of group 0's
@@ -852,7 +804,7 @@ impl Fs {
                 what()
             )));
         }
-        let zone = self.system_zone.read().overlap(blk, blk + len);
+        let zone = self.balloc.system_zone.read().overlap(blk, blk + len);
         if let Some((s, e)) = zone.filter(|_| ino == 0 || ino != self.sb.lock().journal_inum()) {
             return Err(Error::corrupt(format!(
                 "{}: block {blk} (+{len}) lies in the filesystem's own structures (blocks \
@@ -899,7 +851,7 @@ impl Fs {
         );
         // The journal's blocks belong to the filesystem from now on (a block-mapped
         // journal's indirect blocks are not added: its map is read once, here).
-        self.system_zone.write().add(
+        self.balloc.system_zone.write().add(
             extents
                 .iter()
                 .map(|e| (e.pblk, e.pblk + e.len as u64))
@@ -912,7 +864,7 @@ impl Fs {
 /// What the journal's checkpointer tells the filesystem: the state it touches, shared.
 pub(crate) struct FsCheckpointHooks {
     pub(crate) sb: Arc<SuperInfo>,
-    pub(crate) pending_free: crate::balloc::PendingFrees,
+    pub(crate) pending_free: PendingFrees,
 }
 
 impl crate::journal::CheckpointHooks for FsCheckpointHooks {
@@ -952,42 +904,6 @@ fn spawn_committer(fs: std::sync::Weak<Fs>, secs: u64) -> std::io::Result<()> {
             }
         })
         .map(|_| ())
-}
-
-fn check_desc(geo: &Geometry, g: u32, d: &GroupDesc) -> Result<()> {
-    let itb = (geo.inodes_per_group as u64 * geo.inode_size as u64).div_ceil(geo.block_size as u64);
-    let in_fs = |b: u64, n: u64| b > geo.first_data_block && b + n <= geo.blocks_count;
-    if !in_fs(d.block_bitmap(), 1) {
-        return Err(Error::corrupt(format!(
-            "group {g}: block bitmap at block {} is outside the filesystem",
-            d.block_bitmap()
-        )));
-    }
-    if !in_fs(d.inode_bitmap(), 1) {
-        return Err(Error::corrupt(format!(
-            "group {g}: inode bitmap at block {} is outside the filesystem",
-            d.inode_bitmap()
-        )));
-    }
-    if !in_fs(d.inode_table(), itb) {
-        return Err(Error::corrupt(format!(
-            "group {g}: inode table at block {} is outside the filesystem",
-            d.inode_table()
-        )));
-    }
-    if d.free_blocks_count() > geo.blocks_per_group as u64 {
-        return Err(Error::corrupt(format!(
-            "group {g}: free block count {} exceeds blocks per group",
-            d.free_blocks_count()
-        )));
-    }
-    if d.free_inodes_count() > geo.inodes_per_group as u64 {
-        return Err(Error::corrupt(format!(
-            "group {g}: free inode count {} exceeds inodes per group",
-            d.free_inodes_count()
-        )));
-    }
-    Ok(())
 }
 
 /// statfs numbers.

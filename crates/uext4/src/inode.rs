@@ -35,6 +35,12 @@ pub struct InodeState {
 }
 
 impl InodeState {
+    /// The reservation of the buffered writeback run in progress on this inode, if one is:
+    /// the allocations for its data and mapping blocks pass it to the allocator.
+    pub(crate) fn writeback_claim(&self) -> Option<&crate::mballoc::Claim> {
+        self.delalloc.as_ref()?.claim.as_ref()
+    }
+
     /// The inode as it may go to disk: with buffered data not yet written back, the size the
     /// written data backs rather than the size users see.
     fn disk_view(&self) -> std::borrow::Cow<'_, RawInode> {
@@ -162,7 +168,7 @@ impl Fs {
         }
         let g = self.geo.ino_group(ino);
         let index = (ino - 1) % self.geo.inodes_per_group;
-        let table = self.group_tables[g as usize][2];
+        let table = self.balloc.tables[g as usize][2];
         let byte = index as u64 * self.geo.inode_size as u64;
         let blk = table + byte / self.geo.block_size as u64;
         Ok((blk, (byte % self.geo.block_size as u64) as usize))
@@ -223,7 +229,7 @@ impl Fs {
         let _table = self.bcache.get(blk).ok();
         let cached = {
             let g = self.geo.ino_group(ino);
-            let st = self.groups[g as usize].lock();
+            let st = self.balloc.groups[g as usize].lock();
             // The reserved inodes (the root, the journal...) are in use whatever their bit
             // says, as the kernel's iget takes them: a damaged inode bitmap must not hide the
             // whole tree. (Numbers below s_first_ino are never handed out.)

@@ -36,6 +36,7 @@ pub mod ialloc;
 pub mod inline;
 pub mod inode;
 pub mod journal;
+pub mod mballoc;
 pub mod mkfs;
 pub mod mmp;
 pub mod namei;

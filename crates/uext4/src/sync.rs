@@ -127,7 +127,7 @@ impl Fs {
     /// condition; the commit is the caller's. Call with no handle open.
     pub(crate) fn retry_nospace<T>(&self, mut op: impl FnMut() -> Result<T>) -> Result<T> {
         match op() {
-            Err(Error::NoSpace) if self.pending_free.has_any() => {
+            Err(Error::NoSpace) if self.balloc.pending_free.has_any() => {
                 self.commit()?;
                 self.checkpoint_drain()?;
                 op()
