@@ -498,9 +498,8 @@ impl Fs {
     pub fn open_path(path: &std::path::Path, opts: MountOptions) -> Result<Arc<Fs>> {
         let mut opts = opts;
         opts.read_only |= opts.norecovery;
-        if let Some(uri) = path.to_str().filter(|s| crate::nbd::is_nbd_uri(s)) {
-            let dev = crate::nbd::NbdDevice::open(uri, opts.read_only)?;
-            return Fs::open_dev(Arc::new(dev), opts);
+        if crate::image::is_nbd_uri(path) {
+            return Fs::open_dev(crate::image::open_image(path, opts.read_only)?, opts);
         }
         let claim = if opts.read_only {
             None
@@ -515,25 +514,13 @@ impl Fs {
     }
 
     fn open_path_unclaimed(path: &std::path::Path, opts: MountOptions) -> Result<Arc<Fs>> {
-        if opts.dax && !opts.read_only {
-            let dev = crate::blockdev::MappedDevice::open(path, opts.dax_non_temporal)?;
-            return Fs::open_dev(Arc::new(dev), opts);
-        }
-        // An image on tmpfs is mapped unless that fails (not writable by us, empty): then it is
-        // opened as any other file, which reports the problem or opens it read-only.
-        if opts.map_tmpfs && !opts.buffered && !opts.read_only && on_tmpfs(path) {
-            if let Ok(dev) = crate::blockdev::MappedDevice::open(path, opts.dax_non_temporal) {
-                return Fs::open_dev(Arc::new(dev), opts);
-            }
-        }
-        let dev = crate::blockdev::FileDevice::open(path, opts.read_only).or_else(|e| {
-            if e.raw_os_error() == Some(libc::EACCES) || e.raw_os_error() == Some(libc::EROFS) {
-                crate::blockdev::FileDevice::open(path, true)
-            } else {
-                Err(e)
-            }
-        })?;
-        Fs::open_dev(Arc::new(dev), opts)
+        let how = crate::image::Access {
+            read_only: opts.read_only,
+            dax: opts.dax,
+            non_temporal: opts.dax_non_temporal,
+            map_tmpfs: opts.map_tmpfs && !opts.buffered,
+        };
+        Fs::open_dev(crate::image::open_local(path, how)?, opts)
     }
 
     /// Whether the device is the mapped image (`dax`, or an image on tmpfs).
@@ -918,8 +905,4 @@ pub struct StatFs {
     pub name_max: u32,
 }
 
-/// Whether `path` is a file on tmpfs (where mapping the image is the faster way to reach it).
-pub fn on_tmpfs(path: &std::path::Path) -> bool {
-    std::fs::File::open(path)
-        .is_ok_and(|f| f.metadata().is_ok_and(|m| m.is_file()) && crate::blockdev::is_tmpfs(&f))
-}
+pub use crate::image::on_tmpfs;

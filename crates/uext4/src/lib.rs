@@ -33,6 +33,7 @@ pub mod geometry;
 pub mod holder;
 pub mod htree;
 pub mod ialloc;
+pub mod image;
 pub mod inline;
 pub mod inode;
 pub mod journal;
