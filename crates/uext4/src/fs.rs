@@ -379,7 +379,12 @@ impl Fs {
             mmp: Mutex::new(mmp),
         });
         if let Some(m) = &*fs.mmp.lock() {
-            m.start(Arc::downgrade(&fs))?;
+            let weak = Arc::downgrade(&fs);
+            m.start(Box::new(move |why| {
+                if let Some(fs) = weak.upgrade() {
+                    fs.mmp_taken_over(why);
+                }
+            }))?;
         }
         if fs.opts.norecovery {
             // The image as it is on the device, journal or not (read-only: see above).
@@ -800,6 +805,21 @@ impl Fs {
             )));
         }
         Ok(())
+    }
+
+    /// Another node took the MMP block: stop as after a lost transaction, so that nothing more
+    /// of this node's reaches the device (the journal's contents stay for recovery).
+    fn mmp_taken_over(&self, why: &str) {
+        let _ = self.txn.lost.set(why.to_string());
+        self.stop(why);
+        if let Some(j) = self.journal.get() {
+            j.abort(why);
+        }
+    }
+
+    /// The MMP block in words, as read now (`uext4 info`): `None` without the `mmp` feature.
+    pub fn mmp_info(&self) -> Option<String> {
+        crate::mmp::describe(&self.dev, &self.superblock())
     }
 
     pub(crate) fn new_raw_inode(&self) -> RawInode {

@@ -29,9 +29,11 @@ use crate::error::{Error, Result};
 use crate::format::features::INCOMPAT_MMP;
 use crate::format::mmp::*;
 use crate::format::superblock::Superblock;
-use crate::fs::Fs;
 use parking_lot::{Condvar, Mutex};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
+
+/// Stops the filesystem when another node has taken the MMP block (given the reason).
+pub type TakenOver = Box<dyn Fn(&str) + Send + Sync>;
 use std::time::{Duration, Instant};
 
 fn now_secs() -> u64 {
@@ -161,8 +163,9 @@ struct Shared {
     at: Where,
     state: Mutex<State>,
     wake: Condvar,
-    /// The filesystem to stop if another node writes the block (not kept alive by this).
-    fs: Mutex<Weak<Fs>>,
+    /// What stops the filesystem if another node writes the block (set by `start`; it must
+    /// not keep the filesystem alive).
+    on_taken_over: Mutex<Option<TakenOver>>,
 }
 
 struct State {
@@ -263,17 +266,18 @@ pub(crate) fn protect(
                 released: false,
             }),
             wake: Condvar::new(),
-            fs: Mutex::new(Weak::new()),
+            on_taken_over: Mutex::new(None),
         }),
         thread: Mutex::new(None),
     }))
 }
 
 impl Mmp {
-    /// Ties the hold to `fs` (whose writes stop if another node takes the block) and starts
-    /// the updating thread if it is not running yet (a reopen after journal recovery keeps it).
-    pub(crate) fn start(&self, fs: Weak<Fs>) -> Result<()> {
-        *self.shared.fs.lock() = fs;
+    /// Ties the hold to a filesystem (`on_taken_over` stops its writes if another node takes
+    /// the block) and starts the updating thread if it is not running yet (a reopen after
+    /// journal recovery keeps it).
+    pub(crate) fn start(&self, on_taken_over: TakenOver) -> Result<()> {
+        *self.shared.on_taken_over.lock() = Some(on_taken_over);
         if self.shared.state.lock().lost {
             return Err(Error::Stopped(
                 "MMP: another node took the filesystem while it was being opened".into(),
@@ -391,49 +395,34 @@ fn run(shared: &Shared) {
 fn taken_over(shared: &Shared, why: &str) {
     let why = format!("MMP: {why}");
     tracing::error!("{why}");
-    let Some(fs) = shared.fs.lock().upgrade() else {
-        return;
+    if let Some(stop) = &*shared.on_taken_over.lock() {
+        stop(&why);
+    }
+}
+
+/// The MMP block in words, as read now (`uext4 info`): `None` without the `mmp` feature.
+pub fn describe(dev: &Arc<dyn BlockDevice>, sb: &Superblock) -> Option<String> {
+    if !sb.has_incompat(INCOMPAT_MMP) {
+        return None;
+    }
+    let at = match Where::new(dev, sb) {
+        Ok(at) => at,
+        Err(e) => return Some(e.to_string()),
     };
-    fs.mmp_taken_over(&why);
-}
-
-impl Fs {
-    /// See `taken_over`.
-    fn mmp_taken_over(&self, why: &str) {
-        let _ = self.txn.lost.set(why.to_string());
-        self.stop(why);
-        if let Some(j) = self.journal.get() {
-            j.abort(why);
-        }
-    }
-}
-
-impl Fs {
-    /// The MMP block in words, as read now (`uext4 info`): `None` without the `mmp` feature.
-    pub fn mmp_info(&self) -> Option<String> {
-        let sb = self.superblock();
-        if !sb.has_incompat(INCOMPAT_MMP) {
-            return None;
-        }
-        let at = match Where::new(&self.dev, &sb) {
-            Ok(at) => at,
-            Err(e) => return Some(e.to_string()),
-        };
-        Some(match at.read() {
-            Ok(m) => format!(
-                "block {}, update interval {} s, check interval {} s, {} (node {}, device {}, \
-                 at {})",
-                at.blk,
-                at.update_interval,
-                m.check_interval(),
-                seq_state(m.seq()),
-                m.nodename(),
-                m.bdevname(),
-                utc(m.time())
-            ),
-            Err(e) => format!("block {}: {e}", at.blk),
-        })
-    }
+    Some(match at.read() {
+        Ok(m) => format!(
+            "block {}, update interval {} s, check interval {} s, {} (node {}, device {}, \
+             at {})",
+            at.blk,
+            at.update_interval,
+            m.check_interval(),
+            seq_state(m.seq()),
+            m.nodename(),
+            m.bdevname(),
+            utc(m.time())
+        ),
+        Err(e) => format!("block {}: {e}", at.blk),
+    })
 }
 
 /// A sequence number in words.
