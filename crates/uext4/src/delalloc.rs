@@ -31,115 +31,20 @@
 //! other inodes from inside a write only takes their `io_lock` with `try_write`, so two writers
 //! never wait on each other's inode.
 
+pub use crate::delalloc_state::{Dirty, Page, Registry};
 use crate::error::{Error, Result};
 use crate::format::inode::S_IFREG;
 use crate::fs::Fs;
 use crate::inode::{Inode, InodeRef, InodeState};
 use crate::mballoc::Claim;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 
 /// Blocks kept free beyond the reservations (slack for the estimates).
 const RESERVE_MARGIN_BLOCKS: u64 = 64;
 
 /// Longest run of pages written back as one write (one allocation, one handle).
 const WRITEBACK_RUN_BLOCKS: u64 = 8192;
-
-/// One cached block of file data.
-pub struct Page {
-    pub data: Box<[u8]>,
-    /// This page holds one block of the space reservation (it lies over a hole).
-    reserved: bool,
-    /// Its writeback changes the mapping (it lies over a hole or an unwritten extent).
-    maps: bool,
-    /// It changes the mapping inside the mapped range, not past its end: its extents may go
-    /// into any existing leaf, not only the last.
-    inner: bool,
-}
-
-/// An inode's dirty pages and the size its on-disk data backs.
-pub struct Dirty {
-    /// Logical block number -> page.
-    pub pages: BTreeMap<u64, Page>,
-    /// i_size as stored on disk: the in-memory size less what only the pages hold.
-    pub disk_size: u64,
-    /// Writeback is running: the ordinary write path it calls keeps the file's times.
-    pub(crate) in_writeback: bool,
-    /// While a run is written back: its reservation, which the allocations for this inode
-    /// (its data and its mapping blocks) take from (`InodeState::writeback_claim`).
-    pub(crate) claim: Option<Claim>,
-    /// Pages whose writeback changes the mapping (`Page::maps`), and of them those inside the
-    /// mapped range (`Page::inner`).
-    maps: u64,
-    inner: u64,
-    /// Pages that hold a block of the space reservation (`Page::reserved`): counted in the
-    /// file's st_blocks, as the kernel's ext4 counts its delayed-allocation reservations.
-    reserved: u64,
-    /// Mapping blocks reserved for this inode's writeback (in `Registry::md_reserved`).
-    md: u64,
-}
-
-impl Dirty {
-    pub(crate) fn overlaps(&self, first: u64, last: u64) -> bool {
-        self.pages.range(first..=last).next().is_some()
-    }
-
-    /// Counts a page coming into the cache.
-    fn count_in(&mut self, p: &Page) {
-        self.maps += p.maps as u64;
-        self.inner += p.inner as u64;
-        self.reserved += p.reserved as u64;
-    }
-
-    /// Blocks the cached pages will take when written back (over holes), not yet allocated.
-    pub(crate) fn reserved_blocks(&self) -> u64 {
-        self.reserved
-    }
-
-    /// Counts a page leaving the cache.
-    fn count_out(&mut self, p: &Page) {
-        self.maps -= p.maps as u64;
-        self.inner -= p.inner as u64;
-        self.reserved -= p.reserved as u64;
-    }
-
-    /// The first and last logical block that has a page ((0, 0) when none has).
-    fn span(&self) -> (u64, u64) {
-        let first = self.pages.first_key_value().map_or(0, |(&l, _)| l);
-        let last = self.pages.last_key_value().map_or(0, |(&l, _)| l);
-        (first, last)
-    }
-}
-
-/// The filesystem-wide side: which inodes hold pages, how much memory and space they take.
-#[derive(Default)]
-pub struct Registry {
-    inodes: parking_lot::Mutex<HashMap<u32, InodeRef>>,
-    /// Bytes held in pages, all inodes.
-    pub bytes: AtomicU64,
-    /// Blocks reserved by pages over holes, all inodes (shared with writeback `Claim`s).
-    pub reserved: Arc<AtomicU64>,
-    /// Extent-tree or indirect blocks reserved for writeback, all inodes.
-    pub md_reserved: AtomicU64,
-    /// Runs written back (each one allocation and one handle at most).
-    pub writeback_runs: AtomicU64,
-}
-
-impl Registry {
-    /// Gives back the memory and the space reservation of pages leaving the cache, less
-    /// `claimed` reserved blocks that their writeback's allocations took already.
-    fn release<'a>(&self, pages: impl Iterator<Item = &'a Page>, bs: u64, claimed: u64) {
-        let (mut n, mut reserved) = (0u64, 0u64);
-        for p in pages {
-            n += 1;
-            reserved += p.reserved as u64;
-        }
-        self.bytes.fetch_sub(n * bs, Ordering::Relaxed);
-        self.reserved
-            .fetch_sub(reserved - claimed.min(reserved), Ordering::Relaxed);
-    }
-}
 
 impl Fs {
     /// Runs of cached pages written back so far (each one allocation and one handle at most).

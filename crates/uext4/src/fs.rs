@@ -23,7 +23,7 @@ use crate::format::group_desc::GroupDesc;
 use crate::format::inode::RawInode;
 use crate::format::superblock::*;
 pub use crate::geometry::Geometry;
-use crate::inode::InodeCache;
+use crate::icache::{InodeCache, InodeRef, InodeState};
 pub use crate::mballoc::GroupState;
 use crate::mballoc::{BlockAllocator, PendingFrees};
 use crate::super_info::{encode_superblock, superblock_location, SuperInfo};
@@ -183,7 +183,7 @@ pub struct Fs {
     /// It writes committed transactions home itself (its checkpointer).
     pub(crate) journal: std::sync::OnceLock<Arc<crate::journal::Journal>>,
     /// Buffered mode's dirty inodes and their memory and space (delalloc.rs).
-    pub(crate) delalloc: crate::delalloc::Registry,
+    pub(crate) delalloc: crate::delalloc_state::Registry<InodeRef>,
     /// A read-write `open_path`'s claim on its image (holder.rs), released at unmount (after
     /// which nothing is written) or when the `Fs` is dropped.
     pub(crate) claim: Mutex<Option<crate::holder::WriterClaim>>,
@@ -833,7 +833,7 @@ impl Fs {
         let ino = self.sb.lock().journal_inum();
         // Straight from the inode table: bitmaps may be torn until the journal is replayed.
         let raw = self.read_raw_inode(ino)?;
-        let mut st = crate::inode::InodeState {
+        let mut st = InodeState {
             raw,
             extents: None,
             orphaned: false,
