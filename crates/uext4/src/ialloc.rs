@@ -174,7 +174,7 @@ impl Fs {
             let ino = g * ipg as u32 + idx as u32 + 1;
             // Nothing is mapped yet; without the extents flag (a filesystem without the
             // extents feature) blocks will go into an indirect block map.
-            let extents = Some(crate::extents::ExtentCache {
+            let extents = Some(crate::icache::ExtentCache {
                 blockmap: Fs::uses_blockmap(&raw),
                 ..Default::default()
             });

@@ -6,10 +6,10 @@
 //! on-disk fields and the extent cache; it is held only for short, non-blocking sections.
 
 use crate::error::{Error, Result};
-use crate::extents::ExtentCache;
+
 use crate::format::inode::{RawInode, Timestamp, ROOT_INO};
 use crate::fs::Fs;
-pub use crate::icache::{Inode, InodeCache, InodeRef, InodeState};
+pub use crate::icache::{ExtentCache, Inode, InodeCache, InodeRef, InodeState};
 use crate::transaction::Handle;
 use parking_lot::{Mutex, RwLock};
 
