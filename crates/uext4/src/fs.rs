@@ -1,4 +1,7 @@
-//! The filesystem: opening an image, its geometry, group descriptors, and commit.
+//! The filesystem façade: `Fs` composes the state subsystems (superblock state, geometry,
+//! buffer cache, block allocator, inode cache, transactions, journal, buffered-mode registry)
+//! and opens and mounts them. It imports state modules only; the operations are `impl Fs`
+//! blocks in files this one does not import (tests/layers.rs keeps that so).
 //!
 //! `Fs` is `Send + Sync`: every public operation may be called from many threads at once. Lock
 //! ranking (take in this order, never the reverse):
@@ -8,12 +11,13 @@
 //!      changes); then `Fs::removal_lock` (around each piece handle of a large removal)
 //!   4. transaction barrier (by starting a handle)
 //!   5. inode `state` mutex
-//!   6. group locks (`groups[g]`), in ascending group order (table locations need none:
-//!      `group_tables`)
+//!   6. group locks (`balloc.groups[g]`), in ascending group order (table locations need
+//!      none: `balloc.tables`)
 //!   7. inode cache shard locks (taken under a group lock where an inode number's bitmap bit
 //!      and its cache entry change together: ialloc, iget)
 //!   8. buffer locks
-//!   9. `Fs::sb` and the transaction's running-list mutex (leaf locks)
+//!   9. the superblock (`Fs::sb.lock()`), the transaction's running-list mutex, pending frees
+//!      (leaf locks); the stop flag is an atomic (its reason's lock is a leaf too)
 
 use crate::bcache::BufferCache;
 use crate::blockdev::{BlockDevice, IoCounters};

@@ -118,9 +118,8 @@ fn crate_refs(code: &str) -> BTreeSet<String> {
                     }
                     _ => {}
                 }
-                if depth == 1 && c != '{' {
-                    item.push(c);
-                } else if depth > 1 {
+                // Everything inside the outer braces but the opening brace itself.
+                if depth > 1 || (depth == 1 && c != '{') {
                     item.push(c);
                 }
                 j += 1;
