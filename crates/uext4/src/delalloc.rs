@@ -24,7 +24,9 @@
 //! cached pages or mapped blocks needs no space. Allocations other than writeback's may not
 //! take reserved blocks (`Fs::unreserved_blocks`), as the kernel keeps delalloc reservations
 //! from other allocations, so writeback never finds the space it promised gone. Reservations
-//! are released as writeback allocates.
+//! are released as writeback allocates: each run's reservation is a `mballoc::Claim`, kept on
+//! the inode's dirty state while the run is written and handed to the allocator by the
+//! allocations for that inode.
 //!
 //! Locking: pages change only with the inode's `io_lock` held exclusively (writes, writeback,
 //! truncate); reads hold it shared and copy from the pages under `inode.state`. Writeback of
