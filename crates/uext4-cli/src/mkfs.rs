@@ -13,7 +13,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use uext4::blockdev::{is_nbd_uri, open_image, BlockDevice, FileDevice, Region, RegionDevice};
+use uext4::blockdev::{BlockDevice, FileDevice, Region, RegionDevice};
+use uext4::image::{is_nbd_uri, open_image};
 use uext4::partition::{identify, Contents};
 use uext4::MountOptions;
 

@@ -257,7 +257,7 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
             std::process::exit(2);
         }
     };
-    let nbd = uext4::blockdev::is_nbd_uri(&a.image);
+    let nbd = uext4::image::is_nbd_uri(&a.image);
     if !nbd && !a.image.exists() {
         bail!("{}: no such image file or device", a.image.display());
     }
@@ -454,7 +454,7 @@ fn serve_foreground(
     let mut opts = opts.clone();
     // An NBD export: nothing local to check or lock; the server decides who writes it (one
     // that exports read-only opens read-only).
-    let nbd = uext4::blockdev::is_nbd_uri(image);
+    let nbd = uext4::image::is_nbd_uri(image);
     if !opts.read_only && !nbd {
         use std::os::unix::ffi::OsStrExt;
         let c = std::ffi::CString::new(image.as_os_str().as_bytes())?;

@@ -10,7 +10,8 @@
 use crate::bcache::Buffer;
 use crate::error::{Error, Result};
 use crate::format::group_desc::BG_BLOCK_UNINIT;
-use crate::fs::{Fs, GroupState};
+use crate::fs::Fs;
+use crate::mballoc::{Claim, GroupState};
 use crate::transaction::Handle;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -138,7 +139,7 @@ impl Fs {
         let first = self.geo.group_first_block(g);
         let n = self.geo.blocks_in_group(g) as u64;
         let bad = {
-            let zone = self.system_zone.read();
+            let zone = self.balloc.system_zone.read();
             let found = zone
                 .within(first, first + n)
                 .find(|&(s, e)| (s..e).any(|b| !test_bit(data, (b - first) as usize)));
@@ -179,7 +180,7 @@ impl Fs {
                 set_bit(data, (x - first) as usize);
             }
         };
-        for &[block_bitmap, inode_bitmap, inode_table] in &self.group_tables {
+        for &[block_bitmap, inode_bitmap, inode_table] in &self.balloc.tables {
             mark(block_bitmap, 1);
             mark(inode_bitmap, 1);
             mark(inode_table, itb);
@@ -190,15 +191,22 @@ impl Fs {
     }
 
     /// Allocates up to `want` contiguous blocks near `goal`. Returns (first block, count).
+    /// `claim`: the reservation of the buffered writeback the blocks are for, which they may
+    /// use and are taken out of; without one, buffered writes' reservations are kept.
+    /// Running out of space is returned (`Error::NoSpace`): committing to free what pending
+    /// frees hold and retrying is the caller's (`Fs::retry_nospace`), which owns no handle.
     pub(crate) fn alloc_blocks(
         &self,
         h: &mut Handle<'_>,
         goal: u64,
         want: u32,
+        claim: Option<&Claim>,
     ) -> Result<(u64, u32)> {
         self.check_writable()?;
-        // Buffered writes' reservations are kept for their writeback.
-        let room = self.unreserved_blocks();
+        let room = match claim {
+            Some(_) => u64::MAX,
+            None => self.unreserved_blocks(),
+        };
         if room == 0 {
             return Err(Error::NoSpace);
         }
@@ -221,7 +229,7 @@ impl Fs {
         for pass in 0..2 {
             for i in 0..geo.group_count {
                 let g = (start_group + i) % geo.group_count;
-                let mut st = self.groups[g as usize].lock();
+                let mut st = self.balloc.groups[g as usize].lock();
                 let free = st.desc.free_blocks_count();
                 if free == 0 {
                     continue;
@@ -251,7 +259,8 @@ impl Fs {
                 };
                 if let Some((off, len)) = found {
                     if len >= want as usize || pass == 1 {
-                        return self.take_run(h, g, &mut st, &buf, off, len.min(want as usize));
+                        let len = len.min(want as usize);
+                        return self.take_run(h, g, &mut st, &buf, off, len, claim);
                     }
                     if best.is_none_or(|b| b.2 < len) {
                         best = Some((g, Some(off), len));
@@ -259,7 +268,7 @@ impl Fs {
                 }
             }
             if let Some((g, off, len)) = best.take() {
-                let mut st = self.groups[g as usize].lock();
+                let mut st = self.balloc.groups[g as usize].lock();
                 let buf = self.block_bitmap(h, g, &mut st)?;
                 let limit = geo.blocks_in_group(g) as usize;
                 let Some((off, len)) = off
@@ -272,11 +281,11 @@ impl Fs {
                 let at = geo.group_first_block(g) + off as u64;
                 let mut still =
                     zero_run(&buf.read(), off, len, geo.blocks_in_group(g) as usize) as u64;
-                if let Some((s, _)) = self.pending_free_first_overlap(at, still) {
+                if let Some((s, _)) = self.balloc.pending_overlap(at, still) {
                     still = s.saturating_sub(at);
                 }
                 if still > 0 {
-                    return self.take_run(h, g, &mut st, &buf, off, still as usize);
+                    return self.take_run(h, g, &mut st, &buf, off, still as usize, claim);
                 }
             }
         }
@@ -302,7 +311,7 @@ impl Fs {
             while let Some(z) = find_zero(b, pos, hi) {
                 let mut len = zero_run(b, z, want, limit);
                 let at = base + z as u64;
-                if let Some((s, e)) = self.pending_free_first_overlap(at, len as u64) {
+                if let Some((s, e)) = self.balloc.pending_overlap(at, len as u64) {
                     if s <= at {
                         // z is free in the bitmap but freed by an uncommitted transaction:
                         // jump past that whole range (not block by block: a deleted 1 GiB
@@ -325,6 +334,7 @@ impl Fs {
         best
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn take_run(
         &self,
         h: &mut Handle<'_>,
@@ -333,11 +343,12 @@ impl Fs {
         buf: &Arc<Buffer>,
         off: usize,
         len: usize,
+        claim: Option<&Claim>,
     ) -> Result<(u64, u32)> {
         // A run a damaged bitmap showed free over the filesystem's own blocks is refused
         // before anything is written there (the kernel's ext4_mb_mark_diskspace_used check).
         let at = self.geo.group_first_block(g) + off as u64;
-        if let Some((s, e)) = self.system_zone.read().overlap(at, at + len as u64) {
+        if let Some((s, e)) = self.balloc.system_zone.read().overlap(at, at + len as u64) {
             return Err(self.fail(
                 Error::corrupt(format!(
                     "group {g}: the block bitmap shows blocks {at}..{} free, which hold the \
@@ -366,8 +377,10 @@ impl Fs {
         let v = st.desc.free_blocks_count() - len as u64;
         st.desc.set_free_blocks_count(v);
         self.write_group_desc(h, g, st)?;
-        self.free_blocks.fetch_sub(len as u64, Ordering::Relaxed);
-        self.delalloc_claim(len as u64);
+        self.sb.free_blocks.fetch_sub(len as u64, Ordering::Relaxed);
+        if let Some(c) = claim {
+            c.take(len as u64);
+        }
         Ok((self.geo.group_first_block(g) + off as u64, len as u32))
     }
 
@@ -389,7 +402,7 @@ impl Fs {
         // another thread may look for free blocks, and it must find these held back until this
         // transaction is home. Done after, an allocation in between took a block that is still
         // in use, and the forget and revoke below then dropped its new owner's buffer.
-        self.pending_free.lock().insert(start, (len, h.tid()));
+        self.balloc.pending_free.insert(start, len, h.tid());
         if metadata {
             for b in start..end {
                 self.bcache.forget(b);
@@ -402,7 +415,7 @@ impl Fs {
             let g = geo.block_group(blk);
             let gfirst = geo.group_first_block(g);
             let gend = (gfirst + geo.blocks_in_group(g) as u64).min(end);
-            let mut st = self.groups[g as usize].lock();
+            let mut st = self.balloc.groups[g as usize].lock();
             let buf = self.block_bitmap(h, g, &mut st)?;
             {
                 let mut data = buf.write();
@@ -433,54 +446,21 @@ impl Fs {
             st.desc.set_free_blocks_count(v);
             self.write_group_desc(h, g, &mut st)?;
             drop(st);
-            self.free_blocks.fetch_add(gend - blk, Ordering::Relaxed);
+            self.sb.free_blocks.fetch_add(gend - blk, Ordering::Relaxed);
             blk = gend;
         }
         Ok(())
     }
 
-    /// The first range of blocks freed by a transaction not yet home that overlaps
-    /// `[blk, blk+len)`, as (start, end); such blocks are free in the bitmap but must not be
-    /// reused yet. The pending ranges are disjoint (a block is freed once until reused).
-    pub(crate) fn pending_free_first_overlap(&self, blk: u64, len: u64) -> Option<(u64, u64)> {
-        let p = self.pending_free.lock();
-        if p.is_empty() || len == 0 {
-            return None;
-        }
-        if let Some((&s, &(l, _))) = p.range(..=blk).next_back() {
-            if s + l > blk {
-                return Some((s, s + l));
-            }
-        }
-        p.range(blk + 1..blk + len)
-            .next()
-            .map(|(&s, &(l, _))| (s, s + l))
-    }
-
-    /// Runs `op`, and once more if it ran out of space while blocks freed by transactions not
-    /// yet home were held back: after committing and waiting for those to go home, so that
-    /// deleting a file on a full filesystem makes its space usable at once (the kernel's
-    /// ext4_should_retry_alloc forces a commit likewise). Call with no handle open.
-    pub(crate) fn retry_nospace<T>(&self, mut op: impl FnMut() -> Result<T>) -> Result<T> {
-        match op() {
-            Err(Error::NoSpace) if !self.pending_free.lock().is_empty() => {
-                self.commit()?;
-                self.checkpoint_drain()?;
-                op()
-            }
-            r => r,
-        }
-    }
-
     /// Forgets pending frees of transactions up to `tid` (called after they commit).
     pub(crate) fn release_pending_frees(&self, tid: u64) {
-        self.pending_free.lock().retain(|_, (_, t)| *t > tid);
+        self.balloc.pending_free.release(tid);
     }
 
     /// Whether block `blk` is marked in use in its group's bitmap (for checks and tests).
     pub fn block_in_use(&self, blk: u64) -> Result<bool> {
         let g = self.geo.block_group(blk);
-        let st = self.groups[g as usize].lock();
+        let st = self.balloc.groups[g as usize].lock();
         if self.uninit_block_bitmap(&st) {
             let mut data = vec![0u8; self.geo.block_size as usize];
             self.init_block_bitmap(g, &mut data);
@@ -565,7 +545,7 @@ mod image_tests {
         let p = mkimg("initlock", "256M", &["-b", "1024"]);
         let fs = open(&p);
         let uninit: Vec<u32> = (0..fs.geo.group_count)
-            .filter(|&g| fs.uninit_block_bitmap(&fs.groups[g as usize].lock()))
+            .filter(|&g| fs.uninit_block_bitmap(&fs.balloc.groups[g as usize].lock()))
             .collect();
         assert!(uninit.len() >= 2, "groups with BLOCK_UNINIT: {uninit:?}");
         let both = std::sync::Arc::new(std::sync::Barrier::new(2));
@@ -573,7 +553,7 @@ mod image_tests {
         for g in [uninit[0], uninit[uninit.len() - 1]] {
             let (fs, both, tx) = (fs.clone(), both.clone(), tx.clone());
             std::thread::spawn(move || {
-                let _own = fs.groups[g as usize].lock();
+                let _own = fs.balloc.groups[g as usize].lock();
                 both.wait();
                 let mut data = vec![0u8; fs.geo.block_size as usize];
                 fs.init_block_bitmap(g, &mut data);
@@ -602,7 +582,7 @@ mod image_tests {
             for (i, want) in [1u32, 7, 100, 5000, 40000, 3].iter().enumerate() {
                 let g = (i as u32 * 3) % fs.geo.group_count;
                 let goal = fs.geo.group_first_block(g) + 10;
-                let (s, n) = fs.alloc_blocks(&mut h, goal, *want).unwrap();
+                let (s, n) = fs.alloc_blocks(&mut h, goal, *want, None).unwrap();
                 assert!(n >= 1 && n <= *want);
                 for b in s..s + n as u64 {
                     assert!(fs.block_in_use(b).unwrap());
@@ -637,7 +617,7 @@ mod image_tests {
         // Blocks freed by a committed transaction are reusable again.
         {
             let mut h = fs.start(8).unwrap();
-            let (s, n) = fs.alloc_blocks(&mut h, got[0].0, 1).unwrap();
+            let (s, n) = fs.alloc_blocks(&mut h, got[0].0, 1, None).unwrap();
             fs.free_blocks(&mut h, s, n as u64, false).unwrap();
         }
         fs.unmount().unwrap();
@@ -654,9 +634,11 @@ mod image_tests {
         let goal = fs.geo.group_first_block(1) + 10;
         let (pa, qa, ra) = {
             let mut h = fs.start(16).unwrap();
-            let pa = fs.alloc_blocks(&mut h, goal, 100).unwrap();
-            let qa = fs.alloc_blocks(&mut h, pa.0 + 100, 20_000).unwrap();
-            let ra = fs.alloc_blocks(&mut h, qa.0 + qa.1 as u64, 100).unwrap();
+            let pa = fs.alloc_blocks(&mut h, goal, 100, None).unwrap();
+            let qa = fs.alloc_blocks(&mut h, pa.0 + 100, 20_000, None).unwrap();
+            let ra = fs
+                .alloc_blocks(&mut h, qa.0 + qa.1 as u64, 100, None)
+                .unwrap();
             (pa, qa, ra)
         };
         assert_eq!(
@@ -675,16 +657,16 @@ mod image_tests {
         // Blocks still held at the end (freed before unmount so that e2fsck finds no leak).
         let mut held = vec![ra];
         // The free run before Q is used, up to where Q begins ...
-        let got = fs.alloc_blocks(&mut h, pa.0, 100).unwrap();
+        let got = fs.alloc_blocks(&mut h, pa.0, 100, None).unwrap();
         assert_eq!(got, (pa.0, 100));
         held.push(got);
         // ... and a larger one is found past Q.
-        let got = fs.alloc_blocks(&mut h, pa.0, 300).unwrap();
+        let got = fs.alloc_blocks(&mut h, pa.0, 300, None).unwrap();
         assert!(!overlaps_q(got), "{got:?} reuses uncommitted frees {qa:?}");
         assert_eq!(got.1, 300);
         held.push(got);
         for _ in 0..50 {
-            let got = fs.alloc_blocks(&mut h, qa.0 + 5, 64).unwrap();
+            let got = fs.alloc_blocks(&mut h, qa.0 + 5, 64, None).unwrap();
             assert!(!overlaps_q(got), "{got:?} reuses uncommitted frees {qa:?}");
             held.push(got);
         }
@@ -692,7 +674,7 @@ mod image_tests {
         fs.sync().unwrap();
         // Home now: Q's blocks may be reused.
         let mut h = fs.start(16).unwrap();
-        let got = fs.alloc_blocks(&mut h, qa.0, 64).unwrap();
+        let got = fs.alloc_blocks(&mut h, qa.0, 64, None).unwrap();
         assert_eq!(got, (qa.0, 64));
         held.push(got);
         for (s, n) in held {

@@ -141,13 +141,11 @@ impl BufferCache {
 }
 
 impl BufferCache {
-    /// After a commit wrote `blk` home: clear its dirty mark unless the next transaction has
-    /// already changed it again.
-    pub(crate) fn mark_clean_if_not_running(&self, blk: u64, txn: &crate::transaction::TxnManager) {
+    /// Clears `blk`'s dirty mark: its transaction is committed and no later one has changed
+    /// it (the transaction layer decides that; this cache knows nothing of transactions).
+    pub fn mark_clean(&self, blk: u64) {
         if let Some(b) = self.shard(blk).lock().get(&blk) {
-            if !txn.running.lock().blocks.contains_key(&blk) {
-                b.dirty.store(false, Ordering::Release);
-            }
+            b.dirty.store(false, Ordering::Release);
         }
     }
 }

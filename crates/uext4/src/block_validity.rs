@@ -7,7 +7,7 @@
 //! allocations overwrite every inode); and an allocation that a damaged bitmap would place on
 //! them is refused too.
 
-use crate::fs::Geometry;
+use crate::geometry::Geometry;
 use std::collections::BTreeMap;
 
 /// Disjoint ranges of system blocks: start -> end (exclusive).

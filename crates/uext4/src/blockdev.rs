@@ -5,8 +5,8 @@
 //! (writes kept in memory over a device never written: read-only journal replay),
 //! [`RegionDevice`] (a window onto part of another device: a partition of a whole-disk image,
 //! or a filesystem kept at an offset inside a container file), [`RecordingDevice`] (the
-//! crash checker's), and in its own module [`crate::nbd::NbdDevice`] (an export of an NBD
-//! server).
+//! crash checker's). An NBD export is a device too (nbd.rs); opening a device by what a
+//! path or URI names is image.rs's, above this module.
 
 use parking_lot::RwLock;
 use std::fs::{File, OpenOptions};
@@ -62,21 +62,6 @@ pub trait BlockDevice: Send + Sync {
     fn name(&self) -> Option<String> {
         None
     }
-}
-
-/// Opens what an image argument names: an NBD export for an NBD URI ([`crate::nbd`]), else
-/// the image file or block device at `path` ([`FileDevice`]). Claims nothing (see
-/// [`crate::Fs::open_path`] for the writer claim).
-pub fn open_image(path: &Path, read_only: bool) -> crate::Result<Arc<dyn BlockDevice>> {
-    if let Some(uri) = path.to_str().filter(|s| crate::nbd::is_nbd_uri(s)) {
-        return Ok(Arc::new(crate::nbd::NbdDevice::open(uri, read_only)?));
-    }
-    Ok(Arc::new(FileDevice::open(path, read_only)?))
-}
-
-/// Whether `path` is written as an NBD URI rather than a local file (see [`open_image`]).
-pub fn is_nbd_uri(path: &Path) -> bool {
-    path.to_str().is_some_and(crate::nbd::is_nbd_uri)
 }
 
 /// The last component of the path that `file` was opened by.

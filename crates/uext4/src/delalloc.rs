@@ -24,150 +24,29 @@
 //! cached pages or mapped blocks needs no space. Allocations other than writeback's may not
 //! take reserved blocks (`Fs::unreserved_blocks`), as the kernel keeps delalloc reservations
 //! from other allocations, so writeback never finds the space it promised gone. Reservations
-//! are released as writeback allocates.
+//! are released as writeback allocates: each run's reservation is a `mballoc::Claim`, kept on
+//! the inode's dirty state while the run is written and handed to the allocator by the
+//! allocations for that inode.
 //!
 //! Locking: pages change only with the inode's `io_lock` held exclusively (writes, writeback,
 //! truncate); reads hold it shared and copy from the pages under `inode.state`. Writeback of
 //! other inodes from inside a write only takes their `io_lock` with `try_write`, so two writers
 //! never wait on each other's inode.
 
+pub use crate::delalloc_state::{Dirty, Page, Registry};
 use crate::error::{Error, Result};
 use crate::format::inode::S_IFREG;
 use crate::fs::Fs;
 use crate::inode::{Inode, InodeRef, InodeState};
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::mballoc::Claim;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 
 /// Blocks kept free beyond the reservations (slack for the estimates).
 const RESERVE_MARGIN_BLOCKS: u64 = 64;
 
-thread_local! {
-    /// This thread is writing back cached pages: its allocations may use the reservations.
-    static WRITING_BACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Of the run this thread writes back: reserved blocks its allocations have not claimed
-    /// yet, and those they have.
-    static CLAIM: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
-}
-
-/// Marks the current thread as writing back a run holding `budget` reserved blocks until
-/// dropped; allocations meanwhile claim them (`Fs::delalloc_claim`).
-struct WritebackScope(bool, (u64, u64));
-
-impl WritebackScope {
-    fn enter(budget: u64) -> Self {
-        WritebackScope(
-            WRITING_BACK.with(|w| w.replace(true)),
-            CLAIM.with(|c| c.replace((budget, 0))),
-        )
-    }
-
-    /// Reserved blocks claimed by allocations so far.
-    fn claimed(&self) -> u64 {
-        CLAIM.with(|c| c.get().1)
-    }
-}
-
-impl Drop for WritebackScope {
-    fn drop(&mut self) {
-        WRITING_BACK.with(|w| w.set(self.0));
-        CLAIM.with(|c| c.set(self.1));
-    }
-}
-
 /// Longest run of pages written back as one write (one allocation, one handle).
 const WRITEBACK_RUN_BLOCKS: u64 = 8192;
-
-/// One cached block of file data.
-pub struct Page {
-    pub data: Box<[u8]>,
-    /// This page holds one block of the space reservation (it lies over a hole).
-    reserved: bool,
-    /// Its writeback changes the mapping (it lies over a hole or an unwritten extent).
-    maps: bool,
-    /// It changes the mapping inside the mapped range, not past its end: its extents may go
-    /// into any existing leaf, not only the last.
-    inner: bool,
-}
-
-/// An inode's dirty pages and the size its on-disk data backs.
-pub struct Dirty {
-    /// Logical block number -> page.
-    pub pages: BTreeMap<u64, Page>,
-    /// i_size as stored on disk: the in-memory size less what only the pages hold.
-    pub disk_size: u64,
-    /// Writeback is running: the ordinary write path it calls keeps the file's times.
-    pub(crate) in_writeback: bool,
-    /// Pages whose writeback changes the mapping (`Page::maps`), and of them those inside the
-    /// mapped range (`Page::inner`).
-    maps: u64,
-    inner: u64,
-    /// Pages that hold a block of the space reservation (`Page::reserved`): counted in the
-    /// file's st_blocks, as the kernel's ext4 counts its delayed-allocation reservations.
-    reserved: u64,
-    /// Mapping blocks reserved for this inode's writeback (in `Registry::md_reserved`).
-    md: u64,
-}
-
-impl Dirty {
-    pub(crate) fn overlaps(&self, first: u64, last: u64) -> bool {
-        self.pages.range(first..=last).next().is_some()
-    }
-
-    /// Counts a page coming into the cache.
-    fn count_in(&mut self, p: &Page) {
-        self.maps += p.maps as u64;
-        self.inner += p.inner as u64;
-        self.reserved += p.reserved as u64;
-    }
-
-    /// Blocks the cached pages will take when written back (over holes), not yet allocated.
-    pub(crate) fn reserved_blocks(&self) -> u64 {
-        self.reserved
-    }
-
-    /// Counts a page leaving the cache.
-    fn count_out(&mut self, p: &Page) {
-        self.maps -= p.maps as u64;
-        self.inner -= p.inner as u64;
-        self.reserved -= p.reserved as u64;
-    }
-
-    /// The first and last logical block that has a page ((0, 0) when none has).
-    fn span(&self) -> (u64, u64) {
-        let first = self.pages.first_key_value().map_or(0, |(&l, _)| l);
-        let last = self.pages.last_key_value().map_or(0, |(&l, _)| l);
-        (first, last)
-    }
-}
-
-/// The filesystem-wide side: which inodes hold pages, how much memory and space they take.
-#[derive(Default)]
-pub struct Registry {
-    inodes: parking_lot::Mutex<HashMap<u32, InodeRef>>,
-    /// Bytes held in pages, all inodes.
-    pub bytes: AtomicU64,
-    /// Blocks reserved by pages over holes, all inodes.
-    pub reserved: AtomicU64,
-    /// Extent-tree or indirect blocks reserved for writeback, all inodes.
-    pub md_reserved: AtomicU64,
-    /// Runs written back (each one allocation and one handle at most).
-    pub writeback_runs: AtomicU64,
-}
-
-impl Registry {
-    /// Gives back the memory and the space reservation of pages leaving the cache, less
-    /// `claimed` reserved blocks that their writeback's allocations took already.
-    fn release<'a>(&self, pages: impl Iterator<Item = &'a Page>, bs: u64, claimed: u64) {
-        let (mut n, mut reserved) = (0u64, 0u64);
-        for p in pages {
-            n += 1;
-            reserved += p.reserved as u64;
-        }
-        self.bytes.fetch_sub(n * bs, Ordering::Relaxed);
-        self.reserved
-            .fetch_sub(reserved - claimed.min(reserved), Ordering::Relaxed);
-    }
-}
 
 impl Fs {
     /// Runs of cached pages written back so far (each one allocation and one handle at most).
@@ -187,36 +66,21 @@ impl Fs {
             + self.delalloc.md_reserved.load(Ordering::Relaxed)
     }
 
-    /// Blocks an allocation may take: all free ones while writing back cached pages, else the
-    /// free ones less what cached pages hold and, while they hold any, the margin kept for
-    /// the estimates (`u64::MAX` when not buffered).
+    /// Blocks an allocation that is not a writeback's (which has a `Claim`) may take: the free
+    /// ones less what cached pages hold and, while they hold any, the margin kept for the
+    /// estimates (`u64::MAX` when not buffered).
     pub(crate) fn unreserved_blocks(&self) -> u64 {
-        if !self.buffered() || WRITING_BACK.with(|w| w.get()) {
+        if !self.buffered() {
             return u64::MAX;
         }
         let held = match self.delalloc_held_blocks() {
             0 => 0,
             n => n + RESERVE_MARGIN_BLOCKS,
         };
-        self.free_blocks
+        self.sb
+            .free_blocks
             .load(Ordering::Relaxed)
             .saturating_sub(held)
-    }
-
-    /// An allocation of `n` blocks was made (the free count already lower): while a run is
-    /// written back, they come out of its reservation, as the kernel claims a delalloc
-    /// reservation when it allocates, so that the free blocks are not counted short by the
-    /// run twice until it is done.
-    pub(crate) fn delalloc_claim(&self, n: u64) {
-        if !WRITING_BACK.with(|w| w.get()) {
-            return;
-        }
-        let (left, claimed) = CLAIM.with(|c| c.get());
-        let take = left.min(n);
-        if take > 0 {
-            CLAIM.with(|c| c.set((left - take, claimed + take)));
-            self.delalloc.reserved.fetch_sub(take, Ordering::Relaxed);
-        }
     }
 
     /// Sets the inode's mapping-block reservation to what its pages need now.
@@ -348,6 +212,7 @@ impl Fs {
                 pages: BTreeMap::new(),
                 disk_size,
                 in_writeback: false,
+                claim: None,
                 maps: 0,
                 inner: 0,
                 reserved: 0,
@@ -445,7 +310,7 @@ impl Fs {
     /// `pages` more pages would pass the memory limit.
     fn room_for(&self, pages: u64, more: u64) -> (bool, bool) {
         let bs = self.geo.block_size as u64;
-        let free = self.free_blocks.load(Ordering::Relaxed);
+        let free = self.sb.free_blocks.load(Ordering::Relaxed);
         let reserved = self.delalloc_held_blocks();
         let memory = self.delalloc.bytes.load(Ordering::Relaxed) + pages * bs;
         (
@@ -527,14 +392,15 @@ impl Fs {
             // The run may end past i_size (the last block is zero beyond it): the size is
             // clamped to i_size by the write path.
             let budget = pages.iter().filter(|(_, p)| p.reserved).count() as u64;
-            let (r, claimed) = {
-                let scope = WritebackScope::enter(budget);
-                let r = self.write_new_blocks_locked(inode, start * bs, &buf, mem_size);
-                (r, scope.claimed())
-            };
+            if let Some(d) = inode.state.lock().delalloc.as_mut() {
+                d.claim = Some(Claim::new(budget, self.delalloc.reserved.clone()));
+            }
+            let r = self.write_new_blocks_locked(inode, start * bs, &buf, mem_size);
             let mut st = inode.state.lock();
+            let mut claimed = 0;
             if let Some(d) = st.delalloc.as_mut() {
                 d.in_writeback = false;
+                claimed = d.claim.take().map_or(0, |c| c.claimed());
             }
             match r {
                 Ok(()) => {

@@ -73,11 +73,11 @@ pub enum Error {
     Busy,
     /// A read-write open of an image that another program writes or holds (holder.rs).
     #[error("in use: {0}")]
-    InUse(crate::holder::Holder),
+    InUse(Holder),
     /// Multi-mount protection refused a read-write open: the MMP block shows the filesystem
     /// in use by another node (`fsck`: e2fsck, or another e2fsprogs tool, holds it). What the
     /// block last said: the node, its device name and the time of its last update.
-    #[error("{}", crate::mmp::busy_message(*fsck, node, device, *time))]
+    #[error("{}", busy_message(*fsck, node, device, *time))]
     MmpBusy {
         node: String,
         device: String,
@@ -91,6 +91,62 @@ pub enum Error {
     /// (nbd.rs); the text names the URI and the reason.
     #[error("{0}")]
     Nbd(String),
+}
+
+/// Who holds an image that a read-write open was refused.
+#[derive(Debug, Clone)]
+pub struct Holder {
+    /// One line: "fuse2fs (pid 42) has it open for writing".
+    pub who: String,
+    /// The holder is another uext4 (its claim, or a read-only mount's shared lock).
+    pub by_uext4: bool,
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.who)
+    }
+}
+
+/// The one-line message of `Error::MmpBusy`.
+pub fn busy_message(fsck: bool, node: &str, device: &str, time: u64) -> String {
+    let node = if node.is_empty() { "?" } else { node };
+    let device = if device.is_empty() { "?" } else { device };
+    if fsck {
+        format!(
+            "MMP: e2fsck is running on it (node {node}, device {device}, since {}); wait for \
+             it to finish, or if it was killed, run e2fsck again",
+            utc(time)
+        )
+    } else {
+        format!(
+            "MMP: in use by node {node} (device {device}), last updated {}; if that node is \
+             gone, run e2fsck",
+            utc(time)
+        )
+    }
+}
+
+/// Seconds since the epoch as "YYYY-MM-DD HH:MM:SS UTC".
+pub(crate) fn utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (proleptic Gregorian, eras of 400 years).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -211,7 +211,7 @@ impl Fs {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         let mut changed = false;
         let n = self.retry_nospace(|| self.write_once(cred, &mut changed, ino, off, data))?;
-        if n == 0 || n == data.len() || self.pending_free.lock().is_empty() {
+        if n == 0 || n == data.len() || self.balloc.pending_free.lock().is_empty() {
             return Ok((n, changed));
         }
         // Cut short, perhaps by space that blocks freed but not yet home still hold: the
@@ -576,7 +576,7 @@ impl Fs {
         };
         let want = (hole_last - lblk + 1).min(max as u64) as u32;
         let goal = self.alloc_goal(ino, st, lblk)?;
-        let (p, mut n) = self.alloc_blocks(h, goal, want)?;
+        let (p, mut n) = self.alloc_blocks(h, goal, want, st.writeback_claim())?;
         let unwritten = match fill(p, n) {
             Ok(fell_back) => unwritten || fell_back,
             Err(e) => {
@@ -1106,11 +1106,11 @@ impl Fs {
             l(&s.user_bytes_written),
             l(&s.zeroed_bytes),
             l(&io.bytes_written) as f64 / user as f64,
-            self.free_blocks.load(Ordering::Relaxed),
-            self.free_inodes.load(Ordering::Relaxed),
+            self.sb.free_blocks.load(Ordering::Relaxed),
+            self.sb.free_inodes.load(Ordering::Relaxed),
             l(&self.delalloc.bytes),
             l(&self.delalloc.writeback_runs),
-            l(&self.ckpt.batches),
+            self.journal.get().map_or(0, |j| j.checkpoint_batches()),
             self.journal
                 .get()
                 .map_or(0, |j| j.checkpoint_waits.load(Ordering::Relaxed)),

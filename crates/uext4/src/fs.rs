@@ -1,4 +1,7 @@
-//! The filesystem: opening an image, its geometry, group descriptors, and commit.
+//! The filesystem façade: `Fs` composes the state subsystems (superblock state, geometry,
+//! buffer cache, block allocator, inode cache, transactions, journal, buffered-mode registry)
+//! and opens and mounts them. It imports state modules only; the operations are `impl Fs`
+//! blocks in files this one does not import (tests/layers.rs keeps that so).
 //!
 //! `Fs` is `Send + Sync`: every public operation may be called from many threads at once. Lock
 //! ranking (take in this order, never the reverse):
@@ -8,24 +11,29 @@
 //!      changes); then `Fs::removal_lock` (around each piece handle of a large removal)
 //!   4. transaction barrier (by starting a handle)
 //!   5. inode `state` mutex
-//!   6. group locks (`groups[g]`), in ascending group order (table locations need none:
-//!      `group_tables`)
+//!   6. group locks (`balloc.groups[g]`), in ascending group order (table locations need
+//!      none: `balloc.tables`)
 //!   7. inode cache shard locks (taken under a group lock where an inode number's bitmap bit
 //!      and its cache entry change together: ialloc, iget)
 //!   8. buffer locks
-//!   9. `Fs::sb` and the transaction's running-list mutex (leaf locks)
+//!   9. the superblock (`Fs::sb.lock()`), the transaction's running-list mutex, pending frees
+//!      (leaf locks); the stop flag is an atomic (its reason's lock is a leaf too)
 
 use crate::bcache::BufferCache;
 use crate::blockdev::{BlockDevice, IoCounters};
 use crate::error::{Error, Result};
 use crate::format::features::*;
-use crate::format::group_desc::{GdCsum, GroupDesc};
+use crate::format::group_desc::GroupDesc;
 use crate::format::inode::RawInode;
 use crate::format::superblock::*;
-use crate::inode::InodeCache;
+pub use crate::geometry::Geometry;
+use crate::icache::{InodeCache, InodeRef, InodeState};
+pub use crate::mballoc::GroupState;
+use crate::mballoc::{BlockAllocator, PendingFrees};
+use crate::super_info::{encode_superblock, superblock_location, SuperInfo};
 use crate::transaction::{Handle, TxnManager};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Options for opening a filesystem.
@@ -130,135 +138,6 @@ pub enum ErrorsBehaviour {
     Panic,
 }
 
-/// Immutable facts about the filesystem, computed once at open.
-#[derive(Clone, Debug)]
-pub struct Geometry {
-    pub block_size: u32,
-    pub log_block_size: u32,
-    pub blocks_count: u64,
-    pub first_data_block: u64,
-    pub blocks_per_group: u32,
-    pub inodes_per_group: u32,
-    pub inodes_count: u32,
-    pub group_count: u32,
-    pub inode_size: u32,
-    pub desc_size: u32,
-    pub descs_per_block: u32,
-    /// Blocks of group descriptor table (not counting reserved GDT blocks).
-    pub gdt_blocks: u32,
-    pub reserved_gdt_blocks: u32,
-    pub first_ino: u32,
-    pub csum_seed: u32,
-    pub metadata_csum: bool,
-    pub gd_csum: GdCsum,
-    pub sparse_super: bool,
-    /// sparse_super2: the only groups besides group 0 with superblock and GDT copies
-    /// (s_backup_bgs; 0 names none).
-    pub backup_bgs: Option<[u32; 2]>,
-    /// meta_bg: the first descriptor block kept in its own meta group (s_first_meta_bg).
-    /// Descriptor blocks before it sit after the superblock as without meta_bg; descriptor
-    /// block `n` from it on sits in the first group of meta group `n` (the `descs_per_block`
-    /// groups it describes), with copies in that meta group's second and last groups.
-    pub first_meta_bg: Option<u32>,
-    pub flex_bg_size: u32,
-    pub has_64bit: bool,
-    pub filetype: bool,
-    pub dir_index: bool,
-    pub huge_file: bool,
-    pub dir_nlink: bool,
-    pub extents: bool,
-    pub hash_seed: [u32; 4],
-    pub def_hash_version: u8,
-    pub unsigned_hash: bool,
-    pub uuid: [u8; 16],
-}
-
-impl Geometry {
-    /// First block of group `g`.
-    pub fn group_first_block(&self, g: u32) -> u64 {
-        self.first_data_block + g as u64 * self.blocks_per_group as u64
-    }
-    /// Number of blocks in group `g` (the last may be short).
-    pub fn blocks_in_group(&self, g: u32) -> u32 {
-        let first = self.group_first_block(g);
-        (self.blocks_count - first).min(self.blocks_per_group as u64) as u32
-    }
-    pub fn block_group(&self, blk: u64) -> u32 {
-        ((blk - self.first_data_block) / self.blocks_per_group as u64) as u32
-    }
-    /// Whether group `g` holds a superblock backup (and GDT copy).
-    pub fn group_has_super(&self, g: u32) -> bool {
-        if g == 0 {
-            return true;
-        }
-        if let Some(bgs) = self.backup_bgs {
-            return bgs.contains(&g);
-        }
-        if !self.sparse_super {
-            return true;
-        }
-        if g == 1 {
-            return true;
-        }
-        for base in [3u32, 5, 7] {
-            let mut p = base;
-            while p < g {
-                p = match p.checked_mul(base) {
-                    Some(v) => v,
-                    None => break,
-                };
-            }
-            if p == g {
-                return true;
-            }
-        }
-        false
-    }
-    /// Blocks at the start of group `g` used by the superblock, GDT and reserved GDT (as the
-    /// kernel's ext4_num_base_meta_blocks counts them).
-    pub fn group_overhead(&self, g: u32) -> u32 {
-        let sup = self.group_has_super(g) as u32;
-        match self.first_meta_bg {
-            Some(first) if g / self.descs_per_block >= first => {
-                let i = g % self.descs_per_block;
-                sup + (i == 0 || i == 1 || i == self.descs_per_block - 1) as u32
-            }
-            Some(first) if sup == 1 => 1 + first + self.reserved_gdt_blocks,
-            None if sup == 1 => 1 + self.gdt_blocks + self.reserved_gdt_blocks,
-            _ => 0,
-        }
-    }
-    /// Block holding the descriptor of group `g` in the primary table.
-    pub fn gdt_block_of(&self, g: u32) -> u64 {
-        let n = g / self.descs_per_block;
-        match self.first_meta_bg {
-            Some(first) if n >= first => {
-                let meta_first = n * self.descs_per_block;
-                self.group_first_block(meta_first) + self.group_has_super(meta_first) as u64
-            }
-            _ => self.first_data_block + 1 + n as u64,
-        }
-    }
-    pub fn ino_group(&self, ino: u32) -> u32 {
-        (ino - 1) / self.inodes_per_group
-    }
-    /// Size in bytes of the part of a block bitmap that is checksummed.
-    pub fn block_bitmap_csum_len(&self) -> usize {
-        self.blocks_per_group as usize / 8
-    }
-    pub fn inode_bitmap_csum_len(&self) -> usize {
-        self.inodes_per_group as usize / 8
-    }
-}
-
-/// Per-group state. The mutex around it is the group's allocation lock.
-pub struct GroupState {
-    pub desc: GroupDesc,
-    /// The block bitmap read from disk was found to cover the system blocks in the group
-    /// (`Fs::validate_block_bitmap`): checked once per mount.
-    pub bitmap_valid: std::sync::atomic::AtomicBool,
-}
-
 /// Engine counters (besides the transaction's and the device's), shown by `uext4 stats`.
 #[derive(Default, Debug)]
 pub struct FsStats {
@@ -275,39 +154,22 @@ pub struct Fs {
     pub(crate) io: Arc<IoCounters>,
     pub(crate) bcache: BufferCache,
     pub geo: Geometry,
-    /// The in-memory superblock; free counts live in the atomics below and are stored at commit.
-    pub(crate) sb: Mutex<Superblock>,
-    pub(crate) groups: Vec<Mutex<GroupState>>,
-    /// Where each group's block bitmap, inode bitmap and inode table are, as read at open
-    /// (nothing moves them: no resize). Read without the group locks, so that a group can
-    /// build its first block bitmap, which must mark every table flex_bg placed in it, while
-    /// holding only its own lock (lock rank 6 takes group locks in ascending order only).
-    pub(crate) group_tables: Vec<[u64; 3]>,
-    /// The blocks of the filesystem's own structures, which no file may map
-    /// (block_validity.rs); the journal's are added once it is loaded.
-    pub(crate) system_zone: parking_lot::RwLock<crate::block_validity::SystemZone>,
-    pub(crate) free_blocks: AtomicU64,
-    pub(crate) free_inodes: AtomicU64,
+    /// The superblock, free counters, read-only and stop flags (super_info.rs).
+    pub(crate) sb: Arc<SuperInfo>,
+    /// The block allocator's state: groups and their locks, table locations, the system
+    /// zone, pending frees, the directory rotor (mballoc.rs).
+    pub(crate) balloc: BlockAllocator,
     pub(crate) icache: InodeCache,
     pub(crate) txn: TxnManager,
-    pub(crate) read_only: AtomicBool,
     /// The journal was replayed into memory over the device (a read-only open of an image
     /// that needed recovery): `dev` is an `OverlayDevice`.
     replayed_in_memory: bool,
-    /// Set after a corruption error: no more writes (unless errors=continue).
-    pub(crate) stopped: Mutex<Option<String>>,
     pub(crate) opts: MountOptions,
     /// Serialises renames that move an entry between directories (rank 1).
     pub(crate) rename_lock: Mutex<()>,
-    pub(crate) ro_reason: Option<String>,
     pub stats: FsStats,
     /// Reproducible builds: how many generations `next_generation` has handed out.
     pub(crate) generations: AtomicU64,
-    /// Rotor for spreading new directories over groups.
-    pub(crate) dir_rotor: AtomicU64,
-    /// Blocks freed by transactions not yet committed: start -> (length, tid). Not reused
-    /// until their transaction commits.
-    pub(crate) pending_free: Mutex<std::collections::BTreeMap<u64, (u64, u64)>>,
     /// The orphan list in chain order, head first (see orphan.rs). A leaf lock.
     pub(crate) orphans: Mutex<Vec<u32>>,
     /// Unlinked inodes too large to free in the handle that dropped their last link: on the
@@ -322,11 +184,10 @@ pub struct Fs {
     /// file. A leaf lock.
     pub(crate) pinned: Mutex<std::collections::HashSet<u32>>,
     /// The jbd2 journal (inode 8), when the filesystem has one and it is opened read-write.
-    pub(crate) journal: std::sync::OnceLock<crate::journal::Journal>,
+    /// It writes committed transactions home itself (its checkpointer).
+    pub(crate) journal: std::sync::OnceLock<Arc<crate::journal::Journal>>,
     /// Buffered mode's dirty inodes and their memory and space (delalloc.rs).
-    pub(crate) delalloc: crate::delalloc::Registry,
-    /// Committed transactions on their way home (background checkpointing, transaction.rs).
-    pub(crate) ckpt: Arc<crate::transaction::Checkpointer>,
+    pub(crate) delalloc: crate::delalloc_state::Registry<InodeRef>,
     /// A read-write `open_path`'s claim on its image (holder.rs), released at unmount (after
     /// which nothing is written) or when the `Fs` is dropped.
     pub(crate) claim: Mutex<Option<crate::holder::WriterClaim>>,
@@ -422,140 +283,6 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
     Ok(sb)
 }
 
-fn geometry(sb: &Superblock, dev_size: u64) -> Result<Geometry> {
-    let bad = |m: String| Err(Error::corrupt(format!("superblock: {m}")));
-    if sb.log_block_size() > 6 {
-        return bad(format!(
-            "block size 2^(10+{}) is out of range",
-            sb.log_block_size()
-        ));
-    }
-    let block_size = sb.block_size();
-    if sb.has_ro_compat(RO_COMPAT_BIGALLOC)
-        || sb.log_cluster_size() != sb.log_block_size()
-            && sb.rev_level() > 0
-            && sb.has_ro_compat(RO_COMPAT_BIGALLOC)
-    {
-        return Err(Error::Unsupported("bigalloc".into()));
-    }
-    let blocks_count = sb.blocks_count();
-    let bpg = sb.blocks_per_group();
-    let ipg = sb.inodes_per_group();
-    if bpg == 0 || bpg > block_size * 8 || !bpg.is_multiple_of(8) {
-        return bad(format!(
-            "blocks per group {bpg} is invalid for block size {block_size}"
-        ));
-    }
-    if ipg == 0 || ipg > block_size * 8 || !ipg.is_multiple_of(8) {
-        return bad(format!(
-            "inodes per group {ipg} is invalid for block size {block_size}"
-        ));
-    }
-    let first_data_block = sb.first_data_block() as u64;
-    if first_data_block != (block_size == 1024) as u64 {
-        return bad(format!(
-            "first data block {first_data_block} is wrong for block size {block_size}"
-        ));
-    }
-    if blocks_count <= first_data_block {
-        return bad(format!("block count {blocks_count} is too small"));
-    }
-    if blocks_count.saturating_mul(block_size as u64) > dev_size {
-        return bad(format!(
-            "block count {blocks_count} x {block_size} bytes is larger than the device ({dev_size} bytes)"
-        ));
-    }
-    let group_count = (blocks_count - first_data_block).div_ceil(bpg as u64) as u32;
-    if group_count as u64 * ipg as u64 != sb.inodes_count() as u64 {
-        return bad(format!(
-            "inode count {} is not groups ({group_count}) x inodes per group ({ipg})",
-            sb.inodes_count()
-        ));
-    }
-    let inode_size = sb.inode_size() as u32;
-    if inode_size < 128 || inode_size > block_size || !inode_size.is_power_of_two() {
-        return bad(format!("inode size {inode_size} is invalid"));
-    }
-    let desc_size = sb.desc_size() as u32;
-    if sb.is_64bit() && (!(64..=1024).contains(&desc_size) || !desc_size.is_power_of_two()) {
-        return bad(format!("group descriptor size {desc_size} is invalid"));
-    }
-    let descs_per_block = block_size / desc_size;
-    let gdt_blocks = group_count.div_ceil(descs_per_block);
-    let first_meta_bg = sb
-        .has_incompat(INCOMPAT_META_BG)
-        .then(|| sb.first_meta_bg());
-    if first_meta_bg.is_some_and(|f| f > gdt_blocks) {
-        return bad(format!(
-            "first meta block group {} is past the {gdt_blocks} descriptor blocks",
-            sb.first_meta_bg()
-        ));
-    }
-    let flex = if sb.has_incompat(INCOMPAT_FLEX_BG) {
-        if sb.log_groups_per_flex() > 31 {
-            return bad(format!(
-                "log groups per flex {} is invalid",
-                sb.log_groups_per_flex()
-            ));
-        }
-        1u32 << sb.log_groups_per_flex()
-    } else {
-        1
-    };
-    let gd_csum = if sb.has_metadata_csum() {
-        GdCsum::Crc32c {
-            seed: sb.csum_seed(),
-        }
-    } else if sb.has_gdt_csum() {
-        GdCsum::Crc16 { uuid: sb.uuid() }
-    } else {
-        GdCsum::None
-    };
-    let first_ino = sb.first_ino_checked();
-    if first_ino < 11 || first_ino > sb.inodes_count() {
-        return bad(format!("first inode {first_ino} is invalid"));
-    }
-    Ok(Geometry {
-        block_size,
-        log_block_size: sb.log_block_size() + 10,
-        blocks_count,
-        first_data_block,
-        blocks_per_group: bpg,
-        inodes_per_group: ipg,
-        inodes_count: sb.inodes_count(),
-        group_count,
-        inode_size,
-        desc_size,
-        descs_per_block,
-        gdt_blocks,
-        reserved_gdt_blocks: if sb.has_compat(COMPAT_RESIZE_INODE) {
-            sb.reserved_gdt_blocks() as u32
-        } else {
-            0
-        },
-        first_ino,
-        csum_seed: sb.csum_seed(),
-        metadata_csum: sb.has_metadata_csum(),
-        gd_csum,
-        sparse_super: sb.has_ro_compat(RO_COMPAT_SPARSE_SUPER),
-        backup_bgs: sb
-            .has_compat(COMPAT_SPARSE_SUPER2)
-            .then(|| [sb.backup_bg0(), sb.backup_bg1()]),
-        first_meta_bg,
-        flex_bg_size: flex,
-        has_64bit: sb.is_64bit(),
-        filetype: sb.has_incompat(INCOMPAT_FILETYPE),
-        dir_index: sb.has_compat(COMPAT_DIR_INDEX),
-        huge_file: sb.has_ro_compat(RO_COMPAT_HUGE_FILE),
-        dir_nlink: sb.has_ro_compat(RO_COMPAT_DIR_NLINK),
-        extents: sb.has_incompat(INCOMPAT_EXTENTS),
-        hash_seed: sb.hash_seed(),
-        def_hash_version: sb.def_hash_version(),
-        unsigned_hash: sb.flags() & FLAGS_UNSIGNED_HASH != 0,
-        uuid: sb.uuid(),
-    })
-}
-
 /// Checks feature flags: an unknown incompat flag refuses, an unknown ro_compat flag forces
 /// read-only (returned as the reason).
 pub fn check_features(sb: &Superblock) -> Result<Option<String>> {
@@ -615,7 +342,7 @@ impl Fs {
             Some(m) => Some(m),
             None => crate::mmp::protect(&dev, &sb, opts.read_only)?,
         };
-        let geo = geometry(&sb, dev.size())?;
+        let geo = Geometry::from_superblock(&sb, dev.size())?;
         let io = Arc::new(IoCounters::default());
         let counted: Arc<dyn BlockDevice> = Arc::new(Counted {
             inner: dev.clone(),
@@ -623,71 +350,45 @@ impl Fs {
         });
         let bcache = BufferCache::new(counted.clone(), geo.block_size as usize, geo.blocks_count);
 
-        // Group descriptors.
-        let mut groups = Vec::with_capacity(geo.group_count as usize);
-        let mut group_tables = Vec::with_capacity(geo.group_count as usize);
-        let mut free_blocks = 0u64;
-        let mut free_inodes = 0u64;
-        for g in 0..geo.group_count {
-            let blk = geo.gdt_block_of(g);
-            let buf = bcache.get(blk)?;
-            let data = buf.read();
-            let off = (g % geo.descs_per_block) as usize * geo.desc_size as usize;
-            let desc = GroupDesc::from_bytes(&data[off..off + geo.desc_size.min(64) as usize]);
-            drop(data);
-            if !desc.verify_csum(geo.gd_csum, g) {
-                return Err(Error::BadChecksum(format!(
-                    "group descriptor {g} (in block {blk})"
-                )));
-            }
-            check_desc(&geo, g, &desc)?;
-            free_blocks += desc.free_blocks_count();
-            free_inodes += desc.free_inodes_count();
-            group_tables.push([desc.block_bitmap(), desc.inode_bitmap(), desc.inode_table()]);
-            groups.push(Mutex::new(GroupState {
-                desc,
-                bitmap_valid: AtomicBool::new(false),
-            }));
-        }
+        let (balloc, free_blocks, free_inodes) = BlockAllocator::load(&geo, &bcache)?;
 
         let max_txn = 4096usize;
-        let system_zone =
-            parking_lot::RwLock::new(crate::block_validity::SystemZone::new(&geo, &group_tables));
         let fs = Arc::new(Fs {
             dev: counted,
             io,
             bcache,
             geo,
-            sb: Mutex::new(sb),
-            groups,
-            group_tables,
-            system_zone,
-            free_blocks: AtomicU64::new(free_blocks),
-            free_inodes: AtomicU64::new(free_inodes),
+            sb: Arc::new(SuperInfo::new(
+                sb,
+                free_blocks,
+                free_inodes,
+                opts.read_only,
+                ro_reason,
+            )),
+            balloc,
             icache: InodeCache::new(opts.inode_cache_limit),
             txn: TxnManager::new(1, max_txn),
-            read_only: AtomicBool::new(opts.read_only),
             replayed_in_memory: in_memory.is_some(),
-            stopped: Mutex::new(None),
             opts,
             rename_lock: Mutex::new(()),
-            ro_reason,
             stats: FsStats::default(),
-            dir_rotor: AtomicU64::new(0),
             generations: AtomicU64::new(0),
-            pending_free: Mutex::new(std::collections::BTreeMap::new()),
             orphans: Mutex::new(Vec::new()),
             deferred_deletes: Mutex::new(Vec::new()),
             removal_lock: Mutex::new(()),
             pinned: Mutex::new(std::collections::HashSet::new()),
             journal: std::sync::OnceLock::new(),
             delalloc: Default::default(),
-            ckpt: Default::default(),
             claim: Mutex::new(None),
             mmp: Mutex::new(mmp),
         });
         if let Some(m) = &*fs.mmp.lock() {
-            m.start(Arc::downgrade(&fs))?;
+            let weak = Arc::downgrade(&fs);
+            m.start(Box::new(move |why| {
+                if let Some(fs) = weak.upgrade() {
+                    fs.mmp_taken_over(why);
+                }
+            }))?;
         }
         if fs.opts.norecovery {
             // The image as it is on the device, journal or not (read-only: see above).
@@ -705,7 +406,7 @@ impl Fs {
                     // Replay into memory laid over the device, which is never written.
                     drop(journal);
                     let opts = fs.opts.clone();
-                    let reason = fs.ro_reason.clone();
+                    let reason = fs.sb.read_only_reason().map(str::to_string);
                     drop(fs);
                     let overlay = Arc::new(crate::blockdev::OverlayDevice::new(dev));
                     let reopen = Reopen {
@@ -723,8 +424,7 @@ impl Fs {
                     let mut sb = read_superblock(&*dev)?;
                     let f = sb.feature_incompat() & !INCOMPAT_RECOVER;
                     sb.set_feature_incompat(f);
-                    sb.set_csum();
-                    sb.bytes().to_vec()
+                    encode_superblock(&mut sb)
                 };
                 dev.write_at(SUPERBLOCK_OFFSET, &bytes)?;
                 dev.flush()?;
@@ -746,11 +446,12 @@ impl Fs {
                 fs.txn
                     .max_blocks
                     .store(journal.max_transaction_blocks(), Ordering::Relaxed);
-                // A commit that finds the log full hurries the batching checkpointer.
-                let ckpt = fs.ckpt.clone();
-                journal.set_checkpoint_callback(Box::new(move || ckpt.hurry()));
+                let journal = Arc::new(journal);
+                journal.start_checkpointer(Box::new(FsCheckpointHooks {
+                    sb: fs.sb.clone(),
+                    pending_free: fs.balloc.pending_free.clone(),
+                }))?;
                 let _ = fs.journal.set(journal);
-                crate::transaction::spawn_checkpointer(Arc::downgrade(&fs), fs.ckpt.clone())?;
             }
         } else {
             fs.check_root()?;
@@ -806,9 +507,8 @@ impl Fs {
     pub fn open_path(path: &std::path::Path, opts: MountOptions) -> Result<Arc<Fs>> {
         let mut opts = opts;
         opts.read_only |= opts.norecovery;
-        if let Some(uri) = path.to_str().filter(|s| crate::nbd::is_nbd_uri(s)) {
-            let dev = crate::nbd::NbdDevice::open(uri, opts.read_only)?;
-            return Fs::open_dev(Arc::new(dev), opts);
+        if crate::image::is_nbd_uri(path) {
+            return Fs::open_dev(crate::image::open_image(path, opts.read_only)?, opts);
         }
         let claim = if opts.read_only {
             None
@@ -823,25 +523,13 @@ impl Fs {
     }
 
     fn open_path_unclaimed(path: &std::path::Path, opts: MountOptions) -> Result<Arc<Fs>> {
-        if opts.dax && !opts.read_only {
-            let dev = crate::blockdev::MappedDevice::open(path, opts.dax_non_temporal)?;
-            return Fs::open_dev(Arc::new(dev), opts);
-        }
-        // An image on tmpfs is mapped unless that fails (not writable by us, empty): then it is
-        // opened as any other file, which reports the problem or opens it read-only.
-        if opts.map_tmpfs && !opts.buffered && !opts.read_only && on_tmpfs(path) {
-            if let Ok(dev) = crate::blockdev::MappedDevice::open(path, opts.dax_non_temporal) {
-                return Fs::open_dev(Arc::new(dev), opts);
-            }
-        }
-        let dev = crate::blockdev::FileDevice::open(path, opts.read_only).or_else(|e| {
-            if e.raw_os_error() == Some(libc::EACCES) || e.raw_os_error() == Some(libc::EROFS) {
-                crate::blockdev::FileDevice::open(path, true)
-            } else {
-                Err(e)
-            }
-        })?;
-        Fs::open_dev(Arc::new(dev), opts)
+        let how = crate::image::Access {
+            read_only: opts.read_only,
+            dax: opts.dax,
+            non_temporal: opts.dax_non_temporal,
+            map_tmpfs: opts.map_tmpfs && !opts.buffered,
+        };
+        Fs::open_dev(crate::image::open_local(path, how)?, opts)
     }
 
     /// Whether the device is the mapped image (`dax`, or an image on tmpfs).
@@ -850,7 +538,7 @@ impl Fs {
     }
 
     pub fn is_read_only(&self) -> bool {
-        self.read_only.load(Ordering::Relaxed)
+        self.sb.is_read_only()
     }
 
     /// Whether the journal needed recovery and, the open being read-only, was replayed into
@@ -861,7 +549,7 @@ impl Fs {
 
     /// Why the filesystem was opened read-only, if it was forced.
     pub fn read_only_reason(&self) -> Option<&str> {
-        self.ro_reason.as_deref()
+        self.sb.read_only_reason()
     }
 
     /// The time to record now: the clock, or `MountOptions::time_clamp` if that is earlier.
@@ -871,6 +559,11 @@ impl Fs {
 
     pub fn superblock(&self) -> Superblock {
         self.sb.lock().clone()
+    }
+
+    /// Why the filesystem stopped writing, if it did.
+    pub fn stop_reason(&self) -> Option<String> {
+        self.sb.stop_reason()
     }
 
     pub fn io_counters(&self) -> &IoCounters {
@@ -884,25 +577,13 @@ impl Fs {
     /// Stops the filesystem writing (the first reason is kept): later changes fail with
     /// `Error::Stopped`, and unmount leaves the superblock marked not clean.
     pub(crate) fn stop(&self, why: &str) {
-        let mut s = self.stopped.lock();
-        if s.is_none() {
-            tracing::error!("filesystem stopped: {why}");
-            *s = Some(why.to_string());
-        }
+        self.sb.stop(why);
     }
 
     /// Fails if the filesystem may not be written.
+    #[inline]
     pub(crate) fn check_writable(&self) -> Result<()> {
-        if let Some(why) = &*self.stopped.lock() {
-            return Err(Error::Stopped(why.clone()));
-        }
-        if self.is_read_only() {
-            return Err(Error::ReadOnly(match &self.ro_reason {
-                Some(r) => format!(" ({r})"),
-                None => String::new(),
-            }));
-        }
-        Ok(())
+        self.sb.check_writable()
     }
 
     /// Starts a handle for a metadata change of at most `credits` blocks, committing first if
@@ -928,21 +609,20 @@ impl Fs {
 
     /// Marks the superblock as mounted (state not clean) and writes it.
     fn mark_mounted(&self) -> Result<()> {
-        let mut sb = self.sb.lock();
         let now = self.now().sec as u32;
-        sb.set_mtime(now);
-        let v = sb.mnt_count().wrapping_add(1);
-        sb.set_mnt_count(v);
-        let v = sb.state() & !STATE_VALID;
-        sb.set_state(v);
-        if self.journal.get().is_some() {
-            // As the kernel: needs_recovery is set while the journal is in use.
-            let f = sb.feature_incompat() | INCOMPAT_RECOVER;
-            sb.set_feature_incompat(f);
-        }
-        sb.set_csum();
-        let bytes = sb.bytes().to_vec();
-        drop(sb);
+        let journaled = self.journal.get().is_some();
+        let bytes = self.sb.encode(false, |sb| {
+            sb.set_mtime(now);
+            let v = sb.mnt_count().wrapping_add(1);
+            sb.set_mnt_count(v);
+            let v = sb.state() & !STATE_VALID;
+            sb.set_state(v);
+            if journaled {
+                // As the kernel: needs_recovery is set while the journal is in use.
+                let f = sb.feature_incompat() | INCOMPAT_RECOVER;
+                sb.set_feature_incompat(f);
+            }
+        });
         self.dev.write_at(SUPERBLOCK_OFFSET, &bytes)?;
         self.dev.flush()?;
         Ok(())
@@ -969,27 +649,25 @@ impl Fs {
             _ => EXT4_ERR_EFSCORRUPTED,
         };
         {
-            let mut sb = self.sb.lock();
             let now = self.now().sec as u32;
-            let v = sb.state() | STATE_ERROR;
-            sb.set_state(v);
-            let v = sb.error_count().wrapping_add(1);
-            sb.set_error_count(v);
-            if sb.first_error_time() == 0 {
-                sb.set_first_error_time(now);
-                sb.set_first_error_ino(ino);
-                sb.set_first_error_block(blk);
-                sb.set_error_func(true, func);
-                sb.set_first_error_errcode(code);
-            }
-            sb.set_last_error_time(now);
-            sb.set_last_error_ino(ino);
-            sb.set_last_error_block(blk);
-            sb.set_error_func(false, func);
-            sb.set_last_error_errcode(code);
-            sb.set_csum();
-            let bytes = sb.bytes().to_vec();
-            drop(sb);
+            let bytes = self.sb.encode(false, |sb| {
+                let v = sb.state() | STATE_ERROR;
+                sb.set_state(v);
+                let v = sb.error_count().wrapping_add(1);
+                sb.set_error_count(v);
+                if sb.first_error_time() == 0 {
+                    sb.set_first_error_time(now);
+                    sb.set_first_error_ino(ino);
+                    sb.set_first_error_block(blk);
+                    sb.set_error_func(true, func);
+                    sb.set_first_error_errcode(code);
+                }
+                sb.set_last_error_time(now);
+                sb.set_last_error_ino(ino);
+                sb.set_last_error_block(blk);
+                sb.set_error_func(false, func);
+                sb.set_last_error_errcode(code);
+            });
             let _ = self.dev.write_at(SUPERBLOCK_OFFSET, &bytes);
             let _ = self.dev.flush();
         }
@@ -1031,7 +709,7 @@ impl Fs {
                 .free_blocks_unreserved()
                 .saturating_sub(sb.r_blocks_count()),
             files: self.geo.inodes_count as u64,
-            files_free: self.free_inodes.load(Ordering::Relaxed),
+            files_free: self.sb.free_inodes.load(Ordering::Relaxed),
             name_max: 255,
         }
     }
@@ -1039,7 +717,8 @@ impl Fs {
     /// Free blocks less those that buffered data not yet written back holds (its data and
     /// the mapping blocks its writeback may need).
     fn free_blocks_unreserved(&self) -> u64 {
-        self.free_blocks
+        self.sb
+            .free_blocks
             .load(Ordering::Relaxed)
             .saturating_sub(self.delalloc_held_blocks())
     }
@@ -1058,23 +737,21 @@ impl Fs {
 
     /// Writes the superblock (with current free counts) through a handle.
     pub(crate) fn write_superblock_to_buffer(&self, h: &mut Handle<'_>) -> Result<()> {
-        let bytes = {
-            let mut sb = self.sb.lock();
-            sb.set_free_blocks_count(self.free_blocks.load(Ordering::Relaxed));
-            sb.set_free_inodes_count(self.free_inodes.load(Ordering::Relaxed) as u32);
-            sb.set_csum();
-            sb.bytes().to_vec()
-        };
-        // The superblock lives at byte 1024: block 1 with 1 KiB blocks, inside block 0 otherwise.
-        let (blk, off) = if self.geo.block_size == 1024 {
-            (1u64, 0usize)
-        } else {
-            (0u64, 1024usize)
-        };
-        let buf = self.bcache.get(blk)?;
-        buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
+        let buf = self.superblock_to_buffer(|_| {})?;
         h.dirty(&buf);
         Ok(())
+    }
+
+    /// Encodes the superblock (with current free counts, after `edit`) into its buffer.
+    pub(crate) fn superblock_to_buffer(
+        &self,
+        edit: impl FnOnce(&mut Superblock),
+    ) -> Result<Arc<crate::bcache::Buffer>> {
+        let bytes = self.sb.encode(true, edit);
+        let (blk, off) = superblock_location(self.geo.block_size);
+        let buf = self.bcache.get(blk)?;
+        buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
+        Ok(buf)
     }
 
     /// How many inodes are in memory (bounded by `MountOptions::inode_cache_limit` plus those
@@ -1095,7 +772,7 @@ impl Fs {
 
     /// Reads group `g`'s descriptor (a copy).
     pub fn group_desc(&self, g: u32) -> GroupDesc {
-        self.groups[g as usize].lock().desc.clone()
+        self.balloc.groups[g as usize].lock().desc.clone()
     }
 
     /// Whether a block number is inside the filesystem and outside the fixed metadata of group 0's
@@ -1123,7 +800,7 @@ impl Fs {
                 what()
             )));
         }
-        let zone = self.system_zone.read().overlap(blk, blk + len);
+        let zone = self.balloc.system_zone.read().overlap(blk, blk + len);
         if let Some((s, e)) = zone.filter(|_| ino == 0 || ino != self.sb.lock().journal_inum()) {
             return Err(Error::corrupt(format!(
                 "{}: block {blk} (+{len}) lies in the filesystem's own structures (blocks \
@@ -1132,6 +809,21 @@ impl Fs {
             )));
         }
         Ok(())
+    }
+
+    /// Another node took the MMP block: stop as after a lost transaction, so that nothing more
+    /// of this node's reaches the device (the journal's contents stay for recovery).
+    fn mmp_taken_over(&self, why: &str) {
+        let _ = self.txn.lost.set(why.to_string());
+        self.stop(why);
+        if let Some(j) = self.journal.get() {
+            j.abort(why);
+        }
+    }
+
+    /// The MMP block in words, as read now (`uext4 info`): `None` without the `mmp` feature.
+    pub fn mmp_info(&self) -> Option<String> {
+        crate::mmp::describe(&self.dev, &self.superblock())
     }
 
     pub(crate) fn new_raw_inode(&self) -> RawInode {
@@ -1145,7 +837,7 @@ impl Fs {
         let ino = self.sb.lock().journal_inum();
         // Straight from the inode table: bitmaps may be torn until the journal is replayed.
         let raw = self.read_raw_inode(ino)?;
-        let mut st = crate::inode::InodeState {
+        let mut st = InodeState {
             raw,
             extents: None,
             orphaned: false,
@@ -1171,13 +863,28 @@ impl Fs {
         );
         // The journal's blocks belong to the filesystem from now on (a block-mapped
         // journal's indirect blocks are not added: its map is read once, here).
-        self.system_zone.write().add(
+        self.balloc.system_zone.write().add(
             extents
                 .iter()
                 .map(|e| (e.pblk, e.pblk + e.len as u64))
                 .collect(),
         );
         crate::journal::Journal::open(self.dev.clone(), self.geo.block_size, map)
+    }
+}
+
+/// What the journal's checkpointer tells the filesystem: the state it touches, shared.
+pub(crate) struct FsCheckpointHooks {
+    pub(crate) sb: Arc<SuperInfo>,
+    pub(crate) pending_free: PendingFrees,
+}
+
+impl crate::journal::CheckpointHooks for FsCheckpointHooks {
+    fn checkpointed(&self, tid: u64) {
+        self.pending_free.release(tid);
+    }
+    fn failed(&self, why: &str) {
+        self.sb.stop(why);
     }
 }
 
@@ -1211,42 +918,6 @@ fn spawn_committer(fs: std::sync::Weak<Fs>, secs: u64) -> std::io::Result<()> {
         .map(|_| ())
 }
 
-fn check_desc(geo: &Geometry, g: u32, d: &GroupDesc) -> Result<()> {
-    let itb = (geo.inodes_per_group as u64 * geo.inode_size as u64).div_ceil(geo.block_size as u64);
-    let in_fs = |b: u64, n: u64| b > geo.first_data_block && b + n <= geo.blocks_count;
-    if !in_fs(d.block_bitmap(), 1) {
-        return Err(Error::corrupt(format!(
-            "group {g}: block bitmap at block {} is outside the filesystem",
-            d.block_bitmap()
-        )));
-    }
-    if !in_fs(d.inode_bitmap(), 1) {
-        return Err(Error::corrupt(format!(
-            "group {g}: inode bitmap at block {} is outside the filesystem",
-            d.inode_bitmap()
-        )));
-    }
-    if !in_fs(d.inode_table(), itb) {
-        return Err(Error::corrupt(format!(
-            "group {g}: inode table at block {} is outside the filesystem",
-            d.inode_table()
-        )));
-    }
-    if d.free_blocks_count() > geo.blocks_per_group as u64 {
-        return Err(Error::corrupt(format!(
-            "group {g}: free block count {} exceeds blocks per group",
-            d.free_blocks_count()
-        )));
-    }
-    if d.free_inodes_count() > geo.inodes_per_group as u64 {
-        return Err(Error::corrupt(format!(
-            "group {g}: free inode count {} exceeds inodes per group",
-            d.free_inodes_count()
-        )));
-    }
-    Ok(())
-}
-
 /// statfs numbers.
 #[derive(Clone, Copy, Debug)]
 pub struct StatFs {
@@ -1259,8 +930,4 @@ pub struct StatFs {
     pub name_max: u32,
 }
 
-/// Whether `path` is a file on tmpfs (where mapping the image is the faster way to reach it).
-pub fn on_tmpfs(path: &std::path::Path) -> bool {
-    std::fs::File::open(path)
-        .is_ok_and(|f| f.metadata().is_ok_and(|m| m.is_file()) && crate::blockdev::is_tmpfs(&f))
-}
+pub use crate::image::on_tmpfs;

@@ -24,20 +24,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
-/// Who holds an image that a read-write open was refused.
-#[derive(Debug, Clone)]
-pub struct Holder {
-    /// One line: "fuse2fs (pid 42) has it open for writing".
-    pub who: String,
-    /// The holder is another uext4 (its claim, or a read-only mount's shared lock).
-    pub by_uext4: bool,
-}
-
-impl std::fmt::Display for Holder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.who)
-    }
-}
+pub use crate::error::Holder;
 
 fn in_use(who: String, by_uext4: bool) -> Error {
     Error::InUse(Holder { who, by_uext4 })

@@ -5,7 +5,8 @@ use crate::balloc::{clear_bit, find_zero, set_bit, test_bit};
 use crate::bcache::Buffer;
 use crate::error::{Error, Result};
 use crate::format::group_desc::{GdCsum, BG_BLOCK_UNINIT, BG_INODE_UNINIT};
-use crate::fs::{Fs, GroupState};
+use crate::fs::Fs;
+use crate::mballoc::GroupState;
 use crate::transaction::Handle;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -67,13 +68,13 @@ impl Fs {
         let first = if is_dir && n > 1 {
             // Spread directories: start at a rotating group with at least average free inodes
             // and blocks.
-            let avg_i = self.free_inodes.load(Ordering::Relaxed) / n as u64;
-            let avg_b = self.free_blocks.load(Ordering::Relaxed) / n as u64;
-            let start = self.dir_rotor.fetch_add(1, Ordering::Relaxed) as u32 % n;
+            let avg_i = self.sb.free_inodes.load(Ordering::Relaxed) / n as u64;
+            let avg_b = self.sb.free_blocks.load(Ordering::Relaxed) / n as u64;
+            let start = self.balloc.dir_rotor.fetch_add(1, Ordering::Relaxed) as u32 % n;
             (0..n)
                 .map(|i| (start + i) % n)
                 .find(|&g| {
-                    let d = &self.groups[g as usize].lock().desc;
+                    let d = &self.balloc.groups[g as usize].lock().desc;
                     d.free_inodes_count() >= avg_i.max(1) && d.free_blocks_count() >= avg_b
                 })
                 .unwrap_or(parent_group)
@@ -102,7 +103,7 @@ impl Fs {
         let ipg = self.geo.inodes_per_group as usize;
         let parent_group = self.geo.ino_group(parent.max(1));
         for g in self.inode_group_order(parent_group, is_dir) {
-            let mut st = self.groups[g as usize].lock();
+            let mut st = self.balloc.groups[g as usize].lock();
             if st.desc.free_inodes_count() == 0 {
                 continue;
             }
@@ -169,7 +170,7 @@ impl Fs {
                 st.desc.set_used_dirs_count(v);
             }
             self.write_group_desc(h, g, &mut st)?;
-            self.free_inodes.fetch_sub(1, Ordering::Relaxed);
+            self.sb.free_inodes.fetch_sub(1, Ordering::Relaxed);
             let ino = g * ipg as u32 + idx as u32 + 1;
             // Nothing is mapped yet; without the extents flag (a filesystem without the
             // extents feature) blocks will go into an indirect block map.
@@ -187,7 +188,7 @@ impl Fs {
     pub(crate) fn free_inode(&self, h: &mut Handle<'_>, ino: u32, was_dir: bool) -> Result<()> {
         let g = self.geo.ino_group(ino);
         let idx = ((ino - 1) % self.geo.inodes_per_group) as usize;
-        let mut st = self.groups[g as usize].lock();
+        let mut st = self.balloc.groups[g as usize].lock();
         let buf = self.inode_bitmap(h, g, &mut st)?;
         {
             let mut data = buf.write();
@@ -218,14 +219,14 @@ impl Fs {
         self.write_group_desc(h, g, &mut st)?;
         self.icache.remove(ino);
         drop(st);
-        self.free_inodes.fetch_add(1, Ordering::Relaxed);
+        self.sb.free_inodes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     /// Whether inode `ino` is marked in use (for checks and tests).
     pub fn inode_in_use(&self, ino: u32) -> Result<bool> {
         let g = self.geo.ino_group(ino);
-        let st = self.groups[g as usize].lock();
+        let st = self.balloc.groups[g as usize].lock();
         self.inode_bit(&st, ino)
     }
 

@@ -24,55 +24,17 @@
 //! is in use.
 
 use crate::blockdev::BlockDevice;
+use crate::error::utc;
 use crate::error::{Error, Result};
 use crate::format::features::INCOMPAT_MMP;
 use crate::format::mmp::*;
 use crate::format::superblock::Superblock;
-use crate::fs::Fs;
 use parking_lot::{Condvar, Mutex};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
+
+/// Stops the filesystem when another node has taken the MMP block (given the reason).
+pub type TakenOver = Box<dyn Fn(&str) + Send + Sync>;
 use std::time::{Duration, Instant};
-
-/// The one-line message of `Error::MmpBusy`.
-pub fn busy_message(fsck: bool, node: &str, device: &str, time: u64) -> String {
-    let node = if node.is_empty() { "?" } else { node };
-    let device = if device.is_empty() { "?" } else { device };
-    if fsck {
-        format!(
-            "MMP: e2fsck is running on it (node {node}, device {device}, since {}); wait for \
-             it to finish, or if it was killed, run e2fsck again",
-            utc(time)
-        )
-    } else {
-        format!(
-            "MMP: in use by node {node} (device {device}), last updated {}; if that node is \
-             gone, run e2fsck",
-            utc(time)
-        )
-    }
-}
-
-/// Seconds since the epoch as "YYYY-MM-DD HH:MM:SS UTC".
-fn utc(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (proleptic Gregorian, eras of 400 years).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
 
 fn now_secs() -> u64 {
     std::time::SystemTime::now()
@@ -201,8 +163,9 @@ struct Shared {
     at: Where,
     state: Mutex<State>,
     wake: Condvar,
-    /// The filesystem to stop if another node writes the block (not kept alive by this).
-    fs: Mutex<Weak<Fs>>,
+    /// What stops the filesystem if another node writes the block (set by `start`; it must
+    /// not keep the filesystem alive).
+    on_taken_over: Mutex<Option<TakenOver>>,
 }
 
 struct State {
@@ -303,17 +266,18 @@ pub(crate) fn protect(
                 released: false,
             }),
             wake: Condvar::new(),
-            fs: Mutex::new(Weak::new()),
+            on_taken_over: Mutex::new(None),
         }),
         thread: Mutex::new(None),
     }))
 }
 
 impl Mmp {
-    /// Ties the hold to `fs` (whose writes stop if another node takes the block) and starts
-    /// the updating thread if it is not running yet (a reopen after journal recovery keeps it).
-    pub(crate) fn start(&self, fs: Weak<Fs>) -> Result<()> {
-        *self.shared.fs.lock() = fs;
+    /// Ties the hold to a filesystem (`on_taken_over` stops its writes if another node takes
+    /// the block) and starts the updating thread if it is not running yet (a reopen after
+    /// journal recovery keeps it).
+    pub(crate) fn start(&self, on_taken_over: TakenOver) -> Result<()> {
+        *self.shared.on_taken_over.lock() = Some(on_taken_over);
         if self.shared.state.lock().lost {
             return Err(Error::Stopped(
                 "MMP: another node took the filesystem while it was being opened".into(),
@@ -431,49 +395,34 @@ fn run(shared: &Shared) {
 fn taken_over(shared: &Shared, why: &str) {
     let why = format!("MMP: {why}");
     tracing::error!("{why}");
-    let Some(fs) = shared.fs.lock().upgrade() else {
-        return;
+    if let Some(stop) = &*shared.on_taken_over.lock() {
+        stop(&why);
+    }
+}
+
+/// The MMP block in words, as read now (`uext4 info`): `None` without the `mmp` feature.
+pub fn describe(dev: &Arc<dyn BlockDevice>, sb: &Superblock) -> Option<String> {
+    if !sb.has_incompat(INCOMPAT_MMP) {
+        return None;
+    }
+    let at = match Where::new(dev, sb) {
+        Ok(at) => at,
+        Err(e) => return Some(e.to_string()),
     };
-    fs.mmp_taken_over(&why);
-}
-
-impl Fs {
-    /// See `taken_over`.
-    fn mmp_taken_over(&self, why: &str) {
-        let _ = self.txn.lost.set(why.to_string());
-        self.stop(why);
-        if let Some(j) = self.journal.get() {
-            j.abort(why);
-        }
-    }
-}
-
-impl Fs {
-    /// The MMP block in words, as read now (`uext4 info`): `None` without the `mmp` feature.
-    pub fn mmp_info(&self) -> Option<String> {
-        let sb = self.superblock();
-        if !sb.has_incompat(INCOMPAT_MMP) {
-            return None;
-        }
-        let at = match Where::new(&self.dev, &sb) {
-            Ok(at) => at,
-            Err(e) => return Some(e.to_string()),
-        };
-        Some(match at.read() {
-            Ok(m) => format!(
-                "block {}, update interval {} s, check interval {} s, {} (node {}, device {}, \
-                 at {})",
-                at.blk,
-                at.update_interval,
-                m.check_interval(),
-                seq_state(m.seq()),
-                m.nodename(),
-                m.bdevname(),
-                utc(m.time())
-            ),
-            Err(e) => format!("block {}: {e}", at.blk),
-        })
-    }
+    Some(match at.read() {
+        Ok(m) => format!(
+            "block {}, update interval {} s, check interval {} s, {} (node {}, device {}, \
+             at {})",
+            at.blk,
+            at.update_interval,
+            m.check_interval(),
+            seq_state(m.seq()),
+            m.nodename(),
+            m.bdevname(),
+            utc(m.time())
+        ),
+        Err(e) => format!("block {}: {e}", at.blk),
+    })
 }
 
 /// A sequence number in words.

@@ -15,7 +15,10 @@
 //! running transaction's dirty-inode list with `TxnManager::dirty_inode_lazily` and copied
 //! into their inode-table block at commit.
 
-use crate::bcache::Buffer;
+use crate::bcache::{Buffer, BufferCache};
+use crate::blockdev::BlockDevice;
+use crate::error::{Error, Result};
+use crate::journal::Journal;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -232,60 +235,75 @@ impl Drop for CommitLockGuard<'_> {
     }
 }
 
-impl crate::fs::Fs {
-    /// Commits the running transaction: snapshots its blocks (with the barrier held, so no
-    /// handle is half-way through a change), then writes them to the journal and home.
-    /// Concurrent callers share one commit: a caller that finds its transaction already
-    /// committed by another returns at once.
-    pub fn commit(&self) -> crate::Result<()> {
-        self.commit_upto(u64::MAX)
-    }
+/// What a commit needs from the filesystem it commits for, lent for the call.
+pub trait CommitEnv {
+    /// Nothing may be written: a commit does nothing.
+    fn read_only(&self) -> bool;
+    /// With the barrier held: adds to `blocks` the buffers that carry what changed outside
+    /// handles (the inodes `lazy_inodes` names, the superblock with its free counts).
+    fn add_unlogged(
+        &self,
+        lazy_inodes: HashSet<u32>,
+        blocks: &mut HashMap<u64, Arc<Buffer>>,
+    ) -> Result<()>;
+    /// The journal, when there is one.
+    fn journal(&self) -> Option<&Journal>;
+    /// Where blocks go home without a journal.
+    fn device(&self) -> &dyn BlockDevice;
+    /// The buffer cache holding the transaction's blocks.
+    fn bcache(&self) -> &BufferCache;
+    /// Blocks that transactions up to `tid` freed may be reused: those are home.
+    fn release_frees(&self, tid: u64);
+    /// Nothing more may be written (a transaction was lost).
+    fn stop(&self, why: &str);
+}
 
-    /// Commits if transaction `tid` (or an earlier one) is not yet committed. A caller that
+impl TxnManager {
+    /// Commits if transaction `tid` (or an earlier one) is not yet committed: snapshots the
+    /// running transaction's blocks (with the barrier held, so no handle is half-way through
+    /// a change), then writes them to the journal and queues them to go home. A caller that
     /// finds another thread committing waits for it, then returns if that commit covered
     /// `tid`, else commits (with every change made meanwhile: group commit).
-    pub fn commit_upto(&self, tid: u64) -> crate::Result<()> {
+    pub fn commit_upto(&self, tid: u64, env: &dyn CommitEnv) -> Result<()> {
         loop {
-            if self.txn.committed_tid() >= tid {
-                self.txn
-                    .stats
+            if self.committed_tid() >= tid {
+                self.stats
                     .fsync_already_committed
                     .fetch_add(1, Ordering::Relaxed);
                 return Ok(());
             }
-            let seen = self.txn.commit_gen.load(Ordering::Acquire);
-            if let Some(guard) = self.txn.commit_lock.try_lock() {
+            let seen = self.commit_gen.load(Ordering::Acquire);
+            if let Some(guard) = self.commit_lock.try_lock() {
                 let mut held = CommitLockGuard {
                     guard: Some(guard),
-                    txn: &self.txn,
+                    txn: self,
                 };
                 let committed = held.guard.as_mut().expect("held until dropped");
-                return self.commit_locked(committed, tid);
+                return self.commit_locked(committed, tid, env);
             }
-            self.txn.wait_commit_released(seen);
+            self.wait_commit_released(seen);
         }
     }
 
     /// `commit_upto` with the commit lock held (`committed`: the last committed tid).
-    fn commit_locked(&self, committed: &mut u64, tid: u64) -> crate::Result<()> {
+    fn commit_locked(&self, committed: &mut u64, tid: u64, env: &dyn CommitEnv) -> Result<()> {
         if *committed >= tid {
-            self.txn
-                .stats
+            self.stats
                 .fsync_already_committed
                 .fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
-        if let Some(why) = self.txn.lost.get() {
-            return Err(crate::Error::Stopped(why.clone()));
+        if let Some(why) = self.lost.get() {
+            return Err(Error::Stopped(why.clone()));
         }
-        if self.is_read_only() {
+        if env.read_only() {
             return Ok(());
         }
         let guard;
         let (this_tid, snapshot, revoked, pins) = {
-            let _barrier = self.txn.barrier.write();
+            let _barrier = self.barrier.write();
             let old = {
-                let mut r = self.txn.running.lock();
+                let mut r = self.running.lock();
                 if r.blocks.is_empty() && r.lazy_inodes.is_empty() && r.revoked.is_empty() {
                     return Ok(());
                 }
@@ -293,99 +311,60 @@ impl crate::fs::Fs {
                     tid: r.tid + 1,
                     ..Default::default()
                 };
-                self.txn.running_tid.store(r.tid + 1, Ordering::Release);
+                self.running_tid.store(r.tid + 1, Ordering::Release);
                 std::mem::replace(&mut *r, next)
             };
             let tid = old.tid;
             // From here until it is committed the transaction exists nowhere else: a panic
             // on the way loses it as surely as an error does.
-            guard = LostOnPanic { fs: self, tid };
-            self.snapshot_for_commit(old)
-                .map_err(|e| self.commit_failed(tid, e))?
+            guard = LostOnPanic {
+                txn: self,
+                env,
+                tid,
+            };
+            snapshot_for_commit(old, env).map_err(|e| self.commit_failed(tid, e, env))?
         };
-        self.txn.stats.commits.fetch_add(1, Ordering::Relaxed);
-        self.txn
-            .stats
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        self.stats
             .commit_blocks
             .fetch_add(snapshot.len() as u64, Ordering::Relaxed);
         let blks: Vec<u64> = snapshot.iter().map(|s| s.0).collect();
         let queued = self
-            .write_transaction(this_tid, snapshot, &revoked, pins)
-            .map_err(|e| self.commit_failed(this_tid, e))?;
+            .write_transaction(this_tid, snapshot, &revoked, pins, env)
+            .map_err(|e| self.commit_failed(this_tid, e, env))?;
         *committed = this_tid;
-        self.txn.committed.store(this_tid, Ordering::Release);
+        self.committed.store(this_tid, Ordering::Release);
         std::mem::forget(guard);
         if !queued {
-            self.release_pending_frees(this_tid);
+            env.release_frees(this_tid);
         }
-        // A block whose checkpoint is queued stays in the cache: the job holds a reference.
-        for blk in blks {
-            self.bcache.mark_clean_if_not_running(blk, &self.txn);
+        // The blocks the next transaction has not changed again are clean. A block whose
+        // checkpoint is queued stays in the cache: the queued job holds a reference.
+        let clean: Vec<u64> = {
+            let r = self.running.lock();
+            blks.into_iter()
+                .filter(|b| !r.blocks.contains_key(b))
+                .collect()
+        };
+        for blk in clean {
+            env.bcache().mark_clean(blk);
         }
         Ok(())
-    }
-
-    /// The contents a commit writes for the transaction `old`, just taken out of `running`
-    /// (barrier held): its blocks, the inodes it changed lazily and the superblock, copied;
-    /// its revoked blocks; and the buffers, pinned until the blocks are home.
-    #[allow(clippy::type_complexity)]
-    fn snapshot_for_commit(
-        &self,
-        old: RunningTxn,
-    ) -> crate::Result<(u64, Vec<(u64, Vec<u8>)>, Vec<u64>, Vec<Arc<Buffer>>)> {
-        let mut blocks = old.blocks;
-        for ino in old.lazy_inodes {
-            if let Some(buf) = self.write_inode_at_commit(ino)? {
-                blocks.insert(buf.blk, buf);
-            }
-        }
-        // The superblock carries the free counts; it goes with every commit.
-        let sb_buf = self.superblock_buffer_for_commit()?;
-        blocks.insert(sb_buf.blk, sb_buf);
-        let mut snap: Vec<(u64, Vec<u8>)> = blocks
-            .values()
-            .map(|b| (b.blk, b.read().to_vec()))
-            .collect();
-        snap.sort_unstable_by_key(|s| s.0);
-        let revoked: Vec<u64> = old.revoked.into_iter().collect();
-        let pins: Vec<Arc<Buffer>> = blocks.into_values().collect();
-        Ok((old.tid, snap, revoked, pins))
     }
 
     /// A transaction taken out of `running` could not be made durable: its changes are in the
     /// cache only. The filesystem stops (as the kernel aborts its journal), and every later
     /// commit, fsync included, fails rather than report success for changes that may build on
     /// the lost ones. What earlier commits put in the journal stays there for recovery.
-    fn commit_failed(&self, tid: u64, e: crate::Error) -> crate::Error {
+    fn commit_failed(&self, tid: u64, e: Error, env: &dyn CommitEnv) -> Error {
         let why = format!("transaction {tid} could not be committed: {e}");
         tracing::error!("{why}");
-        let _ = self.txn.lost.set(why.clone());
-        self.stop(&why);
-        if let Some(j) = self.journal.get() {
+        let _ = self.lost.set(why.clone());
+        env.stop(&why);
+        if let Some(j) = env.journal() {
             j.abort(&why);
         }
         e
-    }
-
-    /// Puts the superblock, with the current free counts, into its buffer (barrier held).
-    fn superblock_buffer_for_commit(&self) -> crate::Result<std::sync::Arc<Buffer>> {
-        use crate::format::superblock::SUPERBLOCK_SIZE;
-        let bytes = {
-            let mut sb = self.sb.lock();
-            sb.set_free_blocks_count(self.free_blocks.load(Ordering::Relaxed));
-            sb.set_free_inodes_count(self.free_inodes.load(Ordering::Relaxed) as u32);
-            sb.set_wtime(self.now().sec as u32);
-            sb.set_csum();
-            sb.bytes().to_vec()
-        };
-        let (blk, off) = if self.geo.block_size == 1024 {
-            (1u64, 0usize)
-        } else {
-            (0u64, 1024usize)
-        };
-        let buf = self.bcache.get(blk)?;
-        buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
-        Ok(buf)
     }
 
     /// Makes a committed transaction durable: through the journal when there is one (its
@@ -397,26 +376,21 @@ impl crate::fs::Fs {
         blocks: Vec<(u64, Vec<u8>)>,
         revoked: &[u64],
         pins: Vec<Arc<Buffer>>,
-    ) -> crate::Result<bool> {
+        env: &dyn CommitEnv,
+    ) -> Result<bool> {
         // Data written by the operations in this transaction reached the device before their
         // metadata: the journal's flushes (or the flush below) order it ahead of the metadata.
-        if let Some(j) = self.journal.get() {
+        let dev = env.device();
+        if let Some(j) = env.journal() {
             if j.fits(blocks.len(), revoked.len()) {
                 let jtid = j.commit(tid, &blocks, revoked)?;
-                self.ckpt.queue(CheckpointJob {
-                    tid,
-                    jtid,
-                    blocks,
-                    _pins: pins,
-                });
-                return Ok(true);
+                return j.queue_checkpoint(tid, jtid, blocks, Box::new(pins));
             }
             // Larger than the log can hold (one handle changed more blocks than a small
             // journal takes): written home directly, not atomically. First every queued
             // checkpoint goes home, so no older copy lands on top of these blocks, and the
             // journal is emptied on disk, so no recovery replays an older copy over them.
-            self.txn
-                .stats
+            self.stats
                 .unjournaled_commits
                 .fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
@@ -425,320 +399,53 @@ impl crate::fs::Fs {
                 blocks.len(),
                 j.log_len()
             );
-            self.checkpoint_drain()?;
+            j.checkpoint_drain()?;
             j.set_clean()?;
         }
-        self.dev.flush()?;
-        let bs = self.geo.block_size as u64;
+        dev.flush()?;
+        let bs = env.bcache().block_size() as u64;
         for (blk, data) in &blocks {
-            self.dev.write_at(blk * bs, data)?;
+            dev.write_at(blk * bs, data)?;
         }
-        self.dev.flush()?;
+        dev.flush()?;
         Ok(false)
     }
-
-    /// Waits until every committed transaction is home (unmount, sync, a write that bypasses
-    /// the journal). Fails if a background checkpoint failed.
-    pub(crate) fn checkpoint_drain(&self) -> crate::Result<()> {
-        let mut s = self.ckpt.state.lock();
-        // After a failure nothing more goes home (and the thread may be gone): stop waiting.
-        while (!s.jobs.is_empty() || s.busy) && s.error.is_none() {
-            // Again each round: transactions committed meanwhile must not wait for a batch.
-            s.urgent = true;
-            self.ckpt.work.notify_one();
-            self.ckpt.done.wait(&mut s);
-        }
-        match &s.error {
-            Some(e) => Err(crate::Error::Stopped(e.clone())),
-            None => Ok(()),
-        }
-    }
-
-    /// Writes a batch of committed transactions home: the newest copy of each block once, one
-    /// flush, then the log space and the blocks they freed are released.
-    fn checkpoint_batch(&self, batch: &[CheckpointJob]) -> crate::Result<()> {
-        let Some(last) = batch.last() else {
-            return Ok(());
-        };
-        let mut newest: std::collections::BTreeMap<u64, &[u8]> = Default::default();
-        for job in batch {
-            for (blk, data) in &job.blocks {
-                newest.insert(*blk, data);
-            }
-        }
-        let bs = self.geo.block_size as u64;
-        for (blk, data) in newest {
-            self.dev.write_at(blk * bs, data)?;
-        }
-        self.dev.flush()?;
-        if let Some(j) = self.journal.get() {
-            j.checkpointed(last.jtid);
-        }
-        // Blocks freed by these transactions may be reused now: no queued checkpoint can still
-        // write an old copy over them (the queue is in commit order).
-        self.release_pending_frees(last.tid);
-        self.ckpt.batches.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Commits everything and marks the filesystem clean. The `Fs` stays usable.
-    pub fn sync(&self) -> crate::Result<()> {
-        self.delalloc_writeback_all()?;
-        self.commit()?;
-        self.checkpoint_drain()
-    }
-
-    /// Commits everything, marks the superblock clean and flushes. Call before dropping the last
-    /// reference when the image is to be left clean.
-    pub fn unmount(&self) -> crate::Result<()> {
-        if self.is_read_only() {
-            return Ok(());
-        }
-        self.delalloc_writeback_all()?;
-        self.commit()?;
-        self.checkpoint_drain()?;
-        if let Some(j) = self.journal.get() {
-            j.set_clean()?;
-        }
-        use crate::format::superblock::{STATE_VALID, SUPERBLOCK_OFFSET};
-        let bytes = {
-            let mut sb = self.sb.lock();
-            let f = sb.feature_incompat() & !crate::format::features::INCOMPAT_RECOVER;
-            sb.set_feature_incompat(f);
-            if self.stopped.lock().is_none() {
-                let v = sb.state() | STATE_VALID;
-                sb.set_state(v);
-            }
-            sb.set_free_blocks_count(self.free_blocks.load(Ordering::Relaxed));
-            sb.set_free_inodes_count(self.free_inodes.load(Ordering::Relaxed) as u32);
-            sb.set_csum();
-            sb.bytes().to_vec()
-        };
-        self.dev.write_at(SUPERBLOCK_OFFSET, &bytes)?;
-        self.dev.flush()?;
-        let (blk, _) = if self.geo.block_size == 1024 {
-            (1u64, 0usize)
-        } else {
-            (0u64, 1024usize)
-        };
-        self.bcache.forget(blk);
-        if let Some(m) = &*self.mmp.lock() {
-            m.release()?;
-        }
-        self.read_only.store(true, Ordering::Relaxed);
-        // Nothing more is written: another writer may have the image now.
-        self.claim.lock().take();
-        Ok(())
-    }
 }
 
-/// One committed transaction whose blocks are in the journal but not yet home.
-pub(crate) struct CheckpointJob {
-    tid: u64,
-    /// Its jbd2 transaction id.
-    jtid: u32,
-    blocks: Vec<(u64, Vec<u8>)>,
-    /// The buffers stay cached until their blocks are home, so a cache miss never reads an
-    /// older copy from the device.
-    _pins: Vec<Arc<Buffer>>,
-}
-
-#[derive(Default)]
-struct CheckpointState {
-    jobs: std::collections::VecDeque<CheckpointJob>,
-    /// The thread is writing a batch it took from `jobs`.
-    busy: bool,
-    /// A checkpoint write failed: the filesystem stops, and drains report it.
-    error: Option<String>,
-    /// Someone waits for checkpoint progress (a drain, a commit short of log space): write
-    /// home now instead of waiting for more commits to batch.
-    urgent: bool,
-    /// Batches not written home (a write failed, or the journal aborted): their buffers stay
-    /// pinned in the cache, which holds the only current copy of those blocks until the
-    /// filesystem goes (recovery then replays them from the log).
-    abandoned: Vec<CheckpointJob>,
-}
-
-/// How long the checkpointer lets committed transactions gather before writing them home,
-/// unless the log fills past `CHECKPOINT_LOG_FRACTION` or someone waits: a block that many
-/// commits rewrite (an extent leaf, an inode table block) then goes home once per batch, with
-/// one flush, instead of once per commit.
-const CHECKPOINT_BATCH_DELAY: std::time::Duration = std::time::Duration::from_millis(50);
-/// The share of the log (1/n) in use above which the checkpointer writes home at once.
-const CHECKPOINT_LOG_FRACTION: u32 = 4;
-
-/// Background checkpointing (issue: "checkpointing in the background, ahead of need"): a commit
-/// queues its transaction and returns once it is in the journal; one thread per filesystem
-/// writes queued transactions home in commit order and releases their log space. A commit that
-/// finds the log full waits for this progress only (counted in `log_space_waits`).
-#[derive(Default)]
-pub(crate) struct Checkpointer {
-    state: Mutex<CheckpointState>,
-    work: parking_lot::Condvar,
-    done: parking_lot::Condvar,
-    /// Batches written home.
-    pub(crate) batches: AtomicU64,
-}
-
-impl Checkpointer {
-    fn queue(&self, job: CheckpointJob) {
-        self.state.lock().jobs.push_back(job);
-        self.work.notify_one();
-    }
-
-    /// Asks for queued transactions to go home now (a commit is waiting for log space).
-    pub(crate) fn hurry(&self) {
-        self.state.lock().urgent = true;
-        self.work.notify_one();
-    }
-}
-
-/// Whether `fs`'s log is filling: more than 1/`CHECKPOINT_LOG_FRACTION` of it in use.
-fn log_filling(fs: &std::sync::Weak<crate::fs::Fs>) -> bool {
-    let Some(fs) = fs.upgrade() else {
-        return true;
-    };
-    match fs.journal.get() {
-        Some(j) => {
-            let len = j.log_len();
-            len - j.free_blocks().min(len) > len / CHECKPOINT_LOG_FRACTION
-        }
-        None => true,
-    }
-}
-
-/// Starts the checkpoint thread of `fs`. It holds the filesystem only while it writes a batch;
-/// when the filesystem is dropped without unmount (a crash, in tests), queued checkpoints are
-/// abandoned, as a crash would: recovery replays them from the journal.
-pub(crate) fn spawn_checkpointer(
-    fs: std::sync::Weak<crate::fs::Fs>,
-    ckpt: Arc<Checkpointer>,
-) -> std::io::Result<()> {
-    std::thread::Builder::new()
-        .name("uext4-checkpoint".into())
-        .spawn(move || {
-            let _exit = CheckpointerExit {
-                fs: fs.clone(),
-                ckpt: ckpt.clone(),
-            };
-            checkpointer_loop(fs, ckpt)
-        })
-        .map(|_| ())
-}
-
-/// The checkpoint thread's work: batches of committed transactions written home, until the
-/// filesystem goes.
-fn checkpointer_loop(fs: std::sync::Weak<crate::fs::Fs>, ckpt: Arc<Checkpointer>) {
-    loop {
-        let batch: Vec<CheckpointJob> = {
-            let mut s = ckpt.state.lock();
-            while s.jobs.is_empty() {
-                let idle = ckpt
-                    .work
-                    .wait_for(&mut s, std::time::Duration::from_millis(200))
-                    .timed_out();
-                if idle && fs.strong_count() == 0 {
-                    return;
-                }
-            }
-            // Let more commits join the batch, unless someone waits or the log fills.
-            let until = std::time::Instant::now() + CHECKPOINT_BATCH_DELAY;
-            while !s.urgent && fs.strong_count() > 0 {
-                if parking_lot::MutexGuard::unlocked(&mut s, || log_filling(&fs)) {
-                    break;
-                }
-                // A hurry() while the lock was let go above notified no one: look again.
-                if s.urgent || ckpt.work.wait_until(&mut s, until).timed_out() {
-                    break;
-                }
-            }
-            s.urgent = false;
-            s.busy = true;
-            s.jobs.drain(..).collect()
-        };
-        let r = match fs.upgrade() {
-            Some(f) if f.journal.get().is_some_and(|j| j.is_aborted()) => {
-                // After an abort nothing more goes home: the log keeps every committed
-                // transaction, and recovery replays them in order (as the kernel leaves
-                // an aborted journal).
-                Err(crate::Error::Stopped("journal aborted".into()))
-            }
-            Some(f) => {
-                // A panic here must not leave `busy` set: drains would wait forever.
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    f.checkpoint_batch(&batch)
-                }))
-                .unwrap_or_else(|_| {
-                    Err(crate::Error::Stopped(
-                        "the checkpoint thread panicked".into(),
-                    ))
-                });
-                if let Err(e) = &r {
-                    // Nothing more may be committed: a later transaction's blocks could
-                    // go home while these did not, and the log cannot be freed.
-                    let why = format!("checkpoint failed: {e}");
-                    f.stop(&why);
-                    if let Some(j) = f.journal.get() {
-                        j.abort(&why);
-                    }
-                }
-                r
-            }
-            None => Ok(()),
-        };
-        let mut s = ckpt.state.lock();
-        s.busy = false;
-        match r {
-            Ok(()) => drop(batch),
-            Err(e) => {
-                s.error.get_or_insert(e.to_string());
-                s.abandoned.extend(batch);
-            }
-        }
-        ckpt.done.notify_all();
-    }
-}
-
-/// Should the checkpoint thread die of a panic outside a batch (inside one it is caught), the
-/// journal aborts and drains fail, rather than commits waiting for log space forever.
-struct CheckpointerExit {
-    fs: std::sync::Weak<crate::fs::Fs>,
-    ckpt: Arc<Checkpointer>,
-}
-
-impl Drop for CheckpointerExit {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            return;
-        }
-        let why = "the checkpoint thread panicked";
-        if let Some(f) = self.fs.upgrade() {
-            f.stop(why);
-            if let Some(j) = f.journal.get() {
-                j.abort(why);
-            }
-        }
-        let mut s = self.ckpt.state.lock();
-        s.busy = false;
-        s.error.get_or_insert(why.to_string());
-        drop(s);
-        self.ckpt.done.notify_all();
-    }
+/// The contents a commit writes for the transaction `old`, just taken out of `running`
+/// (barrier held): its blocks, the inodes it changed lazily and the superblock, copied; its
+/// revoked blocks; and the buffers, pinned until the blocks are home.
+#[allow(clippy::type_complexity)]
+fn snapshot_for_commit(
+    old: RunningTxn,
+    env: &dyn CommitEnv,
+) -> Result<(u64, Vec<(u64, Vec<u8>)>, Vec<u64>, Vec<Arc<Buffer>>)> {
+    let mut blocks = old.blocks;
+    env.add_unlogged(old.lazy_inodes, &mut blocks)?;
+    let mut snap: Vec<(u64, Vec<u8>)> = blocks
+        .values()
+        .map(|b| (b.blk, b.read().to_vec()))
+        .collect();
+    snap.sort_unstable_by_key(|s| s.0);
+    let revoked: Vec<u64> = old.revoked.into_iter().collect();
+    let pins: Vec<Arc<Buffer>> = blocks.into_values().collect();
+    Ok((old.tid, snap, revoked, pins))
 }
 
 /// Marks a transaction lost if its commit unwinds (a panic) between taking it out of `running`
 /// and recording it committed; forgotten once it is committed.
 struct LostOnPanic<'a> {
-    fs: &'a crate::fs::Fs,
+    txn: &'a TxnManager,
+    env: &'a dyn CommitEnv,
     tid: u64,
 }
 
 impl Drop for LostOnPanic<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let e = crate::Error::Stopped("the commit panicked".into());
-            self.fs.commit_failed(self.tid, e);
-        } else if self.fs.txn.lost.get().is_none() {
+            let e = Error::Stopped("the commit panicked".into());
+            self.txn.commit_failed(self.tid, e, self.env);
+        } else if self.txn.lost.get().is_none() {
             // Dropped on an error return: commit_failed has already run for it.
             debug_assert!(false, "transaction {} neither committed nor lost", self.tid);
         }

@@ -564,11 +564,11 @@ impl Fs {
                 return Ok(());
             }
         }
-        let goal = self.groups[self.geo.ino_group(ino) as usize]
+        let goal = self.balloc.groups[self.geo.ino_group(ino) as usize]
             .lock()
             .desc
             .inode_table();
-        let (blk, _) = self.alloc_blocks(h, goal, 1)?;
+        let (blk, _) = self.alloc_blocks(h, goal, 1, None)?;
         let buf = self.bcache.get_new(blk)?;
         buf.write()
             .copy_from_slice(&build_block(bs, entries, blk, self.xattr_csum_seed()));

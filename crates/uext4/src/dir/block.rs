@@ -321,7 +321,7 @@ impl Fs {
             None => self.group_desc(self.geo.ino_group(dir)).inode_table(),
         };
         h.extend(4);
-        let (p, _) = self.alloc_blocks(h, goal, 1)?;
+        let (p, _) = self.alloc_blocks(h, goal, 1, None)?;
         if let Err(e) = self.ext_insert(
             h,
             dir,

@@ -321,7 +321,7 @@ impl Fs {
         } else {
             self.geo.group_first_block(self.geo.ino_group(ino))
         };
-        let (b, _) = self.alloc_blocks(h, goal, 1)?;
+        let (b, _) = self.alloc_blocks(h, goal, 1, st.writeback_claim())?;
         let v = st.raw.blocks_512(self.geo.block_size) + self.sectors_per_block();
         st.raw.set_blocks_512(v);
         h.extend(4);

@@ -6,8 +6,9 @@
 //! - `commit.rs`: appending a transaction to the circular log (revoke blocks, descriptor
 //!   blocks with one tag per logged block, the blocks themselves, escaped when they begin with
 //!   the jbd2 magic, then a flush, the commit block and another flush);
-//! - `checkpoint.rs`: log space. Committed transactions stay live until the engine says their
-//!   blocks are home (`checkpointed`); the journal superblock's s_start/s_sequence is moved
+//! - `checkpoint.rs`: log space and checkpointing. Committed transactions are queued with
+//!   their blocks (`queue_checkpoint`) and stay live until the journal's checkpoint thread
+//!   has written them home (`checkpointed`); the journal superblock's s_start/s_sequence is moved
 //!   lazily, only before the log would overwrite a block the on-disk superblock still claims;
 //! - `recovery.rs`: the kernel's three passes (scan, revoke, replay);
 //! - `revoke.rs`: revoke records (the table of recovery, the blocks of commit).
@@ -17,8 +18,8 @@
 //! commit record left in the log can match again; images replayed by us and by e2fsck are
 //! identical.
 //!
-//! If a write to the log fails the journal is aborted (as jbd2 does), and the engine aborts it
-//! when a checkpoint write fails (`Journal::abort`): every later commit fails, and `set_clean`
+//! If a write to the log or a checkpoint write fails the journal is aborted (as jbd2 does;
+//! the engine may abort it too: `Journal::abort`): every later commit fails, and `set_clean`
 //! refuses, leaving the log to recovery.
 
 pub mod format;
@@ -36,6 +37,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub use checkpoint::CheckpointHooks;
 pub use format::JBD2_MAGIC;
 
 /// Where the journal's blocks are: runs of (journal block, device block, length).
@@ -110,10 +112,6 @@ pub(crate) struct Log {
     unrecovered: bool,
 }
 
-/// Called when a commit finds no room in the log: it should write the committed
-/// transactions home and call `Journal::checkpointed`.
-pub type CheckpointCallback = Box<dyn Fn() + Send + Sync>;
-
 pub struct Journal {
     dev: Arc<dyn BlockDevice>,
     bs: u32,
@@ -127,7 +125,8 @@ pub struct Journal {
     log: Mutex<Log>,
     /// Signalled by `checkpointed`.
     space: Condvar,
-    callback: Mutex<Option<CheckpointCallback>>,
+    /// Background checkpointing (checkpoint.rs).
+    ckpt: Arc<checkpoint::Checkpointer>,
     aborted: AtomicBool,
     /// Why it was aborted (the first reason), for the errors of later commits.
     abort_reason: Mutex<Option<String>>,
@@ -245,7 +244,7 @@ impl Journal {
                 unrecovered,
             }),
             space: Condvar::new(),
-            callback: Mutex::new(None),
+            ckpt: Default::default(),
             aborted: AtomicBool::new(false),
             abort_reason: Mutex::new(None),
             free: AtomicU32::new(0),
@@ -327,11 +326,6 @@ impl Journal {
         self.fmt = TagFormat::from_incompat(want);
         self.compat_csum = log.sb.feature_compat & COMPAT_CHECKSUM != 0;
         Ok(())
-    }
-
-    /// Registers what to call when a commit finds the log full (see `CheckpointCallback`).
-    pub fn set_checkpoint_callback(&self, cb: CheckpointCallback) {
-        *self.callback.lock() = Some(cb);
     }
 
     /// Marks the journal empty (s_start = 0), as at a clean unmount. Every committed

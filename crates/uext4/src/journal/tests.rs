@@ -274,31 +274,39 @@ fn wrap_around_with_checkpoints_and_crash_at_every_point() {
     }
 }
 
+/// Records what the checkpointer tells the engine.
+#[derive(Default)]
+struct SeenHooks {
+    home: std::sync::atomic::AtomicU64,
+    failed: Mutex<Option<String>>,
+}
+
+impl CheckpointHooks for Arc<SeenHooks> {
+    fn checkpointed(&self, tid: u64) {
+        self.home.fetch_max(tid, Ordering::SeqCst);
+    }
+    fn failed(&self, why: &str) {
+        *self.failed.lock() = Some(why.to_string());
+    }
+}
+
 #[test]
-fn full_log_waits_for_the_checkpoint_callback() {
+fn full_log_waits_for_the_journals_checkpointer() {
     let s = Arc::new(setup(1024, 32, INCOMPAT_CSUM_V3));
     let j = Arc::new(s.open());
-    type Pending = Vec<(u32, Vec<(u64, Vec<u8>)>)>;
-    let pending: Arc<Mutex<Pending>> = Default::default();
-    {
-        let (s, j2, pending) = (s.clone(), Arc::downgrade(&j), pending.clone());
-        j.set_checkpoint_callback(Box::new(move || {
-            let j = j2.upgrade().unwrap();
-            for (tid, blocks) in pending.lock().drain(..) {
-                s.write_home(&blocks);
-                j.checkpointed(tid);
-            }
-        }));
-    }
+    let seen: Arc<SeenHooks> = Default::default();
+    j.start_checkpointer(Box::new(seen.clone())).unwrap();
     for gen in 1..30u32 {
         let blocks: Vec<(u64, Vec<u8>)> = (0..6)
             .map(|i| (300 + i, pattern(1024, 300 + i, gen)))
             .collect();
         let tid = j.commit(gen as u64, &blocks, &[]).unwrap();
-        pending.lock().push((tid, blocks));
+        assert!(j
+            .queue_checkpoint(gen as u64, tid, blocks, Box::new(()))
+            .unwrap());
         assert!(j.free_blocks() <= j.log_len());
     }
-    // Crash: the pending transactions are only in the log.
+    // Crash: whatever is not home yet is in the log.
     let copy = Arc::new(MemDevice::from_vec(s.dev.to_vec()));
     Journal::open(copy.clone(), 1024, s.map.clone())
         .unwrap()
@@ -309,7 +317,16 @@ fn full_log_waits_for_the_checkpoint_callback() {
         copy.read_at((300 + i) * 1024, &mut got).unwrap();
         assert_eq!(got, pattern(1024, 300 + i, 29));
     }
-    assert!(j.set_clean().is_err(), "transactions not checkpointed yet");
+    j.checkpoint_drain().unwrap();
+    assert_eq!(seen.home.load(Ordering::SeqCst), 29);
+    assert!(seen.failed.lock().is_none());
+    assert!(j.checkpoint_batches() > 0);
+    j.set_clean().unwrap();
+    for i in 0..6 {
+        let mut got = vec![0u8; 1024];
+        s.dev.read_at((300 + i) * 1024, &mut got).unwrap();
+        assert_eq!(got, pattern(1024, 300 + i, 29));
+    }
 }
 
 /// A commit waiting for log space that will never come (the checkpoints failed) wakes when

@@ -12,7 +12,7 @@ fn build(fs: &Fs, n: u32) -> (u32, u64) {
     for i in 0..n {
         let mut h = fs.start(16).unwrap();
         let mut st = inode.state.lock();
-        let (p, _) = fs.alloc_blocks(&mut h, 0, 1).unwrap();
+        let (p, _) = fs.alloc_blocks(&mut h, 0, 1, None).unwrap();
         let e = Extent {
             lblk: i * 2,
             len: 1,

@@ -21,7 +21,7 @@ fn appends_merge_up_to_the_length_limits() {
         while lblk < 40000 {
             let mut h = fs.start(16).unwrap();
             let mut st = inode.state.lock();
-            let (p, got) = fs.alloc_blocks(&mut h, goal, chunk).unwrap();
+            let (p, got) = fs.alloc_blocks(&mut h, goal, chunk, None).unwrap();
             let e = Extent {
                 lblk,
                 len: got,
@@ -69,7 +69,7 @@ fn mark_written_splits() {
     {
         let mut h = fs.start(16).unwrap();
         let mut st = inode.state.lock();
-        let (p0, got) = fs.alloc_blocks(&mut h, 0, 100).unwrap();
+        let (p0, got) = fs.alloc_blocks(&mut h, 0, 100, None).unwrap();
         assert_eq!(got, 100);
         p = p0;
         let e = Extent {
@@ -124,7 +124,7 @@ fn conversions_merge_back() {
         let n = 600u32;
         let mut h = fs.start(16).unwrap();
         let mut st = inode.state.lock();
-        let (p, got) = fs.alloc_blocks(&mut h, 0, n).unwrap();
+        let (p, got) = fs.alloc_blocks(&mut h, 0, n, None).unwrap();
         assert_eq!(got, n);
         let e = Extent {
             lblk: 0,

@@ -79,7 +79,7 @@ fn apply(fs: &Fs, ino: u32, op: &Op, model: &mut Model) {
                         + goal as u64 * (fs.geo.blocks_count - fs.geo.first_data_block) / 65536
                 }
             };
-            let (p, got) = fs.alloc_blocks(&mut h, goal, len).unwrap();
+            let (p, got) = fs.alloc_blocks(&mut h, goal, len, None).unwrap();
             let e = Extent {
                 lblk,
                 len: got,

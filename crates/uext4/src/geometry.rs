@@ -1,0 +1,264 @@
+//! The filesystem's geometry: immutable facts computed once at open from the superblock.
+
+use crate::error::{Error, Result};
+use crate::format::features::*;
+use crate::format::group_desc::GdCsum;
+use crate::format::superblock::*;
+
+/// Immutable facts about the filesystem, computed once at open.
+#[derive(Clone, Debug)]
+pub struct Geometry {
+    pub block_size: u32,
+    pub log_block_size: u32,
+    pub blocks_count: u64,
+    pub first_data_block: u64,
+    pub blocks_per_group: u32,
+    pub inodes_per_group: u32,
+    pub inodes_count: u32,
+    pub group_count: u32,
+    pub inode_size: u32,
+    pub desc_size: u32,
+    pub descs_per_block: u32,
+    /// Blocks of group descriptor table (not counting reserved GDT blocks).
+    pub gdt_blocks: u32,
+    pub reserved_gdt_blocks: u32,
+    pub first_ino: u32,
+    pub csum_seed: u32,
+    pub metadata_csum: bool,
+    pub gd_csum: GdCsum,
+    pub sparse_super: bool,
+    /// sparse_super2: the only groups besides group 0 with superblock and GDT copies
+    /// (s_backup_bgs; 0 names none).
+    pub backup_bgs: Option<[u32; 2]>,
+    /// meta_bg: the first descriptor block kept in its own meta group (s_first_meta_bg).
+    /// Descriptor blocks before it sit after the superblock as without meta_bg; descriptor
+    /// block `n` from it on sits in the first group of meta group `n` (the `descs_per_block`
+    /// groups it describes), with copies in that meta group's second and last groups.
+    pub first_meta_bg: Option<u32>,
+    pub flex_bg_size: u32,
+    pub has_64bit: bool,
+    pub filetype: bool,
+    pub dir_index: bool,
+    pub huge_file: bool,
+    pub dir_nlink: bool,
+    pub extents: bool,
+    pub hash_seed: [u32; 4],
+    pub def_hash_version: u8,
+    pub unsigned_hash: bool,
+    pub uuid: [u8; 16],
+}
+
+impl Geometry {
+    /// First block of group `g`.
+    pub fn group_first_block(&self, g: u32) -> u64 {
+        self.first_data_block + g as u64 * self.blocks_per_group as u64
+    }
+    /// Number of blocks in group `g` (the last may be short).
+    pub fn blocks_in_group(&self, g: u32) -> u32 {
+        let first = self.group_first_block(g);
+        (self.blocks_count - first).min(self.blocks_per_group as u64) as u32
+    }
+    pub fn block_group(&self, blk: u64) -> u32 {
+        ((blk - self.first_data_block) / self.blocks_per_group as u64) as u32
+    }
+    /// Whether group `g` holds a superblock backup (and GDT copy).
+    pub fn group_has_super(&self, g: u32) -> bool {
+        if g == 0 {
+            return true;
+        }
+        if let Some(bgs) = self.backup_bgs {
+            return bgs.contains(&g);
+        }
+        if !self.sparse_super {
+            return true;
+        }
+        if g == 1 {
+            return true;
+        }
+        for base in [3u32, 5, 7] {
+            let mut p = base;
+            while p < g {
+                p = match p.checked_mul(base) {
+                    Some(v) => v,
+                    None => break,
+                };
+            }
+            if p == g {
+                return true;
+            }
+        }
+        false
+    }
+    /// Blocks at the start of group `g` used by the superblock, GDT and reserved GDT (as the
+    /// kernel's ext4_num_base_meta_blocks counts them).
+    pub fn group_overhead(&self, g: u32) -> u32 {
+        let sup = self.group_has_super(g) as u32;
+        match self.first_meta_bg {
+            Some(first) if g / self.descs_per_block >= first => {
+                let i = g % self.descs_per_block;
+                sup + (i == 0 || i == 1 || i == self.descs_per_block - 1) as u32
+            }
+            Some(first) if sup == 1 => 1 + first + self.reserved_gdt_blocks,
+            None if sup == 1 => 1 + self.gdt_blocks + self.reserved_gdt_blocks,
+            _ => 0,
+        }
+    }
+    /// Block holding the descriptor of group `g` in the primary table.
+    pub fn gdt_block_of(&self, g: u32) -> u64 {
+        let n = g / self.descs_per_block;
+        match self.first_meta_bg {
+            Some(first) if n >= first => {
+                let meta_first = n * self.descs_per_block;
+                self.group_first_block(meta_first) + self.group_has_super(meta_first) as u64
+            }
+            _ => self.first_data_block + 1 + n as u64,
+        }
+    }
+    pub fn ino_group(&self, ino: u32) -> u32 {
+        (ino - 1) / self.inodes_per_group
+    }
+    /// Size in bytes of the part of a block bitmap that is checksummed.
+    pub fn block_bitmap_csum_len(&self) -> usize {
+        self.blocks_per_group as usize / 8
+    }
+    pub fn inode_bitmap_csum_len(&self) -> usize {
+        self.inodes_per_group as usize / 8
+    }
+}
+
+impl Geometry {
+    /// The geometry a superblock describes, checked against itself and the device size.
+    pub fn from_superblock(sb: &Superblock, dev_size: u64) -> Result<Geometry> {
+        let bad = |m: String| Err(Error::corrupt(format!("superblock: {m}")));
+        if sb.log_block_size() > 6 {
+            return bad(format!(
+                "block size 2^(10+{}) is out of range",
+                sb.log_block_size()
+            ));
+        }
+        let block_size = sb.block_size();
+        if sb.has_ro_compat(RO_COMPAT_BIGALLOC)
+            || sb.log_cluster_size() != sb.log_block_size()
+                && sb.rev_level() > 0
+                && sb.has_ro_compat(RO_COMPAT_BIGALLOC)
+        {
+            return Err(Error::Unsupported("bigalloc".into()));
+        }
+        let blocks_count = sb.blocks_count();
+        let bpg = sb.blocks_per_group();
+        let ipg = sb.inodes_per_group();
+        if bpg == 0 || bpg > block_size * 8 || !bpg.is_multiple_of(8) {
+            return bad(format!(
+                "blocks per group {bpg} is invalid for block size {block_size}"
+            ));
+        }
+        if ipg == 0 || ipg > block_size * 8 || !ipg.is_multiple_of(8) {
+            return bad(format!(
+                "inodes per group {ipg} is invalid for block size {block_size}"
+            ));
+        }
+        let first_data_block = sb.first_data_block() as u64;
+        if first_data_block != (block_size == 1024) as u64 {
+            return bad(format!(
+                "first data block {first_data_block} is wrong for block size {block_size}"
+            ));
+        }
+        if blocks_count <= first_data_block {
+            return bad(format!("block count {blocks_count} is too small"));
+        }
+        if blocks_count.saturating_mul(block_size as u64) > dev_size {
+            return bad(format!(
+                "block count {blocks_count} x {block_size} bytes is larger than the device ({dev_size} bytes)"
+            ));
+        }
+        let group_count = (blocks_count - first_data_block).div_ceil(bpg as u64) as u32;
+        if group_count as u64 * ipg as u64 != sb.inodes_count() as u64 {
+            return bad(format!(
+                "inode count {} is not groups ({group_count}) x inodes per group ({ipg})",
+                sb.inodes_count()
+            ));
+        }
+        let inode_size = sb.inode_size() as u32;
+        if inode_size < 128 || inode_size > block_size || !inode_size.is_power_of_two() {
+            return bad(format!("inode size {inode_size} is invalid"));
+        }
+        let desc_size = sb.desc_size() as u32;
+        if sb.is_64bit() && (!(64..=1024).contains(&desc_size) || !desc_size.is_power_of_two()) {
+            return bad(format!("group descriptor size {desc_size} is invalid"));
+        }
+        let descs_per_block = block_size / desc_size;
+        let gdt_blocks = group_count.div_ceil(descs_per_block);
+        let first_meta_bg = sb
+            .has_incompat(INCOMPAT_META_BG)
+            .then(|| sb.first_meta_bg());
+        if first_meta_bg.is_some_and(|f| f > gdt_blocks) {
+            return bad(format!(
+                "first meta block group {} is past the {gdt_blocks} descriptor blocks",
+                sb.first_meta_bg()
+            ));
+        }
+        let flex = if sb.has_incompat(INCOMPAT_FLEX_BG) {
+            if sb.log_groups_per_flex() > 31 {
+                return bad(format!(
+                    "log groups per flex {} is invalid",
+                    sb.log_groups_per_flex()
+                ));
+            }
+            1u32 << sb.log_groups_per_flex()
+        } else {
+            1
+        };
+        let gd_csum = if sb.has_metadata_csum() {
+            GdCsum::Crc32c {
+                seed: sb.csum_seed(),
+            }
+        } else if sb.has_gdt_csum() {
+            GdCsum::Crc16 { uuid: sb.uuid() }
+        } else {
+            GdCsum::None
+        };
+        let first_ino = sb.first_ino_checked();
+        if first_ino < 11 || first_ino > sb.inodes_count() {
+            return bad(format!("first inode {first_ino} is invalid"));
+        }
+        Ok(Geometry {
+            block_size,
+            log_block_size: sb.log_block_size() + 10,
+            blocks_count,
+            first_data_block,
+            blocks_per_group: bpg,
+            inodes_per_group: ipg,
+            inodes_count: sb.inodes_count(),
+            group_count,
+            inode_size,
+            desc_size,
+            descs_per_block,
+            gdt_blocks,
+            reserved_gdt_blocks: if sb.has_compat(COMPAT_RESIZE_INODE) {
+                sb.reserved_gdt_blocks() as u32
+            } else {
+                0
+            },
+            first_ino,
+            csum_seed: sb.csum_seed(),
+            metadata_csum: sb.has_metadata_csum(),
+            gd_csum,
+            sparse_super: sb.has_ro_compat(RO_COMPAT_SPARSE_SUPER),
+            backup_bgs: sb
+                .has_compat(COMPAT_SPARSE_SUPER2)
+                .then(|| [sb.backup_bg0(), sb.backup_bg1()]),
+            first_meta_bg,
+            flex_bg_size: flex,
+            has_64bit: sb.is_64bit(),
+            filetype: sb.has_incompat(INCOMPAT_FILETYPE),
+            dir_index: sb.has_compat(COMPAT_DIR_INDEX),
+            huge_file: sb.has_ro_compat(RO_COMPAT_HUGE_FILE),
+            dir_nlink: sb.has_ro_compat(RO_COMPAT_DIR_NLINK),
+            extents: sb.has_incompat(INCOMPAT_EXTENTS),
+            hash_seed: sb.hash_seed(),
+            def_hash_version: sb.def_hash_version(),
+            unsigned_hash: sb.flags() & FLAGS_UNSIGNED_HASH != 0,
+            uuid: sb.uuid(),
+        })
+    }
+}

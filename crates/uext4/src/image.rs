@@ -1,0 +1,67 @@
+//! Opening a device by what an image argument names: a local image file or block device (read
+//! through pread/pwrite, or mapped), or an NBD export written as a URI (`nbd://host[:port]/
+//! export`, `nbd+unix:///export?socket=PATH`). Above the device backends (blockdev.rs,
+//! nbd.rs), which know nothing of names; a partition or offset inside what is opened is a
+//! `blockdev::RegionDevice` over it (partition.rs finds one by number).
+
+use crate::blockdev::{is_tmpfs, BlockDevice, FileDevice, MappedDevice};
+use crate::error::Result;
+use crate::nbd::NbdDevice;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Opens what an image argument names: an NBD export for an NBD URI ([`crate::nbd`]), else
+/// the image file or block device at `path` ([`FileDevice`]). Claims nothing (see
+/// [`crate::Fs::open_path`] for the writer claim).
+pub fn open_image(path: &Path, read_only: bool) -> Result<Arc<dyn BlockDevice>> {
+    if let Some(uri) = path.to_str().filter(|s| crate::nbd::is_nbd_uri(s)) {
+        return Ok(Arc::new(NbdDevice::open(uri, read_only)?));
+    }
+    Ok(Arc::new(FileDevice::open(path, read_only)?))
+}
+
+/// Whether `path` is written as an NBD URI rather than a local file (see [`open_image`]).
+pub fn is_nbd_uri(path: &Path) -> bool {
+    path.to_str().is_some_and(crate::nbd::is_nbd_uri)
+}
+
+/// Whether `path` is a file on tmpfs (where mapping the image is the faster way to reach it).
+pub fn on_tmpfs(path: &Path) -> bool {
+    std::fs::File::open(path).is_ok_and(|f| f.metadata().is_ok_and(|m| m.is_file()) && is_tmpfs(&f))
+}
+
+/// How a filesystem wants its local image opened.
+#[derive(Clone, Copy, Debug)]
+pub struct Access {
+    pub read_only: bool,
+    /// Map the image (`MountOptions::dax`; read-write only).
+    pub dax: bool,
+    /// With a mapping, copy large writes with non-temporal stores.
+    pub non_temporal: bool,
+    /// Map an image that is a file on tmpfs (read-write only).
+    pub map_tmpfs: bool,
+}
+
+/// Opens a local image file or block device for a filesystem: mapped with `dax`, or when it
+/// is a file on tmpfs and `map_tmpfs`; else through pread/pwrite, read-only when it may not
+/// be written (the open then reports read-only).
+pub fn open_local(path: &Path, how: Access) -> Result<Arc<dyn BlockDevice>> {
+    if how.dax && !how.read_only {
+        return Ok(Arc::new(MappedDevice::open(path, how.non_temporal)?));
+    }
+    // An image on tmpfs is mapped unless that fails (not writable by us, empty): then it is
+    // opened as any other file, which reports the problem or opens it read-only.
+    if how.map_tmpfs && !how.read_only && on_tmpfs(path) {
+        if let Ok(dev) = MappedDevice::open(path, how.non_temporal) {
+            return Ok(Arc::new(dev));
+        }
+    }
+    let dev = FileDevice::open(path, how.read_only).or_else(|e| {
+        if e.raw_os_error() == Some(libc::EACCES) || e.raw_os_error() == Some(libc::EROFS) {
+            FileDevice::open(path, true)
+        } else {
+            Err(e)
+        }
+    })?;
+    Ok(Arc::new(dev))
+}
