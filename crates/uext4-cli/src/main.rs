@@ -1,14 +1,11 @@
 //! `uext4`: mount an ext4 image through FUSE, work on images without mounting, make new ones,
 //! and benchmark against the kernel's ext4 and fuse2fs.
 
-mod attrs;
 mod bench;
-mod devtable;
-mod fit;
+mod host;
+mod image;
 mod log;
-mod mkfs;
 mod mount;
-mod tar;
 mod tools;
 
 use clap::{CommandFactory, Parser, Subcommand};

@@ -151,7 +151,7 @@ fn a_filesystem_at_an_offset_of_an_export() {
         let info = UEXT4.ok(&["info", &at]);
         assert!(info.contains("at offset 1048576"), "{info}");
     }
-    e2fsck_clean(&format!("{img_s}?offset=1048576"));
+    e2fsck_clean(format!("{img_s}?offset=1048576"));
 }
 
 #[test]

@@ -13,6 +13,7 @@
 //! archive are made with mode 0755, owned by the caller; directory times are set last, so the
 //! entries put in them do not change them.
 
+use crate::image::clean_path;
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
@@ -54,10 +55,10 @@ pub fn open_archive(path: &Path) -> Result<Box<dyn Read>> {
 /// `uext4 cp --from-tar ARCHIVE... IMAGE:DIR`: each archive unpacked into the directory, in
 /// order (later entries replace earlier ones of the same name).
 pub fn cp_from_tar(archives: &[String], dst: &str) -> Result<()> {
-    let (img, d) = crate::tools::image_loc(dst)?;
-    let fs = crate::tools::open_img(&img, false)?;
+    let (img, d) = crate::image::image_loc(dst)?;
+    let fs = crate::image::open_img(&img, false)?;
     let r = (|| -> Result<()> {
-        let dir = crate::tools::resolve(&fs, &d, true).with_context(|| dst.to_string())?;
+        let dir = crate::image::resolve(&fs, &d, true).with_context(|| dst.to_string())?;
         if !fs.getattr(dir)?.is_dir() {
             bail!("{dst}: not a directory");
         }
@@ -67,21 +68,7 @@ pub fn cp_from_tar(archives: &[String], dst: &str) -> Result<()> {
         }
         u.finish()
     })();
-    crate::tools::finish(&fs, &img.path, r)
-}
-
-/// A path in an archive as components, with `/`, `.` and empty components dropped; `..` is
-/// refused (it could name something outside the directory unpacked into).
-pub fn clean_path(p: &[u8]) -> Result<Vec<&[u8]>> {
-    let mut out = Vec::new();
-    for c in p.split(|&b| b == b'/') {
-        match c {
-            b"" | b"." => {}
-            b".." => bail!("a '..' in the path would leave the image's root; refused"),
-            c => out.push(c),
-        }
-    }
-    Ok(out)
+    crate::image::finish(&fs, &img.path, r)
 }
 
 /// A PAX time: seconds with an optional fraction, possibly negative ("-1.5").
@@ -437,7 +424,7 @@ impl<'a> Unpacker<'a> {
             root,
             dirs: HashMap::new(),
             dir_times: Vec::new(),
-            owner: crate::tools::caller(),
+            owner: crate::image::caller(),
             buf: vec![0; 1 << 20],
         }
     }
@@ -481,7 +468,7 @@ impl<'a> Unpacker<'a> {
                 Ok(a) if a.is_dir() => a.ino,
                 Ok(a) if a.mode & 0o170000 == 0o120000 => {
                     let t = fs.readlink(a.ino)?;
-                    let ino = crate::tools::resolve_from(
+                    let ino = crate::image::resolve_from(
                         fs,
                         cur,
                         &String::from_utf8_lossy(&t),
@@ -586,7 +573,7 @@ impl<'a> Unpacker<'a> {
                 let ino = match fs.lookup(dir, name) {
                     Ok(a) if a.is_dir() => a.ino,
                     _ => {
-                        crate::tools::make_room(fs, dir, name)?;
+                        crate::image::make_room(fs, dir, name)?;
                         fs.mkdir(dir, name, meta.mode, uid, gid)?.ino
                     }
                 };
@@ -609,7 +596,7 @@ impl<'a> Unpacker<'a> {
                 if t.ino == fs.lookup(dir, name).map(|a| a.ino).unwrap_or(0) {
                     return Ok(());
                 }
-                crate::tools::make_room(fs, dir, name)?;
+                crate::image::make_room(fs, dir, name)?;
                 fs.link(t.ino, dir, name)?;
                 return Ok(());
             }
@@ -617,7 +604,7 @@ impl<'a> Unpacker<'a> {
                 if m.link.is_empty() {
                     bail!("a symlink without a target");
                 }
-                crate::tools::make_room(fs, dir, name)?;
+                crate::image::make_room(fs, dir, name)?;
                 fs.symlink(dir, name, &m.link, uid, gid)?.ino
             }
             Kind::Char | Kind::Block | Kind::Fifo => {
@@ -635,11 +622,11 @@ impl<'a> Unpacker<'a> {
                     Kind::Block => 0o060000,
                     _ => 0o010000,
                 };
-                crate::tools::make_room(fs, dir, name)?;
+                crate::image::make_room(fs, dir, name)?;
                 fs.mknod(dir, name, ft | meta.mode, rdev, uid, gid)?.ino
             }
             Kind::File => {
-                crate::tools::make_room(fs, dir, name)?;
+                crate::image::make_room(fs, dir, name)?;
                 let ino = fs.create(dir, name, meta.mode, uid, gid)?.ino;
                 let size = if let Some((map, size)) = &m.gnu_sparse {
                     self.segments(data, ino, map, *size)?;
