@@ -1,7 +1,7 @@
 //! Helpers shared by uext4's tests, so that each test file says what it checks and not how to
 //! make an image or read e2fsck's verdict.
 //!
-//! - [`scratch`]: paths removed on drop (images, directories, a whole tree);
+//! - [`scratch`](mod@scratch): paths removed on drop (images, directories, a whole tree);
 //! - [`e2fs`]: `mke2fs` images and `e2fsck -fn` that fails on any complaint;
 //! - [`needs`]: root, loop devices, FUSE, overlayfs and installed tools, each check saying what
 //!   is missing;
