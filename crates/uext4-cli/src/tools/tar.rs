@@ -13,6 +13,7 @@
 //! archive are made with mode 0755, owned by the caller; directory times are set last, so the
 //! entries put in them do not change them.
 
+use super::cp::rules::{make_entry, NewEntry};
 use crate::image::clean_path;
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
@@ -513,46 +514,7 @@ impl<'a> Unpacker<'a> {
             None => m.path.clone(),
         };
         let comps = clean_path(&path)?;
-        let num = |v: u64, what: &str| -> Result<u32> {
-            u32::try_from(v).map_err(|_| anyhow!("{what} {v} does not fit in 32 bits"))
-        };
-        let mtime = match get("mtime") {
-            Some(v) => pax_time(v).ok_or_else(|| anyhow!("bad PAX mtime"))?,
-            None => Timestamp {
-                sec: h.mtime()? as i64,
-                nsec: 0,
-            },
-        };
-        let id = |k: &str, v: u64| -> Result<u32> {
-            match get(k) {
-                Some(p) => num(pax_num(p)?, k),
-                None => num(v, k),
-            }
-        };
-        let mut meta = Meta {
-            mode: h.mode()? & 0o7777,
-            uid: id("uid", h.uid()?)?,
-            gid: id("gid", h.gid()?)?,
-            mtime,
-            atime: get("atime").and_then(|v| pax_time(v)),
-            ctime: get("ctime").and_then(|v| pax_time(v)),
-            xattrs: Vec::new(),
-        };
-        for (k, v) in pax {
-            if let Some(n) = k.strip_prefix("SCHILY.xattr.") {
-                meta.xattrs.push((n.as_bytes().to_vec(), v.clone()));
-            } else if let Some(which) = k.strip_prefix("SCHILY.acl.") {
-                let name = match which {
-                    "access" => "system.posix_acl_access",
-                    "default" => "system.posix_acl_default",
-                    _ => continue,
-                };
-                match acl_text_to_vfs(v) {
-                    Ok(a) => meta.xattrs.push((name.as_bytes().to_vec(), a)),
-                    Err(err) => warn(&path, name, err),
-                }
-            }
-        }
+        let meta = member_meta(m, &path)?;
         let fs = self.fs;
         let Some((name, parent)) = comps.split_last() else {
             // The archive's own root ("./"): its attributes go onto the directory unpacked into.
@@ -604,8 +566,7 @@ impl<'a> Unpacker<'a> {
                 if m.link.is_empty() {
                     bail!("a symlink without a target");
                 }
-                crate::image::make_room(fs, dir, name)?;
-                fs.symlink(dir, name, &m.link, uid, gid)?.ino
+                make_entry(fs, dir, name, NewEntry::Symlink(&m.link), 0o777, (uid, gid))?
             }
             Kind::Char | Kind::Block | Kind::Fifo => {
                 // A FIFO has no device number (GNU tar leaves the fields blank).
@@ -622,12 +583,11 @@ impl<'a> Unpacker<'a> {
                     Kind::Block => 0o060000,
                     _ => 0o010000,
                 };
-                crate::image::make_room(fs, dir, name)?;
-                fs.mknod(dir, name, ft | meta.mode, rdev, uid, gid)?.ino
+                let special = NewEntry::Special(rdev);
+                make_entry(fs, dir, name, special, ft | meta.mode, (uid, gid))?
             }
             Kind::File => {
-                crate::image::make_room(fs, dir, name)?;
-                let ino = fs.create(dir, name, meta.mode, uid, gid)?.ino;
+                let ino = make_entry(fs, dir, name, NewEntry::File, meta.mode, (uid, gid))?;
                 let size = if let Some((map, size)) = &m.gnu_sparse {
                     self.segments(data, ino, map, *size)?;
                     *size
@@ -807,6 +767,54 @@ fn warn(path: &[u8], name: &str, e: impl std::fmt::Display) {
         "uext4: warning: {}: extended attribute {name} not set: {e}",
         String::from_utf8_lossy(path)
     );
+}
+
+/// A member's owner, mode, times and extended attributes (PAX records win over the header).
+fn member_meta(m: &Member, path: &[u8]) -> Result<Meta> {
+    let pax = &m.pax;
+    let get = |k: &str| pax.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v);
+    let h = &m.h;
+    let num = |v: u64, what: &str| -> Result<u32> {
+        u32::try_from(v).map_err(|_| anyhow!("{what} {v} does not fit in 32 bits"))
+    };
+    let mtime = match get("mtime") {
+        Some(v) => pax_time(v).ok_or_else(|| anyhow!("bad PAX mtime"))?,
+        None => Timestamp {
+            sec: h.mtime()? as i64,
+            nsec: 0,
+        },
+    };
+    let id = |k: &str, v: u64| -> Result<u32> {
+        match get(k) {
+            Some(p) => num(pax_num(p)?, k),
+            None => num(v, k),
+        }
+    };
+    let mut meta = Meta {
+        mode: h.mode()? & 0o7777,
+        uid: id("uid", h.uid()?)?,
+        gid: id("gid", h.gid()?)?,
+        mtime,
+        atime: get("atime").and_then(|v| pax_time(v)),
+        ctime: get("ctime").and_then(|v| pax_time(v)),
+        xattrs: Vec::new(),
+    };
+    for (k, v) in pax {
+        if let Some(n) = k.strip_prefix("SCHILY.xattr.") {
+            meta.xattrs.push((n.as_bytes().to_vec(), v.clone()));
+        } else if let Some(which) = k.strip_prefix("SCHILY.acl.") {
+            let name = match which {
+                "access" => "system.posix_acl_access",
+                "default" => "system.posix_acl_default",
+                _ => continue,
+            };
+            match acl_text_to_vfs(v) {
+                Ok(a) => meta.xattrs.push((name.as_bytes().to_vec(), a)),
+                Err(err) => warn(path, name, err),
+            }
+        }
+    }
+    Ok(meta)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 mod host_to_image;
 mod image_to_host;
 mod image_to_image;
-mod rules;
+pub(crate) mod rules;
 
 pub(crate) use host_to_image::copy_host_contents;
 

@@ -80,7 +80,7 @@ pub(super) fn copy_segments(
 }
 
 /// What a new entry in an image is.
-pub(super) enum NewEntry<'a> {
+pub(crate) enum NewEntry<'a> {
     Symlink(&'a [u8]),
     File,
     /// A device, FIFO or socket, with its device number.
@@ -89,7 +89,7 @@ pub(super) enum NewEntry<'a> {
 
 /// Makes `name` in the image directory `dir` (replacing a non-directory there, as cp does),
 /// owned by `uid`:`gid`; its inode number.
-pub(super) fn make_entry(
+pub(crate) fn make_entry(
     fs: &Fs,
     dir: u32,
     name: &[u8],
