@@ -57,6 +57,10 @@ cargo_tests() {
 }
 
 suite "build (release)" cargo build --release --workspace
+# The habits: formatting, lints and docs are checked like tests.
+suite "cargo fmt --check" cargo fmt --all --check
+suite "cargo clippy -D warnings" cargo clippy --release --workspace --all-targets -- -D warnings
+suite "cargo doc -D warnings" env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace
 # The mount helpers (mount -t fuse.uext4, fstab), for the overlay suite's helper test.
 if [ "$(id -u)" -eq 0 ]; then
   suite "scripts/install.sh" bash scripts/install.sh

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Runs each reference workload (crates/uext4-cli/src/bench/workloads) briefly through fio on a uext4 mount, then
+# Runs each reference workload (crates/uext4-bench/src/workloads) briefly through fio on a uext4 mount, then
 # checks the image with e2fsck -fn. Needs root, /dev/fuse and fio; skips with a message otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 U=${UEXT4_BIN:-target/release/uext4}
-W=$(cd "${UEXT4_WORKLOADS:-crates/uext4-cli/src/bench/workloads}" 2>/dev/null && pwd)
+W=$(cd "${UEXT4_WORKLOADS:-crates/uext4-bench/src/workloads}" 2>/dev/null && pwd)
 
 if [ "$(id -u)" -ne 0 ] || [ ! -e /dev/fuse ]; then echo "SKIP workloads: needs root and /dev/fuse"; exit 0; fi
 command -v fio >/dev/null || { echo "SKIP workloads: fio is not installed"; exit 0; }
-[ -n "$W" ] && [ -d "$W" ] || { echo "workloads: the workloads folder ${UEXT4_WORKLOADS:-crates/uext4-cli/src/bench/workloads} is missing"; exit 1; }
+[ -n "$W" ] && [ -d "$W" ] || { echo "workloads: the workloads folder ${UEXT4_WORKLOADS:-crates/uext4-bench/src/workloads} is missing"; exit 1; }
 [ -x "$U" ] || cargo build --release -q -p uext4-cli
 
 work=$(mktemp -d); chmod 755 "$work"

@@ -1,14 +1,10 @@
 //! `uext4`: mount an ext4 image through FUSE, work on images without mounting, make new ones,
 //! and benchmark against the kernel's ext4 and fuse2fs.
 
-mod attrs;
-mod bench;
-mod devtable;
-mod fit;
+mod host;
+mod image;
 mod log;
-mod mkfs;
 mod mount;
-mod tar;
 mod tools;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -34,6 +30,8 @@ struct Cli {
     cmd: Cmd,
 }
 
+// One value, parsed once per run: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Mount an image or block device through FUSE.
@@ -47,8 +45,13 @@ enum Cmd {
     },
     /// Print a mounted filesystem's engine counters as JSON.
     Stats { mountpoint: std::path::PathBuf },
-    /// Run the reference workloads side by side against the kernel, fuse2fs and uext4.
-    Bench(bench::BenchArgs),
+    /// Run the reference workloads side by side against the kernel, fuse2fs and uext4 (the
+    /// `uext4-bench` program, installed beside uext4; `uext4 bench --help` lists its options).
+    #[command(disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     #[command(flatten)]
     Tool(tools::ToolCmd),
 }
@@ -109,6 +112,32 @@ fn mount_argv(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     out
 }
 
+/// `uext4 bench ARGS`: runs `uext4-bench ARGS` in this process's place, found beside this
+/// executable or else on PATH; the harness is a program of its own so that this one does not
+/// carry it.
+fn run_bench(args: &[std::ffi::OsString]) -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let beside = std::env::current_exe()
+        .ok()
+        .map(|e| e.with_file_name("uext4-bench"))
+        .filter(|p| p.is_file());
+    let on_path = || {
+        std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|d| d.join("uext4-bench"))
+                .find(|p| p.is_file())
+        })
+    };
+    let Some(exe) = beside.or_else(on_path) else {
+        anyhow::bail!(
+            "uext4-bench is not installed beside uext4 or on PATH \
+             (cargo build --release -p uext4-bench, or scripts/install.sh)"
+        );
+    };
+    let err = std::process::Command::new(&exe).args(args).exec();
+    Err(anyhow::Error::new(err).context(exe.display().to_string()))
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse_from(mount_argv(std::env::args_os().collect())) {
         Ok(c) => c,
@@ -153,7 +182,7 @@ fn main() -> ExitCode {
             mount::run_umount(&mountpoint, std::time::Duration::from_secs(timeout)),
         ),
         Cmd::Stats { mountpoint } => ("stats", mount::run_stats(&mountpoint)),
-        Cmd::Bench(a) => ("bench", bench::run(a)),
+        Cmd::Bench { args } => ("bench", run_bench(&args)),
         Cmd::Tool(t) => {
             // The image tools end quietly when their reader goes away (`uext4 cat ... | head`),
             // as other Unix tools do, instead of failing on EPIPE.

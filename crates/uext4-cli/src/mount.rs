@@ -225,9 +225,9 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
             std::process::exit(2);
         }
     };
-    let mut img = crate::tools::image_arg(&a.image)?;
+    let mut img = crate::image::image_arg(&a.image)?;
     if let Some(spec) = &spec {
-        if img.within != crate::tools::Within::Whole {
+        if img.within != crate::image::Within::Whole {
             let opt = if spec.starts_with("offset=") {
                 spec.clone()
             } else {
@@ -238,9 +238,9 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
                 a.image.display()
             );
         }
-        img.within = crate::tools::parse_within(spec).with_context(|| format!("-o {spec}"))?;
+        img.within = crate::image::parse_within(spec).with_context(|| format!("-o {spec}"))?;
     }
-    let region = crate::tools::fs_region_of(&img)?;
+    let region = crate::image::fs_region_of(&img)?;
     let a = MountArgs {
         image: img.path.clone(),
         options: match region_option(&img) {
@@ -302,8 +302,8 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
 
 /// The `-o` option that names `img`'s partition or offset, for the server started in the
 /// background.
-fn region_option(img: &crate::tools::Img) -> Option<String> {
-    use crate::tools::Within;
+fn region_option(img: &crate::image::Img) -> Option<String> {
+    use crate::image::Within;
     match img.within {
         Within::Whole => None,
         Within::Partition(n) => Some(format!("partition={n}")),

@@ -6,151 +6,23 @@
 //! The round trip needs root (GNU tar makes the source tree's devices and owners; the kernel
 //! mounts the result); it prints SKIP and passes without it.
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
+use uext4_testkit::*;
 
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_uext4")
-}
+const UEXT4: Cli = Cli(env!("CARGO_BIN_EXE_uext4"));
 
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
-fn is_root() -> bool {
-    // SAFETY: a plain getter.
-    unsafe { libc::geteuid() == 0 }
-}
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let d = if Path::new("/dev/shm").is_dir() {
-            PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
-        };
-        let p = d.join(format!("uext4-build-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-    fn p(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(bin()).args(args).output().unwrap()
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = run(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "uext4 {args:?} failed: {err}");
-    assert!(!err.contains("panicked"), "uext4 {args:?}: {err}");
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// A command that must fail: exit 1, one line on stderr, no panic.
-fn fails(args: &[&str]) -> String {
-    let o = run(args);
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert!(!err.contains("panicked"), "uext4 {args:?} panicked: {err}");
-    assert_eq!(o.status.code(), Some(1), "uext4 {args:?}: {err}");
+fn assert_set_xattr(p: &Path, name: &str, value: &[u8]) {
     assert!(
-        err.trim().lines().count() == 1 && err.starts_with("uext4: "),
-        "uext4 {args:?}: expected a one-line error, got {err:?}"
-    );
-    err
-}
-
-fn fsck(img: &Path) {
-    let o = Command::new("e2fsck").arg("-fn").arg(img).output().unwrap();
-    assert!(
-        o.status.success(),
-        "e2fsck {}: {}{}",
-        img.display(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
-fn have_e2fsck() -> bool {
-    let ok = have("e2fsck");
-    if !ok {
-        eprintln!("SKIP: needs e2fsck");
-    }
-    ok
-}
-
-fn sh(cmd: &str) {
-    let o = Command::new("sh").arg("-c").arg(cmd).output().unwrap();
-    assert!(
-        o.status.success(),
-        "{cmd}: {}",
-        String::from_utf8_lossy(&o.stderr)
+        set_xattr(p, name, value),
+        "setxattr {name} on {}",
+        p.display()
     );
 }
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-fn xattrs(p: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    let mut names = vec![0u8; 65536];
-    // SAFETY: valid C string and buffer.
-    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
-    if n <= 0 {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    for name in names[..n as usize]
-        .split(|&b| b == 0)
-        .filter(|n| !n.is_empty())
-    {
-        let cn = CString::new(name).unwrap();
-        let mut v = vec![0u8; 65536];
-        // SAFETY: valid C strings and buffer.
-        let g = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
-        assert!(g >= 0);
-        v.truncate(g as usize);
-        out.push((name.to_vec(), v));
-    }
-    out.sort();
-    out
-}
-
-fn set_xattr(p: &Path, name: &str, value: &[u8]) {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    let n = CString::new(name).unwrap();
-    // SAFETY: valid C strings and buffer.
-    let r = unsafe {
-        libc::lsetxattr(
-            c.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    assert_eq!(r, 0, "setxattr {name} on {}", p.display());
 }
 
 /// The source tree of the round trip (as root): every kind of entry a rootfs holds.
@@ -170,19 +42,19 @@ fn source_tree(root: &Path) {
          touch -h -d '2001-02-03 04:05:06.123456789' etc/hostname etc/rel dev/null",
         r = root.display()
     ));
-    set_xattr(
+    assert_set_xattr(
         &root.join("etc/owned"),
         "user.comment",
         b"a\nvalue with a newline",
     );
-    set_xattr(&root.join("etc/owned"), "trusted.bin", &[0, 10, 255, 10]);
+    assert_set_xattr(&root.join("etc/owned"), "trusted.bin", &[0, 10, 255, 10]);
     // A file capability (cap_net_raw), as setcap writes it.
-    set_xattr(
+    assert_set_xattr(
         &root.join("usr/bin/su"),
         "security.capability",
         &[0, 0, 0, 2, 0, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
     );
-    if have("setfacl") {
+    if have(&["setfacl"]) {
         sh(&format!(
             "setfacl -m u:1000:rw,g:100:r '{0}/etc/owned' && setfacl -d -m u:1000:rwx '{0}/tmp'",
             root.display()
@@ -259,14 +131,14 @@ fn same_tree(a: &Path, b: &Path, what: &str) {
 
 #[test]
 fn tarball_round_trips_exactly() {
-    if !have_e2fsck() {
+    if !have(&["e2fsck"]) {
         return;
     }
-    if !is_root() || !have("tar") {
+    if !is_root() || !have(&["tar"]) {
         eprintln!("SKIP: the tarball round trip needs root and GNU tar");
         return;
     }
-    let w = Scratch::new("roundtrip");
+    let w = Scratch::dir("roundtrip");
     let src = w.p("src");
     std::fs::create_dir(&src).unwrap();
     source_tree(&src);
@@ -284,18 +156,18 @@ fn tarball_round_trips_exactly() {
     let gz = tar("a.tar.gz", &format!("{x} -z"));
     let gnu = tar("gnu.tar", "--format=gnu");
     let mut archives = vec![posix.clone(), gz];
-    if have("zstd") {
+    if have(&["zstd"]) {
         archives.push(tar("a.tar.zst", &format!("{x} --zstd")));
     }
     let mnt = w.p("mnt");
     std::fs::create_dir(&mnt).unwrap();
     for (i, a) in archives.iter().enumerate() {
         let img = w.p(&format!("img{i}"));
-        ok(&["mkfs", "--size", "64M", "-d", s(a), s(&img)]);
-        fsck(&img);
+        UEXT4.ok(&["mkfs", "--size", "64M", "-d", s(a), s(&img)]);
+        e2fsck_clean(&img);
         // Through uext4 (as root, cp puts owners and xattrs back) ...
         let out = w.p(&format!("out{i}"));
-        ok(&["cp", "-r", &format!("{}:/", s(&img)), s(&out)]);
+        UEXT4.ok(&["cp", "-r", &format!("{}:/", s(&img)), s(&out)]);
         same_tree(&src, &out, &format!("{} via uext4 cp", a.display()));
         // ... and through the kernel.
         let m = Command::new("mount")
@@ -319,9 +191,9 @@ fn tarball_round_trips_exactly() {
     }
     // Old GNU sparse entries keep their holes too (GNU format stores no xattrs).
     let img = w.p("gnu.img");
-    ok(&["mkfs", "--size", "64M", "-d", s(&gnu), s(&img)]);
-    fsck(&img);
-    let st = ok(&["stat", &format!("{}:/usr/bin/sparse", s(&img))]);
+    UEXT4.ok(&["mkfs", "--size", "64M", "-d", s(&gnu), s(&img)]);
+    e2fsck_clean(&img);
+    let st = UEXT4.ok(&["stat", &format!("{}:/usr/bin/sparse", s(&img))]);
     let blocks: u64 = st
         .split("Blocks: ")
         .nth(1)
@@ -341,7 +213,7 @@ fn tarball_round_trips_exactly() {
             .arg(format!(
                 "umask {umask}; exec \"$0\" mkfs --size 32M -d \"$1\" \"$2\""
             ))
-            .arg(bin())
+            .arg(UEXT4.0)
             .arg(&posix)
             .arg(&img)
             .env("SOURCE_DATE_EPOCH", "1700000000")
@@ -359,17 +231,17 @@ fn tarball_round_trips_exactly() {
     );
     // cp --from-tar into a directory of an existing image.
     let img = w.p("cp.img");
-    ok(&["mkfs", "--size", "64M", s(&img)]);
-    ok(&["mkdir", &format!("{}:/layer", s(&img))]);
-    ok(&[
+    UEXT4.ok(&["mkfs", "--size", "64M", s(&img)]);
+    UEXT4.ok(&["mkdir", &format!("{}:/layer", s(&img))]);
+    UEXT4.ok(&[
         "cp",
         "--from-tar",
         s(&posix),
         &format!("{}:/layer", s(&img)),
     ]);
-    fsck(&img);
+    e2fsck_clean(&img);
     let out = w.p("cpout");
-    ok(&["cp", "-r", &format!("{}:/layer", s(&img)), s(&out)]);
+    UEXT4.ok(&["cp", "-r", &format!("{}:/layer", s(&img)), s(&out)]);
     same_tree(&src, &out, "cp --from-tar");
 }
 
@@ -405,10 +277,10 @@ fn archive(entries: &[(&str, u8, &[u8], &str)]) -> Vec<u8> {
 
 #[test]
 fn bad_input_is_refused_and_leaves_nothing() {
-    if !have_e2fsck() {
+    if !have(&["e2fsck"]) {
         return;
     }
-    let w = Scratch::new("bad");
+    let w = Scratch::dir("bad");
     let img = w.p("x.img");
     let good = archive(&[("a/", b'5', b"", ""), ("a/f", b'0', b"data", "")]);
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
@@ -447,20 +319,20 @@ fn bad_input_is_refused_and_leaves_nothing() {
     for (name, bytes, want) in cases {
         let a = w.p(&format!("{name}.tar"));
         std::fs::write(&a, bytes).unwrap();
-        let e = fails(&["mkfs", "--size", "16M", "-d", s(&a), s(&img)]);
+        let e = UEXT4.fails(&["mkfs", "--size", "16M", "-d", s(&a), s(&img)]);
         assert!(e.contains(want), "{name}: {e}");
         assert!(!img.exists(), "{name}: a failed mkfs left its image");
     }
     // A good one of the same shape works.
     let a = w.p("good.tar");
     std::fs::write(&a, &good).unwrap();
-    ok(&["mkfs", "--size", "16M", "-d", s(&a), s(&img)]);
-    fsck(&img);
-    assert_eq!(ok(&["cat", &format!("{}:/a/f", s(&img))]), "data");
+    UEXT4.ok(&["mkfs", "--size", "16M", "-d", s(&a), s(&img)]);
+    e2fsck_clean(&img);
+    assert_eq!(UEXT4.ok(&["cat", &format!("{}:/a/f", s(&img))]), "data");
     // cp --from-tar of a bad archive: one line, and the image stays clean.
     let bad = w.p("escape.tar");
-    fails(&["cp", "--from-tar", s(&bad), &format!("{}:/", s(&img))]);
-    fsck(&img);
+    UEXT4.fails(&["cp", "--from-tar", s(&bad), &format!("{}:/", s(&img))]);
+    e2fsck_clean(&img);
     std::fs::remove_file(&img).unwrap();
     // Bad device table lines.
     for (name, line, want) in [
@@ -471,21 +343,21 @@ fn bad_input_is_refused_and_leaves_nothing() {
     ] {
         let t = w.p(&format!("{name}.table"));
         std::fs::write(&t, format!("# a table\n{line}\n")).unwrap();
-        let e = fails(&["mkfs", "--size", "16M", "-D", s(&t), s(&img)]);
+        let e = UEXT4.fails(&["mkfs", "--size", "16M", "-D", s(&t), s(&img)]);
         assert!(e.contains(want) && e.contains("line 2"), "{name}: {e}");
         assert!(!img.exists(), "{name}: a failed mkfs left its image");
     }
     // A table whose directory is missing fails once the image is made: nothing is left.
     let t = w.p("missing.table");
     std::fs::write(&t, "/nodir/x c 644 0 0 1 1\n").unwrap();
-    let e = fails(&["mkfs", "--size", "16M", "-D", s(&t), s(&img)]);
+    let e = UEXT4.fails(&["mkfs", "--size", "16M", "-D", s(&t), s(&img)]);
     assert!(e.contains("does not exist"), "{e}");
     assert!(!img.exists());
 }
 
 /// The value of a `uext4 stat` field such as "Uid:".
 fn stat_has(img: &Path, path: &str, want: &[&str]) {
-    let st = ok(&["stat", &format!("{}:{path}", s(img))]);
+    let st = UEXT4.ok(&["stat", &format!("{}:{path}", s(img))]);
     for w in want {
         assert!(st.contains(w), "{path}: {w:?} not in\n{st}");
     }
@@ -493,10 +365,10 @@ fn stat_has(img: &Path, path: &str, want: &[&str]) {
 
 #[test]
 fn owners_device_tables_and_attribute_tools() {
-    if !have_e2fsck() {
+    if !have(&["e2fsck"]) {
         return;
     }
-    let w = Scratch::new("owners");
+    let w = Scratch::dir("owners");
     let tree = w.p("tree");
     sh(&format!(
         "mkdir -p '{0}/bin' '{0}/etc' && printf x > '{0}/bin/sh' && chmod 4755 '{0}/bin/sh' && printf y > '{0}/etc/f'",
@@ -515,7 +387,7 @@ fn owners_device_tables_and_attribute_tools() {
     )
     .unwrap();
     let img = w.p("o.img");
-    ok(&[
+    UEXT4.ok(&[
         "mkfs",
         "--size",
         "32M",
@@ -526,7 +398,7 @@ fn owners_device_tables_and_attribute_tools() {
         s(&tree),
         s(&img),
     ]);
-    fsck(&img);
+    e2fsck_clean(&img);
     stat_has(&img, "/bin/sh", &["Uid: 0  Gid: 0", "(4755/"]);
     stat_has(&img, "/", &["Uid: 0  Gid: 0"]);
     stat_has(&img, "/etc/f", &["Uid: 12  Gid: 34", "(0640/"]);
@@ -548,7 +420,7 @@ fn owners_device_tables_and_attribute_tools() {
         &["block special", "Device type: 8,1", "Gid: 6"],
     );
     stat_has(&img, "/dev/initctl", &["fifo"]);
-    let ls = ok(&["ls", &format!("{}:/dev", s(&img))]);
+    let ls = UEXT4.ok(&["ls", &format!("{}:/dev", s(&img))]);
     assert_eq!(ls, "console\ninitctl\nsda1\nsda2\ntty0\ntty1\ntty2\n");
     // chmod: octal, symbolic, -R; chown UID[:GID], :GID, -R; e2fsck after each.
     let at = |p: &str| format!("{}:{p}", s(&img));
@@ -567,15 +439,15 @@ fn owners_device_tables_and_attribute_tools() {
         let mut a = args.clone();
         let target = if path == "/bin" { at("/bin") } else { at(path) };
         a.push(&target);
-        ok(&a);
-        fsck(&img);
+        UEXT4.ok(&a);
+        e2fsck_clean(&img);
         stat_has(&img, path, &want);
     }
     // chmod -R reached bin/sh; chown took its set-user-ID bit, as the kernel's chown does.
     stat_has(&img, "/bin/sh", &["(0700/", "Uid: 5  Gid: 6"]);
     // touch: -d, -t, -r, -a/-m, a new file, -c.
-    ok(&["touch", "-d", "2001-02-03 04:05:06.5", &at("/etc/f")]);
-    fsck(&img);
+    UEXT4.ok(&["touch", "-d", "2001-02-03 04:05:06.5", &at("/etc/f")]);
+    e2fsck_clean(&img);
     stat_has(
         &img,
         "/etc/f",
@@ -584,7 +456,7 @@ fn owners_device_tables_and_attribute_tools() {
             "Access: 2001-02-03 04:05:06.5",
         ],
     );
-    ok(&["touch", "-m", "-t", "200102030405.07", &at("/etc/f")]);
+    UEXT4.ok(&["touch", "-m", "-t", "200102030405.07", &at("/etc/f")]);
     stat_has(
         &img,
         "/etc/f",
@@ -593,8 +465,8 @@ fn owners_device_tables_and_attribute_tools() {
             "Access: 2001-02-03 04:05:06.5",
         ],
     );
-    ok(&["touch", "-r", &at("/etc/f"), &at("/new")]);
-    fsck(&img);
+    UEXT4.ok(&["touch", "-r", &at("/etc/f"), &at("/new")]);
+    e2fsck_clean(&img);
     stat_has(
         &img,
         "/new",
@@ -603,11 +475,11 @@ fn owners_device_tables_and_attribute_tools() {
             "Modify: 2001-02-03 04:05:07.000000000",
         ],
     );
-    ok(&["touch", "-c", &at("/absent")]);
-    assert!(fails(&["stat", &at("/absent")]).contains("no such"));
-    ok(&["touch", "-d", "@1700000000", &at("/dev")]);
+    UEXT4.ok(&["touch", "-c", &at("/absent")]);
+    assert!(UEXT4.fails(&["stat", &at("/absent")]).contains("no such"));
+    UEXT4.ok(&["touch", "-d", "@1700000000", &at("/dev")]);
     stat_has(&img, "/dev", &["Modify: 2023-11-14 22:13:20"]);
-    fsck(&img);
+    e2fsck_clean(&img);
     // Bad arguments: one line each, the image untouched and clean.
     for args in [
         vec!["chmod", "u+q", &at("/etc/f")[..]],
@@ -616,13 +488,13 @@ fn owners_device_tables_and_attribute_tools() {
         vec!["touch", "-t", "20xx", &at("/etc/f")],
         vec!["chmod", "644", &at("/nope")],
     ] {
-        fails(&args);
+        UEXT4.fails(&args);
     }
-    fsck(&img);
+    e2fsck_clean(&img);
 }
 
 fn info_field(img: &Path, field: &str) -> u64 {
-    let i = ok(&["info", s(img)]);
+    let i = UEXT4.ok(&["info", s(img)]);
     i.lines()
         .find(|l| l.starts_with(field))
         .and_then(|l| l[field.len()..].split_whitespace().next())
@@ -632,10 +504,10 @@ fn info_field(img: &Path, field: &str) -> u64 {
 
 #[test]
 fn size_fit_holds_the_input_with_the_free_share_asked() {
-    if !have_e2fsck() {
+    if !have(&["e2fsck"]) {
         return;
     }
-    let w = Scratch::new("fit");
+    let w = Scratch::dir("fit");
     let tree = w.p("tree");
     // 3000 files of various sizes in 30 directories, a big directory, a sparse file.
     for d in 0..30 {
@@ -664,7 +536,7 @@ fn size_fit_holds_the_input_with_the_free_share_asked() {
     for (input, pct) in [(&tree, "10"), (&tarball, "10"), (&tree, "25")] {
         let img = w.p("fit.img");
         let _ = std::fs::remove_file(&img);
-        ok(&[
+        UEXT4.ok(&[
             "mkfs",
             "--size",
             "fit",
@@ -674,7 +546,7 @@ fn size_fit_holds_the_input_with_the_free_share_asked() {
             s(input),
             s(&img),
         ]);
-        fsck(&img);
+        e2fsck_clean(&img);
         let blocks = info_field(&img, "Block count:") as f64;
         let avail = info_field(&img, "Available to users:") as f64;
         let share = avail / blocks * 100.0;
@@ -685,7 +557,7 @@ fn size_fit_holds_the_input_with_the_free_share_asked() {
             input.display()
         );
         assert_eq!(
-            ok(&["cat", &format!("{}:/d3/file-5", s(&img))]).len(),
+            UEXT4.ok(&["cat", &format!("{}:/d3/file-5", s(&img))]).len(),
             (3 * 7919 + 5 * 104_729) % 30_000
         );
         // The size was computed before writing: the file is exactly that size.
@@ -698,9 +570,9 @@ fn size_fit_holds_the_input_with_the_free_share_asked() {
     let left = info_field(&img, "Available to users:") * info_field(&img, "Block size:");
     let fill = w.p("fill");
     std::fs::write(&fill, vec![7u8; (left * 9 / 10) as usize]).unwrap();
-    ok(&["cp", s(&fill), &format!("{}:/fill", s(&img))]);
-    fsck(&img);
+    UEXT4.ok(&["cp", s(&fill), &format!("{}:/fill", s(&img))]);
+    e2fsck_clean(&img);
     // Without -d there is nothing to fit.
-    let e = fails(&["mkfs", "--size", "fit", s(&w.p("none.img"))]);
+    let e = UEXT4.fails(&["mkfs", "--size", "fit", s(&w.p("none.img"))]);
     assert!(e.contains("-d"), "{e}");
 }

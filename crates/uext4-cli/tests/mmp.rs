@@ -7,30 +7,10 @@
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
+use uext4_testkit::{have, Scratch};
 
-fn have_e2fsprogs() -> bool {
-    let ok = ["mke2fs", "debugfs", "e2fsck"].iter().all(|t| {
-        Command::new(t)
-            .arg("-V")
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
-    });
-    if !ok {
-        eprintln!("SKIP: the mmp tool tests need e2fsprogs, which is not installed");
-    }
-    ok
-}
-
-struct Image(PathBuf);
-
-impl Drop for Image {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn sh(prog: &str, args: &[&str]) -> String {
+/// Runs a program that must succeed; what it printed (stdout and stderr).
+fn run_ok(prog: &str, args: &[&str]) -> String {
     let o = Command::new(prog).args(args).output().unwrap();
     let text =
         String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
@@ -39,7 +19,7 @@ fn sh(prog: &str, args: &[&str]) -> String {
 }
 
 fn mmp_seq(img: &str) -> String {
-    let out = sh("debugfs", &["-R", "dump_mmp", img]);
+    let out = run_ok("debugfs", &["-R", "dump_mmp", img]);
     out.lines()
         .find_map(|l| l.strip_prefix("sequence: "))
         .unwrap_or_else(|| panic!("no sequence in dump_mmp:\n{out}"))
@@ -70,7 +50,7 @@ fn set_seq(img: &std::path::Path, seq: u32, node: &str) {
 
 #[test]
 fn tools_take_the_mmp_block_leave_it_clean_and_respect_other_holders() {
-    if !have_e2fsprogs() {
+    if !have(&["mke2fs", "debugfs", "e2fsck"]) {
         return;
     }
     let dir = if std::path::Path::new("/dev/shm").is_dir() {
@@ -78,9 +58,9 @@ fn tools_take_the_mmp_block_leave_it_clean_and_respect_other_holders() {
     } else {
         std::env::temp_dir()
     };
-    let img = Image(dir.join(format!("uext4-tools-mmp-{}.img", std::process::id())));
+    let img = Scratch(dir.join(format!("uext4-tools-mmp-{}.img", std::process::id())));
     let s = img.0.to_str().unwrap();
-    sh(
+    run_ok(
         "mke2fs",
         &[
             "-q",
@@ -102,8 +82,8 @@ fn tools_take_the_mmp_block_leave_it_clean_and_respect_other_holders() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(mmp_seq(s), "ff4d4d50");
-    sh("e2fsck", &["-fn", s]);
-    let info = sh(bin, &["info", s]);
+    run_ok("e2fsck", &["-fn", s]);
+    let info = run_ok(bin, &["info", s]);
     assert!(info.contains("MMP:") && info.contains("clean"), "{info}");
 
     // e2fsck (on another node) holds it: refused at once, in one line.
@@ -119,7 +99,7 @@ fn tools_take_the_mmp_block_leave_it_clean_and_respect_other_holders() {
         err.contains("MMP: e2fsck is running on it (node fscknode"),
         "{err}"
     );
-    let info = sh(bin, &["info", s]);
+    let info = run_ok(bin, &["info", s]);
     assert!(info.contains("e2fsck running"), "{info}");
     // A node that died holding it: the tool waits twice the check interval, then writes.
     set_seq(&img.0, 77, "deadnode");
@@ -132,7 +112,7 @@ fn tools_take_the_mmp_block_leave_it_clean_and_respect_other_holders() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(t.elapsed() >= Duration::from_secs(22));
     assert_eq!(mmp_seq(s), "ff4d4d50");
-    sh("e2fsck", &["-fn", s]);
-    let ls = sh(bin, &["ls", &format!("{s}:/")]);
+    run_ok("e2fsck", &["-fn", s]);
+    let ls = run_ok(bin, &["ls", &format!("{s}:/")]);
     assert!(ls.contains('x') && ls.contains('z'), "{ls}");
 }

@@ -5,18 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use uext4_testkit::*;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_uext4")
-}
-
-fn usable() -> bool {
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root || !Path::new("/dev/fuse").exists() {
-        eprintln!("SKIP: mount tests need root and /dev/fuse");
-        return false;
-    }
-    true
 }
 
 struct Env {
@@ -69,16 +61,7 @@ impl Env {
         wait_server_gone(&self.img);
     }
     fn fsck(&self) {
-        let o = Command::new("e2fsck")
-            .arg("-fn")
-            .arg(&self.img)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "e2fsck: {}",
-            String::from_utf8_lossy(&o.stdout)
-        );
+        e2fsck_clean(&self.img);
     }
 }
 
@@ -89,27 +72,9 @@ impl Drop for Env {
     }
 }
 
-/// Waits until no server process has the image open (it exits after writing everything back).
-fn wait_server_gone(img: &Path) {
-    let start = Instant::now();
-    let name = img.to_string_lossy().into_owned();
-    while start.elapsed() < Duration::from_secs(20) {
-        let busy = Command::new("pgrep")
-            .args(["-f", &format!("uext4 mount -f .*{name}")])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if !busy {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("the server did not exit after unmount");
-}
-
 #[test]
 fn shell_workload_then_clean_image() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     let e = Env::new("sh");
@@ -151,7 +116,7 @@ fn shell_workload_then_clean_image() {
 
 #[test]
 fn concurrent_stress_in_shared_directories() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     let e = Env::new("stress");
@@ -203,45 +168,19 @@ fn concurrent_stress_in_shared_directories() {
 
 #[test]
 fn sigterm_unmounts_and_kill9_recovers() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     let e = Env::new("kill");
     // SIGTERM: a clean unmount and exit 0.
-    let mut child = Command::new(bin())
-        .args(["mount", "-f"])
-        .arg(&e.img)
-        .arg(&e.mnt)
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while !e.mnt.join("lost+found").exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "mount did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut child = mount_foreground(&e);
     std::fs::write(e.mnt.join("file"), b"data").unwrap();
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let st = child.wait().unwrap();
     assert!(st.success(), "server exit status after SIGTERM: {st}");
     e.fsck();
     // kill -9 in the middle of work.
-    let mut child = Command::new(bin())
-        .args(["mount", "-f"])
-        .arg(&e.img)
-        .arg(&e.mnt)
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while !e.mnt.join("lost+found").exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "mount did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut child = mount_foreground(&e);
     for i in 0..50 {
         std::fs::write(e.mnt.join(format!("f{i}")), vec![1u8; 10_000]).unwrap();
     }
@@ -311,7 +250,7 @@ fn bad_options_exit_2_with_one_line() {
 
 #[test]
 fn read_only_mount_refuses_writes() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     let e = Env::new("ro");
@@ -330,7 +269,7 @@ fn read_only_mount_refuses_writes() {
 
 #[test]
 fn fusermount_unmounts_and_busy_sigterm_detaches() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     let e = Env::new("fu");
@@ -376,7 +315,7 @@ fn fusermount_unmounts_and_busy_sigterm_detaches() {
 
 #[test]
 fn ordinary_user_mounts_through_fusermount3() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     use std::os::unix::fs::PermissionsExt;
@@ -457,7 +396,7 @@ fn errno_of(r: i64) -> i32 {
 
 #[test]
 fn system_calls_through_the_mount() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     use std::os::unix::fs::MetadataExt;
@@ -724,7 +663,7 @@ fn system_calls_through_the_mount() {
 /// about fails the test.
 #[test]
 fn racing_cross_directory_churn() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     let e = Env::new("churn");
@@ -838,7 +777,7 @@ fn racing_cross_directory_churn() {
 /// instead of refusing, and finds what the last mount wrote. Five rounds, no waiting between.
 #[test]
 fn remount_right_after_umount_waits_for_the_old_server() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     let e = Env::new("remount");
@@ -861,7 +800,7 @@ fn remount_right_after_umount_waits_for_the_old_server() {
 
 #[test]
 fn second_writer_is_refused() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     let e = Env::new("twice");
@@ -912,7 +851,7 @@ fn second_writer_is_refused() {
 /// mounted read-write, and the kernel through a loop device; e2fsck finds the image clean.
 #[test]
 fn other_writers_refuse_a_read_write_mount() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     let e = Env::new("others");
@@ -994,7 +933,7 @@ fn other_writers_refuse_a_read_write_mount() {
 /// is still committing: the kernel saw neither the new file nor the new directory).
 #[test]
 fn uext4_umount_returns_once_the_image_is_written_back() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     let e = Env::new("umount");
@@ -1034,7 +973,7 @@ fn uext4_umount_returns_once_the_image_is_written_back() {
 /// could not get its tree block stayed cached: holes in acknowledged files.)
 #[test]
 fn acknowledged_files_survive_running_out_of_space() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     use std::io::Write;
@@ -1138,7 +1077,7 @@ fn acknowledged_files_survive_running_out_of_space() {
 /// and the mount's changes together left the image corrupt.
 #[test]
 fn mount_waits_for_a_tool_writing_the_image() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     let e = Env::new("toolmnt");
@@ -1202,7 +1141,7 @@ fn mount_waits_for_a_tool_writing_the_image() {
 /// direct_io and dax.
 #[test]
 fn data_matches_a_model_in_every_cache_mode() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     use std::os::unix::fs::FileExt;
@@ -1342,7 +1281,7 @@ fn data_matches_a_model_in_every_cache_mode() {
 /// from 4 threads whose records must land whole and none lost.
 #[test]
 fn parallel_writers_to_one_file() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     use std::io::Write;
@@ -1431,7 +1370,7 @@ fn parallel_writers_to_one_file() {
 /// mount is left for umount). With the damage repaired, e2fsck finds the image clean.
 #[test]
 fn corruption_follows_the_errors_behaviour() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     if Command::new("debugfs").arg("-V").output().is_err() {
@@ -1512,7 +1451,7 @@ fn corruption_follows_the_errors_behaviour() {
 /// system log, where a syslog daemon listens: then this checks nothing and says so).
 #[test]
 fn background_server_reports_corruption_in_the_log() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     if Path::new("/dev/log").exists() {
@@ -1571,7 +1510,7 @@ fn background_server_reports_corruption_in_the_log() {
 /// readable and e2fsck finds the image clean. Three rounds on the same image.
 #[test]
 fn kill9_during_concurrent_writes_replays_clean() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     let e = Env::new("k9");
@@ -1663,7 +1602,7 @@ fn kill9_during_concurrent_writes_replays_clean() {
 /// uext4), or None (having said why) where a tool or loop mounts are missing. The uext4 image
 /// is checked with e2fsck.
 fn on_kernel_and_uext4(tag: &str, tools: &[&str], script: &str) -> Option<(String, String)> {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return None;
     }
     for tool in tools.iter().chain(&["runuser", "mke2fs"]) {
@@ -1860,30 +1799,17 @@ runuser -u nobody -- sh -c 'dd if=$(command -v id) of=v conv=notrunc bs=64k stat
     );
 }
 
-fn stat_counter(mnt: &Path, name: &str) -> u64 {
-    let o = Command::new(bin()).arg("stats").arg(mnt).output().unwrap();
-    let s = String::from_utf8_lossy(&o.stdout).into_owned();
-    let key = format!("\"{name}\":");
-    let at = s.find(&key).unwrap_or_else(|| panic!("no {name} in {s}")) + key.len();
-    s[at..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 /// Concurrent fsyncs through the mount share commits (the server's group-commit queue), and
 /// every acknowledged write is there after a remount.
 #[test]
 fn concurrent_fsyncs_share_commits() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     use std::io::Write;
     let e = Env::new("gc");
     e.mount();
-    let c0 = stat_counter(&e.mnt, "commits");
+    let c0 = Stats::of_mount(bin(), &e.mnt).get("commits");
     let (threads, rounds) = (16usize, 40usize);
     let handles: Vec<_> = (0..threads)
         .map(|t| {
@@ -1900,7 +1826,7 @@ fn concurrent_fsyncs_share_commits() {
     for h in handles {
         h.join().unwrap();
     }
-    let commits = stat_counter(&e.mnt, "commits") - c0;
+    let commits = Stats::of_mount(bin(), &e.mnt).get("commits") - c0;
     let fsyncs = (threads * rounds) as u64;
     eprintln!("{commits} commits for {fsyncs} concurrent fsyncs");
     assert!(
@@ -1939,7 +1865,7 @@ fn cp_and_read(path: &Path) -> Vec<u8> {
 /// these calls to the kernel, which counts the whole file as data.
 #[test]
 fn seeks_and_copies_see_data_only_in_the_kernels_cache() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     use std::os::unix::io::AsRawFd;
@@ -2004,7 +1930,7 @@ fn seeks_and_copies_see_data_only_in_the_kernels_cache() {
 /// the image is clean.
 #[test]
 fn removed_open_inodes_stay_usable_until_closed() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     use std::os::unix::io::AsRawFd;
@@ -2109,7 +2035,7 @@ fn removed_open_inodes_stay_usable_until_closed() {
 /// scratch mounts, made from inside the test mount, left it impossible to unmount).
 #[test]
 fn background_server_leaves_the_callers_directory() {
-    if !usable() {
+    if !fuse_usable("the mount tests") {
         return;
     }
     let a = Env::new("cwda");

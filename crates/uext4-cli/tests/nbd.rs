@@ -5,51 +5,14 @@
 //! root and /dev/fuse).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
+use uext4_testkit::*;
+
+const UEXT4: Cli = Cli(env!("CARGO_BIN_EXE_uext4"));
 use std::time::{Duration, Instant};
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_uext4")
-}
-
-fn have(prog: &str) -> bool {
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {prog}"))
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("SKIP: {prog} is not installed (scripts/install-deps.sh installs it)");
-    }
-    ok
-}
 
 fn tag(t: &str) -> String {
     format!("uext4-nbdcli-{t}-{}", std::process::id())
-}
-
-/// A file in /dev/shm (or the temp dir), removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(t: &str, size: u64) -> Scratch {
-        let d = if Path::new("/dev/shm").is_dir() {
-            PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
-        };
-        let p = d.join(tag(t));
-        let f = std::fs::File::create(&p).unwrap();
-        f.set_len(size).unwrap();
-        Scratch(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 /// nbdkit on a fresh Unix socket (or TCP loopback), stopped on drop.
@@ -127,66 +90,35 @@ impl Drop for Nbdkit {
     }
 }
 
-fn run(args: &[&str]) -> Output {
-    Command::new(bin()).args(args).output().unwrap()
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = run(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "uext4 {args:?} failed: {err}");
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// A command that must fail with one line on stderr, exit status 1.
-fn fails(args: &[&str]) -> String {
-    let o = run(args);
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert_eq!(o.status.code(), Some(1), "uext4 {args:?}: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "uext4 {args:?}: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    err
-}
-
-fn e2fsck_clean(img: &str) {
-    let o = Command::new("e2fsck").arg("-fn").arg(img).output().unwrap();
-    assert!(
-        o.status.success(),
-        "e2fsck -fn {img}: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
 #[test]
 fn tools_on_an_export_over_a_unix_socket_and_tcp() {
-    if !have("nbdkit") || !have("e2fsck") {
+    if !have(&["nbdkit", "e2fsck"]) {
         return;
     }
-    let img = Scratch::new("tools", 64 << 20);
+    let img = Scratch::file("tools", 64 << 20);
     let img_s = img.0.to_str().unwrap();
     {
         let srv = Nbdkit::unix("tools", &["file", &format!("file={img_s}")]);
-        ok(&["mkfs", &srv.uri]);
-        ok(&["mkdir", "-p", &srv.at("/etc/deep")]);
-        ok(&["cp", "/etc/hostname", &srv.at("/etc/hostname")]);
-        ok(&["cp", "-r", "/etc/apt", &srv.at("/etc/deep/apt")]);
-        let ls = ok(&["ls", &srv.at("/etc")]);
+        UEXT4.ok(&["mkfs", &srv.uri]);
+        UEXT4.ok(&["mkdir", "-p", &srv.at("/etc/deep")]);
+        UEXT4.ok(&["cp", "/etc/hostname", &srv.at("/etc/hostname")]);
+        UEXT4.ok(&["cp", "-r", "/etc/apt", &srv.at("/etc/deep/apt")]);
+        let ls = UEXT4.ok(&["ls", &srv.at("/etc")]);
         assert!(ls.contains("hostname") && ls.contains("deep"), "{ls}");
         assert_eq!(
-            ok(&["cat", &srv.at("/etc/hostname")]),
+            UEXT4.ok(&["cat", &srv.at("/etc/hostname")]),
             std::fs::read_to_string("/etc/hostname").unwrap()
         );
         // The root: nothing after the ':'.
-        assert!(ok(&["ls", &srv.at("")]).contains("etc"));
-        let info = ok(&["info", &srv.uri]);
+        assert!(UEXT4.ok(&["ls", &srv.at("")]).contains("etc"));
+        let info = UEXT4.ok(&["info", &srv.uri]);
         assert!(info.contains("Block size"), "{info}");
         // A bad URI, a missing socket, a URI with no path after it: one line each.
-        let e = fails(&["ls", "nbd+unix:///?sockt=/x:/"]);
+        let e = UEXT4.fails(&["ls", "nbd+unix:///?sockt=/x:/"]);
         assert!(e.contains("unknown query parameter"), "{e}");
-        let e = fails(&["ls", "nbd+unix:///?socket=/nonexistent.sock:/"]);
+        let e = UEXT4.fails(&["ls", "nbd+unix:///?socket=/nonexistent.sock:/"]);
         assert!(e.contains("connecting to the NBD server"), "{e}");
-        let e = fails(&["ls", &srv.uri]);
+        let e = UEXT4.fails(&["ls", &srv.uri]);
         assert!(e.contains("NBD-URI:PATH"), "{e}");
     }
     e2fsck_clean(img_s);
@@ -194,40 +126,40 @@ fn tools_on_an_export_over_a_unix_socket_and_tcp() {
     {
         let srv = Nbdkit::tcp(&["file", &format!("file={img_s}")]);
         let want = std::fs::read_dir("/etc/apt").unwrap().count();
-        let got = ok(&["ls", &srv.at("/etc/deep/apt")]).lines().count();
+        let got = UEXT4.ok(&["ls", &srv.at("/etc/deep/apt")]).lines().count();
         assert_eq!(got, want, "/etc/apt copied over NBD");
-        ok(&["rm", "-r", &srv.at("/etc/deep")]);
-        ok(&["ln", "-s", "hostname", &srv.at("/etc/link")]);
-        assert!(ok(&["ls", &srv.at("/etc")]).contains("link"));
+        UEXT4.ok(&["rm", "-r", &srv.at("/etc/deep")]);
+        UEXT4.ok(&["ln", "-s", "hostname", &srv.at("/etc/link")]);
+        assert!(UEXT4.ok(&["ls", &srv.at("/etc")]).contains("link"));
     }
     e2fsck_clean(img_s);
 }
 
 #[test]
 fn a_filesystem_at_an_offset_of_an_export() {
-    if !have("nbdkit") || !have("e2fsck") {
+    if !have(&["nbdkit", "e2fsck"]) {
         return;
     }
-    let img = Scratch::new("offset", 48 << 20);
+    let img = Scratch::file("offset", 48 << 20);
     let img_s = img.0.to_str().unwrap();
     {
         let srv = Nbdkit::unix("offset", &["file", &format!("file={img_s}")]);
         let at = format!("{}@offset=1M", srv.uri);
-        ok(&["mkfs", "--size", "32M", &at]);
-        ok(&["mkdir", &format!("{at}:/inside")]);
-        assert!(ok(&["ls", &format!("{at}:/")]).contains("inside"));
-        let info = ok(&["info", &at]);
+        UEXT4.ok(&["mkfs", "--size", "32M", &at]);
+        UEXT4.ok(&["mkdir", &format!("{at}:/inside")]);
+        assert!(UEXT4.ok(&["ls", &format!("{at}:/")]).contains("inside"));
+        let info = UEXT4.ok(&["info", &at]);
         assert!(info.contains("at offset 1048576"), "{info}");
     }
-    e2fsck_clean(&format!("{img_s}?offset=1048576"));
+    e2fsck_clean(format!("{img_s}?offset=1048576"));
 }
 
 #[test]
 fn a_read_only_export_is_refused_by_writing_tools_in_one_line() {
-    if !have("nbdkit") || !have("mke2fs") {
+    if !have(&["nbdkit", "mke2fs"]) {
         return;
     }
-    let img = Scratch::new("ro", 16 << 20);
+    let img = Scratch::file("ro", 16 << 20);
     let img_s = img.0.to_str().unwrap();
     let st = Command::new("mke2fs")
         .args(["-q", "-F", "-t", "ext4", img_s])
@@ -236,10 +168,10 @@ fn a_read_only_export_is_refused_by_writing_tools_in_one_line() {
     assert!(st.success());
     let before = std::fs::read(&img.0).unwrap();
     let srv = Nbdkit::unix("ro", &["-r", "file", &format!("file={img_s}")]);
-    assert!(ok(&["ls", &srv.at("/")]).contains("lost+found"));
-    let e = fails(&["mkdir", &srv.at("/x")]);
+    assert!(UEXT4.ok(&["ls", &srv.at("/")]).contains("lost+found"));
+    let e = UEXT4.fails(&["mkdir", &srv.at("/x")]);
     assert!(e.contains("cannot be written"), "{e}");
-    let e = fails(&["mkfs", &srv.uri]);
+    let e = UEXT4.fails(&["mkfs", &srv.uri]);
     assert!(e.contains("read-only"), "{e}");
     drop(srv);
     assert!(
@@ -255,18 +187,18 @@ fn a_fuse_mount_over_nbd_runs_a_shell_workload_and_stays_clean() {
         eprintln!("SKIP: the NBD mount test needs root and /dev/fuse");
         return;
     }
-    if !have("nbdkit") || !have("e2fsck") {
+    if !have(&["nbdkit", "e2fsck"]) {
         return;
     }
-    let img = Scratch::new("mount", 96 << 20);
+    let img = Scratch::file("mount", 96 << 20);
     let img_s = img.0.to_str().unwrap();
     let mnt = std::env::temp_dir().join(tag("mnt"));
     std::fs::create_dir_all(&mnt).unwrap();
     let m = mnt.to_str().unwrap();
     {
         let srv = Nbdkit::unix("mount", &["file", &format!("file={img_s}")]);
-        ok(&["mkfs", &srv.uri]);
-        ok(&["mount", &srv.uri, m]);
+        UEXT4.ok(&["mkfs", &srv.uri]);
+        UEXT4.ok(&["mount", &srv.uri, m]);
         let script = format!(
             "set -e; cd {m}; mkdir -p a/b/c; cp -r /etc/apt a/b/c/; \
              dd if=/dev/urandom of=big bs=1M count=8 status=none; sha=$(sha256sum < big); \
@@ -280,9 +212,9 @@ fn a_fuse_mount_over_nbd_runs_a_shell_workload_and_stays_clean() {
             "workload: {}",
             String::from_utf8_lossy(&o.stderr)
         );
-        ok(&["umount", m]);
+        UEXT4.ok(&["umount", m]);
         // Read back through the tools (same server, a fresh connection).
-        let ls = ok(&["ls", &srv.at("/a")]);
+        let ls = UEXT4.ok(&["ls", &srv.at("/a")]);
         assert!(
             ls.contains("moved") && ls.contains("f200") && !ls.contains("f150"),
             "{ls}"
@@ -296,7 +228,7 @@ fn a_fuse_mount_over_nbd_runs_a_shell_workload_and_stays_clean() {
     // And locally: the big file is what was written through the mount.
     let o = Command::new("sh")
         .arg("-c")
-        .arg(format!("{} cat {img_s}:/big | sha256sum", bin()))
+        .arg(format!("{} cat {img_s}:/big | sha256sum", UEXT4.0))
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout), sha);
@@ -307,17 +239,17 @@ fn a_fuse_mount_over_nbd_runs_a_shell_workload_and_stays_clean() {
 /// replays the journal and leaves the image clean.
 #[test]
 fn a_server_killed_under_a_writing_tool_gives_one_line_and_recovers() {
-    if !have("nbdkit") || !have("e2fsck") {
+    if !have(&["nbdkit", "e2fsck"]) {
         return;
     }
-    let img = Scratch::new("killed", 128 << 20);
+    let img = Scratch::file("killed", 128 << 20);
     let img_s = img.0.to_str().unwrap();
-    let src = Scratch::new("killed-src", 0);
+    let src = Scratch::file("killed-src", 0);
     std::fs::write(&src.0, vec![0x42u8; 40 << 20]).unwrap();
     {
         let srv = Nbdkit::unix("killed0", &["file", &format!("file={img_s}")]);
-        ok(&["mkfs", &srv.uri]);
-        ok(&["mkdir", &srv.at("/kept")]);
+        UEXT4.ok(&["mkfs", &srv.uri]);
+        UEXT4.ok(&["mkdir", &srv.at("/kept")]);
     }
     // Every write takes 300 ms: the copy (its data, journal and checkpoint writes) is
     // still going when the server is killed.
@@ -330,7 +262,7 @@ fn a_server_killed_under_a_writing_tool_gives_one_line_and_recovers() {
             "delay-write=300ms",
         ],
     );
-    let child = Command::new(bin())
+    let child = Command::new(UEXT4.0)
         .args(["cp", src.0.to_str().unwrap(), &srv.at("/big")])
         .stderr(Stdio::piped())
         .spawn()
@@ -346,8 +278,8 @@ fn a_server_killed_under_a_writing_tool_gives_one_line_and_recovers() {
     assert!(err.contains("NBD"), "{err}");
     drop(srv);
     let srv = Nbdkit::unix("killed2", &["file", &format!("file={img_s}")]);
-    assert!(ok(&["ls", &srv.at("/")]).contains("kept"));
-    ok(&["mkdir", &srv.at("/after")]);
+    assert!(UEXT4.ok(&["ls", &srv.at("/")]).contains("kept"));
+    UEXT4.ok(&["mkdir", &srv.at("/after")]);
     drop(srv);
     e2fsck_clean(img_s);
 }

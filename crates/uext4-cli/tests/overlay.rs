@@ -15,52 +15,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use uext4_testkit::*;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_uext4")
-}
-
-fn usable(overlay: bool) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root || !Path::new("/dev/fuse").exists() {
-        eprintln!("SKIP: overlay tests need root and /dev/fuse");
-        return false;
-    }
-    if overlay {
-        let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
-        if !fs.lines().any(|l| l.trim_end().ends_with("\toverlay")) {
-            eprintln!("SKIP: no overlayfs in this kernel");
-            return false;
-        }
-        if !Path::new("/dev/loop-control").exists() {
-            eprintln!("SKIP: no loop devices for the kernel's ext4 reference");
-            return false;
-        }
-    }
-    true
-}
-
-fn sh(cmd: &str) -> String {
-    let o = Command::new("bash").arg("-c").arg(cmd).output().unwrap();
-    assert!(
-        o.status.success(),
-        "`{cmd}` failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn fsck(img: &Path) {
-    let o = Command::new("e2fsck").arg("-fn").arg(img).output().unwrap();
-    assert!(
-        o.status.success(),
-        "e2fsck -fn {}: {}",
-        img.display(),
-        String::from_utf8_lossy(&o.stdout)
-    );
 }
 
 /// A scratch directory, unmounted (whatever is mounted under it) and removed on drop.
@@ -93,23 +51,6 @@ impl Drop for Dir {
         }
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// Waits until no uext4 server serves `img` any more (umount returns before it is done).
-fn wait_server_gone(img: &str) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(20) {
-        let busy = Command::new("pgrep")
-            .args(["-f", &format!("uext4 mount -f .*{img}")])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if !busy {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("the server did not exit after unmount");
 }
 
 /// The lower layer every session starts from.
@@ -181,7 +122,7 @@ fn overlay(lower: &str, base: &str, merged: &str) {
 
 #[test]
 fn container_session_matches_the_kernels_ext4_as_upper() {
-    if !usable(true) {
+    if !overlay_usable("the overlay tests") {
         return;
     }
     let d = Dir::new("session");
@@ -233,7 +174,7 @@ fn container_session_matches_the_kernels_ext4_as_upper() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    fsck(Path::new(&uimg));
+    e2fsck_clean(Path::new(&uimg));
     // The kernel's ext4 mounts the image uext4 wrote, and the overlay reads the same from it.
     sh(&format!("mount -o loop {uimg} {umnt}"));
     overlay(&lower, &umnt, &umerged);
@@ -243,14 +184,14 @@ fn container_session_matches_the_kernels_ext4_as_upper() {
         again, want,
         "the overlay over the kernel's mount of uext4's image differs"
     );
-    fsck(Path::new(&uimg));
+    e2fsck_clean(Path::new(&uimg));
 }
 
 /// Apptainer's command line: `fuse2fs -f -o allow_other[,ro][,fakeroot] /proc/self/fd/3
 /// TARGET`, the image on descriptor 3.
 #[test]
 fn apptainers_fuse2fs_command_line() {
-    if !usable(false) {
+    if !fuse_usable("the overlay tests") {
         return;
     }
     let d = Dir::new("fuse2fs");
@@ -283,7 +224,7 @@ umount {target}; wait $pid"#
     );
     assert!(out.contains("secret"), "{out}");
     assert!(out.trim_end().ends_with("0 0 4755"), "{out}");
-    fsck(Path::new(&img));
+    e2fsck_clean(Path::new(&img));
     // Read-only, and TARGET a /dev/fuse descriptor the caller mounted (/dev/fd/N).
     let script = format!(
         r#"set -e
@@ -309,14 +250,14 @@ PY"#
     let out = sh(&script);
     assert!(out.contains("mine"), "{out}");
     assert!(out.contains("exit 0"), "{out}");
-    fsck(Path::new(&img));
+    e2fsck_clean(Path::new(&img));
 }
 
 /// `mount -t fuse.uext4` through the helper scripts/install.sh puts in /sbin, and the
 /// subtype in /proc/mounts.
 #[test]
 fn mount_helper_and_subtype() {
-    if !usable(false) {
+    if !fuse_usable("the overlay tests") {
         return;
     }
     let d = Dir::new("helper");
@@ -354,7 +295,7 @@ fn mount_helper_and_subtype() {
     );
     sh(&format!("printf x > {mnt}/f; umount {mnt}"));
     wait_server_gone(&img);
-    fsck(Path::new(&img));
+    e2fsck_clean(Path::new(&img));
     if !Path::new("/sbin/mount.fuse.uext4").exists() {
         eprintln!("SKIP: /sbin/mount.fuse.uext4 not installed (scripts/install.sh)");
         return;
@@ -364,5 +305,5 @@ fn mount_helper_and_subtype() {
          /proc/mounts && test \"$(cat {mnt}/f)\" = x && umount {mnt}"
     ));
     wait_server_gone(&img);
-    fsck(Path::new(&img));
+    e2fsck_clean(Path::new(&img));
 }

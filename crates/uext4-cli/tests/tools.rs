@@ -9,112 +9,16 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
+use uext4_testkit::*;
 
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_uext4")
-}
-
-fn have_e2fsck() -> bool {
-    let ok = Command::new("e2fsck")
-        .arg("-V")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        eprintln!("SKIP: the tools tests need e2fsck (e2fsprogs), which is not installed");
-    }
-    ok
-}
-
-fn is_root() -> bool {
-    // SAFETY: a plain getter.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// A scratch path removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let d = if Path::new("/dev/shm").is_dir() {
-            PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
-        };
-        let p = d.join(format!("uext4-tools-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        let _ = std::fs::remove_file(&p);
-        Scratch(p)
-    }
-    fn s(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-    /// IMAGE:PATH for this image.
-    fn at(&self, path: &str) -> String {
-        format!("{}:{path}", self.s())
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(bin()).args(args).output().unwrap()
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = run(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "uext4 {args:?} failed: {err}");
-    assert!(!err.contains("panicked"), "uext4 {args:?}: {err}");
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// Runs a command that must fail: exit 1, one line on stderr starting "uext4: ", no panic.
-fn fails(args: &[&str]) -> String {
-    fails_with(args, 1)
-}
-
-fn fails_with(args: &[&str], code: i32) -> String {
-    let o = run(args);
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert!(!err.contains("panicked"), "uext4 {args:?} panicked: {err}");
-    assert_eq!(
-        o.status.code(),
-        Some(code),
-        "uext4 {args:?}: exit status (stderr {err:?})"
-    );
-    assert!(
-        err.trim().lines().count() == 1 && err.starts_with("uext4: "),
-        "uext4 {args:?}: expected a one-line error, got {err:?}"
-    );
-    err
-}
+const UEXT4: Cli = Cli(env!("CARGO_BIN_EXE_uext4"));
 
 /// A writing command, then `e2fsck -fn` on the image.
 fn write_ok(img: &Scratch, args: &[&str]) -> String {
-    let out = ok(args);
-    fsck(img, &format!("after uext4 {args:?}"));
+    let out = UEXT4.ok(args);
+    e2fsck_clean_when(&img.0, &format!("after uext4 {args:?}"));
     out
-}
-
-fn fsck(img: &Scratch, when: &str) {
-    let o = Command::new("e2fsck")
-        .arg("-fn")
-        .arg(&img.0)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "e2fsck {when}: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
 }
 
 fn set_times(p: &Path, atime: (i64, i64), mtime: (i64, i64)) {
@@ -267,49 +171,6 @@ fn make_tree(root: &Path) {
     );
 }
 
-/// A host path's extended attributes, sorted (empty where the host has none or no support).
-fn xattrs(p: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    let mut names = vec![0u8; 65536];
-    // SAFETY: the buffer is valid for its length.
-    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
-    if n <= 0 {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    for name in names[..n as usize]
-        .split(|&b| b == 0)
-        .filter(|n| !n.is_empty())
-    {
-        let cn = CString::new(name).unwrap();
-        let mut v = vec![0u8; 65536];
-        // SAFETY: valid C strings and a buffer valid for its length.
-        let got =
-            unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
-        assert!(got >= 0, "getxattr {}", p.display());
-        v.truncate(got as usize);
-        out.push((name.to_vec(), v));
-    }
-    out.sort();
-    out
-}
-
-/// Sets a user xattr; false where the host filesystem has none.
-fn set_xattr(p: &Path, name: &str, value: &[u8]) -> bool {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    let n = CString::new(name).unwrap();
-    // SAFETY: valid C strings and a buffer valid for its length.
-    unsafe {
-        libc::lsetxattr(
-            c.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        ) == 0
-    }
-}
-
 /// Every path under `root`, relative, with its metadata (not following symlinks).
 fn walk(root: &Path) -> Vec<(PathBuf, std::fs::Metadata)> {
     let mut out = Vec::new();
@@ -411,7 +272,7 @@ fn assert_same_tree(src: &Path, a: &[(PathBuf, std::fs::Metadata)], back: &Path)
 
 #[test]
 fn tree_goes_in_and_comes_back_equal() {
-    if !have_e2fsck() {
+    if !have(&["e2fsck"]) {
         return;
     }
     let img = Scratch::new("rt-img");
@@ -420,11 +281,11 @@ fn tree_goes_in_and_comes_back_equal() {
     make_tree(&src.0);
     let before = walk(&src.0);
     write_ok(&img, &["mkfs", "--size", "256M", img.s()]);
-    assert!(ok(&["info", img.s()]).contains("metadata_csum"));
+    assert!(UEXT4.ok(&["info", img.s()]).contains("metadata_csum"));
     write_ok(&img, &["cp", "-r", src.s(), &img.at("/src")]);
 
     // Read back without mounting.
-    let ls = ok(&["ls", "-l", &img.at("/src")]);
+    let ls = UEXT4.ok(&["ls", "-l", &img.at("/src")]);
     for want in [
         "a.txt",
         "link -> a.txt",
@@ -442,46 +303,48 @@ fn tree_goes_in_and_comes_back_equal() {
     ] {
         assert!(ls.contains(want), "ls -l lacks {want:?}:\n{ls}");
     }
-    assert!(ok(&["ls", "-l", &img.at("/src/link")]).contains("/src/link -> a.txt"));
-    let plain = ok(&["ls", &img.at("/src/many")]);
+    assert!(UEXT4
+        .ok(&["ls", "-l", &img.at("/src/link")])
+        .contains("/src/link -> a.txt"));
+    let plain = UEXT4.ok(&["ls", &img.at("/src/many")]);
     assert_eq!(plain.lines().count(), 300);
     assert!(
         plain.lines().zip(plain.lines().skip(1)).all(|(a, b)| a < b),
         "sorted"
     );
-    assert_eq!(ok(&["cat", &img.at("/src/link")]), "hello\n");
-    assert_eq!(ok(&["cat", &img.at("/src/sub/uplink")]), "hello\n");
+    assert_eq!(UEXT4.ok(&["cat", &img.at("/src/link")]), "hello\n");
+    assert_eq!(UEXT4.ok(&["cat", &img.at("/src/sub/uplink")]), "hello\n");
     assert_eq!(
-        ok(&["cat", &img.at("/src/sub/../sub/deeper/../hard")]),
+        UEXT4.ok(&["cat", &img.at("/src/sub/../sub/deeper/../hard")]),
         "hello\n"
     );
-    let cat = Command::new(bin())
+    let cat = Command::new(UEXT4.0)
         .args(["cat", &img.at("/src/sub/b.bin")])
         .output()
         .unwrap();
     assert_eq!(cat.stdout, std::fs::read(src.0.join("sub/b.bin")).unwrap());
-    let st = ok(&["stat", &img.at("/src/sub/hard")]);
+    let st = UEXT4.ok(&["stat", &img.at("/src/sub/hard")]);
     assert!(
         st.contains("Links: 2") && st.contains("regular file"),
         "{st}"
     );
     assert!(st.contains("Modify: 2017-07-14 02:40:00.123456789"), "{st}");
-    let st = ok(&["stat", &img.at("/src/sub/b.bin")]);
+    let st = UEXT4.ok(&["stat", &img.at("/src/sub/b.bin")]);
     assert!(st.contains("Modify: 2036-07-18 13:20:00.987654321"), "{st}");
     assert!(st.contains("Size: 300000"), "{st}");
     if !xattrs(&src.0.join("a.txt")).is_empty() {
-        let st = ok(&["stat", &img.at("/src/a.txt")]);
+        let st = UEXT4.ok(&["stat", &img.at("/src/a.txt")]);
         assert!(st.contains("xattr: user.comment"), "{st}");
     }
-    let st = ok(&["stat", &img.at("/src/setuid")]);
+    let st = UEXT4.ok(&["stat", &img.at("/src/setuid")]);
     assert!(st.contains("(4755/-rwsr-xr-x)"), "{st}");
-    let st = ok(&["stat", &img.at("/src/link")]);
+    let st = UEXT4.ok(&["stat", &img.at("/src/link")]);
     assert!(
         st.contains("symbolic link") && st.contains("Size: 5"),
         "{st}"
     );
     // The holes stayed holes in the image: 50 MiB apparent, a few blocks allocated.
-    let st = ok(&["stat", &img.at("/src/sparse")]);
+    let st = UEXT4.ok(&["stat", &img.at("/src/sparse")]);
     let blocks: u64 = st
         .split("Blocks: ")
         .nth(1)
@@ -495,7 +358,7 @@ fn tree_goes_in_and_comes_back_equal() {
 
     // Out again, and equal.
     std::fs::create_dir_all(&back.0).unwrap();
-    ok(&["cp", "-r", &img.at("/src"), back.s()]);
+    UEXT4.ok(&["cp", "-r", &img.at("/src"), back.s()]);
     assert_same_tree(&src.0, &before, &back.0.join("src"));
     let sp = std::fs::metadata(back.0.join("src/sparse")).unwrap();
     assert!(
@@ -526,7 +389,8 @@ fn tree_goes_in_and_comes_back_equal() {
     write_ok(&img2, &["cp", "-r", &img.at("/src"), &img2.at("/")]);
     write_ok(&img, &["cp", "-r", &img.at("/src"), &img.at("/again")]);
     let birth = |p: &str| {
-        ok(&["stat", p])
+        UEXT4
+            .ok(&["stat", p])
             .lines()
             .find(|l| l.contains("Birth:"))
             .unwrap_or_default()
@@ -539,13 +403,13 @@ fn tree_goes_in_and_comes_back_equal() {
     );
     let back2 = Scratch::new("rt-back2");
     std::fs::create_dir_all(&back2.0).unwrap();
-    ok(&[
+    UEXT4.ok(&[
         "cp",
         "-r",
         &img2.at("/src"),
         &back2.0.join("one").display().to_string(),
     ]);
-    ok(&[
+    UEXT4.ok(&[
         "cp",
         "-r",
         &img.at("/again"),
@@ -557,7 +421,7 @@ fn tree_goes_in_and_comes_back_equal() {
 
 #[test]
 fn namespace_commands_behave() {
-    if !have_e2fsck() {
+    if !have(&["e2fsck"]) {
         return;
     }
     let img = Scratch::new("ns-img");
@@ -567,21 +431,26 @@ fn namespace_commands_behave() {
 
     // mkdir, mkdir -p, through a symlinked component.
     write_ok(&img, &["mkdir", &img.at("/d")]);
-    fails(&["mkdir", &img.at("/d")]);
-    fails(&["mkdir", &img.at("/no/such/parent")]);
+    UEXT4.fails(&["mkdir", &img.at("/d")]);
+    UEXT4.fails(&["mkdir", &img.at("/no/such/parent")]);
     write_ok(&img, &["mkdir", "-p", &img.at("/x/y/z")]);
     write_ok(&img, &["mkdir", "-p", &img.at("/x/y/z")]);
     write_ok(&img, &["ln", "-s", "x/y", &img.at("/toy")]);
     write_ok(&img, &["mkdir", "-p", &img.at("/toy/z/w")]);
-    assert_eq!(ok(&["ls", &img.at("/x/y/z")]), "w\n");
+    assert_eq!(UEXT4.ok(&["ls", &img.at("/x/y/z")]), "w\n");
     // '.' and '..' as the last name are refused, as rm(1) refuses them, and nothing goes:
     // `rm -r img:/.` emptied the whole filesystem before.
     for p in ["/.", "/x/..", "/x/y/z/.."] {
-        assert!(fails(&["rm", "-r", &img.at(p)]).contains("refusing"), "{p}");
+        assert!(
+            UEXT4.fails(&["rm", "-r", &img.at(p)]).contains("refusing"),
+            "{p}"
+        );
     }
-    assert!(fails(&["mkdir", &img.at("/x/..")]).contains("refusing"));
-    assert_eq!(ok(&["ls", &img.at("/x/y/z")]), "w\n");
-    assert!(ok(&["ls", &img.at("/")]).contains("lost+found"));
+    assert!(UEXT4
+        .fails(&["mkdir", &img.at("/x/..")])
+        .contains("refusing"));
+    assert_eq!(UEXT4.ok(&["ls", &img.at("/x/y/z")]), "w\n");
+    assert!(UEXT4.ok(&["ls", &img.at("/")]).contains("lost+found"));
 
     // cp of single files, into a directory and to a new name; overwrite.
     let f = host.0.join("f.txt");
@@ -590,84 +459,94 @@ fn namespace_commands_behave() {
     write_ok(&img, &["cp", f.to_str().unwrap(), &img.at("/d/renamed")]);
     std::fs::write(&f, b"two, longer\n").unwrap();
     write_ok(&img, &["cp", f.to_str().unwrap(), &img.at("/d/f.txt")]);
-    assert_eq!(ok(&["cat", &img.at("/d/f.txt")]), "two, longer\n");
-    assert_eq!(ok(&["cat", &img.at("/d/renamed")]), "one\n");
-    fails(&["cp", host.s(), &img.at("/d")]); // a directory without -r
-    fails(&["cp", &img.at("/x"), host.s()]);
+    assert_eq!(UEXT4.ok(&["cat", &img.at("/d/f.txt")]), "two, longer\n");
+    assert_eq!(UEXT4.ok(&["cat", &img.at("/d/renamed")]), "one\n");
+    UEXT4.fails(&["cp", host.s(), &img.at("/d")]); // a directory without -r
+    UEXT4.fails(&["cp", &img.at("/x"), host.s()]);
     // Within one image: a copy of a file, a refused copy onto itself and into itself.
     write_ok(&img, &["cp", &img.at("/d/f.txt"), &img.at("/d/copy")]);
-    assert_eq!(ok(&["cat", &img.at("/d/copy")]), "two, longer\n");
+    assert_eq!(UEXT4.ok(&["cat", &img.at("/d/copy")]), "two, longer\n");
     write_ok(&img, &["rm", &img.at("/d/copy")]);
-    assert!(fails(&["cp", &img.at("/d/f.txt"), &img.at("/d")]).contains("same file"));
-    assert!(fails(&["cp", "-r", &img.at("/x"), &img.at("/x/y/z")]).contains("into itself"));
+    assert!(UEXT4
+        .fails(&["cp", &img.at("/d/f.txt"), &img.at("/d")])
+        .contains("same file"));
+    assert!(UEXT4
+        .fails(&["cp", "-r", &img.at("/x"), &img.at("/x/y/z")])
+        .contains("into itself"));
     let out = host.0.join("out.txt");
-    ok(&["cp", &img.at("/d/renamed"), out.to_str().unwrap()]);
+    UEXT4.ok(&["cp", &img.at("/d/renamed"), out.to_str().unwrap()]);
     assert_eq!(std::fs::read(&out).unwrap(), b"one\n");
 
     // ln: hard links count, symlinks resolve (relative to their directory, `..` included).
     write_ok(&img, &["ln", &img.at("/d/f.txt"), &img.at("/x/hard")]);
-    assert!(ok(&["stat", &img.at("/d/f.txt")]).contains("Links: 2"));
-    fails(&["ln", &img.at("/d/f.txt"), &img.at("/x/hard")]);
-    fails(&["ln", &img.at("/x"), &img.at("/dirlink")]); // no hard links to directories
+    assert!(UEXT4
+        .ok(&["stat", &img.at("/d/f.txt")])
+        .contains("Links: 2"));
+    UEXT4.fails(&["ln", &img.at("/d/f.txt"), &img.at("/x/hard")]);
+    UEXT4.fails(&["ln", &img.at("/x"), &img.at("/dirlink")]); // no hard links to directories
     write_ok(&img, &["ln", "-s", "../../d/f.txt", &img.at("/x/y/sym")]);
-    assert_eq!(ok(&["cat", &img.at("/x/y/sym")]), "two, longer\n");
-    assert_eq!(ok(&["cat", &img.at("/toy/sym")]), "two, longer\n");
+    assert_eq!(UEXT4.ok(&["cat", &img.at("/x/y/sym")]), "two, longer\n");
+    assert_eq!(UEXT4.ok(&["cat", &img.at("/toy/sym")]), "two, longer\n");
     write_ok(&img, &["ln", "-s", "loop2", &img.at("/loop1")]);
     write_ok(&img, &["ln", "-s", "loop1", &img.at("/loop2")]);
-    assert!(fails(&["cat", &img.at("/loop1/x")]).contains("symbolic links"));
+    assert!(UEXT4
+        .fails(&["cat", &img.at("/loop1/x")])
+        .contains("symbolic links"));
 
     // mv: rename, into a directory, a directory, refused into its own subtree.
     write_ok(&img, &["mv", &img.at("/d/renamed"), &img.at("/d/moved")]);
     write_ok(&img, &["mv", &img.at("/d/moved"), &img.at("/x")]);
-    assert_eq!(ok(&["cat", &img.at("/x/moved")]), "one\n");
-    fails(&["cat", &img.at("/d/moved")]);
+    assert_eq!(UEXT4.ok(&["cat", &img.at("/x/moved")]), "one\n");
+    UEXT4.fails(&["cat", &img.at("/d/moved")]);
     write_ok(&img, &["mv", &img.at("/x/y"), &img.at("/d/ydir")]);
-    assert_eq!(ok(&["ls", &img.at("/d/ydir")]), "sym\nz\n");
-    fails(&["mv", &img.at("/d"), &img.at("/d/ydir/z")]);
-    fails(&["mv", &img.at("/nothing"), &img.at("/d")]);
+    assert_eq!(UEXT4.ok(&["ls", &img.at("/d/ydir")]), "sym\nz\n");
+    UEXT4.fails(&["mv", &img.at("/d"), &img.at("/d/ydir/z")]);
+    UEXT4.fails(&["mv", &img.at("/nothing"), &img.at("/d")]);
 
     // truncate: grow (a hole reads as zeros), shrink, sizes with suffixes.
     write_ok(&img, &["truncate", "-s", "3", &img.at("/x/hard")]);
-    assert_eq!(ok(&["cat", &img.at("/d/f.txt")]), "two");
+    assert_eq!(UEXT4.ok(&["cat", &img.at("/d/f.txt")]), "two");
     write_ok(&img, &["truncate", "-s", "1M", &img.at("/x/hard")]);
-    let c = Command::new(bin())
+    let c = Command::new(UEXT4.0)
         .args(["cat", &img.at("/d/f.txt")])
         .output()
         .unwrap();
     assert_eq!(c.stdout.len(), 1 << 20);
     assert!(c.stdout[..3] == *b"two" && c.stdout[3..].iter().all(|&b| b == 0));
-    fails(&["truncate", "-s", "12Q", &img.at("/x/hard")]);
-    fails(&["truncate", "-s", "1", &img.at("/x")]);
+    UEXT4.fails(&["truncate", "-s", "12Q", &img.at("/x/hard")]);
+    UEXT4.fails(&["truncate", "-s", "1", &img.at("/x")]);
     // A missing file is made, as truncate(1) makes it; with -c it is left missing, without an
     // error, as truncate(1) leaves it. Its directory must exist.
     write_ok(&img, &["truncate", "-s", "5K", &img.at("/x/new")]);
-    let st = ok(&["stat", &img.at("/x/new")]);
+    let st = UEXT4.ok(&["stat", &img.at("/x/new")]);
     assert!(
         st.contains("Size: 5120") && st.contains("regular file"),
         "{st}"
     );
     write_ok(&img, &["truncate", "-c", "-s", "1", &img.at("/x/absent")]);
-    fails(&["stat", &img.at("/x/absent")]);
-    fails(&["truncate", "-s", "1", &img.at("/nodir/new")]);
+    UEXT4.fails(&["stat", &img.at("/x/absent")]);
+    UEXT4.fails(&["truncate", "-s", "1", &img.at("/nodir/new")]);
     write_ok(&img, &["rm", &img.at("/x/new")]);
 
     // rm: files, directories need -r, -f ignores missing names, the root stays.
     write_ok(&img, &["rm", &img.at("/x/hard")]);
-    assert!(ok(&["stat", &img.at("/d/f.txt")]).contains("Links: 1"));
-    fails(&["rm", &img.at("/d")]);
-    fails(&["rm", &img.at("/missing")]);
+    assert!(UEXT4
+        .ok(&["stat", &img.at("/d/f.txt")])
+        .contains("Links: 1"));
+    UEXT4.fails(&["rm", &img.at("/d")]);
+    UEXT4.fails(&["rm", &img.at("/missing")]);
     write_ok(&img, &["rm", "-f", &img.at("/missing")]);
     write_ok(&img, &["rm", "-r", &img.at("/d")]);
     write_ok(&img, &["rm", &img.at("/toy")]);
-    assert_eq!(ok(&["ls", &img.at("/x")]), "moved\n");
-    fails(&["rm", "-r", &img.at("/")]);
-    let ls = ok(&["ls", &img.at("/")]);
+    assert_eq!(UEXT4.ok(&["ls", &img.at("/x")]), "moved\n");
+    UEXT4.fails(&["rm", "-r", &img.at("/")]);
+    let ls = UEXT4.ok(&["ls", &img.at("/")]);
     assert_eq!(ls, "loop1\nloop2\nlost+found\nx\n");
 }
 
 #[test]
 fn mkfs_options_and_info() {
-    if !have_e2fsck() {
+    if !have(&["e2fsck"]) {
         return;
     }
     let img = Scratch::new("mk-img");
@@ -688,7 +567,7 @@ fn mkfs_options_and_info() {
             img.s(),
         ],
     );
-    let info = ok(&["info", img.s()]);
+    let info = UEXT4.ok(&["info", img.s()]);
     assert!(info.contains("Volume name:              mylabel"), "{info}");
     assert!(info.contains("Block size:               1024"), "{info}");
     assert!(info.contains("Block count:              98304"), "{info}");
@@ -706,11 +585,11 @@ fn mkfs_options_and_info() {
     // rest as mke2fs picks for 96 MiB (its "small" type: 1 KiB blocks, an inode per 4 KiB).
     // An existing filesystem is overwritten only when asked, and the refusal writes nothing.
     let before = std::fs::read(&img.0).unwrap();
-    let e = fails(&["mkfs", "--journal-size", "0", img.s()]);
+    let e = UEXT4.fails(&["mkfs", "--journal-size", "0", img.s()]);
     assert!(e.contains("already holds") && e.contains("--force"), "{e}");
     assert!(std::fs::read(&img.0).unwrap() == before);
     write_ok(&img, &["mkfs", "--force", "--journal-size", "0", img.s()]);
-    let info = ok(&["info", img.s()]);
+    let info = UEXT4.ok(&["info", img.s()]);
     assert!(
         !info.contains("has_journal") && info.contains("Block size:               1024"),
         "{info}"
@@ -719,7 +598,7 @@ fn mkfs_options_and_info() {
     assert_eq!(std::fs::metadata(&img.0).unwrap().len(), 96 << 20);
     // The tools work on it.
     write_ok(&img, &["mkdir", &img.at("/nj")]);
-    assert!(ok(&["ls", &img.at("/")]).contains("nj"));
+    assert!(UEXT4.ok(&["ls", &img.at("/")]).contains("nj"));
 }
 
 /// A filesystem with a feature uext4 does not implement: the tools refuse it in one line that
@@ -727,7 +606,7 @@ fn mkfs_options_and_info() {
 /// why it does not open.
 #[test]
 fn unsupported_features_are_named() {
-    if !have_e2fsck() {
+    if !have(&["e2fsck"]) {
         return;
     }
     for (feature, says) in [
@@ -743,7 +622,7 @@ fn unsupported_features_are_named() {
         let before = std::fs::read(&img.0).unwrap();
         let src = Scratch::new("unsup-src");
         std::fs::write(&src.0, b"data").unwrap();
-        let info = ok(&["info", img.s()]);
+        let info = UEXT4.ok(&["info", img.s()]);
         assert!(info.contains(feature), "{info}");
         assert!(
             info.contains(&format!("Opens in uext4:           no: {says}")),
@@ -756,7 +635,7 @@ fn unsupported_features_are_named() {
             vec!["cp".to_string(), src.s().to_string(), img.at("/h")],
         ] {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            assert!(fails(&args).contains(says), "{args:?}");
+            assert!(UEXT4.fails(&args).contains(says), "{args:?}");
         }
         assert!(
             std::fs::read(&img.0).unwrap() == before,
@@ -771,36 +650,55 @@ fn errors_are_one_line() {
     let zeros = Scratch::new("err-zeros");
     let short = Scratch::new("err-short");
     std::fs::write(&zeros.0, vec![0u8; 1 << 20]).unwrap();
-    ok(&["mkfs", "--size", "32M", img.s()]);
-    ok(&["mkdir", &img.at("/d")]);
+    UEXT4.ok(&["mkfs", "--size", "32M", img.s()]);
+    UEXT4.ok(&["mkdir", &img.at("/d")]);
     let i = img.s();
-    assert!(fails(&["cat", &img.at("/nope")]).contains("no such file"));
-    assert!(fails(&["ls", &img.at("/nope/deeper")]).contains("no such file"));
-    assert!(fails(&["cat", &img.at("/d")]).contains("is a directory"));
-    assert!(fails(&["ls", &zeros.at("/")]).contains("not an ext2/3/4 filesystem"));
-    assert!(fails(&["info", zeros.s()]).contains("not an ext2/3/4 filesystem"));
-    fails(&["cp", "-r", &zeros.at("/"), "/tmp/uext4-never"]);
-    assert!(fails(&["ls", "/no/such/image.img:/"]).contains("no such image"));
-    assert!(fails(&["info", "/no/such/image.img"]).contains("/no/such/image.img"));
-    assert!(fails(&["mkfs", "--block-size", "2048", "--size", "32M", i]).contains("1024 or 4096"));
-    assert!(fails(&["mkfs", "-O", "bogus", i]).contains("bogus"));
+    assert!(UEXT4
+        .fails(&["cat", &img.at("/nope")])
+        .contains("no such file"));
+    assert!(UEXT4
+        .fails(&["ls", &img.at("/nope/deeper")])
+        .contains("no such file"));
+    assert!(UEXT4
+        .fails(&["cat", &img.at("/d")])
+        .contains("is a directory"));
+    assert!(UEXT4
+        .fails(&["ls", &zeros.at("/")])
+        .contains("not an ext2/3/4 filesystem"));
+    assert!(UEXT4
+        .fails(&["info", zeros.s()])
+        .contains("not an ext2/3/4 filesystem"));
+    UEXT4.fails(&["cp", "-r", &zeros.at("/"), "/tmp/uext4-never"]);
+    assert!(UEXT4
+        .fails(&["ls", "/no/such/image.img:/"])
+        .contains("no such image"));
+    assert!(UEXT4
+        .fails(&["info", "/no/such/image.img"])
+        .contains("/no/such/image.img"));
+    assert!(UEXT4
+        .fails(&["mkfs", "--block-size", "2048", "--size", "32M", i])
+        .contains("1024 or 4096"));
+    assert!(UEXT4.fails(&["mkfs", "-O", "bogus", i]).contains("bogus"));
     let never = img.0.with_extension("never").display().to_string();
-    assert!(fails(&["mkfs", "-t", "xfs", "--size", "32M", &never]).contains("\"xfs\""));
-    assert!(
-        fails(&["mkfs", "-t", "ext3", "-O", "64bit", "--size", "32M", &never])
-            .contains("64bit needs the extent feature")
-    );
+    assert!(UEXT4
+        .fails(&["mkfs", "-t", "xfs", "--size", "32M", &never])
+        .contains("\"xfs\""));
+    assert!(UEXT4
+        .fails(&["mkfs", "-t", "ext3", "-O", "64bit", "--size", "32M", &never])
+        .contains("64bit needs the extent feature"));
     assert!(
         !std::path::Path::new(&never).exists(),
         "a refused mkfs made no file"
     );
-    fails(&["mkfs", "--size", "64K", short.s()]);
-    fails(&["mkfs", "--size", "lots", short.s()]);
-    assert!(fails(&["mkfs", &short.0.join("x.img").display().to_string()]).contains("--size"));
-    fails(&["mv", &img.at("/d"), &zeros.at("/d")]);
-    fails(&["rm", &img.at("/lost+found")]);
+    UEXT4.fails(&["mkfs", "--size", "64K", short.s()]);
+    UEXT4.fails(&["mkfs", "--size", "lots", short.s()]);
+    assert!(UEXT4
+        .fails(&["mkfs", &short.0.join("x.img").display().to_string()])
+        .contains("--size"));
+    UEXT4.fails(&["mv", &img.at("/d"), &zeros.at("/d")]);
+    UEXT4.fails(&["rm", &img.at("/lost+found")]);
     // (An unknown mount option is a usage error or a plain one: exit 2 or 1.)
-    let o = run(&["mount", "-o", "nosuchoption", i, "/tmp"]);
+    let o = UEXT4.run(&["mount", "-o", "nosuchoption", i, "/tmp"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(matches!(o.status.code(), Some(1 | 2)), "mount: {err}");
     assert!(
@@ -808,10 +706,10 @@ fn errors_are_one_line() {
         "{err}"
     );
     // Usage errors: clap's message in one line, exit status 2.
-    fails_with(&["frobnicate"], 2);
-    fails_with(&["ls", "--bogus", &img.at("/")], 2);
-    fails_with(&["mkfs"], 2);
-    fails_with(&["truncate", &img.at("/d")], 2);
+    UEXT4.fails_with(&["frobnicate"], 2);
+    UEXT4.fails_with(&["ls", "--bogus", &img.at("/")], 2);
+    UEXT4.fails_with(&["mkfs"], 2);
+    UEXT4.fails_with(&["truncate", &img.at("/d")], 2);
     // A truncated image: the first MiB of a real one.
     let data = std::fs::read(&img.0).unwrap();
     std::fs::write(&short.0, &data[..1 << 20]).unwrap();
@@ -824,10 +722,10 @@ fn errors_are_one_line() {
         let mut a: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         a.push(short.at("/d/x"));
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
-        fails(&a);
+        UEXT4.fails(&a);
     }
-    if have_e2fsck() {
-        fsck(&img, "after the failed commands");
+    if have(&["e2fsck"]) {
+        e2fsck_clean_when(&img.0, "after the failed commands");
     }
 }
 
@@ -841,8 +739,8 @@ fn damaged_images_give_errors_not_panics() {
         std::fs::write(src.0.join(format!("d/f{i}")), vec![i as u8; i * 1000]).unwrap();
     }
     std::fs::write(src.0.join("d/e/big"), vec![7u8; 3 << 20]).unwrap();
-    ok(&["mkfs", "--size", "16M", "--block-size", "1024", img.s()]);
-    ok(&["cp", "-r", src.s(), &img.at("/s")]);
+    UEXT4.ok(&["mkfs", "--size", "16M", "--block-size", "1024", img.s()]);
+    UEXT4.ok(&["cp", "-r", src.s(), &img.at("/s")]);
     let clean = std::fs::read(&img.0).unwrap();
     // Damage a run of bytes in a metadata-rich area (the first 2 MiB) at pseudo-random places.
     let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -882,7 +780,7 @@ fn damaged_images_give_errors_not_panics() {
             ],
             vec!["rm".to_string(), "-r".to_string(), bad.at("/s/d")],
         ] {
-            let o = Command::new(bin()).args(&args).output().unwrap();
+            let o = Command::new(UEXT4.0).args(&args).output().unwrap();
             let err = String::from_utf8_lossy(&o.stderr);
             assert!(
                 !err.contains("panicked"),
@@ -906,7 +804,7 @@ fn damaged_images_give_errors_not_panics() {
 /// being truncated. Returns the image's bytes.
 fn crashed_image_with_orphans(size: &str) -> Vec<u8> {
     let img = Scratch::new("crash-src");
-    ok(&["mkfs", "--size", size, img.s()]);
+    UEXT4.ok(&["mkfs", "--size", size, img.s()]);
     let dev = std::sync::Arc::new(uext4::blockdev::MemDevice::from_vec(
         std::fs::read(&img.0).unwrap(),
     ));
@@ -946,7 +844,7 @@ fn sha(p: &Path) -> Vec<u8> {
 /// for real, frees the orphans, and e2fsck finds it clean.
 #[test]
 fn read_only_paths_never_write_the_image() {
-    if !have_e2fsck() {
+    if !have(&["e2fsck"]) {
         return;
     }
     let dir = Scratch::new("ro-dir");
@@ -960,12 +858,12 @@ fn read_only_paths_never_write_the_image() {
             std::fs::write(&img, crashed_image_with_orphans("64M")).unwrap();
         } else {
             let _ = std::fs::remove_file(&img);
-            ok(&["mkfs", "--size", "64M", &is]);
-            ok(&["mkdir", &at("/left-behind")]);
-            ok(&["cp", "/etc/hostname", &at("/kept")]);
+            UEXT4.ok(&["mkfs", "--size", "64M", &is]);
+            UEXT4.ok(&["mkdir", &at("/left-behind")]);
+            UEXT4.ok(&["cp", "/etc/hostname", &at("/kept")]);
         }
         let before = sha(&img);
-        let o = run(&["info", &is]);
+        let o = UEXT4.run(&["info", &is]);
         assert!(o.status.success(), "{o:?}");
         let info = String::from_utf8_lossy(&o.stdout);
         assert_eq!(
@@ -975,14 +873,14 @@ fn read_only_paths_never_write_the_image() {
         );
         let note = String::from_utf8_lossy(&o.stderr);
         assert_eq!(note.contains("replayed in memory only"), dirty, "{note}");
-        let ls = ok(&["ls", &at("/")]);
+        let ls = UEXT4.ok(&["ls", &at("/")]);
         assert!(ls.contains("left-behind") && ls.contains("kept"), "{ls}");
         assert!(!ls.contains("open-unlinked"), "{ls}");
-        ok(&["ls", "-l", &at("/")]);
-        ok(&["stat", &at("/kept")]);
-        ok(&["cat", &at("/kept")]);
+        UEXT4.ok(&["ls", "-l", &at("/")]);
+        UEXT4.ok(&["stat", &at("/kept")]);
+        UEXT4.ok(&["cat", &at("/kept")]);
         let _ = std::fs::remove_dir_all(&out.0);
-        ok(&["cp", "-r", &at("/"), out.s()]);
+        UEXT4.ok(&["cp", "-r", &at("/"), out.s()]);
         assert!(out.0.join("left-behind").is_dir());
         {
             let fs = uext4::Fs::open_path(&img, uext4::MountOptions::ro()).unwrap();
@@ -1007,17 +905,17 @@ fn read_only_paths_never_write_the_image() {
             sha(&img) == before,
             "a read-only tool changed the image (dirty {dirty})"
         );
-        if mount_usable() {
+        if fuse_usable("the mount part") {
             let mnt = Scratch::new("ro-mnt");
             std::fs::create_dir_all(&mnt.0).unwrap();
             for opts in ["ro", "norecovery"] {
-                ok(&["mount", "-o", opts, &is, mnt.s()]);
+                UEXT4.ok(&["mount", "-o", opts, &is, mnt.s()]);
                 let names: Vec<String> = std::fs::read_dir(&mnt.0)
                     .unwrap()
                     .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
                     .collect();
                 let r = std::fs::write(mnt.0.join("new"), "x");
-                ok(&["umount", mnt.s()]);
+                UEXT4.ok(&["umount", mnt.s()]);
                 assert!(r.is_err(), "a write through -o {opts} succeeded");
                 // Without recovery, what the journal holds is not seen.
                 let sees = names.iter().any(|n| n == "left-behind");
@@ -1039,11 +937,13 @@ fn read_only_paths_never_write_the_image() {
             if bind(&["--bind", dir.s(), ro.s()]) && bind(&["-o", "remount,bind,ro", ro.s()]) {
                 let rimg = ro.0.join("img");
                 let ri = rimg.to_str().unwrap();
-                assert!(ok(&["ls", &format!("{ri}:/")]).contains("left-behind"));
-                ok(&["mount", "-o", "ro", ri, mnt.s()]);
+                assert!(UEXT4
+                    .ok(&["ls", &format!("{ri}:/")])
+                    .contains("left-behind"));
+                UEXT4.ok(&["mount", "-o", "ro", ri, mnt.s()]);
                 assert!(mnt.0.join("left-behind").is_dir());
-                ok(&["umount", mnt.s()]);
-                let err = fails(&["mkdir", &format!("{ri}:/x")]);
+                UEXT4.ok(&["umount", mnt.s()]);
+                let err = UEXT4.fails(&["mkdir", &format!("{ri}:/x")]);
                 assert!(err.contains("cannot be written: the image"), "{err}");
                 let _ = Command::new("umount").arg(&ro.0).output();
             } else {
@@ -1052,7 +952,7 @@ fn read_only_paths_never_write_the_image() {
             assert!(sha(&img) == before, "the read-only file changed");
         }
         // The first read-write open replays and frees the orphans for real.
-        ok(&["mkdir", &at("/after")]);
+        UEXT4.ok(&["mkdir", &at("/after")]);
         assert!(sha(&img) != before || !dirty);
         let o = Command::new("e2fsck")
             .arg("-fn")
@@ -1064,17 +964,8 @@ fn read_only_paths_never_write_the_image() {
             "e2fsck after the read-write open (dirty {dirty}): {}",
             String::from_utf8_lossy(&o.stdout)
         );
-        assert!(ok(&["ls", &at("/")]).contains("left-behind"));
+        assert!(UEXT4.ok(&["ls", &at("/")]).contains("left-behind"));
     }
-}
-
-/// Root and /dev/fuse, for the tests that also mount.
-fn mount_usable() -> bool {
-    if !is_root() || !Path::new("/dev/fuse").exists() {
-        eprintln!("SKIP: the mount part needs root and /dev/fuse");
-        return false;
-    }
-    true
 }
 
 /// A read-write open is refused while another program writes the image (here a process with
@@ -1082,11 +973,11 @@ fn mount_usable() -> bool {
 /// does not stop it. Nothing is written before the refusal.
 #[test]
 fn a_second_writer_is_refused_by_name() {
-    if !have_e2fsck() {
+    if !have(&["e2fsck"]) {
         return;
     }
     let img = Scratch::new("writer-img");
-    ok(&["mkfs", "--size", "64M", img.s()]);
+    UEXT4.ok(&["mkfs", "--size", "64M", img.s()]);
     let before = sha(&img.0);
     struct Kill(std::process::Child);
     impl Drop for Kill {
@@ -1119,7 +1010,7 @@ fn a_second_writer_is_refused_by_name() {
         &["mkfs", img.s()][..],
         &["cp", "/etc/hostname", &img.at("/h")][..],
     ] {
-        let err = fails(args);
+        let err = UEXT4.fails(args);
         assert!(
             err.contains("in use") && err.contains(&format!("sleep (pid {})", writer.0.id())),
             "{args:?}: {err}"
@@ -1127,7 +1018,7 @@ fn a_second_writer_is_refused_by_name() {
     }
     assert!(sha(&img.0) == before);
     // Readers read on.
-    ok(&["ls", &img.at("/")]);
+    UEXT4.ok(&["ls", &img.at("/")]);
     drop(writer);
     write_ok(&img, &["mkdir", &img.at("/x")]);
     drop(reader);
@@ -1138,9 +1029,9 @@ fn progress_bar_only_on_a_terminal() {
     let img = Scratch::new("pb-img");
     let src = Scratch::new("pb-src");
     std::fs::write(&src.0, vec![0x42u8; 64 << 20]).unwrap();
-    ok(&["mkfs", "--size", "256M", img.s()]);
+    UEXT4.ok(&["mkfs", "--size", "256M", img.s()]);
     // Not a terminal: nothing on stderr.
-    let o = run(&["cp", src.s(), &img.at("/plain")]);
+    let o = UEXT4.run(&["cp", src.s(), &img.at("/plain")]);
     assert!(o.status.success() && o.stderr.is_empty(), "{:?}", o);
     // A terminal (script(1) gives the command a pseudo-terminal): a bar is drawn.
     let have_script = Command::new("script")
@@ -1152,7 +1043,7 @@ fn progress_bar_only_on_a_terminal() {
         eprintln!("SKIP (part): no script(1) to give uext4 a terminal");
         return;
     }
-    let cmd = format!("{} cp {} {}", bin(), src.s(), img.at("/tty"));
+    let cmd = format!("{} cp {} {}", UEXT4.0, src.s(), img.at("/tty"));
     let o = Command::new("script")
         .args(["-qec", &cmd, "/dev/null"])
         .stdin(std::process::Stdio::null())
@@ -1164,7 +1055,9 @@ fn progress_bar_only_on_a_terminal() {
         out.contains('█') || out.contains('░'),
         "no progress bar drawn: {out:?}"
     );
-    assert!(ok(&["stat", &img.at("/tty")]).contains("Size: 67108864"));
+    assert!(UEXT4
+        .ok(&["stat", &img.at("/tty")])
+        .contains("Size: 67108864"));
 }
 
 /// A directory entry that leads back up the tree (corruption: debugfs's `ln` adds one without
@@ -1173,17 +1066,17 @@ fn progress_bar_only_on_a_terminal() {
 /// directory into its own subdirectory is refused as cp(1) refuses it.
 #[test]
 fn directory_cycles_and_copies_into_themselves_are_refused() {
-    if !have_e2fsck() {
+    if !have(&["e2fsck"]) {
         return;
     }
     let img = Scratch::new("cycle-img");
     let out = Scratch::new("cycle-out");
-    ok(&["mkfs", "--size", "32M", img.s()]);
-    ok(&["mkdir", "-p", &img.at("/a/b")]);
-    ok(&["cp", "/etc/hostname", &img.at("/a/f")]);
-    let into = fails(&["cp", "-r", &img.at("/a"), &img.at("/a/b")]);
+    UEXT4.ok(&["mkfs", "--size", "32M", img.s()]);
+    UEXT4.ok(&["mkdir", "-p", &img.at("/a/b")]);
+    UEXT4.ok(&["cp", "/etc/hostname", &img.at("/a/f")]);
+    let into = UEXT4.fails(&["cp", "-r", &img.at("/a"), &img.at("/a/b")]);
     assert!(into.contains("into itself"), "{into}");
-    fsck(&img, "after a refused copy into itself");
+    e2fsck_clean_when(&img.0, "after a refused copy into itself");
 
     let st = Command::new("debugfs")
         .args(["-w", "-R", "ln <2> a/b/up", img.s()])
@@ -1195,7 +1088,7 @@ fn directory_cycles_and_copies_into_themselves_are_refused() {
         vec!["cp", "-r", &img.at("/a"), out.s()],
         vec!["cp", "-r", &img.at("/a"), &img.at("/copy")],
     ] {
-        let err = fails(&args);
+        let err = UEXT4.fails(&args);
         // Inside one image the walk may first meet the copy it is making, under the root
         // that the bad entry leads to.
         assert!(
@@ -1205,7 +1098,7 @@ fn directory_cycles_and_copies_into_themselves_are_refused() {
     }
     let _ = std::fs::remove_dir_all(&out.0);
     // What the refused commands did before stopping is still a listable tree.
-    let listing = ok(&["ls", &img.at("/")]);
+    let listing = UEXT4.ok(&["ls", &img.at("/")]);
     assert!(listing.contains('a'), "{listing}");
 }
 
@@ -1220,7 +1113,7 @@ fn copying_over_an_earlier_copy_replaces_links() {
     std::fs::write(src.0.join("t/a"), b"first").unwrap();
     std::fs::hard_link(src.0.join("t/a"), src.0.join("t/b")).unwrap();
     std::os::unix::fs::symlink("a", src.0.join("t/l")).unwrap();
-    ok(&["mkfs", "--size", "16M", img.s()]);
+    UEXT4.ok(&["mkfs", "--size", "16M", img.s()]);
     let t = src.0.join("t");
     write_ok(&img, &["cp", "-r", t.to_str().unwrap(), &img.at("/")]);
     std::fs::remove_file(src.0.join("t/a")).unwrap();
@@ -1230,40 +1123,27 @@ fn copying_over_an_earlier_copy_replaces_links() {
     std::fs::remove_file(src.0.join("t/l")).unwrap();
     std::os::unix::fs::symlink("b", src.0.join("t/l")).unwrap();
     write_ok(&img, &["cp", "-r", t.to_str().unwrap(), &img.at("/")]);
-    assert_eq!(ok(&["cat", &img.at("/t/a")]), "second");
-    assert_eq!(ok(&["cat", &img.at("/t/b")]), "second");
-    assert_eq!(ok(&["cat", &img.at("/t/l")]), "second");
-    let ls = ok(&["ls", "-l", &img.at("/t")]);
+    assert_eq!(UEXT4.ok(&["cat", &img.at("/t/a")]), "second");
+    assert_eq!(UEXT4.ok(&["cat", &img.at("/t/b")]), "second");
+    assert_eq!(UEXT4.ok(&["cat", &img.at("/t/l")]), "second");
+    let ls = UEXT4.ok(&["ls", "-l", &img.at("/t")]);
     assert!(ls.contains("l -> b"), "{ls}");
     // Inside the image, over an earlier copy too.
     write_ok(&img, &["cp", "-r", &img.at("/t"), &img.at("/u")]);
     write_ok(&img, &["cp", "-r", &img.at("/t"), &img.at("/u")]);
-    assert_eq!(ok(&["cat", &img.at("/u/l")]), "second");
+    assert_eq!(UEXT4.ok(&["cat", &img.at("/u/l")]), "second");
     // A symlink where the copy has a directory.
     write_ok(&img, &["mkdir", &img.at("/v")]);
     write_ok(&img, &["mkdir", &img.at("/v/l")]);
     std::fs::remove_file(src.0.join("t/b")).unwrap();
     std::fs::create_dir(src.0.join("v")).unwrap();
     std::os::unix::fs::symlink("a", src.0.join("v/l")).unwrap();
-    let err = fails(&["cp", "-r", src.0.join("v").to_str().unwrap(), &img.at("/")]);
+    let err = UEXT4.fails(&["cp", "-r", src.0.join("v").to_str().unwrap(), &img.at("/")]);
     assert!(err.contains("cannot overwrite directory l"), "{err}");
-    fsck(&img, "after the refused copy");
+    e2fsck_clean_when(&img.0, "after the refused copy");
 }
 
 // ---- partitions and offsets ----
-
-fn have(tool: &str) -> bool {
-    let ok = Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success() || !o.stdout.is_empty() || !o.stderr.is_empty());
-    if !ok {
-        eprintln!(
-            "SKIP: {tool} is not installed (gdisk / fdisk packages; scripts/install-deps.sh)"
-        );
-    }
-    ok
-}
 
 /// `e2fsck -fn 'IMAGE?offset=BYTES'`: must be clean.
 fn fsck_at(img: &Path, offset: u64, when: &str) {
@@ -1308,7 +1188,7 @@ fn partitioned_disk(tag: &str, gpt: bool) -> Option<Scratch> {
         .set_len(32 << 20)
         .unwrap();
     let ok = if gpt {
-        if !have("sgdisk") {
+        if !have(&["sgdisk"]) {
             return None;
         }
         Command::new("sgdisk")
@@ -1326,7 +1206,7 @@ fn partitioned_disk(tag: &str, gpt: bool) -> Option<Scratch> {
             .status
             .success()
     } else {
-        if !have("sfdisk") {
+        if !have(&["sfdisk"]) {
             return None;
         }
         use std::io::Write;
@@ -1352,7 +1232,7 @@ fn partitioned_disk(tag: &str, gpt: bool) -> Option<Scratch> {
 /// Writes a lot into partition 2 through the tools and the mount, to its last block; the
 /// rest of the disk is unchanged byte for byte and e2fsck is clean at every step.
 fn writes_stay_inside_partition_2(gpt: bool) {
-    if !have_e2fsck() {
+    if !have(&["e2fsck"]) {
         return;
     }
     let Some(disk) = partitioned_disk(if gpt { "gpt" } else { "mbr" }, gpt) else {
@@ -1360,11 +1240,11 @@ fn writes_stay_inside_partition_2(gpt: bool) {
     };
     let before = outside(&disk.0, P2.0, P2.1);
     let p2 = |path: &str| format!("{}@2:{path}", disk.s());
-    let info = ok(&["info", disk.s()]);
+    let info = UEXT4.ok(&["info", disk.s()]);
     assert!(info.contains(if gpt { "GPT" } else { "MBR" }), "{info}");
     assert!(info.contains("3 partitions"), "{info}");
-    ok(&["mkfs", &format!("{}@2", disk.s())]);
-    let info = ok(&["info", disk.s()]);
+    UEXT4.ok(&["mkfs", &format!("{}@2", disk.s())]);
+    let info = UEXT4.ok(&["info", disk.s()]);
     let line2 = info
         .lines()
         .find(|l| l.trim_start().starts_with("2 "))
@@ -1379,22 +1259,24 @@ fn writes_stay_inside_partition_2(gpt: bool) {
     for i in 0..200 {
         std::fs::write(src.0.join(format!("f{i}")), vec![i as u8; 1000 + i * 37]).unwrap();
     }
-    ok(&["cp", "-r", src.s(), &p2("/tree")]);
-    ok(&["mkdir", "-p", &p2("/a/b/c")]);
-    ok(&["ln", "-s", "/tree/f1", &p2("/a/link")]);
-    ok(&["ln", &p2("/tree/f2"), &p2("/a/hard")]);
-    ok(&["mv", &p2("/tree/f3"), &p2("/a/b/moved")]);
-    ok(&["truncate", "-s", "1M", &p2("/a/sparse")]);
-    ok(&["rm", &p2("/tree/f4")]);
-    assert_eq!(ok(&["cat", &p2("/a/link")]).len(), 1037);
-    assert!(ok(&["stat", &p2("/a/b/moved")]).contains("Size: 1111"));
+    UEXT4.ok(&["cp", "-r", src.s(), &p2("/tree")]);
+    UEXT4.ok(&["mkdir", "-p", &p2("/a/b/c")]);
+    UEXT4.ok(&["ln", "-s", "/tree/f1", &p2("/a/link")]);
+    UEXT4.ok(&["ln", &p2("/tree/f2"), &p2("/a/hard")]);
+    UEXT4.ok(&["mv", &p2("/tree/f3"), &p2("/a/b/moved")]);
+    UEXT4.ok(&["truncate", "-s", "1M", &p2("/a/sparse")]);
+    UEXT4.ok(&["rm", &p2("/tree/f4")]);
+    assert_eq!(UEXT4.ok(&["cat", &p2("/a/link")]).len(), 1037);
+    assert!(UEXT4
+        .ok(&["stat", &p2("/a/b/moved")])
+        .contains("Size: 1111"));
     fsck_at(&disk.0, P2.0, "after the namespace commands");
     let big = Scratch::new(if gpt { "gpt-big" } else { "mbr-big" });
     std::fs::write(&big.0, vec![0x77u8; 30 << 20]).unwrap();
-    let e = fails(&["cp", big.s(), &p2("/big")]);
+    let e = UEXT4.fails(&["cp", big.s(), &p2("/big")]);
     assert!(e.contains("no space"), "{e}");
     fsck_at(&disk.0, P2.0, "after filling it with uext4 cp");
-    ok(&["rm", &p2("/big")]);
+    UEXT4.ok(&["rm", &p2("/big")]);
     assert_eq!(
         outside(&disk.0, P2.0, P2.1),
         before,
@@ -1405,7 +1287,7 @@ fn writes_stay_inside_partition_2(gpt: bool) {
     if is_root() && Path::new("/dev/fuse").exists() {
         let mnt = Scratch::new(if gpt { "gpt-mnt" } else { "mbr-mnt" });
         std::fs::create_dir(&mnt.0).unwrap();
-        ok(&["mount", "-o", "partition=2", disk.s(), mnt.s()]);
+        UEXT4.ok(&["mount", "-o", "partition=2", disk.s(), mnt.s()]);
         std::fs::write(mnt.0.join("hello"), b"written through the mount\n").unwrap();
         let fill = Command::new("dd")
             .args(["if=/dev/urandom", "bs=1M", "count=40"])
@@ -1414,20 +1296,20 @@ fn writes_stay_inside_partition_2(gpt: bool) {
             .unwrap();
         assert!(!fill.status.success(), "40 MiB fit in a 24 MiB partition?");
         assert!(String::from_utf8_lossy(&fill.stderr).contains("No space left"));
-        ok(&["umount", mnt.s()]);
+        UEXT4.ok(&["umount", mnt.s()]);
         fsck_at(&disk.0, P2.0, "after filling it through the mount");
         assert_eq!(
             outside(&disk.0, P2.0, P2.1),
             before,
             "the mount wrote outside partition 2"
         );
-        ok(&["mount", &format!("{}@2", disk.s()), mnt.s()]);
+        UEXT4.ok(&["mount", &format!("{}@2", disk.s()), mnt.s()]);
         assert_eq!(
             std::fs::read(mnt.0.join("hello")).unwrap(),
             b"written through the mount\n"
         );
         std::fs::remove_file(mnt.0.join("fill")).unwrap();
-        ok(&["umount", mnt.s()]);
+        UEXT4.ok(&["umount", mnt.s()]);
         fsck_at(&disk.0, P2.0, "after the second mount");
 
         // The kernel reads partition 2 back through a loop device at its offset.
@@ -1475,7 +1357,7 @@ fn mbr_partition_writes_stay_inside_it() {
 /// A SIF-like file: a header of 1 MiB, an ext4 image of 16 MiB, a trailer of 1 MiB.
 #[test]
 fn filesystem_at_an_offset() {
-    if !have_e2fsck() {
+    if !have(&["e2fsck"]) {
         return;
     }
     const OFF: u64 = 1 << 20;
@@ -1489,21 +1371,21 @@ fn filesystem_at_an_offset() {
     fill_pattern(&sif.0, OFF + LEN, 1 << 20, 0x22);
     let before = outside(&sif.0, OFF, OFF + LEN);
     let at = format!("{}@offset={OFF},size={LEN}", sif.s());
-    ok(&["mkfs", &at]);
+    UEXT4.ok(&["mkfs", &at]);
     fsck_at(&sif.0, OFF, "after mkfs");
     let src = Scratch::new("sif-src");
     std::fs::create_dir(&src.0).unwrap();
     for i in 0..50 {
         std::fs::write(src.0.join(format!("f{i}")), vec![i as u8; 5000 + i]).unwrap();
     }
-    ok(&["cp", "-r", src.s(), &format!("{at}:/d")]);
+    UEXT4.ok(&["cp", "-r", src.s(), &format!("{at}:/d")]);
     let big = Scratch::new("sif-big");
     std::fs::write(&big.0, vec![0x33u8; 20 << 20]).unwrap();
-    fails(&["cp", big.s(), &format!("{at}:/big")]);
+    UEXT4.fails(&["cp", big.s(), &format!("{at}:/big")]);
     fsck_at(&sif.0, OFF, "after filling it");
     // Without size= the filesystem still ends where its superblock says.
     let plain = format!("{}@offset=1048576:/d/f7", sif.s());
-    assert_eq!(ok(&["cat", &plain]).len(), 5007);
+    assert_eq!(UEXT4.ok(&["cat", &plain]).len(), 5007);
     assert_eq!(
         outside(&sif.0, OFF, OFF + LEN),
         before,
@@ -1519,9 +1401,9 @@ fn filesystem_at_an_offset() {
         .unwrap();
     assert!(m.status.success(), "{}", String::from_utf8_lossy(&m.stderr));
     let at = format!("{}@offset={OFF}", sif.s());
-    ok(&["mkdir", &format!("{at}:/x")]);
-    assert!(ok(&["ls", &format!("{at}:/")]).contains("lost+found"));
-    assert!(ok(&["info", &at]).contains("Location:"));
+    UEXT4.ok(&["mkdir", &format!("{at}:/x")]);
+    assert!(UEXT4.ok(&["ls", &format!("{at}:/")]).contains("lost+found"));
+    assert!(UEXT4.ok(&["info", &at]).contains("Location:"));
     fsck_at(&sif.0, OFF, "after writing mke2fs's image");
     assert_eq!(
         &std::fs::read(&sif.0).unwrap()[..OFF as usize],
@@ -1532,13 +1414,13 @@ fn filesystem_at_an_offset() {
 /// Bad partitions and offsets: one line each, exit 1, the image unchanged.
 #[test]
 fn bad_partitions_and_offsets_are_one_line_errors() {
-    if !have_e2fsck() {
+    if !have(&["e2fsck"]) {
         return;
     }
     let Some(disk) = partitioned_disk("bad", true) else {
         return;
     };
-    ok(&["mkfs", &format!("{}@2", disk.s())]);
+    UEXT4.ok(&["mkfs", &format!("{}@2", disk.s())]);
     let before = std::fs::read(&disk.0).unwrap();
     let d = disk.s();
     let cases: [(String, &str); 9] = [
@@ -1566,7 +1448,7 @@ fn bad_partitions_and_offsets_are_one_line_errors() {
     ];
     for (arg, want) in &cases {
         for cmd in [&["ls", arg.as_str()][..], &["mkdir", &format!("{arg}new")]] {
-            let e = fails(cmd);
+            let e = UEXT4.fails(cmd);
             assert!(e.contains(want), "uext4 {cmd:?}: {e:?} lacks {want:?}");
         }
     }
@@ -1575,20 +1457,20 @@ fn bad_partitions_and_offsets_are_one_line_errors() {
         .unwrap()
         .set_len(4 << 20)
         .unwrap();
-    let e = fails(&["ls", &format!("{}@2:/", plain.s())]);
+    let e = UEXT4.fails(&["ls", &format!("{}@2:/", plain.s())]);
     assert!(e.contains("no partition table"), "{e}");
-    let e = fails(&["info", &format!("{d}@3")]);
+    let e = UEXT4.fails(&["info", &format!("{d}@3")]);
     assert!(e.contains("partition 3 is not ext4"), "{e}");
-    let e = fails(&["mkfs", &format!("{d}@9")]);
+    let e = UEXT4.fails(&["mkfs", &format!("{d}@9")]);
     assert!(e.contains("partition 9 does not exist"), "{e}");
-    let e = fails_with(&["mount", "-o", "partition=2,offset=512", d, plain.s()], 2);
+    let e = UEXT4.fails_with(&["mount", "-o", "partition=2,offset=512", d, plain.s()], 2);
     assert!(e.contains("exclude each other"), "{e}");
     if is_root() && Path::new("/dev/fuse").exists() {
         let mnt = Scratch::new("bad-mnt");
         std::fs::create_dir(&mnt.0).unwrap();
-        let e = fails(&["mount", "-o", "partition=5", d, mnt.s()]);
+        let e = UEXT4.fails(&["mount", "-o", "partition=5", d, mnt.s()]);
         assert!(e.contains("partition 5 does not exist"), "{e}");
-        let e = fails(&["mount", "-o", "offset=100", d, mnt.s()]);
+        let e = UEXT4.fails(&["mount", "-o", "offset=100", d, mnt.s()]);
         assert!(e.contains("not a multiple of 512"), "{e}");
     }
     // A qcow2 file is named for what it is.
@@ -1596,7 +1478,7 @@ fn bad_partitions_and_offsets_are_one_line_errors() {
     let mut v = vec![0u8; 1 << 20];
     v[..4].copy_from_slice(b"QFI\xfb");
     std::fs::write(&q.0, &v).unwrap();
-    let e = fails(&["info", q.s()]);
+    let e = UEXT4.fails(&["info", q.s()]);
     assert!(
         e.contains("qcow2 image") && e.contains("qemu-img convert"),
         "{e}"
@@ -1641,7 +1523,7 @@ fn rootfs_tree(root: &Path) {
 /// image holds the tree: the kernel-independent checks here, e2fsck clean.
 #[test]
 fn reproducible_images_from_a_tree() {
-    if !have_e2fsck() {
+    if !have(&["e2fsck"]) {
         return;
     }
     let work = Scratch::new("repro");
@@ -1655,7 +1537,7 @@ fn reproducible_images_from_a_tree() {
             .arg(format!(
                 "umask {umask}; exec \"$0\" mkfs --size 64M -d \"$1\" \"$2\"",
             ))
-            .arg(bin())
+            .arg(UEXT4.0)
             .arg(tree)
             .arg(img)
             .env("SOURCE_DATE_EPOCH", "1700000000")
@@ -1675,20 +1557,20 @@ fn reproducible_images_from_a_tree() {
     let o = Command::new("e2fsck").arg("-fn").arg(&i1).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
     let at = |p: &str| format!("{}:{p}", i1.display());
-    assert_eq!(ok(&["cat", &at("/etc/hostname")]), "builder\n");
-    let st = ok(&["stat", &at("/etc/conf.d/a")]);
+    assert_eq!(UEXT4.ok(&["cat", &at("/etc/hostname")]), "builder\n");
+    let st = UEXT4.ok(&["stat", &at("/etc/conf.d/a")]);
     assert!(st.contains("Links: 2"), "{st}");
-    let st = ok(&["stat", &at("/etc/hostname")]);
+    let st = UEXT4.ok(&["stat", &at("/etc/hostname")]);
     // Every time clamped to the epoch (the files were written after it).
     assert!(st.contains("2023-11-14 22:13:20"), "{st}");
     assert!(
-        !ok(&["ls", "-l", &at("/")]).contains(" tree"),
+        !UEXT4.ok(&["ls", "-l", &at("/")]).contains(" tree"),
         "-d copies the contents"
     );
     // Without SOURCE_DATE_EPOCH and with -U and -E hash_seed the identity is as asked.
     let i3 = work.0.join("three.img");
     let u = "d5d8f1b4-4c4b-4a0f-9d1e-2f0c6f1b7a01";
-    ok(&[
+    UEXT4.ok(&[
         "mkfs",
         "--size",
         "32M",
@@ -1719,7 +1601,7 @@ fn reproducible_images_from_a_tree() {
     ] {
         assert!(d.contains(want), "dumpe2fs lacks {want:?}:\n{d}");
     }
-    let st = ok(&["stat", &format!("{}:/", i3.display())]);
+    let st = UEXT4.ok(&["stat", &format!("{}:/", i3.display())]);
     assert!(st.contains("1234") && st.contains("5678"), "{st}");
     // mke2fs gives the same counts for the same request.
     let m = work.0.join("mke2fs.img");
@@ -1747,7 +1629,7 @@ fn reproducible_images_from_a_tree() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
     // A failed mkfs leaves no file of its own behind.
     let bad = work.0.join("bad.img");
-    fails(&[
+    UEXT4.fails(&[
         "mkfs",
         "--size",
         "32M",
@@ -1762,15 +1644,15 @@ fn reproducible_images_from_a_tree() {
 /// into a directory.
 #[test]
 fn cp_takes_contents_and_several_sources() {
-    if !have_e2fsck() {
+    if !have(&["e2fsck"]) {
         return;
     }
     let work = Scratch::new("cpdot");
     let tree = work.0.join("tree");
     rootfs_tree(&tree);
     let img = Scratch::new("cpdot-img");
-    ok(&["mkfs", "--size", "64M", img.s()]);
-    ok(&["mkdir", &img.at("/dest")]);
+    UEXT4.ok(&["mkfs", "--size", "64M", img.s()]);
+    UEXT4.ok(&["mkdir", &img.at("/dest")]);
     write_ok(
         &img,
         &[
@@ -1780,7 +1662,7 @@ fn cp_takes_contents_and_several_sources() {
             &img.at("/dest"),
         ],
     );
-    let ls = ok(&["ls", &img.at("/dest")]);
+    let ls = UEXT4.ok(&["ls", &img.at("/dest")]);
     assert!(
         ls.contains("etc") && ls.contains("usr") && !ls.contains("tree"),
         "{ls}"
@@ -1797,8 +1679,8 @@ fn cp_takes_contents_and_several_sources() {
             &img.at("/dest"),
         ],
     );
-    assert_eq!(ok(&["cat", &img.at("/dest/y")]), "y");
-    let e = fails(&[
+    assert_eq!(UEXT4.ok(&["cat", &img.at("/dest/y")]), "y");
+    let e = UEXT4.fails(&[
         "cp",
         a.to_str().unwrap(),
         b.to_str().unwrap(),

@@ -578,8 +578,7 @@ fn extents_into_the_filesystems_own_blocks_are_refused() {
         &img.0,
         MountOptions {
             errors: uext4::fs::ErrorsBehaviour::Continue,
-            commit_interval_secs: 0,
-            ..Default::default()
+            ..opts::no_timer()
         },
     )
     .unwrap();
@@ -627,8 +626,7 @@ fn a_bitmap_that_frees_system_blocks_is_refused() {
             &img.0,
             MountOptions {
                 errors,
-                commit_interval_secs: 0,
-                ..Default::default()
+                ..opts::no_timer()
             },
         )
         .unwrap();

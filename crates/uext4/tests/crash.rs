@@ -85,18 +85,6 @@ fn is_whiteout(fs: &Fs, path: &[Vec<u8>]) -> bool {
         .is_ok_and(|a| a.mode == 0o020000 && a.rdev == 0 && a.nlink == 1)
 }
 
-fn read_all(fs: &Fs, ino: u32) -> Vec<u8> {
-    let size = fs.getattr(ino).unwrap().size as usize;
-    let mut buf = vec![0u8; size];
-    let mut done = 0;
-    while done < size {
-        let n = fs.read(ino, done as u64, &mut buf[done..]).unwrap();
-        assert!(n > 0);
-        done += n;
-    }
-    buf
-}
-
 /// Runs the workloads of the issue on `fs`, recording what each fsync acknowledged.
 fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
     let mut w = Workload {
@@ -479,13 +467,7 @@ fn check_state(img: Vec<u8>, w: &Workload, at: usize, file: &Scratch) -> Vec<Str
     let mut bad = Vec::new();
     // Recover (journal replay, orphans) as a mount would, then leave the image clean.
     let dev = Arc::new(MemDevice::from_vec(img));
-    match Fs::open_dev(
-        dev.clone(),
-        MountOptions {
-            commit_interval_secs: 0,
-            ..Default::default()
-        },
-    ) {
+    match Fs::open_dev(dev.clone(), opts::no_timer()) {
         Ok(fs) => {
             if let Err(e) = fs.unmount() {
                 bad.push(format!("unmount after recovery failed: {e}"));
@@ -757,15 +739,7 @@ fn check_crash_states_with(
     } else {
         RecordingDevice::new(image)
     });
-    let fs = Fs::open_dev(
-        dev.clone(),
-        MountOptions {
-            commit_interval_secs: 0,
-            buffered,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let fs = Fs::open_dev(dev.clone(), opts::no_timer_buffered(buffered)).unwrap();
     let w = workload(&fs, &dev, scale);
     fs.unmount().unwrap();
     drop(fs);
@@ -880,14 +854,7 @@ fn kernel_orphans_processed_in_pieces_recover_at_every_crash_point() {
         crashed
     };
     let dev = Arc::new(RecordingDevice::new(crashed));
-    let fs = Fs::open_dev(
-        dev.clone(),
-        MountOptions {
-            commit_interval_secs: 0,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let fs = Fs::open_dev(dev.clone(), opts::no_timer()).unwrap();
     assert_eq!(
         fs.txn_stats().unjournaled_commits.load(Ordering::Relaxed),
         0,

@@ -23,10 +23,9 @@ fn open_made(tag: &str, size: &str, mkfs: &[&str]) -> (Scratch, Arc<Fs>) {
     let fs = Fs::open_path(
         &img.0,
         MountOptions {
-            commit_interval_secs: 0,
             map_tmpfs: false,
             prealloc_zeroed: false,
-            ..Default::default()
+            ..opts::no_timer()
         },
     )
     .unwrap();
@@ -161,8 +160,7 @@ fn dax_mapped_image_roundtrip() {
         let opts = MountOptions {
             dax: true,
             dax_non_temporal: nt,
-            commit_interval_secs: 0,
-            ..Default::default()
+            ..opts::no_timer()
         };
         let fs = Fs::open_path(&img.0, opts.clone()).unwrap();
         let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
@@ -192,14 +190,7 @@ fn mapped_image_on_a_full_tmpfs_fails_cleanly() {
         // Room that is given back after the failure, so that the unmount can write its metadata.
         let filler = dir.join("filler");
         std::fs::write(&filler, vec![1u8; 4 << 20]).unwrap();
-        let fs = Fs::open_path(
-            &img,
-            MountOptions {
-                commit_interval_secs: 0,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let fs = Fs::open_path(&img, opts::no_timer()).unwrap();
         assert!(fs.is_mapped(), "an image on tmpfs is mapped by default");
         let f = fs.create(2, b"big", 0o644, 0, 0).unwrap().ino;
         let chunk = vec![0xabu8; 1 << 20];
@@ -237,14 +228,7 @@ fn fallocate_beyond_the_images_storage_makes_unwritten_extents() {
     on_own_tmpfs("smalltmpfs", |dir| {
         let img = dir.join("img");
         mke2fs(&img, "64M", &["-J", "size=4"]);
-        let fs = Fs::open_path(
-            &img,
-            MountOptions {
-                commit_interval_secs: 0,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let fs = Fs::open_path(&img, opts::no_timer()).unwrap();
         let avail_kib = || -> u64 {
             let out = sh(&format!("df -k --output=avail {}", dir.display()));
             out.lines().nth(1).unwrap().trim().parse().unwrap()
@@ -479,15 +463,7 @@ fn on_own_tmpfs(tag: &str, f: impl FnOnce(&std::path::Path) + std::panic::Unwind
 }
 
 fn open_buffered(img: &Scratch) -> Arc<Fs> {
-    Fs::open_path(
-        &img.0,
-        MountOptions {
-            commit_interval_secs: 0,
-            buffered: true,
-            ..Default::default()
-        },
-    )
-    .unwrap()
+    Fs::open_path(&img.0, opts::no_timer_buffered(true)).unwrap()
 }
 
 fn block(i: u64) -> Vec<u8> {
@@ -989,15 +965,7 @@ fn deleted_space_is_usable_at_once() {
     for buffered in [false, true] {
         let img = scratch(if buffered { "full-buf" } else { "full" });
         mke2fs(&img.0, "16M", &[]);
-        let fs = Fs::open_path(
-            &img.0,
-            MountOptions {
-                commit_interval_secs: 0,
-                buffered,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let fs = Fs::open_path(&img.0, opts::no_timer_buffered(buffered)).unwrap();
         let fill = |name: &[u8]| -> u64 {
             let ino = fs.create(2, name, 0o644, 0, 0).unwrap().ino;
             let chunk = vec![0x33u8; 1 << 20];
@@ -1082,10 +1050,9 @@ fn fallocate_zeroes_on_tmpfs_or_maps_unwritten() {
         let fs = Fs::open_path(
             &img.0,
             MountOptions {
-                commit_interval_secs: 0,
                 map_tmpfs,
                 prealloc_zeroed: zeroed,
-                ..Default::default()
+                ..opts::no_timer()
             },
         )
         .unwrap();

@@ -126,14 +126,7 @@ fn uext4_journal_replays_in_e2fsck_and_kernel() {
 /// the size threshold commit), so the recording is the same on every run.
 fn open_recording(base: &Scratch) -> (Arc<RecordingDevice>, Arc<Fs>) {
     let dev = Arc::new(RecordingDevice::new(std::fs::read(&base.0).unwrap()));
-    let fs = Fs::open_dev(
-        dev.clone(),
-        MountOptions {
-            commit_interval_secs: 0,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let fs = Fs::open_dev(dev.clone(), opts::no_timer()).unwrap();
     (dev, fs)
 }
 
@@ -996,14 +989,7 @@ fn removed_directory_blocks_are_not_replayed_over_new_files() {
         let dev = Arc::new(uext4::blockdev::MemDevice::from_vec(
             std::fs::read(&img.0).unwrap(),
         ));
-        let fs = Fs::open_dev(
-            dev.clone(),
-            MountOptions {
-                commit_interval_secs: 0,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let fs = Fs::open_dev(dev.clone(), opts::no_timer()).unwrap();
         // A directory of several blocks, logged.
         let a = fs.mkdir(2, b"a", 0o755, 0, 0).unwrap().ino;
         for i in 0..400 {
@@ -1066,14 +1052,7 @@ fn removed_directory_blocks_are_not_replayed_over_new_files() {
 fn concurrent_fsyncs_all_return_and_share_commits() {
     let img = scratch("jfsyncs");
     mke2fs(&img.0, "128M", &[]);
-    let fs = Fs::open_path(
-        &img.0,
-        MountOptions {
-            commit_interval_secs: 0,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let fs = Fs::open_path(&img.0, opts::no_timer()).unwrap();
     const WRITERS: usize = 24;
     const ROUNDS: u64 = 150;
     let inos: Vec<u32> = (0..WRITERS)
@@ -1183,8 +1162,7 @@ fn a_journal_inside_a_partition_replays_there_only() {
     let opts = |read_only| MountOptions {
         read_only,
         region: Some(region),
-        commit_interval_secs: 0,
-        ..Default::default()
+        ..opts::no_timer()
     };
     // A writer that commits and vanishes without unmounting.
     let fs = Fs::open_dev(dev.clone(), opts(false)).unwrap();

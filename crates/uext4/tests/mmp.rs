@@ -223,14 +223,7 @@ fn e2fsck_sequence_is_refused_at_once() {
     );
     assert!(std::fs::read(&img.0).unwrap() == before, "nothing written");
     // A read-only open still works (and writes nothing).
-    let ro = Fs::open_path(
-        &img.0,
-        MountOptions {
-            read_only: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let ro = Fs::open_path(&img.0, opts::read_only()).unwrap();
     drop(ro);
     assert!(std::fs::read(&img.0).unwrap() == before, "nothing written");
 }
@@ -339,14 +332,7 @@ fn a_corrupt_mmp_block_refuses_the_open_with_a_clear_error() {
     assert!(e.to_string().contains("MMP block"), "{e}");
     assert!(std::fs::read(&img.0).unwrap() == before, "nothing written");
     // A read-only open, which never writes the block, only warns.
-    let ro = Fs::open_path(
-        &img.0,
-        MountOptions {
-            read_only: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let ro = Fs::open_path(&img.0, opts::read_only()).unwrap();
     drop(ro);
     assert!(std::fs::read(&img.0).unwrap() == before, "nothing written");
     // A damaged checksum too.

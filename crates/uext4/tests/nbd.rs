@@ -158,17 +158,13 @@ impl Drop for Server {
 }
 
 fn rw() -> MountOptions {
-    MountOptions {
-        commit_interval_secs: 0,
-        ..Default::default()
-    }
+    opts::no_timer()
 }
 
 fn ro() -> MountOptions {
     MountOptions {
         read_only: true,
-        commit_interval_secs: 0,
-        ..Default::default()
+        ..opts::no_timer()
     }
 }
 
@@ -184,18 +180,6 @@ fn path_of(fs: &Fs, path: &str) -> u32 {
         ino = fs.lookup(ino, c.as_bytes()).unwrap().ino;
     }
     ino
-}
-
-fn read_all(fs: &Fs, ino: u32) -> Vec<u8> {
-    let size = fs.getattr(ino).unwrap().size as usize;
-    let mut buf = vec![0u8; size];
-    let mut done = 0;
-    while done < size {
-        let n = fs.read(ino, done as u64, &mut buf[done..]).unwrap();
-        assert!(n > 0);
-        done += n;
-    }
-    buf
 }
 
 /// Writes `dirs` directories of `files` files each, fsyncing every file.

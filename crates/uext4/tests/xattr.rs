@@ -776,10 +776,7 @@ fn xattr_crash_states_recover() {
     let base = scratch("xcrash-base");
     mke2fs(&base.0, "32M", &["-J", "size=4"]);
     let dev = Arc::new(RecordingDevice::new(std::fs::read(&base.0).unwrap()));
-    let opts = MountOptions {
-        commit_interval_secs: 0,
-        ..Default::default()
-    };
+    let opts = opts::no_timer();
     let fs = Fs::open_dev(dev.clone(), opts.clone()).unwrap();
     let files: Vec<u32> = (0..4)
         .map(|i| {

@@ -1,4 +1,4 @@
-//! `uext4 bench`: the reference workloads (built-in fio jobs in workloads/, one per seed document)
+//! `uext4-bench` (run as `uext4 bench`): the reference workloads (built-in fio jobs in workloads/, one per seed document)
 //! run side by side, in one run, against the kernel's ext4 on a loop device, fuse2fs, uext4
 //! through FUSE (default, writeback_cache, dax), uext4 in-process, the raw storage, and a FUSE
 //! server that does nothing (the transport's ceiling). Results go to JSON and a Markdown report
@@ -6,18 +6,56 @@
 //! read-all, cp-a, pkg-install, rm-rf) runs on the same systems and on an in-memory FUSE server
 //! (memfs.rs, the transport's ceiling for metadata) and is reported in seconds.
 
+mod chart;
 mod loadgen;
 mod memfs;
 mod meta;
 mod null;
-mod png;
 
 use anyhow::{anyhow, bail, Context, Result};
-use clap::Args;
+use clap::{Args, Parser};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+
+/// `uext4 bench` runs this binary with its own arguments; it is a program of its own so that
+/// the user binary carries neither the harness nor its chart drawing.
+#[derive(Parser)]
+#[command(
+    name = "uext4 bench",
+    bin_name = "uext4 bench",
+    version,
+    about = "Run the reference workloads side by side against the kernel, fuse2fs and uext4"
+)]
+struct Cli {
+    #[command(flatten)]
+    args: BenchArgs,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            // Usage errors: one line, exit status 2, as the other uext4 commands.
+            let text = e.render().to_string();
+            let first = text.lines().map(str::trim).find(|l| !l.is_empty());
+            let msg = first
+                .unwrap_or("invalid usage")
+                .trim_start_matches("error: ");
+            eprintln!("uext4: bench: {msg} (see uext4 bench --help)");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match run(cli.args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("uext4: bench: {e:#}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -89,7 +127,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "shm")]
     backing: String,
     /// A folder of fio job files (WORKLOAD.fio) to run instead of the built-in ones
-    /// (crates/uext4-cli/src/bench/workloads, compiled into the binary).
+    /// (crates/uext4-bench/src/workloads, compiled into the binary).
     #[arg(long)]
     workloads_dir: Option<PathBuf>,
     /// Internal: serve the do-nothing FUSE filesystem at this mount point (used by fuse-null).
@@ -199,6 +237,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if let Some(m) = &a.serve_mem {
         return memfs::serve(m, a.null_threads);
     }
+    if a.repeat == 0 {
+        bail!("--repeat takes a count of 1 or more");
+    }
+    // SAFETY: a plain getter.
     let root = unsafe { libc::geteuid() } == 0;
     let wdir = match &a.workloads_dir {
         Some(d) => Some(
@@ -207,6 +249,119 @@ pub fn run(a: BenchArgs) -> Result<()> {
         ),
         None => None,
     };
+    let (workloads, meta_workloads) = select_workloads(&a)?;
+    // The tree first: a bad --tree stops the run before anything is set up.
+    let tree = if meta_workloads.is_empty() {
+        None
+    } else {
+        Some(match &a.tree {
+            Some(p) => meta::load(p)?,
+            None => meta::generate(if a.quick { 1_000 } else { 10_000 }, 0x5eed_0024),
+        })
+    };
+    let (systems, skipped) = select_systems(&a, root, &workloads)?;
+    let (jobs, fsync_jobs) = job_counts(&a)?;
+    let runtime = if a.quick { 1 } else { a.runtime };
+    let base = a.dir.clone().unwrap_or_else(|| {
+        if a.backing == "disk" {
+            std::env::temp_dir().join("uext4-bench")
+        } else {
+            PathBuf::from("/dev/shm/uext4-bench")
+        }
+    });
+    let base_existed = base.exists();
+    std::fs::create_dir_all(&base)?;
+    std::fs::create_dir_all(&a.out)?;
+    // The metadata family's images: room for the tree twice (cp-a) and the updates.
+    let meta_mib = tree
+        .as_ref()
+        .map(|t| (t.data_bytes() * 3 / (1 << 20) + 512).max(1024))
+        .unwrap_or(1024);
+    let ctx = Ctx {
+        base,
+        exe: uext4_exe()?,
+        bench_exe: std::env::current_exe()?,
+        wdir,
+        runtime,
+        quick: a.quick,
+        journal_mib: a.journal_size,
+        written_layout: !a.fallocated_layout,
+        meta_mib,
+    };
+    let plan = data_plan(&a, &workloads, &systems, &jobs, &fsync_jobs);
+    let (meta_plan, count_note) = meta_plan(&a, root, &meta_workloads, &systems);
+    let pb = indicatif::ProgressBar::new((plan.len() + meta_plan.len()) as u64);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{elapsed_precise} {bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut meta_out = MetaOutcome::default();
+    if let Some(tree) = &tree {
+        say(
+            &pb,
+            format!("metadata tree: {}, {}", tree.source, tree.summary()),
+        );
+        meta_out = run_meta(&ctx, &pb, tree, &meta_workloads, &meta_plan);
+    }
+    let mut records = meta_out.records;
+    records.extend(run_data(&ctx, &pb, &plan, a.journal_size));
+    pb.finish_and_clear();
+    let mut records = medians(records);
+    for r in records.iter_mut() {
+        if let Some(c) = meta_out
+            .counted
+            .iter()
+            .find(|c| c.system == r.system && c.workload == r.workload)
+        {
+            r.requests = c.requests.clone();
+        }
+    }
+    clean_up(&ctx.base, base_existed);
+    write_outputs(
+        &a,
+        &records,
+        &workloads,
+        &skipped,
+        tree.as_ref(),
+        count_note,
+    )?;
+    if !meta_out.errors.is_empty() {
+        bail!("metadata family: {}", meta_out.errors.join("; "));
+    }
+    if a.quick {
+        let missing: Vec<String> = records
+            .iter()
+            .filter(|r| r.iops <= 0.0)
+            .map(|r| format!("{} {} {}: {}", r.system, r.workload, r.jobs, r.note))
+            .collect();
+        if !missing.is_empty() {
+            bail!("no numbers for: {}", missing.join("; "));
+        }
+    }
+    Ok(())
+}
+
+/// A line above the progress bar (or on stderr when there is none).
+fn say(pb: &indicatif::ProgressBar, line: String) {
+    if pb.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        pb.println(line);
+    }
+}
+
+/// The `uext4` binary the FUSE systems mount with: beside this one, else on PATH.
+fn uext4_exe() -> Result<PathBuf> {
+    let beside = std::env::current_exe()?.with_file_name("uext4");
+    if beside.exists() {
+        return Ok(beside);
+    }
+    Ok(PathBuf::from("uext4"))
+}
+
+/// The workloads asked for (by --workload, or --family): (the data family's, the metadata
+/// family's).
+fn select_workloads(a: &BenchArgs) -> Result<(Vec<String>, Vec<String>)> {
     let all_workloads: Vec<&str> = WORKLOADS.iter().chain(meta::WORKLOADS).copied().collect();
     let requested: Vec<String> = if a.workloads.is_empty() {
         let fams: &[&[&str]] = match a.family.as_str() {
@@ -244,15 +399,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .filter(|w| meta::WORKLOADS.contains(&w.as_str()))
         .cloned()
         .collect();
-    // The tree first: a bad --tree stops the run before anything is set up.
-    let tree = if meta_workloads.is_empty() {
-        None
-    } else {
-        Some(match &a.tree {
-            Some(p) => meta::load(p)?,
-            None => meta::generate(if a.quick { 1_000 } else { 10_000 }, 0x5eed_0024),
-        })
-    };
+    Ok((workloads, meta_workloads))
+}
+
+/// The systems asked for that this machine can run, and a note for each one it cannot.
+fn select_systems(
+    a: &BenchArgs,
+    root: bool,
+    workloads: &[String],
+) -> Result<(Vec<String>, Vec<String>)> {
     let mut systems: Vec<String> = match &a.systems {
         Some(s) => s
             .split(',')
@@ -297,6 +452,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if data_family && !only_in_process && !have("fio") {
         bail!("fio is not installed (apt-get install fio): every system but the in-process ones (uext4-lib*) needs it");
     }
+    Ok((systems, skipped))
+}
+
+/// The job counts to sweep: (every data workload's, the fsync workload's).
+fn job_counts(a: &BenchArgs) -> Result<(Vec<usize>, Vec<usize>)> {
     let parse_jobs = |s: &str| -> Result<Vec<usize>> {
         s.split(',')
             .map(|j| j.trim().parse::<usize>().ok().filter(|&n| n > 0))
@@ -311,50 +471,31 @@ pub fn run(a: BenchArgs) -> Result<()> {
     } else {
         (vec![1, 2, 4, 8, 16], vec![1, 2, 4, 8, 16, 64, 256])
     };
-    let runtime = if a.quick { 1 } else { a.runtime };
-    let base = a.dir.clone().unwrap_or_else(|| {
-        if a.backing == "disk" {
-            std::env::temp_dir().join("uext4-bench")
-        } else {
-            PathBuf::from("/dev/shm/uext4-bench")
-        }
-    });
-    let base_existed = base.exists();
-    std::fs::create_dir_all(&base)?;
-    std::fs::create_dir_all(&a.out)?;
-    let exe = std::env::current_exe()?;
-    // The metadata family's images: room for the tree twice (cp-a) and the updates.
-    let meta_mib = tree
-        .as_ref()
-        .map(|t| (t.data_bytes() * 3 / (1 << 20) + 512).max(1024))
-        .unwrap_or(1024);
-    let ctx = Ctx {
-        base,
-        exe,
-        wdir,
-        runtime,
-        quick: a.quick,
-        journal_mib: a.journal_size,
-        written_layout: !a.fallocated_layout,
-        meta_mib,
-    };
+    Ok((jobs, fsync_jobs))
+}
 
-    if a.repeat == 0 {
-        bail!("--repeat takes a count of 1 or more");
-    }
+/// The data family's plan: every (workload, journal variant, job count, system), interleaved
+/// (see `interleave`).
+fn data_plan(
+    a: &BenchArgs,
+    workloads: &[String],
+    systems: &[String],
+    jobs: &[usize],
+    fsync_jobs: &[usize],
+) -> Vec<Step> {
     // The plan: every (workload, journal variant, job count, system); `interleave` orders it
     // by point (workload, job count) so that the systems and journals of one point are
     // measured minutes apart at most; with --repeat each point's rounds follow one another,
     // rotated by one place every round.
     let mut plan: Vec<Step> = Vec::new();
-    for w in &workloads {
+    for w in workloads {
         let fsync = w == "fsync-randwrite-16k";
         let mut journals = vec![a.journal_size];
         if fsync && a.journal_size != Some(4) {
             journals.push(Some(4));
         }
         for (vi, &jn) in journals.iter().enumerate() {
-            for s in &systems {
+            for s in systems {
                 if s == "kernel-dioread_lock" && !fsync {
                     continue;
                 }
@@ -378,9 +519,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 let sweep: &[usize] = if w == "pwrite-1g" {
                     &[1]
                 } else if fsync {
-                    &fsync_jobs
+                    fsync_jobs
                 } else {
-                    &jobs
+                    jobs
                 };
                 for &j in sweep {
                     plan.push((w.clone(), jn, s.clone(), j));
@@ -388,7 +529,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
             }
         }
     }
-    let plan = interleave(plan, a.repeat);
+    interleave(plan, a.repeat)
+}
+
+/// The metadata family's plan: (system, counting requests) in order, and a note when requests
+/// cannot be counted here.
+fn meta_plan(
+    a: &BenchArgs,
+    root: bool,
+    meta_workloads: &[String],
+    systems: &[String],
+) -> (Vec<(String, bool)>, Option<String>) {
     // The metadata family: one run per system and round, each a fresh image, the systems
     // rotated by one place every round; with --count-requests one more, untimed, run per FUSE
     // system counts its requests.
@@ -422,30 +573,33 @@ pub fn run(a: BenchArgs) -> Result<()> {
             }
         }
     }
-    let pb = indicatif::ProgressBar::new((plan.len() + meta_plan.len()) as u64);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template("{elapsed_precise} {bar:30} {pos}/{len} {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    let mut records = Vec::new();
-    let mut counted: Vec<Record> = Vec::new();
-    let mut meta_errors: Vec<String> = Vec::new();
-    if let Some(tree) = &tree {
-        let line = format!("metadata tree: {}, {}", tree.source, tree.summary());
-        if pb.is_hidden() {
-            eprintln!("{line}");
-        } else {
-            pb.println(line);
-        }
-    }
-    for (s, count) in &meta_plan {
-        let Some(tree) = &tree else { break };
+    (meta_plan, count_note)
+}
+
+/// What the metadata family's runs gave: the timed records, the request-counting ones, and
+/// the failures that fail the bench.
+#[derive(Default)]
+struct MetaOutcome {
+    records: Vec<Record>,
+    counted: Vec<Record>,
+    errors: Vec<String>,
+}
+
+fn run_meta(
+    ctx: &Ctx,
+    pb: &indicatif::ProgressBar,
+    tree: &meta::Tree,
+    meta_workloads: &[String],
+    meta_plan: &[(String, bool)],
+) -> MetaOutcome {
+    let mut out = MetaOutcome::default();
+    for (s, count) in meta_plan {
         pb.set_message(format!(
             "metadata family on {s}{}",
             if *count { " (counting requests)" } else { "" }
         ));
         let rs = ctx
-            .measure_meta(s, tree, &meta_workloads, *count)
+            .measure_meta(s, tree, meta_workloads, *count)
             .unwrap_or_else(|e| {
                 let note = one_line(&format!("error: {e:#}"));
                 meta_workloads
@@ -476,11 +630,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     format!("  ({})", r.note)
                 }
             );
-            if pb.is_hidden() {
-                eprintln!("{line}");
-            } else {
-                pb.println(line);
-            }
+            say(pb, line);
             // A failed run or an e2fsck complaint fails the bench (after the report); a
             // warning (a syncfs error) is reported with the numbers.
             // fuse2fs's images are not ours: its e2fsck complaints are reported, not fatal.
@@ -488,21 +638,31 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 || (r.fsck != "clean" && r.fsck != "-" && r.system != "fuse2fs")
             {
                 let e = format!("{} {}: {} {}", r.system, r.workload, r.fsck, r.note);
-                if !meta_errors.contains(&e) {
-                    meta_errors.push(e);
+                if !out.errors.contains(&e) {
+                    out.errors.push(e);
                 }
             }
         }
         if *count {
-            counted.extend(rs);
+            out.counted.extend(rs);
         } else {
-            records.extend(rs);
+            out.records.extend(rs);
         }
         pb.inc(1);
     }
-    for (w, jn, s, j) in &plan {
+    out
+}
+
+fn run_data(
+    ctx: &Ctx,
+    pb: &indicatif::ProgressBar,
+    plan: &[Step],
+    journal_size: Option<u32>,
+) -> Vec<Record> {
+    let mut records = Vec::new();
+    for (w, jn, s, j) in plan {
         let (w, jn, s, j) = (w.as_str(), *jn, s.as_str(), *j);
-        let label = journal_label(jn, a.journal_size);
+        let label = journal_label(jn, journal_size);
         pb.set_message(format!("{w} on {s}, {j} jobs, journal {label}"));
         let r = ctx.measure(s, w, j, jn).unwrap_or_else(|e| Record {
             system: s.into(),
@@ -537,28 +697,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 format!("  ({})", r.note)
             }
         );
-        if pb.is_hidden() {
-            eprintln!("{line}");
-        } else {
-            pb.println(line);
-        }
+        say(pb, line);
         records.push(r);
         pb.inc(1);
     }
-    pb.finish_and_clear();
-    let mut records = medians(records);
-    for r in records.iter_mut() {
-        if let Some(c) = counted
-            .iter()
-            .find(|c| c.system == r.system && c.workload == r.workload)
-        {
-            r.requests = c.requests.clone();
-        }
-    }
-    // The mount points are empty now (every system was unmounted after its run); a folder
-    // still mounted or holding files is left as it is (remove_dir refuses both). The job
-    // files written for fio go too.
-    if let Ok(entries) = std::fs::read_dir(&ctx.base) {
+    records
+}
+
+/// The mount points are empty now (every system was unmounted after its run); a folder
+/// still mounted or holding files is left as it is (remove_dir refuses both). The job
+/// files written for fio go too.
+fn clean_up(base: &Path, base_existed: bool) {
+    if let Ok(entries) = std::fs::read_dir(base) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with("mnt-") {
@@ -569,8 +719,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     if !base_existed {
-        let _ = std::fs::remove_dir(&ctx.base);
+        let _ = std::fs::remove_dir(base);
     }
+}
+
+/// results.json and report.md in --out, and the report on stdout.
+fn write_outputs(
+    a: &BenchArgs,
+    records: &[Record],
+    workloads: &[String],
+    skipped: &[String],
+    tree: Option<&meta::Tree>,
+    count_note: Option<String>,
+) -> Result<()> {
+    let runtime = if a.quick { 1 } else { a.runtime };
     std::fs::write(
         a.out.join("results.json"),
         serde_json::to_string_pretty(&records)?,
@@ -587,11 +749,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         s
     } else {
-        report(&data, &skipped, runtime, a.repeat, &a.out)
+        report(&data, skipped, runtime, a.repeat, &a.out)
     };
     if let Some(tree) = &tree {
         report.push_str(&meta::report(
-            &records,
+            records,
             &format!("{}: {}", tree.source, tree.summary()),
             a.repeat,
             meta::pkg_count(a.quick),
@@ -605,19 +767,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
         a.out.display(),
         a.out.display()
     );
-    if !meta_errors.is_empty() {
-        bail!("metadata family: {}", meta_errors.join("; "));
-    }
-    if a.quick {
-        let missing: Vec<String> = records
-            .iter()
-            .filter(|r| r.iops <= 0.0)
-            .map(|r| format!("{} {} {}: {}", r.system, r.workload, r.jobs, r.note))
-            .collect();
-        if !missing.is_empty() {
-            bail!("no numbers for: {}", missing.join("; "));
-        }
-    }
     Ok(())
 }
 
@@ -626,7 +775,10 @@ type Step = (String, Option<u32>, String, usize);
 
 struct Ctx {
     base: PathBuf,
+    /// The `uext4` binary (mounts, stats).
     exe: PathBuf,
+    /// This binary (the do-nothing and in-memory FUSE servers).
+    bench_exe: PathBuf,
     /// `--workloads-dir`; the built-in job files when `None`.
     wdir: Option<PathBuf>,
     runtime: u64,
@@ -835,23 +987,22 @@ impl Ctx {
                 })
             }
             "fuse-null" | "fuse-mem" => {
-                let mut c = Command::new(&self.exe);
+                let mut c = Command::new(&self.bench_exe);
                 let threads = std::thread::available_parallelism()
                     .map(|n| n.get())
                     .unwrap_or(2)
                     .max(2);
-                c.arg("bench")
-                    .arg(if system == "fuse-null" {
-                        "--serve-null"
-                    } else {
-                        "--serve-mem"
-                    })
-                    .arg(&dir)
-                    .arg("--null-threads")
-                    .arg(threads.to_string())
-                    .stdin(std::process::Stdio::null())
-                    .stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::null());
+                c.arg(if system == "fuse-null" {
+                    "--serve-null"
+                } else {
+                    "--serve-mem"
+                })
+                .arg(&dir)
+                .arg("--null-threads")
+                .arg(threads.to_string())
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
                 c.spawn()?;
                 wait_mounted(&dir)?;
                 Ok(Mounted {
@@ -1201,7 +1352,7 @@ fn medians(records: Vec<Record>) -> Vec<Record> {
 fn wait_mounted(dir: &Path) -> Result<()> {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(15) {
-        if crate::mount::is_mounted(dir) {
+        if is_mounted(dir) {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -1298,159 +1449,189 @@ fn report(
             .any(|r| r.journal != "default")
     };
     for (w, journal) in &sections {
-        let in_section = |r: &&Record| {
-            r.workload == *w
-                && (r.journal == *journal || r.system == "raw" || r.system == "fuse-null")
-        };
-        let rs: Vec<&Record> = records.iter().filter(in_section).collect();
-        let sizes: Vec<u32> = {
-            let mut v: Vec<u32> = rs.iter().filter_map(|r| r.journal_mib).collect();
-            v.sort_unstable();
-            v.dedup();
-            v
-        };
-        let jtitle = if multi_journal(w) {
-            format!(
-                ", journal {journal}{}",
-                match sizes.as_slice() {
-                    [m] if journal == "default" => format!(" ({m} MiB)"),
-                    _ => String::new(),
-                }
-            )
-        } else {
-            String::new()
-        };
-        s.push_str(&format!("## {w}{jtitle}\n\n"));
-        let mut js: Vec<usize> = rs.iter().map(|r| r.jobs).collect();
-        js.sort_unstable();
-        js.dedup();
-        s.push_str("| system |");
-        for j in &js {
-            s.push_str(&format!(" {j} jobs |"));
-        }
-        s.push_str(" p99 us | vs kernel | vs raw | vs fuse-null | e2fsck |\n|---|");
-        for _ in &js {
-            s.push_str("---|");
-        }
-        s.push_str("---|---|---|---|---|\n");
-        let find = |sys: &str, j: usize| rs.iter().find(|r| r.system == sys && r.jobs == j);
-        let get = |sys: &str, j: usize| find(sys, j).map(|r| r.iops).filter(|&v| v > 0.0);
-        let mut systems: Vec<&str> = Vec::new();
-        for r in &rs {
-            if !systems.contains(&r.system.as_str()) {
-                systems.push(r.system.as_str());
-            }
-        }
-        let lastj = *js.last().unwrap_or(&1);
-        for sys in &systems {
-            s.push_str(&format!("| {sys} |"));
-            for &j in &js {
-                match get(sys, j) {
-                    Some(v) => s.push_str(&format!(" {v:.0} |")),
-                    None => s.push_str(" - |"),
-                }
-            }
-            let ratio = |other: &str| match (get(sys, lastj), get(other, lastj)) {
-                (Some(a), Some(b)) => format!("{:.2}x", a / b),
-                _ => "-".into(),
-            };
-            let p99 = find(sys, lastj)
-                .filter(|r| r.p99_us > 0.0)
-                .map(|r| format!("{:.0}", r.p99_us))
-                .unwrap_or_else(|| "-".into());
-            // The worst e2fsck result over the sweep.
-            let fs = rs
-                .iter()
-                .filter(|r| r.system == *sys)
-                .map(|r| r.fsck.clone())
-                .find(|f| f != "clean" && f != "-")
-                .or_else(|| rs.iter().find(|r| r.system == *sys).map(|r| r.fsck.clone()))
-                .unwrap_or_default();
-            s.push_str(&format!(
-                " {p99} | {} | {} | {} | {} |\n",
-                ratio("kernel"),
-                ratio("raw"),
-                ratio("fuse-null"),
-                fs.replace('|', "/")
-            ));
-        }
-        s.push_str(&format!("\nRatios and p99 at {lastj} jobs.\n\n```\n"));
-        let max = rs.iter().map(|r| r.iops).fold(0.0, f64::max);
-        for sys in &systems {
-            for &j in &js {
-                if let Some(v) = get(sys, j) {
-                    s.push_str(&format!(
-                        "{sys:>20} {j:>3} | {:<50} {v:.0}\n",
-                        bar(v, max, 50)
-                    ));
-                }
-            }
-        }
-        s.push_str("```\n\n");
-        let groups: Vec<Vec<f64>> = systems
-            .iter()
-            .map(|sys| js.iter().filter_map(|&j| get(sys, j)).collect())
-            .collect();
-        let png = if journal == "default" {
-            format!("{w}.png")
-        } else {
-            format!("{w}-j{}.png", journal.replace(" MiB", ""))
-        };
-        if png::bar_chart(&out.join(&png), &groups).is_ok() {
-            let legend: Vec<String> = systems
-                .iter()
-                .enumerate()
-                .map(|(i, sys)| format!("{sys} {}", png::color_name(i)))
-                .collect();
-            s.push_str(&format!(
-                "![{w}]({png}) (bars: each system's job sweep, left to right; {})\n\n",
-                legend.join(", ")
-            ));
-        }
-        if repeat > 1 {
-            s.push_str("Spread (largest run / smallest), by job count:\n\n");
-            for sys in &systems {
-                let spreads: Vec<String> = js
-                    .iter()
-                    .filter_map(|&j| find(sys, j))
-                    .map(|r| {
-                        let lo = r.runs.iter().copied().fold(f64::INFINITY, f64::min);
-                        let hi = r.runs.iter().copied().fold(0.0, f64::max);
-                        if lo > 0.0 {
-                            format!("{:.2}", hi / lo)
-                        } else {
-                            "-".into()
-                        }
-                    })
-                    .collect();
-                s.push_str(&format!("- {sys}: {}\n", spreads.join(", ")));
-            }
-            s.push('\n');
-        }
-        // What the engine did in each run it reports on: for the fsync workload the mix of
-        // first writes into fallocated blocks (a journal handle each) and overwrites (none)
-        // differs with the job count (fio writes every block once before any twice).
-        for r in rs.iter() {
-            let counter = |k: &str| r.stats.as_ref().and_then(|v| v[k].as_u64());
-            if let (Some(a), Some(o), Some(c)) = (
-                counter("allocating_writes"),
-                counter("overwrites"),
-                counter("commits"),
-            ) {
-                if w == "fsync-randwrite-16k" {
-                    s.push_str(&format!(
-                        "- {} {} jobs: {a} allocating or converting writes, {o} overwrites, {c} commits\n",
-                        r.system, r.jobs
-                    ));
-                }
-            }
-        }
-        for r in rs.iter().filter(|r| !r.note.is_empty()) {
-            s.push_str(&format!("- {} {} jobs: {}\n", r.system, r.jobs, r.note));
-        }
-        s.push('\n');
+        section(&mut s, records, w, journal, multi_journal(w), repeat, out);
     }
-    // The small journal against the default one, system by system (the fsync target: within 10%).
+    journal_comparison(&mut s, records, &sections);
+    s
+}
+
+/// One workload's (and journal's) table, ASCII chart, PNG chart, spread and notes.
+fn section(
+    s: &mut String,
+    records: &[Record],
+    w: &str,
+    journal: &str,
+    multi: bool,
+    repeat: usize,
+    out: &Path,
+) {
+    let in_section = |r: &&Record| {
+        r.workload == *w && (r.journal == *journal || r.system == "raw" || r.system == "fuse-null")
+    };
+    let rs: Vec<&Record> = records.iter().filter(in_section).collect();
+    let sizes: Vec<u32> = {
+        let mut v: Vec<u32> = rs.iter().filter_map(|r| r.journal_mib).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let jtitle = if multi {
+        format!(
+            ", journal {journal}{}",
+            match sizes.as_slice() {
+                [m] if journal == "default" => format!(" ({m} MiB)"),
+                _ => String::new(),
+            }
+        )
+    } else {
+        String::new()
+    };
+    s.push_str(&format!("## {w}{jtitle}\n\n"));
+    let mut js: Vec<usize> = rs.iter().map(|r| r.jobs).collect();
+    js.sort_unstable();
+    js.dedup();
+    s.push_str("| system |");
+    for j in &js {
+        s.push_str(&format!(" {j} jobs |"));
+    }
+    s.push_str(" p99 us | vs kernel | vs raw | vs fuse-null | e2fsck |\n|---|");
+    for _ in &js {
+        s.push_str("---|");
+    }
+    s.push_str("---|---|---|---|---|\n");
+    let find = |sys: &str, j: usize| rs.iter().find(|r| r.system == sys && r.jobs == j);
+    let get = |sys: &str, j: usize| find(sys, j).map(|r| r.iops).filter(|&v| v > 0.0);
+    let mut systems: Vec<&str> = Vec::new();
+    for r in &rs {
+        if !systems.contains(&r.system.as_str()) {
+            systems.push(r.system.as_str());
+        }
+    }
+    let lastj = *js.last().unwrap_or(&1);
+    for sys in &systems {
+        s.push_str(&format!("| {sys} |"));
+        for &j in &js {
+            match get(sys, j) {
+                Some(v) => s.push_str(&format!(" {v:.0} |")),
+                None => s.push_str(" - |"),
+            }
+        }
+        let ratio = |other: &str| match (get(sys, lastj), get(other, lastj)) {
+            (Some(a), Some(b)) => format!("{:.2}x", a / b),
+            _ => "-".into(),
+        };
+        let p99 = find(sys, lastj)
+            .filter(|r| r.p99_us > 0.0)
+            .map(|r| format!("{:.0}", r.p99_us))
+            .unwrap_or_else(|| "-".into());
+        // The worst e2fsck result over the sweep.
+        let fs = rs
+            .iter()
+            .filter(|r| r.system == *sys)
+            .map(|r| r.fsck.clone())
+            .find(|f| f != "clean" && f != "-")
+            .or_else(|| rs.iter().find(|r| r.system == *sys).map(|r| r.fsck.clone()))
+            .unwrap_or_default();
+        s.push_str(&format!(
+            " {p99} | {} | {} | {} | {} |\n",
+            ratio("kernel"),
+            ratio("raw"),
+            ratio("fuse-null"),
+            fs.replace('|', "/")
+        ));
+    }
+    s.push_str(&format!("\nRatios and p99 at {lastj} jobs.\n\n```\n"));
+    let max = rs.iter().map(|r| r.iops).fold(0.0, f64::max);
+    for sys in &systems {
+        for &j in &js {
+            if let Some(v) = get(sys, j) {
+                s.push_str(&format!(
+                    "{sys:>20} {j:>3} | {:<50} {v:.0}\n",
+                    bar(v, max, 50)
+                ));
+            }
+        }
+    }
+    s.push_str("```\n\n");
+    let png = if journal == "default" {
+        format!("{w}.png")
+    } else {
+        format!("{w}-j{}.png", journal.replace(" MiB", ""))
+    };
+    let title = format!("{w}{jtitle}");
+    let value = |sys: &str, j: usize| get(sys, j);
+    match chart::bars(&out.join(&png), &title, "IOPS", &systems, &js, &value) {
+        Ok(()) => s.push_str(&format!(
+            "![{w}: IOPS by job count, one bar per system]({png})\n\n"
+        )),
+        Err(e) => s.push_str(&format!("(no chart: {e})\n\n")),
+    }
+    if repeat > 1 {
+        spread(s, &systems, &js, &find);
+    }
+    engine_notes(s, w, &rs);
+}
+
+/// Each system's spread (largest run / smallest) by job count.
+fn spread<'a>(
+    s: &mut String,
+    systems: &[&str],
+    js: &[usize],
+    find: &dyn Fn(&str, usize) -> Option<&'a &'a Record>,
+) {
+    s.push_str("Spread (largest run / smallest), by job count:\n\n");
+    for sys in systems {
+        let spreads: Vec<String> = js
+            .iter()
+            .filter_map(|&j| find(sys, j))
+            .map(|r| {
+                let lo = r.runs.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = r.runs.iter().copied().fold(0.0, f64::max);
+                if lo > 0.0 {
+                    format!("{:.2}", hi / lo)
+                } else {
+                    "-".into()
+                }
+            })
+            .collect();
+        s.push_str(&format!("- {sys}: {}\n", spreads.join(", ")));
+    }
+    s.push('\n');
+}
+
+/// What the engine did in each run reported on: for the fsync workload the mix of first
+/// writes into fallocated blocks (a journal handle each) and overwrites (none) differs with
+/// the job count (fio writes every block once before any twice); and every run's note.
+fn engine_notes(s: &mut String, w: &str, rs: &[&Record]) {
+    for r in rs.iter() {
+        let counter = |k: &str| r.stats.as_ref().and_then(|v| v[k].as_u64());
+        if let (Some(a), Some(o), Some(c)) = (
+            counter("allocating_writes"),
+            counter("overwrites"),
+            counter("commits"),
+        ) {
+            if w == "fsync-randwrite-16k" {
+                s.push_str(&format!(
+                    "- {} {} jobs: {a} allocating or converting writes, {o} overwrites, {c} commits\n",
+                    r.system, r.jobs
+                ));
+            }
+        }
+    }
+    for r in rs.iter().filter(|r| !r.note.is_empty()) {
+        s.push_str(&format!("- {} {} jobs: {}\n", r.system, r.jobs, r.note));
+    }
+    s.push('\n');
+}
+
+/// The small journal against the default one, system by system (the fsync target: within 10%).
+fn journal_comparison(s: &mut String, records: &[Record], sections: &[(String, String)]) {
+    let multi_journal = |w: &str| {
+        records
+            .iter()
+            .filter(|r| r.workload == w)
+            .any(|r| r.journal != "default")
+    };
     for w in WORKLOADS.iter().filter(|w| multi_journal(w)) {
         let variants: Vec<String> = sections
             .iter()
@@ -1510,7 +1691,15 @@ fn report(
             s.push('\n');
         }
     }
-    s
+}
+
+/// Whether something is mounted at `dir`: it sits on another device than its parent.
+fn is_mounted(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(dir), std::fs::metadata(dir.join(".."))) {
+        (Ok(d), Ok(p)) => d.dev() != p.dev(),
+        _ => false,
+    }
 }
 
 #[cfg(test)]

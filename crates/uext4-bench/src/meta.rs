@@ -1666,44 +1666,65 @@ pub fn report(
         ));
     }
     if repeat > 1 {
-        // Every run, so that a noisy machine shows: the median of two is the slower one.
-        s.push_str("Every run, seconds, in measuring order:\n\n");
-        table_header(&mut s, systems.iter());
-        let runs_of = |sys: &str, w: &str| -> Vec<f64> {
-            rs.iter()
-                .find(|r| r.system == sys && r.workload == w)
-                .map(|r| r.runs.clone())
-                .unwrap_or_default()
-        };
-        for w in &workloads {
-            s.push_str(&format!("| {w} |"));
-            for sys in &systems {
-                let runs = runs_of(sys, w);
-                let v: Vec<String> = runs.iter().map(|x| format!("{x:.3}")).collect();
-                s.push_str(&format!(" {} |", v.join(", ")));
-            }
-            s.push('\n');
-        }
-        s.push('\n');
-        s.push_str("Spread (slowest run / fastest), by workload:\n\n");
-        for sys in &systems {
-            let sp: Vec<String> = workloads
-                .iter()
-                .map(|w| {
-                    let runs = runs_of(sys, w);
-                    let lo = runs.iter().copied().fold(f64::INFINITY, f64::min);
-                    let hi = runs.iter().copied().fold(0.0, f64::max);
-                    if lo > 0.0 && lo.is_finite() {
-                        format!("{:.2}", hi / lo)
-                    } else {
-                        "-".into()
-                    }
-                })
-                .collect();
-            s.push_str(&format!("- {sys}: {}\n", sp.join(", ")));
+        every_run(&mut s, &rs, &systems, &workloads);
+    }
+    requests_per_entry(&mut s, &rs, &systems, &workloads, count_note);
+    for r in rs.iter().filter(|r| !r.note.is_empty()) {
+        s.push_str(&format!("- {} {}: {}\n", r.system, r.workload, r.note));
+    }
+    s
+}
+
+/// Every run's seconds, so that a noisy machine shows (the median of two is the slower one),
+/// and each system's spread.
+fn every_run(s: &mut String, rs: &[&super::Record], systems: &[&str], workloads: &[&str]) {
+    // Every run, so that a noisy machine shows: the median of two is the slower one.
+    s.push_str("Every run, seconds, in measuring order:\n\n");
+    table_header(s, systems.iter());
+    let runs_of = |sys: &str, w: &str| -> Vec<f64> {
+        rs.iter()
+            .find(|r| r.system == sys && r.workload == w)
+            .map(|r| r.runs.clone())
+            .unwrap_or_default()
+    };
+    for w in workloads {
+        s.push_str(&format!("| {w} |"));
+        for sys in systems {
+            let runs = runs_of(sys, w);
+            let v: Vec<String> = runs.iter().map(|x| format!("{x:.3}")).collect();
+            s.push_str(&format!(" {} |", v.join(", ")));
         }
         s.push('\n');
     }
+    s.push('\n');
+    s.push_str("Spread (slowest run / fastest), by workload:\n\n");
+    for sys in systems {
+        let sp: Vec<String> = workloads
+            .iter()
+            .map(|w| {
+                let runs = runs_of(sys, w);
+                let lo = runs.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = runs.iter().copied().fold(0.0, f64::max);
+                if lo > 0.0 && lo.is_finite() {
+                    format!("{:.2}", hi / lo)
+                } else {
+                    "-".into()
+                }
+            })
+            .collect();
+        s.push_str(&format!("- {sys}: {}\n", sp.join(", ")));
+    }
+    s.push('\n');
+}
+
+/// FUSE requests per entry, where counted, and by opcode for uext4's FUSE systems.
+fn requests_per_entry(
+    s: &mut String,
+    rs: &[&super::Record],
+    systems: &[&str],
+    workloads: &[&str],
+    count_note: Option<&str>,
+) {
     // FUSE requests per entry, where counted.
     let counted: Vec<&str> = systems
         .iter()
@@ -1714,8 +1735,8 @@ pub fn report(
         s.push_str(
             "FUSE requests per entry (perf, fuse:fuse_request_send, a separate untimed run):\n\n",
         );
-        table_header(&mut s, counted.iter());
-        for w in &workloads {
+        table_header(s, counted.iter());
+        for w in workloads {
             s.push_str(&format!("| {w} |"));
             for sys in &counted {
                 let r = rs.iter().find(|r| r.system == *sys && r.workload == *w);
@@ -1729,7 +1750,7 @@ pub fn report(
         s.push('\n');
         for sys in counted.iter().filter(|s| s.starts_with("uext4-fuse")) {
             s.push_str(&format!("{sys}, per entry by opcode:\n\n"));
-            for w in &workloads {
+            for w in workloads {
                 let Some(r) = rs.iter().find(|r| r.system == *sys && r.workload == *w) else {
                     continue;
                 };
@@ -1752,8 +1773,4 @@ pub fn report(
     } else if let Some(n) = count_note {
         s.push_str(&format!("{n}\n\n"));
     }
-    for r in rs.iter().filter(|r| !r.note.is_empty()) {
-        s.push_str(&format!("- {} {}: {}\n", r.system, r.workload, r.note));
-    }
-    s
 }

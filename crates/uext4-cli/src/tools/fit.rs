@@ -126,9 +126,9 @@ pub fn measure_tree(root: &Path, inode_size: u16, extents: bool) -> Result<Need>
                 need.symlink(md.len());
             } else if ft.is_file() {
                 let f = std::fs::File::open(&p)?;
-                need.file(&crate::tools::host_segments(&f, md.len()), extents);
+                need.file(&crate::host::host_segments(&f, md.len()), extents);
             }
-            if let Ok(x) = crate::tools::host_xattrs(&p) {
+            if let Ok(x) = crate::host::host_xattrs(&p) {
                 need.xattrs(
                     xattr_bytes(x.iter().map(|(n, v)| (&n[..], v.len()))),
                     inode_size,
@@ -146,7 +146,7 @@ pub fn measure_archive(path: &Path, inode_size: u16, extents: bool) -> Result<Ne
     // Per directory (by path): entries and name bytes.
     let mut dirs: HashMap<Vec<u8>, (u64, u64)> = HashMap::new();
     let mut seen: HashSet<Vec<u8>> = HashSet::new();
-    crate::tar::for_each_member(path, &mut |m, _data| {
+    crate::tools::tar::for_each_member(path, &mut |m, _data| {
         let kind = m.h.entry_type().as_byte();
         if matches!(kind, b'g' | b'V') {
             return Ok(());
@@ -158,7 +158,7 @@ pub fn measure_archive(path: &Path, inode_size: u16, extents: bool) -> Result<Ne
             .find(|(k, _)| k == "GNU.sparse.name")
             .map(|(_, v)| v.clone())
             .unwrap_or_else(|| m.path.clone());
-        let comps = crate::tar::clean_path(&path)?;
+        let comps = crate::image::clean_path(&path)?;
         let Some((name, parent)) = comps.split_last() else {
             return Ok(());
         };

@@ -17,7 +17,7 @@
 //! (its type stays); a missing one is made. Its directory must exist (an earlier line can make
 //! it); a path with `..` is refused.
 
-use crate::tar::clean_path;
+use crate::image::clean_path;
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::Path;
 use uext4::namei::SetAttr;

@@ -8,7 +8,7 @@
 //! the epoch and the label (name-based UUIDs), so the same tree and options give the same
 //! bytes on any machine. Directory entries are copied in name order.
 
-use crate::tools::{image_arg, open, parse_size, Img, Within};
+use crate::image::{image_arg, open, parse_size, Img, Within};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
@@ -104,7 +104,7 @@ fn parse_extended(list: &str) -> Result<Extended> {
                     .ok_or_else(|| anyhow!("root_owner={v}: give UID:GID, like 1000:1000"))?;
                 e.root_owner = Some((u, g));
             }
-            None if opt == "root_owner" => e.root_owner = Some(crate::tools::caller()),
+            None if opt == "root_owner" => e.root_owner = Some(crate::image::caller()),
             _ => bail!(
                 "-E {opt}: unknown extended option (known: hash_seed=UUID, root_owner[=UID:GID])"
             ),
@@ -165,12 +165,12 @@ fn fit_size(a: &MkfsArgs, features: &uext4::mkfs::FeatureSet) -> Result<u64> {
     }
     let isize = a.inode_size.unwrap_or(256);
     let need = if d.is_dir() {
-        crate::fit::measure_tree(d, isize, features.extents)
+        crate::tools::fit::measure_tree(d, isize, features.extents)
     } else {
-        crate::fit::measure_archive(d, isize, features.extents)
+        crate::tools::fit::measure_archive(d, isize, features.extents)
     }
     .with_context(|| format!("-d {}", d.display()))?;
-    crate::fit::fit(&need, a.fit_free, &|size| sizing(a, size, features))
+    crate::tools::fit::fit(&need, a.fit_free, &|size| sizing(a, size, features))
 }
 
 pub fn run(mut a: MkfsArgs) -> Result<()> {
@@ -186,7 +186,7 @@ pub fn run(mut a: MkfsArgs) -> Result<()> {
     let uuid = a.uuid.as_deref().map(|u| parse_uuid(u, "-U")).transpose()?;
     let epoch = source_date_epoch()?;
     if let Some(d) = &a.root_dir {
-        if !d.is_dir() && !crate::tar::is_archive(d) {
+        if !d.is_dir() && !crate::tools::tar::is_archive(d) {
             bail!(
                 "-d {}: neither a directory nor an archive file",
                 d.display()
@@ -203,7 +203,7 @@ pub fn run(mut a: MkfsArgs) -> Result<()> {
     let devtable = a
         .devtable
         .as_deref()
-        .map(crate::devtable::read)
+        .map(crate::tools::devtable::read)
         .transpose()?;
     let img = image_arg(&a.image)?;
     let created = !img.path.exists() && !is_nbd_uri(&img.path);
@@ -222,7 +222,7 @@ fn build(
     ext: Extended,
     uuid: Option<[u8; 16]>,
     epoch: Option<i64>,
-    devtable: Option<Vec<(usize, crate::devtable::Line)>>,
+    devtable: Option<Vec<(usize, crate::tools::devtable::Line)>>,
 ) -> Result<()> {
     // Held until the new filesystem is written: no one else writes the image meanwhile. (An
     // NBD export has nothing local to claim: its server decides who writes it.)
@@ -256,7 +256,7 @@ fn build(
     o.time = epoch;
     // As mke2fs run by an ordinary user with root_owner: the root directory is the caller's,
     // so the user's own mount of the image is writable.
-    o.root_owner = ext.root_owner.unwrap_or_else(crate::tools::caller);
+    o.root_owner = ext.root_owner.unwrap_or_else(crate::image::caller);
     o.label = label;
     o.assume_zeroed = fresh;
     uext4::mkfs::mkfs(&*dev, &o).with_context(|| img.name())?;
@@ -273,9 +273,9 @@ fn build(
         )
         .with_context(|| img.name())?;
         let r = match &a.root_dir {
-            Some(d) if d.is_dir() => crate::tools::copy_host_contents(&fs, d, fs.root_ino()),
+            Some(d) if d.is_dir() => crate::tools::cp::copy_host_contents(&fs, d, fs.root_ino()),
             Some(d) => {
-                let mut u = crate::tar::Unpacker::new(&fs, fs.root_ino());
+                let mut u = crate::tools::tar::Unpacker::new(&fs, fs.root_ino());
                 u.unpack(d).and_then(|()| u.finish())
             }
             None => Ok(()),
@@ -287,7 +287,7 @@ fn build(
             )
         });
         let r = r.and_then(|()| match a.all_root {
-            true => crate::attrs::squash_owners(&fs, fs.root_ino()),
+            true => crate::tools::attrs::squash_owners(&fs, fs.root_ino()),
             false => Ok(()),
         });
         // An explicit root_owner wins over the directory's own owner.
@@ -305,7 +305,7 @@ fn build(
             None => Ok(()),
         });
         let r = r.and_then(|()| match (&a.devtable, &devtable) {
-            (Some(p), Some(t)) => crate::devtable::apply(&fs, p, t),
+            (Some(p), Some(t)) => crate::tools::devtable::apply(&fs, p, t),
             _ => Ok(()),
         });
         let u = fs.unmount();

@@ -1,7 +1,7 @@
 //! Changing owners, modes and times inside an image: `uext4 chmod`, `chown`, `touch`, and the
 //! owner squash of `mkfs --all-root`. Each opens the image, changes it and leaves it clean.
 
-use crate::tools::{caller, finish, image_loc, open_img, parent_of, resolve, umask};
+use crate::image::{caller, finish, image_loc, open_img, parent_of, resolve, umask};
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashSet;
 use uext4::format::inode::Timestamp;
@@ -20,7 +20,7 @@ pub fn walk(fs: &Fs, ino: u32, f: &mut dyn FnMut(&Fs, &Attr) -> Result<()>) -> R
             continue;
         }
         if !seen.insert(ino) {
-            return Err(crate::tools::directory_cycle(ino).into());
+            return Err(crate::image::directory_cycle(ino).into());
         }
         let mut kids = Vec::new();
         fs.readdir(ino, 0, &mut |e| {

@@ -13,6 +13,8 @@
 //! archive are made with mode 0755, owned by the caller; directory times are set last, so the
 //! entries put in them do not change them.
 
+use super::cp::rules::{make_entry, NewEntry};
+use crate::image::clean_path;
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
@@ -54,10 +56,10 @@ pub fn open_archive(path: &Path) -> Result<Box<dyn Read>> {
 /// `uext4 cp --from-tar ARCHIVE... IMAGE:DIR`: each archive unpacked into the directory, in
 /// order (later entries replace earlier ones of the same name).
 pub fn cp_from_tar(archives: &[String], dst: &str) -> Result<()> {
-    let (img, d) = crate::tools::image_loc(dst)?;
-    let fs = crate::tools::open_img(&img, false)?;
+    let (img, d) = crate::image::image_loc(dst)?;
+    let fs = crate::image::open_img(&img, false)?;
     let r = (|| -> Result<()> {
-        let dir = crate::tools::resolve(&fs, &d, true).with_context(|| dst.to_string())?;
+        let dir = crate::image::resolve(&fs, &d, true).with_context(|| dst.to_string())?;
         if !fs.getattr(dir)?.is_dir() {
             bail!("{dst}: not a directory");
         }
@@ -67,21 +69,7 @@ pub fn cp_from_tar(archives: &[String], dst: &str) -> Result<()> {
         }
         u.finish()
     })();
-    crate::tools::finish(&fs, &img.path, r)
-}
-
-/// A path in an archive as components, with `/`, `.` and empty components dropped; `..` is
-/// refused (it could name something outside the directory unpacked into).
-pub fn clean_path(p: &[u8]) -> Result<Vec<&[u8]>> {
-    let mut out = Vec::new();
-    for c in p.split(|&b| b == b'/') {
-        match c {
-            b"" | b"." => {}
-            b".." => bail!("a '..' in the path would leave the image's root; refused"),
-            c => out.push(c),
-        }
-    }
-    Ok(out)
+    crate::image::finish(&fs, &img.path, r)
 }
 
 /// A PAX time: seconds with an optional fraction, possibly negative ("-1.5").
@@ -437,7 +425,7 @@ impl<'a> Unpacker<'a> {
             root,
             dirs: HashMap::new(),
             dir_times: Vec::new(),
-            owner: crate::tools::caller(),
+            owner: crate::image::caller(),
             buf: vec![0; 1 << 20],
         }
     }
@@ -481,7 +469,7 @@ impl<'a> Unpacker<'a> {
                 Ok(a) if a.is_dir() => a.ino,
                 Ok(a) if a.mode & 0o170000 == 0o120000 => {
                     let t = fs.readlink(a.ino)?;
-                    let ino = crate::tools::resolve_from(
+                    let ino = crate::image::resolve_from(
                         fs,
                         cur,
                         &String::from_utf8_lossy(&t),
@@ -526,46 +514,7 @@ impl<'a> Unpacker<'a> {
             None => m.path.clone(),
         };
         let comps = clean_path(&path)?;
-        let num = |v: u64, what: &str| -> Result<u32> {
-            u32::try_from(v).map_err(|_| anyhow!("{what} {v} does not fit in 32 bits"))
-        };
-        let mtime = match get("mtime") {
-            Some(v) => pax_time(v).ok_or_else(|| anyhow!("bad PAX mtime"))?,
-            None => Timestamp {
-                sec: h.mtime()? as i64,
-                nsec: 0,
-            },
-        };
-        let id = |k: &str, v: u64| -> Result<u32> {
-            match get(k) {
-                Some(p) => num(pax_num(p)?, k),
-                None => num(v, k),
-            }
-        };
-        let mut meta = Meta {
-            mode: h.mode()? & 0o7777,
-            uid: id("uid", h.uid()?)?,
-            gid: id("gid", h.gid()?)?,
-            mtime,
-            atime: get("atime").and_then(|v| pax_time(v)),
-            ctime: get("ctime").and_then(|v| pax_time(v)),
-            xattrs: Vec::new(),
-        };
-        for (k, v) in pax {
-            if let Some(n) = k.strip_prefix("SCHILY.xattr.") {
-                meta.xattrs.push((n.as_bytes().to_vec(), v.clone()));
-            } else if let Some(which) = k.strip_prefix("SCHILY.acl.") {
-                let name = match which {
-                    "access" => "system.posix_acl_access",
-                    "default" => "system.posix_acl_default",
-                    _ => continue,
-                };
-                match acl_text_to_vfs(v) {
-                    Ok(a) => meta.xattrs.push((name.as_bytes().to_vec(), a)),
-                    Err(err) => warn(&path, name, err),
-                }
-            }
-        }
+        let meta = member_meta(m, &path)?;
         let fs = self.fs;
         let Some((name, parent)) = comps.split_last() else {
             // The archive's own root ("./"): its attributes go onto the directory unpacked into.
@@ -586,7 +535,7 @@ impl<'a> Unpacker<'a> {
                 let ino = match fs.lookup(dir, name) {
                     Ok(a) if a.is_dir() => a.ino,
                     _ => {
-                        crate::tools::make_room(fs, dir, name)?;
+                        crate::image::make_room(fs, dir, name)?;
                         fs.mkdir(dir, name, meta.mode, uid, gid)?.ino
                     }
                 };
@@ -609,7 +558,7 @@ impl<'a> Unpacker<'a> {
                 if t.ino == fs.lookup(dir, name).map(|a| a.ino).unwrap_or(0) {
                     return Ok(());
                 }
-                crate::tools::make_room(fs, dir, name)?;
+                crate::image::make_room(fs, dir, name)?;
                 fs.link(t.ino, dir, name)?;
                 return Ok(());
             }
@@ -617,8 +566,7 @@ impl<'a> Unpacker<'a> {
                 if m.link.is_empty() {
                     bail!("a symlink without a target");
                 }
-                crate::tools::make_room(fs, dir, name)?;
-                fs.symlink(dir, name, &m.link, uid, gid)?.ino
+                make_entry(fs, dir, name, NewEntry::Symlink(&m.link), 0o777, (uid, gid))?
             }
             Kind::Char | Kind::Block | Kind::Fifo => {
                 // A FIFO has no device number (GNU tar leaves the fields blank).
@@ -635,12 +583,11 @@ impl<'a> Unpacker<'a> {
                     Kind::Block => 0o060000,
                     _ => 0o010000,
                 };
-                crate::tools::make_room(fs, dir, name)?;
-                fs.mknod(dir, name, ft | meta.mode, rdev, uid, gid)?.ino
+                let special = NewEntry::Special(rdev);
+                make_entry(fs, dir, name, special, ft | meta.mode, (uid, gid))?
             }
             Kind::File => {
-                crate::tools::make_room(fs, dir, name)?;
-                let ino = fs.create(dir, name, meta.mode, uid, gid)?.ino;
+                let ino = make_entry(fs, dir, name, NewEntry::File, meta.mode, (uid, gid))?;
                 let size = if let Some((map, size)) = &m.gnu_sparse {
                     self.segments(data, ino, map, *size)?;
                     *size
@@ -820,6 +767,54 @@ fn warn(path: &[u8], name: &str, e: impl std::fmt::Display) {
         "uext4: warning: {}: extended attribute {name} not set: {e}",
         String::from_utf8_lossy(path)
     );
+}
+
+/// A member's owner, mode, times and extended attributes (PAX records win over the header).
+fn member_meta(m: &Member, path: &[u8]) -> Result<Meta> {
+    let pax = &m.pax;
+    let get = |k: &str| pax.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v);
+    let h = &m.h;
+    let num = |v: u64, what: &str| -> Result<u32> {
+        u32::try_from(v).map_err(|_| anyhow!("{what} {v} does not fit in 32 bits"))
+    };
+    let mtime = match get("mtime") {
+        Some(v) => pax_time(v).ok_or_else(|| anyhow!("bad PAX mtime"))?,
+        None => Timestamp {
+            sec: h.mtime()? as i64,
+            nsec: 0,
+        },
+    };
+    let id = |k: &str, v: u64| -> Result<u32> {
+        match get(k) {
+            Some(p) => num(pax_num(p)?, k),
+            None => num(v, k),
+        }
+    };
+    let mut meta = Meta {
+        mode: h.mode()? & 0o7777,
+        uid: id("uid", h.uid()?)?,
+        gid: id("gid", h.gid()?)?,
+        mtime,
+        atime: get("atime").and_then(|v| pax_time(v)),
+        ctime: get("ctime").and_then(|v| pax_time(v)),
+        xattrs: Vec::new(),
+    };
+    for (k, v) in pax {
+        if let Some(n) = k.strip_prefix("SCHILY.xattr.") {
+            meta.xattrs.push((n.as_bytes().to_vec(), v.clone()));
+        } else if let Some(which) = k.strip_prefix("SCHILY.acl.") {
+            let name = match which {
+                "access" => "system.posix_acl_access",
+                "default" => "system.posix_acl_default",
+                _ => continue,
+            };
+            match acl_text_to_vfs(v) {
+                Ok(a) => meta.xattrs.push((name.as_bytes().to_vec(), a)),
+                Err(err) => warn(path, name, err),
+            }
+        }
+    }
+    Ok(meta)
 }
 
 #[cfg(test)]

@@ -1,0 +1,458 @@
+//! What every tool shares: where an image is (IMAGE, IMAGE@N, IMAGE@offset=..., an NBD URI,
+//! IMAGE:PATH), opening it, the caller's identity, and finding paths inside it. The tools
+//! import these; nothing here imports a tool.
+
+use anyhow::{anyhow, bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use uext4::blockdev::{BlockDevice, Region, RegionDevice};
+use uext4::image::open_image;
+use uext4::partition::{identify, Contents, Table};
+use uext4::{Error, Fs, MountOptions};
+
+/// Parses a size like 4096, 64K, 64M, 2G, 1T.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        Some('t' | 'T') => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| anyhow!("{s:?} is not a size (like 4096, 64M, 2G)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| anyhow!("size {s:?} is too large"))
+}
+
+/// Which part of an image file holds the filesystem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Within {
+    /// The whole file (or device).
+    Whole,
+    /// `IMAGE@N`: partition N of a whole-disk image (GPT or MBR), numbered as fdisk and lsblk
+    /// number them.
+    Partition(u32),
+    /// `IMAGE@offset=BYTES[,size=BYTES]`: a filesystem at a byte offset (a multiple of 512),
+    /// as in a container file (Apptainer's SIF); to the end of the file without `size`.
+    Offset { offset: u64, size: Option<u64> },
+}
+
+/// An image file, and where in it the filesystem is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Img {
+    pub path: PathBuf,
+    pub within: Within,
+}
+
+impl Img {
+    /// The image as written on the command line: `disk.img`, `disk.img@2`,
+    /// `disk.img@offset=1048576`.
+    pub fn name(&self) -> String {
+        let p = self.path.display();
+        match self.within {
+            Within::Whole => p.to_string(),
+            Within::Partition(n) => format!("{p}@{n}"),
+            Within::Offset { offset, size: None } => format!("{p}@offset={offset}"),
+            Within::Offset {
+                offset,
+                size: Some(s),
+            } => format!("{p}@offset={offset},size={s}"),
+        }
+    }
+
+    /// Where the filesystem lies in the file (`None`: the whole file). Reads the partition
+    /// table for `IMAGE@N`, and checks the region against the file; every failure is one line
+    /// naming the image.
+    pub fn region(&self) -> Result<Option<Region>> {
+        let dev = open_image(&self.path, true).with_context(|| self.path.display().to_string())?;
+        self.region_in(&dev).map(|(r, _)| r)
+    }
+
+    /// The region, and the window onto it (the whole device for `Whole`).
+    pub(crate) fn region_in(
+        &self,
+        dev: &Arc<dyn BlockDevice>,
+    ) -> Result<(Option<Region>, Arc<dyn BlockDevice>)> {
+        let region = match self.within {
+            Within::Whole => return Ok((None, dev.clone())),
+            Within::Offset { offset, size } => Region { offset, len: size },
+            Within::Partition(n) => match Table::read(&**dev) {
+                Ok(Some(t)) => t
+                    .region_of(n)
+                    .map_err(|e| anyhow!("{}: {e}", self.path.display()))?,
+                Ok(None) => bail!(
+                    "{}: no partition table (neither GPT nor MBR), so no partition {n}; for a \
+                     filesystem at an offset write {}@offset=BYTES",
+                    self.path.display(),
+                    self.path.display()
+                ),
+                Err(e) => bail!("{}: {e}", self.path.display()),
+            },
+        };
+        match RegionDevice::new(dev.clone(), region) {
+            Ok(w) => Ok((Some(w.region()), Arc::new(w))),
+            Err(Error::Invalid(m)) => bail!("{}: {m}", self.name()),
+            Err(e) => bail!("{}: {e}", self.name()),
+        }
+    }
+
+    /// The region, once an ext2/3/4 superblock is known to be there: a partition or an offset
+    /// that holds something else is refused, saying what it seems to hold. For a whole file
+    /// that holds a partition table or a qcow2 (VMDK, ...) image, the error says how to reach
+    /// the filesystem.
+    fn fs_region(&self) -> Result<Option<Region>> {
+        let dev = match open_image(&self.path, true) {
+            Ok(d) => d,
+            // Let the open report it (as it always has).
+            Err(_) if self.within == Within::Whole => return Ok(None),
+            Err(e) => return Err(e).with_context(|| self.path.display().to_string()),
+        };
+        let (region, view) = self.region_in(&dev)?;
+        let contents = identify(&*view);
+        if matches!(contents, Contents::Ext { .. }) {
+            return Ok(region);
+        }
+        let path = self.path.display();
+        match self.within {
+            Within::Whole => {
+                if let Contents::ImageFormat(f) = contents {
+                    bail!("{path}: {f}");
+                }
+                if let Ok(Some(t)) = Table::read(&*dev) {
+                    bail!(
+                        "{path}: not ext4 itself but a whole disk: {}; name one as {path}@N \
+                         (uext4 info {path} lists them)",
+                        t.summary()
+                    );
+                }
+                // The open says what is wrong (bad magic, too small, ...).
+                Ok(None)
+            }
+            Within::Partition(n) => {
+                bail!("{path}: partition {n} is not ext4 (it holds {contents})")
+            }
+            Within::Offset { offset, .. } => {
+                bail!("{path}: no ext4 at offset {offset} (it holds {contents})")
+            }
+        }
+    }
+
+    /// The byte range of the file this names (for telling whether two overlap).
+    pub(crate) fn range(&self) -> Result<(u64, u64)> {
+        let size = open_image(&self.path, true)
+            .with_context(|| self.path.display().to_string())?
+            .size();
+        Ok(match self.region()? {
+            None => (0, size),
+            Some(r) => (r.offset, r.len.map_or(size, |l| r.offset + l)),
+        })
+    }
+}
+
+/// The region of the filesystem `img` names, once ext2/3/4 is known to be there (for mount).
+pub fn fs_region_of(img: &Img) -> Result<Option<Region>> {
+    img.fs_region()
+}
+
+/// Opens the filesystem `img` names (see [`Img::fs_region`]).
+pub(crate) fn open_img(img: &Img, read_only: bool) -> Result<Arc<Fs>> {
+    let region = img.fs_region()?;
+    open(&img.path, region, read_only)
+}
+
+/// Whether `p` is an existing file or device (not a directory).
+fn is_image_file(p: &Path) -> bool {
+    p.is_file()
+        || std::fs::metadata(p)
+            .map(|m| !m.is_dir() && !m.is_file())
+            .unwrap_or(false)
+}
+
+/// What follows the `@` of `IMAGE@...`.
+pub fn parse_within(spec: &str) -> Result<Within> {
+    if let Ok(n) = spec.parse::<u32>() {
+        if n == 0 {
+            bail!("partitions are numbered from 1 (as fdisk and lsblk number them)");
+        }
+        return Ok(Within::Partition(n));
+    }
+    if spec.starts_with("offset=") {
+        let (mut offset, mut size) = (None, None);
+        for part in spec.split(',') {
+            match part.split_once('=') {
+                Some(("offset", v)) => offset = Some(parse_size(v)?),
+                Some(("size", v)) => size = Some(parse_size(v)?),
+                _ => bail!("{part:?}: expected offset=BYTES or size=BYTES"),
+            }
+        }
+        let offset = offset.unwrap_or(0);
+        if size == Some(0) {
+            bail!("size=0: the region is empty");
+        }
+        return Ok(Within::Offset { offset, size });
+    }
+    bail!("after '@' give a partition number (IMAGE@2) or offset=BYTES[,size=BYTES]")
+}
+
+/// `IMAGE`, `IMAGE@N` or `IMAGE@offset=BYTES[,size=BYTES]`: `None` when no such file exists.
+/// A file named by the whole text wins over the `@` forms.
+fn parse_image(s: &str) -> Result<Option<Img>> {
+    if uext4::nbd::is_nbd_uri(s) {
+        return parse_nbd_image(s).map(Some);
+    }
+    if is_image_file(Path::new(s)) {
+        return Ok(Some(Img {
+            path: PathBuf::from(s),
+            within: Within::Whole,
+        }));
+    }
+    if let Some((base, spec)) = s.rsplit_once('@') {
+        if is_image_file(Path::new(base)) {
+            let within = parse_within(spec).with_context(|| s.to_string())?;
+            return Ok(Some(Img {
+                path: PathBuf::from(base),
+                within,
+            }));
+        }
+    }
+    Ok(None)
+}
+
+/// Where an NBD URI's authority (host and port) ends: after it, a ':' or '@' is ours.
+fn nbd_authority_end(s: &str) -> usize {
+    let start = s.find("://").map_or(0, |i| i + 3);
+    start + s[start..].find(['/', '?']).unwrap_or(s.len() - start)
+}
+
+/// An NBD URI as an image, with an optional `@N` or `@offset=BYTES[,size=BYTES]` at its end
+/// (after the export name and query: an '@' inside them is written `%40`).
+fn parse_nbd_image(s: &str) -> Result<Img> {
+    let auth = nbd_authority_end(s);
+    if let Some(at) = s[auth..].rfind('@').map(|i| auth + i) {
+        let within = parse_within(&s[at + 1..]).with_context(|| s.to_string())?;
+        return Ok(Img {
+            path: PathBuf::from(&s[..at]),
+            within,
+        });
+    }
+    Ok(Img {
+        path: PathBuf::from(s),
+        within: Within::Whole,
+    })
+}
+
+/// An image argument without a path inside it (info, mkfs, mount): the `@` forms as in
+/// [`parse_image`]; a name that matches nothing is taken as a file name (whose open then
+/// says it is missing).
+pub fn image_arg(p: &Path) -> Result<Img> {
+    if let Some(s) = p.to_str() {
+        if let Some(img) = parse_image(s)? {
+            return Ok(img);
+        }
+    }
+    Ok(Img {
+        path: p.to_path_buf(),
+        within: Within::Whole,
+    })
+}
+
+/// An IMAGE:PATH argument, or a host path.
+pub(crate) enum Loc {
+    Image(Img, String),
+    Host(PathBuf),
+}
+
+pub(crate) fn parse_loc(s: &str) -> Result<Loc> {
+    // An NBD URI ends at the first ':' after its authority (a ':' in the export name or the
+    // socket path is written %3A): `nbd+unix:///disk?socket=/run/x.sock:/etc`.
+    if uext4::nbd::is_nbd_uri(s) {
+        let auth = nbd_authority_end(s);
+        return match s[auth..].find(':').map(|i| auth + i) {
+            Some(at) => {
+                let path = match &s[at + 1..] {
+                    "" => "/".to_string(),
+                    p => p.to_string(),
+                };
+                Ok(Loc::Image(parse_nbd_image(&s[..at])?, path))
+            }
+            None => bail!(
+                "{s}: expected NBD-URI:PATH (a ':' and the path inside the image after the URI)"
+            ),
+        };
+    }
+    // The image is the first prefix before a ':' that is an existing file or device (an image
+    // name may itself contain ':'), or such a file followed by @N or @offset=BYTES.
+    for (at, _) in s.match_indices(':') {
+        let (img, path) = (&s[..at], &s[at + 1..]);
+        if let Some(img) = parse_image(img)? {
+            let path = if path.is_empty() {
+                "/".to_string()
+            } else {
+                path.to_string()
+            };
+            return Ok(Loc::Image(img, path));
+        }
+    }
+    Ok(Loc::Host(PathBuf::from(s)))
+}
+
+pub(crate) fn image_loc(s: &str) -> Result<(Img, String)> {
+    match parse_loc(s)? {
+        Loc::Image(i, p) => Ok((i, p)),
+        Loc::Host(_) => match s.split_once(':') {
+            Some((img, _)) if !Path::new(img).exists() => bail!("{img}: no such image file"),
+            Some((img, _)) => bail!("{img}: not an image file (a directory?)"),
+            None => bail!("{s}: expected IMAGE:PATH"),
+        },
+    }
+}
+
+/// Opens an image for a tool. A read-write open claims the image first (the engine's
+/// holder.rs: refused, naming the holder, while another program writes it). A read-only open
+/// never writes: a journal left to replay (a crash, a killed mount) is replayed in memory.
+pub(crate) fn open(image: &Path, region: Option<Region>, read_only: bool) -> Result<Arc<Fs>> {
+    let fs = Fs::open_path(
+        image,
+        MountOptions {
+            read_only,
+            commit_interval_secs: 0,
+            region,
+            ..Default::default()
+        },
+    )
+    .with_context(|| image.display().to_string())?;
+    if !read_only && fs.is_read_only() {
+        bail!(
+            "{}: cannot be written: {}",
+            image.display(),
+            fs.read_only_reason().unwrap_or("read-only")
+        );
+    }
+    if fs.journal_replayed_in_memory() {
+        eprintln!(
+            "uext4: note: {}: the journal needs recovery; replayed in memory only (the image \
+             is not changed)",
+            image.display()
+        );
+    }
+    Ok(fs)
+}
+
+/// The user running the tool, who owns what it makes (as files made through a mount would be).
+pub(crate) fn caller() -> (u32, u32) {
+    // SAFETY: plain getters without arguments.
+    unsafe { (libc::geteuid(), libc::getegid()) }
+}
+
+/// The process umask (read by setting and restoring it).
+pub(crate) fn umask() -> u32 {
+    // SAFETY: umask only swaps the process's mask.
+    unsafe {
+        let m = libc::umask(0o022);
+        libc::umask(m);
+        m as u32
+    }
+}
+
+/// Leaves the image clean; the operation's own error comes first when both fail.
+pub(crate) fn finish(fs: &Fs, image: &Path, r: Result<()>) -> Result<()> {
+    let u = fs.unmount();
+    r?;
+    u.with_context(|| image.display().to_string())
+}
+
+/// Walks `path` from the root, following symlinks in the middle (and at the end with
+/// `follow`). Returns the inode.
+pub(crate) fn resolve(fs: &Fs, path: &str, follow: bool) -> uext4::Result<u32> {
+    resolve_from(fs, 2, path, follow, &mut 0)
+}
+
+pub(crate) fn resolve_from(
+    fs: &Fs,
+    start: u32,
+    path: &str,
+    follow: bool,
+    depth: &mut u32,
+) -> uext4::Result<u32> {
+    let mut cur = if path.starts_with('/') { 2 } else { start };
+    let comps: Vec<&str> = path
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    for (i, c) in comps.iter().enumerate() {
+        let a = fs.lookup(cur, c.as_bytes())?;
+        let last = i + 1 == comps.len();
+        if a.mode & 0o170000 == 0o120000 && (!last || follow) {
+            *depth += 1;
+            if *depth > 40 {
+                return Err(Error::Invalid("too many levels of symbolic links".into()));
+            }
+            let t = fs.readlink(a.ino)?;
+            cur = resolve_from(fs, cur, &String::from_utf8_lossy(&t), true, depth)?;
+        } else {
+            cur = a.ino;
+        }
+    }
+    Ok(cur)
+}
+
+/// Splits "a/b/c" into the parent's inode and "c".
+pub(crate) fn parent_of(fs: &Fs, path: &str) -> Result<(u32, Vec<u8>)> {
+    let trimmed = path.trim_end_matches('/');
+    let (dir, name) = match trimmed.rsplit_once('/') {
+        Some((d, n)) => (if d.is_empty() { "/" } else { d }, n),
+        None => ("/", trimmed),
+    };
+    if name.is_empty() {
+        bail!("{path}: needs a file name");
+    }
+    // As rm(1) refuses them: "a/." and "a/.." name a directory by another name, and
+    // removing or replacing them by that name would act on a directory the path hides.
+    if name == "." || name == ".." {
+        bail!("refusing to remove, replace or make '.' or '..' (name the directory itself)");
+    }
+    let d = resolve(fs, dir, true).with_context(|| dir.to_string())?;
+    Ok((d, name.as_bytes().to_vec()))
+}
+
+/// The error for a directory that a recursive walk reaches a second time: in a sound image
+/// every directory has one parent, so this is a cycle or a hard-linked directory made by
+/// corruption. Recursing on would never end.
+pub(crate) fn directory_cycle(ino: u32) -> Error {
+    Error::corrupt(format!(
+        "directory inode {ino} is reached twice (a directory cycle or a hard-linked directory); run e2fsck -f"
+    ))
+}
+
+/// Makes room for a non-directory called `name` in `dir`, as cp(1) does: an existing
+/// non-directory there goes; an existing directory is an error. (Re-copying a tree over an
+/// earlier copy stopped with "file exists" at its first symlink or second hard link.)
+pub(crate) fn make_room(fs: &Fs, dir: u32, name: &[u8]) -> Result<()> {
+    match fs.lookup(dir, name) {
+        Ok(a) if a.is_dir() => bail!(
+            "cannot overwrite directory {} with a non-directory",
+            String::from_utf8_lossy(name)
+        ),
+        Ok(_) => fs.unlink(dir, name)?,
+        Err(Error::NotFound) => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+/// A path in an archive as components, with `/`, `.` and empty components dropped; `..` is
+/// refused (it could name something outside the directory unpacked into).
+pub(crate) fn clean_path(p: &[u8]) -> Result<Vec<&[u8]>> {
+    let mut out = Vec::new();
+    for c in p.split(|&b| b == b'/') {
+        match c {
+            b"" | b"." => {}
+            b".." => bail!("a '..' in the path would leave the image's root; refused"),
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,255 @@
+//! `uext4 info`: the superblock, the usage, and a whole disk's partitions.
+
+use crate::image::*;
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+use std::sync::Arc;
+use uext4::blockdev::BlockDevice;
+use uext4::image::open_image;
+use uext4::partition::{identify, Contents, Table};
+use uext4::Error;
+
+/// The superblock's identity: UUID, label, features by name, state.
+fn print_identity(sb: &uext4::format::superblock::Superblock) {
+    use uext4::format::features::*;
+    let uuid = sb.uuid();
+    let u = |r: std::ops::Range<usize>| {
+        uuid[r]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    println!(
+        "Filesystem UUID:          {}-{}-{}-{}-{}",
+        u(0..4),
+        u(4..6),
+        u(6..8),
+        u(8..10),
+        u(10..16)
+    );
+    println!("Volume name:              {}", sb.volume_name());
+    let mut feats = names(sb.feature_compat(), COMPAT_NAMES);
+    feats.extend(names(sb.feature_incompat(), INCOMPAT_NAMES));
+    feats.extend(names(sb.feature_ro_compat(), RO_COMPAT_NAMES));
+    println!("Features:                 {}", feats.join(" "));
+    println!(
+        "State:                    {}",
+        if sb.state() & 1 != 0 {
+            "clean"
+        } else {
+            "not clean"
+        }
+    );
+}
+
+/// `info` of a filesystem uext4 cannot open (a feature it does not implement): what the
+/// primary superblock says, and why it does not open.
+fn info_superblock_only(img: &Img, why: &anyhow::Error) -> Result<()> {
+    use uext4::format::superblock::{Superblock, SUPERBLOCK_SIZE};
+    let image = &img.path;
+    let dev = open_image(image, true).with_context(|| image.display().to_string())?;
+    let (_, dev) = img.region_in(&dev)?;
+    let mut b = vec![0u8; SUPERBLOCK_SIZE];
+    dev.read_at(1024, &mut b)
+        .with_context(|| image.display().to_string())?;
+    let sb = Superblock::from_bytes(&b);
+    print_identity(&sb);
+    println!("Block size:               {}", sb.block_size());
+    println!("Block count:              {}", sb.blocks_count());
+    println!(
+        "Free blocks:              {} (superblock)",
+        sb.free_blocks_count()
+    );
+    println!("Inode count:              {}", sb.inodes_count());
+    println!(
+        "Free inodes:              {} (superblock)",
+        sb.free_inodes_count()
+    );
+    println!("Inode size:               {}", sb.inode_size());
+    println!("Opens in uext4:           no: {}", why.root_cause());
+    Ok(())
+}
+
+/// `info` of a whole disk: its partitions, what each holds, and how to name one.
+fn info_partitions(image: &Path, dev: &Arc<dyn BlockDevice>, t: &Table) {
+    let p = image.display();
+    println!(
+        "{p}: a whole disk with a {} partition table ({}-byte sectors), {} partition{}",
+        t.scheme,
+        t.sector_size,
+        t.partitions.len(),
+        if t.partitions.len() == 1 { "" } else { "s" }
+    );
+    println!(
+        "{:>3}  {:>14}  {:>14}  {:>10}  {:<24}  {:<16}  holds",
+        "#", "start (bytes)", "size (bytes)", "size", "type", "name"
+    );
+    let mut ext = Vec::new();
+    for part in &t.partitions {
+        let holds = if part.extended {
+            "(the logical partitions)".to_string()
+        } else {
+            uext4::partition::identify_partition(dev, part).to_string()
+        };
+        if !part.extended && holds.starts_with("ext") {
+            ext.push(part.number);
+        }
+        println!(
+            "{:>3}  {:>14}  {:>14}  {:>10}  {:<24}  {:<16}  {holds}",
+            part.number,
+            part.start,
+            part.len,
+            human_size(part.len),
+            part.type_name,
+            part.name
+        );
+    }
+    match ext.first() {
+        Some(n) => println!(
+            "Name a partition as {p}@N: uext4 info {p}@{n}, uext4 ls {p}@{n}:/, \
+             uext4 mount {p}@{n} MOUNTPOINT (or -o partition={n})"
+        ),
+        None => println!("No partition holds ext2/3/4."),
+    }
+}
+
+/// 1536 -> "1.5 KiB".
+fn human_size(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
+
+pub(super) fn info(arg: &Path) -> Result<()> {
+    let img = image_arg(arg)?;
+    if img.within == Within::Whole {
+        // A whole disk or a qcow2 (VMDK, ...) image: say what it is instead of "not ext4".
+        if let Ok(dev) = open_image(&img.path, true) {
+            match identify(&*dev) {
+                Contents::Ext { .. } => {}
+                Contents::ImageFormat(f) => bail!("{}: {f}", img.path.display()),
+                _ => match Table::read(&*dev) {
+                    Ok(Some(t)) => {
+                        info_partitions(&img.path, &dev, &t);
+                        return Ok(());
+                    }
+                    Err(e) => bail!("{}: not ext4, and {e}", img.path.display()),
+                    Ok(None) => {}
+                },
+            }
+        }
+    }
+    let fs = match open_img(&img, true) {
+        Ok(fs) => fs,
+        // What the superblock says can still be shown.
+        Err(e) => match e.downcast_ref::<Error>() {
+            Some(Error::Unsupported(_) | Error::UnsupportedIncompat(_)) => {
+                return info_superblock_only(&img, &e)
+            }
+            _ => return Err(e),
+        },
+    };
+    let sb = fs.superblock();
+    let g = &fs.geo;
+    use uext4::format::features::*;
+    if let Some(r) = img.region()? {
+        println!(
+            "Location:                 {}, {} bytes at offset {}",
+            match img.within {
+                Within::Partition(n) => format!("partition {n} of {}", img.path.display()),
+                _ => format!("inside {}", img.path.display()),
+            },
+            r.len.unwrap_or(0),
+            r.offset
+        );
+    }
+    print_identity(&sb);
+    println!("Block size:               {}", g.block_size);
+    println!("Block count:              {}", g.blocks_count);
+    // From the group descriptors (the superblock's counts may lag, as the kernel's do).
+    let st = fs.statfs();
+    println!("Free blocks:              {}", st.blocks_free);
+    println!("Available to users:       {}", st.blocks_avail);
+    println!("Inode count:              {}", g.inodes_count);
+    println!("Free inodes:              {}", st.files_free);
+    println!("Inode size:               {}", g.inode_size);
+    println!(
+        "Groups:                   {} ({} blocks, {} inodes each)",
+        g.group_count, g.blocks_per_group, g.inodes_per_group
+    );
+    if g.flex_bg_size > 1 {
+        println!("Flex group size:          {}", g.flex_bg_size);
+    }
+    if sb.has_compat(COMPAT_HAS_JOURNAL) {
+        let j = fs.getattr(sb.journal_inum()).map(|a| a.size).unwrap_or(0);
+        println!(
+            "Journal:                  inode {}, {} KiB",
+            sb.journal_inum(),
+            j / 1024
+        );
+        let mut b = vec![0u8; g.block_size as usize];
+        let jsb = fs
+            .read(sb.journal_inum(), 0, &mut b)
+            .ok()
+            .and_then(|_| uext4::journal::format::JournalSuperblock::parse(&b).ok());
+        if let Some(js) = jsb {
+            let mut f = Vec::new();
+            for (bit, name) in [
+                (0x1, "revoke"),
+                (0x2, "64bit"),
+                (0x4, "async_commit"),
+                (0x8, "checksum_v2"),
+                (0x10, "checksum_v3"),
+                (0x20, "fast_commit"),
+            ] {
+                if js.feature_incompat & bit != 0 {
+                    f.push(name);
+                }
+            }
+            if js.feature_compat & 1 != 0 {
+                f.push("checksum_v1");
+            }
+            println!(
+                "Journal log:              {} blocks of {}, sequence {}, {}",
+                js.maxlen,
+                js.block_size,
+                js.sequence,
+                if js.start == 0 {
+                    "empty"
+                } else {
+                    "holds transactions to replay"
+                }
+            );
+            println!("Journal features:         {}", f.join(" "));
+        }
+    }
+    if let Some(m) = fs.mmp_info() {
+        println!("MMP:                      {m}");
+    }
+    if sb.error_count() > 0 {
+        println!(
+            "Errors recorded:          {} (last at inode {}, block {})",
+            sb.error_count(),
+            sb.last_error_ino(),
+            sb.last_error_block()
+        );
+    }
+    if fs.journal_replayed_in_memory() {
+        println!(
+            "Needs recovery:           yes (the journal was replayed in memory for this view)"
+        );
+    }
+    if let Some(r) = fs.read_only_reason() {
+        println!("Opens read-only:          {r}");
+    }
+    Ok(())
+}

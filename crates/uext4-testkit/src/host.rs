@@ -1,0 +1,87 @@
+//! Host-side helpers: shell commands, extended attributes, a seeded random source.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::process::Command;
+
+/// Runs a bash command, panicking with its output on failure; its stdout.
+pub fn sh(cmd: &str) -> String {
+    let out = Command::new("bash").arg("-c").arg(cmd).output().unwrap();
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A host path's extended attributes (not following a symlink), sorted; empty where the host
+/// has none or no support.
+pub fn xattrs(p: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let mut names = vec![0u8; 65536];
+    // SAFETY: the buffer is valid for its length.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    if n <= 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for name in names[..n as usize]
+        .split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+    {
+        let cn = CString::new(name).unwrap();
+        let mut v = vec![0u8; 65536];
+        // SAFETY: valid C strings and a buffer valid for its length.
+        let got =
+            unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+        assert!(got >= 0, "getxattr {}", p.display());
+        v.truncate(got as usize);
+        out.push((name.to_vec(), v));
+    }
+    out.sort();
+    out
+}
+
+/// Sets an extended attribute (not following a symlink); false where the host refuses it.
+pub fn set_xattr(p: &Path, name: &str, value: &[u8]) -> bool {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let n = CString::new(name).unwrap();
+    // SAFETY: valid C strings and a buffer valid for its length.
+    unsafe {
+        libc::lsetxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        ) == 0
+    }
+}
+
+/// A small deterministic pseudo-random source (xorshift64) for tests that damage or drop
+/// things at random places: the same seed gives the same run.
+pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed.max(1);
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    }
+}
+
+/// A whole file of an open filesystem, read in as many calls as it takes.
+pub fn read_all(fs: &uext4::Fs, ino: u32) -> Vec<u8> {
+    let size = fs.getattr(ino).unwrap().size as usize;
+    let mut buf = vec![0u8; size];
+    let mut done = 0;
+    while done < size {
+        let n = fs.read(ino, done as u64, &mut buf[done..]).unwrap();
+        assert!(n > 0, "read returned 0 at {done} of {size}");
+        done += n;
+    }
+    buf
+}
