@@ -1163,11 +1163,11 @@ impl Ctx {
             let job = self.job_file(w)?;
             // fio's create_only lays a write-only job's files out with fallocate: every block
             // is unwritten, so a "random overwrite" run is mostly unwritten-to-written
-            // conversions. overwrite-4k is about overwriting allocated, written blocks (seeds
-            // 000, 002; workloads/README.md: "so overwrites really overwrite"), so its layout
-            // writes the data (`--overwrite=1`, layout pass only; `--fallocated-layout`
-            // leaves fio's). fsync-randwrite-16k keeps fio's fallocated layout: seed 004 is
-            // about that conversion work, and the kernel figures were taken that way.
+            // conversions. overwrite-4k is about overwriting allocated, written blocks (R1;
+            // workloads/README.md: "so overwrites really overwrite"), so its layout writes the
+            // data (`--overwrite=1`, layout pass only; `--fallocated-layout` leaves fio's).
+            // fsync-randwrite-16k keeps fio's fallocated layout: it measures that conversion
+            // work (R4).
             // (uext4 on tmpfs has none: its fallocate maps zeroed blocks written, see
             // MountOptions::prealloc_zeroed; uext4-fuse-unwritten keeps the kernel's layout.)
             // mixed-randrw-4k reads, so fio writes its file out anyway.
