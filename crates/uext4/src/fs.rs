@@ -21,7 +21,7 @@
 
 use crate::bcache::BufferCache;
 use crate::blockdev::{BlockDevice, IoCounters};
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::features::*;
 use crate::format::group_desc::GroupDesc;
 use crate::format::inode::RawInode;
@@ -268,17 +268,20 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
         )));
     }
     if sb.has_metadata_csum() && sb.checksum_type() != CRC32C_CHKSUM {
-        return Err(Error::corrupt(format!(
-            "superblock: unknown checksum type {}",
-            sb.checksum_type()
-        )));
+        return Err(Error::corrupt(
+            Corruption::Superblock,
+            format!("superblock: unknown checksum type {}", sb.checksum_type()),
+        ));
     }
     if !sb.verify_csum() {
-        return Err(Error::BadChecksum(format!(
-            "superblock checksum {:#010x} does not match computed {:#010x}",
-            sb.checksum(),
-            sb.csum()
-        )));
+        return Err(Error::bad_checksum(
+            Corruption::Superblock,
+            format!(
+                "superblock checksum {:#010x} does not match computed {:#010x}",
+                sb.checksum(),
+                sb.csum()
+            ),
+        ));
     }
     Ok(sb)
 }
@@ -474,10 +477,13 @@ impl Fs {
     /// tree looked empty without a word, and with the root a file the mount point gave EIO.
     fn check_root(&self) -> Result<()> {
         let bad = |why: &str| {
-            Error::corrupt(format!(
-                "the root directory (inode {}) {why}; run e2fsck -f",
-                crate::format::inode::ROOT_INO
-            ))
+            Error::corrupt(
+                Corruption::Inode,
+                format!(
+                    "the root directory (inode {}) {why}; run e2fsck -f",
+                    crate::format::inode::ROOT_INO
+                ),
+            )
         };
         let root = match self.iget(crate::format::inode::ROOT_INO) {
             Ok(r) => r,
@@ -645,7 +651,7 @@ impl Fs {
         const EXT4_ERR_EFSBADCRC: u8 = 4;
         const EXT4_ERR_EFSCORRUPTED: u8 = 5;
         let code = match err {
-            Error::BadChecksum(_) => EXT4_ERR_EFSBADCRC,
+            Error::BadChecksum { .. } => EXT4_ERR_EFSBADCRC,
             _ => EXT4_ERR_EFSCORRUPTED,
         };
         {
@@ -795,18 +801,21 @@ impl Fs {
                 .checked_add(len)
                 .is_none_or(|e| e > self.geo.blocks_count)
         {
-            return Err(Error::corrupt(format!(
-                "{}: block {blk} (+{len}) is outside the filesystem",
-                what()
-            )));
+            return Err(Error::corrupt(
+                Corruption::BlockReference,
+                format!("{}: block {blk} (+{len}) is outside the filesystem", what()),
+            ));
         }
         let zone = self.balloc.system_zone.read().overlap(blk, blk + len);
         if let Some((s, e)) = zone.filter(|_| ino == 0 || ino != self.sb.lock().journal_inum()) {
-            return Err(Error::corrupt(format!(
-                "{}: block {blk} (+{len}) lies in the filesystem's own structures (blocks \
+            return Err(Error::corrupt(
+                Corruption::BlockReference,
+                format!(
+                    "{}: block {blk} (+{len}) lies in the filesystem's own structures (blocks \
                  {s}..{e}: superblock, descriptors, bitmaps, inode tables or journal)",
-                what()
-            )));
+                    what()
+                ),
+            ));
         }
         Ok(())
     }
@@ -847,8 +856,9 @@ impl Fs {
             delalloc: None,
             no_capability: false,
         };
-        self.ext_load(ino, &mut st)
-            .map_err(|e| Error::corrupt(format!("journal inode {ino}: {e}")))?;
+        self.ext_load(ino, &mut st).map_err(|e| {
+            Error::corrupt(Corruption::Journal, format!("journal inode {ino}: {e}"))
+        })?;
         let extents: Vec<_> = st
             .extents
             .as_ref()

@@ -7,7 +7,7 @@
 
 use super::cache::ExtentCache;
 use super::{indirect, tree};
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::extent::*;
 use crate::format::inode::RawInode;
 use crate::fs::Fs;
@@ -127,10 +127,13 @@ impl Fs {
         if let Some(x) = cache.next(e.lblk) {
             if (x.lblk as u64) < e.end() {
                 return Err(self.fail(
-                    Error::corrupt(format!(
-                        "inode {ino}: new extent at {} overlaps the one at {}",
-                        e.lblk, x.lblk
-                    )),
+                    Error::corrupt(
+                        Corruption::ExtentTree,
+                        format!(
+                            "inode {ino}: new extent at {} overlaps the one at {}",
+                            e.lblk, x.lblk
+                        ),
+                    ),
                     ino,
                     0,
                     "ext_insert",
