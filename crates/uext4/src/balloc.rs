@@ -405,7 +405,9 @@ impl Fs {
         if len == 0 {
             return Ok(());
         }
-        self.check_block(start, len, &|| "freeing blocks".to_string())?;
+        self.check_block(Corruption::BlockReference, start, len, &|| {
+            "freeing blocks".to_string()
+        })?;
         let end = start + len;
         // Before any bit is cleared: the moment a bit is clear (and its group lock released)
         // another thread may look for free blocks, and it must find these held back until this

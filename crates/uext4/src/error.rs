@@ -31,7 +31,10 @@ pub enum Corruption {
     Journal,
     /// The multi-mount protection block.
     Mmp,
-    /// A block number outside the filesystem or inside its own metadata (the system zone).
+    /// An indirect block map (i_block and its indirect blocks).
+    BlockMap,
+    /// A block number outside the filesystem or inside its own metadata (the system zone),
+    /// where no structure holding it is known.
     BlockReference,
 }
 
@@ -50,6 +53,7 @@ impl std::fmt::Display for Corruption {
             Corruption::Orphan => "orphan list",
             Corruption::Journal => "journal",
             Corruption::Mmp => "MMP block",
+            Corruption::BlockMap => "block map",
             Corruption::BlockReference => "block reference",
         })
     }

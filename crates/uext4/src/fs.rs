@@ -782,15 +782,23 @@ impl Fs {
     }
 
     /// Whether a block number is inside the filesystem and outside the fixed metadata of group 0's
-    /// superblock area: used to validate pointers read from disk.
-    pub(crate) fn check_block(&self, blk: u64, len: u64, what: &dyn Fn() -> String) -> Result<()> {
-        self.check_file_block(0, blk, len, what)
+    /// superblock area: used to validate pointers read from disk. `kind` names the structure
+    /// that holds the pointer, which a bad one shows damaged.
+    pub(crate) fn check_block(
+        &self,
+        kind: Corruption,
+        blk: u64,
+        len: u64,
+        what: &dyn Fn() -> String,
+    ) -> Result<()> {
+        self.check_file_block(kind, 0, blk, len, what)
     }
 
     /// As `check_block`, for blocks that inode `ino` maps: the journal inode's own blocks are
     /// in the system zone, and it alone may map them.
     pub(crate) fn check_file_block(
         &self,
+        kind: Corruption,
         ino: u32,
         blk: u64,
         len: u64,
@@ -802,14 +810,14 @@ impl Fs {
                 .is_none_or(|e| e > self.geo.blocks_count)
         {
             return Err(Error::corrupt(
-                Corruption::BlockReference,
+                kind,
                 format!("{}: block {blk} (+{len}) is outside the filesystem", what()),
             ));
         }
         let zone = self.balloc.system_zone.read().overlap(blk, blk + len);
         if let Some((s, e)) = zone.filter(|_| ino == 0 || ino != self.sb.lock().journal_inum()) {
             return Err(Error::corrupt(
-                Corruption::BlockReference,
+                kind,
                 format!(
                     "{}: block {blk} (+{len}) lies in the filesystem's own structures (blocks \
                  {s}..{e}: superblock, descriptors, bitmaps, inode tables or journal)",

@@ -106,7 +106,7 @@ impl Fs {
 
     fn xattr_read_block(&self, ino: u32, blk: u64) -> Result<Vec<XattrEntry>> {
         let what = || format!("inode {ino}: xattr block");
-        self.check_block(blk, 1, &what)?;
+        self.check_block(Corruption::Xattr, blk, 1, &what)?;
         let buf = self.bcache.get(blk)?;
         let data = buf.read();
         parse_block(&data, blk, self.xattr_csum_seed(), &format!("inode {ino}"))
@@ -652,8 +652,10 @@ impl Fs {
         if blk == 0 {
             return Ok(());
         }
-        self.check_block(blk, 1, &|| format!("inode {ino}: xattr block"))
-            .map_err(|e| self.fail(e, ino, blk, "xattr_free_all"))?;
+        self.check_block(Corruption::Xattr, blk, 1, &|| {
+            format!("inode {ino}: xattr block")
+        })
+        .map_err(|e| self.fail(e, ino, blk, "xattr_free_all"))?;
         self.xattr_release_block(h, ino, st, blk)
     }
 }

@@ -120,7 +120,7 @@ impl Fs {
                 e.len, e.lblk
             )));
         }
-        self.check_file_block(ino, e.pblk, e.len as u64, &|| {
+        self.check_file_block(Corruption::ExtentTree, ino, e.pblk, e.len as u64, &|| {
             format!("inode {ino}: new extent at logical block {}", e.lblk)
         })?;
         let cache = st.extents.as_ref().unwrap();

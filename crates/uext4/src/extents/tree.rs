@@ -224,13 +224,19 @@ impl Fs {
                         ),
                     ));
                 }
-                if let Err(err) = self.check_file_block(ino, x.pblk, x.len as u64, &|| {
-                    format!(
-                        "inode {ino}: {}: extent {i} (logical {})",
-                        node_name(b),
-                        x.lblk
-                    )
-                }) {
+                if let Err(err) = self.check_file_block(
+                    Corruption::ExtentTree,
+                    ino,
+                    x.pblk,
+                    x.len as u64,
+                    &|| {
+                        format!(
+                            "inode {ino}: {}: extent {i} (logical {})",
+                            node_name(b),
+                            x.lblk
+                        )
+                    },
+                ) {
                     return Err(self.fail(err, ino, b, "ext_load"));
                 }
                 prev_end = x.end();
@@ -275,13 +281,15 @@ impl Fs {
                 } else {
                     hi
                 };
-                if let Err(err) = self.check_file_block(ino, x.leaf, 1, &|| {
-                    format!(
-                        "inode {ino}: {}: index {i} (logical {})",
-                        node_name(b),
-                        x.lblk
-                    )
-                }) {
+                if let Err(err) =
+                    self.check_file_block(Corruption::ExtentTree, ino, x.leaf, 1, &|| {
+                        format!(
+                            "inode {ino}: {}: index {i} (logical {})",
+                            node_name(b),
+                            x.lblk
+                        )
+                    })
+                {
                     return Err(self.fail(err, ino, b, "ext_load"));
                 }
                 let buf = self.bcache.get(x.leaf)?;

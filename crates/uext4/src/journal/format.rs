@@ -462,13 +462,19 @@ mod tests {
         bad[0x1C] ^= 1;
         assert!(matches!(
             JournalSuperblock::parse(&bad),
-            Err(Error::BadChecksum(_))
+            Err(Error::BadChecksum {
+                kind: Corruption::Journal,
+                ..
+            })
         ));
         let mut bad = b;
         bad[0] = 0;
         assert!(matches!(
             JournalSuperblock::parse(&bad),
-            Err(Error::Corrupt(_))
+            Err(Error::Corrupt {
+                kind: Corruption::Journal,
+                ..
+            })
         ));
         // Without checksums, no checksum is written or checked.
         let plain = JournalSuperblock::new_v2(1024, 256, uuid, false, false).to_bytes();

@@ -145,7 +145,10 @@ mod tests {
         let mut t = RevokeTable::default();
         assert!(matches!(
             scan_revoke_block(&fmt, &b, 1, 3, &mut t),
-            Err(Error::Corrupt(_))
+            Err(Error::Corrupt {
+                kind: Corruption::Journal,
+                ..
+            })
         ));
     }
 }
