@@ -360,7 +360,7 @@ impl Fs {
                     Corruption::BlockBitmap,
                     format!(
                         "group {g}: the block bitmap shows blocks {at}..{} free, which hold the \
-                     filesystem's own structures (blocks {s}..{e})",
+                         filesystem's own structures (blocks {s}..{e})",
                         at + len as u64
                     ),
                 ),

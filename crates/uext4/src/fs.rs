@@ -820,7 +820,7 @@ impl Fs {
                 kind,
                 format!(
                     "{}: block {blk} (+{len}) lies in the filesystem's own structures (blocks \
-                 {s}..{e}: superblock, descriptors, bitmaps, inode tables or journal)",
+                     {s}..{e}: superblock, descriptors, bitmaps, inode tables or journal)",
                     what()
                 ),
             ));

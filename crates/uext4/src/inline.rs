@@ -180,9 +180,9 @@ impl Fs {
                 Error::corrupt(
                     Corruption::InlineData,
                     format!(
-                    "directory inode {ino}, inline data: {} bytes of entries do not fit a block",
-                    stream.len()
-                ),
+                        "directory inode {ino}, inline data: {} bytes of entries do not fit a block",
+                        stream.len()
+                    ),
                 ),
                 ino,
                 0,

@@ -119,7 +119,7 @@ impl Fs {
                             Corruption::Inode,
                             format!(
                                 "inode {ino}: size {} is past the largest a file can have here \
-                             ({max}); run e2fsck -f",
+                                 ({max}); run e2fsck -f",
                                 raw.size()
                             ),
                         );

@@ -176,7 +176,7 @@ impl Fs {
                             Corruption::ExtentTree,
                             format!(
                                 "inode {ino}: extent block {blk}: checksum {have:#010x}, \
-                             computed {want:#010x}"
+                                 computed {want:#010x}"
                             ),
                         ),
                         ino,

@@ -199,8 +199,8 @@ impl Journal {
                 return Err(Error::corrupt(
                     Corruption::Journal,
                     format!(
-                    "journal: log block {here} changed during recovery (transaction {tid} expected)"
-                ),
+                        "journal: log block {here} changed during recovery (transaction {tid} expected)"
+                    ),
                 ));
             }
             match be32(&b, 4) {
