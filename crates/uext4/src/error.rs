@@ -5,7 +5,9 @@ use std::io;
 
 /// The on-disk structure a corruption error found damaged, as the kernel's EXT4_ERROR_INODE and
 /// EXT4_ERROR_BLOCK name it, so that callers and tests act on the kind rather than the text.
+/// More kinds may come as checks are added, hence non-exhaustive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Corruption {
     /// The superblock: a field out of range, or its checksum.
     Superblock,
