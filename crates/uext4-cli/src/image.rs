@@ -422,7 +422,7 @@ pub(crate) fn parent_of(fs: &Fs, path: &str) -> Result<(u32, Vec<u8>)> {
 /// every directory has one parent, so this is a cycle or a hard-linked directory made by
 /// corruption. Recursing on would never end.
 pub(crate) fn directory_cycle(ino: u32) -> Error {
-    Error::corrupt(format!(
+    Error::corrupt(uext4::error::Corruption::Directory, format!(
         "directory inode {ino} is reached twice (a directory cycle or a hard-linked directory); run e2fsck -f"
     ))
 }

@@ -8,7 +8,7 @@
 //! (so a crash can never leave an old file pointing at a new file's data).
 
 use crate::bcache::Buffer;
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::group_desc::BG_BLOCK_UNINIT;
 use crate::fs::Fs;
 use crate::mballoc::{Claim, GroupState};
@@ -120,7 +120,10 @@ impl Fs {
             ) {
                 drop(data);
                 return Err(self.fail(
-                    Error::BadChecksum(format!("block bitmap of group {g} (block {blk})")),
+                    Error::bad_checksum(
+                        Corruption::BlockBitmap,
+                        format!("block bitmap of group {g} (block {blk})"),
+                    ),
                     0,
                     blk,
                     "read_block_bitmap",
@@ -153,7 +156,10 @@ impl Fs {
             None => return Ok(()),
         };
         Err(self.fail(
-            Error::corrupt(format!("block bitmap of group {g} (block {blk}) {what}")),
+            Error::corrupt(
+                Corruption::BlockBitmap,
+                format!("block bitmap of group {g} (block {blk}) {what}"),
+            ),
             0,
             blk,
             "validate_block_bitmap",
@@ -350,11 +356,14 @@ impl Fs {
         let at = self.geo.group_first_block(g) + off as u64;
         if let Some((s, e)) = self.balloc.system_zone.read().overlap(at, at + len as u64) {
             return Err(self.fail(
-                Error::corrupt(format!(
-                    "group {g}: the block bitmap shows blocks {at}..{} free, which hold the \
-                     filesystem's own structures (blocks {s}..{e})",
-                    at + len as u64
-                )),
+                Error::corrupt(
+                    Corruption::BlockBitmap,
+                    format!(
+                        "group {g}: the block bitmap shows blocks {at}..{} free, which hold the \
+                         filesystem's own structures (blocks {s}..{e})",
+                        at + len as u64
+                    ),
+                ),
                 0,
                 at,
                 "take_run",
@@ -396,7 +405,9 @@ impl Fs {
         if len == 0 {
             return Ok(());
         }
-        self.check_block(start, len, &|| "freeing blocks".to_string())?;
+        self.check_block(Corruption::BlockReference, start, len, &|| {
+            "freeing blocks".to_string()
+        })?;
         let end = start + len;
         // Before any bit is cleared: the moment a bit is clear (and its group lock released)
         // another thread may look for free blocks, and it must find these held back until this
@@ -424,9 +435,10 @@ impl Fs {
                     if !test_bit(&data, i) {
                         drop(data);
                         return Err(self.fail(
-                            Error::corrupt(format!(
-                                "freeing block {b}, which is already free (group {g})"
-                            )),
+                            Error::corrupt(
+                                Corruption::BlockBitmap,
+                                format!("freeing block {b}, which is already free (group {g})"),
+                            ),
                             0,
                             b,
                             "free_blocks",

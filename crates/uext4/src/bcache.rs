@@ -10,7 +10,7 @@
 //! block order when it takes two at once).
 
 use crate::blockdev::BlockDevice;
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -69,10 +69,13 @@ impl BufferCache {
 
     fn check_range(&self, blk: u64) -> Result<()> {
         if blk >= self.blocks_count {
-            return Err(Error::corrupt(format!(
-                "block {blk} is past the end of the filesystem ({} blocks)",
-                self.blocks_count
-            )));
+            return Err(Error::corrupt(
+                Corruption::BlockReference,
+                format!(
+                    "block {blk} is past the end of the filesystem ({} blocks)",
+                    self.blocks_count
+                ),
+            ));
         }
         Ok(())
     }

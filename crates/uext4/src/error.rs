@@ -3,13 +3,62 @@
 
 use std::io;
 
-/// What was found corrupt, so that a message names the structure.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The on-disk structure a corruption error found damaged, as the kernel's EXT4_ERROR_INODE and
+/// EXT4_ERROR_BLOCK name it, so that callers and tests act on the kind rather than the text.
+/// More kinds may come as checks are added, hence non-exhaustive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Corruption {
-    /// A checksum did not match: what, and where.
-    Checksum(String),
-    /// A structure violates the format: what, and where.
-    Structure(String),
+    /// The superblock: a field out of range, or its checksum.
+    Superblock,
+    /// A group descriptor: a location or count out of range, or its checksum.
+    GroupDescriptor,
+    /// A block bitmap: its checksum, padding, or a bit that contradicts the allocator.
+    BlockBitmap,
+    /// An inode bitmap: its checksum, or a bit that contradicts the allocator.
+    InodeBitmap,
+    /// An inode: its number, fields or checksum (the root inode included).
+    Inode,
+    /// An extent tree node: header, entries, order, depth or checksum.
+    ExtentTree,
+    /// A directory: an entry block, its checksum, or the tree's shape ('..', cycles).
+    Directory,
+    /// Extended attributes, in the inode or in an xattr block (ACLs included).
+    Xattr,
+    /// Inline data kept in the inode.
+    InlineData,
+    /// The orphan list.
+    Orphan,
+    /// The journal: its inode, superblock, or the log.
+    Journal,
+    /// The multi-mount protection block.
+    Mmp,
+    /// An indirect block map (i_block and its indirect blocks).
+    BlockMap,
+    /// A block number outside the filesystem or inside its own metadata (the system zone),
+    /// where no structure holding it is known.
+    BlockReference,
+}
+
+impl std::fmt::Display for Corruption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Corruption::Superblock => "superblock",
+            Corruption::GroupDescriptor => "group descriptor",
+            Corruption::BlockBitmap => "block bitmap",
+            Corruption::InodeBitmap => "inode bitmap",
+            Corruption::Inode => "inode",
+            Corruption::ExtentTree => "extent tree",
+            Corruption::Directory => "directory",
+            Corruption::Xattr => "extended attributes",
+            Corruption::InlineData => "inline data",
+            Corruption::Orphan => "orphan list",
+            Corruption::Journal => "journal",
+            Corruption::Mmp => "MMP block",
+            Corruption::BlockMap => "block map",
+            Corruption::BlockReference => "block reference",
+        })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -26,10 +75,13 @@ pub enum Error {
     /// Something else we do not implement (names it).
     #[error("unsupported: {0}")]
     Unsupported(String),
-    #[error("corrupt filesystem: bad checksum: {0}")]
-    BadChecksum(String),
-    #[error("corrupt filesystem: {0}")]
-    Corrupt(String),
+    /// A checksum did not match: `kind` names the structure, `detail` what and where (inode,
+    /// block), as the message shows it.
+    #[error("corrupt filesystem: bad checksum: {detail}")]
+    BadChecksum { kind: Corruption, detail: String },
+    /// A structure violates the format: `kind` names it, `detail` says what and where.
+    #[error("corrupt filesystem: {detail}")]
+    Corrupt { kind: Corruption, detail: String },
     #[error("filesystem is read-only{0}")]
     ReadOnly(String),
     #[error("no such file or directory")]
@@ -152,13 +204,38 @@ pub(crate) fn utc(secs: u64) -> String {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
-    pub fn corrupt(msg: impl Into<String>) -> Self {
-        Error::Corrupt(msg.into())
+    /// A structure of kind `kind` violates the format; `detail` says what and where.
+    pub fn corrupt(kind: Corruption, detail: impl Into<String>) -> Self {
+        Error::Corrupt {
+            kind,
+            detail: detail.into(),
+        }
+    }
+
+    /// A structure of kind `kind` fails its checksum; `detail` says which and where.
+    pub fn bad_checksum(kind: Corruption, detail: impl Into<String>) -> Self {
+        Error::BadChecksum {
+            kind,
+            detail: detail.into(),
+        }
+    }
+
+    /// The damaged structure, for errors that mean the on-disk structures are damaged.
+    pub fn corruption(&self) -> Option<Corruption> {
+        match self {
+            Error::Corrupt { kind, .. } | Error::BadChecksum { kind, .. } => Some(*kind),
+            _ => None,
+        }
     }
 
     /// True for errors that mean the on-disk structures are damaged.
     pub fn is_corruption(&self) -> bool {
-        matches!(self, Error::Corrupt(_) | Error::BadChecksum(_))
+        self.corruption().is_some()
+    }
+
+    /// True for a checksum mismatch (a corruption error whose data failed its checksum).
+    pub fn is_bad_checksum(&self) -> bool {
+        matches!(self, Error::BadChecksum { .. })
     }
 
     /// The errno a POSIX caller expects for this error.
@@ -167,8 +244,8 @@ impl Error {
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
             Error::NotExt4(_) => libc::EINVAL,
             Error::UnsupportedIncompat(_) | Error::Unsupported(_) => libc::EOPNOTSUPP,
-            Error::BadChecksum(_) => libc::EBADMSG,
-            Error::Corrupt(_) => libc::EUCLEAN,
+            Error::BadChecksum { .. } => libc::EBADMSG,
+            Error::Corrupt { .. } => libc::EUCLEAN,
             Error::ReadOnly(_) => libc::EROFS,
             Error::NotFound => libc::ENOENT,
             Error::Exists => libc::EEXIST,

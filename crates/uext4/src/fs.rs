@@ -21,7 +21,7 @@
 
 use crate::bcache::BufferCache;
 use crate::blockdev::{BlockDevice, IoCounters};
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::features::*;
 use crate::format::group_desc::GroupDesc;
 use crate::format::inode::RawInode;
@@ -268,17 +268,20 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
         )));
     }
     if sb.has_metadata_csum() && sb.checksum_type() != CRC32C_CHKSUM {
-        return Err(Error::corrupt(format!(
-            "superblock: unknown checksum type {}",
-            sb.checksum_type()
-        )));
+        return Err(Error::corrupt(
+            Corruption::Superblock,
+            format!("superblock: unknown checksum type {}", sb.checksum_type()),
+        ));
     }
     if !sb.verify_csum() {
-        return Err(Error::BadChecksum(format!(
-            "superblock checksum {:#010x} does not match computed {:#010x}",
-            sb.checksum(),
-            sb.csum()
-        )));
+        return Err(Error::bad_checksum(
+            Corruption::Superblock,
+            format!(
+                "superblock checksum {:#010x} does not match computed {:#010x}",
+                sb.checksum(),
+                sb.csum()
+            ),
+        ));
     }
     Ok(sb)
 }
@@ -474,10 +477,13 @@ impl Fs {
     /// tree looked empty without a word, and with the root a file the mount point gave EIO.
     fn check_root(&self) -> Result<()> {
         let bad = |why: &str| {
-            Error::corrupt(format!(
-                "the root directory (inode {}) {why}; run e2fsck -f",
-                crate::format::inode::ROOT_INO
-            ))
+            Error::corrupt(
+                Corruption::Inode,
+                format!(
+                    "the root directory (inode {}) {why}; run e2fsck -f",
+                    crate::format::inode::ROOT_INO
+                ),
+            )
         };
         let root = match self.iget(crate::format::inode::ROOT_INO) {
             Ok(r) => r,
@@ -645,7 +651,7 @@ impl Fs {
         const EXT4_ERR_EFSBADCRC: u8 = 4;
         const EXT4_ERR_EFSCORRUPTED: u8 = 5;
         let code = match err {
-            Error::BadChecksum(_) => EXT4_ERR_EFSBADCRC,
+            Error::BadChecksum { .. } => EXT4_ERR_EFSBADCRC,
             _ => EXT4_ERR_EFSCORRUPTED,
         };
         {
@@ -776,15 +782,23 @@ impl Fs {
     }
 
     /// Whether a block number is inside the filesystem and outside the fixed metadata of group 0's
-    /// superblock area: used to validate pointers read from disk.
-    pub(crate) fn check_block(&self, blk: u64, len: u64, what: &dyn Fn() -> String) -> Result<()> {
-        self.check_file_block(0, blk, len, what)
+    /// superblock area: used to validate pointers read from disk. `kind` names the structure
+    /// that holds the pointer, which a bad one shows damaged.
+    pub(crate) fn check_block(
+        &self,
+        kind: Corruption,
+        blk: u64,
+        len: u64,
+        what: &dyn Fn() -> String,
+    ) -> Result<()> {
+        self.check_file_block(kind, 0, blk, len, what)
     }
 
     /// As `check_block`, for blocks that inode `ino` maps: the journal inode's own blocks are
     /// in the system zone, and it alone may map them.
     pub(crate) fn check_file_block(
         &self,
+        kind: Corruption,
         ino: u32,
         blk: u64,
         len: u64,
@@ -795,18 +809,21 @@ impl Fs {
                 .checked_add(len)
                 .is_none_or(|e| e > self.geo.blocks_count)
         {
-            return Err(Error::corrupt(format!(
-                "{}: block {blk} (+{len}) is outside the filesystem",
-                what()
-            )));
+            return Err(Error::corrupt(
+                kind,
+                format!("{}: block {blk} (+{len}) is outside the filesystem", what()),
+            ));
         }
         let zone = self.balloc.system_zone.read().overlap(blk, blk + len);
         if let Some((s, e)) = zone.filter(|_| ino == 0 || ino != self.sb.lock().journal_inum()) {
-            return Err(Error::corrupt(format!(
-                "{}: block {blk} (+{len}) lies in the filesystem's own structures (blocks \
-                 {s}..{e}: superblock, descriptors, bitmaps, inode tables or journal)",
-                what()
-            )));
+            return Err(Error::corrupt(
+                kind,
+                format!(
+                    "{}: block {blk} (+{len}) lies in the filesystem's own structures (blocks \
+                     {s}..{e}: superblock, descriptors, bitmaps, inode tables or journal)",
+                    what()
+                ),
+            ));
         }
         Ok(())
     }
@@ -847,8 +864,9 @@ impl Fs {
             delalloc: None,
             no_capability: false,
         };
-        self.ext_load(ino, &mut st)
-            .map_err(|e| Error::corrupt(format!("journal inode {ino}: {e}")))?;
+        self.ext_load(ino, &mut st).map_err(|e| {
+            Error::corrupt(Corruption::Journal, format!("journal inode {ino}: {e}"))
+        })?;
         let extents: Vec<_> = st
             .extents
             .as_ref()

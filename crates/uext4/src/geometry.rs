@@ -1,6 +1,6 @@
 //! The filesystem's geometry: immutable facts computed once at open from the superblock.
 
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::features::*;
 use crate::format::group_desc::GdCsum;
 use crate::format::superblock::*;
@@ -129,7 +129,12 @@ impl Geometry {
 impl Geometry {
     /// The geometry a superblock describes, checked against itself and the device size.
     pub fn from_superblock(sb: &Superblock, dev_size: u64) -> Result<Geometry> {
-        let bad = |m: String| Err(Error::corrupt(format!("superblock: {m}")));
+        let bad = |m: String| {
+            Err(Error::corrupt(
+                Corruption::Superblock,
+                format!("superblock: {m}"),
+            ))
+        };
         if sb.log_block_size() > 6 {
             return bad(format!(
                 "block size 2^(10+{}) is out of range",

@@ -3,7 +3,7 @@
 
 use crate::balloc::{clear_bit, find_zero, set_bit, test_bit};
 use crate::bcache::Buffer;
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::group_desc::{GdCsum, BG_BLOCK_UNINIT, BG_INODE_UNINIT};
 use crate::fs::Fs;
 use crate::mballoc::GroupState;
@@ -52,7 +52,10 @@ impl Fs {
             ) {
                 drop(data);
                 return Err(self.fail(
-                    Error::BadChecksum(format!("inode bitmap of group {g} (block {blk})")),
+                    Error::bad_checksum(
+                        Corruption::InodeBitmap,
+                        format!("inode bitmap of group {g} (block {blk})"),
+                    ),
                     0,
                     blk,
                     "read_inode_bitmap",
@@ -195,7 +198,10 @@ impl Fs {
             if !test_bit(&data, idx) {
                 drop(data);
                 return Err(self.fail(
-                    Error::corrupt(format!("freeing inode {ino}, which is already free")),
+                    Error::corrupt(
+                        Corruption::InodeBitmap,
+                        format!("freeing inode {ino}, which is already free"),
+                    ),
                     ino,
                     0,
                     "free_inode",

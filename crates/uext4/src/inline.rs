@@ -24,7 +24,7 @@
 //! the readdir cookies of an inline directory are those block offsets ("." 0, ".." 12, then
 //! p + 20, as the kernel's): a readdir resumed after a conversion goes on at the same entry.
 
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::extents::ExtentCache;
 use crate::format::dir_entry::{put_dirent, FT_DIR};
 use crate::format::inode::{RawInode, FL_INLINE_DATA, I_BLOCK_SIZE};
@@ -97,7 +97,10 @@ impl Fs {
             let part = &all[start..end];
             let err = |why: String| {
                 self.fail(
-                    Error::corrupt(format!("directory inode {dir}, inline data: {why}")),
+                    Error::corrupt(
+                        Corruption::InlineData,
+                        format!("directory inode {dir}, inline data: {why}"),
+                    ),
                     dir,
                     0,
                     "inline_dir",
@@ -174,10 +177,13 @@ impl Fs {
         let end = DIR_BLOCK_START + stream.len();
         if end > self.leaf_space() {
             return Err(self.fail(
-                Error::corrupt(format!(
-                    "directory inode {ino}, inline data: {} bytes of entries do not fit a block",
-                    stream.len()
-                )),
+                Error::corrupt(
+                    Corruption::InlineData,
+                    format!(
+                        "directory inode {ino}, inline data: {} bytes of entries do not fit a block",
+                        stream.len()
+                    ),
+                ),
                 ino,
                 0,
                 "inline_convert",
@@ -190,7 +196,7 @@ impl Fs {
         b[DIR_BLOCK_START..end].copy_from_slice(stream);
         // The last entry (of the attribute's run, or of i_block's if that run is empty) takes
         // the rest of the block. Both runs parsed whole in inline_dir above.
-        let noerr = |why: String| Error::corrupt(why);
+        let noerr = |why: String| Error::corrupt(Corruption::InlineData, why);
         let mut last = 12; // "..", were there no entries
         for (start, stop) in [(DIR_IBLOCK_START, I_BLOCK_SIZE), (I_BLOCK_SIZE, all.len())] {
             if let Some(e) = self.dir_parse_entries(&all[start..stop], &noerr)?.last() {

@@ -5,7 +5,7 @@
 //! size (allocation, extension, truncate, punch) and for directory changes. `state` guards the
 //! on-disk fields and the extent cache; it is held only for short, non-blocking sections.
 
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 
 use crate::format::inode::{RawInode, Timestamp, ROOT_INO};
 use crate::fs::Fs;
@@ -20,10 +20,13 @@ impl Fs {
     /// Where inode `ino` lives: (block, byte offset in block).
     pub(crate) fn inode_location(&self, ino: u32) -> Result<(u64, usize)> {
         if ino == 0 || ino > self.geo.inodes_count {
-            return Err(Error::corrupt(format!(
-                "inode number {ino} is out of range (1..={})",
-                self.geo.inodes_count
-            )));
+            return Err(Error::corrupt(
+                Corruption::Inode,
+                format!(
+                    "inode number {ino} is out of range (1..={})",
+                    self.geo.inodes_count
+                ),
+            ));
         }
         let g = self.geo.ino_group(ino);
         let index = (ino - 1) % self.geo.inodes_per_group;
@@ -49,7 +52,10 @@ impl Fs {
             let extra = raw.extra_isize() as u32;
             if extra > self.geo.inode_size - 128 || !extra.is_multiple_of(4) {
                 return Err(self.fail(
-                    Error::corrupt(format!("inode {ino}: i_extra_isize {extra} is invalid")),
+                    Error::corrupt(
+                        Corruption::Inode,
+                        format!("inode {ino}: i_extra_isize {extra} is invalid"),
+                    ),
                     ino,
                     blk,
                     "read_inode",
@@ -61,7 +67,7 @@ impl Fs {
             && !is_all_zero(&raw.0)
         {
             return Err(self.fail(
-                Error::BadChecksum(format!("inode {ino} (in block {blk})")),
+                Error::bad_checksum(Corruption::Inode, format!("inode {ino} (in block {blk})")),
                 ino,
                 blk,
                 "read_inode",
@@ -109,11 +115,14 @@ impl Fs {
                     // 2^48-byte size streamed zeros without end).
                     let max = self.max_size_of(&raw);
                     if raw.size() > max {
-                        let e = Error::corrupt(format!(
-                            "inode {ino}: size {} is past the largest a file can have here \
-                             ({max}); run e2fsck -f",
-                            raw.size()
-                        ));
+                        let e = Error::corrupt(
+                            Corruption::Inode,
+                            format!(
+                                "inode {ino}: size {} is past the largest a file can have here \
+                                 ({max}); run e2fsck -f",
+                                raw.size()
+                            ),
+                        );
                         return Err(self.fail(e, ino, blk, "iget"));
                     }
                     let inode = new_inode(ino, raw, None, false);

@@ -6,7 +6,7 @@
 
 use crate::bcache::BufferCache;
 use crate::block_validity::SystemZone;
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::group_desc::GroupDesc;
 use crate::geometry::Geometry;
 use parking_lot::{Mutex, MutexGuard, RwLock};
@@ -140,9 +140,10 @@ impl BlockAllocator {
             let desc = GroupDesc::from_bytes(&data[off..off + geo.desc_size.min(64) as usize]);
             drop(data);
             if !desc.verify_csum(geo.gd_csum, g) {
-                return Err(Error::BadChecksum(format!(
-                    "group descriptor {g} (in block {blk})"
-                )));
+                return Err(Error::bad_checksum(
+                    Corruption::GroupDescriptor,
+                    format!("group descriptor {g} (in block {blk})"),
+                ));
             }
             check_desc(geo, g, &desc)?;
             free_blocks += desc.free_blocks_count();
@@ -176,34 +177,49 @@ fn check_desc(geo: &Geometry, g: u32, d: &GroupDesc) -> Result<()> {
     let itb = (geo.inodes_per_group as u64 * geo.inode_size as u64).div_ceil(geo.block_size as u64);
     let in_fs = |b: u64, n: u64| b > geo.first_data_block && b + n <= geo.blocks_count;
     if !in_fs(d.block_bitmap(), 1) {
-        return Err(Error::corrupt(format!(
-            "group {g}: block bitmap at block {} is outside the filesystem",
-            d.block_bitmap()
-        )));
+        return Err(Error::corrupt(
+            Corruption::GroupDescriptor,
+            format!(
+                "group {g}: block bitmap at block {} is outside the filesystem",
+                d.block_bitmap()
+            ),
+        ));
     }
     if !in_fs(d.inode_bitmap(), 1) {
-        return Err(Error::corrupt(format!(
-            "group {g}: inode bitmap at block {} is outside the filesystem",
-            d.inode_bitmap()
-        )));
+        return Err(Error::corrupt(
+            Corruption::GroupDescriptor,
+            format!(
+                "group {g}: inode bitmap at block {} is outside the filesystem",
+                d.inode_bitmap()
+            ),
+        ));
     }
     if !in_fs(d.inode_table(), itb) {
-        return Err(Error::corrupt(format!(
-            "group {g}: inode table at block {} is outside the filesystem",
-            d.inode_table()
-        )));
+        return Err(Error::corrupt(
+            Corruption::GroupDescriptor,
+            format!(
+                "group {g}: inode table at block {} is outside the filesystem",
+                d.inode_table()
+            ),
+        ));
     }
     if d.free_blocks_count() > geo.blocks_per_group as u64 {
-        return Err(Error::corrupt(format!(
-            "group {g}: free block count {} exceeds blocks per group",
-            d.free_blocks_count()
-        )));
+        return Err(Error::corrupt(
+            Corruption::GroupDescriptor,
+            format!(
+                "group {g}: free block count {} exceeds blocks per group",
+                d.free_blocks_count()
+            ),
+        ));
     }
     if d.free_inodes_count() > geo.inodes_per_group as u64 {
-        return Err(Error::corrupt(format!(
-            "group {g}: free inode count {} exceeds inodes per group",
-            d.free_inodes_count()
-        )));
+        return Err(Error::corrupt(
+            Corruption::GroupDescriptor,
+            format!(
+                "group {g}: free inode count {} exceeds inodes per group",
+                d.free_inodes_count()
+            ),
+        ));
     }
     Ok(())
 }

@@ -25,7 +25,7 @@
 
 use crate::blockdev::BlockDevice;
 use crate::error::utc;
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::features::INCOMPAT_MMP;
 use crate::format::mmp::*;
 use crate::format::superblock::Superblock;
@@ -102,9 +102,12 @@ impl Where {
                 .and_then(|o| o.checked_add(bs))
                 .is_some_and(|e| e <= dev.size());
         if !inside {
-            return Err(Error::corrupt(format!(
-                "superblock: the MMP block ({blk}) is outside the filesystem; run e2fsck -f"
-            )));
+            return Err(Error::corrupt(
+                Corruption::Superblock,
+                format!(
+                    "superblock: the MMP block ({blk}) is outside the filesystem; run e2fsck -f"
+                ),
+            ));
         }
         let update_interval = match sb.mmp_update_interval() as u32 {
             0 => MMP_UPDATE_INTERVAL,
@@ -125,17 +128,20 @@ impl Where {
         self.dev.read_fresh_at(self.off, &mut b)?;
         let m = MmpBlock::from_bytes(&b);
         if m.magic() != MMP_MAGIC {
-            return Err(Error::corrupt(format!(
-                "MMP block {}: bad magic {:#x}; run e2fsck -f",
-                self.blk,
-                m.magic()
-            )));
+            return Err(Error::corrupt(
+                Corruption::Mmp,
+                format!(
+                    "MMP block {}: bad magic {:#x}; run e2fsck -f",
+                    self.blk,
+                    m.magic()
+                ),
+            ));
         }
         if !m.verify_csum(self.seed) {
-            return Err(Error::BadChecksum(format!(
-                "MMP block {} (run e2fsck -f)",
-                self.blk
-            )));
+            return Err(Error::bad_checksum(
+                Corruption::Mmp,
+                format!("MMP block {} (run e2fsck -f)", self.blk),
+            ));
         }
         Ok(m)
     }

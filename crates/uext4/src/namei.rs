@@ -8,7 +8,7 @@
 
 use crate::acl::{NewOwner, Umask};
 use crate::cred::Cred;
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::inode::*;
 use crate::fs::Fs;
 use crate::inode::{encode_rdev, Attr, Inode, InodeRef, InodeState};
@@ -212,12 +212,15 @@ impl Fs {
         };
         if child.ino == dir || parent != Some(dir) {
             return Err(self.fail(
-                Error::corrupt(format!(
-                    "directory inode {dir}: entry {:?} names directory {}, whose parent is {}",
-                    String::from_utf8_lossy(name),
-                    child.ino,
-                    parent.map_or("missing".to_string(), |p| format!("inode {p}"))
-                )),
+                Error::corrupt(
+                    Corruption::Directory,
+                    format!(
+                        "directory inode {dir}: entry {:?} names directory {}, whose parent is {}",
+                        String::from_utf8_lossy(name),
+                        child.ino,
+                        parent.map_or("missing".to_string(), |p| format!("inode {p}"))
+                    ),
+                ),
                 dir,
                 0,
                 "check_child_dir",
@@ -826,9 +829,10 @@ impl Fs {
         };
         let _ = fast;
         if size > self.geo.block_size as u64 {
-            return Err(Error::corrupt(format!(
-                "inode {ino}: symlink size {size} exceeds a block"
-            )));
+            return Err(Error::corrupt(
+                Corruption::Inode,
+                format!("inode {ino}: symlink size {size} exceeds a block"),
+            ));
         }
         let mut buf = vec![0u8; size as usize];
         let n = self.read(ino, 0, &mut buf)?;
@@ -1152,9 +1156,10 @@ impl Fs {
                 .unwrap_or(ROOT_INO);
             drop(st);
             if chain.len() > 65536 {
-                return Err(Error::corrupt(format!(
-                    "directory {dir}: '..' chain does not reach the root"
-                )));
+                return Err(Error::corrupt(
+                    Corruption::Directory,
+                    format!("directory {dir}: '..' chain does not reach the root"),
+                ));
             }
             chain.push(parent);
             dir = parent;

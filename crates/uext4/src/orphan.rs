@@ -7,7 +7,7 @@
 //! rewrites its predecessor's i_dtime directly in the inode-table block, so no inode lock is
 //! ever taken while another is held.
 
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::inode::RawInode;
 use crate::fs::Fs;
 use crate::inode::{Inode, InodeState};
@@ -161,9 +161,10 @@ impl Fs {
     fn finish_orphan(&self, ino: u32, slot: Option<(&OrphanFileBlock, usize)>) -> Result<()> {
         let in_chain = slot.is_none();
         if ino == 0 || ino > self.geo.inodes_count {
-            return Err(Error::corrupt(format!(
-                "orphan inode number {ino} is out of range"
-            )));
+            return Err(Error::corrupt(
+                Corruption::Orphan,
+                format!("orphan inode number {ino} is out of range"),
+            ));
         }
         let inode = self.iget(ino)?;
         let _g = inode.io_lock.write();
@@ -264,9 +265,10 @@ impl Fs {
         let mut seen = std::collections::HashSet::new();
         while ino != 0 {
             if !seen.insert(ino) || ino > self.geo.inodes_count {
-                return Err(Error::corrupt(format!(
-                    "orphan list: inode {ino} is out of range or repeats (a cycle)"
-                )));
+                return Err(Error::corrupt(
+                    Corruption::Orphan,
+                    format!("orphan list: inode {ino} is out of range or repeats (a cycle)"),
+                ));
             }
             chain.push(ino);
             ino = self.read_raw_inode(ino)?.dtime();

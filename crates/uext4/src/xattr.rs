@@ -11,7 +11,7 @@
 //! `inode.state`, then group locks (allocation) and buffer locks, per the ranking in fs.rs.
 
 use crate::cred::Cred;
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::features::COMPAT_EXT_ATTR;
 use crate::format::inode::RawInode;
 use crate::format::xattr::*;
@@ -106,7 +106,7 @@ impl Fs {
 
     fn xattr_read_block(&self, ino: u32, blk: u64) -> Result<Vec<XattrEntry>> {
         let what = || format!("inode {ino}: xattr block");
-        self.check_block(blk, 1, &what)?;
+        self.check_block(Corruption::Xattr, blk, 1, &what)?;
         let buf = self.bcache.get(blk)?;
         let data = buf.read();
         parse_block(&data, blk, self.xattr_csum_seed(), &format!("inode {ino}"))
@@ -137,10 +137,13 @@ impl Fs {
         if is_acl(index) {
             let acl = acl_from_disk(&e.value).map_err(|why| {
                 self.fail(
-                    Error::corrupt(format!(
-                        "inode {ino}: attribute {}: {why}",
-                        String::from_utf8_lossy(name)
-                    )),
+                    Error::corrupt(
+                        Corruption::Xattr,
+                        format!(
+                            "inode {ino}: attribute {}: {why}",
+                            String::from_utf8_lossy(name)
+                        ),
+                    ),
                     ino,
                     l.blk,
                     "getxattr",
@@ -330,7 +333,7 @@ impl Fs {
         };
         acl_from_disk(&e.value).map(Some).map_err(|why| {
             self.fail(
-                Error::corrupt(format!("inode {ino}: POSIX ACL: {why}")),
+                Error::corrupt(Corruption::Xattr, format!("inode {ino}: POSIX ACL: {why}")),
                 ino,
                 l.blk,
                 "acl",
@@ -593,7 +596,10 @@ impl Fs {
         if le32(&d, H_MAGIC) != XATTR_MAGIC {
             drop(d);
             return Err(self.fail(
-                Error::corrupt(format!("inode {ino}: xattr block {blk} has bad magic")),
+                Error::corrupt(
+                    Corruption::Xattr,
+                    format!("inode {ino}: xattr block {blk} has bad magic"),
+                ),
                 ino,
                 blk,
                 "xattr_drop_ref",
@@ -646,8 +652,10 @@ impl Fs {
         if blk == 0 {
             return Ok(());
         }
-        self.check_block(blk, 1, &|| format!("inode {ino}: xattr block"))
-            .map_err(|e| self.fail(e, ino, blk, "xattr_free_all"))?;
+        self.check_block(Corruption::Xattr, blk, 1, &|| {
+            format!("inode {ino}: xattr block")
+        })
+        .map_err(|e| self.fail(e, ino, blk, "xattr_free_all"))?;
         self.xattr_release_block(h, ino, st, blk)
     }
 }

@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use uext4::error::Corruption;
 use uext4::{Error, Fs, MountOptions};
 
 fn flip(path: &Path, off: u64, xor: u8) {
@@ -115,7 +116,10 @@ fn superblock_checksum_mismatch_is_named() {
     let img = base_image(&[]);
     flip(&img.0, 1024 + 0x78, 0x55); // volume name: only the checksum notices
     match open_rw(&img.0) {
-        Err(Error::BadChecksum(m)) => assert!(m.contains("superblock"), "{m}"),
+        Err(Error::BadChecksum {
+            kind: Corruption::Superblock,
+            ..
+        }) => {}
         other => panic!("expected BadChecksum, got {:?}", other.map(|_| ())),
     }
 }
@@ -126,9 +130,7 @@ fn group_descriptor_corruption_is_named() {
     // 4 KiB blocks: descriptors start at block 1. Break group 0's inode table pointer.
     flip(&img.0, 4096 + 0x8, 0xff);
     match open_rw(&img.0) {
-        Err(e @ (Error::BadChecksum(_) | Error::Corrupt(_))) => {
-            assert!(e.to_string().contains("group"), "{e}")
-        }
+        Err(e) if e.corruption() == Some(Corruption::GroupDescriptor) => {}
         other => panic!(
             "expected a group descriptor error, got {:?}",
             other.map(|_| ())
@@ -138,9 +140,10 @@ fn group_descriptor_corruption_is_named() {
     let img = base_image(&["-O", "^metadata_csum,^uninit_bg"]);
     put(&img.0, 4096 + 0x8, &0xFFFF_FF00u32.to_le_bytes());
     match open_rw(&img.0) {
-        Err(Error::Corrupt(m)) => {
-            assert!(m.contains("group 0") && m.contains("inode table"), "{m}")
-        }
+        Err(Error::Corrupt {
+            kind: Corruption::GroupDescriptor,
+            detail,
+        }) => assert!(detail.contains("group 0"), "{detail}"),
         other => panic!("expected Corrupt, got {:?}", other.map(|_| ())),
     }
 }
@@ -158,6 +161,8 @@ fn inode_corruption_names_the_inode() {
     flip(&img.0, table * 4096 + (d as u64 - 1) * 256, 0x40);
     let fs = open_rw(&img.0).unwrap();
     let e = fs.lookup(2, b"d").unwrap_err();
+    assert_eq!(e.corruption(), Some(Corruption::Inode), "{e}");
+    assert!(e.is_bad_checksum(), "{e}");
     assert!(e.to_string().contains(&format!("inode {d}")), "{e}");
     // The error is recorded in the superblock as the kernel does.
     let sb = fs.superblock();
@@ -180,6 +185,7 @@ fn inode_corruption_names_the_inode() {
     std::fs::write(&img.0, &keep).unwrap();
     flip(&img.0, table * 4096 + 256, 0x40);
     let e = open_rw(&img.0).map(|_| ()).unwrap_err();
+    assert_eq!(e.corruption(), Some(Corruption::Inode), "{e}");
     assert!(e.to_string().contains("inode 2"), "{e}");
 }
 
@@ -193,11 +199,7 @@ fn directory_block_corruption_is_an_error() {
     put(&img.0, root_blk * 4096 + 4, &0xFFF0u16.to_le_bytes());
     let fs = open_rw(&img.0).unwrap();
     let e = walk(&fs).unwrap_err();
-    assert!(e.is_corruption(), "{e}");
-    assert!(
-        e.to_string().contains("directory") || e.to_string().contains("inode 2"),
-        "{e}"
-    );
+    assert_eq!(e.corruption(), Some(Corruption::Directory), "{e}");
 }
 
 /// Random byte flips over the metadata area: every operation returns Ok or an error; no panic,
@@ -508,7 +510,7 @@ fn directory_aliases_are_refused_not_deadlocked() {
         tx.send(
             results
                 .into_iter()
-                .map(|r| r.map_err(|e| e.to_string()))
+                .map(|r| r.map_err(|e| (e.corruption(), e.to_string())))
                 .collect::<Vec<_>>(),
         )
         .unwrap();
@@ -518,8 +520,8 @@ fn directory_aliases_are_refused_not_deadlocked() {
         .expect("operations on directory aliases hung");
     for r in &results {
         match r {
-            Err(m) => assert!(
-                m.contains("names directory") && !m.contains("stopped"),
+            Err((kind, m)) => assert!(
+                *kind == Some(Corruption::Directory) && m.contains("names directory"),
                 "{m}"
             ),
             Ok(()) => panic!("an operation on a directory alias succeeded: {results:?}"),
@@ -571,6 +573,7 @@ fn extents_into_the_filesystems_own_blocks_are_refused() {
     let f = fs.lookup(2, b"f").unwrap().ino;
     let mut buf = vec![0u8; 4096];
     let e = fs.read(f, 0, &mut buf).unwrap_err();
+    assert_eq!(e.corruption(), Some(Corruption::ExtentTree), "{e}");
     assert!(e.to_string().contains("own structures"), "{e}");
     drop(fs);
     // errors=continue, so that the unlink is attempted on a filesystem that keeps writing.
@@ -631,7 +634,7 @@ fn a_bitmap_that_frees_system_blocks_is_refused() {
         )
         .unwrap();
         let e = fs.mkdir(2, b"x", 0o755, 0, 0).unwrap_err();
-        assert!(e.to_string().contains("block bitmap of group 0"), "{e}");
+        assert_eq!(e.corruption(), Some(Corruption::BlockBitmap), "{e}");
         let _ = fs.unmount();
     }
     let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
@@ -668,12 +671,10 @@ fn an_unusable_root_directory_refuses_the_open() {
                 },
             );
             match r {
-                Err(Error::Corrupt(m)) => {
-                    assert!(
-                        m.contains("root directory") && m.contains(why),
-                        "{set}: {m}"
-                    )
-                }
+                Err(Error::Corrupt {
+                    kind: Corruption::Inode,
+                    detail,
+                }) => assert!(detail.contains(why), "{set}: {detail}"),
                 other => panic!("{set}: expected Corrupt, got {:?}", other.map(|_| ())),
             }
         }
@@ -706,7 +707,10 @@ fn a_size_past_the_largest_file_is_refused() {
         .expect("debugfs names g's inode");
     let fs = open_rw(&img.0).unwrap();
     match fs.lookup(2, b"g") {
-        Err(Error::Corrupt(m)) => assert!(m.contains("size 281474976710655"), "{m}"),
+        Err(Error::Corrupt {
+            kind: Corruption::Inode,
+            detail,
+        }) => assert!(detail.contains("size 281474976710655"), "{detail}"),
         other => panic!("expected Corrupt, got {other:?}"),
     }
     // Recorded in the superblock, as the kernel records its iget errors.
@@ -715,4 +719,162 @@ fn a_size_past_the_largest_file_is_refused() {
     let f = fs.lookup(d, b"f").unwrap();
     assert_eq!(f.size, 200_000);
     drop(fs);
+}
+
+/// The kind and checksum flag of a corruption error, or what else came back.
+fn kind_of<T>(r: uext4::Result<T>) -> std::result::Result<(Corruption, bool), String> {
+    match r {
+        Err(e) => e
+            .corruption()
+            .map(|k| (k, e.is_bad_checksum()))
+            .ok_or_else(|| format!("not a corruption error: {e}")),
+        Ok(_) => Err("no error".into()),
+    }
+}
+
+/// Each damaged structure gives a corruption error of its own kind, with the checksum flag
+/// set exactly when a checksum caught it: callers and tests act on the kind, not the text.
+#[test]
+fn each_damaged_structure_gives_its_kind() {
+    use Corruption::*;
+    let sb = 1024u64;
+    let ino_at = |fs: &Fs, ino: u32| fs.group_desc(0).inode_table() * 4096 + (ino as u64 - 1) * 256;
+    let ro = |p: &Path| Fs::open_path(p, MountOptions::ro()).unwrap();
+
+    // With metadata_csum: the checksums catch the damage first.
+    let img = base_image(&[]);
+    let pristine = std::fs::read(&img.0).unwrap();
+    let restore = || std::fs::write(&img.0, &pristine).unwrap();
+    let (d, root_blk, ibitmap, d_at) = {
+        let fs = ro(&img.0);
+        let d = fs.lookup(2, b"d").unwrap().ino;
+        let at = ino_at(&fs, d);
+        (
+            d,
+            fs.ext_list(2).unwrap()[0].pblk,
+            fs.group_desc(0).inode_bitmap(),
+            at,
+        )
+    };
+    flip(&img.0, sb + 0x78, 0x55);
+    assert_eq!(
+        kind_of(open_rw(&img.0)),
+        Ok((Superblock, true)),
+        "superblock"
+    );
+    restore();
+    flip(&img.0, 4096 + 0x8, 0xff);
+    assert_eq!(
+        kind_of(open_rw(&img.0)),
+        Ok((GroupDescriptor, true)),
+        "descriptor"
+    );
+    restore();
+    flip(&img.0, d_at, 0x40);
+    assert_eq!(
+        kind_of(ro(&img.0).lookup(2, b"d")),
+        Ok((Inode, true)),
+        "inode {d}"
+    );
+    restore();
+    flip(&img.0, root_blk * 4096 + 40, 0x20);
+    assert_eq!(
+        kind_of(walk(&ro(&img.0))),
+        Ok((Directory, true)),
+        "directory"
+    );
+    restore();
+    flip(&img.0, ibitmap * 4096 + 1, 0x01);
+    let fs = open_rw(&img.0).unwrap();
+    assert_eq!(
+        kind_of(fs.create(2, b"new", 0o644, 0, 0)),
+        Ok((InodeBitmap, true)),
+        "inode bitmap"
+    );
+    drop(fs);
+
+    // Without checksums: the structures' own checks.
+    let img = base_image(&["-O", "^metadata_csum"]);
+    let pristine = std::fs::read(&img.0).unwrap();
+    let restore = || std::fs::write(&img.0, &pristine).unwrap();
+    let (g_at, root_blk, bbitmap, journal) = {
+        let fs = ro(&img.0);
+        let g = fs.lookup(2, b"g").unwrap().ino;
+        let at = ino_at(&fs, g);
+        (
+            at,
+            fs.ext_list(2).unwrap()[0].pblk,
+            fs.group_desc(0).block_bitmap(),
+            fs.ext_list(8).unwrap()[0].pblk,
+        )
+    };
+    // The extent header's magic in g's i_block (at 0x28).
+    put(&img.0, g_at + 0x28, &[0, 0]);
+    let fs = ro(&img.0);
+    let g = fs.lookup(2, b"g").map(|a| a.ino);
+    let r = g.and_then(|g| fs.read(g, 0, &mut [0u8; 16]));
+    assert_eq!(kind_of(r), Ok((ExtentTree, false)), "extent header");
+    drop(fs);
+    restore();
+    // The root directory's first rec_len overruns its block.
+    put(&img.0, root_blk * 4096 + 4, &0xFFF0u16.to_le_bytes());
+    assert_eq!(
+        kind_of(walk(&ro(&img.0))),
+        Ok((Directory, false)),
+        "dir entry"
+    );
+    restore();
+    // A zeroed block bitmap would hand out the group's own metadata.
+    put(&img.0, bbitmap * 4096, &[0u8; 4096]);
+    let fs = open_rw(&img.0).unwrap();
+    assert_eq!(
+        kind_of(fs.mkdir(2, b"x", 0o755, 0, 0)),
+        Ok((BlockBitmap, false)),
+        "block bitmap"
+    );
+    drop(fs);
+    restore();
+    // The journal superblock's magic.
+    put(&img.0, journal * 4096, &[0, 0, 0, 0]);
+    assert_eq!(kind_of(open_rw(&img.0)), Ok((Journal, false)), "journal");
+    restore();
+    // An orphan list head past the last inode.
+    put(&img.0, sb + 0xE8, &0x0FFF_FFF0u32.to_le_bytes());
+    assert_eq!(kind_of(open_rw(&img.0)), Ok((Orphan, false)), "orphan list");
+    restore();
+    // An xattr block's magic.
+    let g = {
+        let fs = open_rw(&img.0).unwrap();
+        let g = fs.lookup(2, b"g").unwrap().ino;
+        let flags = uext4::xattr::XattrFlags::Any;
+        fs.setxattr(g, b"user.big", &[5u8; 2000], flags).unwrap();
+        fs.unmount().unwrap();
+        g
+    };
+    let stat = sh(&format!(
+        "debugfs -R 'stat /g' {} 2>/dev/null",
+        img.0.display()
+    ));
+    let acl: u64 = stat
+        .split("File ACL: ")
+        .nth(1)
+        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .expect("debugfs names g's xattr block");
+    put(&img.0, acl * 4096, &[0, 0, 0, 0]);
+    let r = ro(&img.0).getxattr(g, b"user.big");
+    assert_eq!(kind_of(r), Ok((Xattr, false)), "xattr block");
+
+    // A block map (no extents) whose first pointer lies outside the filesystem.
+    let img = base_image(&["-O", "^metadata_csum,^extent,^64bit"]);
+    let g_at = {
+        let fs = ro(&img.0);
+        let g = fs.lookup(2, b"g").unwrap().ino;
+        ino_at(&fs, g)
+    };
+    put(&img.0, g_at + 0x28, &0x0FFF_FFF0u32.to_le_bytes());
+    let fs = ro(&img.0);
+    let g = fs.lookup(2, b"g").map(|a| a.ino);
+    let r = g.and_then(|g| fs.read(g, 0, &mut [0u8; 16]));
+    assert_eq!(kind_of(r), Ok((BlockMap, false)), "block map");
 }

@@ -15,6 +15,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use uext4::error::Corruption;
 use uext4::format::mmp::*;
 use uext4::format::superblock::Superblock;
 use uext4::{Error, Fs, MountOptions};
@@ -347,7 +348,16 @@ fn a_corrupt_mmp_block_refuses_the_open_with_a_clear_error() {
     let e = Fs::open_path(&img.0, MountOptions::default())
         .err()
         .unwrap();
-    assert!(matches!(e, Error::BadChecksum(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::BadChecksum {
+                kind: Corruption::Mmp,
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]

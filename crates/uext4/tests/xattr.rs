@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
+use uext4::error::Corruption;
 use uext4::xattr::XattrFlags;
 use uext4::{Error, Fs, MountOptions};
 
@@ -654,7 +655,7 @@ fn concurrent_xattr_changes() {
     fs.unmount().unwrap();
 }
 
-/// Corrupt xattr blocks and in-inode areas give Corrupt/BadChecksum naming the inode, never a
+/// Corrupt xattr blocks and in-inode areas give Xattr corruption errors naming the inode, never a
 /// panic.
 #[test]
 fn corrupt_xattrs_are_reported() {
@@ -703,7 +704,10 @@ fn corrupt_xattrs_are_reported() {
             let r = fs.getxattr(f, b"user.big");
             if csum {
                 match r {
-                    Err(Error::BadChecksum(m)) => assert!(m.contains(&format!("inode {f}")), "{m}"),
+                    Err(Error::BadChecksum {
+                        kind: Corruption::Xattr,
+                        detail,
+                    }) => assert!(detail.contains(&format!("inode {f}")), "{detail}"),
                     other => panic!("expected BadChecksum, got {other:?}"),
                 }
             } else {
@@ -723,8 +727,8 @@ fn corrupt_xattrs_are_reported() {
                 fs.listxattr(f).map(|_| ()),
             ] {
                 match r {
-                    Err(Error::Corrupt(m)) | Err(Error::BadChecksum(m)) => {
-                        assert!(m.contains(&format!("inode {f}")), "{m}")
+                    Err(e) if e.corruption() == Some(Corruption::Xattr) => {
+                        assert!(e.to_string().contains(&format!("inode {f}")), "{e}")
                     }
                     other => panic!("expected corruption, got {other:?}"),
                 }
@@ -757,13 +761,22 @@ fn corrupt_xattrs_are_reported() {
             poke(area + 4 + 8, &[0, 0x10, 0, 0]);
             let fs = open_ro();
             match fs.getxattr(g, b"user.small") {
-                Err(Error::Corrupt(m)) => assert!(m.contains(&format!("inode {g}")), "{m}"),
+                Err(Error::Corrupt {
+                    kind: Corruption::Xattr,
+                    detail,
+                }) => assert!(detail.contains(&format!("inode {g}")), "{detail}"),
                 other => panic!("expected Corrupt, got {other:?}"),
             }
             // No terminator: all ones after the magic.
             poke(area + 4, &vec![0xff; (256 - 128 - extra - 4) as usize]);
             let fs = open_ro();
-            assert!(matches!(fs.listxattr(g), Err(Error::Corrupt(_))));
+            assert!(matches!(
+                fs.listxattr(g),
+                Err(Error::Corrupt {
+                    kind: Corruption::Xattr,
+                    ..
+                })
+            ));
         }
     }
 }

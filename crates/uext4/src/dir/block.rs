@@ -6,7 +6,7 @@
 //!
 //! The caller holds the directory's `io_lock` and passes its `state` (as `st`), as in dir.rs.
 
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::dir_entry::*;
 use crate::format::extent::Extent;
 use crate::format::inode::RawInode;
@@ -66,7 +66,10 @@ impl Fs {
 
     pub(crate) fn dir_err(&self, dir: u32, lblk: u32, pblk: u64, what: String) -> Error {
         self.fail(
-            Error::corrupt(format!("directory inode {dir}, block {lblk}: {what}")),
+            Error::corrupt(
+                Corruption::Directory,
+                format!("directory inode {dir}, block {lblk}: {what}"),
+            ),
             dir,
             pblk,
             "dir",
@@ -75,9 +78,10 @@ impl Fs {
 
     pub(crate) fn dir_csum_err(&self, dir: u32, lblk: u32, pblk: u64, what: &str) -> Error {
         self.fail(
-            Error::BadChecksum(format!(
-                "directory inode {dir}, block {lblk} (physical {pblk}): {what}"
-            )),
+            Error::bad_checksum(
+                Corruption::Directory,
+                format!("directory inode {dir}, block {lblk} (physical {pblk}): {what}"),
+            ),
             dir,
             pblk,
             "dir",

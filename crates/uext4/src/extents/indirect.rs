@@ -6,7 +6,7 @@
 //! (preallocated) blocks have no place in a block map.
 
 use crate::bcache::Buffer;
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::extent::*;
 use crate::format::inode::RawInode;
 use crate::format::{le32, put32};
@@ -128,7 +128,7 @@ impl Fs {
                 format!("inode {ino}: indirect block {parent}: {}", what())
             }
         };
-        self.check_file_block(ino, p, 1, &name)
+        self.check_file_block(Corruption::BlockMap, ino, p, 1, &name)
             .map_err(|e| self.fail(e, ino, if parent == 0 { p } else { parent }, "ext_load"))
     }
 

@@ -7,7 +7,7 @@
 
 use super::cache::ExtentCache;
 use super::{indirect, tree};
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::extent::*;
 use crate::format::inode::RawInode;
 use crate::fs::Fs;
@@ -120,17 +120,20 @@ impl Fs {
                 e.len, e.lblk
             )));
         }
-        self.check_file_block(ino, e.pblk, e.len as u64, &|| {
+        self.check_file_block(Corruption::ExtentTree, ino, e.pblk, e.len as u64, &|| {
             format!("inode {ino}: new extent at logical block {}", e.lblk)
         })?;
         let cache = st.extents.as_ref().unwrap();
         if let Some(x) = cache.next(e.lblk) {
             if (x.lblk as u64) < e.end() {
                 return Err(self.fail(
-                    Error::corrupt(format!(
-                        "inode {ino}: new extent at {} overlaps the one at {}",
-                        e.lblk, x.lblk
-                    )),
+                    Error::corrupt(
+                        Corruption::ExtentTree,
+                        format!(
+                            "inode {ino}: new extent at {} overlaps the one at {}",
+                            e.lblk, x.lblk
+                        ),
+                    ),
                     ino,
                     0,
                     "ext_insert",

@@ -5,7 +5,7 @@
 //! full node splits (the root grows the tree by one level), an empty node is freed and its
 //! index entry removed, and index keys follow the first key of their child.
 
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::extent::*;
 use crate::format::inode::{RawInode, FL_EXTENTS};
 use crate::format::{le32, put32};
@@ -121,7 +121,10 @@ impl Fs {
 
     fn corrupt(&self, ino: u32, blk: u64, what: String) -> Error {
         self.fail(
-            Error::corrupt(format!("inode {ino}: {}: {what}", node_name(blk))),
+            Error::corrupt(
+                Corruption::ExtentTree,
+                format!("inode {ino}: {}: {what}", node_name(blk)),
+            ),
             ino,
             blk,
             "ext_load",
@@ -169,10 +172,13 @@ impl Fs {
                 let have = le32(data, t);
                 if have != want {
                     return Err(self.fail(
-                        Error::BadChecksum(format!(
-                            "inode {ino}: extent block {blk}: checksum {have:#010x}, \
-                             computed {want:#010x}"
-                        )),
+                        Error::bad_checksum(
+                            Corruption::ExtentTree,
+                            format!(
+                                "inode {ino}: extent block {blk}: checksum {have:#010x}, \
+                                 computed {want:#010x}"
+                            ),
+                        ),
                         ino,
                         blk,
                         "ext_load",
@@ -218,13 +224,19 @@ impl Fs {
                         ),
                     ));
                 }
-                if let Err(err) = self.check_file_block(ino, x.pblk, x.len as u64, &|| {
-                    format!(
-                        "inode {ino}: {}: extent {i} (logical {})",
-                        node_name(b),
-                        x.lblk
-                    )
-                }) {
+                if let Err(err) = self.check_file_block(
+                    Corruption::ExtentTree,
+                    ino,
+                    x.pblk,
+                    x.len as u64,
+                    &|| {
+                        format!(
+                            "inode {ino}: {}: extent {i} (logical {})",
+                            node_name(b),
+                            x.lblk
+                        )
+                    },
+                ) {
                     return Err(self.fail(err, ino, b, "ext_load"));
                 }
                 prev_end = x.end();
@@ -269,13 +281,15 @@ impl Fs {
                 } else {
                     hi
                 };
-                if let Err(err) = self.check_file_block(ino, x.leaf, 1, &|| {
-                    format!(
-                        "inode {ino}: {}: index {i} (logical {})",
-                        node_name(b),
-                        x.lblk
-                    )
-                }) {
+                if let Err(err) =
+                    self.check_file_block(Corruption::ExtentTree, ino, x.leaf, 1, &|| {
+                        format!(
+                            "inode {ino}: {}: index {i} (logical {})",
+                            node_name(b),
+                            x.lblk
+                        )
+                    })
+                {
                     return Err(self.fail(err, ino, b, "ext_load"));
                 }
                 let buf = self.bcache.get(x.leaf)?;

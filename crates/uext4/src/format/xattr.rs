@@ -17,7 +17,7 @@
 
 use super::csum::crc32c;
 use super::{le16, le32, put16, put32};
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 
 pub const XATTR_MAGIC: u32 = 0xEA02_0000;
 /// Bytes of the in-inode header (the magic).
@@ -189,17 +189,19 @@ pub fn parse_entries(
     let mut off = first;
     loop {
         if off.checked_add(4).is_none_or(|e| e > area.len()) {
-            return Err(Error::corrupt(format!(
-                "{what}: attribute list has no terminator"
-            )));
+            return Err(Error::corrupt(
+                Corruption::Xattr,
+                format!("{what}: attribute list has no terminator"),
+            ));
         }
         if le32(area, off) == 0 {
             break;
         }
         if off + ENTRY_LEN > area.len() {
-            return Err(Error::corrupt(format!(
-                "{what}: attribute entry at byte {off} overruns the area"
-            )));
+            return Err(Error::corrupt(
+                Corruption::Xattr,
+                format!("{what}: attribute entry at byte {off} overruns the area"),
+            ));
         }
         let name_len = area[off] as usize;
         let index = area[off + 1];
@@ -208,9 +210,10 @@ pub fn parse_entries(
         let size = le32(area, off + 8) as usize;
         let name = off + ENTRY_LEN..off + ENTRY_LEN + name_len;
         if name.end > area.len() {
-            return Err(Error::corrupt(format!(
-                "{what}: attribute name at byte {off} overruns the area"
-            )));
+            return Err(Error::corrupt(
+                Corruption::Xattr,
+                format!("{what}: attribute name at byte {off} overruns the area"),
+            ));
         }
         if inum != 0 {
             return Err(Error::Unsupported(format!(
@@ -238,10 +241,13 @@ pub fn parse_entries(
                     .checked_add(pad4(r.size))
                     .is_none_or(|e| e > area.len())
             {
-                return Err(Error::corrupt(format!(
-                    "{what}: attribute value at byte {start} (+{}) is outside the value area",
-                    r.size
-                )));
+                return Err(Error::corrupt(
+                    Corruption::Xattr,
+                    format!(
+                        "{what}: attribute value at byte {start} (+{}) is outside the value area",
+                        r.size
+                    ),
+                ));
             }
             area[start..start + r.size].to_vec()
         };
@@ -313,25 +319,35 @@ pub fn parse_block(
     what: &str,
 ) -> Result<Vec<XattrEntry>> {
     if data.len() < BLOCK_HEADER_LEN + 4 {
-        return Err(Error::corrupt(format!(
-            "{what}: xattr block {blk} is too short"
-        )));
+        return Err(Error::corrupt(
+            Corruption::Xattr,
+            format!("{what}: xattr block {blk} is too short"),
+        ));
     }
     if le32(data, H_MAGIC) != XATTR_MAGIC {
-        return Err(Error::corrupt(format!(
-            "{what}: xattr block {blk} has bad magic {:#x}",
-            le32(data, H_MAGIC)
-        )));
+        return Err(Error::corrupt(
+            Corruption::Xattr,
+            format!(
+                "{what}: xattr block {blk} has bad magic {:#x}",
+                le32(data, H_MAGIC)
+            ),
+        ));
     }
     if le32(data, H_BLOCKS) != 1 {
-        return Err(Error::corrupt(format!(
-            "{what}: xattr block {blk} claims {} blocks",
-            le32(data, H_BLOCKS)
-        )));
+        return Err(Error::corrupt(
+            Corruption::Xattr,
+            format!(
+                "{what}: xattr block {blk} claims {} blocks",
+                le32(data, H_BLOCKS)
+            ),
+        ));
     }
     if let Some(seed) = csum_seed {
         if le32(data, H_CHECKSUM) != block_csum(seed, blk, data) {
-            return Err(Error::BadChecksum(format!("{what}: xattr block {blk}")));
+            return Err(Error::bad_checksum(
+                Corruption::Xattr,
+                format!("{what}: xattr block {blk}"),
+            ));
         }
     }
     parse_entries(

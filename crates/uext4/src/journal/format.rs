@@ -2,7 +2,7 @@
 //! the journal superblock, block headers, descriptor-block tags, commit blocks and the
 //! checksums of each. No I/O here.
 
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::csum::crc32c;
 
 pub const JBD2_MAGIC: u32 = 0xC03B_3998;
@@ -134,19 +134,24 @@ impl JournalSuperblock {
     /// (with csum v2/v3) the checksum; the geometry is checked by `Journal::open`.
     pub fn parse(b: &[u8]) -> Result<Self> {
         if b.len() < SB_SIZE {
-            return Err(Error::corrupt("journal superblock: short read"));
+            return Err(Error::corrupt(
+                Corruption::Journal,
+                "journal superblock: short read",
+            ));
         }
         let magic = be32(b, 0);
         if magic != JBD2_MAGIC {
-            return Err(Error::corrupt(format!(
-                "journal superblock: bad magic {magic:#010x}"
-            )));
+            return Err(Error::corrupt(
+                Corruption::Journal,
+                format!("journal superblock: bad magic {magic:#010x}"),
+            ));
         }
         let blocktype = be32(b, 4);
         if blocktype != BT_SB_V1 && blocktype != BT_SB_V2 {
-            return Err(Error::corrupt(format!(
-                "journal superblock: unknown block type {blocktype}"
-            )));
+            return Err(Error::corrupt(
+                Corruption::Journal,
+                format!("journal superblock: unknown block type {blocktype}"),
+            ));
         }
         let v2 = blocktype == BT_SB_V2;
         let sb = JournalSuperblock {
@@ -169,13 +174,19 @@ impl JournalSuperblock {
         };
         if sb.has_csum_v2or3() {
             if sb.checksum_type != CSUM_TYPE_CRC32C {
-                return Err(Error::corrupt(format!(
-                    "journal superblock: checksum type {} (only crc32c, 4, exists)",
-                    sb.checksum_type
-                )));
+                return Err(Error::corrupt(
+                    Corruption::Journal,
+                    format!(
+                        "journal superblock: checksum type {} (only crc32c, 4, exists)",
+                        sb.checksum_type
+                    ),
+                ));
             }
             if sb.compute_csum(&sb.raw) != be32(b, 0xFC) {
-                return Err(Error::BadChecksum("journal superblock".into()));
+                return Err(Error::bad_checksum(
+                    Corruption::Journal,
+                    "journal superblock",
+                ));
             }
         }
         Ok(sb)
@@ -451,13 +462,19 @@ mod tests {
         bad[0x1C] ^= 1;
         assert!(matches!(
             JournalSuperblock::parse(&bad),
-            Err(Error::BadChecksum(_))
+            Err(Error::BadChecksum {
+                kind: Corruption::Journal,
+                ..
+            })
         ));
         let mut bad = b;
         bad[0] = 0;
         assert!(matches!(
             JournalSuperblock::parse(&bad),
-            Err(Error::Corrupt(_))
+            Err(Error::Corrupt {
+                kind: Corruption::Journal,
+                ..
+            })
         ));
         // Without checksums, no checksum is written or checked.
         let plain = JournalSuperblock::new_v2(1024, 256, uuid, false, false).to_bytes();

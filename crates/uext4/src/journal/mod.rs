@@ -30,7 +30,7 @@ mod recovery;
 mod revoke;
 
 use crate::blockdev::BlockDevice;
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use format::{JournalSuperblock, TagFormat, COMPAT_CHECKSUM, INCOMPAT_FAST_COMMIT, INCOMPAT_KNOWN};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
@@ -149,57 +149,75 @@ impl Journal {
         if !(1024..=65536).contains(&bs) || !bs.is_power_of_two() {
             return Err(Error::Invalid(format!("journal: block size {bs}")));
         }
-        let p0 = map
-            .phys(0)
-            .ok_or_else(|| Error::corrupt("journal: the journal inode maps no block 0"))?;
+        let p0 = map.phys(0).ok_or_else(|| {
+            Error::corrupt(
+                Corruption::Journal,
+                "journal: the journal inode maps no block 0",
+            )
+        })?;
         if (p0 + 1) * bs as u64 > dev.size() {
-            return Err(Error::corrupt(format!(
-                "journal: superblock block {p0} is past the end of the device"
-            )));
+            return Err(Error::corrupt(
+                Corruption::Journal,
+                format!("journal: superblock block {p0} is past the end of the device"),
+            ));
         }
         let mut raw = vec![0u8; format::SB_SIZE];
         dev.read_at(p0 * bs as u64, &mut raw)?;
         let sb = JournalSuperblock::parse(&raw).map_err(|e| match e {
-            Error::Corrupt(m) => {
-                Error::Corrupt(format!("{m} (journal block 0, device block {p0})"))
-            }
-            Error::BadChecksum(m) => {
-                Error::BadChecksum(format!("{m} (journal block 0, device block {p0})"))
-            }
+            Error::Corrupt { kind, detail: m } => Error::Corrupt {
+                kind,
+                detail: format!("{m} (journal block 0, device block {p0})"),
+            },
+            Error::BadChecksum { kind, detail: m } => Error::BadChecksum {
+                kind,
+                detail: format!("{m} (journal block 0, device block {p0})"),
+            },
             e => e,
         })?;
         if sb.block_size != bs {
-            return Err(Error::corrupt(format!(
-                "journal superblock: block size {} differs from the filesystem's {bs}",
-                sb.block_size
-            )));
+            return Err(Error::corrupt(
+                Corruption::Journal,
+                format!(
+                    "journal superblock: block size {} differs from the filesystem's {bs}",
+                    sb.block_size
+                ),
+            ));
         }
         let mapped: u64 = map.0.iter().map(|r| r.2 as u64).sum();
         if sb.maxlen < 32 || !map.covers(sb.maxlen) {
-            return Err(Error::corrupt(format!(
+            return Err(Error::corrupt(Corruption::Journal, format!(
                 "journal superblock: length {} does not fit the journal inode ({mapped} blocks mapped)",
                 sb.maxlen
             )));
         }
         if sb.first == 0 || sb.first >= sb.maxlen {
-            return Err(Error::corrupt(format!(
-                "journal superblock: first log block {} outside 1..{}",
-                sb.first, sb.maxlen
-            )));
+            return Err(Error::corrupt(
+                Corruption::Journal,
+                format!(
+                    "journal superblock: first log block {} outside 1..{}",
+                    sb.first, sb.maxlen
+                ),
+            ));
         }
         if sb.start != 0 && (sb.start < sb.first || sb.start >= sb.maxlen) {
-            return Err(Error::corrupt(format!(
-                "journal superblock: log start {} outside {}..{}",
-                sb.start, sb.first, sb.maxlen
-            )));
+            return Err(Error::corrupt(
+                Corruption::Journal,
+                format!(
+                    "journal superblock: log start {} outside {}..{}",
+                    sb.start, sb.first, sb.maxlen
+                ),
+            ));
         }
         for r in &map.0 {
             if (r.1 + r.2 as u64) * bs as u64 > dev.size() {
-                return Err(Error::corrupt(format!(
-                    "journal: blocks {}..{} are past the end of the device",
-                    r.1,
-                    r.1 + r.2 as u64
-                )));
+                return Err(Error::corrupt(
+                    Corruption::Journal,
+                    format!(
+                        "journal: blocks {}..{} are past the end of the device",
+                        r.1,
+                        r.1 + r.2 as u64
+                    ),
+                ));
             }
         }
         if sb.nr_users > 1 {
@@ -221,6 +239,7 @@ impl Journal {
         let compat_csum = sb.feature_compat & COMPAT_CHECKSUM != 0;
         if compat_csum && fmt.csum() {
             return Err(Error::corrupt(
+                Corruption::Journal,
                 "journal superblock: both the v1 and the v2/v3 checksum features are set",
             ));
         }
@@ -349,14 +368,20 @@ impl Journal {
 
     fn phys(&self, jblk: u32) -> Result<u64> {
         if jblk >= self.maxlen {
-            return Err(Error::corrupt(format!(
-                "journal block {jblk} is past the log's end ({})",
-                self.maxlen
-            )));
+            return Err(Error::corrupt(
+                Corruption::Journal,
+                format!(
+                    "journal block {jblk} is past the log's end ({})",
+                    self.maxlen
+                ),
+            ));
         }
-        self.map
-            .phys(jblk)
-            .ok_or_else(|| Error::corrupt(format!("journal block {jblk} is not mapped")))
+        self.map.phys(jblk).ok_or_else(|| {
+            Error::corrupt(
+                Corruption::Journal,
+                format!("journal block {jblk} is not mapped"),
+            )
+        })
     }
 
     fn read_jblock(&self, jblk: u32) -> Result<Vec<u8>> {

@@ -21,7 +21,7 @@ use super::format::{
 };
 use super::revoke::{scan_revoke_block, RevokeTable};
 use super::{Journal, RecoveryReport};
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Pass {
@@ -75,7 +75,7 @@ impl Journal {
         )?;
         self.dev.flush()?;
         if errs.count > 0 {
-            return Err(Error::BadChecksum(format!(
+            return Err(Error::bad_checksum(Corruption::Journal, format!(
                 "journal recovery: {} logged block(s) could not be replayed (bad checksum or past the device's end) (first: {}); the log is left in place",
                 errs.count,
                 errs.first.unwrap_or_default()
@@ -135,7 +135,7 @@ impl Journal {
                     let commit_time = be64(&b, COMMIT_SEC);
                     if need_check_commit_time {
                         if commit_time >= last_commit_time {
-                            return Err(Error::BadChecksum(format!(
+                            return Err(Error::bad_checksum(Corruption::Journal, format!(
                                 "journal transaction {tid}: a descriptor or revoke block fails its checksum although the transaction committed (commit block at log block {here})"
                             )));
                         }
@@ -171,6 +171,7 @@ impl Journal {
             }
         }
         Err(Error::corrupt(
+            Corruption::Journal,
             "journal: the log does not end (more transactions than the log holds)",
         ))
     }
@@ -195,16 +196,20 @@ impl Journal {
             let b = self.read_jblock(at)?;
             at = self.next(at);
             if be32(&b, 0) != JBD2_MAGIC || be32(&b, 8) != tid {
-                return Err(Error::corrupt(format!(
-                    "journal: log block {here} changed during recovery (transaction {tid} expected)"
-                )));
+                return Err(Error::corrupt(
+                    Corruption::Journal,
+                    format!(
+                        "journal: log block {here} changed during recovery (transaction {tid} expected)"
+                    ),
+                ));
             }
             match be32(&b, 4) {
                 BT_DESCRIPTOR => {
                     if self.fmt.csum() && !tail_csum_ok(self.seed, &b) {
-                        return Err(Error::BadChecksum(format!(
-                            "journal descriptor block {here} (transaction {tid})"
-                        )));
+                        return Err(Error::bad_checksum(
+                            Corruption::Journal,
+                            format!("journal descriptor block {here} (transaction {tid})"),
+                        ));
                     }
                     for tag in self.fmt.tags(&b) {
                         let io = at;
@@ -257,9 +262,10 @@ impl Journal {
                     }
                 }
                 other => {
-                    return Err(Error::corrupt(format!(
-                        "journal: log block {here} has unknown block type {other}"
-                    )))
+                    return Err(Error::corrupt(
+                        Corruption::Journal,
+                        format!("journal: log block {here} has unknown block type {other}"),
+                    ))
                 }
             }
         }

@@ -5,7 +5,7 @@ use super::format::{
     be32, be64, header, put_be32, put_be64, set_tail_csum, tid_gt, TagFormat, BT_REVOKE,
     REVOKE_HEADER_SIZE,
 };
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use std::collections::HashMap;
 
 #[derive(Default, Debug)]
@@ -39,9 +39,10 @@ pub(super) fn scan_revoke_block(
 ) -> Result<u64> {
     let count = be32(b, 12) as usize;
     if count > b.len() - fmt.tail_bytes() || count < REVOKE_HEADER_SIZE {
-        return Err(Error::corrupt(format!(
-            "journal revoke block {at} (transaction {tid}): r_count {count} out of range"
-        )));
+        return Err(Error::corrupt(
+            Corruption::Journal,
+            format!("journal revoke block {at} (transaction {tid}): r_count {count} out of range"),
+        ));
     }
     let rec = fmt.revoke_record_bytes();
     let mut off = REVOKE_HEADER_SIZE;
@@ -144,7 +145,10 @@ mod tests {
         let mut t = RevokeTable::default();
         assert!(matches!(
             scan_revoke_block(&fmt, &b, 1, 3, &mut t),
-            Err(Error::Corrupt(_))
+            Err(Error::Corrupt {
+                kind: Corruption::Journal,
+                ..
+            })
         ));
     }
 }

@@ -215,7 +215,7 @@ fn bad_data_checksum_fails_recovery_but_replays_the_rest() {
     s.dev.write_at((c - 1) * 1024, &b).unwrap();
     let e = s.open().recover().unwrap_err();
     assert!(
-        matches!(e, Error::BadChecksum(ref m) if m.contains("block 71")),
+        matches!(e, Error::BadChecksum { kind: Corruption::Journal, ref detail } if detail.contains("block 71")),
         "{e}"
     );
     assert_eq!(s.block(70), pattern(1024, 70, 1));
@@ -391,13 +391,31 @@ fn bad_superblocks_are_refused() {
     };
     assert!(matches!(
         try_sb(&|b| b.maxlen = 1000),
-        Err(Error::Corrupt(_))
+        Err(Error::Corrupt {
+            kind: Corruption::Journal,
+            ..
+        })
     ));
-    assert!(matches!(try_sb(&|b| b.first = 0), Err(Error::Corrupt(_))));
-    assert!(matches!(try_sb(&|b| b.start = 70), Err(Error::Corrupt(_))));
+    assert!(matches!(
+        try_sb(&|b| b.first = 0),
+        Err(Error::Corrupt {
+            kind: Corruption::Journal,
+            ..
+        })
+    ));
+    assert!(matches!(
+        try_sb(&|b| b.start = 70),
+        Err(Error::Corrupt {
+            kind: Corruption::Journal,
+            ..
+        })
+    ));
     assert!(matches!(
         try_sb(&|b| b.block_size = 4096),
-        Err(Error::Corrupt(_))
+        Err(Error::Corrupt {
+            kind: Corruption::Journal,
+            ..
+        })
     ));
     assert!(matches!(
         try_sb(&|b| b.nr_users = 2),
@@ -416,7 +434,10 @@ fn bad_superblocks_are_refused() {
     s.dev.write_at(JSTART * 1024, &raw).unwrap();
     assert!(matches!(
         Journal::open(s.dev.clone(), 1024, s.map.clone()),
-        Err(Error::BadChecksum(_))
+        Err(Error::BadChecksum {
+            kind: Corruption::Journal,
+            ..
+        })
     ));
     // Garbage in the log is not a transaction: recovery of a log with s_start set but no
     // valid blocks replays nothing.
@@ -498,7 +519,7 @@ fn corrupt_descriptor_in_a_committed_transaction_is_an_error() {
     s.dev.write_at((c - 2) * 1024, &d).unwrap();
     let e = s.open().recover().unwrap_err();
     assert!(
-        matches!(e, Error::BadChecksum(ref m) if m.contains("transaction 2")),
+        matches!(e, Error::BadChecksum { kind: Corruption::Journal, ref detail } if detail.contains("transaction 2")),
         "{e}"
     );
     assert!(s.open().needs_recovery());

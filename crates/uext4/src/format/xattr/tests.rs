@@ -71,21 +71,30 @@ fn entries_roundtrip_and_bounds() {
     assert_eq!(parse_block(&blk, 77, Some(0x1234), "t").unwrap(), entries);
     assert!(matches!(
         parse_block(&blk, 78, Some(0x1234), "t"),
-        Err(Error::BadChecksum(_))
+        Err(Error::BadChecksum {
+            kind: Corruption::Xattr,
+            ..
+        })
     ));
     // A value offset pointing into the entry list is corrupt, not a panic.
     let mut bad = blk.clone();
     put16(&mut bad, BLOCK_HEADER_LEN + 2, 8);
     assert!(matches!(
         parse_block(&bad, 77, None, "t"),
-        Err(Error::Corrupt(_))
+        Err(Error::Corrupt {
+            kind: Corruption::Xattr,
+            ..
+        })
     ));
     // Value size running off the end.
     let mut bad = blk.clone();
     put32(&mut bad, BLOCK_HEADER_LEN + 8, 5000);
     assert!(matches!(
         parse_block(&bad, 77, None, "t"),
-        Err(Error::Corrupt(_))
+        Err(Error::Corrupt {
+            kind: Corruption::Xattr,
+            ..
+        })
     ));
     // ea_inode values.
     let mut bad = blk.clone();
