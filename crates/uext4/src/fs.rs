@@ -929,5 +929,3 @@ pub struct StatFs {
     pub files_free: u64,
     pub name_max: u32,
 }
-
-pub use crate::image::on_tmpfs;

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 
 use crate::format::inode::{RawInode, Timestamp, ROOT_INO};
 use crate::fs::Fs;
-pub use crate::icache::{ExtentCache, Inode, InodeCache, InodeRef, InodeState};
+pub use crate::icache::{ExtentCache, Inode, InodeRef, InodeState};
 use crate::transaction::Handle;
 use parking_lot::{Mutex, RwLock};
 

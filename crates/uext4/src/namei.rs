@@ -41,8 +41,6 @@ pub fn ftype_of(mode: u16) -> u8 {
     }
 }
 
-pub use crate::attr::{SetAttr, TimeSet};
-
 /// renameat2's flags, as the kernel numbers them.
 pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;

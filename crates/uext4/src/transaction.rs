@@ -93,9 +93,6 @@ impl TxnManager {
         }
     }
 
-    pub fn running_tid(&self) -> u64 {
-        self.running.lock().tid
-    }
     pub fn committed_tid(&self) -> u64 {
         self.committed.load(Ordering::Acquire)
     }
