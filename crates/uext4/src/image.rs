@@ -42,6 +42,7 @@ pub fn on_tmpfs(path: &Path) -> bool {
 /// How a filesystem wants its local image opened.
 #[derive(Clone, Copy, Debug)]
 pub struct Access {
+    /// Open read-only.
     pub read_only: bool,
     /// Map the image (`MountOptions::dax`; read-write only).
     pub dax: bool,

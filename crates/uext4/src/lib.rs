@@ -8,7 +8,7 @@
 //! use uext4::{Fs, MountOptions};
 //!
 //! // A new 64 MiB ext4 image, as `mke2fs -t ext4` would make it.
-//! let image = std::env::temp_dir().join(format!("uext4-doc-{}.img", std::process::id()));
+//! let image = std::env::temp_dir().join(format!("uext4-example-{}.img", std::process::id()));
 //! uext4::mkfs::make_image(&image, 64 << 20)?;
 //!
 //! let fs = Fs::open_path(&image, MountOptions::default())?;
@@ -16,8 +16,9 @@
 //! fs.write(file.ino, 0, b"hello, ext4\n")?;
 //! fs.fsync(file.ino, false)?;
 //! fs.unmount()?; // commits, checkpoints and marks the image clean
-//! # std::fs::remove_file(&image)?;
-//! # Ok::<(), uext4::Error>(())
+//!
+//! std::fs::remove_file(&image)?;
+//! Ok::<(), uext4::Error>(())
 //! ```
 //!
 //! # The public API
@@ -92,6 +93,7 @@ pub use acl::{is_equivalent_to_mode as acl_is_equivalent_to_mode, mode_bits as a
 pub use attr::{SetAttr, TimeSet};
 pub use cred::{Cred, Groups};
 pub use error::{Corruption, Error, Result};
+pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 pub use format::inode::{
     Timestamp, ROOT_INO, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK,
 };
@@ -105,3 +107,36 @@ pub use namei::{
 };
 pub use transaction::TxnStats;
 pub use xattr::XattrFlags;
+
+#[cfg(test)]
+mod tests {
+    /// The README's "Using the library" example is the crate docs' example, which runs as a
+    /// doctest: the README's copy must not drift from it.
+    #[test]
+    fn readme_example_is_the_crate_example() {
+        let code = |text: &str, prefix: &str| -> String {
+            let lines: Vec<&str> = text
+                .lines()
+                .map(|l| match l.strip_prefix(prefix) {
+                    Some(r) => r.strip_prefix(' ').unwrap_or(r),
+                    None => l,
+                })
+                .collect();
+            let start = lines
+                .iter()
+                .position(|l| l.trim_end() == "```rust" || l.trim_end() == "```")
+                .unwrap();
+            let len = lines[start + 1..]
+                .iter()
+                .position(|l| l.trim_end() == "```")
+                .unwrap();
+            lines[start + 1..start + 1 + len]
+                .iter()
+                .map(|l| l.trim_end().to_string() + "\n")
+                .collect()
+        };
+        let readme = include_str!("../../../README.md");
+        let section = &readme[readme.find("## Using the library").unwrap()..];
+        assert_eq!(code(section, ""), code(include_str!("lib.rs"), "//!"));
+    }
+}
