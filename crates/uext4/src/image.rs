@@ -10,17 +10,17 @@
 //! # Ok::<(), uext4::Error>(())
 //! ```
 
+use crate::blockdev::NbdDevice;
 use crate::blockdev::{is_tmpfs, BlockDevice, FileDevice, MappedDevice};
 use crate::error::Result;
-use crate::nbd::NbdDevice;
 use std::path::Path;
 use std::sync::Arc;
 
 pub use crate::error::Holder;
 pub use crate::holder::{claim_for_writing, WriterClaim};
 
-/// Opens what an image argument names: an NBD export for an NBD URI ([`NbdDevice`](crate::blockdev::NbdDevice)), else
-/// the image file or block device at `path` ([`FileDevice`]). Claims nothing (see
+/// Opens what an image argument names: an NBD export for an NBD URI
+/// ([`NbdDevice`]), else the image file or block device at `path` ([`FileDevice`]). Claims nothing (see
 /// [`crate::Fs::open_path`] for the writer claim).
 pub fn open_image(path: &Path, read_only: bool) -> Result<Arc<dyn BlockDevice>> {
     if let Some(uri) = path.to_str().filter(|s| crate::nbd::is_nbd_uri(s)) {

@@ -30,7 +30,7 @@
 //! - [`blockdev`]: the device trait and its backends (files, memory, mappings, regions of a
 //!   device, NBD); [`image`]: opening one by name; [`partition`]: GPT and MBR tables.
 //! - [`mkfs`]: making a new filesystem, laid out as `mke2fs` lays it out.
-//! - [`format`]: the on-disk structures (superblock, group descriptors, inodes, ...),
+//! - [`format`](mod@format): the on-disk structures (superblock, group descriptors, inodes, ...),
 //!   read-only views for tools and tests that inspect an image.
 //!
 //! # Layers
