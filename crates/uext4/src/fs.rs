@@ -645,6 +645,23 @@ impl Fs {
     /// without [`Fs::unmount`] logs (see [`Fs`]'s "Closing"): for tests and tools that
     /// simulate a crash. When it is the last reference, the running transaction is lost and
     /// the committed ones replay at the next open.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use uext4::{blockdev::MemDevice, mkfs, Fs, MountOptions, ROOT_INO};
+    ///
+    /// let dev = Arc::new(MemDevice::new(8 << 20));
+    /// mkfs::mkfs(&*dev, &mkfs::MkfsOptions::like_mke2fs(8 << 20, None))?;
+    /// let fs = Fs::open_dev(dev.clone(), MountOptions::default())?;
+    /// fs.mkdir(ROOT_INO, b"kept", 0o755, 0, 0)?;
+    /// fs.commit()?;
+    /// fs.crash();
+    /// // The next open replays the journal: the committed directory is there.
+    /// let fs = Fs::open_dev(dev, MountOptions::default())?;
+    /// assert!(fs.lookup(ROOT_INO, b"kept").is_ok());
+    /// fs.unmount()?;
+    /// # Ok::<(), uext4::Error>(())
+    /// ```
     pub fn crash(self: Arc<Self>) {
         self.warn_on_drop.store(false, Ordering::Release);
     }
