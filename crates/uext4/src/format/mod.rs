@@ -2,6 +2,10 @@
 //! and exposes little-endian field accessors named after the kernel's fields, with the byte
 //! offset of each field beside it. Split high/low fields are reached only through combining
 //! accessors.
+//!
+//! Public for tools and tests that inspect an image below the filesystem's API (`uext4
+//! info`, checks of what mkfs or a commit wrote): using a filesystem needs none of it. Its
+//! setters are the engine's and mkfs's; a change made through them reaches no device.
 
 pub mod csum;
 pub mod dir_entry;
