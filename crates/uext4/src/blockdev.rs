@@ -625,7 +625,8 @@ const DAX_CHUNK_SHIFT: u32 = 16;
 const PWRITE_FROM: usize = 64 << 10;
 
 impl MappedDevice {
-    /// Maps the image file or block device at `path`, read-write (`non_temporal`: copy large writes with non-temporal stores).
+    /// Maps the image file or block device at `path`, read-write (`non_temporal`: copy large writes
+    /// with non-temporal stores).
     ///
     /// # Errors
     /// What opening or mapping it reports.

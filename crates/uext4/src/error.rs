@@ -85,7 +85,8 @@ pub enum Error {
     /// EINVAL: a directory moved into its own subtree.
     #[error("cross-directory move of a directory into its own subtree")]
     Loop,
-    /// EIO: the filesystem stopped writing after an error (errors=remount-ro, or a failed journal): the first error.
+    /// EIO: the filesystem stopped writing after an error (errors=remount-ro, or a failed journal):
+    /// the first error.
     #[error("filesystem has stopped writing after an error: {0}")]
     Stopped(String),
     /// lseek SEEK_DATA/SEEK_HOLE past the end, or no more data.

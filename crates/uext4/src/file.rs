@@ -63,7 +63,8 @@ impl Fs {
         }
     }
 
-    /// Reads from `ino` at byte `off` into `buf`: how many bytes were read (short only at the end of the file).
+    /// Reads from `ino` at byte `off` into `buf`: how many bytes were read (short only at the end
+    /// of the file).
     ///
     /// # Errors
     /// [`Error::IsDir`](crate::Error::IsDir) for a directory; I/O and corruption errors.
@@ -715,7 +716,8 @@ impl Fs {
     /// Sets the size of `ino` to `size`, freeing the blocks past it or extending with a hole.
     ///
     /// # Errors
-    /// [`Error::FileTooBig`](crate::Error::FileTooBig) past the largest file; [`Error::NoSpace`](crate::Error::NoSpace); read-only and stopped filesystems.
+    /// [`Error::FileTooBig`](crate::Error::FileTooBig) past the largest file;
+    /// [`Error::NoSpace`](crate::Error::NoSpace); read-only and stopped filesystems.
     pub fn truncate(&self, ino: u32, size: u64) -> Result<()> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         self.check_writable()?;
@@ -868,10 +870,12 @@ impl Fs {
         Ok(())
     }
 
-    /// `fallocate(2)` on `ino`: allocates (unwritten extents), punches a hole or zeroes a range, by `mode` ([`FALLOC_FL_KEEP_SIZE`](crate::FALLOC_FL_KEEP_SIZE) and the others).
+    /// `fallocate(2)` on `ino`: allocates (unwritten extents), punches a hole or zeroes a range, by
+    /// `mode` ([`FALLOC_FL_KEEP_SIZE`](crate::FALLOC_FL_KEEP_SIZE) and the others).
     ///
     /// # Errors
-    /// [`Error::NotSupported`](crate::Error::NotSupported) for a mode it does not implement; [`Error::NoSpace`](crate::Error::NoSpace).
+    /// [`Error::NotSupported`](crate::Error::NotSupported) for a mode it does not implement;
+    /// [`Error::NoSpace`](crate::Error::NoSpace).
     pub fn fallocate(&self, ino: u32, mode: i32, off: u64, len: u64) -> Result<()> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         self.retry_nospace(|| self.fallocate_once(ino, mode, off, len))

@@ -570,7 +570,8 @@ impl Fs {
     /// (holder.rs): it is refused, naming the holder, while another program writes it.
     ///
     /// A path written as an NBD URI (`nbd://host[:port]/export`,
-    /// `nbd+unix:///export?socket=PATH`: [`NbdDevice`](crate::blockdev::NbdDevice)) opens that export of an NBD server
+    /// `nbd+unix:///export?socket=PATH`: [`NbdDevice`](crate::blockdev::NbdDevice)) opens that
+    /// export of an NBD server
     /// instead. Nothing local is claimed for it: the server decides who may write (it may
     /// export read-only, which opens read-only).
     ///
@@ -615,7 +616,8 @@ impl Fs {
         self.dev.is_mapped()
     }
 
-    /// Whether the filesystem refuses writes (opened read-only, or turned read-only after an error).
+    /// Whether the filesystem refuses writes (opened read-only, or turned read-only after an
+    /// error).
     pub fn is_read_only(&self) -> bool {
         self.sb.is_read_only()
     }

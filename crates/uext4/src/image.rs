@@ -20,7 +20,8 @@ pub use crate::error::Holder;
 pub use crate::holder::{claim_for_writing, WriterClaim};
 
 /// Opens what an image argument names: an NBD export for an NBD URI
-/// ([`NbdDevice`]), else the image file or block device at `path` ([`FileDevice`]). Claims nothing (see
+/// ([`NbdDevice`]), else the image file or block device at `path` ([`FileDevice`]). Claims nothing
+/// (see
 /// [`crate::Fs::open_path`] for the writer claim).
 pub fn open_image(path: &Path, read_only: bool) -> Result<Arc<dyn BlockDevice>> {
     if let Some(uri) = path.to_str().filter(|s| crate::nbd::is_nbd_uri(s)) {

@@ -354,7 +354,8 @@ impl Fs {
     /// The attributes of `ino`.
     ///
     /// # Errors
-    /// [`Error::NotFound`](crate::Error::NotFound) for an inode not in use; corruption and I/O errors.
+    /// [`Error::NotFound`](crate::Error::NotFound) for an inode not in use; corruption and I/O
+    /// errors.
     pub fn getattr(&self, ino: u32) -> Result<Attr> {
         let inode = self.iget(ino)?;
         let st = inode.state.lock();

@@ -246,7 +246,8 @@ impl Fs {
     /// Looks up `name` in the directory `dir`: its inode's attributes.
     ///
     /// # Errors
-    /// [`Error::NotFound`](crate::Error::NotFound) when there is no such entry; [`Error::NotDir`](crate::Error::NotDir) when `dir` is not a directory.
+    /// [`Error::NotFound`](crate::Error::NotFound) when there is no such entry;
+    /// [`Error::NotDir`](crate::Error::NotDir) when `dir` is not a directory.
     pub fn lookup(&self, dir: u32, name: &[u8]) -> Result<Attr> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         if name.len() > 255 {
@@ -608,7 +609,9 @@ impl Fs {
     /// Makes `newname` in `newdir` a hard link to `ino`.
     ///
     /// # Errors
-    /// [`Error::Exists`](crate::Error::Exists); [`Error::TooManyLinks`](crate::Error::TooManyLinks); [`Error::Perm`](crate::Error::Perm) for a directory.
+    /// [`Error::Exists`](crate::Error::Exists);
+    /// [`Error::TooManyLinks`](crate::Error::TooManyLinks); [`Error::Perm`](crate::Error::Perm) for
+    /// a directory.
     pub fn link(&self, ino: u32, newdir: u32, newname: &[u8]) -> Result<Attr> {
         let r = self.link_inner(ino, newdir, newname);
         self.delete_deferred();
@@ -672,7 +675,8 @@ impl Fs {
         Ok(self.attr_of(ino, &ist))
     }
 
-    /// Removes the name `name` (not a directory) from `dir`; the inode is freed with its last link and last open.
+    /// Removes the name `name` (not a directory) from `dir`; the inode is freed with its last link
+    /// and last open.
     ///
     /// # Errors
     /// [`Error::NotFound`](crate::Error::NotFound); [`Error::IsDir`](crate::Error::IsDir).
@@ -685,7 +689,8 @@ impl Fs {
     /// Removes the empty directory `name` from `dir`.
     ///
     /// # Errors
-    /// [`Error::NotFound`](crate::Error::NotFound); [`Error::NotDir`](crate::Error::NotDir); [`Error::NotEmpty`](crate::Error::NotEmpty).
+    /// [`Error::NotFound`](crate::Error::NotFound); [`Error::NotDir`](crate::Error::NotDir);
+    /// [`Error::NotEmpty`](crate::Error::NotEmpty).
     pub fn rmdir(&self, dir: u32, name: &[u8]) -> Result<()> {
         if name == b"." {
             return Err(Error::Invalid("rmdir of \".\"".into()));
@@ -891,10 +896,14 @@ impl Fs {
         })
     }
 
-    /// Renames `oname` in `odir` to `nname` in `ndir`, as `renameat2(2)` with `flags` (replacing what `nname` names unless told not to).
+    /// Renames `oname` in `odir` to `nname` in `ndir`, as `renameat2(2)` with `flags` (replacing
+    /// what `nname` names unless told not to).
     ///
     /// # Errors
-    /// [`Error::Exists`](crate::Error::Exists) with `RENAME_NOREPLACE`; [`Error::Loop`](crate::Error::Loop) for a directory moved below itself; [`Error::NotEmpty`](crate::Error::NotEmpty), [`Error::IsDir`](crate::Error::IsDir), [`Error::NotDir`](crate::Error::NotDir) as rename(2).
+    /// [`Error::Exists`](crate::Error::Exists) with `RENAME_NOREPLACE`;
+    /// [`Error::Loop`](crate::Error::Loop) for a directory moved below itself;
+    /// [`Error::NotEmpty`](crate::Error::NotEmpty), [`Error::IsDir`](crate::Error::IsDir),
+    /// [`Error::NotDir`](crate::Error::NotDir) as rename(2).
     pub fn rename(
         &self,
         odir: u32,

@@ -71,7 +71,9 @@ impl GroupDesc {
 
 macro_rules! split_u32 {
     ($get:ident, $set:ident, $lo:ident, $set_lo:ident, $hi:ident, $set_hi:ident, $t:ty, $ht:ty) => {
-        #[doc = concat!("`", stringify!($lo), "` and, with 64-bit descriptors, `", stringify!($hi), "`.")]
+        #[doc = concat!(
+                    "`", stringify!($lo), "` and, with 64-bit descriptors, `", stringify!($hi), "`."
+                )]
         pub fn $get(&self) -> u64 {
             let hi = if self.wide() { self.$hi() as u64 } else { 0 };
             (hi << (8 * std::mem::size_of::<$t>())) | self.$lo() as u64

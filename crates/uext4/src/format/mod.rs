@@ -55,20 +55,32 @@ pub fn put64(b: &mut [u8], off: usize, v: u64) {
 /// `self.0` (or of the byte slice the struct derefs to).
 macro_rules! le_field {
     ($(#[$m:meta])* $get:ident, $set:ident, u8, $off:expr) => {
-        $(#[$m])* #[doc = concat!("The field at byte offset ", stringify!($off), ".")] #[inline] pub fn $get(&self) -> u8 { self.bytes()[$off] }
-        #[doc = concat!("Sets [`Self::", stringify!($get), "`].")] #[inline] pub fn $set(&mut self, v: u8) { self.bytes_mut()[$off] = v }
+        $(#[$m])*
+        #[doc = concat!("The field at byte offset ", stringify!($off), ".")]
+        #[inline] pub fn $get(&self) -> u8 { self.bytes()[$off] }
+        #[doc = concat!("Sets [`Self::", stringify!($get), "`].")]
+        #[inline] pub fn $set(&mut self, v: u8) { self.bytes_mut()[$off] = v }
     };
     ($(#[$m:meta])* $get:ident, $set:ident, u16, $off:expr) => {
-        $(#[$m])* #[doc = concat!("The field at byte offset ", stringify!($off), ".")] #[inline] pub fn $get(&self) -> u16 { $crate::format::le16(self.bytes(), $off) }
-        #[doc = concat!("Sets [`Self::", stringify!($get), "`].")] #[inline] pub fn $set(&mut self, v: u16) { $crate::format::put16(self.bytes_mut(), $off, v) }
+        $(#[$m])*
+        #[doc = concat!("The field at byte offset ", stringify!($off), ".")]
+        #[inline] pub fn $get(&self) -> u16 { $crate::format::le16(self.bytes(), $off) }
+        #[doc = concat!("Sets [`Self::", stringify!($get), "`].")]
+        #[inline] pub fn $set(&mut self, v: u16) { $crate::format::put16(self.bytes_mut(), $off, v) }
     };
     ($(#[$m:meta])* $get:ident, $set:ident, u32, $off:expr) => {
-        $(#[$m])* #[doc = concat!("The field at byte offset ", stringify!($off), ".")] #[inline] pub fn $get(&self) -> u32 { $crate::format::le32(self.bytes(), $off) }
-        #[doc = concat!("Sets [`Self::", stringify!($get), "`].")] #[inline] pub fn $set(&mut self, v: u32) { $crate::format::put32(self.bytes_mut(), $off, v) }
+        $(#[$m])*
+        #[doc = concat!("The field at byte offset ", stringify!($off), ".")]
+        #[inline] pub fn $get(&self) -> u32 { $crate::format::le32(self.bytes(), $off) }
+        #[doc = concat!("Sets [`Self::", stringify!($get), "`].")]
+        #[inline] pub fn $set(&mut self, v: u32) { $crate::format::put32(self.bytes_mut(), $off, v) }
     };
     ($(#[$m:meta])* $get:ident, $set:ident, u64, $off:expr) => {
-        $(#[$m])* #[doc = concat!("The field at byte offset ", stringify!($off), ".")] #[inline] pub fn $get(&self) -> u64 { $crate::format::le64(self.bytes(), $off) }
-        #[doc = concat!("Sets [`Self::", stringify!($get), "`].")] #[inline] pub fn $set(&mut self, v: u64) { $crate::format::put64(self.bytes_mut(), $off, v) }
+        $(#[$m])*
+        #[doc = concat!("The field at byte offset ", stringify!($off), ".")]
+        #[inline] pub fn $get(&self) -> u64 { $crate::format::le64(self.bytes(), $off) }
+        #[doc = concat!("Sets [`Self::", stringify!($get), "`].")]
+        #[inline] pub fn $set(&mut self, v: u64) { $crate::format::put64(self.bytes_mut(), $off, v) }
     };
 }
 pub(crate) use le_field;

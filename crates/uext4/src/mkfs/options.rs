@@ -202,7 +202,8 @@ impl FeatureSet {
     }
 }
 
-/// Everything `mkfs` needs to know: the size, the shape and the features (see [`MkfsOptions::like_mke2fs`] for mke2fs's defaults).
+/// Everything `mkfs` needs to know: the size, the shape and the features (see
+/// [`MkfsOptions::like_mke2fs`] for mke2fs's defaults).
 #[derive(Clone, Debug)]
 pub struct MkfsOptions {
     /// Bytes; 0: the whole device.
