@@ -30,8 +30,8 @@
 //! - [`blockdev`]: the device trait and its backends (files, memory, mappings, regions of a
 //!   device, NBD); [`image`]: opening one by name; [`partition`]: GPT and MBR tables.
 //! - [`mkfs`]: making a new filesystem, laid out as `mke2fs` lays it out.
-//! - [`format`](mod@format): the on-disk structures (superblock, group descriptors, inodes, ...),
-//!   read-only views for tools and tests that inspect an image.
+//! - [`format`](mod@format): the on-disk structures (superblock, group descriptors, inodes,
+//!   ...), for tools and tests that inspect an image below the filesystem's API.
 //!
 //! # Layers
 //! Inside, bottom to top (see DESIGN.md in the design notes): the device; `format`, on-disk
