@@ -139,4 +139,53 @@ mod tests {
         let section = &readme[readme.find("## Using the library").unwrap()..];
         assert_eq!(code(section, ""), code(include_str!("lib.rs"), "//!"));
     }
+
+    /// Counts the warnings logged on this thread.
+    #[derive(Default)]
+    struct Warnings(std::sync::atomic::AtomicUsize);
+
+    impl tracing::Subscriber for Warnings {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, e: &tracing::Event<'_>) {
+            if *e.metadata().level() == tracing::Level::WARN {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// How many warnings `f` logs on this thread.
+    fn warnings(f: impl FnOnce()) -> usize {
+        let w = std::sync::Arc::new(Warnings::default());
+        tracing::subscriber::with_default(w.clone(), f);
+        w.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A read-write `Fs` dropped without unmount warns once; after unmount, read-only, or
+    /// through `Fs::crash`, it does not.
+    #[test]
+    fn drop_without_unmount_warns_once() {
+        use crate::blockdev::MemDevice;
+        use crate::{Fs, MountOptions};
+        use std::sync::Arc;
+        let dev = Arc::new(MemDevice::new(8 << 20));
+        crate::mkfs::mkfs(&*dev, &crate::mkfs::MkfsOptions::like_mke2fs(8 << 20, None)).unwrap();
+        let open = |opts: MountOptions| Fs::open_dev(dev.clone(), opts).unwrap();
+        assert_eq!(warnings(|| drop(open(MountOptions::default()))), 1);
+        assert_eq!(warnings(|| open(MountOptions::default()).crash()), 0);
+        assert_eq!(warnings(|| drop(open(MountOptions::ro()))), 0);
+        let unmounted = warnings(|| {
+            let fs = open(MountOptions::default());
+            fs.unmount().unwrap();
+        });
+        assert_eq!(unmounted, 0);
+    }
 }
