@@ -820,8 +820,8 @@ fn eng<T>(r: uext4::Result<T>, what: &str, name: &str) -> Result<T> {
 
 impl Lib<'_> {
     fn times(&self, ino: u32, a: &Attrs) -> Result<()> {
-        use uext4::format::inode::Timestamp;
-        use uext4::namei::{SetAttr, TimeSet};
+        use uext4::Timestamp;
+        use uext4::{SetAttr, TimeSet};
         let t = TimeSet::At(Timestamp {
             sec: a.mtime.0,
             nsec: a.mtime.1,
@@ -835,7 +835,7 @@ impl Lib<'_> {
         Ok(())
     }
     fn owner(&self, ino: u32, a: &Attrs) -> Result<()> {
-        let s = uext4::namei::SetAttr {
+        let s = uext4::SetAttr {
             uid: Some(a.uid),
             gid: Some(a.gid),
             ..Default::default()
@@ -844,7 +844,7 @@ impl Lib<'_> {
         Ok(())
     }
     fn chmod(&self, ino: u32, a: &Attrs) -> Result<()> {
-        let s = uext4::namei::SetAttr {
+        let s = uext4::SetAttr {
             mode: Some(a.mode),
             ..Default::default()
         };

@@ -200,7 +200,7 @@ pub fn parse_within(spec: &str) -> Result<Within> {
 /// `IMAGE`, `IMAGE@N` or `IMAGE@offset=BYTES[,size=BYTES]`: `None` when no such file exists.
 /// A file named by the whole text wins over the `@` forms.
 fn parse_image(s: &str) -> Result<Option<Img>> {
-    if uext4::nbd::is_nbd_uri(s) {
+    if uext4::image::is_nbd_uri(Path::new(s)) {
         return parse_nbd_image(s).map(Some);
     }
     if is_image_file(Path::new(s)) {
@@ -268,7 +268,7 @@ pub(crate) enum Loc {
 pub(crate) fn parse_loc(s: &str) -> Result<Loc> {
     // An NBD URI ends at the first ':' after its authority (a ':' in the export name or the
     // socket path is written %3A): `nbd+unix:///disk?socket=/run/x.sock:/etc`.
-    if uext4::nbd::is_nbd_uri(s) {
+    if uext4::image::is_nbd_uri(Path::new(s)) {
         let auth = nbd_authority_end(s);
         return match s[auth..].find(':').map(|i| auth + i) {
             Some(at) => {
@@ -422,7 +422,7 @@ pub(crate) fn parent_of(fs: &Fs, path: &str) -> Result<(u32, Vec<u8>)> {
 /// every directory has one parent, so this is a cycle or a hard-linked directory made by
 /// corruption. Recursing on would never end.
 pub(crate) fn directory_cycle(ino: u32) -> Error {
-    Error::corrupt(uext4::error::Corruption::Directory, format!(
+    Error::corrupt(uext4::Corruption::Directory, format!(
         "directory inode {ino} is reached twice (a directory cycle or a hard-linked directory); run e2fsck -f"
     ))
 }

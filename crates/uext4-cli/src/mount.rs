@@ -481,7 +481,7 @@ fn serve_foreground(
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     };
-    if opts.errors == uext4::fs::ErrorsBehaviour::Panic {
+    if opts.errors == uext4::ErrorsBehaviour::Panic {
         // errors=panic stops the whole server at the first corruption (the engine panics in
         // the request's thread; without this the other threads would go on serving). The
         // journal keeps the image consistent; the mount is left for `umount` to clear.

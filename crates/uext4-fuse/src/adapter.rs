@@ -21,12 +21,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use uext4::acl::Umask;
-use uext4::cred::{Cred, Groups};
-use uext4::format::inode::S_IFMT;
-use uext4::fsync::FsyncQueue;
-use uext4::namei::{SetAttr, TimeSet};
+use uext4::FsyncQueue;
+use uext4::Umask;
+use uext4::S_IFMT;
 use uext4::{Attr, Error, Fs};
+use uext4::{Cred, Groups};
+use uext4::{SetAttr, TimeSet};
 
 /// How long the kernel may cache attributes and entries (the engine is their only writer).
 const TTL: Duration = Duration::from_secs(1);
@@ -397,7 +397,7 @@ impl Filesystem for Uext4Fuse {
         } else {
             (0, 0)
         };
-        let f = match uext4::namei::RenameFlags::from_bits(flags.bits(), uid, gid) {
+        let f = match uext4::RenameFlags::from_bits(flags.bits(), uid, gid) {
             Ok(f) => f,
             Err(e) => return reply.error(errno(&e)),
         };
@@ -663,11 +663,11 @@ impl Filesystem for Uext4Fuse {
         reply: ReplyEmpty,
     ) {
         let f = if flags & libc::XATTR_CREATE != 0 {
-            uext4::xattr::XattrFlags::Create
+            uext4::XattrFlags::Create
         } else if flags & libc::XATTR_REPLACE != 0 {
-            uext4::xattr::XattrFlags::Replace
+            uext4::XattrFlags::Replace
         } else {
-            uext4::xattr::XattrFlags::Any
+            uext4::XattrFlags::Any
         };
         let r = self
             .fs

@@ -4,8 +4,8 @@
 
 use fuser::{Errno, FileAttr, FileType, INodeNo};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use uext4::format::inode::{Timestamp, S_IFMT};
 use uext4::{Attr, Error};
+use uext4::{Timestamp, S_IFMT};
 
 /// The one mapping from engine errors to errno.
 pub fn errno(e: &Error) -> Errno {

@@ -13,7 +13,7 @@ pub struct Options {
     pub writeback_cache: bool,
     pub direct_io: bool,
     pub commit_secs: u64,
-    pub errors: uext4::fs::ErrorsBehaviour,
+    pub errors: uext4::ErrorsBehaviour,
     pub dax: bool,
     /// Map an image on tmpfs as `dax` does (default; `nodax` turns it off, and `dax` off).
     pub map_tmpfs: bool,
@@ -51,7 +51,7 @@ impl Default for Options {
             writeback_cache: false,
             direct_io: false,
             commit_secs: 5,
-            errors: uext4::fs::ErrorsBehaviour::RemountRo,
+            errors: uext4::ErrorsBehaviour::RemountRo,
             dax: false,
             map_tmpfs: true,
             acl: true,
@@ -182,9 +182,9 @@ impl Options {
                 }
                 "errors" => {
                     o.errors = match v {
-                        Some("remount-ro") => uext4::fs::ErrorsBehaviour::RemountRo,
-                        Some("continue") => uext4::fs::ErrorsBehaviour::Continue,
-                        Some("panic") => uext4::fs::ErrorsBehaviour::Panic,
+                        Some("remount-ro") => uext4::ErrorsBehaviour::RemountRo,
+                        Some("continue") => uext4::ErrorsBehaviour::Continue,
+                        Some("panic") => uext4::ErrorsBehaviour::Panic,
                         _ => {
                             return Err("option errors= takes remount-ro, continue or panic".into())
                         }

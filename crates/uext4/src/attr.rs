@@ -17,19 +17,30 @@ use std::sync::atomic::Ordering;
 /// Which attributes `setattr` changes.
 #[derive(Clone, Debug, Default)]
 pub struct SetAttr {
+    /// The new mode (permission bits and set-id bits; the file type is kept).
     pub mode: Option<u32>,
+    /// The new owner.
     pub uid: Option<u32>,
+    /// The new group.
     pub gid: Option<u32>,
+    /// The new size: truncates or extends (as `truncate`).
     pub size: Option<u64>,
+    /// The new access time.
     pub atime: Option<TimeSet>,
+    /// The new modification time.
     pub mtime: Option<TimeSet>,
+    /// The new change time (else the time of the change, as always).
     pub ctime: Option<Timestamp>,
+    /// The new creation time (for restoring archives; the kernel has no call for it).
     pub crtime: Option<Timestamp>,
 }
 
+/// A time that `setattr` sets: now (as `utimensat` with `UTIME_NOW`), or a given one.
 #[derive(Clone, Copy, Debug)]
 pub enum TimeSet {
+    /// The current time.
     Now,
+    /// This time.
     At(Timestamp),
 }
 

@@ -59,9 +59,6 @@ impl BufferCache {
     pub fn block_size(&self) -> usize {
         self.block_size
     }
-    pub fn device(&self) -> &Arc<dyn BlockDevice> {
-        &self.dev
-    }
 
     fn shard(&self, blk: u64) -> &Mutex<HashMap<u64, Arc<Buffer>>> {
         &self.shards[(blk as usize ^ (blk >> 17) as usize) % SHARDS]
@@ -133,13 +130,6 @@ impl BufferCache {
     /// device by journal recovery).
     pub fn forget(&self, blk: u64) {
         self.shard(blk).lock().remove(&blk);
-    }
-
-    /// Drops every clean block (after recovery rewrote the device underneath).
-    pub fn clear(&self) {
-        for s in &self.shards {
-            s.lock().clear();
-        }
     }
 }
 

@@ -81,6 +81,7 @@ impl SystemZone {
             .map(move |(&s, &e)| (s.max(start), e.min(end)))
     }
 
+    #[cfg(test)]
     pub fn ranges(&self) -> usize {
         self.0.len()
     }

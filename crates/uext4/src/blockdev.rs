@@ -5,9 +5,13 @@
 //! (writes kept in memory over a device never written: read-only journal replay),
 //! [`RegionDevice`] (a window onto part of another device: a partition of a whole-disk image,
 //! or a filesystem kept at an offset inside a container file), [`RecordingDevice`] (the
-//! crash checker's). An NBD export is a device too (nbd.rs); opening a device by what a
-//! path or URI names is image.rs's, above this module.
+//! crash checker's), [`NbdDevice`] (an export of an NBD server). Opening a device by what a
+//! path or URI names is [`crate::image`]'s, above this module.
+//!
+//! A user can plug in a device of their own: implement [`BlockDevice`] and open it with
+//! [`crate::Fs::open_dev`].
 
+pub use crate::nbd::NbdDevice;
 use parking_lot::RwLock;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -170,10 +174,15 @@ pub fn is_backing_full(e: &io::Error) -> bool {
 /// Counters of device traffic, shown by `uext4 stats`.
 #[derive(Default, Debug)]
 pub struct IoCounters {
+    /// Bytes read from the device.
     pub bytes_read: AtomicU64,
+    /// Bytes written to the device.
     pub bytes_written: AtomicU64,
+    /// Read calls.
     pub reads: AtomicU64,
+    /// Write calls.
     pub writes: AtomicU64,
+    /// Flushes (write barriers).
     pub flushes: AtomicU64,
 }
 
@@ -198,6 +207,10 @@ pub struct FileDevice {
 }
 
 impl FileDevice {
+    /// Opens the image file or block device at `path`.
+    ///
+    /// # Errors
+    /// What opening it reports.
     pub fn open(path: &Path, read_only: bool) -> io::Result<Self> {
         let file = OpenOptions::new().read(true).write(!read_only).open(path)?;
         let meta = file.metadata()?;
@@ -289,16 +302,19 @@ pub struct MemDevice {
 }
 
 impl MemDevice {
+    /// A zeroed device of `size` bytes.
     pub fn new(size: u64) -> Self {
         MemDevice {
             data: RwLock::new(vec![0; size as usize]),
         }
     }
+    /// A device holding the bytes `v` (an image read into memory).
     pub fn from_vec(v: Vec<u8>) -> Self {
         MemDevice {
             data: RwLock::new(v),
         }
     }
+    /// A copy of the device's bytes.
     pub fn to_vec(&self) -> Vec<u8> {
         self.data.read().clone()
     }
@@ -352,6 +368,7 @@ pub struct OverlayDevice {
 const OVERLAY_PAGE: u64 = 4096;
 
 impl OverlayDevice {
+    /// An overlay over `below`, which it never writes.
     pub fn new(below: std::sync::Arc<dyn BlockDevice>) -> Self {
         OverlayDevice {
             below,
@@ -426,7 +443,14 @@ impl BlockDevice for OverlayDevice {
 /// One thing a [`RecordingDevice`] saw.
 #[derive(Clone, Debug)]
 pub enum Record {
-    Write { off: u64, data: Vec<u8> },
+    /// A write of `data` at byte `off`.
+    Write {
+        /// The byte offset.
+        off: u64,
+        /// The bytes written.
+        data: Vec<u8>,
+    },
+    /// A flush.
     Flush,
 }
 
@@ -443,6 +467,7 @@ pub struct RecordingDevice {
 }
 
 impl RecordingDevice {
+    /// A recording device over the image `image`.
     pub fn new(image: Vec<u8>) -> Self {
         RecordingDevice {
             current: MemDevice::from_vec(image.clone()),
@@ -462,6 +487,7 @@ impl RecordingDevice {
     pub fn log(&self) -> Vec<Record> {
         self.log.lock().clone()
     }
+    /// How many records it holds.
     pub fn log_len(&self) -> usize {
         self.log.lock().len()
     }
@@ -599,6 +625,11 @@ const DAX_CHUNK_SHIFT: u32 = 16;
 const PWRITE_FROM: usize = 64 << 10;
 
 impl MappedDevice {
+    /// Maps the image file or block device at `path`, read-write (`non_temporal`: copy large writes
+    /// with non-temporal stores).
+    ///
+    /// # Errors
+    /// What opening or mapping it reports.
     pub fn open(path: &Path, non_temporal: bool) -> io::Result<Self> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let map = memmap2::MmapOptions::new().map_raw(&file)?;

@@ -5,7 +5,9 @@
 /// A caller of the engine's operations.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cred {
+    /// The caller's user id (the filesystem user id).
     pub uid: u32,
+    /// The caller's group id.
     pub gid: u32,
     /// Supplementary groups.
     pub groups: Groups,

@@ -33,7 +33,7 @@
 //! other inodes from inside a write only takes their `io_lock` with `try_write`, so two writers
 //! never wait on each other's inode.
 
-pub use crate::delalloc_state::{Dirty, Page, Registry};
+pub use crate::delalloc_state::{Dirty, Page};
 use crate::error::{Error, Result};
 use crate::format::inode::S_IFREG;
 use crate::fs::Fs;

@@ -26,7 +26,6 @@ use crate::transaction::Handle;
 
 pub(crate) mod block;
 
-pub use crate::format::dir_entry::rec_len_for;
 pub(crate) use block::DirIterFn;
 
 impl Fs {

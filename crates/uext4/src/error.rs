@@ -61,12 +61,14 @@ impl std::fmt::Display for Corruption {
     }
 }
 
+/// Every failure an operation reports; [`Error::errno`] gives its errno.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// (Not marked as the error's source: its text is already in this one's, and a report
     /// that walks the chain printed it twice.)
     #[error("I/O error: {0}")]
     Io(io::Error),
+    /// Not an ext2/3/4 filesystem (no magic, or a superblock that makes no sense): why.
     #[error("not an ext2/3/4 filesystem: {0}")]
     NotExt4(String),
     /// An incompat feature flag we do not implement: refuse to open.
@@ -78,49 +80,79 @@ pub enum Error {
     /// A checksum did not match: `kind` names the structure, `detail` what and where (inode,
     /// block), as the message shows it.
     #[error("corrupt filesystem: bad checksum: {detail}")]
-    BadChecksum { kind: Corruption, detail: String },
+    BadChecksum {
+        /// The structure that failed its checksum.
+        kind: Corruption,
+        /// Which one and where (inode, block), as the message shows it.
+        detail: String,
+    },
     /// A structure violates the format: `kind` names it, `detail` says what and where.
     #[error("corrupt filesystem: {detail}")]
-    Corrupt { kind: Corruption, detail: String },
+    Corrupt {
+        /// The damaged structure.
+        kind: Corruption,
+        /// What is wrong and where (inode, block), as the message shows it.
+        detail: String,
+    },
+    /// A write to a filesystem opened or turned read-only (why, where known).
     #[error("filesystem is read-only{0}")]
     ReadOnly(String),
+    /// ENOENT.
     #[error("no such file or directory")]
     NotFound,
+    /// EEXIST.
     #[error("file exists")]
     Exists,
+    /// ENOTDIR.
     #[error("not a directory")]
     NotDir,
+    /// EISDIR.
     #[error("is a directory")]
     IsDir,
+    /// ENOTEMPTY.
     #[error("directory not empty")]
     NotEmpty,
+    /// ENOSPC: no free blocks.
     #[error("no space left on device")]
     NoSpace,
+    /// ENOSPC: no free inodes.
     #[error("no free inodes left on device")]
     NoInodes,
+    /// ENAMETOOLONG: a name over 255 bytes.
     #[error("file name too long")]
     NameTooLong,
+    /// EINVAL: what was invalid.
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// EMLINK.
     #[error("too many links")]
     TooManyLinks,
+    /// EFBIG: past the largest file the filesystem holds.
     #[error("file too large")]
     FileTooBig,
+    /// ENODATA: no such extended attribute.
     #[error("no such attribute")]
     NoAttr,
+    /// ERANGE: a value too large for the buffer or the filesystem.
     #[error("attribute value too large")]
     Range,
+    /// EPERM (and EACCES where the caller lacks a permission).
     #[error("operation not permitted")]
     Perm,
+    /// EOPNOTSUPP: the operation or flag (names it).
     #[error("operation not supported: {0}")]
     NotSupported(String),
+    /// EINVAL: a directory moved into its own subtree.
     #[error("cross-directory move of a directory into its own subtree")]
     Loop,
+    /// EIO: the filesystem stopped writing after an error (errors=remount-ro, or a failed journal):
+    /// the first error.
     #[error("filesystem has stopped writing after an error: {0}")]
     Stopped(String),
     /// lseek SEEK_DATA/SEEK_HOLE past the end, or no more data.
     #[error("no such device or address (offset past the end of the data)")]
     Nxio,
+    /// EBUSY.
     #[error("device or resource busy")]
     Busy,
     /// A read-write open of an image that another program writes or holds (holder.rs).
@@ -131,9 +163,13 @@ pub enum Error {
     /// block last said: the node, its device name and the time of its last update.
     #[error("{}", busy_message(*fsck, node, device, *time))]
     MmpBusy {
+        /// The node that holds it.
         node: String,
+        /// Its device name there.
         device: String,
+        /// When the block was last updated (seconds since the epoch).
         time: u64,
+        /// An e2fsprogs tool holds it.
         fsck: bool,
     },
     /// A partition table that cannot be used, or a partition it does not have.
@@ -201,6 +237,7 @@ pub(crate) fn utc(secs: u64) -> String {
     )
 }
 
+/// The result of every fallible call.
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {

@@ -33,8 +33,11 @@ fn write_privs(raw: &crate::format::inode::RawInode, cred: &Cred) -> u16 {
     0o4000 | if sgid { 0o2000 } else { 0 }
 }
 
+/// `fallocate` mode: allocate without changing the size.
 pub const FALLOC_FL_KEEP_SIZE: i32 = 0x01;
+/// `fallocate` mode: free a range, leaving a hole (with `FALLOC_FL_KEEP_SIZE`).
 pub const FALLOC_FL_PUNCH_HOLE: i32 = 0x02;
+/// `fallocate` mode: make a range read as zeros.
 pub const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
 
 /// Largest write chunk per handle, so one write cannot grow a transaction without bound.
@@ -60,6 +63,11 @@ impl Fs {
         }
     }
 
+    /// Reads from `ino` at byte `off` into `buf`: how many bytes were read (short only at the end
+    /// of the file).
+    ///
+    /// # Errors
+    /// [`Error::IsDir`](crate::Error::IsDir) for a directory; I/O and corruption errors.
     pub fn read(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         let inode = self.iget(ino)?;
@@ -705,6 +713,11 @@ impl Fs {
         Ok(())
     }
 
+    /// Sets the size of `ino` to `size`, freeing the blocks past it or extending with a hole.
+    ///
+    /// # Errors
+    /// [`Error::FileTooBig`](crate::Error::FileTooBig) past the largest file;
+    /// [`Error::NoSpace`](crate::Error::NoSpace); read-only and stopped filesystems.
     pub fn truncate(&self, ino: u32, size: u64) -> Result<()> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         self.check_writable()?;
@@ -857,6 +870,12 @@ impl Fs {
         Ok(())
     }
 
+    /// `fallocate(2)` on `ino`: allocates (unwritten extents), punches a hole or zeroes a range, by
+    /// `mode` ([`FALLOC_FL_KEEP_SIZE`](crate::FALLOC_FL_KEEP_SIZE) and the others).
+    ///
+    /// # Errors
+    /// [`Error::NotSupported`](crate::Error::NotSupported) for a mode it does not implement;
+    /// [`Error::NoSpace`](crate::Error::NoSpace).
     pub fn fallocate(&self, ino: u32, mode: i32, off: u64, len: u64) -> Result<()> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         self.retry_nospace(|| self.fallocate_once(ino, mode, off, len))

@@ -36,7 +36,21 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Options for opening a filesystem.
+/// Options for opening a filesystem, as mount options: `MountOptions::default()` opens
+/// read-write, journaled, with data written through to the device; [`MountOptions::ro`]
+/// opens read-only.
+///
+/// ```
+/// use uext4::{ErrorsBehaviour, MountOptions};
+///
+/// let opts = MountOptions {
+///     errors: ErrorsBehaviour::RemountRo,
+///     commit_interval_secs: 5,
+///     ..MountOptions::default()
+/// };
+/// assert!(!opts.read_only);
+/// assert!(MountOptions::ro().read_only);
+/// ```
 #[derive(Clone, Debug)]
 pub struct MountOptions {
     /// Nothing on the device is ever written. A journal that needs recovery is replayed into
@@ -131,28 +145,56 @@ impl Default for MountOptions {
     }
 }
 
+/// What happens when the engine finds corruption (the `errors=` mount option).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorsBehaviour {
+    /// Report the error and go on.
     Continue,
+    /// Stop writing: the filesystem turns read-only.
     RemountRo,
+    /// Panic (as the kernel panics).
     Panic,
 }
 
 /// Engine counters (besides the transaction's and the device's), shown by `uext4 stats`.
 #[derive(Default, Debug)]
 pub struct FsStats {
+    /// Operations started.
     pub ops: AtomicU64,
+    /// Writes into allocated blocks.
     pub overwrites: AtomicU64,
+    /// Writes that allocated blocks.
     pub allocating_writes: AtomicU64,
+    /// Bytes written by callers.
     pub user_bytes_written: AtomicU64,
+    /// Bytes read by callers.
     pub user_bytes_read: AtomicU64,
+    /// Bytes zeroed on the device (new blocks not fully written, holes made real).
     pub zeroed_bytes: AtomicU64,
 }
 
+/// An open ext2/3/4 filesystem: every operation, addressed by inode number as the VFS and
+/// FUSE address them.
+///
+/// Open one with [`Fs::open_path`] (an image file, block device or NBD URI) or
+/// [`Fs::open_dev`] (any [`BlockDevice`]); it comes as an `Arc<Fs>`, to share between
+/// threads: every operation takes `&self` and locks what it changes. Operations that change
+/// metadata are journaled: each joins the running transaction, which commits every
+/// [`MountOptions::commit_interval_secs`], on [`Fs::commit`], [`Fs::sync`] and an fsync.
+///
+/// # Closing
+/// Call [`Fs::unmount`] before dropping the last reference to a read-write filesystem: it
+/// writes everything back, checkpoints the journal and marks the image clean. Dropping it
+/// without `unmount` is a crash as far as the image is concerned, and the engine's tests
+/// rely on that to simulate one: what was committed is in the journal and replays at the
+/// next open, and what was not (the running transaction, and in buffered mode data not
+/// yet written back) is lost. The drop logs a warning saying so (`tracing`), unless the
+/// filesystem is read-only or has stopped after an error; [`Fs::crash`] drops one quietly.
 pub struct Fs {
     pub(crate) dev: Arc<dyn BlockDevice>,
     pub(crate) io: Arc<IoCounters>,
     pub(crate) bcache: BufferCache,
+    /// The filesystem's shape, read from the superblock at open.
     pub geo: Geometry,
     /// The superblock, free counters, read-only and stop flags (super_info.rs).
     pub(crate) sb: Arc<SuperInfo>,
@@ -167,6 +209,7 @@ pub struct Fs {
     pub(crate) opts: MountOptions,
     /// Serialises renames that move an entry between directories (rank 1).
     pub(crate) rename_lock: Mutex<()>,
+    /// Operation counters.
     pub stats: FsStats,
     /// Reproducible builds: how many generations `next_generation` has handed out.
     pub(crate) generations: AtomicU64,
@@ -194,6 +237,10 @@ pub struct Fs {
     /// This node's hold on the multi-mount protection block (read-write opens of `mmp`
     /// filesystems; mmp.rs): released at unmount. A leaf lock.
     pub(crate) mmp: Mutex<Option<crate::mmp::Mmp>>,
+    /// Set once the open has succeeded (an `Fs` dropped inside the open, to reopen after a
+    /// replay or on an error, is no unmount forgotten), cleared by [`Fs::crash`]: a drop
+    /// without unmount warns only while it is set.
+    warn_on_drop: std::sync::atomic::AtomicBool,
 }
 
 /// What the open after a journal replay carries over from the one that replayed.
@@ -313,6 +360,26 @@ pub fn check_features(sb: &Superblock) -> Result<Option<String>> {
 impl Fs {
     /// Opens the filesystem on `dev`: checks the superblock, features and group descriptors.
     /// (`Fs::open_path` opens a file or block device by path; `fs.open(ino)` opens a file.)
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use uext4::blockdev::MemDevice;
+    /// use uext4::mkfs::{mkfs, MkfsOptions};
+    ///
+    /// // A filesystem in memory.
+    /// let dev = Arc::new(MemDevice::new(8 << 20));
+    /// mkfs(&*dev, &MkfsOptions::like_mke2fs(8 << 20, None))?;
+    /// let fs = uext4::Fs::open_dev(dev, uext4::MountOptions::default())?;
+    /// fs.mkdir(uext4::ROOT_INO, b"dir", 0o755, 0, 0)?;
+    /// fs.unmount()?;
+    /// # Ok::<(), uext4::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::NotExt4`] for a device that holds no ext2/3/4 filesystem,
+    /// [`Error::UnsupportedIncompat`] for a feature it does not implement (an unsupported
+    /// read-only compatible feature opens read-only instead), [`Error::MmpBusy`] when
+    /// another node holds it, and corruption and I/O errors.
     pub fn open_dev(dev: Arc<dyn BlockDevice>, opts: MountOptions) -> Result<Arc<Fs>> {
         let dev: Arc<dyn BlockDevice> = match opts.region {
             Some(r) => Arc::new(crate::blockdev::RegionDevice::new(dev, r)?),
@@ -384,6 +451,7 @@ impl Fs {
             delalloc: Default::default(),
             claim: Mutex::new(None),
             mmp: Mutex::new(mmp),
+            warn_on_drop: Default::default(),
         });
         if let Some(m) = &*fs.mmp.lock() {
             let weak = Arc::downgrade(&fs);
@@ -469,6 +537,7 @@ impl Fs {
                 spawn_committer(Arc::downgrade(&fs), fs.opts.commit_interval_secs)?;
             }
         }
+        fs.warn_on_drop.store(true, Ordering::Release);
         Ok(fs)
     }
 
@@ -507,9 +576,19 @@ impl Fs {
     /// (holder.rs): it is refused, naming the holder, while another program writes it.
     ///
     /// A path written as an NBD URI (`nbd://host[:port]/export`,
-    /// `nbd+unix:///export?socket=PATH`: [`crate::nbd`]) opens that export of an NBD server
+    /// `nbd+unix:///export?socket=PATH`: [`NbdDevice`](crate::blockdev::NbdDevice)) opens that
+    /// export of an NBD server
     /// instead. Nothing local is claimed for it: the server decides who may write (it may
     /// export read-only, which opens read-only).
+    ///
+    /// ```no_run
+    /// let fs = uext4::Fs::open_path("disk.img".as_ref(), uext4::MountOptions::ro())?;
+    /// println!("{} free blocks", fs.statfs().blocks_free);
+    /// # Ok::<(), uext4::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Fs::open_dev`], and [`Error::InUse`] while another program writes the image.
     pub fn open_path(path: &std::path::Path, opts: MountOptions) -> Result<Arc<Fs>> {
         let mut opts = opts;
         opts.read_only |= opts.norecovery;
@@ -543,6 +622,8 @@ impl Fs {
         self.dev.is_mapped()
     }
 
+    /// Whether the filesystem refuses writes (opened read-only, or turned read-only after an
+    /// error).
     pub fn is_read_only(&self) -> bool {
         self.sb.is_read_only()
     }
@@ -563,8 +644,34 @@ impl Fs {
         crate::format::inode::Timestamp::now().at_most(self.opts.time_clamp)
     }
 
+    /// A copy of the in-memory superblock, counters brought up to date.
     pub fn superblock(&self) -> Superblock {
         self.sb.lock().clone()
+    }
+
+    /// Drops this reference as a crash would leave the image, without the warning a drop
+    /// without [`Fs::unmount`] logs (see [`Fs`]'s "Closing"): for tests and tools that
+    /// simulate a crash. When it is the last reference, the running transaction is lost and
+    /// the committed ones replay at the next open.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use uext4::{blockdev::MemDevice, mkfs, Fs, MountOptions, ROOT_INO};
+    ///
+    /// let dev = Arc::new(MemDevice::new(8 << 20));
+    /// mkfs::mkfs(&*dev, &mkfs::MkfsOptions::like_mke2fs(8 << 20, None))?;
+    /// let fs = Fs::open_dev(dev.clone(), MountOptions::default())?;
+    /// fs.mkdir(ROOT_INO, b"kept", 0o755, 0, 0)?;
+    /// fs.commit()?;
+    /// fs.crash();
+    /// // The next open replays the journal: the committed directory is there.
+    /// let fs = Fs::open_dev(dev, MountOptions::default())?;
+    /// assert!(fs.lookup(ROOT_INO, b"kept").is_ok());
+    /// fs.unmount()?;
+    /// # Ok::<(), uext4::Error>(())
+    /// ```
+    pub fn crash(self: Arc<Self>) {
+        self.warn_on_drop.store(false, Ordering::Release);
     }
 
     /// Why the filesystem stopped writing, if it did.
@@ -572,10 +679,12 @@ impl Fs {
         self.sb.stop_reason()
     }
 
+    /// The device's I/O counters.
     pub fn io_counters(&self) -> &IoCounters {
         &self.io
     }
 
+    /// The transaction counters.
     pub fn txn_stats(&self) -> &crate::transaction::TxnStats {
         &self.txn.stats
     }
@@ -939,13 +1048,35 @@ fn spawn_committer(fs: std::sync::Weak<Fs>, secs: u64) -> std::io::Result<()> {
 /// statfs numbers.
 #[derive(Clone, Copy, Debug)]
 pub struct StatFs {
+    /// The block size in bytes.
     pub block_size: u32,
+    /// Blocks in the filesystem.
     pub blocks: u64,
+    /// Free blocks.
     pub blocks_free: u64,
+    /// Free blocks an unprivileged user may use (free less reserved).
     pub blocks_avail: u64,
+    /// Inodes in the filesystem.
     pub files: u64,
+    /// Free inodes.
     pub files_free: u64,
+    /// The longest name, in bytes.
     pub name_max: u32,
 }
 
-pub use crate::image::on_tmpfs;
+impl Drop for Fs {
+    /// Does not unmount: a drop without [`Fs::unmount`] leaves the image as a crash would
+    /// (the engine's crash tests rely on it), so it says so, once.
+    fn drop(&mut self) {
+        if !self.is_read_only()
+            && !self.sb.is_stopped()
+            && self.warn_on_drop.load(Ordering::Acquire)
+        {
+            tracing::warn!(
+                "a read-write filesystem was dropped without unmount: its running transaction \
+                 (and in buffered mode, data not yet written back) is lost, and the image is \
+                 left dirty; the next open replays the journal"
+            );
+        }
+    }
+}

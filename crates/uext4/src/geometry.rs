@@ -8,24 +8,41 @@ use crate::format::superblock::*;
 /// Immutable facts about the filesystem, computed once at open.
 #[derive(Clone, Debug)]
 pub struct Geometry {
+    /// Block size in bytes.
     pub block_size: u32,
+    /// log2 of the block size.
     pub log_block_size: u32,
+    /// Blocks in the filesystem.
     pub blocks_count: u64,
+    /// The first block of group 0 (1 for 1 KiB blocks, else 0).
     pub first_data_block: u64,
+    /// Blocks per group.
     pub blocks_per_group: u32,
+    /// Inodes per group.
     pub inodes_per_group: u32,
+    /// Inodes in the filesystem.
     pub inodes_count: u32,
+    /// Block groups.
     pub group_count: u32,
+    /// Inode size in bytes.
     pub inode_size: u32,
+    /// Group descriptor size in bytes.
     pub desc_size: u32,
+    /// Group descriptors per block.
     pub descs_per_block: u32,
     /// Blocks of group descriptor table (not counting reserved GDT blocks).
     pub gdt_blocks: u32,
+    /// Reserved GDT blocks after each descriptor table copy.
     pub reserved_gdt_blocks: u32,
+    /// The first inode number not reserved.
     pub first_ino: u32,
+    /// The metadata checksum seed.
     pub csum_seed: u32,
+    /// metadata_csum is on.
     pub metadata_csum: bool,
+    /// The group descriptor checksum in use.
     pub gd_csum: GdCsum,
+    /// sparse_super is on.
     pub sparse_super: bool,
     /// sparse_super2: the only groups besides group 0 with superblock and GDT copies
     /// (s_backup_bgs; 0 names none).
@@ -35,16 +52,27 @@ pub struct Geometry {
     /// block `n` from it on sits in the first group of meta group `n` (the `descs_per_block`
     /// groups it describes), with copies in that meta group's second and last groups.
     pub first_meta_bg: Option<u32>,
+    /// Groups per flex group (1 without flex_bg).
     pub flex_bg_size: u32,
+    /// 64bit is on.
     pub has_64bit: bool,
+    /// Directory entries hold file types.
     pub filetype: bool,
+    /// dir_index is on (hashed directories).
     pub dir_index: bool,
+    /// huge_file is on.
     pub huge_file: bool,
+    /// dir_nlink is on (directories past 65000 links).
     pub dir_nlink: bool,
+    /// extents is on.
     pub extents: bool,
+    /// The directory hash seed.
     pub hash_seed: [u32; 4],
+    /// The default directory hash version.
     pub def_hash_version: u8,
+    /// Directory hashes treat names as unsigned chars.
     pub unsigned_hash: bool,
+    /// The filesystem UUID.
     pub uuid: [u8; 16],
 }
 
@@ -58,6 +86,7 @@ impl Geometry {
         let first = self.group_first_block(g);
         (self.blocks_count - first).min(self.blocks_per_group as u64) as u32
     }
+    /// The group holding block `blk`.
     pub fn block_group(&self, blk: u64) -> u32 {
         ((blk - self.first_data_block) / self.blocks_per_group as u64) as u32
     }
@@ -114,6 +143,7 @@ impl Geometry {
             _ => self.first_data_block + 1 + n as u64,
         }
     }
+    /// The group holding inode `ino`.
     pub fn ino_group(&self, ino: u32) -> u32 {
         (ino - 1) / self.inodes_per_group
     }
@@ -121,6 +151,7 @@ impl Geometry {
     pub fn block_bitmap_csum_len(&self) -> usize {
         self.blocks_per_group as usize / 8
     }
+    /// How many bytes of an inode bitmap its checksum covers.
     pub fn inode_bitmap_csum_len(&self) -> usize {
         self.inodes_per_group as usize / 8
     }

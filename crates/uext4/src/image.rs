@@ -3,15 +3,25 @@
 //! export`, `nbd+unix:///export?socket=PATH`). Above the device backends (blockdev.rs,
 //! nbd.rs), which know nothing of names; a partition or offset inside what is opened is a
 //! `blockdev::RegionDevice` over it (partition.rs finds one by number).
+//!
+//! ```no_run
+//! let dev = uext4::image::open_image("disk.img".as_ref(), true)?;
+//! let fs = uext4::Fs::open_dev(dev, uext4::MountOptions::ro())?;
+//! # Ok::<(), uext4::Error>(())
+//! ```
 
+use crate::blockdev::NbdDevice;
 use crate::blockdev::{is_tmpfs, BlockDevice, FileDevice, MappedDevice};
 use crate::error::Result;
-use crate::nbd::NbdDevice;
 use std::path::Path;
 use std::sync::Arc;
 
-/// Opens what an image argument names: an NBD export for an NBD URI ([`crate::nbd`]), else
-/// the image file or block device at `path` ([`FileDevice`]). Claims nothing (see
+pub use crate::error::Holder;
+pub use crate::holder::{claim_for_writing, WriterClaim};
+
+/// Opens what an image argument names: an NBD export for an NBD URI
+/// ([`NbdDevice`]), else the image file or block device at `path` ([`FileDevice`]). Claims nothing
+/// (see
 /// [`crate::Fs::open_path`] for the writer claim).
 pub fn open_image(path: &Path, read_only: bool) -> Result<Arc<dyn BlockDevice>> {
     if let Some(uri) = path.to_str().filter(|s| crate::nbd::is_nbd_uri(s)) {
@@ -33,6 +43,7 @@ pub fn on_tmpfs(path: &Path) -> bool {
 /// How a filesystem wants its local image opened.
 #[derive(Clone, Copy, Debug)]
 pub struct Access {
+    /// Open read-only.
     pub read_only: bool,
     /// Map the image (`MountOptions::dax`; read-write only).
     pub dax: bool,

@@ -9,7 +9,7 @@ use crate::error::{Corruption, Error, Result};
 
 use crate::format::inode::{RawInode, Timestamp, ROOT_INO};
 use crate::fs::Fs;
-pub use crate::icache::{ExtentCache, Inode, InodeCache, InodeRef, InodeState};
+pub use crate::icache::{ExtentCache, Inode, InodeRef, InodeState};
 use crate::transaction::Handle;
 use parking_lot::{Mutex, RwLock};
 
@@ -244,25 +244,40 @@ fn is_all_zero(b: &[u8]) -> bool {
 /// File attributes, as getattr returns them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Attr {
+    /// The inode number.
     pub ino: u32,
+    /// File type and permission bits.
     pub mode: u16,
+    /// Hard links.
     pub nlink: u32,
+    /// The owner.
     pub uid: u32,
+    /// The group.
     pub gid: u32,
+    /// Size in bytes.
     pub size: u64,
     /// 512-byte sectors allocated.
     pub blocks: u64,
+    /// Last access.
     pub atime: Timestamp,
+    /// Last modification of the contents.
     pub mtime: Timestamp,
+    /// Last change of the inode.
     pub ctime: Timestamp,
+    /// Creation.
     pub crtime: Timestamp,
+    /// The device number, for a device node.
     pub rdev: u32,
+    /// The inode generation (for NFS file handles).
     pub generation: u32,
+    /// The inode flags (`chattr`'s).
     pub flags: u32,
+    /// The filesystem's block size (the preferred I/O size).
     pub block_size: u32,
 }
 
 impl Attr {
+    /// Whether it is a directory.
     pub fn is_dir(&self) -> bool {
         self.mode & crate::format::inode::S_IFMT == crate::format::inode::S_IFDIR
     }
@@ -345,12 +360,18 @@ impl Fs {
         }
     }
 
+    /// The attributes of `ino`.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`](crate::Error::NotFound) for an inode not in use; corruption and I/O
+    /// errors.
     pub fn getattr(&self, ino: u32) -> Result<Attr> {
         let inode = self.iget(ino)?;
         let st = inode.state.lock();
         Ok(self.attr_of(ino, &st))
     }
 
+    /// The root directory's inode number ([`ROOT_INO`](crate::ROOT_INO)).
     pub fn root_ino(&self) -> u32 {
         ROOT_INO
     }

@@ -38,6 +38,45 @@ use alloc::Blocks;
 use superblock::{build_superblock, Identity};
 use writer::{Maker, Writer};
 
+/// Makes the image file `path`, `size` bytes long, holding a new ext4 filesystem with the
+/// defaults `mke2fs -t ext4` picks for that size ([`MkfsOptions::like_mke2fs`]), as
+/// `uext4 mkfs` does for a plain file. An existing file is grown to `size` if shorter and
+/// overwritten.
+///
+/// ```
+/// let image = std::env::temp_dir().join(format!("uext4-mkfs-doc-{}.img", std::process::id()));
+/// uext4::mkfs::make_image(&image, 16 << 20)?;
+/// assert_eq!(std::fs::metadata(&image)?.len(), 16 << 20);
+/// let fs = uext4::Fs::open_path(&image, uext4::MountOptions::ro())?;
+/// assert!(fs.lookup(uext4::ROOT_INO, b"lost+found").is_ok());
+/// # drop(fs);
+/// # std::fs::remove_file(&image)?;
+/// # Ok::<(), uext4::Error>(())
+/// ```
+///
+/// # Errors
+/// What creating, sizing or writing the file reports, and [`crate::Error::Unsupported`] for
+/// a size too small for a filesystem.
+pub fn make_image(path: &std::path::Path, size: u64) -> Result<()> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    let fresh = f.metadata()?.len() == 0;
+    if f.metadata()?.len() < size {
+        f.set_len(size)?;
+    }
+    drop(f);
+    let dev = crate::blockdev::FileDevice::open(path, false)?;
+    let mut opts = MkfsOptions::like_mke2fs(size, None);
+    // A file just created reads as zeros, so mkfs need not zero the inode tables.
+    opts.assume_zeroed = fresh;
+    mkfs(&dev, &opts)?;
+    dev.flush()?;
+    Ok(())
+}
+
 /// Writes a new filesystem on `dev`.
 pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
     let f = &opts.features;

@@ -20,12 +20,19 @@ pub const LINK_MAX: u16 = 65000;
 
 /// File types as directory entries store them.
 pub const FT_UNKNOWN: u8 = 0;
+/// Directory entry file type: regular file.
 pub const FT_REG: u8 = 1;
+/// Directory entry file type: directory.
 pub const FT_DIR: u8 = 2;
+/// Directory entry file type: character device.
 pub const FT_CHRDEV: u8 = 3;
+/// Directory entry file type: block device.
 pub const FT_BLKDEV: u8 = 4;
+/// Directory entry file type: FIFO.
 pub const FT_FIFO: u8 = 5;
+/// Directory entry file type: socket.
 pub const FT_SOCK: u8 = 6;
+/// Directory entry file type: symbolic link.
 pub const FT_SYMLINK: u8 = 7;
 
 pub fn ftype_of(mode: u16) -> u8 {
@@ -41,11 +48,11 @@ pub fn ftype_of(mode: u16) -> u8 {
     }
 }
 
-pub use crate::attr::{SetAttr, TimeSet};
-
 /// renameat2's flags, as the kernel numbers them.
 pub const RENAME_NOREPLACE: u32 = 1;
+/// renameat2 flag: swap the two names.
 pub const RENAME_EXCHANGE: u32 = 2;
+/// renameat2 flag: leave a whiteout at the old name.
 pub const RENAME_WHITEOUT: u32 = 4;
 
 /// How `rename` treats the names (renameat2's flags).
@@ -94,9 +101,11 @@ impl RenameFlags {
 /// One directory entry as readdir returns it.
 #[derive(Clone, Debug)]
 pub struct DirEntry {
+    /// The inode the entry names.
     pub ino: u32,
     /// ext4 file type (FT_*).
     pub kind: u8,
+    /// The name.
     pub name: Vec<u8>,
     /// The offset to pass to readdir to continue after this entry.
     pub next_offset: u64,
@@ -237,6 +246,11 @@ impl Fs {
         self.dir_lookup(d.ino, &mut st, name)
     }
 
+    /// Looks up `name` in the directory `dir`: its inode's attributes.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`](crate::Error::NotFound) when there is no such entry;
+    /// [`Error::NotDir`](crate::Error::NotDir) when `dir` is not a directory.
     pub fn lookup(&self, dir: u32, name: &[u8]) -> Result<Attr> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         if name.len() > 255 {
@@ -595,6 +609,12 @@ impl Fs {
         })
     }
 
+    /// Makes `newname` in `newdir` a hard link to `ino`.
+    ///
+    /// # Errors
+    /// [`Error::Exists`](crate::Error::Exists);
+    /// [`Error::TooManyLinks`](crate::Error::TooManyLinks); [`Error::Perm`](crate::Error::Perm) for
+    /// a directory.
     pub fn link(&self, ino: u32, newdir: u32, newname: &[u8]) -> Result<Attr> {
         let r = self.link_inner(ino, newdir, newname);
         self.delete_deferred();
@@ -658,12 +678,22 @@ impl Fs {
         Ok(self.attr_of(ino, &ist))
     }
 
+    /// Removes the name `name` (not a directory) from `dir`; the inode is freed with its last link
+    /// and last open.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`](crate::Error::NotFound); [`Error::IsDir`](crate::Error::IsDir).
     pub fn unlink(&self, dir: u32, name: &[u8]) -> Result<()> {
         let r = self.remove_entry(dir, name, false);
         self.delete_deferred();
         r
     }
 
+    /// Removes the empty directory `name` from `dir`.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`](crate::Error::NotFound); [`Error::NotDir`](crate::Error::NotDir);
+    /// [`Error::NotEmpty`](crate::Error::NotEmpty).
     pub fn rmdir(&self, dir: u32, name: &[u8]) -> Result<()> {
         if name == b"." {
             return Err(Error::Invalid("rmdir of \".\"".into()));
@@ -813,6 +843,10 @@ impl Fs {
         }
     }
 
+    /// The target of the symbolic link `ino`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`](crate::Error::Invalid) when `ino` is not a symbolic link.
     pub fn readlink(&self, ino: u32) -> Result<Vec<u8>> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         let inode = self.iget(ino)?;
@@ -866,6 +900,14 @@ impl Fs {
         })
     }
 
+    /// Renames `oname` in `odir` to `nname` in `ndir`, as `renameat2(2)` with `flags` (replacing
+    /// what `nname` names unless told not to).
+    ///
+    /// # Errors
+    /// [`Error::Exists`](crate::Error::Exists) with `RENAME_NOREPLACE`;
+    /// [`Error::Loop`](crate::Error::Loop) for a directory moved below itself;
+    /// [`Error::NotEmpty`](crate::Error::NotEmpty), [`Error::IsDir`](crate::Error::IsDir),
+    /// [`Error::NotDir`](crate::Error::NotDir) as rename(2).
     pub fn rename(
         &self,
         odir: u32,

@@ -906,7 +906,8 @@ pub struct NbdDevice {
 }
 
 impl NbdDevice {
-    /// Connects to the export `uri` names (see [`NbdUri::parse`]). `read_only` never writes;
+    /// Connects to the export `uri` names (`nbd://host[:port]/export`,
+    /// `nbd+unix:///export?socket=PATH`). `read_only` never writes;
     /// a server that exports read-only makes the device read-only too.
     pub fn open(uri: &str, read_only: bool) -> Result<NbdDevice> {
         let parsed = NbdUri::parse(uri)?;

@@ -24,7 +24,9 @@ use std::sync::Arc;
 /// Which kind of partition table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scheme {
+    /// A GUID partition table.
     Gpt,
+    /// An MBR (DOS) partition table.
     Mbr,
 }
 
@@ -68,6 +70,7 @@ impl Partition {
 /// A device's partition table.
 #[derive(Clone, Debug)]
 pub struct Table {
+    /// Which kind of table.
     pub scheme: Scheme,
     /// The logical sector size the table counts in (512, or 4096 for a GPT written so).
     pub sector_size: u64,
@@ -398,6 +401,7 @@ pub enum Contents {
     Ext {
         /// "ext2", "ext3" or "ext4", from the features (as blkid tells them apart).
         kind: &'static str,
+        /// The volume label.
         label: String,
     },
     /// A disk image in a format other than raw: it must be converted or served as a block

@@ -87,7 +87,14 @@ impl Fs {
     }
 
     /// Commits everything, marks the superblock clean and flushes. Call before dropping the last
-    /// reference when the image is to be left clean.
+    /// reference when the image is to be left clean: a read-write `Fs` dropped without it
+    /// leaves the image as a crash would, and the drop logs a warning (see [`Fs`]'s
+    /// "Closing"). Afterwards the `Fs` is read-only, and the image's writer claim and MMP
+    /// hold are released. A read-only filesystem has nothing to do.
+    ///
+    /// # Errors
+    /// What writing back, committing or checkpointing reports; the image is then left as
+    /// a crash would leave it.
     pub fn unmount(&self) -> Result<()> {
         if self.is_read_only() {
             return Ok(());

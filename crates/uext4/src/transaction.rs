@@ -27,10 +27,15 @@ use std::sync::Arc;
 /// Counters exported through `uext4 stats`.
 #[derive(Default, Debug)]
 pub struct TxnStats {
+    /// Handles started (one per metadata-changing operation).
     pub handles_started: AtomicU64,
+    /// Transactions committed.
     pub commits: AtomicU64,
+    /// Blocks written to the journal by commits.
     pub commit_blocks: AtomicU64,
+    /// fsyncs that found their transaction committed already.
     pub fsync_already_committed: AtomicU64,
+    /// Waits for a transaction's handles to finish before it commits.
     pub barrier_waits: AtomicU64,
     /// Transactions larger than the whole log, written home without the journal (not
     /// atomic: a crash during one needs e2fsck). Large removals and allocations are split
@@ -93,9 +98,6 @@ impl TxnManager {
         }
     }
 
-    pub fn running_tid(&self) -> u64 {
-        self.running.lock().tid
-    }
     pub fn committed_tid(&self) -> u64 {
         self.committed.load(Ordering::Acquire)
     }

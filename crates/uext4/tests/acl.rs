@@ -9,11 +9,11 @@ mod common;
 
 use common::*;
 use std::sync::Arc;
-use uext4::acl::{self, Umask};
-use uext4::cred::{Cred, Groups};
 use uext4::format::xattr::{AclEntry, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER, ACL_USER, ACL_USER_OBJ};
-use uext4::namei::SetAttr;
-use uext4::xattr::XattrFlags;
+use uext4::SetAttr;
+use uext4::Umask;
+use uext4::XattrFlags;
+use uext4::{Cred, Groups};
 use uext4::{Error, Fs, MountOptions};
 
 const U: u32 = u32::MAX;
@@ -88,17 +88,17 @@ fn create_masq_limits_mode_and_acl_as_the_kernel() {
         (ACL_MASK, 7, 0),
         (ACL_OTHER, 5, 0),
     ]);
-    assert_eq!(acl::create_masq(&mut a, 0o100666), 0o100664);
-    assert_eq!(acl::mode_bits(&a), 0o664);
-    assert!(!acl::is_equivalent_to_mode(&a));
+    assert_eq!(uext4::acl_create_masq(&mut a, 0o100666), 0o100664);
+    assert_eq!(uext4::acl_mode_bits(&a), 0o664);
+    assert!(!uext4::acl_is_equivalent_to_mode(&a));
     // Without a mask the owning group entry takes the group bits.
     let mut b = acl(&[
         (ACL_USER_OBJ, 7, 0),
         (ACL_GROUP_OBJ, 7, 0),
         (ACL_OTHER, 0, 0),
     ]);
-    assert_eq!(acl::create_masq(&mut b, 0o40755), 0o40750);
-    assert!(acl::is_equivalent_to_mode(&b));
+    assert_eq!(uext4::acl_create_masq(&mut b, 0o40755), 0o40750);
+    assert!(uext4::acl_is_equivalent_to_mode(&b));
 }
 
 #[test]
@@ -110,8 +110,8 @@ fn chmod_rule_updates_the_mask_not_the_owning_group() {
         (ACL_MASK, 7, 0),
         (ACL_OTHER, 7, 0),
     ]);
-    acl::chmod(&mut a, 0o640);
-    assert_eq!(acl::mode_bits(&a), 0o640);
+    uext4::acl_chmod(&mut a, 0o640);
+    assert_eq!(uext4::acl_mode_bits(&a), 0o640);
     assert_eq!(
         a[2].perm, 7,
         "the owning group entry keeps its bits under a mask"

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use uext4::error::Corruption;
+use uext4::Corruption;
 use uext4::{Error, Fs, MountOptions};
 
 fn flip(path: &Path, off: u64, xor: u8) {
@@ -403,7 +403,7 @@ fn flips_read_write(mkfs: &[&str]) {
                 let _ = fs.fallocate(g.ino, 3, 60_000, 20_000);
                 let _ = fs.write(g.ino, 61_000, &[4u8; 5000]);
                 let _ = fs.getxattr(g.ino, b"user.big");
-                let _ = fs.setxattr(g.ino, b"user.c", &[5u8; 300], uext4::xattr::XattrFlags::Any);
+                let _ = fs.setxattr(g.ino, b"user.c", &[5u8; 300], uext4::XattrFlags::Any);
                 let _ = fs.removexattr(g.ino, b"user.a");
             }
             // Inline inodes (where the image has them): read, then converted by changes.
@@ -494,7 +494,7 @@ fn directory_aliases_are_refused_not_deadlocked() {
         // errors=continue: every operation below reaches its own check (with remount-ro
         // the first corruption would stop the rest with its message).
         let opts = MountOptions {
-            errors: uext4::fs::ErrorsBehaviour::Continue,
+            errors: uext4::ErrorsBehaviour::Continue,
             ..Default::default()
         };
         let fs = Fs::open_path(&p, opts).unwrap();
@@ -580,7 +580,7 @@ fn extents_into_the_filesystems_own_blocks_are_refused() {
     let fs = Fs::open_path(
         &img.0,
         MountOptions {
-            errors: uext4::fs::ErrorsBehaviour::Continue,
+            errors: uext4::ErrorsBehaviour::Continue,
             ..opts::no_timer()
         },
     )
@@ -622,8 +622,8 @@ fn a_bitmap_that_frees_system_blocks_is_refused() {
     }
     put(&img.0, bitmap * 4096, &[0u8; 4096]);
     for errors in [
-        uext4::fs::ErrorsBehaviour::RemountRo,
-        uext4::fs::ErrorsBehaviour::Continue,
+        uext4::ErrorsBehaviour::RemountRo,
+        uext4::ErrorsBehaviour::Continue,
     ] {
         let fs = Fs::open_path(
             &img.0,
@@ -846,7 +846,7 @@ fn each_damaged_structure_gives_its_kind() {
     let g = {
         let fs = open_rw(&img.0).unwrap();
         let g = fs.lookup(2, b"g").unwrap().ino;
-        let flags = uext4::xattr::XattrFlags::Any;
+        let flags = uext4::XattrFlags::Any;
         fs.setxattr(g, b"user.big", &[5u8; 2000], flags).unwrap();
         fs.unmount().unwrap();
         g

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use uext4::blockdev::{MemDevice, RecordingDevice};
-use uext4::namei::RenameFlags;
+use uext4::RenameFlags;
 use uext4::{Fs, MountOptions};
 
 /// Data whose every 8-byte word names the file it was written to and the write's version.

@@ -1189,7 +1189,7 @@ fn operations_larger_than_the_log_stay_journaled() {
     big(b"t");
     let s = fs.create(2, b"s", 0o644, 0, 0).unwrap().ino;
     fs.write(s, 0, b"small").unwrap();
-    fs.rename(2, b"s", 2, b"t", uext4::namei::RenameFlags::default())
+    fs.rename(2, b"s", 2, b"t", uext4::RenameFlags::default())
         .unwrap();
     fs.sync().unwrap();
     assert_eq!(unjournaled(), 0, "a removal bypassed the journal");

@@ -11,8 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
-use uext4::error::Corruption;
-use uext4::namei::RenameFlags;
+use uext4::{Corruption, RenameFlags};
 use uext4::{Error, Fs, MountOptions};
 
 /// A varied name: lengths from 1 to ~60 bytes, some with high-bit bytes (signed vs unsigned

@@ -1085,7 +1085,7 @@ fn concurrent_fsyncs_all_return_and_share_commits() {
                         ino,
                         b"user.round",
                         &round.to_le_bytes(),
-                        uext4::xattr::XattrFlags::Any,
+                        uext4::XattrFlags::Any,
                     )
                     .unwrap();
                 }

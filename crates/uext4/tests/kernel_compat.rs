@@ -10,10 +10,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 use uext4::format::group_desc::BG_BLOCK_UNINIT;
-use uext4::format::inode::Timestamp;
-use uext4::namei::{RenameFlags, SetAttr, TimeSet};
-use uext4::xattr::XattrFlags;
+use uext4::Timestamp;
+use uext4::XattrFlags;
 use uext4::{Fs, MountOptions};
+use uext4::{RenameFlags, SetAttr, TimeSet};
 
 /// What we compare of each file: kind/mode, owner, size, mtime, nlink, content digest or link
 /// target, sorted xattrs.

@@ -15,9 +15,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uext4::error::Corruption;
 use uext4::format::mmp::*;
 use uext4::format::superblock::Superblock;
+use uext4::Corruption;
 use uext4::{Error, Fs, MountOptions};
 
 /// The wait of the protocol for these images (update interval 1 s, check interval 5 s).

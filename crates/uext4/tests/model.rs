@@ -8,7 +8,7 @@ use common::*;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use uext4::namei::RenameFlags;
+use uext4::RenameFlags;
 use uext4::{Error, Fs, MountOptions};
 
 #[derive(Clone, Debug)]
@@ -714,12 +714,7 @@ fn concurrent_mixed_operations_on(opts: MountOptions, mkfs: &[&str]) {
                             // Values share one inode's space and one block: full is ENOSPC.
                             // EPERM: the number now names a symlink or FIFO (freed and
                             // reused meanwhile), where user attributes are not allowed.
-                            match fs.setxattr(
-                                a.ino,
-                                name.as_bytes(),
-                                &v,
-                                uext4::xattr::XattrFlags::Any,
-                            ) {
+                            match fs.setxattr(a.ino, name.as_bytes(), &v, uext4::XattrFlags::Any) {
                                 Err(Error::NoSpace) | Err(Error::Perm) => Ok(()),
                                 r => r,
                             }
@@ -767,10 +762,10 @@ fn concurrent_mixed_operations_on(opts: MountOptions, mkfs: &[&str]) {
                         // A size change through setattr, with a mode and time change.
                         fs.setattr(
                             a.ino,
-                            &uext4::namei::SetAttr {
+                            &uext4::SetAttr {
                                 mode: Some(0o600 | ((rnd() % 2) as u32 * 0o044)),
                                 size: Some((rnd() % 48) * 4096),
-                                mtime: Some(uext4::namei::TimeSet::Now),
+                                mtime: Some(uext4::TimeSet::Now),
                                 ..Default::default()
                             },
                         )
@@ -828,7 +823,7 @@ fn concurrent_mixed_operations_on(opts: MountOptions, mkfs: &[&str]) {
                             a.ino,
                             b"user.d",
                             &vec![t as u8; 10 + (rnd() % 200) as usize],
-                            uext4::xattr::XattrFlags::Any,
+                            uext4::XattrFlags::Any,
                         ) {
                             Err(Error::NoSpace) | Err(Error::Perm) => Ok(()),
                             r => r,
@@ -954,7 +949,7 @@ fn stale_inode_numbers_never_touch_new_inodes() {
                     0 => fs
                         .setattr(
                             ino,
-                            &uext4::namei::SetAttr {
+                            &uext4::SetAttr {
                                 mode: Some(0o600),
                                 ..Default::default()
                             },
@@ -962,7 +957,7 @@ fn stale_inode_numbers_never_touch_new_inodes() {
                         .map(drop),
                     1 => fs.write(ino, 4096, &[7u8; 4096]).map(drop),
                     2 => fs
-                        .setxattr(ino, b"user.k", b"v", uext4::xattr::XattrFlags::Any)
+                        .setxattr(ino, b"user.k", b"v", uext4::XattrFlags::Any)
                         .map(drop),
                     _ => fs.getattr(ino).map(drop),
                 };
@@ -1076,13 +1071,8 @@ fn inode_cache_stays_bounded_and_reloads_whole() {
             .unwrap()
             .ino;
         fs.write(ino, 0, format!("file {i}").as_bytes()).unwrap();
-        fs.setxattr(
-            ino,
-            b"user.i",
-            &i.to_le_bytes(),
-            uext4::xattr::XattrFlags::Any,
-        )
-        .unwrap();
+        fs.setxattr(ino, b"user.i", &i.to_le_bytes(), uext4::XattrFlags::Any)
+            .unwrap();
         if i % 500 == 499 {
             fs.commit().unwrap();
         }

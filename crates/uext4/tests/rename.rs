@@ -12,8 +12,8 @@ mod common;
 use common::*;
 use std::collections::BTreeMap;
 use std::path::Path;
-use uext4::namei::{RenameFlags, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
 use uext4::{Error, Fs, MountOptions};
+use uext4::{RenameFlags, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
 
 const S_IFMT: u16 = 0o170000;
 const S_IFCHR: u16 = 0o020000;
@@ -166,7 +166,7 @@ fn whiteout_renames() {
             true
         })
         .unwrap();
-        assert_eq!(kind, Some(uext4::namei::FT_CHRDEV), "{name}: entry type");
+        assert_eq!(kind, Some(uext4::FT_CHRDEV), "{name}: entry type");
     };
     // Within one directory, onto a free name.
     let x = file(&fs, a, "x", b"X");

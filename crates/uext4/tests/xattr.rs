@@ -11,8 +11,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use uext4::error::Corruption;
-use uext4::xattr::XattrFlags;
+use uext4::{Corruption, XattrFlags};
 use uext4::{Error, Fs, MountOptions};
 
 type Xattrs = BTreeMap<Vec<u8>, Vec<u8>>;

@@ -4,9 +4,9 @@
 use crate::image::{caller, finish, image_loc, open_img, parent_of, resolve, umask};
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashSet;
-use uext4::format::inode::Timestamp;
-use uext4::namei::{SetAttr, TimeSet};
+use uext4::Timestamp;
 use uext4::{Attr, Error, Fs};
+use uext4::{SetAttr, TimeSet};
 
 /// Calls `f` on `ino` and, for a directory, on everything below it (depth first, each
 /// directory once, symlinks not followed).

@@ -20,7 +20,7 @@
 use crate::image::clean_path;
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::Path;
-use uext4::namei::SetAttr;
+use uext4::SetAttr;
 use uext4::{Error, Fs};
 
 /// One line of the table.

@@ -3,8 +3,8 @@
 use crate::image::*;
 use anyhow::{Context, Result};
 use std::io::Write;
-use uext4::format::inode::Timestamp;
 use uext4::Attr;
+use uext4::Timestamp;
 
 pub(super) fn mode_string(mode: u16) -> String {
     let t = match mode & 0o170000 {

@@ -228,7 +228,7 @@ fn build(
     // NBD export has nothing local to claim: its server decides who writes it.)
     let _claim = if img.path.exists() && !is_nbd_uri(&img.path) {
         Some(
-            uext4::holder::claim_for_writing(&img.path)
+            uext4::image::claim_for_writing(&img.path)
                 .with_context(|| img.path.display().to_string())?,
         )
     } else {
@@ -293,7 +293,7 @@ fn build(
         // An explicit root_owner wins over the directory's own owner.
         let r = r.and_then(|()| match ext.root_owner {
             Some((uid, gid)) => {
-                let set = uext4::namei::SetAttr {
+                let set = uext4::SetAttr {
                     uid: Some(uid),
                     gid: Some(gid),
                     ..Default::default()

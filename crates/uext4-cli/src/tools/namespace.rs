@@ -2,7 +2,7 @@
 
 use crate::image::*;
 use anyhow::{bail, Context, Result};
-use uext4::namei::RenameFlags;
+use uext4::RenameFlags;
 use uext4::{Error, Fs};
 
 pub(super) fn mkdir(path: &str, parents: bool) -> Result<()> {

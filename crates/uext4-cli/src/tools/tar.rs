@@ -19,10 +19,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
-use uext4::format::inode::Timestamp;
-use uext4::namei::{SetAttr, TimeSet};
-use uext4::xattr::XattrFlags;
+use uext4::Timestamp;
+use uext4::XattrFlags;
 use uext4::{Error, Fs};
+use uext4::{SetAttr, TimeSet};
 
 /// Whether `p` names an archive rather than a directory tree: a regular file (or `-`, stdin).
 pub fn is_archive(p: &Path) -> bool {

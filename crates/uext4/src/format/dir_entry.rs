@@ -17,13 +17,21 @@ use crate::format::inode::{
 };
 use crate::format::{le16, le32, put16, put32};
 
+/// Directory entry file type: unknown.
 pub const FT_UNKNOWN: u8 = 0;
+/// Directory entry file type: reg.
 pub const FT_REG: u8 = 1;
+/// Directory entry file type: dir.
 pub const FT_DIR: u8 = 2;
+/// Directory entry file type: chrdev.
 pub const FT_CHRDEV: u8 = 3;
+/// Directory entry file type: blkdev.
 pub const FT_BLKDEV: u8 = 4;
+/// Directory entry file type: fifo.
 pub const FT_FIFO: u8 = 5;
+/// Directory entry file type: sock.
 pub const FT_SOCK: u8 = 6;
+/// Directory entry file type: symlink.
 pub const FT_SYMLINK: u8 = 7;
 /// The file type byte of the checksum tail entry.
 pub const FT_DIR_CSUM: u8 = 0xDE;
@@ -34,6 +42,7 @@ pub const DIRENT_HEADER: usize = 8;
 pub const DIRENT_TAIL_SIZE: usize = 12;
 /// The smallest legal rec_len (an entry with a one-byte name).
 pub const MIN_REC_LEN: usize = 12;
+/// The longest name a directory entry holds, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
 
 /// The directory entry file type for an inode mode.
@@ -64,6 +73,7 @@ pub fn rec_len_from_disk(v: u16, block_size: usize) -> usize {
     }
 }
 
+/// Encodes a record length for the disk (65536, a whole 64 KiB block, is stored as 65535).
 pub fn rec_len_to_disk(len: usize) -> u16 {
     if len >= 65536 {
         65535
@@ -76,23 +86,30 @@ pub fn rec_len_to_disk(len: usize) -> u16 {
 /// the header lies inside the block; `name` is clamped to the block.
 #[derive(Clone, Copy)]
 pub struct DirEntryRef<'a> {
+    /// The directory block.
     pub block: &'a [u8],
+    /// The entry's byte offset in the block.
     pub off: usize,
 }
 
 impl<'a> DirEntryRef<'a> {
+    /// The inode the entry names (0: an unused entry).
     pub fn inode(&self) -> u32 {
         le32(self.block, self.off)
     }
+    /// The entry's record length: where the next entry starts, relative to this one.
     pub fn rec_len(&self) -> usize {
         rec_len_from_disk(le16(self.block, self.off + 4), self.block.len())
     }
+    /// The name's length in bytes.
     pub fn name_len(&self) -> usize {
         self.block[self.off + 6] as usize
     }
+    /// The file type (`FT_*`).
     pub fn file_type(&self) -> u8 {
         self.block[self.off + 7]
     }
+    /// The name's bytes.
     pub fn name(&self) -> &'a [u8] {
         let s = (self.off + DIRENT_HEADER).min(self.block.len());
         let e = (s + self.name_len()).min(self.block.len());
@@ -109,6 +126,7 @@ pub fn put_dirent(b: &mut [u8], off: usize, inode: u32, rec_len: usize, name: &[
     b[off + DIRENT_HEADER..off + DIRENT_HEADER + name.len()].copy_from_slice(name);
 }
 
+/// Sets the record length of the entry at `off`.
 pub fn set_rec_len(b: &mut [u8], off: usize, rec_len: usize) {
     put16(b, off + 4, rec_len_to_disk(rec_len));
 }
@@ -143,6 +161,7 @@ pub fn set_tail_csum(b: &mut [u8], seed: u32) {
     put_tail(b, c);
 }
 
+/// The checksum stored in a directory block's tail.
 pub fn tail_csum(b: &[u8]) -> u32 {
     le32(b, b.len() - 4)
 }

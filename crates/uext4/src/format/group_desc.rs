@@ -4,8 +4,11 @@
 use super::csum::{crc16, crc32c};
 use super::le_field;
 
+/// Group descriptor flag `EXT4_BG_INODE_UNINIT`.
 pub const BG_INODE_UNINIT: u16 = 0x1;
+/// Group descriptor flag `EXT4_BG_BLOCK_UNINIT`.
 pub const BG_BLOCK_UNINIT: u16 = 0x2;
+/// Group descriptor flag `EXT4_BG_INODE_ZEROED`.
 pub const BG_INODE_ZEROED: u16 = 0x4;
 
 /// One group descriptor, copied out of (and written back into) the descriptor table.
@@ -17,15 +20,18 @@ pub struct GroupDesc {
 }
 
 impl GroupDesc {
+    /// A zeroed descriptor of `size` bytes on disk (32, or 64 with the 64bit feature).
     pub fn new(size: usize) -> Self {
         GroupDesc { raw: [0; 64], size }
     }
+    /// A descriptor from its on-disk bytes.
     pub fn from_bytes(b: &[u8]) -> Self {
         let size = b.len().min(64);
         let mut raw = [0u8; 64];
         raw[..size].copy_from_slice(&b[..size]);
         GroupDesc { raw, size }
     }
+    /// The descriptor's on-disk bytes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.raw[..self.size]
     }
@@ -65,10 +71,14 @@ impl GroupDesc {
 
 macro_rules! split_u32 {
     ($get:ident, $set:ident, $lo:ident, $set_lo:ident, $hi:ident, $set_hi:ident, $t:ty, $ht:ty) => {
+        #[doc = concat!(
+                    "`", stringify!($lo), "` and, with 64-bit descriptors, `", stringify!($hi), "`."
+                )]
         pub fn $get(&self) -> u64 {
             let hi = if self.wide() { self.$hi() as u64 } else { 0 };
             (hi << (8 * std::mem::size_of::<$t>())) | self.$lo() as u64
         }
+        #[doc = concat!("Sets [`Self::", stringify!($get), "`].")]
         pub fn $set(&mut self, v: u64) {
             self.$set_lo(v as $t);
             if self.wide() {
@@ -158,11 +168,13 @@ impl GroupDesc {
             self.set_block_bitmap_csum_hi((c >> 16) as u16);
         }
     }
+    /// Whether the block bitmap `bits` matches its stored checksum.
     pub fn verify_block_bitmap_csum(&self, seed: u32, bits: &[u8]) -> bool {
         let c = crc32c(seed, bits);
         let ok_lo = self.block_bitmap_csum_lo() == c as u16;
         ok_lo && (!self.wide() || self.block_bitmap_csum_hi() == (c >> 16) as u16)
     }
+    /// Stores the checksum of the inode bitmap `bits`.
     pub fn set_inode_bitmap_csum(&mut self, seed: u32, bits: &[u8]) {
         let c = crc32c(seed, bits);
         self.set_inode_bitmap_csum_lo(c as u16);
@@ -170,6 +182,7 @@ impl GroupDesc {
             self.set_inode_bitmap_csum_hi((c >> 16) as u16);
         }
     }
+    /// Whether the inode bitmap `bits` matches its stored checksum.
     pub fn verify_inode_bitmap_csum(&self, seed: u32, bits: &[u8]) -> bool {
         let c = crc32c(seed, bits);
         let ok_lo = self.inode_bitmap_csum_lo() == c as u16;
@@ -199,9 +212,11 @@ impl GroupDesc {
             }
         }
     }
+    /// Whether the descriptor matches its stored checksum, as group `group`.
     pub fn verify_csum(&self, kind: GdCsum, group: u32) -> bool {
         matches!(kind, GdCsum::None) || self.csum(kind, group) == self.checksum()
     }
+    /// Stores the descriptor's checksum, as group `group`.
     pub fn set_csum(&mut self, kind: GdCsum, group: u32) {
         if !matches!(kind, GdCsum::None) {
             let c = self.csum(kind, group);
@@ -213,7 +228,16 @@ impl GroupDesc {
 /// Which group descriptor checksum the filesystem uses.
 #[derive(Clone, Copy, Debug)]
 pub enum GdCsum {
+    /// No checksum.
     None,
-    Crc32c { seed: u32 },
-    Crc16 { uuid: [u8; 16] },
+    /// crc32c (metadata_csum), seeded with the filesystem's checksum seed.
+    Crc32c {
+        /// The checksum seed.
+        seed: u32,
+    },
+    /// crc16 (gdt_csum), over the filesystem's UUID.
+    Crc16 {
+        /// The filesystem's UUID.
+        uuid: [u8; 16],
+    },
 }

@@ -23,33 +23,48 @@
 use crate::format::csum::crc32c;
 use crate::format::{le16, le32, put16, put32};
 
+/// Directory hash version: legacy.
 pub const DX_HASH_LEGACY: u8 = 0;
+/// Directory hash version: half md4.
 pub const DX_HASH_HALF_MD4: u8 = 1;
+/// Directory hash version: tea.
 pub const DX_HASH_TEA: u8 = 2;
+/// Directory hash version: legacy unsigned.
 pub const DX_HASH_LEGACY_UNSIGNED: u8 = 3;
+/// Directory hash version: half md4 unsigned.
 pub const DX_HASH_HALF_MD4_UNSIGNED: u8 = 4;
+/// Directory hash version: tea unsigned.
 pub const DX_HASH_TEA_UNSIGNED: u8 = 5;
+/// Directory hash version: siphash.
 pub const DX_HASH_SIPHASH: u8 = 6;
 
 /// Offset of dx_root_info in the root block.
 pub const ROOT_INFO: usize = 0x18;
 /// Fields of dx_root_info, relative to the block.
 pub const ROOT_HASH_VERSION: usize = ROOT_INFO + 4;
+/// Offset of dx_root_info's `info_length` in the root block.
 pub const ROOT_INFO_LENGTH: usize = ROOT_INFO + 5;
+/// Offset of dx_root_info's `indirect_levels` in the root block.
 pub const ROOT_INDIRECT_LEVELS: usize = ROOT_INFO + 6;
+/// Offset of dx_root_info's `unused_flags` in the root block.
 pub const ROOT_UNUSED_FLAGS: usize = ROOT_INFO + 7;
 /// Offset of the count/limit header in the root and in interior nodes.
 pub const ROOT_COUNT: usize = 0x20;
+/// Offset of the count/limit header in an interior node.
 pub const NODE_COUNT: usize = 0x8;
 /// Size of one dx_entry (and of dx_countlimit with its block), and of dx_tail.
 pub const DX_ENTRY_SIZE: usize = 8;
+/// Size of dx_tail (the checksum after the entries).
 pub const DX_TAIL_SIZE: usize = 8;
 
 /// An index block's entries: `(hash, block)`; entry 0's hash is implicitly 0.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DxNode {
+    /// Offset of the count/limit header in the block.
     pub count_off: usize,
+    /// How many entries fit.
     pub limit: usize,
+    /// The entries.
     pub entries: Vec<(u32, u32)>,
 }
 
@@ -109,6 +124,7 @@ impl DxNode {
         lo - 1
     }
 
+    /// Whether no further entry fits.
     pub fn is_full(&self) -> bool {
         self.entries.len() >= self.limit
     }
@@ -134,6 +150,7 @@ pub fn dx_csum(seed: u32, b: &[u8], count_off: usize) -> Option<u32> {
     Some(crc32c(c, &[0u8; 4]))
 }
 
+/// Stores an index block's checksum (in the dx_tail after `limit` entries).
 pub fn set_dx_csum(seed: u32, b: &mut [u8], count_off: usize) {
     let limit = le16(b, count_off) as usize;
     let tail = count_off + limit * DX_ENTRY_SIZE;
@@ -146,6 +163,7 @@ pub fn set_dx_csum(seed: u32, b: &mut [u8], count_off: usize) {
     }
 }
 
+/// Whether an index block matches its stored checksum.
 pub fn verify_dx_csum(seed: u32, b: &[u8], count_off: usize) -> bool {
     if count_off + 4 > b.len() {
         return false;

@@ -5,30 +5,51 @@
 use super::csum::crc32c;
 use super::le_field;
 
+/// The root directory's inode number.
 pub const ROOT_INO: u32 = 2;
+/// The resize inode's number (reserved GDT blocks for online growth).
 pub const RESIZE_INO: u32 = 7;
+/// The journal inode's number.
 pub const JOURNAL_INO: u32 = 8;
+/// The first inode number not reserved, in revision 0 filesystems.
 pub const GOOD_OLD_FIRST_INO: u32 = 11;
+/// The size of an inode in revision 0 filesystems, and of every inode's fixed part.
 pub const GOOD_OLD_INODE_SIZE: usize = 128;
 /// i_extra_isize the kernel and mke2fs use: covers every extra field up to i_projid.
 pub const EXTRA_ISIZE: u16 = 32;
 
+/// The file type bits of a mode.
 pub const S_IFMT: u16 = 0o170000;
+/// File type in a mode: socket.
 pub const S_IFSOCK: u16 = 0o140000;
+/// File type in a mode: symbolic link.
 pub const S_IFLNK: u16 = 0o120000;
+/// File type in a mode: regular file.
 pub const S_IFREG: u16 = 0o100000;
+/// File type in a mode: block device.
 pub const S_IFBLK: u16 = 0o060000;
+/// File type in a mode: directory.
 pub const S_IFDIR: u16 = 0o040000;
+/// File type in a mode: character device.
 pub const S_IFCHR: u16 = 0o020000;
+/// File type in a mode: FIFO.
 pub const S_IFIFO: u16 = 0o010000;
 
+/// Inode flag `EXT4_SECRM_FL`.
 pub const FL_SECRM: u32 = 0x1;
+/// Inode flag `EXT4_IMMUTABLE_FL`.
 pub const FL_IMMUTABLE: u32 = 0x10;
+/// Inode flag `EXT4_APPEND_FL`.
 pub const FL_APPEND: u32 = 0x20;
+/// Inode flag `EXT4_INDEX_FL`.
 pub const FL_INDEX: u32 = 0x1000;
+/// Inode flag `EXT4_HUGE_FILE_FL`.
 pub const FL_HUGE_FILE: u32 = 0x40000;
+/// Inode flag `EXT4_EXTENTS_FL`.
 pub const FL_EXTENTS: u32 = 0x80000;
+/// Inode flag `EXT4_EA_INODE_FL`.
 pub const FL_EA_INODE: u32 = 0x200000;
+/// Inode flag `EXT4_INLINE_DATA_FL`.
 pub const FL_INLINE_DATA: u32 = 0x1000_0000;
 
 /// Size of i_block, the 60 bytes holding the extent root, block map or fast symlink.
@@ -53,11 +74,14 @@ impl std::fmt::Debug for RawInode {
 /// A timestamp as the inode stores it: seconds (34 bits with the epoch extension) and nanoseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp {
+    /// Seconds since the epoch.
     pub sec: i64,
+    /// Nanoseconds.
     pub nsec: u32,
 }
 
 impl Timestamp {
+    /// The current time.
     pub fn now() -> Self {
         let d = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -100,6 +124,7 @@ impl Timestamp {
         let epoch = ((self.sec - (lo as i32 as i64)) >> 32) as u32 & 3;
         (lo, (self.nsec << 2) | epoch)
     }
+    /// Decodes a time from its seconds field and, where the inode has one, its extra field.
     pub fn decode(lo: u32, extra: Option<u32>) -> Self {
         let base = lo as i32 as i64;
         match extra {
@@ -116,6 +141,7 @@ impl Timestamp {
 }
 
 impl RawInode {
+    /// A zeroed inode of `inode_size` bytes.
     pub fn new(inode_size: usize) -> Self {
         let mut r = RawInode(vec![0; inode_size]);
         if inode_size > GOOD_OLD_INODE_SIZE {
@@ -123,10 +149,12 @@ impl RawInode {
         }
         r
     }
+    /// The inode's on-disk bytes.
     #[inline]
     pub fn bytes(&self) -> &[u8] {
         &self.0
     }
+    /// The inode's on-disk bytes, to change.
     #[inline]
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         &mut self.0
@@ -175,43 +203,55 @@ impl RawInode {
         GOOD_OLD_INODE_SIZE + self.extra_isize() as usize >= end
     }
 
+    /// The file type bits of the mode (`S_IF*`).
     pub fn file_type(&self) -> u16 {
         self.mode() & S_IFMT
     }
+    /// Whether the inode is a directory.
     pub fn is_dir(&self) -> bool {
         self.file_type() == S_IFDIR
     }
+    /// Whether the inode is a regular file.
     pub fn is_reg(&self) -> bool {
         self.file_type() == S_IFREG
     }
+    /// Whether the inode is a symbolic link.
     pub fn is_symlink(&self) -> bool {
         self.file_type() == S_IFLNK
     }
 
+    /// The owner (both halves).
     pub fn uid(&self) -> u32 {
         (self.uid_high() as u32) << 16 | self.uid_lo() as u32
     }
+    /// Sets the owner (both halves).
     pub fn set_uid(&mut self, v: u32) {
         self.set_uid_lo(v as u16);
         self.set_uid_high((v >> 16) as u16);
     }
+    /// The group (both halves).
     pub fn gid(&self) -> u32 {
         (self.gid_high() as u32) << 16 | self.gid_lo() as u32
     }
+    /// Sets the group (both halves).
     pub fn set_gid(&mut self, v: u32) {
         self.set_gid_lo(v as u16);
         self.set_gid_high((v >> 16) as u16);
     }
+    /// The size in bytes (both halves).
     pub fn size(&self) -> u64 {
         (self.size_high() as u64) << 32 | self.size_lo() as u64
     }
+    /// Sets the size in bytes (both halves).
     pub fn set_size(&mut self, v: u64) {
         self.set_size_lo(v as u32);
         self.set_size_high((v >> 32) as u32);
     }
+    /// The xattr block (both halves; 0 for none).
     pub fn file_acl(&self) -> u64 {
         (self.file_acl_high() as u64) << 32 | self.file_acl_lo() as u64
     }
+    /// Sets the xattr block (both halves).
     pub fn set_file_acl(&mut self, v: u64) {
         self.set_file_acl_lo(v as u32);
         self.set_file_acl_high((v >> 32) as u16);
@@ -226,6 +266,7 @@ impl RawInode {
             raw
         }
     }
+    /// Sets the block count in 512-byte units (both halves).
     pub fn set_blocks_512(&mut self, v: u64) {
         let flags = self.flags() & !FL_HUGE_FILE;
         self.set_flags(flags);
@@ -233,19 +274,24 @@ impl RawInode {
         self.set_blocks_high((v >> 32) as u16);
     }
 
+    /// The access time.
     pub fn atime(&self) -> Timestamp {
         Timestamp::decode(self.atime_lo(), self.fits(0x90).then(|| self.atime_extra()))
     }
+    /// The modification time.
     pub fn mtime(&self) -> Timestamp {
         Timestamp::decode(self.mtime_lo(), self.fits(0x8C).then(|| self.mtime_extra()))
     }
+    /// The change time.
     pub fn ctime(&self) -> Timestamp {
         Timestamp::decode(self.ctime_lo(), self.fits(0x88).then(|| self.ctime_extra()))
     }
+    /// The creation time, where the inode has room for it.
     pub fn crtime(&self) -> Option<Timestamp> {
         self.fits(0x98)
             .then(|| Timestamp::decode(self.crtime_lo(), Some(self.crtime_extra())))
     }
+    /// Sets the access time.
     pub fn set_atime(&mut self, t: Timestamp) {
         let (lo, x) = t.clamped(self.fits(0x90)).encode();
         self.set_atime_lo(lo);
@@ -253,6 +299,7 @@ impl RawInode {
             self.set_atime_extra(x);
         }
     }
+    /// Sets the modification time.
     pub fn set_mtime(&mut self, t: Timestamp) {
         let (lo, x) = t.clamped(self.fits(0x8C)).encode();
         self.set_mtime_lo(lo);
@@ -260,6 +307,7 @@ impl RawInode {
             self.set_mtime_extra(x);
         }
     }
+    /// Sets the change time.
     pub fn set_ctime(&mut self, t: Timestamp) {
         let (lo, x) = t.clamped(self.fits(0x88)).encode();
         self.set_ctime_lo(lo);
@@ -267,6 +315,7 @@ impl RawInode {
             self.set_ctime_extra(x);
         }
     }
+    /// Sets the creation time, where the inode has room for it.
     pub fn set_crtime(&mut self, t: Timestamp) {
         if self.fits(0x98) {
             let (lo, x) = t.clamped(true).encode();
@@ -275,9 +324,11 @@ impl RawInode {
         }
     }
 
+    /// `i_block`: the extent tree's root, block map, inline data or fast symlink.
     pub fn i_block(&self) -> &[u8] {
         &self.0[0x28..0x28 + I_BLOCK_SIZE]
     }
+    /// `i_block`, to change.
     pub fn i_block_mut(&mut self) -> &mut [u8] {
         &mut self.0[0x28..0x28 + I_BLOCK_SIZE]
     }
@@ -310,6 +361,7 @@ impl RawInode {
         }
         crc32c(seed, &copy)
     }
+    /// Whether the inode matches its stored checksum (metadata_csum).
     pub fn verify_csum(&self, fs_seed: u32, ino: u32) -> bool {
         let c = self.csum(fs_seed, ino);
         if self.fits(0x84) {
@@ -318,6 +370,7 @@ impl RawInode {
             self.checksum_lo() == c as u16
         }
     }
+    /// Stores the inode's checksum (metadata_csum).
     pub fn set_csum(&mut self, fs_seed: u32, ino: u32) {
         let c = self.csum(fs_seed, ino);
         self.set_checksum_lo(c as u16);

@@ -56,10 +56,12 @@ impl MmpBlock {
         raw[..n].copy_from_slice(&b[..n]);
         MmpBlock(raw)
     }
+    /// The block's bytes.
     #[inline]
     pub fn bytes(&self) -> &[u8] {
         &self.0[..]
     }
+    /// The block's bytes, to change.
     #[inline]
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         &mut self.0[..]
@@ -79,6 +81,7 @@ impl MmpBlock {
     pub fn nodename_bytes(&self) -> &[u8] {
         &self.0[0x10..0x50]
     }
+    /// Sets `mmp_nodename`: the host that holds the filesystem.
     pub fn set_nodename(&mut self, n: &str) {
         set_text(&mut self.0[0x10..0x50], n);
     }
@@ -86,6 +89,7 @@ impl MmpBlock {
     pub fn bdevname(&self) -> String {
         text(&self.0[0x50..0x70])
     }
+    /// Sets `mmp_bdevname`: the device it holds it on.
     pub fn set_bdevname(&mut self, n: &str) {
         set_text(&mut self.0[0x50..0x70], n);
     }

@@ -5,6 +5,7 @@
 use crate::format::csum::crc32c;
 use crate::format::put32;
 
+/// The magic number in the tail of each orphan file block.
 pub const ORPHAN_BLOCK_MAGIC: u32 = 0x0B10_CA04;
 /// Size of the tail (magic, checksum).
 pub const ORPHAN_TAIL_SIZE: usize = 8;

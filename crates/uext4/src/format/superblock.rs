@@ -4,17 +4,26 @@ use super::csum::crc32c;
 use super::features::*;
 use super::le_field;
 
+/// Byte offset of the primary superblock on the device.
 pub const SUPERBLOCK_OFFSET: u64 = 1024;
+/// Size of the superblock.
 pub const SUPERBLOCK_SIZE: usize = 1024;
+/// `s_magic` of every ext2/3/4 superblock.
 pub const EXT4_MAGIC: u16 = 0xEF53;
 
+/// Superblock state flag: valid.
 pub const STATE_VALID: u16 = 0x1;
+/// Superblock state flag: error.
 pub const STATE_ERROR: u16 = 0x2;
+/// Superblock state flag: orphans.
 pub const STATE_ORPHANS: u16 = 0x4;
 
+/// `s_flags`: directory hashes treat names as signed chars.
 pub const FLAGS_SIGNED_HASH: u32 = 0x1;
+/// `s_flags`: directory hashes treat names as unsigned chars.
 pub const FLAGS_UNSIGNED_HASH: u32 = 0x2;
 
+/// `s_checksum_type` for crc32c, the only one defined.
 pub const CRC32C_CHKSUM: u8 = 1;
 
 /// Whether `g` is 0, 1 or a power of 3, 5 or 7: the groups that keep superblock and descriptor
@@ -38,22 +47,27 @@ pub fn sparse_group(g: u32) -> bool {
     false
 }
 
+/// The superblock's bytes, with accessors for its fields.
 #[derive(Clone)]
 pub struct Superblock(pub Box<[u8; SUPERBLOCK_SIZE]>);
 
 impl Superblock {
+    /// A superblock from its on-disk bytes (the first 1024 of `b`).
     pub fn from_bytes(b: &[u8]) -> Self {
         let mut raw = Box::new([0u8; SUPERBLOCK_SIZE]);
         raw.copy_from_slice(&b[..SUPERBLOCK_SIZE]);
         Superblock(raw)
     }
+    /// A zeroed superblock.
     pub fn zeroed() -> Self {
         Superblock(Box::new([0u8; SUPERBLOCK_SIZE]))
     }
+    /// The superblock's bytes.
     #[inline]
     pub fn bytes(&self) -> &[u8] {
         &self.0[..]
     }
+    /// The superblock's bytes, to change.
     #[inline]
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         &mut self.0[..]
@@ -136,17 +150,21 @@ impl Superblock {
     le_field!(orphan_file_inum, set_orphan_file_inum, u32, 0x280);
     le_field!(checksum, set_checksum, u32, 0x3FC);
 
+    /// `s_uuid`.
     pub fn uuid(&self) -> [u8; 16] {
         self.0[0x68..0x78].try_into().unwrap()
     }
+    /// Sets `s_uuid`.
     pub fn set_uuid(&mut self, u: [u8; 16]) {
         self.0[0x68..0x78].copy_from_slice(&u)
     }
+    /// `s_volume_name`, up to its first NUL.
     pub fn volume_name(&self) -> String {
         let b = &self.0[0x78..0x88];
         let end = b.iter().position(|&c| c == 0).unwrap_or(16);
         String::from_utf8_lossy(&b[..end]).into_owned()
     }
+    /// Sets `s_volume_name` (cut at 16 bytes).
     pub fn set_volume_name(&mut self, n: &str) {
         let b = &mut self.0[0x78..0x88];
         b.fill(0);
@@ -154,9 +172,11 @@ impl Superblock {
         let l = n.len().min(16);
         b[..l].copy_from_slice(&n[..l]);
     }
+    /// `s_journal_uuid`.
     pub fn journal_uuid(&self) -> [u8; 16] {
         self.0[0xD0..0xE0].try_into().unwrap()
     }
+    /// `s_hash_seed`: the directory hash's seed.
     pub fn hash_seed(&self) -> [u32; 4] {
         let mut s = [0u32; 4];
         for (i, v) in s.iter_mut().enumerate() {
@@ -164,6 +184,7 @@ impl Superblock {
         }
         s
     }
+    /// Sets `s_hash_seed`.
     pub fn set_hash_seed(&mut self, s: [u32; 4]) {
         for (i, v) in s.iter().enumerate() {
             super::put32(&mut self.0[..], 0xEC + 4 * i, *v);
@@ -175,6 +196,7 @@ impl Superblock {
         super::put32(&mut self.0[..], 0x10C + 60, size_hi);
         super::put32(&mut self.0[..], 0x10C + 64, size_lo);
     }
+    /// Sets `s_first_error_func` (`first`) or `s_last_error_func` (cut at 32 bytes).
     pub fn set_error_func(&mut self, first: bool, func: &str) {
         let off = if first { 0x1A8 } else { 0x1E0 };
         let b = &mut self.0[off..off + 32];
@@ -185,6 +207,7 @@ impl Superblock {
     }
 
     // Combining accessors for split fields.
+    /// The block count (both halves).
     pub fn blocks_count(&self) -> u64 {
         let hi = if self.is_64bit() {
             self.blocks_count_hi() as u64
@@ -193,12 +216,14 @@ impl Superblock {
         };
         (hi << 32) | self.blocks_count_lo() as u64
     }
+    /// Sets the block count (both halves).
     pub fn set_blocks_count(&mut self, v: u64) {
         self.set_blocks_count_lo(v as u32);
         if self.is_64bit() {
             self.set_blocks_count_hi((v >> 32) as u32);
         }
     }
+    /// The reserved block count (both halves).
     pub fn r_blocks_count(&self) -> u64 {
         let hi = if self.is_64bit() {
             self.r_blocks_count_hi() as u64
@@ -207,12 +232,14 @@ impl Superblock {
         };
         (hi << 32) | self.r_blocks_count_lo() as u64
     }
+    /// Sets the reserved block count (both halves).
     pub fn set_r_blocks_count(&mut self, v: u64) {
         self.set_r_blocks_count_lo(v as u32);
         if self.is_64bit() {
             self.set_r_blocks_count_hi((v >> 32) as u32);
         }
     }
+    /// The free block count (both halves).
     pub fn free_blocks_count(&self) -> u64 {
         let hi = if self.is_64bit() {
             self.free_blocks_count_hi() as u64
@@ -221,6 +248,7 @@ impl Superblock {
         };
         (hi << 32) | self.free_blocks_count_lo() as u64
     }
+    /// Sets the free block count (both halves).
     pub fn set_free_blocks_count(&mut self, v: u64) {
         self.set_free_blocks_count_lo(v as u32);
         if self.is_64bit() {
@@ -228,9 +256,11 @@ impl Superblock {
         }
     }
 
+    /// The block size in bytes.
     pub fn block_size(&self) -> u32 {
         1024u32.checked_shl(self.log_block_size()).unwrap_or(0)
     }
+    /// The inode size in bytes (128 in revision 0).
     pub fn inode_size(&self) -> u16 {
         if self.rev_level() == 0 {
             128
@@ -238,6 +268,7 @@ impl Superblock {
             self.inode_size_raw()
         }
     }
+    /// The group descriptor size in bytes (32 without the 64bit feature).
     pub fn desc_size(&self) -> u16 {
         if self.is_64bit() {
             self.desc_size_raw()
@@ -245,6 +276,7 @@ impl Superblock {
             32
         }
     }
+    /// The first inode number not reserved (11 in revision 0).
     pub fn first_ino_checked(&self) -> u32 {
         if self.rev_level() == 0 {
             11
@@ -253,21 +285,27 @@ impl Superblock {
         }
     }
 
+    /// Whether a compatible feature flag (`COMPAT_*`) is set.
     pub fn has_compat(&self, f: u32) -> bool {
         self.feature_compat() & f != 0
     }
+    /// Whether a read-only compatible feature flag (`RO_COMPAT_*`) is set.
     pub fn has_ro_compat(&self, f: u32) -> bool {
         self.feature_ro_compat() & f != 0
     }
+    /// Whether an incompatible feature flag (`INCOMPAT_*`) is set.
     pub fn has_incompat(&self, f: u32) -> bool {
         self.feature_incompat() & f != 0
     }
+    /// Whether the 64bit feature is set.
     pub fn is_64bit(&self) -> bool {
         self.has_incompat(INCOMPAT_64BIT)
     }
+    /// Whether the metadata_csum feature is set.
     pub fn has_metadata_csum(&self) -> bool {
         self.has_ro_compat(RO_COMPAT_METADATA_CSUM)
     }
+    /// Whether the gdt_csum feature is set.
     pub fn has_gdt_csum(&self) -> bool {
         self.has_ro_compat(RO_COMPAT_GDT_CSUM)
     }
@@ -285,9 +323,11 @@ impl Superblock {
     pub fn csum(&self) -> u32 {
         crc32c(!0, &self.0[..0x3FC])
     }
+    /// Whether the superblock matches its stored checksum.
     pub fn verify_csum(&self) -> bool {
         !self.has_metadata_csum() || self.csum() == self.checksum()
     }
+    /// Stores the superblock's checksum.
     pub fn set_csum(&mut self) {
         if self.has_metadata_csum() {
             let c = self.csum();

@@ -19,6 +19,7 @@ use super::csum::crc32c;
 use super::{le16, le32, put16, put32};
 use crate::error::{Corruption, Error, Result};
 
+/// `h_magic` of an xattr block, and the magic before in-inode xattrs.
 pub const XATTR_MAGIC: u32 = 0xEA02_0000;
 /// Bytes of the in-inode header (the magic).
 pub const IBODY_HEADER_LEN: usize = 4;
@@ -34,19 +35,31 @@ pub const VALUE_MAX: usize = 65536;
 pub const REFCOUNT_MAX: u32 = 1024;
 
 // Block header fields (struct ext4_xattr_header).
+/// Byte offset of the xattr block header's magic field.
 pub const H_MAGIC: usize = 0x0;
+/// Byte offset of the xattr block header's refcount field.
 pub const H_REFCOUNT: usize = 0x4;
+/// Byte offset of the xattr block header's blocks field.
 pub const H_BLOCKS: usize = 0x8;
+/// Byte offset of the xattr block header's hash field.
 pub const H_HASH: usize = 0xC;
+/// Byte offset of the xattr block header's checksum field.
 pub const H_CHECKSUM: usize = 0x10;
 
 // Name indexes (e_name_index).
+/// Xattr name index: the `user` prefix.
 pub const INDEX_USER: u8 = 1;
+/// Xattr name index: the `posix.acl.access` prefix.
 pub const INDEX_POSIX_ACL_ACCESS: u8 = 2;
+/// Xattr name index: the `posix.acl.default` prefix.
 pub const INDEX_POSIX_ACL_DEFAULT: u8 = 3;
+/// Xattr name index: the `trusted` prefix.
 pub const INDEX_TRUSTED: u8 = 4;
+/// Xattr name index: the `security` prefix.
 pub const INDEX_SECURITY: u8 = 6;
+/// Xattr name index: the `system` prefix.
 pub const INDEX_SYSTEM: u8 = 7;
+/// Xattr name index: the `richacl` prefix.
 pub const INDEX_RICHACL: u8 = 8;
 
 /// Name prefixes by index, the namespaces the kernel's ext4 has handlers for. The ACL indexes
@@ -101,6 +114,7 @@ pub fn join_name(index: u8, name: &[u8]) -> Option<Vec<u8>> {
     Some(v)
 }
 
+/// Rounds up to a multiple of 4 (entries and values are 4-aligned).
 #[inline]
 pub fn pad4(n: usize) -> usize {
     (n + 3) & !3
@@ -109,8 +123,11 @@ pub fn pad4(n: usize) -> usize {
 /// One attribute as stored: index, suffix, value (in the on-disk encoding).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct XattrEntry {
+    /// The name index (`INDEX_*`): the name's prefix.
     pub index: u8,
+    /// The name after its prefix.
     pub name: Vec<u8>,
+    /// The value.
     pub value: Vec<u8>,
 }
 
@@ -360,11 +377,17 @@ pub fn parse_block(
 
 // ---- POSIX ACLs ----
 
+/// POSIX ACL entry tag `ACL_USER_OBJ`.
 pub const ACL_USER_OBJ: u16 = 0x01;
+/// POSIX ACL entry tag `ACL_USER`.
 pub const ACL_USER: u16 = 0x02;
+/// POSIX ACL entry tag `ACL_GROUP_OBJ`.
 pub const ACL_GROUP_OBJ: u16 = 0x04;
+/// POSIX ACL entry tag `ACL_GROUP`.
 pub const ACL_GROUP: u16 = 0x08;
+/// POSIX ACL entry tag `ACL_MASK`.
 pub const ACL_MASK: u16 = 0x10;
+/// POSIX ACL entry tag `ACL_OTHER`.
 pub const ACL_OTHER: u16 = 0x20;
 /// The VFS form's version (POSIX_ACL_XATTR_VERSION).
 pub const ACL_VFS_VERSION: u32 = 2;
@@ -375,8 +398,11 @@ const ACL_UNDEFINED_ID: u32 = u32::MAX;
 /// One ACL entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AclEntry {
+    /// `e_tag` (`ACL_*`).
     pub tag: u16,
+    /// `e_perm`: rwx bits.
     pub perm: u16,
+    /// `e_id`: the user or group, for `ACL_USER` and `ACL_GROUP`.
     pub id: u32,
 }
 

@@ -414,7 +414,7 @@ pub const COMMIT_CHKSUM: usize = 16;
 pub const COMMIT_SEC: usize = 0x30;
 pub const COMMIT_NSEC: usize = 0x38;
 
-/// The csum v2/v3 checksum of a commit block: crc32c(seed, block with h_chksum[0] zero).
+/// The csum v2/v3 checksum of a commit block: crc32c(seed, block with `h_chksum[0]` zero).
 pub fn commit_csum(seed: u32, b: &[u8]) -> u32 {
     let c = crc32c(seed, &b[..COMMIT_CHKSUM]);
     let c = crc32c(c, &[0u8; 4]);

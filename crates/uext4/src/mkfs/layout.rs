@@ -40,18 +40,29 @@ pub(super) fn backup_groups(groups: u32, sparse: bool) -> Vec<u32> {
 /// engine's `Geometry` is the shape of an existing filesystem, read from its superblock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
+    /// Block size in bytes.
     pub block_size: u32,
+    /// Blocks in the filesystem.
     pub blocks: u64,
+    /// The first block of group 0.
     pub first_data_block: u64,
+    /// Blocks per group.
     pub blocks_per_group: u32,
+    /// Block groups.
     pub groups: u32,
+    /// Inodes per group.
     pub inodes_per_group: u32,
+    /// Inode table blocks per group.
     pub inode_table_blocks: u32,
+    /// Group descriptor size in bytes.
     pub desc_size: u32,
+    /// Blocks of one group descriptor table copy.
     pub desc_blocks: u32,
+    /// Reserved GDT blocks after each descriptor table copy.
     pub reserved_gdt_blocks: u32,
     /// The resize inode is made (even with no reserved GDT blocks, as mke2fs).
     pub resize_inode: bool,
+    /// Blocks reserved for root.
     pub r_blocks: u64,
     /// Superblock copies only in groups 0, 1 and powers of 3, 5 and 7 (sparse_super).
     pub sparse_super: bool,

@@ -10,22 +10,31 @@ use crate::error::{Error, Result};
 pub struct FeatureSet {
     /// A journal (inode 8); also needs `MkfsOptions::journal_blocks` other than `Some(0)`.
     pub has_journal: bool,
+    /// Extended attribute blocks.
     pub ext_attr: bool,
     /// Reserved GDT blocks and the resize inode (7), for online growth.
     pub resize_inode: bool,
+    /// Hashed directory indexes.
     pub dir_index: bool,
     /// Always on (uext4 writes directory entries with file types).
     pub filetype: bool,
     /// Extent trees; without it, files map their blocks with indirect blocks (ext2/ext3).
     pub extents: bool,
+    /// 64-bit block numbers and 64-byte group descriptors.
     pub has_64bit: bool,
     /// flex_bg with 16 groups per flex group.
     pub flex_bg: bool,
+    /// Superblock copies only in some groups.
     pub sparse_super: bool,
+    /// Files over 2 GiB.
     pub large_file: bool,
+    /// Files over 2 TiB (block counts in filesystem blocks).
     pub huge_file: bool,
+    /// Directories with more than 65000 subdirectories.
     pub dir_nlink: bool,
+    /// Room for extra inode fields (nanosecond and creation times).
     pub extra_isize: bool,
+    /// crc32c checksums on all metadata.
     pub metadata_csum: bool,
     /// gdt_csum (crc16 group descriptor checksums and uninitialised groups); used only without
     /// metadata_csum, which supersedes it.
@@ -193,6 +202,8 @@ impl FeatureSet {
     }
 }
 
+/// Everything `mkfs` needs to know: the size, the shape and the features (see
+/// [`MkfsOptions::like_mke2fs`] for mke2fs's defaults).
 #[derive(Clone, Debug)]
 pub struct MkfsOptions {
     /// Bytes; 0: the whole device.
@@ -205,6 +216,7 @@ pub struct MkfsOptions {
     pub inode_size: u16,
     /// Bytes of filesystem per inode.
     pub inode_ratio: u32,
+    /// The volume label (up to 16 bytes).
     pub label: String,
     /// None: a random (version 4) UUID (mke2fs -U).
     pub uuid: Option<[u8; 16]>,
@@ -220,6 +232,7 @@ pub struct MkfsOptions {
     pub reserved_percent: f64,
     /// Owner of the root directory (mke2fs -E root_owner=UID:GID).
     pub root_owner: (u32, u32),
+    /// The features.
     pub features: FeatureSet,
     /// The device reads as zeros already (a new sparse file): skip zeroing inode tables, the
     /// journal and the backup reserved GDT blocks.

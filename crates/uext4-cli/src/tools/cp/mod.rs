@@ -12,8 +12,8 @@ pub(crate) use host_to_image::copy_host_contents;
 use crate::image::*;
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::Path;
-use uext4::format::inode::Timestamp;
 use uext4::Fs;
+use uext4::Timestamp;
 
 /// A progress bar over the bytes a copy moves, shown on large copies to a terminal.
 pub(super) struct Progress(Option<indicatif::ProgressBar>);

@@ -8,10 +8,10 @@ use anyhow::Result;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::path::Path;
-use uext4::format::inode::Timestamp;
-use uext4::namei::{SetAttr, TimeSet};
-use uext4::xattr::XattrFlags;
+use uext4::Timestamp;
+use uext4::XattrFlags;
 use uext4::{Error, Fs};
+use uext4::{SetAttr, TimeSet};
 
 /// Hard links: the first copy of a non-directory with several links, by its identity in the
 /// source (`K`); later names of it become links to that copy (`V`).
