@@ -129,7 +129,7 @@ impl NewInode {
         if self.xattrs.is_empty() {
             0
         } else {
-            crate::xattr::XATTR_CREDITS
+            crate::transaction::credits::XATTR
         }
     }
 }

@@ -10,7 +10,7 @@ use crate::format::inode::{RawInode, Timestamp, S_IFMT};
 use crate::format::xattr::{acl_to_disk, XattrEntry, INDEX_POSIX_ACL_ACCESS};
 use crate::fs::Fs;
 use crate::inode::Attr;
-use crate::namei::credits;
+use crate::transaction::credits;
 use crate::xattr::{has_xattrs, may_have_cap, XATTR_CREDITS};
 use std::sync::atomic::Ordering;
 

@@ -55,6 +55,7 @@ mod delalloc;
 mod delalloc_state;
 mod dir;
 mod error;
+mod extent_cache;
 mod extents;
 mod file;
 pub mod format;

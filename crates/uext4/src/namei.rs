@@ -1249,23 +1249,8 @@ impl Fs {
     }
 }
 
-/// Credit estimates: the most metadata blocks each operation can dirty, before an extent split
-/// or htree split asks for more (`Handle::extend`). They bound the running transaction's size
-/// against the journal (a transaction must fit in a quarter of the log).
-pub mod credits {
-    /// Inode bitmap, group descriptor, inode table block, parent inode block, directory block
-    /// (or an htree split: two leaves and up to three index blocks), block bitmap and
-    /// descriptor for a new directory's (or slow symlink's) first block, superblock.
-    pub const CREATE: usize = 16;
-    pub const LINK: usize = 8;
-    /// As create, plus freeing: block bitmaps, descriptors and extent blocks of the victim.
-    pub const UNLINK: usize = 32;
-    pub const RENAME: usize = 24;
-    pub const SETATTR: usize = 4;
-    /// Per extent inserted: the leaf, a split (new leaf and the index), a depth increase, and
-    /// the block bitmap and descriptor of the data.
-    pub const WRITE_PER_EXTENT: usize = 8;
-}
+/// Credit estimates live with the handles that take them.
+pub use crate::transaction::credits;
 
 /// Fails with NotFound if directory `d` has been removed (checked with its io_lock held, so
 /// it stays so while the caller holds the lock), as the kernel refuses entries in a dead

@@ -32,10 +32,8 @@ pub enum XattrFlags {
     Replace,
 }
 
-/// Metadata blocks one attribute change can dirty: the inode's table block, a new block with
-/// its bitmap and descriptor, the old block (refcount) or its bitmap and descriptor, the
-/// superblock.
-pub(crate) const XATTR_CREDITS: usize = 10;
+/// Metadata blocks one attribute change can dirty (`credits::XATTR`).
+pub(crate) const XATTR_CREDITS: usize = crate::transaction::credits::XATTR;
 
 const S_ISUID: u16 = 0o4000;
 const S_ISGID: u16 = 0o2000;

@@ -5,7 +5,7 @@
 //! choose between the two themselves. Its methods keep the `ext_` names their callers know:
 //! the extents they speak of are the cache's, whichever map stores them.
 
-use super::cache::ExtentCache;
+use crate::extent_cache::ExtentCache;
 use super::{indirect, tree};
 use crate::error::{Corruption, Error, Result};
 use crate::format::extent::*;

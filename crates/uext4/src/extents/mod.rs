@@ -1,21 +1,20 @@
 //! Block mapping: which physical block holds each logical block of a file, as the kernel
 //! splits it between extents_status.c, extents.c, indirect.c and ext4_map_blocks.
 //!
-//! - [`cache`]: the in-memory extent cache. Every file's extents are loaded once, on first
-//!   use, into an [`ExtentCache`] (a sorted map from first logical block to extent); lookups
-//!   never read map blocks again (DESIGN.md R1). It is state the inode holds, and imports no
-//!   filesystem operations.
+//! - [`crate::extent_cache`]: the in-memory extent cache, a state module of its own. Every
+//!   file's extents are loaded once, on first use, into an [`ExtentCache`] (a sorted map from
+//!   first logical block to extent); lookups never read map blocks again (DESIGN.md R1). It is
+//!   state the inode holds, and imports no filesystem operations.
 //! - `tree`: the extent tree, loaded into the cache and edited one leaf at a time.
 //! - `indirect`: the indirect block map of ext2/ext3 files, loaded into the same cache.
 //! - `map`: the one dispatch point. Callers ask it (`Fs::ext_map`, `ext_insert`,
 //!   `ext_remove`, ...) and it picks the tree or the indirect map for the inode.
 
-pub mod cache;
 mod indirect;
 mod map;
 mod tree;
 
-pub use cache::ExtentCache;
+pub use crate::extent_cache::ExtentCache;
 
 #[cfg(test)]
 mod tests;
