@@ -928,60 +928,84 @@ impl Fs {
                 )));
             }
         }
-        let bs = self.bs();
         if punch || zero {
-            // A hole too large for one handle is punched in pieces from its end first.
-            let pend = {
-                let st = inode.state.lock();
-                if punch {
-                    end.min(st.raw.size().div_ceil(bs) * bs)
-                } else {
-                    end
-                }
-            };
-            if off.div_ceil(bs) < pend / bs {
-                self.remove_in_pieces(&inode, off.div_ceil(bs) as u32, pend / bs)?;
-            }
-            let mut h = self.start(credits::UNLINK)?;
-            let mut st = inode.state.lock();
-            check_live(&st)?;
-            let size = st.raw.size();
-            let pend = if punch {
-                end.min(size.div_ceil(bs) * bs)
-            } else {
-                end
-            };
-            if off < pend {
-                let first_full = off.div_ceil(bs);
-                let last_full = pend / bs; // exclusive
-                if first_full >= last_full {
-                    // Inside one block (or two partial ones without a full block between).
-                    self.zero_partial(ino, &mut st, off, pend.min((off / bs + 1) * bs))?;
-                    if pend > (off / bs + 1) * bs {
-                        self.zero_partial(ino, &mut st, (pend / bs) * bs, pend)?;
-                    }
-                } else {
-                    self.zero_partial(ino, &mut st, off, first_full * bs)?;
-                    self.zero_partial(ino, &mut st, last_full * bs, pend)?;
-                    self.ext_remove(&mut h, ino, &mut st, first_full as u32, last_full)?;
-                }
-            }
-            let now = self.now();
-            st.raw.set_mtime(now);
-            st.raw.set_ctime(now);
-            self.mark_inode_dirty(&mut h, &inode, &mut st)?;
-            inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
-            drop(st);
-            drop(h);
+            self.fallocate_empty_range(&inode, off, end, punch)?;
             if punch {
                 return Ok(());
             }
         }
-        // Preallocate over the holes in the range (also the second half of ZERO_RANGE, which
-        // just emptied its full blocks): unwritten extents, or, where the device zeroes for
-        // free (MountOptions::prealloc_zeroed), written extents over blocks zeroed before the
-        // extent points at them. Only blocks that start inside the file's size (after this
-        // call) may be written: e2fsck wants the blocks past the size unwritten.
+        self.fallocate_prealloc(&inode, off, end, keep)?;
+        let mut h = self.start(credits::SETATTR)?;
+        let mut st = inode.state.lock();
+        if !keep && end > st.raw.size() {
+            st.raw.set_size(end);
+        }
+        st.raw.set_ctime(self.now());
+        self.mark_inode_dirty(&mut h, &inode, &mut st)?;
+        inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// PUNCH_HOLE and the first half of ZERO_RANGE: the range's full blocks are unmapped
+    /// (a hole too large for one handle in pieces, from its end first) and its partial blocks
+    /// zeroed.
+    fn fallocate_empty_range(&self, inode: &Inode, off: u64, end: u64, punch: bool) -> Result<()> {
+        let ino = inode.ino;
+        let bs = self.bs();
+        // A hole too large for one handle is punched in pieces from its end first.
+        let pend = {
+            let st = inode.state.lock();
+            if punch {
+                end.min(st.raw.size().div_ceil(bs) * bs)
+            } else {
+                end
+            }
+        };
+        if off.div_ceil(bs) < pend / bs {
+            self.remove_in_pieces(inode, off.div_ceil(bs) as u32, pend / bs)?;
+        }
+        let mut h = self.start(credits::UNLINK)?;
+        let mut st = inode.state.lock();
+        check_live(&st)?;
+        let size = st.raw.size();
+        let pend = if punch {
+            end.min(size.div_ceil(bs) * bs)
+        } else {
+            end
+        };
+        if off < pend {
+            let first_full = off.div_ceil(bs);
+            let last_full = pend / bs; // exclusive
+            if first_full >= last_full {
+                // Inside one block (or two partial ones without a full block between).
+                self.zero_partial(ino, &mut st, off, pend.min((off / bs + 1) * bs))?;
+                if pend > (off / bs + 1) * bs {
+                    self.zero_partial(ino, &mut st, (pend / bs) * bs, pend)?;
+                }
+            } else {
+                self.zero_partial(ino, &mut st, off, first_full * bs)?;
+                self.zero_partial(ino, &mut st, last_full * bs, pend)?;
+                self.ext_remove(&mut h, ino, &mut st, first_full as u32, last_full)?;
+            }
+        }
+        let now = self.now();
+        st.raw.set_mtime(now);
+        st.raw.set_ctime(now);
+        self.mark_inode_dirty(&mut h, inode, &mut st)?;
+        inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
+        drop(st);
+        drop(h);
+        Ok(())
+    }
+
+    /// Preallocates over the holes in the range (also the second half of ZERO_RANGE, which
+    /// just emptied its full blocks): unwritten extents, or, where the device zeroes for
+    /// free (MountOptions::prealloc_zeroed), written extents over blocks zeroed before the
+    /// extent points at them. Only blocks that start inside the file's size (after this
+    /// call) may be written: e2fsck wants the blocks past the size unwritten.
+    fn fallocate_prealloc(&self, inode: &Inode, off: u64, end: u64, keep: bool) -> Result<()> {
+        let ino = inode.ino;
+        let bs = self.bs();
         let mut zeroed = self.opts.prealloc_zeroed && self.dev.zeroes_cheaply();
         let first = off / bs;
         let last = (end - 1) / bs;
@@ -1032,18 +1056,10 @@ impl Fs {
                     st.raw.set_size(upto);
                 }
             }
-            self.mark_inode_dirty(&mut h, &inode, &mut st)?;
+            self.mark_inode_dirty(&mut h, inode, &mut st)?;
             inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
             lblk += n as u64;
         }
-        let mut h = self.start(credits::SETATTR)?;
-        let mut st = inode.state.lock();
-        if !keep && end > st.raw.size() {
-            st.raw.set_size(end);
-        }
-        st.raw.set_ctime(self.now());
-        self.mark_inode_dirty(&mut h, &inode, &mut st)?;
-        inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
         Ok(())
     }
 

@@ -437,42 +437,8 @@ fn send_option(s: &mut Stream, opt: u32, data: &[u8]) -> io::Result<()> {
 /// The fixed newstyle handshake on a fresh connection, ending in the transmission phase.
 fn handshake(s: &mut Stream, export: &str) -> Result<ExportInfo> {
     let proto = Error::Nbd;
-    let io_err = |e: io::Error| match e.kind() {
-        io::ErrorKind::UnexpectedEof => proto(
-            "the server closed the connection during the handshake (is the export name right? \
-             does the server take more clients?)"
-                .into(),
-        ),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => proto(format!(
-            "the server did not answer the handshake within {} s",
-            HANDSHAKE_TIMEOUT.as_secs()
-        )),
-        _ => proto(format!("handshake: {e}")),
-    };
-    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
-        .map_err(io_err)?;
-    if read_u64(s).map_err(io_err)? != NBDMAGIC {
-        return Err(proto("not an NBD server (no NBDMAGIC greeting)".into()));
-    }
-    match read_u64(s).map_err(io_err)? {
-        IHAVEOPT => {}
-        CLISERV_MAGIC => {
-            return Err(proto(
-                "the server speaks the old-style handshake; only fixed newstyle is supported"
-                    .into(),
-            ))
-        }
-        m => return Err(proto(format!("unknown handshake magic {m:#x}"))),
-    }
-    let hflags = read_u16(s).map_err(io_err)?;
-    if hflags & FLAG_FIXED_NEWSTYLE == 0 {
-        return Err(proto(
-            "the server does not speak the fixed newstyle handshake".into(),
-        ));
-    }
-    let no_zeroes = hflags & FLAG_NO_ZEROES != 0;
-    let cflags = FLAG_C_FIXED_NEWSTYLE | if no_zeroes { FLAG_C_NO_ZEROES } else { 0 };
-    s.write_all(&cflags.to_be_bytes()).map_err(io_err)?;
+    let io_err = handshake_io_err;
+    let no_zeroes = greet(s)?;
 
     // NBD_OPT_GO: the export name, and one information request (block sizes), which also
     // tells the server that this client honours block size constraints.
@@ -516,33 +482,7 @@ fn handshake(s: &mut Stream, export: &str) -> Result<ExportInfo> {
         };
         match rtype {
             REP_ACK => break,
-            REP_INFO => {
-                if data.len() < 2 {
-                    return Err(proto("an NBD_REP_INFO reply too short".into()));
-                }
-                let kind = u16::from_be_bytes([data[0], data[1]]);
-                let body = &data[2..];
-                match kind {
-                    INFO_EXPORT => {
-                        if body.len() != 10 {
-                            return Err(proto("an NBD_INFO_EXPORT of the wrong length".into()));
-                        }
-                        let size = u64::from_be_bytes(body[0..8].try_into().unwrap_or_default());
-                        let flags = u16::from_be_bytes([body[8], body[9]]);
-                        export_info = Some((size, flags));
-                    }
-                    INFO_BLOCK_SIZE => {
-                        if body.len() != 12 {
-                            return Err(proto("an NBD_INFO_BLOCK_SIZE of the wrong length".into()));
-                        }
-                        let g = |i: usize| {
-                            u32::from_be_bytes(body[i..i + 4].try_into().unwrap_or_default())
-                        };
-                        sizes = Some((g(0), g(4), g(8)));
-                    }
-                    _ => {} // names, descriptions: not needed
-                }
-            }
+            REP_INFO => read_info(&data, &mut export_info, &mut sizes)?,
             REP_ERR_UNSUP => {
                 // A server from before NBD_OPT_GO.
                 return export_name_fallback(s, export, no_zeroes);
@@ -586,6 +526,88 @@ fn handshake(s: &mut Stream, export: &str) -> Result<ExportInfo> {
     let info = block_sizes(size, flags, sizes)?;
     s.set_read_timeout(None).map_err(io_err)?;
     Ok(info)
+}
+
+/// What an I/O error during the handshake means to the user.
+fn handshake_io_err(e: io::Error) -> Error {
+    let proto = Error::Nbd;
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof => proto(
+            "the server closed the connection during the handshake (is the export name right? \
+             does the server take more clients?)"
+                .into(),
+        ),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => proto(format!(
+            "the server did not answer the handshake within {} s",
+            HANDSHAKE_TIMEOUT.as_secs()
+        )),
+        _ => proto(format!("handshake: {e}")),
+    }
+}
+
+/// The server's greeting (fixed newstyle only) and the client's flags; whether the server
+/// leaves out the zeroes after an old-style export reply.
+fn greet(s: &mut Stream) -> Result<bool> {
+    let proto = Error::Nbd;
+    let io_err = handshake_io_err;
+    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .map_err(io_err)?;
+    if read_u64(s).map_err(io_err)? != NBDMAGIC {
+        return Err(proto("not an NBD server (no NBDMAGIC greeting)".into()));
+    }
+    match read_u64(s).map_err(io_err)? {
+        IHAVEOPT => {}
+        CLISERV_MAGIC => {
+            return Err(proto(
+                "the server speaks the old-style handshake; only fixed newstyle is supported"
+                    .into(),
+            ))
+        }
+        m => return Err(proto(format!("unknown handshake magic {m:#x}"))),
+    }
+    let hflags = read_u16(s).map_err(io_err)?;
+    if hflags & FLAG_FIXED_NEWSTYLE == 0 {
+        return Err(proto(
+            "the server does not speak the fixed newstyle handshake".into(),
+        ));
+    }
+    let no_zeroes = hflags & FLAG_NO_ZEROES != 0;
+    let cflags = FLAG_C_FIXED_NEWSTYLE | if no_zeroes { FLAG_C_NO_ZEROES } else { 0 };
+    s.write_all(&cflags.to_be_bytes()).map_err(io_err)?;
+    Ok(no_zeroes)
+}
+
+/// One NBD_REP_INFO reply to NBD_OPT_GO: the export's size and flags, or its block sizes.
+fn read_info(
+    data: &[u8],
+    export_info: &mut Option<(u64, u16)>,
+    sizes: &mut Option<(u32, u32, u32)>,
+) -> Result<()> {
+    let proto = Error::Nbd;
+    if data.len() < 2 {
+        return Err(proto("an NBD_REP_INFO reply too short".into()));
+    }
+    let kind = u16::from_be_bytes([data[0], data[1]]);
+    let body = &data[2..];
+    match kind {
+        INFO_EXPORT => {
+            if body.len() != 10 {
+                return Err(proto("an NBD_INFO_EXPORT of the wrong length".into()));
+            }
+            let size = u64::from_be_bytes(body[0..8].try_into().unwrap_or_default());
+            let flags = u16::from_be_bytes([body[8], body[9]]);
+            *export_info = Some((size, flags));
+        }
+        INFO_BLOCK_SIZE => {
+            if body.len() != 12 {
+                return Err(proto("an NBD_INFO_BLOCK_SIZE of the wrong length".into()));
+            }
+            let g = |i: usize| u32::from_be_bytes(body[i..i + 4].try_into().unwrap_or_default());
+            *sizes = Some((g(0), g(4), g(8)));
+        }
+        _ => {} // names, descriptions: not needed
+    }
+    Ok(())
 }
 
 /// Ends a handshake that failed with `NBD_OPT_ABORT`, as the protocol asks (best effort: the
@@ -1177,97 +1199,4 @@ impl BlockDevice for NbdDevice {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tcp(host: &str, port: u16, export: &str) -> NbdUri {
-        NbdUri {
-            address: Address::Tcp {
-                host: host.into(),
-                port,
-            },
-            export: export.into(),
-            connections: None,
-        }
-    }
-
-    #[test]
-    fn uris_parse_as_the_standard_says() {
-        let p = |s| NbdUri::parse(s).unwrap();
-        assert_eq!(
-            p("nbd://example.com/disk"),
-            tcp("example.com", 10809, "disk")
-        );
-        assert_eq!(p("nbd://example.com/"), tcp("example.com", 10809, ""));
-        assert_eq!(p("nbd://example.com"), tcp("example.com", 10809, ""));
-        assert_eq!(
-            p("nbd://example.com//disk"),
-            tcp("example.com", 10809, "/disk")
-        );
-        assert_eq!(
-            p("nbd://example.com/hello%20world"),
-            tcp("example.com", 10809, "hello world")
-        );
-        assert_eq!(p("nbd://127.0.0.1:1234/x"), tcp("127.0.0.1", 1234, "x"));
-        assert_eq!(p("nbd://[::1]:1234/x"), tcp("::1", 1234, "x"));
-        assert_eq!(p("nbd://[::1]/x"), tcp("::1", 10809, "x"));
-        assert_eq!(p("nbd:///x"), tcp("localhost", 10809, "x"));
-        assert_eq!(
-            p("NBD+UNIX:///disk?socket=/run/x.sock"),
-            NbdUri {
-                address: Address::Unix("/run/x.sock".into()),
-                export: "disk".into(),
-                connections: None,
-            }
-        );
-        assert_eq!(
-            p("nbd+unix:///?socket=%00abs&x-connections=2"),
-            NbdUri {
-                address: Address::UnixAbstract(b"abs".to_vec()),
-                export: "".into(),
-                connections: Some(2),
-            }
-        );
-    }
-
-    #[test]
-    fn bad_uris_are_one_line_errors() {
-        let e = |s| NbdUri::parse(s).unwrap_err().to_string();
-        assert!(e("nbds://h/x").contains("TLS"));
-        assert!(e("nbds+unix:///x?socket=/s").contains("TLS"));
-        assert!(e("nbd://h/x?tls-type=anon").contains("TLS"));
-        assert!(e("nbd+vsock://1/x").contains("not supported"));
-        assert!(e("nbd+unix:///x").contains("socket="));
-        assert!(e("nbd+unix://host/x?socket=/s").contains("no host"));
-        assert!(e("nbd://h:99999/x").contains("bad port"));
-        assert!(e("nbd://h:0/x").contains("bad port"));
-        assert!(e("nbd://h/x?foo=1").contains("unknown query parameter"));
-        assert!(e("nbd://h/%zz").contains("hex"));
-        assert!(e("nbd://h/x?x-connections=0").contains("x-connections"));
-        assert!(e("nbd://[::1/x").contains("']'"));
-        assert!(e("nbd://u@h/x").contains("TLS"));
-        for s in [
-            "nbd://h/x",
-            "nbd+unix:///x?socket=/s",
-            "nbds://h",
-            "NBD://h",
-        ] {
-            assert!(is_nbd_uri(s), "{s}");
-        }
-        for s in ["disk.img", "/tmp/nbd", "http://h/x", "nbd:/x"] {
-            assert!(!is_nbd_uri(s), "{s}");
-        }
-    }
-
-    #[test]
-    fn block_size_constraints_are_checked() {
-        let ok = block_sizes(1 << 20, TF_HAS_FLAGS, Some((512, 4096, 1 << 30))).unwrap();
-        assert_eq!((ok.min_block, ok.max_payload), (512, DEFAULT_MAX_PAYLOAD));
-        let odd = block_sizes(1 << 20, TF_HAS_FLAGS, Some((4096, 4096, 10000))).unwrap();
-        assert_eq!(odd.max_payload, 8192);
-        assert!(block_sizes(1, TF_HAS_FLAGS, Some((3, 4096, 8192))).is_err());
-        assert!(block_sizes(1, TF_HAS_FLAGS, Some((4096, 4096, 512))).is_err());
-        assert!(block_sizes(1, 0, None).is_err());
-        assert!(block_sizes(u64::MAX, TF_HAS_FLAGS, None).is_err());
-    }
-}
+mod tests;

@@ -277,3 +277,227 @@ fn the_engine_has_no_import_circle_and_keeps_its_layers() {
         breaks.join("\n  ")
     );
 }
+
+/// Longest a source file may be, in lines of library code.
+const MAX_FILE_LINES: usize = 1_200;
+/// Longest a function may be, in lines from its `fn` line to its closing brace.
+const MAX_FN_LINES: usize = 150;
+
+/// `code` with string, char and comment contents blanked (kept the same length, line by
+/// line), so braces inside them do not count.
+fn blank_literals(code: &str) -> String {
+    let b: Vec<char> = code.chars().collect();
+    let mut out = String::with_capacity(code.len());
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c == '/' && b.get(i + 1) == Some(&'/') {
+            while i < b.len() && b[i] != '\n' {
+                i += 1;
+            }
+            continue;
+        }
+        if c == '/' && b.get(i + 1) == Some(&'*') {
+            i += 2;
+            while i < b.len() && !(b[i] == '*' && b.get(i + 1) == Some(&'/')) {
+                if b[i] == '\n' {
+                    out.push('\n');
+                }
+                i += 1;
+            }
+            i += 2;
+            continue;
+        }
+        // Raw strings: r"..." and r#"..."#.
+        if c == 'r'
+            && (b.get(i + 1) == Some(&'"') || b.get(i + 1) == Some(&'#'))
+            && (i == 0 || !(b[i - 1].is_alphanumeric() || b[i - 1] == '_'))
+        {
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while b.get(j) == Some(&'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if b.get(j) == Some(&'"') {
+                j += 1;
+                loop {
+                    match b.get(j) {
+                        None => break,
+                        Some('"') if (1..=hashes).all(|k| b.get(j + k) == Some(&'#')) => {
+                            j += 1 + hashes;
+                            break;
+                        }
+                        Some('\n') => out.push('\n'),
+                        _ => {}
+                    }
+                    j += 1;
+                }
+                out.push_str("\"\"");
+                i = j;
+                continue;
+            }
+        }
+        if c == '"' {
+            i += 1;
+            while i < b.len() && b[i] != '"' {
+                if b[i] == '\\' {
+                    i += 1;
+                }
+                if b.get(i) == Some(&'\n') {
+                    out.push('\n');
+                }
+                i += 1;
+            }
+            i += 1;
+            out.push_str("\"\"");
+            continue;
+        }
+        // A char literal ('x', '\n', '{'), not a lifetime ('a).
+        if c == '\'' {
+            let close = if b.get(i + 1) == Some(&'\\') {
+                (i + 3..(i + 12).min(b.len())).find(|&k| b[k] == '\'')
+            } else {
+                (b.get(i + 2) == Some(&'\'')).then_some(i + 2)
+            };
+            if let Some(k) = close {
+                out.push_str("' '");
+                i = k + 1;
+                continue;
+            }
+        }
+        out.push(c);
+        i += 1;
+    }
+    out
+}
+
+/// The functions of `code` longer than `max` lines, as (name, first line, lines).
+fn long_functions(code: &str, max: usize) -> Vec<(String, usize, usize)> {
+    let code = blank_literals(code);
+    let lines: Vec<&str> = code.lines().collect();
+    let mut out = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        let Some(at) = line.find("fn ") else {
+            continue;
+        };
+        if at > 0 {
+            let before = line.as_bytes()[at - 1];
+            if before.is_ascii_alphanumeric() || before == b'_' {
+                continue;
+            }
+        }
+        let name: String = line[at + 3..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if name.is_empty() {
+            continue;
+        }
+        // The body opens at the first `{` before any `;` (a declaration in a trait has none).
+        let mut depth = 0i64;
+        let mut opened = false;
+        let mut end = None;
+        'scan: for (m, l) in lines.iter().enumerate().skip(n) {
+            let from = if m == n { at } else { 0 };
+            for ch in l[from..].chars() {
+                match ch {
+                    ';' if !opened => break 'scan,
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' => {
+                        depth -= 1;
+                        if opened && depth == 0 {
+                            end = Some(m);
+                            break 'scan;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if let Some(m) = end {
+            let len = m - n + 1;
+            if len > max {
+                out.push((name, n + 1, len));
+            }
+        }
+    }
+    out
+}
+
+/// Every `.rs` file under `dir`, but tests.rs files and `tests` folders.
+fn library_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if path.is_dir() {
+                if name != "tests" {
+                    stack.push(path);
+                }
+            } else if name.ends_with(".rs") && name != "tests.rs" {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// Files over the line limit and functions over theirs, outside tests, in the sources of
+/// `crate_dir`.
+fn size_breaks(crate_dir: &Path) -> Vec<String> {
+    let src = crate_dir.join("src");
+    let mut out = Vec::new();
+    for path in library_files(&src) {
+        let rel = path.strip_prefix(crate_dir.parent().unwrap()).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        // Literals blanked first: a `//` inside a string is not a comment.
+        let lib = library_code(path.strip_prefix(&src).unwrap(), &blank_literals(&text));
+        let lines = lib.lines().count();
+        if lines > MAX_FILE_LINES {
+            out.push(format!(
+                "{}: {lines} lines (at most {MAX_FILE_LINES})",
+                rel.display()
+            ));
+        }
+        for (name, at, len) in long_functions(&lib, MAX_FN_LINES) {
+            out.push(format!(
+                "{}: fn {name} (line {at} of the library code) is {len} lines (at most {MAX_FN_LINES})",
+                rel.display()
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_size_scan_reads_functions_past_strings_and_comments() {
+    let code = "fn a() {\n    let s = \"}}\"; // }\n    let c = '}';\n    /* } */\n    \
+                let r = r#\"{\"#;\n}\nfn b<'x>(v: &'x str) -> &'x str {\n    v\n}\n\
+                trait T {\n    fn c(&self);\n}\n";
+    let all = long_functions(code, 0);
+    let names: Vec<_> = all
+        .iter()
+        .map(|(n, at, len)| (n.as_str(), *at, *len))
+        .collect();
+    assert_eq!(names, [("a", 1, 6), ("b", 7, 3)]);
+}
+
+/// The workspace's library code keeps small files and functions: at most 1,200 lines a file
+/// and 150 lines a function, outside tests.
+#[test]
+fn no_source_file_or_function_is_too_long() {
+    let engine = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let crates = engine.parent().unwrap();
+    let mut breaks = Vec::new();
+    for name in ["uext4", "uext4-fuse", "uext4-cli", "uext4-bench"] {
+        breaks.extend(size_breaks(&crates.join(name)));
+    }
+    assert!(breaks.is_empty(), "too long:\n  {}", breaks.join("\n  "));
+}

@@ -5,9 +5,9 @@
 //! choose between the two themselves. Its methods keep the `ext_` names their callers know:
 //! the extents they speak of are the cache's, whichever map stores them.
 
-use crate::extent_cache::ExtentCache;
 use super::{indirect, tree};
 use crate::error::{Corruption, Error, Result};
+use crate::extent_cache::ExtentCache;
 use crate::format::extent::*;
 use crate::format::inode::RawInode;
 use crate::fs::Fs;

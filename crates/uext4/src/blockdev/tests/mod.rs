@@ -1,0 +1,4 @@
+//! Unit tests of the block devices: the overlay and the region view.
+
+mod overlay;
+mod region;
