@@ -26,6 +26,14 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use uext4::Fs;
 
+mod engine;
+mod perf;
+mod posix;
+
+pub use engine::Lib;
+pub use perf::PerfCounter;
+pub use posix::Posix;
+
 /// The family, in the order it runs.
 pub const WORKLOADS: &[&str] = &[
     "untar",
@@ -155,22 +163,7 @@ pub fn generate(entries: usize, seed: u64) -> Tree {
     let nsym = entries / 50;
     let nhard = (entries / 300).max(1);
     let nfiles = entries.saturating_sub(ndirs + nsym + nhard).max(1);
-    // Directory d > 0 hangs under an earlier one, most often a recent one (depth), at most
-    // 10 deep. Directory 0 is the tree's top (not an entry).
-    let mut parent = vec![0usize; ndirs + 1];
-    let mut depth = vec![0usize; ndirs + 1];
-    for d in 1..=ndirs {
-        let mut p = if rng.below(2) == 0 {
-            d - 1 - rng.below(d.min(6) as u64) as usize
-        } else {
-            rng.below(d as u64) as usize
-        };
-        while depth[p] >= 10 {
-            p = parent[p];
-        }
-        parent[d] = p;
-        depth[d] = depth[p] + 1;
-    }
+    let parent = dir_parents(&mut rng, ndirs);
     // What goes into each directory: files skewed towards some directories (squared draw).
     #[derive(Clone, Copy)]
     enum Slot {
@@ -235,21 +228,7 @@ pub fn generate(entries: usize, seed: u64) -> Tree {
                 Slot::File => {
                     let ext = EXTS[rng.below(EXTS.len() as u64) as usize];
                     let name = format!("{stem}_{counter}{ext}");
-                    let r = rng.below(1000);
-                    let size = if r < 20 {
-                        0
-                    } else if r < 22 {
-                        (256 << 10) + rng.below(768 << 10) as usize
-                    } else {
-                        ((4096.0 * (1.0 * rng.normal()).exp()) as usize).clamp(1, 1 << 20)
-                    };
-                    let mut data = Vec::with_capacity(size + 8);
-                    while data.len() < size {
-                        let v = rng.next();
-                        // Text-like bytes.
-                        data.extend(v.to_le_bytes().iter().map(|b| b' ' + (b % 94)));
-                    }
-                    data.truncate(size);
+                    let data = file_data(&mut rng);
                     files_so_far.push(out.len());
                     siblings.push(name.clone());
                     out.push(Entry {
@@ -300,6 +279,48 @@ pub fn generate(entries: usize, seed: u64) -> Tree {
         entries: out,
         source: format!("generated (seed {seed})"),
     }
+}
+
+/// The parent of each directory of a generated tree: directory d > 0 hangs under an earlier
+/// one, most often a recent one (depth), at most 10 deep. Directory 0 is the tree's top (not
+/// an entry).
+fn dir_parents(rng: &mut Rng, ndirs: usize) -> Vec<usize> {
+    let mut parent = vec![0usize; ndirs + 1];
+    let mut depth = vec![0usize; ndirs + 1];
+    for d in 1..=ndirs {
+        let mut p = if rng.below(2) == 0 {
+            d - 1 - rng.below(d.min(6) as u64) as usize
+        } else {
+            rng.below(d as u64) as usize
+        };
+        while depth[p] >= 10 {
+            p = parent[p];
+        }
+        parent[d] = p;
+        depth[d] = depth[p] + 1;
+    }
+    parent
+}
+
+/// A generated file's contents: text-like bytes, their length log-normal around 4 KiB (2%
+/// empty, 0.2% of 256 KiB to 1 MiB).
+fn file_data(rng: &mut Rng) -> Vec<u8> {
+    let r = rng.below(1000);
+    let size = if r < 20 {
+        0
+    } else if r < 22 {
+        (256 << 10) + rng.below(768 << 10) as usize
+    } else {
+        ((4096.0 * (1.0 * rng.normal()).exp()) as usize).clamp(1, 1 << 20)
+    };
+    let mut data = Vec::with_capacity(size + 8);
+    while data.len() < size {
+        let v = rng.next();
+        // Text-like bytes.
+        data.extend(v.to_le_bytes().iter().map(|b| b' ' + (b % 94)));
+    }
+    data.truncate(size);
+    data
 }
 
 /// Checks a relative path from a tarball or a folder: no absolute paths, no "..".
@@ -567,458 +588,6 @@ pub trait Ops {
     /// What went wrong without stopping the workload since the last call (a syncfs error).
     fn take_warnings(&self) -> Vec<String> {
         Vec::new()
-    }
-}
-
-fn cpath(p: &Path) -> Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| anyhow!("{}: NUL in path", p.display()))
-}
-
-fn times(a: &Attrs) -> [libc::timespec; 2] {
-    let t = libc::timespec {
-        tv_sec: a.mtime.0 as libc::time_t,
-        tv_nsec: a.mtime.1 as _,
-    };
-    [t, t]
-}
-
-fn check(r: libc::c_int, what: &str, p: &Path) -> Result<()> {
-    if r != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("{what} {}", p.display()));
-    }
-    Ok(())
-}
-
-/// Through a mounted filesystem (or a plain folder), with system calls.
-pub struct Posix {
-    pub root: PathBuf,
-    /// syncfs's errors: reported with the workload, which goes on (it did its work; the error
-    /// is the filesystem's report of a failed write-back, worth seeing, not a missing number).
-    pub warnings: std::cell::RefCell<Vec<String>>,
-}
-
-impl Posix {
-    pub fn new(root: &Path) -> Posix {
-        Posix {
-            root: root.to_path_buf(),
-            warnings: Default::default(),
-        }
-    }
-}
-
-impl Posix {
-    fn lutimes(&self, p: &Path, a: &Attrs) -> Result<()> {
-        let c = cpath(p)?;
-        let ts = times(a);
-        // SAFETY: c is a NUL-terminated path, ts two timespecs.
-        check(
-            unsafe {
-                libc::utimensat(
-                    libc::AT_FDCWD,
-                    c.as_ptr(),
-                    ts.as_ptr(),
-                    libc::AT_SYMLINK_NOFOLLOW,
-                )
-            },
-            "utimensat",
-            p,
-        )
-    }
-}
-
-fn write_chunks(f: &mut std::fs::File, data: &[u8]) -> std::io::Result<()> {
-    for c in data.chunks(CHUNK) {
-        f.write_all(c)?;
-    }
-    Ok(())
-}
-
-fn ekind(ft: std::fs::FileType) -> EKind {
-    if ft.is_dir() {
-        EKind::Dir
-    } else if ft.is_symlink() {
-        EKind::Symlink
-    } else if ft.is_file() {
-        EKind::File
-    } else {
-        EKind::Other
-    }
-}
-
-impl Ops for Posix {
-    fn top(&self) -> H {
-        H {
-            path: self.root.clone(),
-            ino: 0,
-        }
-    }
-    fn mkdir(&self, parent: &H, name: &str, mode: u32) -> Result<H> {
-        let h = parent.child(name, 0);
-        std::fs::DirBuilder::new()
-            .mode(mode)
-            .create(&h.path)
-            .with_context(|| format!("mkdir {}", h.path.display()))?;
-        Ok(h)
-    }
-    fn put_file(&self, parent: &H, name: &str, data: &[u8], a: &Attrs) -> Result<H> {
-        use std::os::fd::AsRawFd;
-        let h = parent.child(name, 0);
-        let ctx = || h.path.display().to_string();
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(a.mode & 0o777)
-            .open(&h.path)
-            .with_context(ctx)?;
-        write_chunks(&mut f, data).with_context(ctx)?;
-        let fd = f.as_raw_fd();
-        let ts = times(a);
-        // SAFETY: fd is open for the calls' duration; ts holds two timespecs.
-        unsafe {
-            check(libc::fchown(fd, a.uid, a.gid), "fchown", &h.path)?;
-            check(libc::fchmod(fd, a.mode), "fchmod", &h.path)?;
-            check(libc::futimens(fd, ts.as_ptr()), "futimens", &h.path)?;
-        }
-        Ok(h)
-    }
-    fn symlink(&self, parent: &H, name: &str, target: &[u8], a: &Attrs) -> Result<H> {
-        let h = parent.child(name, 0);
-        std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(target), &h.path)
-            .with_context(|| format!("symlink {}", h.path.display()))?;
-        std::os::unix::fs::lchown(&h.path, Some(a.uid), Some(a.gid))
-            .with_context(|| format!("lchown {}", h.path.display()))?;
-        self.lutimes(&h.path, a)?;
-        Ok(h)
-    }
-    fn link(&self, target: &H, parent: &H, name: &str) -> Result<H> {
-        let h = parent.child(name, 0);
-        std::fs::hard_link(&target.path, &h.path)
-            .with_context(|| format!("link {}", h.path.display()))?;
-        Ok(h)
-    }
-    fn set_attrs(&self, h: &H, a: &Attrs) -> Result<()> {
-        std::os::unix::fs::chown(&h.path, Some(a.uid), Some(a.gid))
-            .with_context(|| format!("chown {}", h.path.display()))?;
-        std::fs::set_permissions(&h.path, std::fs::Permissions::from_mode(a.mode))
-            .with_context(|| format!("chmod {}", h.path.display()))?;
-        self.lutimes(&h.path, a)
-    }
-    fn list(&self, dir: &H) -> Result<Vec<(String, EKind, H)>> {
-        let ctx = || format!("readdir {}", dir.path.display());
-        let mut v = Vec::new();
-        for e in std::fs::read_dir(&dir.path).with_context(ctx)? {
-            let e = e.with_context(ctx)?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            let k = ekind(e.file_type().with_context(ctx)?);
-            let h = dir.child(&name, 0);
-            v.push((name, k, h));
-        }
-        Ok(v)
-    }
-    fn lstat(&self, _parent: &H, _name: &str, h: &H) -> Result<Stat> {
-        let m = std::fs::symlink_metadata(&h.path).with_context(|| h.path.display().to_string())?;
-        Ok(Stat {
-            ino: m.ino(),
-            nlink: m.nlink(),
-            kind: ekind(m.file_type()),
-            attrs: Attrs {
-                mode: m.mode() & 0o7777,
-                uid: m.uid(),
-                gid: m.gid(),
-                mtime: (m.mtime(), m.mtime_nsec() as u32),
-            },
-        })
-    }
-    fn read_file(&self, h: &H, buf: &mut Vec<u8>) -> Result<()> {
-        let ctx = || h.path.display().to_string();
-        let mut f = std::fs::File::open(&h.path).with_context(ctx)?;
-        buf.clear();
-        let mut chunk = vec![0u8; CHUNK];
-        loop {
-            let n = f.read(&mut chunk).with_context(ctx)?;
-            if n == 0 {
-                break;
-            }
-            buf.extend_from_slice(&chunk[..n]);
-        }
-        Ok(())
-    }
-    fn readlink(&self, h: &H) -> Result<Vec<u8>> {
-        Ok(std::fs::read_link(&h.path)
-            .with_context(|| h.path.display().to_string())?
-            .as_os_str()
-            .as_bytes()
-            .to_vec())
-    }
-    fn listxattr(&self, h: &H) -> Result<()> {
-        let c = cpath(&h.path)?;
-        // SAFETY: a size query (no buffer).
-        let r = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ENOTSUP) {
-                return Err(e).with_context(|| format!("llistxattr {}", h.path.display()));
-            }
-        }
-        Ok(())
-    }
-    fn replace_file(&self, dir: &H, tmp: &str, name: &str, data: &[u8], a: &Attrs) -> Result<()> {
-        let t = dir.path.join(tmp);
-        let p = dir.path.join(name);
-        let ctx = || t.display().to_string();
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&t)
-            .with_context(ctx)?;
-        write_chunks(&mut f, data).with_context(ctx)?;
-        f.sync_all().with_context(ctx)?;
-        drop(f);
-        std::fs::rename(&t, &p).with_context(|| format!("rename over {}", p.display()))?;
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(a.mode))
-            .with_context(|| format!("chmod {}", p.display()))?;
-        std::os::unix::fs::chown(&p, Some(a.uid), Some(a.gid))
-            .with_context(|| format!("chown {}", p.display()))?;
-        self.lutimes(&p, a)
-    }
-    fn unlink(&self, parent: &H, name: &str) -> Result<()> {
-        let p = parent.path.join(name);
-        std::fs::remove_file(&p).with_context(|| format!("unlink {}", p.display()))
-    }
-    fn rmdir(&self, parent: &H, name: &str) -> Result<()> {
-        let p = parent.path.join(name);
-        std::fs::remove_dir(&p).with_context(|| format!("rmdir {}", p.display()))
-    }
-    fn syncfs(&self) -> Result<()> {
-        use std::os::fd::AsRawFd;
-        let d = std::fs::File::open(&self.root).with_context(|| self.root.display().to_string())?;
-        // SAFETY: d is an open descriptor.
-        if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
-            let e = std::io::Error::last_os_error();
-            self.warnings
-                .borrow_mut()
-                .push(format!("syncfs reported: {e}"));
-        }
-        Ok(())
-    }
-    fn take_warnings(&self) -> Vec<String> {
-        std::mem::take(&mut *self.warnings.borrow_mut())
-    }
-}
-
-/// The same calls into the engine, in-process (uext4-lib): what the FUSE server would call for
-/// each request the kernel sends, without the kernel and the transport.
-pub struct Lib<'a> {
-    pub fs: &'a Fs,
-}
-
-fn eng<T>(r: uext4::Result<T>, what: &str, name: &str) -> Result<T> {
-    r.map_err(|e| anyhow!("{what} {name}: {e}"))
-}
-
-impl Lib<'_> {
-    fn times(&self, ino: u32, a: &Attrs) -> Result<()> {
-        use uext4::Timestamp;
-        use uext4::{SetAttr, TimeSet};
-        let t = TimeSet::At(Timestamp {
-            sec: a.mtime.0,
-            nsec: a.mtime.1,
-        });
-        let s = SetAttr {
-            atime: Some(t),
-            mtime: Some(t),
-            ..Default::default()
-        };
-        eng(self.fs.setattr(ino, &s), "utimes", "")?;
-        Ok(())
-    }
-    fn owner(&self, ino: u32, a: &Attrs) -> Result<()> {
-        let s = uext4::SetAttr {
-            uid: Some(a.uid),
-            gid: Some(a.gid),
-            ..Default::default()
-        };
-        eng(self.fs.setattr(ino, &s), "chown", "")?;
-        Ok(())
-    }
-    fn chmod(&self, ino: u32, a: &Attrs) -> Result<()> {
-        let s = uext4::SetAttr {
-            mode: Some(a.mode),
-            ..Default::default()
-        };
-        eng(self.fs.setattr(ino, &s), "chmod", "")?;
-        Ok(())
-    }
-    fn write_chunks(&self, ino: u32, data: &[u8]) -> Result<()> {
-        for (i, c) in data.chunks(CHUNK).enumerate() {
-            eng(self.fs.write_all(ino, (i * CHUNK) as u64, c), "write", "")?;
-        }
-        Ok(())
-    }
-}
-
-fn ekind_ft(ft: u8) -> EKind {
-    match ft {
-        1 => EKind::File,
-        2 => EKind::Dir,
-        7 => EKind::Symlink,
-        _ => EKind::Other,
-    }
-}
-
-fn ekind_mode(mode: u16) -> EKind {
-    match mode as u32 & libc::S_IFMT {
-        libc::S_IFDIR => EKind::Dir,
-        libc::S_IFREG => EKind::File,
-        libc::S_IFLNK => EKind::Symlink,
-        _ => EKind::Other,
-    }
-}
-
-impl Ops for Lib<'_> {
-    fn top(&self) -> H {
-        H {
-            path: PathBuf::new(),
-            ino: self.fs.root_ino(),
-        }
-    }
-    fn mkdir(&self, parent: &H, name: &str, mode: u32) -> Result<H> {
-        let a = eng(
-            self.fs.mkdir(parent.ino, name.as_bytes(), mode, 0, 0),
-            "mkdir",
-            name,
-        )?;
-        Ok(parent.child(name, a.ino))
-    }
-    fn put_file(&self, parent: &H, name: &str, data: &[u8], a: &Attrs) -> Result<H> {
-        let ino = eng(
-            self.fs
-                .create(parent.ino, name.as_bytes(), a.mode & 0o777, 0, 0),
-            "create",
-            name,
-        )?
-        .ino;
-        eng(self.fs.open(ino), "open", name)?;
-        self.write_chunks(ino, data)?;
-        self.owner(ino, a)?;
-        self.chmod(ino, a)?;
-        self.times(ino, a)?;
-        eng(self.fs.release(ino), "release", name)?;
-        Ok(parent.child(name, ino))
-    }
-    fn symlink(&self, parent: &H, name: &str, target: &[u8], a: &Attrs) -> Result<H> {
-        let ino = eng(
-            self.fs.symlink(parent.ino, name.as_bytes(), target, 0, 0),
-            "symlink",
-            name,
-        )?
-        .ino;
-        self.owner(ino, a)?;
-        self.times(ino, a)?;
-        Ok(parent.child(name, ino))
-    }
-    fn link(&self, target: &H, parent: &H, name: &str) -> Result<H> {
-        eng(
-            self.fs.link(target.ino, parent.ino, name.as_bytes()),
-            "link",
-            name,
-        )?;
-        Ok(parent.child(name, target.ino))
-    }
-    fn set_attrs(&self, h: &H, a: &Attrs) -> Result<()> {
-        self.owner(h.ino, a)?;
-        self.chmod(h.ino, a)?;
-        self.times(h.ino, a)
-    }
-    fn list(&self, dir: &H) -> Result<Vec<(String, EKind, H)>> {
-        let mut v = Vec::new();
-        eng(
-            self.fs.readdir(dir.ino, 0, &mut |e| {
-                if e.name != b"." && e.name != b".." {
-                    let name = String::from_utf8_lossy(&e.name).into_owned();
-                    let h = dir.child(&name, e.ino);
-                    v.push((name, ekind_ft(e.kind), h));
-                }
-                true
-            }),
-            "readdir",
-            "",
-        )?;
-        Ok(v)
-    }
-    fn lstat(&self, parent: &H, name: &str, _h: &H) -> Result<Stat> {
-        let a = eng(self.fs.lookup(parent.ino, name.as_bytes()), "lookup", name)?;
-        Ok(Stat {
-            ino: a.ino as u64,
-            nlink: a.nlink as u64,
-            kind: ekind_mode(a.mode),
-            attrs: Attrs {
-                mode: a.mode as u32 & 0o7777,
-                uid: a.uid,
-                gid: a.gid,
-                mtime: (a.mtime.sec, a.mtime.nsec),
-            },
-        })
-    }
-    fn read_file(&self, h: &H, buf: &mut Vec<u8>) -> Result<()> {
-        eng(self.fs.open(h.ino), "open", "")?;
-        buf.clear();
-        let mut chunk = vec![0u8; CHUNK];
-        let mut off = 0u64;
-        loop {
-            let n = eng(self.fs.read(h.ino, off, &mut chunk), "read", "")?;
-            if n == 0 {
-                break;
-            }
-            buf.extend_from_slice(&chunk[..n]);
-            off += n as u64;
-        }
-        eng(self.fs.release(h.ino), "release", "")?;
-        Ok(())
-    }
-    fn readlink(&self, h: &H) -> Result<Vec<u8>> {
-        eng(self.fs.readlink(h.ino), "readlink", "")
-    }
-    fn listxattr(&self, h: &H) -> Result<()> {
-        eng(self.fs.listxattr(h.ino), "listxattr", "")?;
-        Ok(())
-    }
-    fn replace_file(&self, dir: &H, tmp: &str, name: &str, data: &[u8], a: &Attrs) -> Result<()> {
-        let ino = eng(
-            self.fs.create(dir.ino, tmp.as_bytes(), 0o600, 0, 0),
-            "create",
-            tmp,
-        )?
-        .ino;
-        eng(self.fs.open(ino), "open", tmp)?;
-        self.write_chunks(ino, data)?;
-        eng(self.fs.fsync(ino, false), "fsync", tmp)?;
-        eng(self.fs.release(ino), "release", tmp)?;
-        eng(
-            self.fs.rename(
-                dir.ino,
-                tmp.as_bytes(),
-                dir.ino,
-                name.as_bytes(),
-                Default::default(),
-            ),
-            "rename",
-            name,
-        )?;
-        self.chmod(ino, a)?;
-        self.owner(ino, a)?;
-        self.times(ino, a)
-    }
-    fn unlink(&self, parent: &H, name: &str) -> Result<()> {
-        eng(self.fs.unlink(parent.ino, name.as_bytes()), "unlink", name)
-    }
-    fn rmdir(&self, parent: &H, name: &str) -> Result<()> {
-        eng(self.fs.rmdir(parent.ino, name.as_bytes()), "rmdir", name)
-    }
-    fn syncfs(&self) -> Result<()> {
-        eng(self.fs.sync(), "sync", "")
     }
 }
 
@@ -1310,222 +879,6 @@ fn top_of(ops: &dyn Ops) -> Result<H> {
 
 // ---------------------------------------------------------------------------------------------
 // Counting FUSE requests from outside the server
-
-/// The FUSE opcodes counted one by one (the kernel's `fuse_opcode`); the rest go to "other".
-const OPCODES: &[(u32, &str)] = &[
-    (1, "LOOKUP"),
-    (3, "GETATTR"),
-    (4, "SETATTR"),
-    (5, "READLINK"),
-    (6, "SYMLINK"),
-    (8, "MKNOD"),
-    (9, "MKDIR"),
-    (10, "UNLINK"),
-    (11, "RMDIR"),
-    (12, "RENAME"),
-    (13, "LINK"),
-    (14, "OPEN"),
-    (15, "READ"),
-    (16, "WRITE"),
-    (17, "STATFS"),
-    (18, "RELEASE"),
-    (20, "FSYNC"),
-    (22, "GETXATTR"),
-    (23, "LISTXATTR"),
-    (25, "FLUSH"),
-    (27, "OPENDIR"),
-    (28, "READDIR"),
-    (29, "RELEASEDIR"),
-    (30, "FSYNCDIR"),
-    (34, "ACCESS"),
-    (35, "CREATE"),
-    (44, "READDIRPLUS"),
-    (45, "RENAME2"),
-    (50, "SYNCFS"),
-    (52, "STATX"),
-];
-
-/// Counts the requests the kernel sends to one FUSE connection, by opcode, with `perf stat` on
-/// the `fuse:fuse_request_send` tracepoint filtered by the connection (the mount's device
-/// number): no change to any server, the same count for uext4, fuse2fs and fuse-mem. Each
-/// tracepoint hit costs a little, so the counting pass is run apart from the timed ones.
-pub struct PerfCounter {
-    conn: u64,
-    dir: PathBuf,
-    child: Option<std::process::Child>,
-}
-
-impl PerfCounter {
-    /// For the FUSE mount at `mnt`; `scratch` holds perf's control fifos and output.
-    pub fn new(mnt: &Path, scratch: &Path) -> Result<PerfCounter> {
-        let md = std::fs::metadata(mnt).with_context(|| mnt.display().to_string())?;
-        let dev = md.dev();
-        // The kernel's dev_t: major << 20 | minor.
-        let conn = ((libc::major(dev) as u64) << 20) | libc::minor(dev) as u64;
-        Ok(PerfCounter {
-            conn,
-            dir: scratch.to_path_buf(),
-            child: None,
-        })
-    }
-
-    /// Whether perf can count the FUSE tracepoint here.
-    pub fn available() -> bool {
-        std::process::Command::new("perf")
-            .args(["list", "fuse:fuse_request_send"])
-            .output()
-            .map(|o| {
-                o.status.success()
-                    && String::from_utf8_lossy(&o.stdout).contains("fuse_request_send")
-            })
-            .unwrap_or(false)
-    }
-
-    fn files(&self) -> (PathBuf, PathBuf, PathBuf) {
-        (
-            self.dir.join("perf.ctl"),
-            self.dir.join("perf.ack"),
-            self.dir.join("perf.out"),
-        )
-    }
-}
-
-fn open_nonblock(p: &Path, flags: libc::c_int) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut o = std::fs::OpenOptions::new();
-    if flags == libc::O_WRONLY {
-        o.write(true);
-    } else {
-        o.read(true);
-    }
-    o.custom_flags(libc::O_NONBLOCK).open(p)
-}
-
-impl Counter for PerfCounter {
-    fn start(&mut self) -> Result<()> {
-        let (ctl, ack, out) = self.files();
-        for p in [&ctl, &ack, &out] {
-            let _ = std::fs::remove_file(p);
-        }
-        for p in [&ctl, &ack] {
-            let c = cpath(p)?;
-            // SAFETY: a NUL-terminated path.
-            check(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, "mkfifo", p)?;
-        }
-        let mut cmd = std::process::Command::new("perf");
-        cmd.args(["stat", "-x,", "-a", "-D", "-1"])
-            .arg("-o")
-            .arg(&out)
-            .arg("--control")
-            .arg(format!("fifo:{},{}", ctl.display(), ack.display()));
-        let c = self.conn;
-        for (op, _) in OPCODES {
-            cmd.args(["-e", "fuse:fuse_request_send", "--filter"])
-                .arg(format!("connection == {c} && opcode == {op}"));
-        }
-        cmd.args(["-e", "fuse:fuse_request_send", "--filter"])
-            .arg(format!("connection == {c}"));
-        cmd.stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-        let mut child = cmd.spawn().context("perf")?;
-        // perf opens its fifos once its counters are set up; then it is told to start counting
-        // and answers "ack".
-        let t0 = Instant::now();
-        let mut w = loop {
-            match open_nonblock(&ctl, libc::O_WRONLY) {
-                Ok(f) => break f,
-                Err(_) if t0.elapsed().as_secs() < 20 => {
-                    if let Ok(Some(s)) = child.try_wait() {
-                        bail!("perf stat exited ({s}) before counting");
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-                Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(e).context("perf stat's control fifo");
-                }
-            }
-        };
-        let mut a = open_nonblock(&ack, libc::O_RDONLY)?;
-        w.write_all(b"enable\n")?;
-        let mut got = Vec::new();
-        let mut b = [0u8; 16];
-        while !got.windows(3).any(|x| x == b"ack") {
-            match a.read(&mut b) {
-                Ok(n) if n > 0 => got.extend_from_slice(&b[..n]),
-                _ if t0.elapsed().as_secs() < 20 => {
-                    std::thread::sleep(std::time::Duration::from_millis(2))
-                }
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    bail!("perf stat did not start counting");
-                }
-            }
-        }
-        self.child = Some(child);
-        Ok(())
-    }
-
-    fn stop(&mut self) -> Result<BTreeMap<String, u64>> {
-        let (ctl, ack, out) = self.files();
-        let mut child = self
-            .child
-            .take()
-            .ok_or_else(|| anyhow!("the request counter was not started"))?;
-        // SAFETY: our own child's process id.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
-        child.wait()?;
-        let text = std::fs::read_to_string(&out).context("perf stat's output")?;
-        let counts: Vec<u64> = text
-            .lines()
-            .filter(|l| l.contains("fuse:fuse_request_send"))
-            .map(|l| {
-                l.split(',')
-                    .next()
-                    .unwrap_or("")
-                    .trim()
-                    .parse()
-                    .unwrap_or(0)
-            })
-            .collect();
-        if counts.len() != OPCODES.len() + 1 {
-            bail!(
-                "perf stat printed {} counts, not {}",
-                counts.len(),
-                OPCODES.len() + 1
-            );
-        }
-        let mut m = BTreeMap::new();
-        let total = counts[OPCODES.len()];
-        let mut named = 0;
-        for ((_, name), &n) in OPCODES.iter().zip(&counts) {
-            if n > 0 {
-                m.insert(name.to_string(), n);
-                named += n;
-            }
-        }
-        if total > named {
-            m.insert("other".to_string(), total - named);
-        }
-        m.insert("total".to_string(), total);
-        for p in [&ctl, &ack, &out] {
-            let _ = std::fs::remove_file(p);
-        }
-        Ok(m)
-    }
-}
-
-impl Drop for PerfCounter {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The report
