@@ -3,7 +3,8 @@
 //! (`fs`) or an operation module; `fs` composes state modules only; operation modules
 //! (`impl Fs` blocks: namei, file, xattr, inline, orphan, dir, the extent tree's operations,
 //! writeback, ...) may use everything. A module neither list names counts as an operation
-//! module: a new state module goes into `STATE` below.
+//! module: a new state module goes into `STATE` below. It also keeps the workspace's library
+//! code in small pieces: no source file over 1,200 lines, no function over 150.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
