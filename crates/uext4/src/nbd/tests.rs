@@ -1,3 +1,4 @@
+use super::handshake::block_sizes;
 use super::*;
 
 fn tcp(host: &str, port: u16, export: &str) -> NbdUri {
