@@ -5,13 +5,12 @@
 //! (writes kept in memory over a device never written: read-only journal replay),
 //! [`RegionDevice`] (a window onto part of another device: a partition of a whole-disk image,
 //! or a filesystem kept at an offset inside a container file), [`RecordingDevice`] (the
-//! crash checker's), [`NbdDevice`] (an export of an NBD server). Opening a device by what a
-//! path or URI names is [`crate::image`]'s, above this module.
+//! crash checker's), [`NbdDevice`](crate::NbdDevice) (an export of an NBD server). Opening a
+//! device by what a path or URI names is [`crate::image`]'s, above this module.
 //!
 //! A user can plug in a device of their own: implement [`BlockDevice`] and open it with
 //! [`crate::Fs::open_dev`].
 
-pub use crate::nbd::NbdDevice;
 use parking_lot::RwLock;
 use std::fs::{File, OpenOptions};
 use std::io;

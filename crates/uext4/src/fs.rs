@@ -576,7 +576,7 @@ impl Fs {
     /// (holder.rs): it is refused, naming the holder, while another program writes it.
     ///
     /// A path written as an NBD URI (`nbd://host[:port]/export`,
-    /// `nbd+unix:///export?socket=PATH`: [`NbdDevice`](crate::blockdev::NbdDevice)) opens that
+    /// `nbd+unix:///export?socket=PATH`: [`NbdDevice`](crate::NbdDevice)) opens that
     /// export of an NBD server
     /// instead. Nothing local is claimed for it: the server decides who may write (it may
     /// export read-only, which opens read-only).

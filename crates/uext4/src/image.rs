@@ -10,9 +10,9 @@
 //! # Ok::<(), uext4::Error>(())
 //! ```
 
-use crate::blockdev::NbdDevice;
 use crate::blockdev::{is_tmpfs, BlockDevice, FileDevice, MappedDevice};
 use crate::error::Result;
+use crate::nbd::NbdDevice;
 use std::path::Path;
 use std::sync::Arc;
 

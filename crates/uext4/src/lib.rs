@@ -101,11 +101,14 @@ pub use format::inode::{
 pub use fs::{ErrorsBehaviour, Fs, FsStats, MountOptions, StatFs};
 pub use fsync::FsyncQueue;
 pub use geometry::Geometry;
+// At the root, not in `blockdev`: nbd implements `BlockDevice`, and a re-export there would
+// close an import circle.
 pub use inode::Attr;
 pub use namei::{
     DirEntry, RenameFlags, FT_BLKDEV, FT_CHRDEV, FT_DIR, FT_FIFO, FT_REG, FT_SOCK, FT_SYMLINK,
     FT_UNKNOWN, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT,
 };
+pub use nbd::NbdDevice;
 pub use transaction::TxnStats;
 pub use xattr::XattrFlags;
 

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uext4::blockdev::BlockDevice;
-use uext4::blockdev::NbdDevice;
+use uext4::NbdDevice;
 use uext4::{Fs, MountOptions};
 
 fn have(prog: &str) -> bool {
