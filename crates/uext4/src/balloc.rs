@@ -170,7 +170,7 @@ impl Fs {
     /// backup, GDT, reserved GDT, and any group's bitmaps and inode table that flex_bg placed
     /// here) is in use, and so are the bits past the end of the last group. The caller holds
     /// group `g`'s lock; the other groups' table locations come from `group_tables`, without
-    /// their locks (taking them here deadlocked two groups initialising at once).
+    /// their locks (two groups initialising at once would otherwise wait for each other).
     pub(crate) fn init_block_bitmap(&self, g: u32, data: &mut [u8]) {
         data.fill(0);
         let geo = &self.geo;
@@ -549,9 +549,9 @@ mod image_tests {
     }
 
     /// Two groups build their first block bitmaps at once, each under its own lock (as
-    /// alloc_inode and the allocator do): neither may wait for the other's lock. It took
-    /// every other group's lock to read where their tables are, and two such builders
-    /// deadlocked (found by the stress test on an image of 1 KiB blocks).
+    /// alloc_inode and the allocator do): neither may wait for the other's lock. If a
+    /// builder took every other group's lock to read where their tables are, two such
+    /// builders would wait for each other.
     #[test]
     fn first_bitmaps_build_under_their_own_locks_only() {
         let p = mkimg("initlock", "256M", &["-b", "1024"]);

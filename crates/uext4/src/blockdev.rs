@@ -78,9 +78,7 @@ fn file_name(file: &File) -> Option<String> {
 /// pages are dropped and read back as zeros), then allocates fresh pages for it, which also
 /// read as zeros. The allocation is what the caller's fallocate asked for: the space is then
 /// there for the writes to come, which store into the pages instead of first finding memory
-/// for a hole. Measured against the punch alone on the fsync workload (three alternated
-/// rounds): 42.8k/31.3k/28.5k against 25.9k/24.9k/22.9k IOPS at 256 jobs, 38.2k/41.5k/31.8k
-/// against 23.3k/31.4k/31.2k at 64.
+/// for a hole (faster than the punch alone on fsync-randwrite-16k, BENCHMARKS.md).
 ///
 /// Only where the filesystem under the image could still back every page of it: zeroing
 /// takes that filesystem's space now, where unwritten extents take none until written, and
@@ -689,7 +687,7 @@ impl MappedDevice {
             // Some page is a hole (see the type's comment): pwrite finds it storage, or fails
             // with ENOSPC, and copies the data in the same call (a store would also take a
             // page fault per page). The mapping sees the same pages. On tmpfs large writes
-            // take pwrite too (measured, see `PWRITE_FROM`): it lands in the same pages.
+            // take pwrite too (`PWRITE_FROM`): it lands in the same pages.
             self.file.write_all_at(buf, off)?;
             self.mark_backed(
                 off >> self.page_shift,
@@ -874,8 +872,8 @@ impl BlockDevice for MappedDevice {
     fn write_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
         self.copy_in(off, buf, self.non_temporal)
     }
-    /// New blocks take a cached copy even with non-temporal stores on: measured faster on
-    /// pwrite-1g in-process (BENCHMARKS.md, DAX). The likely reason: in a sparse or tmpfs
+    /// New blocks take a cached copy even with non-temporal stores on (faster on pwrite-1g,
+    /// BENCHMARKS.md, DAX). The likely reason: in a sparse or tmpfs
     /// image their pages are faulted in (and zeroed, through the cache) by the copy itself, so
     /// the lines are in the cache when the data arrives, and streaming stores must evict them.
     fn write_new_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
@@ -943,14 +941,12 @@ impl BlockDevice for MappedDevice {
     /// Once allocated they are also mapped here (MADV_POPULATE_WRITE), which clears them:
     /// tmpfs allocates fallocated pages without clearing them and clears each when it is first
     /// mapped. Left to the first write, that clearing (and `populate_chunks`' 512 pages at a
-    /// time) landed in the timed writes, holding the mapping's lock for reading while it ran:
-    /// on seed 004 in-process at 256 jobs over 7.4 GB of preallocated files, a commit's
-    /// allocation that had to grow the heap (mprotect, the same lock for writing) waited for
-    /// them with the running transaction locked, and every writer waited behind it: 1.2k to
-    /// 13k IOPS in the runs that hit it, against 150-200k in those that did not. Paid here it
-    /// is the preallocation's cost, as writing zeros is for an ext4 without unwritten extents.
-    /// (A pwrite would copy over fresh pages without clearing them, but every pwrite to the
-    /// image takes its inode lock: 256 writers then queued there instead, 26-30k IOPS.)
+    /// time) would land in the writes, holding the mapping's lock for reading while it runs:
+    /// a commit's allocation that has to grow the heap (mprotect, the same lock for writing)
+    /// then waits for them with the running transaction locked, and every writer behind it.
+    /// Paid here it is the preallocation's cost, as writing zeros is for an ext4 without
+    /// unwritten extents. (A pwrite would copy over fresh pages without clearing them, but
+    /// every pwrite to the image takes its inode lock, and many writers would queue there.)
     fn zero_range(&self, off: u64, len: u64) -> io::Result<()> {
         self.check(off, len as usize)?;
         if self.needs_sync {

@@ -3,21 +3,8 @@
 //! and opens and mounts them. It imports state modules only; the operations are `impl Fs`
 //! blocks in files this one does not import (tests/layers.rs keeps that so).
 //!
-//! `Fs` is `Send + Sync`: every public operation may be called from many threads at once. Lock
-//! ranking (take in this order, never the reverse):
-//!   1. `Fs::rename_lock` (only cross-directory renames)
-//!   2. directory inode `io_lock`s (parent before child; two unrelated ones in inode-number order)
-//!   3. file inode `io_lock` (shared for read/overwrite, exclusive when the mapping or size
-//!      changes); then `Fs::removal_lock` (around each piece handle of a large removal)
-//!   4. transaction barrier (by starting a handle)
-//!   5. inode `state` mutex
-//!   6. group locks (`balloc.groups[g]`), in ascending group order (table locations need
-//!      none: `balloc.tables`)
-//!   7. inode cache shard locks (taken under a group lock where an inode number's bitmap bit
-//!      and its cache entry change together: ialloc, iget)
-//!   8. buffer locks
-//!   9. the superblock (`Fs::sb.lock()`), the transaction's running-list mutex, pending frees
-//!      (leaf locks); the stop flag is an atomic (its reason's lock is a leaf too)
+//! `Fs` is `Send + Sync`: every public operation may be called from many threads at once. The
+//! lock ranking, in the order the types nest, is written once: docs/ARCHITECTURE.md, "Locks".
 
 use crate::bcache::BufferCache;
 use crate::blockdev::{BlockDevice, IoCounters};
@@ -67,13 +54,13 @@ pub struct MountOptions {
     /// DAX: map the image into memory (`open_path` only): reads and writes are one memory copy.
     pub dax: bool,
     /// With `dax`, copy large writes with non-temporal stores instead of cached copies. On by
-    /// default: measured faster on overwrite-4k (+10% at 1 job, +41% at 2) and even on pwrite-1g
-    /// (-2%); see BENCHMARKS.md, "DAX: cached copy or non-temporal stores".
+    /// default, chosen by measurement (BENCHMARKS.md, "DAX: cached copy or non-temporal
+    /// stores"): overwrites leave the cache to the data that is read.
     pub dax_non_temporal: bool,
     /// Map an image that is a file on tmpfs, as `dax` does (`open_path`, read-write, not
     /// buffered). On tmpfs the page cache is the storage: pread/pwrite copy into the same
     /// pages a mapping reaches with one memory copy and no system call, and msync has nothing
-    /// to write. On by default; `nodax` (mount) turns it off. Measured in BENCHMARKS.md.
+    /// to write. On by default; `nodax` (mount) turns it off.
     pub map_tmpfs: bool,
     /// Buffered mode (not with `dax`): writes that allocate are cached and written back later
     /// in large runs (delayed allocation, see delalloc.rs); fsync writes back, then commits.
@@ -83,8 +70,8 @@ pub struct MountOptions {
     /// Where the device zeroes for free (`BlockDevice::zeroes_cheaply`: an image on tmpfs,
     /// where a punched hole reads as zeros), fallocate zeroes the blocks it allocates inside
     /// the file's size and maps them written, not unwritten. Writes into them are then
-    /// overwrites: no conversion, no journal handle, no commit for fdatasync (seed 004's
-    /// fallocated files). Blocks past the size (KEEP_SIZE) stay unwritten, as e2fsck wants.
+    /// overwrites: no conversion, no journal handle, no commit for fdatasync (R4). Blocks
+    /// past the size (KEEP_SIZE) stay unwritten, as e2fsck wants.
     /// On by default; `prealloc=unwritten` (mount) turns it off, giving the kernel's layout.
     pub prealloc_zeroed: bool,
     /// Reproducible builds (SOURCE_DATE_EPOCH): no time the filesystem records is later than

@@ -584,8 +584,7 @@ impl Fs {
         let now = self.now();
         // The link count goes up before the new entry exists, in the same hold of the inode's
         // lock as the check that the inode is live: an unlink of its last other name in
-        // between would otherwise free it, and the new entry would then name a freed inode
-        // (found by concurrent_mixed_operations_stay_consistent).
+        // between would otherwise free it, and the new entry would then name a freed inode.
         let ft = {
             let mut ist = inode.state.lock();
             if ist.deleted || ist.dying || (ist.raw.links_count() == 0 && !ist.orphaned) {

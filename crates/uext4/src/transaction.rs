@@ -217,9 +217,8 @@ impl Drop for Handle<'_> {
 ///
 /// Why not queue on the mutex: its waiters were woken one at a time, each by the one before
 /// as it let the lock go, so the hundreds of fsyncs that one commit had made durable returned
-/// in a chain of hand-offs, one wake-up and context switch each. Seed 004 in-process on 2
-/// cores, binaries alternated, two rounds: 64 jobs 185k/220k IOPS queued on the mutex
-/// against 247k/277k woken at once, 256 jobs 177k/214k against 214k/252k.
+/// in a chain of hand-offs, one wake-up and context switch each (measurably slower on
+/// fsync-randwrite-16k at 64 jobs and more).
 struct CommitLockGuard<'a> {
     guard: Option<parking_lot::MutexGuard<'a, u64>>,
     txn: &'a TxnManager,

@@ -106,7 +106,7 @@ impl Fs {
     /// The first mapped directory block at or after `lblk` and before `end`, with its physical
     /// block. Holes (and unwritten extents) are skipped in one step, as the kernel's readdir
     /// does: a corrupted i_size far past the last block must not cost a lookup per missing
-    /// block (found by fuzzing: a walk that looked hung).
+    /// block (a walk would look hung).
     pub(crate) fn dir_next_block(
         &self,
         dir: u32,

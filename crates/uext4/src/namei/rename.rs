@@ -91,9 +91,10 @@ struct RenameNames {
 impl RenameDirs<'_> {
     /// The two directories' io_locks, an ancestor before its descendant (as rmdir takes a
     /// parent's before its child's, and the kernel's lock_rename does), otherwise in
-    /// inode-number order. In inode-number order alone, a rename from a child directory
-    /// into its parent (child first) and an rmdir in that parent (parent first)
-    /// deadlocked. The rename lock keeps the tree's shape still while this is decided.
+    /// inode-number order. Inode-number order alone would let a rename from a child
+    /// directory into its parent (child first) and an rmdir in that parent (parent first)
+    /// wait for each other. The rename lock keeps the tree's shape still while this is
+    /// decided.
     fn lock(&self) -> (RwLockWriteGuard<'_, ()>, Option<RwLockWriteGuard<'_, ()>>) {
         if !self.cross {
             return (self.od.io_lock.write(), None);
@@ -209,7 +210,8 @@ impl Fs {
         // The inode a name is replaced over may be freed below: its io_lock is held to the
         // end, as unlink holds the victim's, and taken before the handle starts (lock rank:
         // io_locks before the transaction barrier; taken after it, a commit waiting for this
-        // handle and a writeback holding this lock while starting a handle deadlocked).
+        // handle and a writeback holding this lock while starting a handle would wait for
+        // each other).
         let victim = if flags.exchange { None } else { n.tgt.clone() };
         let mut _tg = None;
         if let Some(t) = &victim {
