@@ -11,7 +11,7 @@ use crate::format::xattr::{acl_to_disk, XattrEntry, INDEX_POSIX_ACL_ACCESS};
 use crate::fs::Fs;
 use crate::inode::Attr;
 use crate::transaction::credits;
-use crate::xattr::{has_xattrs, may_have_cap, XATTR_CREDITS};
+use crate::xattr::{has_xattrs, may_have_cap};
 use std::sync::atomic::Ordering;
 
 /// Which attributes `setattr` changes.
@@ -90,7 +90,7 @@ impl Fs {
             let acl = set.mode.is_some() && has_xattrs(&st.raw);
             let cap = kill.is_some() && !st.raw.is_dir() && may_have_cap(&st);
             if acl || cap {
-                XATTR_CREDITS
+                credits::XATTR
             } else {
                 0
             }
@@ -170,4 +170,33 @@ fn privs_to_clear(raw: &RawInode, cred: &Cred, chown: bool) -> u16 {
         clear |= S_ISGID;
     }
     clear
+}
+
+/// The set-ID bits a write by `cred` takes from a regular file (the kernel's
+/// should_remove_suid): none for a privileged caller; else set-user-ID, and set-group-ID when
+/// group-executable or of a group the caller is not in (`in_group`, asked only then).
+pub(crate) fn write_privs(mode: u16, cred: &Cred, in_group: impl FnOnce() -> bool) -> u16 {
+    if cred.privileged || mode & 0o6000 == 0 {
+        return 0;
+    }
+    let sgid = mode & 0o2000 != 0 && (mode & 0o010 != 0 || !in_group());
+    0o4000 | if sgid { 0o2000 } else { 0 }
+}
+
+/// [`write_privs`] as `remove_privs_of` asks it, under the inode's lock: whether `cred` is
+/// in group `gid` was found out before (`member`), since finding out may read /proc.
+pub(crate) fn write_privs_known(
+    cred: &Cred,
+    gid: u32,
+    member: bool,
+) -> impl Fn(&RawInode) -> u16 + '_ {
+    move |raw: &RawInode| {
+        write_privs(raw.mode(), cred, || {
+            if raw.gid() == gid {
+                member
+            } else {
+                cred.in_group(raw.gid())
+            }
+        })
+    }
 }

@@ -409,9 +409,9 @@ impl Fs {
                     self.delalloc_md_update(&mut st);
                     self.delalloc.writeback_runs.fetch_add(1, Ordering::Relaxed);
                     if self.delalloc_settle(inode, &mut st) {
-                        // The handle comes before the inode's state lock (fs.rs ranking).
+                        // The handle comes before the inode's state lock (the lock ranking, docs/ARCHITECTURE.md).
                         drop(st);
-                        let mut h = self.start(crate::namei::credits::SETATTR)?;
+                        let mut h = self.start(crate::transaction::credits::SETATTR)?;
                         let mut st = inode.state.lock();
                         self.mark_inode_dirty(&mut h, inode, &mut st)?;
                         inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);

@@ -11,27 +11,16 @@
 //! - Only the parts of a new block that the write does not cover are zeroed (R3); the bytes
 //!   zeroed are counted in `FsStats::zeroed_bytes`.
 
+use crate::attr::{write_privs, write_privs_known};
 use crate::cred::Cred;
 use crate::error::{Error, Result};
 use crate::format::extent::{Extent, MAX_INIT_LEN, MAX_UNWRITTEN_LEN};
 use crate::format::inode::{S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::fs::Fs;
 use crate::inode::{Inode, InodeState};
-use crate::namei::credits;
+use crate::transaction::credits;
 use crate::xattr::may_have_cap;
 use std::sync::atomic::Ordering;
-
-/// The set-ID bits a write by `cred` takes from a regular file (the kernel's
-/// should_remove_suid): none for a privileged caller; else set-user-ID, and set-group-ID when
-/// group-executable or of a group the caller is not in.
-fn write_privs(raw: &crate::format::inode::RawInode, cred: &Cred) -> u16 {
-    let mode = raw.mode();
-    if cred.privileged || mode & 0o6000 == 0 {
-        return 0;
-    }
-    let sgid = mode & 0o2000 != 0 && (mode & 0o010 != 0 || !cred.in_group(raw.gid()));
-    0o4000 | if sgid { 0o2000 } else { 0 }
-}
 
 /// `fallocate` mode: allocate without changing the size.
 pub const FALLOC_FL_KEEP_SIZE: i32 = 0x01;
@@ -204,7 +193,9 @@ impl Fs {
         len: u64,
     ) -> Result<bool> {
         let inode = self.iget(ino)?;
-        let changed = self.remove_privs_of(&inode, &|raw| write_privs(raw, cred))?;
+        let gid = inode.state.lock().raw.gid();
+        let member = cred.in_group(gid);
+        let changed = self.remove_privs_of(&inode, &write_privs_known(cred, gid, member))?;
         self.fallocate(ino, mode, off, len)?;
         Ok(changed)
     }
@@ -269,16 +260,25 @@ impl Fs {
         // As the kernel's write checks: a write that starts at or past the largest size fails,
         // one that crosses it is cut short there. A file with an indirect block map ends
         // sooner (the kernel's s_bitmap_maxbytes).
-        let (limit, privs) = {
+        let (limit, ftype, mode, gid, cap) = {
             let st = inode.state.lock();
-            let privs = cred.filter(|c| {
-                st.raw.file_type() == S_IFREG
-                    && (st.raw.mode() & write_privs(&st.raw, c) != 0 || may_have_cap(&st))
-            });
-            (self.max_size_of(&st.raw), privs)
+            let r = &st.raw;
+            (
+                self.max_size_of(r),
+                r.file_type(),
+                r.mode(),
+                r.gid(),
+                may_have_cap(&st),
+            )
         };
+        // Whether set-ID bits or a capability go is decided outside the inode's lock: group
+        // membership may have to be read from /proc.
+        let privs = cred.filter(|c| {
+            ftype == S_IFREG && (cap || mode & write_privs(mode, c, || c.in_group(gid)) != 0)
+        });
         if let Some(c) = privs {
-            *mode_changed |= self.remove_privs_of(&inode, &|raw| write_privs(raw, c))?;
+            let member = c.in_group(gid);
+            *mode_changed |= self.remove_privs_of(&inode, &write_privs_known(c, gid, member))?;
         }
         if off >= limit {
             return Err(Error::FileTooBig);

@@ -98,25 +98,7 @@ impl Geometry {
         if let Some(bgs) = self.backup_bgs {
             return bgs.contains(&g);
         }
-        if !self.sparse_super {
-            return true;
-        }
-        if g == 1 {
-            return true;
-        }
-        for base in [3u32, 5, 7] {
-            let mut p = base;
-            while p < g {
-                p = match p.checked_mul(base) {
-                    Some(v) => v,
-                    None => break,
-                };
-            }
-            if p == g {
-                return true;
-            }
-        }
-        false
+        !self.sparse_super || crate::format::superblock::sparse_group(g)
     }
     /// Blocks at the start of group `g` used by the superblock, GDT and reserved GDT (as the
     /// kernel's ext4_num_base_meta_blocks counts them).

@@ -177,7 +177,7 @@ impl Fs {
             let ino = g * ipg as u32 + idx as u32 + 1;
             // Nothing is mapped yet; without the extents flag (a filesystem without the
             // extents feature) blocks will go into an indirect block map.
-            let extents = Some(crate::extents::ExtentCache::unmapped(&raw));
+            let extents = Some(crate::extent_cache::ExtentCache::unmapped(&raw));
             let inode = crate::inode::new_inode(ino, raw, extents, true);
             let committed = self.txn.committed.load(Ordering::Acquire);
             self.icache.insert(inode.clone(), committed);

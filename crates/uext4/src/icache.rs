@@ -6,7 +6,7 @@
 //! table is inode.rs's.
 
 use crate::delalloc_state::Dirty;
-pub use crate::extent_cache::ExtentCache;
+use crate::extent_cache::ExtentCache;
 use crate::format::inode::RawInode;
 use crate::mballoc::Claim;
 use parking_lot::{Mutex, RwLock};

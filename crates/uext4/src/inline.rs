@@ -25,7 +25,7 @@
 //! p + 20, as the kernel's): a readdir resumed after a conversion goes on at the same entry.
 
 use crate::error::{Corruption, Error, Result};
-use crate::extents::ExtentCache;
+use crate::extent_cache::ExtentCache;
 use crate::format::dir_entry::{put_dirent, FT_DIR};
 use crate::format::inode::{RawInode, FL_INLINE_DATA, I_BLOCK_SIZE};
 use crate::format::le32;
@@ -263,7 +263,7 @@ impl Fs {
         if !Self::is_inline(&inode.state.lock().raw) {
             return Ok(());
         }
-        let mut h = self.start(crate::namei::credits::WRITE_PER_EXTENT + 16)?;
+        let mut h = self.start(crate::transaction::credits::WRITE_PER_EXTENT + 16)?;
         let mut st = inode.state.lock();
         crate::file::check_live(&st)?;
         self.inline_convert(&mut h, inode.ino, &mut st)?;

@@ -7,9 +7,10 @@
 
 use crate::error::{Corruption, Error, Result};
 
+use crate::extent_cache::ExtentCache;
 use crate::format::inode::{RawInode, Timestamp, ROOT_INO};
 use crate::fs::Fs;
-pub use crate::icache::{ExtentCache, Inode, InodeRef, InodeState};
+pub use crate::icache::{Inode, InodeRef, InodeState};
 use crate::transaction::Handle;
 use parking_lot::{Mutex, RwLock};
 

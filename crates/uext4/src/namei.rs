@@ -1,7 +1,7 @@
 //! Namespace operations: lookup, create, mknod, mkdir, symlink, link, unlink, rmdir, rename,
 //! readdir, setattr, readlink.
 //!
-//! Locking (see the ranking in fs.rs): a directory change takes the directory's `io_lock`
+//! Locking (see the ranking in docs/ARCHITECTURE.md): a directory change takes the directory's `io_lock`
 //! exclusively (lookups take it shared); a rename between two directories first takes
 //! `Fs::rename_lock`, then both directories' `io_lock`s in inode-number order. The handle is
 //! started after the `io_lock`s and before any inode `state` mutex.
@@ -12,7 +12,7 @@ use crate::error::{Corruption, Error, Result};
 use crate::format::inode::*;
 use crate::fs::Fs;
 use crate::inode::{encode_rdev, Attr, Inode, InodeRef, InodeState};
-use crate::transaction::Handle;
+use crate::transaction::{credits, Handle};
 use std::sync::atomic::Ordering;
 
 /// Largest link count; directories past it (dir_nlink) store 1.
@@ -903,9 +903,6 @@ impl Fs {
         Ok(())
     }
 }
-
-/// Credit estimates live with the handles that take them.
-pub use crate::transaction::credits;
 
 /// Fails with NotFound if directory `d` has been removed (checked with its io_lock held, so
 /// it stays so while the caller holds the lock), as the kernel refuses entries in a dead

@@ -181,7 +181,7 @@ impl Fs {
         if keep < 1 << 32 {
             self.remove_in_pieces(&inode, keep as u32, 1 << 32)?;
         }
-        let mut h = self.start(crate::namei::credits::UNLINK)?;
+        let mut h = self.start(crate::transaction::credits::UNLINK)?;
         let mut st = inode.state.lock();
         if !in_chain {
             st.raw.set_dtime(0);
@@ -227,7 +227,7 @@ impl Fs {
             st.dying = true;
         }
         self.remove_in_pieces(inode, 0, 1 << 32)?;
-        let mut h = self.start(crate::namei::credits::UNLINK)?;
+        let mut h = self.start(crate::transaction::credits::UNLINK)?;
         let mut st = inode.state.lock();
         self.delete_inode(&mut h, inode, &mut st)
     }

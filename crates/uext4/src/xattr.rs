@@ -8,7 +8,7 @@
 //! inode gets a fresh copy and the shared block loses one reference.
 //!
 //! Locking: the inode's `io_lock` (shared to read, exclusive to change), then the handle, then
-//! `inode.state`, then group locks (allocation) and buffer locks, per the ranking in fs.rs.
+//! `inode.state`, then group locks (allocation) and buffer locks, per the ranking in docs/ARCHITECTURE.md.
 
 use crate::cred::Cred;
 use crate::error::{Corruption, Error, Result};
@@ -32,10 +32,6 @@ pub enum XattrFlags {
     Replace,
 }
 
-/// Metadata blocks one attribute change can dirty (`credits::XATTR`).
-pub(crate) const XATTR_CREDITS: usize = crate::transaction::credits::XATTR;
-
-const S_ISUID: u16 = 0o4000;
 const S_ISGID: u16 = 0o2000;
 /// The name of `security.capability` after its prefix.
 const CAPABILITY: &[u8] = b"capability";
@@ -229,18 +225,6 @@ impl Fs {
         self.xattr_change(ino, index, short, value, flags, Some(&mode))
     }
 
-    /// What a write, truncate or chown takes away from a file (the kernel's file_remove_privs
-    /// and notify_change): set-user-ID when `drop_suid`, set-group-ID when `drop_sgid`, and the
-    /// `security.capability` attribute always, in one handle. Costs no I/O and no handle when
-    /// there is nothing to remove. Returns whether the mode changed. The engine's
-    /// [`Fs::write_as`] and [`Fs::setattr_as`] apply this themselves from the caller's
-    /// credentials.
-    pub fn remove_privs(&self, ino: u32, drop_suid: bool, drop_sgid: bool) -> Result<bool> {
-        let inode = self.iget(ino)?;
-        let clear = (if drop_suid { S_ISUID } else { 0 }) | if drop_sgid { S_ISGID } else { 0 };
-        self.remove_privs_of(&inode, &|_| clear)
-    }
-
     /// Takes away from `inode` (not a directory) the set-ID bits `clear` returns for its
     /// on-disk fields, and `security.capability`, in one handle; nothing (no handle) when there
     /// is neither. Whether the mode changed.
@@ -257,7 +241,7 @@ impl Fs {
         }
         self.check_writable()?;
         let _io = inode.io_lock.write();
-        let mut h = self.start(XATTR_CREDITS)?;
+        let mut h = self.start(crate::transaction::credits::XATTR)?;
         let mut st = inode.state.lock();
         if st.deleted || st.raw.is_dir() {
             return Ok(false);
@@ -417,7 +401,7 @@ impl Fs {
         self.check_writable()?;
         let inode = self.iget(ino)?;
         let _io = inode.io_lock.write();
-        let mut h = self.start(XATTR_CREDITS)?;
+        let mut h = self.start(crate::transaction::credits::XATTR)?;
         let mut st = inode.state.lock();
         if st.deleted {
             return Err(Error::NotFound);

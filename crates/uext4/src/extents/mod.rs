@@ -2,7 +2,8 @@
 //! splits it between extents_status.c, extents.c, indirect.c and ext4_map_blocks.
 //!
 //! - [`crate::extent_cache`]: the in-memory extent cache, a state module of its own. Every
-//!   file's extents are loaded once, on first use, into an [`ExtentCache`] (a sorted map from
+//!   file's extents are loaded once, on first use, into an
+//!   [`ExtentCache`](crate::extent_cache::ExtentCache) (a sorted map from
 //!   first logical block to extent); lookups never read map blocks again (DESIGN.md R1). It is
 //!   state the inode holds, and imports no filesystem operations.
 //! - `tree`: the extent tree, loaded into the cache and edited one leaf at a time.
@@ -13,8 +14,6 @@
 mod indirect;
 mod map;
 mod tree;
-
-pub use crate::extent_cache::ExtentCache;
 
 #[cfg(test)]
 mod tests;

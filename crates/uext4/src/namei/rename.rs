@@ -2,12 +2,12 @@
 //! directories, the checks on both names, and the two ways a rename changes them (swapping
 //! two names, or moving one name over another or into a free slot).
 
-use super::{check_dir_live, check_name, credits, dec_nlink, inc_nlink, is_dot, FT_CHRDEV, FT_DIR};
+use super::{check_dir_live, check_name, dec_nlink, inc_nlink, is_dot, FT_CHRDEV, FT_DIR};
 use crate::error::{Error, Result};
 use crate::format::inode::*;
 use crate::fs::Fs;
 use crate::inode::{encode_rdev, Inode, InodeRef};
-use crate::transaction::Handle;
+use crate::transaction::{credits, Handle};
 use parking_lot::RwLockWriteGuard;
 use std::sync::atomic::Ordering;
 
