@@ -5,46 +5,7 @@
 use super::*;
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
-use std::process::Command;
-
-struct Mount(std::path::PathBuf);
-impl Mount {
-    fn new(img: &std::path::Path) -> Mount {
-        let dir = img.with_extension("mnt");
-        std::fs::create_dir_all(&dir).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "ext4", "-o", "loop"])
-            .arg(img)
-            .arg(&dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "kernel mount: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Mount(dir)
-    }
-}
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-        let _ = std::fs::remove_dir(&self.0);
-    }
-}
-
-fn can_loop_mount() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: not root, so no kernel loop mount");
-        return false;
-    }
-    if !std::path::Path::new("/dev/loop-control").exists() {
-        eprintln!("skipped: no /dev/loop-control, so no kernel loop mount");
-        return false;
-    }
-    true
-}
+use uext4_testkit::needs::can_loop_mount;
 
 /// Every block of the file reads as the model says (a fill byte, or zeros).
 fn check_data(read: &dyn Fn(u64, &mut [u8]), blocks: u64, model: &BTreeMap<u64, u8>) {
@@ -87,11 +48,11 @@ fn kernel_and_uext4_edit_each_others_trees() {
 
     // The kernel reads it, then changes it.
     {
-        let m = Mount::new(&img.0);
+        let m = uext4_testkit::faulty::KernelMount::new(&img.0);
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .open(m.0.join("k"))
+            .open(m.dir.join("k"))
             .unwrap();
         assert_eq!(f.metadata().unwrap().len(), 2999 * 1024);
         check_data(
@@ -147,8 +108,8 @@ fn kernel_and_uext4_edit_each_others_trees() {
         "after uext4's changes"
     );
     {
-        let m = Mount::new(&img.0);
-        let f = std::fs::File::open(m.0.join("k")).unwrap();
+        let m = uext4_testkit::faulty::KernelMount::new(&img.0);
+        let f = std::fs::File::open(m.dir.join("k")).unwrap();
         assert_eq!(f.metadata().unwrap().len(), 2000 * 1024);
         check_data(
             &|b, buf| f.read_exact_at(buf, b * 1024).unwrap(),
