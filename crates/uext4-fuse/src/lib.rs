@@ -20,6 +20,7 @@ mod adapter;
 mod convert;
 pub mod options;
 mod session;
+pub mod transport;
 
 pub use adapter::Uext4Fuse;
 pub use convert::errno;
