@@ -45,8 +45,13 @@ pub struct BufferCache {
 }
 
 impl BufferCache {
-    pub fn new(dev: Arc<dyn BlockDevice>, block_size: usize, blocks_count: u64) -> Self {
-        let limit_bytes: usize = 256 << 20;
+    /// A cache of the device's blocks; clean blocks beyond about `limit_bytes` are dropped.
+    pub fn new(
+        dev: Arc<dyn BlockDevice>,
+        block_size: usize,
+        blocks_count: u64,
+        limit_bytes: usize,
+    ) -> Self {
         BufferCache {
             dev,
             block_size,

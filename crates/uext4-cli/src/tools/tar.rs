@@ -57,7 +57,8 @@ pub fn open_archive(path: &Path) -> Result<Box<dyn Read>> {
 /// order (later entries replace earlier ones of the same name).
 pub fn cp_from_tar(archives: &[String], dst: &str) -> Result<()> {
     let (img, d) = crate::image::image_loc(dst)?;
-    let fs = crate::image::open_img(&img, false)?;
+    // As mkfs -d: SOURCE_DATE_EPOCH clamps the times the copy records.
+    let fs = super::cp::open_for_copy(&img)?;
     let r = (|| -> Result<()> {
         let dir = crate::image::resolve(&fs, &d, true).with_context(|| dst.to_string())?;
         if !fs.getattr(dir)?.is_dir() {
@@ -416,6 +417,7 @@ pub struct Unpacker<'a> {
     /// Who owns the directories the archive does not list.
     owner: (u32, u32),
     buf: Vec<u8>,
+    batch: super::cp::Batch,
 }
 
 impl<'a> Unpacker<'a> {
@@ -427,6 +429,7 @@ impl<'a> Unpacker<'a> {
             dir_times: Vec::new(),
             owner: crate::image::caller(),
             buf: vec![0; 1 << 20],
+            batch: Default::default(),
         }
     }
 
@@ -630,7 +633,7 @@ impl<'a> Unpacker<'a> {
         if dir {
             self.dir_times.push((ino, atime, m.mtime, ctime));
         }
-        Ok(())
+        self.batch.made_one(fs)
     }
 
     /// Copies `len` bytes from `r` to file `ino` at `off`, leaving blocks that are all zeros
