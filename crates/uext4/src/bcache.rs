@@ -57,7 +57,7 @@ impl BufferCache {
             block_size,
             blocks_count,
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            per_shard_limit: (limit_bytes / block_size / SHARDS).max(64),
+            per_shard_limit: (limit_bytes / block_size / SHARDS).max(4),
         }
     }
 

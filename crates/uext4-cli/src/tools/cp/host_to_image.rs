@@ -1,7 +1,7 @@
 //! Copying a host tree into an image (`cp HOST IMAGE:PATH`, `mkfs -d DIR`): host_walk.rs reads
 //! the tree on its own thread; this side makes the entries, in the walk's order.
 
-use super::host_walk::{walk, Data, Entry, Kind, Stat, Xattrs};
+use super::host_walk::{walk, Budget, Data, Entry, Kind, Stat, Xattrs};
 use super::rules::*;
 use super::*;
 use crate::image::*;
@@ -25,6 +25,7 @@ struct HostToImage<'a> {
     batch: Batch,
     /// The directories begun and not yet ended, innermost last.
     stack: Vec<Target>,
+    budget: std::sync::Arc<Budget>,
 }
 
 impl HostToImage<'_> {
@@ -35,6 +36,7 @@ impl HostToImage<'_> {
             progress: Progress::for_host(src),
             batch: Batch::default(),
             stack: Vec::new(),
+            budget: Default::default(),
         }
     }
 
@@ -50,7 +52,7 @@ impl HostToImage<'_> {
         contents: bool,
     ) -> Result<()> {
         std::thread::scope(|scope| {
-            let rx = walk(scope, src, recursive);
+            let rx = walk(scope, src, recursive, self.budget.clone());
             let mut first = true;
             for e in rx {
                 let e = e?;
@@ -180,7 +182,9 @@ impl HostToImage<'_> {
         let fs = self.fs;
         match data {
             Data::Bytes(b) => {
-                fs.write_all(ino, 0, &b)?;
+                let r = fs.write_all(ino, 0, &b);
+                self.budget.give(b.len() as u64);
+                r?;
                 self.progress.add(b.len() as u64);
             }
             Data::Open(f, segs) => {

@@ -4,10 +4,10 @@
 //! directory), so the image does not depend on how fast either side runs.
 //!
 //! Entries are reached relative to their directory's descriptor (`fstatat`, `openat`), not by
-//! full paths the kernel would walk again for every entry. What is read ahead is bounded:
-//! the channel holds [`AHEAD`] entries, and only files up to [`PRELOAD`] bytes travel with
-//! their data (larger ones travel as an open file the copy reads in pieces), so memory does not
-//! grow with the tree.
+//! full paths the kernel would walk again for every entry. What is read ahead is bounded: at
+//! most [`AHEAD`] entries and [`BUDGET`] bytes of file data are on their way, and only files
+//! up to [`PRELOAD`] bytes travel with their data (larger ones travel as an open file the copy
+//! reads in pieces), so memory does not grow with the tree.
 
 use anyhow::{anyhow, Context, Result};
 use std::ffi::{CStr, CString};
@@ -17,11 +17,38 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// Entries read ahead of the copy.
-const AHEAD: usize = 64;
+const AHEAD: usize = 256;
 /// Files up to this size are read whole by the walk.
-const PRELOAD: u64 = 128 << 10;
+const PRELOAD: u64 = 1 << 20;
+/// File data read ahead of the copy, in bytes (at least one file's).
+const BUDGET: u64 = 4 << 20;
+
+/// The bytes of file data read and not yet copied, shared by the walk and the copy.
+#[derive(Default)]
+pub(super) struct Budget {
+    used: Mutex<u64>,
+    freed: Condvar,
+}
+
+impl Budget {
+    /// Waits until `n` more bytes fit (or nothing is in flight), then counts them.
+    fn take(&self, n: u64) {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        while *used > 0 && *used + n > BUDGET {
+            used = self.freed.wait(used).unwrap_or_else(|e| e.into_inner());
+        }
+        *used += n;
+    }
+    /// The copy is done with `n` bytes.
+    pub(super) fn give(&self, n: u64) {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        *used = used.saturating_sub(n);
+        self.freed.notify_one();
+    }
+}
 
 /// What `lstat` says of a host entry, as far as a copy uses it.
 #[derive(Clone, Copy)]
@@ -104,12 +131,17 @@ pub(super) fn walk<'s>(
     scope: &'s std::thread::Scope<'s, '_>,
     top: &Path,
     recursive: bool,
+    budget: Arc<Budget>,
 ) -> Receiver<Result<Entry>> {
     let (tx, rx) = sync_channel(AHEAD);
     let top = top.to_path_buf();
     scope.spawn(move || {
-        if let Err(e) = walk_top(&tx, &top, recursive) {
-            let _ = tx.send(Err(e));
+        let w = Walk {
+            tx,
+            budget: &budget,
+        };
+        if let Err(e) = w.top(&top, recursive) {
+            let _ = w.tx.send(Err(e));
         }
     });
     rx
@@ -124,108 +156,112 @@ impl From<Gone> for anyhow::Error {
     }
 }
 
-fn send(tx: &SyncSender<Result<Entry>>, e: Entry) -> Result<()> {
-    tx.send(Ok(e)).map_err(|_| Gone.into())
+struct Walk<'b> {
+    tx: SyncSender<Result<Entry>>,
+    budget: &'b Budget,
 }
 
-fn walk_top(tx: &SyncSender<Result<Entry>>, top: &Path, recursive: bool) -> Result<()> {
-    let name = top
-        .file_name()
-        .map(|n| n.as_bytes().to_vec())
-        .unwrap_or_default();
-    let c = cstring(top.as_os_str().as_bytes())?;
-    // Errors here are about the source itself, which the caller names.
-    let st = lstat_at(libc::AT_FDCWD, &c)?;
-    if st.is_dir() && recursive {
-        let fd = open_at(libc::AT_FDCWD, &c, libc::O_DIRECTORY)?;
-        return walk_dir(tx, fd, top.to_path_buf(), name, st);
+impl Walk<'_> {
+    fn send(&self, e: Entry) -> Result<()> {
+        self.tx.send(Ok(e)).map_err(|_| Gone.into())
     }
-    send(
-        tx,
-        read_entry(libc::AT_FDCWD, &c, top.to_path_buf(), name, st)?,
-    )
-}
 
-/// Sends a directory, its entries (names in byte order) and its end.
-fn walk_dir(
-    tx: &SyncSender<Result<Entry>>,
-    fd: OwnedFd,
-    path: PathBuf,
-    name: Vec<u8>,
-    st: Stat,
-) -> Result<()> {
-    send(
-        tx,
-        Entry {
+    fn top(&self, top: &Path, recursive: bool) -> Result<()> {
+        let name = top
+            .file_name()
+            .map(|n| n.as_bytes().to_vec())
+            .unwrap_or_default();
+        let c = cstring(top.as_os_str().as_bytes())?;
+        // Errors here are about the source itself, which the caller names.
+        let st = lstat_at(libc::AT_FDCWD, &c)?;
+        if st.is_dir() && recursive {
+            let fd = open_at(libc::AT_FDCWD, &c, libc::O_DIRECTORY)?;
+            return self.dir(fd, top.to_path_buf(), name, st);
+        }
+        self.send(self.entry(libc::AT_FDCWD, &c, top.to_path_buf(), name, st)?)
+    }
+
+    /// Sends a directory, its entries (names in byte order) and its end.
+    fn dir(&self, fd: OwnedFd, path: PathBuf, name: Vec<u8>, st: Stat) -> Result<()> {
+        self.send(Entry {
             path: path.clone(),
             name: name.clone(),
             st,
             kind: Kind::Dir,
-        },
-    )?;
-    let mut names = list(&fd).with_context(|| path.display().to_string())?;
-    names.sort_unstable();
-    for n in names {
-        let p = path.join(std::ffi::OsStr::from_bytes(n.to_bytes()));
-        let st = lstat_at(fd.as_raw_fd(), &n).with_context(|| p.display().to_string())?;
-        let bytes = n.to_bytes().to_vec();
-        if st.is_dir() {
-            let sub = open_at(fd.as_raw_fd(), &n, libc::O_DIRECTORY)
-                .with_context(|| p.display().to_string())?;
-            walk_dir(tx, sub, p, bytes, st)?;
-        } else {
-            let e = read_entry(fd.as_raw_fd(), &n, p.clone(), bytes, st)
-                .with_context(|| p.display().to_string())?;
-            send(tx, e)?;
+        })?;
+        let mut names = list(&fd).with_context(|| path.display().to_string())?;
+        names.sort_unstable();
+        for n in names {
+            let p = path.join(std::ffi::OsStr::from_bytes(n.to_bytes()));
+            let st = lstat_at(fd.as_raw_fd(), &n).with_context(|| p.display().to_string())?;
+            let bytes = n.to_bytes().to_vec();
+            if st.is_dir() {
+                let sub = open_at(fd.as_raw_fd(), &n, libc::O_DIRECTORY)
+                    .with_context(|| p.display().to_string())?;
+                self.dir(sub, p, bytes, st)?;
+            } else {
+                let e = self
+                    .entry(fd.as_raw_fd(), &n, p.clone(), bytes, st)
+                    .with_context(|| p.display().to_string())?;
+                self.send(e)?;
+            }
         }
-    }
-    let xattrs = fd_xattrs(fd.as_raw_fd());
-    send(
-        tx,
-        Entry {
+        let xattrs = fd_xattrs(fd.as_raw_fd());
+        self.send(Entry {
             path,
             name,
             st,
             kind: Kind::EndDir(xattrs),
-        },
-    )
-}
+        })
+    }
 
-/// A non-directory (or a directory not descended into), read: data, link target, xattrs.
-fn read_entry(dir: RawFd, name: &CStr, path: PathBuf, bytes: Vec<u8>, st: Stat) -> Result<Entry> {
-    let kind = if st.is_file() {
-        let fd = open_at(dir, name, 0)?;
-        let xattrs = fd_xattrs(fd.as_raw_fd());
-        let f = File::from(fd);
-        // A file with as many blocks as bytes has no holes: no need to ask where they are.
-        let sparse = st.blocks * 512 < st.size;
-        let data = if st.size <= PRELOAD && !sparse {
-            let mut v = vec![0u8; st.size as usize];
-            f.read_exact_at(&mut v, 0)?;
-            Data::Bytes(v)
-        } else {
-            let segs = if sparse {
-                crate::host::host_segments(&f, st.size)
+    /// A non-directory (or a directory not descended into), read: data, link target, xattrs.
+    fn entry(
+        &self,
+        dir: RawFd,
+        name: &CStr,
+        path: PathBuf,
+        bytes: Vec<u8>,
+        st: Stat,
+    ) -> Result<Entry> {
+        let kind = if st.is_file() {
+            let fd = open_at(dir, name, 0)?;
+            let xattrs = fd_xattrs(fd.as_raw_fd());
+            let f = File::from(fd);
+            // A file with as many blocks as bytes has no holes: no need to ask where they are.
+            let sparse = st.blocks * 512 < st.size;
+            let data = if st.size <= PRELOAD && !sparse {
+                self.budget.take(st.size);
+                let mut v = vec![0u8; st.size as usize];
+                if let Err(e) = f.read_exact_at(&mut v, 0) {
+                    self.budget.give(st.size);
+                    return Err(e.into());
+                }
+                Data::Bytes(v)
             } else {
-                vec![(0, st.size)]
+                let segs = if sparse {
+                    crate::host::host_segments(&f, st.size)
+                } else {
+                    vec![(0, st.size)]
+                };
+                Data::Open(f, segs)
             };
-            Data::Open(f, segs)
+            Kind::File(data, xattrs)
+        } else if st.is_symlink() {
+            let target = readlink_at(dir, name)?;
+            Kind::Symlink(target, crate::host::host_xattrs(&path))
+        } else if st.is_dir() {
+            Kind::Dir
+        } else {
+            Kind::Special(crate::host::host_xattrs(&path))
         };
-        Kind::File(data, xattrs)
-    } else if st.is_symlink() {
-        let target = readlink_at(dir, name)?;
-        Kind::Symlink(target, crate::host::host_xattrs(&path))
-    } else if st.is_dir() {
-        Kind::Dir
-    } else {
-        Kind::Special(crate::host::host_xattrs(&path))
-    };
-    Ok(Entry {
-        path,
-        name: bytes,
-        st,
-        kind,
-    })
+        Ok(Entry {
+            path,
+            name: bytes,
+            st,
+            kind,
+        })
+    }
 }
 
 fn cstring(b: &[u8]) -> Result<CString> {

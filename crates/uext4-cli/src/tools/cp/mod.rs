@@ -59,9 +59,10 @@ impl Drop for Progress {
     }
 }
 
-/// Commits every [`Batch::ENTRIES`] entries a copy makes: the inodes, directory blocks and
-/// bitmaps a transaction holds in memory until it commits then stay bounded, whatever the
-/// size of the tree. The points are counted, not timed, so the same copy gives the same image.
+/// Commits every [`Batch::ENTRIES`] entries a copy makes, and waits for the committed blocks
+/// to reach their home every [`Batch::HOME`] commits: the inodes, directory blocks and bitmaps
+/// a transaction holds in memory until then stay bounded, whatever the size of the tree. The
+/// points are counted, not timed, so the same copy gives the same image.
 #[derive(Default)]
 pub(crate) struct Batch {
     made: u64,
@@ -69,10 +70,13 @@ pub(crate) struct Batch {
 
 impl Batch {
     const ENTRIES: u64 = 1024;
+    const HOME: u64 = 8;
 
     pub(crate) fn made_one(&mut self, fs: &Fs) -> Result<()> {
         self.made += 1;
-        if self.made % Self::ENTRIES == 0 {
+        if self.made % (Self::ENTRIES * Self::HOME) == 0 {
+            fs.sync()?;
+        } else if self.made % Self::ENTRIES == 0 {
             fs.commit()?;
         }
         Ok(())
