@@ -54,39 +54,28 @@ impl HostToImage<'_> {
         std::thread::scope(|scope| {
             let rx = walk(scope, src, recursive, self.budget.clone());
             let mut first = true;
-            for e in rx {
-                let e = e?;
-                let path = e.path.clone();
-                let r = if first && contents {
-                    if !e.st.is_dir() {
-                        bail!("{}: not a directory", src.display());
+            for batch in rx {
+                for mut e in batch? {
+                    if std::mem::take(&mut first) {
+                        self.stack.push(Target {
+                            ino: dir,
+                            made: false,
+                        });
+                        if contents {
+                            if !e.st.is_dir() {
+                                bail!("{}: not a directory", src.display());
+                            }
+                            continue;
+                        }
+                        e.name = name.to_vec();
                     }
-                    self.stack.push(Target {
-                        ino: dir,
-                        made: false,
-                    });
-                    Ok(())
-                } else if first {
-                    self.stack.push(Target {
-                        ino: dir,
-                        made: false,
-                    });
-                    self.entry(
-                        Entry {
-                            name: name.to_vec(),
-                            ..e
-                        },
-                        recursive,
-                    )
-                } else {
-                    self.entry(e, recursive)
-                };
-                first = false;
-                // The source itself is named by the caller.
-                if path != src {
-                    r.with_context(|| path.display().to_string())?;
-                } else {
-                    r?;
+                    let path = e.path.clone();
+                    let r = self.entry(e, recursive);
+                    // The source itself is named by the caller.
+                    match path != src {
+                        true => r.with_context(|| path.display().to_string())?,
+                        false => r?,
+                    }
                 }
             }
             Ok(())

@@ -5,7 +5,8 @@
 //!
 //! Entries are reached relative to their directory's descriptor (`fstatat`, `openat`), not by
 //! full paths the kernel would walk again for every entry. What is read ahead is bounded: at
-//! most [`AHEAD`] entries and [`BUDGET`] bytes of file data are on their way, and only files
+//! most [`AHEAD`] batches of [`BATCH`] entries and [`BUDGET`] bytes of file data are on their
+//! way (entries travel in batches: one wake-up of the other side per batch), and only files
 //! up to [`PRELOAD`] bytes travel with their data (larger ones travel as an open file the copy
 //! reads in pieces), so memory does not grow with the tree.
 
@@ -19,12 +20,14 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 
-/// Entries read ahead of the copy.
-const AHEAD: usize = 256;
+/// Batches of entries read ahead of the copy.
+const AHEAD: usize = 8;
+/// Entries sent at once.
+const BATCH: usize = 32;
 /// Files up to this size are read whole by the walk.
-const PRELOAD: u64 = 1 << 20;
+const PRELOAD: u64 = 512 << 10;
 /// File data read ahead of the copy, in bytes (at least one file's).
-const BUDGET: u64 = 4 << 20;
+const BUDGET: u64 = 2 << 20;
 
 /// The bytes of file data read and not yet copied, shared by the walk and the copy.
 #[derive(Default)]
@@ -34,6 +37,11 @@ pub(super) struct Budget {
 }
 
 impl Budget {
+    /// Whether `n` more bytes fit now.
+    fn fits(&self, n: u64) -> bool {
+        let used = *self.used.lock().unwrap_or_else(|e| e.into_inner());
+        used == 0 || used + n <= BUDGET
+    }
     /// Waits until `n` more bytes fit (or nothing is in flight), then counts them.
     fn take(&self, n: u64) {
         let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
@@ -132,15 +140,18 @@ pub(super) fn walk<'s>(
     top: &Path,
     recursive: bool,
     budget: Arc<Budget>,
-) -> Receiver<Result<Entry>> {
+) -> Receiver<Result<Vec<Entry>>> {
     let (tx, rx) = sync_channel(AHEAD);
     let top = top.to_path_buf();
     scope.spawn(move || {
         let w = Walk {
             tx,
             budget: &budget,
+            pending: Default::default(),
         };
-        if let Err(e) = w.top(&top, recursive) {
+        let r = w.top(&top, recursive);
+        let _ = w.flush();
+        if let Err(e) = r {
             let _ = w.tx.send(Err(e));
         }
     });
@@ -157,13 +168,31 @@ impl From<Gone> for anyhow::Error {
 }
 
 struct Walk<'b> {
-    tx: SyncSender<Result<Entry>>,
+    tx: SyncSender<Result<Vec<Entry>>>,
     budget: &'b Budget,
+    /// Entries not yet sent.
+    pending: std::cell::RefCell<Vec<Entry>>,
 }
 
 impl Walk<'_> {
     fn send(&self, e: Entry) -> Result<()> {
-        self.tx.send(Ok(e)).map_err(|_| Gone.into())
+        let full = {
+            let mut p = self.pending.borrow_mut();
+            p.push(e);
+            p.len() >= BATCH
+        };
+        match full {
+            true => self.flush(),
+            false => Ok(()),
+        }
+    }
+
+    fn flush(&self) -> Result<()> {
+        let batch = std::mem::take(&mut *self.pending.borrow_mut());
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.tx.send(Ok(batch)).map_err(|_| Gone.into())
     }
 
     fn top(&self, top: &Path, recursive: bool) -> Result<()> {
@@ -231,6 +260,11 @@ impl Walk<'_> {
             // A file with as many blocks as bytes has no holes: no need to ask where they are.
             let sparse = st.blocks * 512 < st.size;
             let data = if st.size <= PRELOAD && !sparse {
+                // The bytes of entries not yet sent cannot come back: send them before
+                // waiting.
+                if !self.budget.fits(st.size) {
+                    self.flush()?;
+                }
                 self.budget.take(st.size);
                 let mut v = vec![0u8; st.size as usize];
                 if let Err(e) = f.read_exact_at(&mut v, 0) {
