@@ -409,13 +409,8 @@ impl Fs {
             inner: dev.clone(),
             io: io.clone(),
         });
-        let bcache = BufferCache::new(
-            counted.clone(),
-            geo.block_size as usize,
-            geo.blocks_count,
-            opts.cache_limit_bytes,
-        );
-
+        let (bs, blocks) = (geo.block_size as usize, geo.blocks_count);
+        let bcache = BufferCache::new(counted.clone(), bs, blocks, opts.cache_limit_bytes);
         let (balloc, free_blocks, free_inodes) = BlockAllocator::load(&geo, &bcache)?;
 
         let max_txn = 4096usize;

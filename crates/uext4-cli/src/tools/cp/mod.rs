@@ -74,9 +74,9 @@ impl Batch {
 
     pub(crate) fn made_one(&mut self, fs: &Fs) -> Result<()> {
         self.made += 1;
-        if self.made % (Self::ENTRIES * Self::HOME) == 0 {
+        if self.made.is_multiple_of(Self::ENTRIES * Self::HOME) {
             fs.sync()?;
-        } else if self.made % Self::ENTRIES == 0 {
+        } else if self.made.is_multiple_of(Self::ENTRIES) {
             fs.commit()?;
         }
         Ok(())
