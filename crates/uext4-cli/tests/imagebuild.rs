@@ -671,3 +671,32 @@ fn building_memory_does_not_grow_with_the_tree() {
         "peak RSS {small} KiB for 2k entries, {large} KiB for 20k"
     );
 }
+
+/// A tree deeper than the descriptors a process may hold is copied: the walk keeps only the
+/// upper levels' directories open.
+#[test]
+fn a_deep_tree_is_copied_with_few_descriptors() {
+    if !have(&["e2fsck"]) {
+        return;
+    }
+    let w = Scratch::dir("deep");
+    let mut p = w.p("tree");
+    for i in 0..300 {
+        p = p.join(format!("d{i}"));
+    }
+    std::fs::create_dir_all(&p).unwrap();
+    std::fs::write(p.join("leaf"), b"deep").unwrap();
+    let img = w.p("deep.img");
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 128; exec \"$0\" mkfs --size 32M -d \"$1\" \"$2\"")
+        .arg(UEXT4.0)
+        .arg(w.p("tree"))
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    e2fsck_clean(&img);
+    let leaf: String = (0..300).map(|i| format!("/d{i}")).collect::<String>() + "/leaf";
+    assert_eq!(UEXT4.ok(&["cat", &format!("{}:{leaf}", s(&img))]), "deep");
+}

@@ -26,6 +26,8 @@ const AHEAD: usize = 8;
 const BATCH: usize = 32;
 /// Files up to this size are read whole by the walk.
 const PRELOAD: u64 = 512 << 10;
+/// Directory levels whose descriptors stay open during the walk.
+const HELD: usize = 64;
 /// File data read ahead of the copy, in bytes (at least one file's).
 const BUDGET: u64 = 2 << 20;
 
@@ -205,13 +207,16 @@ impl Walk<'_> {
         let st = lstat_at(libc::AT_FDCWD, &c)?;
         if st.is_dir() && recursive {
             let fd = open_at(libc::AT_FDCWD, &c, libc::O_DIRECTORY)?;
-            return self.dir(fd, top.to_path_buf(), name, st);
+            return self.dir(fd, top.to_path_buf(), name, st, 0);
         }
         self.send(self.entry(libc::AT_FDCWD, &c, top.to_path_buf(), name, st)?)
     }
 
-    /// Sends a directory, its entries (names in byte order) and its end.
-    fn dir(&self, fd: OwnedFd, path: PathBuf, name: Vec<u8>, st: Stat) -> Result<()> {
+    /// Sends a directory, its entries (names in byte order) and its end. Directories down to
+    /// [`HELD`] levels keep their descriptor while their entries are read; deeper ones are
+    /// closed once listed and their entries reached by full path, so no depth of tree runs out
+    /// of descriptors.
+    fn dir(&self, fd: OwnedFd, path: PathBuf, name: Vec<u8>, st: Stat, depth: usize) -> Result<()> {
         self.send(Entry {
             path: path.clone(),
             name: name.clone(),
@@ -220,22 +225,28 @@ impl Walk<'_> {
         })?;
         let mut names = list(&fd).with_context(|| path.display().to_string())?;
         names.sort_unstable();
+        let xattrs = fd_xattrs(fd.as_raw_fd());
+        let held = (depth < HELD).then_some(fd);
+        let at = held.as_ref().map_or(libc::AT_FDCWD, |fd| fd.as_raw_fd());
         for n in names {
             let p = path.join(std::ffi::OsStr::from_bytes(n.to_bytes()));
-            let st = lstat_at(fd.as_raw_fd(), &n).with_context(|| p.display().to_string())?;
             let bytes = n.to_bytes().to_vec();
+            let n = match held {
+                Some(_) => n,
+                None => cstring(p.as_os_str().as_bytes())?,
+            };
+            let st = lstat_at(at, &n).with_context(|| p.display().to_string())?;
             if st.is_dir() {
-                let sub = open_at(fd.as_raw_fd(), &n, libc::O_DIRECTORY)
-                    .with_context(|| p.display().to_string())?;
-                self.dir(sub, p, bytes, st)?;
+                let sub =
+                    open_at(at, &n, libc::O_DIRECTORY).with_context(|| p.display().to_string())?;
+                self.dir(sub, p, bytes, st, depth + 1)?;
             } else {
                 let e = self
-                    .entry(fd.as_raw_fd(), &n, p.clone(), bytes, st)
+                    .entry(at, &n, p.clone(), bytes, st)
                     .with_context(|| p.display().to_string())?;
                 self.send(e)?;
             }
         }
-        let xattrs = fd_xattrs(fd.as_raw_fd());
         self.send(Entry {
             path,
             name,
