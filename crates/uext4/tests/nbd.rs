@@ -362,6 +362,46 @@ fn pipelined_requests_from_many_threads_are_matched_by_cookie() {
 }
 
 #[test]
+fn writes_go_behind_yet_reads_see_them_and_a_flush_makes_them_durable() {
+    if !have("nbdkit") {
+        return;
+    }
+    let img = scratch("nbd-behind");
+    std::fs::write(&img.0, vec![0u8; 8 << 20]).unwrap();
+    // Slow writes on a server that carries out requests in parallel, in any order.
+    let srv = Server::nbdkit(&[
+        "--filter=delay",
+        "file",
+        &format!("file={}", img.0.display()),
+        "delay-write=20ms",
+    ]);
+    let dev = NbdDevice::open(&srv.uri, false).unwrap();
+    let pat = |n: u8| vec![n; 4096];
+    // One thread: each write returns once sent, so several are in flight at once.
+    for i in 0..8u64 {
+        dev.write_at(i * 4096, &pat(i as u8 + 1)).unwrap();
+    }
+    assert!(
+        dev.max_in_flight() > 1,
+        "writes from one thread waited for their replies"
+    );
+    // Overwrites of a block in flight land in order, and a read sees the last.
+    for n in 10..20u8 {
+        dev.write_at(0, &pat(n)).unwrap();
+    }
+    let mut back = vec![0u8; 4096];
+    dev.read_at(0, &mut back).unwrap();
+    assert_eq!(back, pat(19), "a read did not see the writes before it");
+    // After the flush every write is in the image the server serves.
+    dev.flush().unwrap();
+    let on_disk = std::fs::read(&img.0).unwrap();
+    assert_eq!(&on_disk[..4096], &pat(19)[..]);
+    for i in 1..8usize {
+        assert_eq!(&on_disk[i * 4096..(i + 1) * 4096], &pat(i as u8 + 1)[..]);
+    }
+}
+
+#[test]
 fn block_size_constraints_are_honoured_with_read_modify_write() {
     if !have("nbdkit") {
         return;
