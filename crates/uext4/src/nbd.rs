@@ -78,6 +78,7 @@ const INFO_BLOCK_SIZE: u16 = 3;
 const TF_HAS_FLAGS: u16 = 1 << 0;
 const TF_READ_ONLY: u16 = 1 << 1;
 const TF_SEND_FLUSH: u16 = 1 << 2;
+const TF_SEND_TRIM: u16 = 1 << 5;
 const TF_SEND_WRITE_ZEROES: u16 = 1 << 6;
 const TF_CAN_MULTI_CONN: u16 = 1 << 8;
 
@@ -89,6 +90,7 @@ const CMD_READ: u16 = 0;
 const CMD_WRITE: u16 = 1;
 const CMD_DISC: u16 = 2;
 const CMD_FLUSH: u16 = 3;
+const CMD_TRIM: u16 = 4;
 const CMD_WRITE_ZEROES: u16 = 6;
 
 /// The IANA port of NBD.
@@ -484,6 +486,7 @@ impl std::fmt::Display for Request {
             CMD_WRITE => "write",
             CMD_FLUSH => return f.write_str("flush"),
             CMD_WRITE_ZEROES => "write-zeroes",
+            CMD_TRIM => "trim",
             _ => "request",
         };
         write!(f, "{name} of {} bytes at offset {}", self.len, self.off)
@@ -1039,6 +1042,36 @@ impl BlockDevice for NbdDevice {
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// `NBD_CMD_TRIM`, where the server offers it, in whole minimum blocks inside the range.
+    fn discard(&self, off: u64, len: u64) -> io::Result<bool> {
+        self.check_writable()?;
+        self.check(off, len)?;
+        if self.info.flags & TF_SEND_TRIM == 0 {
+            return Ok(false);
+        }
+        let m = self.info.min_block as u64;
+        let (start, end) = (off.div_ceil(m) * m, (off + len) / m * m);
+        if start >= end {
+            return Ok(true);
+        }
+        // No write in flight may land on the range after the trim (the server may carry out
+        // requests in any order).
+        self.behind.settle(start, end - start)?;
+        let step = MAX_ZERO_REQUEST / m * m;
+        let conn = self.conn();
+        let mut flights = Vec::new();
+        let mut at = start;
+        while at < end {
+            let n = (end - at).min(step);
+            flights.push(conn.submit(CMD_TRIM, at, n as u32, None));
+            at += n;
+        }
+        for f in flights {
+            f.and_then(|f| f.wait())?;
+        }
+        Ok(true)
     }
 
     fn name(&self) -> Option<String> {

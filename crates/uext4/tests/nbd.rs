@@ -259,6 +259,35 @@ fn writes_go_behind_yet_reads_see_them_and_a_flush_makes_them_durable() {
 }
 
 #[test]
+fn trim_reaches_the_server_and_the_export_shrinks() {
+    if !have(&["nbdkit"]) {
+        return;
+    }
+    let img = scratch("nbd-trim");
+    mke2fs(&img.0, "64M", &[]);
+    let mut srv = NbdServer::nbdkit(&["file", &format!("file={}", img.0.display())]);
+    let fs = Fs::open_path(Path::new(&srv.uri), rw()).unwrap();
+    let f = fs.create(2, b"big", 0o644, 0, 0).unwrap().ino;
+    fs.write(f, 0, &vec![0x5a; 24 << 20]).unwrap();
+    fs.sync().unwrap();
+    let blocks = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).unwrap().blocks() * 512
+    };
+    let full = blocks(&img.0);
+    fs.unlink(2, b"big").unwrap();
+    fs.sync().unwrap();
+    let t = fs.trim(0, u64::MAX, 0).unwrap();
+    assert!(t.supported && t.bytes >= 24 << 20, "{t:?}");
+    fs.unmount().unwrap();
+    drop(fs);
+    srv.stop();
+    let after = blocks(&img.0);
+    assert!(after + (20 << 20) <= full, "{full} -> {after}");
+    e2fsck_clean(&img.0);
+}
+
+#[test]
 fn block_size_constraints_are_honoured_with_read_modify_write() {
     if !have(&["nbdkit"]) {
         return;
