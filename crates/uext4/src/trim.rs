@@ -28,7 +28,7 @@ impl Fs {
         self.check_writable()?;
         let geo = &self.geo;
         let bs = geo.block_size as u64;
-        let first = (start / bs).max(geo.first_data_block as u64);
+        let first = (start / bs).max(geo.first_data_block);
         let end = start.saturating_add(len).div_ceil(bs).min(geo.blocks_count);
         let min_blocks = min_len.div_ceil(bs).max(1) as usize;
         let mut done = Trimmed {
