@@ -286,6 +286,16 @@ impl BlockDevice for Counted {
         }
         self.inner.zero_range(off, len)
     }
+    fn discard(&self, off: u64, len: u64) -> std::io::Result<bool> {
+        self.inner.discard(off, len)
+    }
+    fn read_fresh_at(&self, off: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.io.count_read(buf.len());
+        self.inner.read_fresh_at(off, buf)
+    }
+    fn name(&self) -> Option<String> {
+        self.inner.name()
+    }
 }
 
 /// Reads and validates the superblock of a device.

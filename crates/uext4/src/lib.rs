@@ -83,6 +83,7 @@ pub mod partition;
 mod super_info;
 mod sync;
 mod transaction;
+mod trim;
 mod xattr;
 
 pub use acl::Umask;
@@ -110,6 +111,7 @@ pub use namei::{
 };
 pub use nbd::NbdDevice;
 pub use transaction::TxnStats;
+pub use trim::Trimmed;
 pub use xattr::XattrFlags;
 
 #[cfg(test)]
