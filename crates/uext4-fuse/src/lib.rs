@@ -18,6 +18,7 @@
 
 mod adapter;
 mod convert;
+pub mod dev_uring;
 pub mod options;
 mod session;
 pub mod transport;
