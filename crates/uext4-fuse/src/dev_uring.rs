@@ -220,18 +220,16 @@ impl Shared {
     }
 }
 
-/// Sends deferred replies for requests that came through the rings. For any other unique
-/// (a request read from /dev/fuse) `reply_later` fails with [`io::ErrorKind::NotFound`],
-/// so the session tries the /dev/fuse transport next.
+/// Sends deferred replies for requests that came through the rings; it is the `from` every
+/// ring request is served with. For any other unique (a request read from /dev/fuse)
+/// `reply_later` fails with ENOENT, so a session that routes all deferred replies through
+/// one transport can try the ring first and /dev/fuse next.
 pub struct UringReplier(Arc<Shared>);
 
 impl Transport for UringReplier {
     fn reply_later(&self, unique: u64, body: Result<&[u8], i32>) -> io::Result<()> {
         let Some(qid) = self.0.queue_of(unique) else {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                "not a request of the rings",
-            ));
+            return Err(io::Error::from_raw_os_error(libc::ENOENT));
         };
         let q = &self.0.queues[qid as usize];
         if q.closed.load(Ordering::SeqCst) {
@@ -261,7 +259,7 @@ pub struct UringServer {
 
 impl UringServer {
     /// The transport for deferred replies of ring requests.
-    pub fn replier(&self) -> Arc<UringReplier> {
+    pub fn replier(&self) -> Arc<dyn Transport> {
         Arc::new(UringReplier(self.shared.clone()))
     }
 
@@ -442,6 +440,8 @@ struct Queue {
     payload_len: usize,
     serve: Arc<dyn Serve>,
     shared: Arc<Shared>,
+    /// What the handler answers kept requests through ([`UringReplier`]).
+    from: Arc<dyn Transport>,
     /// Unique of each kept request, to its entry.
     parked: HashMap<u64, usize>,
     /// Entries whose command is with the kernel.
@@ -518,6 +518,7 @@ impl Queue {
             ents,
             payload_len,
             serve,
+            from: Arc::new(UringReplier(shared.clone())),
             shared,
             parked: HashMap::new(),
             in_kernel: 0,
@@ -684,14 +685,14 @@ impl Queue {
                 fixed: &hdr.op_in,
                 rest: &self.copy_in,
             };
-            self.serve.serve(&req, payload)
+            self.serve.serve(&req, payload, &self.from)
         } else {
             let req = RawRequest {
                 header,
                 fixed: &hdr.op_in,
                 rest: &payload[..n],
             };
-            let a = self.serve.serve(&req, &mut self.copy_out);
+            let a = self.serve.serve(&req, &mut self.copy_out, &self.from);
             if let Answer::Reply(m) = a {
                 let m = m.min(self.payload_len);
                 payload[..m].copy_from_slice(&self.copy_out[..m]);

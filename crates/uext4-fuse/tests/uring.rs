@@ -11,7 +11,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use uext4_fuse::dev_uring::{self, Config, ENABLE_PARAM};
 use uext4_fuse::transport::{Answer, InHeader, RawRequest, Serve, Transport, OUT_HEADER_LEN};
 
@@ -56,7 +56,6 @@ fn usable() -> Option<Switch> {
 struct Tiny {
     data: Mutex<Vec<u8>>,
     fsyncs: AtomicU64,
-    replier: OnceLock<Arc<dyn Transport>>,
 }
 
 fn put_u32(b: &mut [u8], o: usize, v: u32) {
@@ -89,7 +88,7 @@ fn attr(b: &mut [u8], o: usize, ino: u64) {
 }
 
 impl Serve for Tiny {
-    fn serve(&self, req: &RawRequest<'_>, out: &mut [u8]) -> Answer {
+    fn serve(&self, req: &RawRequest<'_>, out: &mut [u8], from: &Arc<dyn Transport>) -> Answer {
         let h = &req.header;
         match h.opcode {
             // LOOKUP: entry_out of "f".
@@ -146,7 +145,7 @@ impl Serve for Tiny {
             // FSYNC: kept, answered later from another thread.
             20 => {
                 let unique = h.unique;
-                let r = self.replier.get().expect("replier set").clone();
+                let r = from.clone();
                 self.fsyncs.fetch_add(1, Ordering::Relaxed);
                 std::thread::spawn(move || {
                     std::thread::sleep(std::time::Duration::from_millis(20));
@@ -277,7 +276,6 @@ fn serves_through_the_rings() {
     let tiny = Arc::new(Tiny {
         data: Mutex::new(vec![0u8; FILE_LEN]),
         fsyncs: AtomicU64::new(0),
-        replier: OnceLock::new(),
     });
     let cfg = Config {
         max_write: MAX_WRITE,
@@ -285,7 +283,6 @@ fn serves_through_the_rings() {
         entries_per_queue: 4,
     };
     let server = dev_uring::start(dev.as_raw_fd(), &cfg, tiny.clone()).expect("start");
-    let _ = tiny.replier.set(server.replier());
     let others = Arc::new(AtomicU64::new(0));
     let dev_thread = {
         let (dev, others) = (dev.clone(), others.clone());
@@ -336,6 +333,9 @@ fn serves_through_the_rings() {
     }
     assert!(tiny.fsyncs.load(Ordering::Relaxed) >= 25);
     assert!(server.served() > 0, "nothing came through the rings");
+    // A unique the rings do not hold is left to /dev/fuse.
+    let e = server.replier().reply_later(3, Ok(&[])).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
     assert_eq!(
         others.load(Ordering::Relaxed),
         0,
