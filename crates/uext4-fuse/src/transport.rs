@@ -118,6 +118,19 @@ pub trait Serve: Send + Sync {
     /// Serves one request, writing the reply body (if any) into `out`, which holds at least
     /// `max_write + 4096` bytes.
     fn serve(&self, req: &RawRequest<'_>, out: &mut [u8]) -> Answer;
+
+    /// Called once by the session, after the INIT reply was sent and before any other request
+    /// is served: where deferred replies and notifications go.
+    fn started(&self, _link: Link) {}
+}
+
+/// What the session hands the handler once the connection is up.
+#[derive(Clone)]
+pub struct Link {
+    /// Sends deferred replies, through whichever transport the request came by.
+    pub transport: std::sync::Arc<dyn Transport>,
+    /// Tells the kernel about changes it did not ask for.
+    pub notifier: crate::notify::Notifier,
 }
 
 /// What a transport offers the handler beyond the request/reply loop.
