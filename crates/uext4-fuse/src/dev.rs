@@ -6,7 +6,6 @@
 
 use crate::transport::{Answer, InHeader, RawRequest, Serve, Transport};
 use crate::transport::{OutHeader, IN_HEADER_LEN, OUT_HEADER_LEN};
-use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
@@ -165,49 +164,25 @@ impl Agreed {
     }
 }
 
-thread_local! {
-    /// Which of the session's descriptors this loop thread reads (usize::MAX: none).
-    static CHANNEL: Cell<usize> = const { Cell::new(usize::MAX) };
+/// One loop thread's descriptor, as the transport its requests came by: the kernel takes a
+/// reply only on the descriptor its request was read from.
+pub(crate) struct DevChannel {
+    pub(crate) fd: Arc<OwnedFd>,
 }
 
-/// The session's descriptors, one per loop thread (the first is the one that was mounted).
-pub(crate) struct DevChannels {
-    pub(crate) fds: Vec<Arc<OwnedFd>>,
-}
-
-impl Transport for DevChannels {
-    /// The kernel takes a reply only on the descriptor its request was read from (ENOENT on
-    /// the others, with no other effect): the calling loop thread's own descriptor is tried
-    /// first, then the others.
+impl Transport for DevChannel {
     fn reply_later(&self, unique: u64, body: Result<&[u8], i32>) -> io::Result<()> {
-        let own = CHANNEL.with(|c| c.get());
-        let order = self.fds.get(own).into_iter().chain(
-            self.fds
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| *i != own)
-                .map(|(_, f)| f),
-        );
-        let mut last = io::Error::from_raw_os_error(libc::ENOENT);
-        for fd in order {
-            match reply(fd, unique, body) {
-                Ok(()) => return Ok(()),
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => last = e,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last)
+        reply(&self.fd, unique, body)
     }
 }
 
 /// Serves requests read from `fd` until the mount is gone.
 pub(crate) fn serve_loop(
-    channel: usize,
     fd: Arc<OwnedFd>,
     serve: Arc<dyn Serve>,
     agreed: Agreed,
 ) -> io::Result<()> {
-    CHANNEL.with(|c| c.set(channel));
+    let from: Arc<dyn Transport> = Arc::new(DevChannel { fd: fd.clone() });
     let ext = agreed.flags & SETXATTR_EXT != 0;
     let mut inbuf = vec![0u8; agreed.read_buf_len()];
     let mut out = vec![0u8; agreed.out_buf_len()];
@@ -221,7 +196,7 @@ pub(crate) fn serve_loop(
             tracing::warn!("/dev/fuse: a request of {n} bytes shorter than its header says");
             continue;
         };
-        let answer = serve.serve(&req, &mut out);
+        let answer = serve.serve(&req, &mut out, &from);
         answer_request(&fd, &req.header, answer, &out);
     }
 }

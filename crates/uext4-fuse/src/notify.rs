@@ -5,7 +5,7 @@
 //! io_uring.
 
 use crate::dev::send;
-use crate::transport::{OutHeader, OUT_HEADER_LEN};
+use crate::transport::{Notify, OutHeader, OUT_HEADER_LEN};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -75,6 +75,20 @@ impl Notifier {
         all.push(&h);
         all.extend_from_slice(parts);
         send(&self.dev, &all)
+    }
+}
+
+impl Notify for Notifier {
+    fn inval_inode(&self, nodeid: u64, offset: i64, len: i64) -> io::Result<()> {
+        Notifier::inval_inode(self, nodeid, offset, len)
+    }
+
+    fn inval_entry(&self, parent: u64, name: &[u8]) -> io::Result<()> {
+        Notifier::inval_entry(self, parent, name)
+    }
+
+    fn delete(&self, parent: u64, child: u64, name: &[u8]) -> io::Result<()> {
+        Notifier::delete(self, parent, child, name)
     }
 }
 

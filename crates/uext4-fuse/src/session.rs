@@ -2,7 +2,7 @@
 //! io_uring when it was agreed), until the kernel lets go of the mount.
 
 use crate::adapter::Uext4Fuse;
-use crate::dev::{self, Agreed, DevChannels};
+use crate::dev::{self, Agreed, DevChannel};
 use crate::mount;
 use crate::notify::Notifier;
 use crate::options::{Options, TransportKind};
@@ -10,7 +10,7 @@ use crate::transport::{Answer, Link, Serve, Transport};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use uext4::Fs;
 
@@ -82,66 +82,37 @@ pub fn serve_with(
         })
 }
 
-/// Deferred replies go back by the transport their request came through: the ring's queues
-/// when they hold it, otherwise the /dev/fuse descriptor it was read from.
-struct SessionTransport {
-    uring: OnceLock<Arc<dyn Transport>>,
-    dev: OnceLock<Arc<DevChannels>>,
-}
-
-impl Transport for SessionTransport {
-    fn reply_later(&self, unique: u64, body: Result<&[u8], i32>) -> io::Result<()> {
-        if let Some(u) = self.uring.get() {
-            match u.reply_later(unique, body) {
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                r => return r,
-            }
-        }
-        match self.dev.get() {
-            Some(d) => d.reply_later(unique, body),
-            None => Err(io::Error::from_raw_os_error(libc::ENOENT)),
-        }
-    }
-}
-
 /// Serves the mounted descriptor `dev`: INIT here, then the loop threads.
 fn start(
     server: Arc<dyn Serve>,
     dev: OwnedFd,
     opts: &Options,
 ) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
-    let agreed = handshake(&dev, &*server)?;
     let dev = Arc::new(dev);
-    let link = Arc::new(SessionTransport {
-        uring: OnceLock::new(),
-        dev: OnceLock::new(),
-    });
+    let agreed = handshake(&dev, &*server)?;
     server.started(Link {
-        transport: link.clone(),
-        notifier: Notifier::new(dev.clone()),
+        notifier: Arc::new(Notifier::new(dev.clone())),
     });
-    let uring = agreed.flags & FUSE_OVER_IO_URING != 0;
     let mut threads = Vec::new();
-    let ring = if uring {
+    let ring = if agreed.flags & FUSE_OVER_IO_URING != 0 {
         start_uring(&dev, &agreed, &server)
     } else {
         Err(io::Error::other(
-            "the kernel did not offer FUSE_OVER_IO_URING (kernel 6.14+ with the fuse \
+            "the kernel did not agree FUSE_OVER_IO_URING (it needs Linux 6.14+ with the fuse \
              module's enable_uring parameter set)",
         ))
     };
     let loop_threads = match ring {
-        Ok((t, handle)) => {
-            let _ = link.uring.set(t);
-            threads.extend(handle);
-            // FORGET and INTERRUPT still come through /dev/fuse.
+        Ok(handle) => {
+            threads.push(handle);
+            // FORGET, BATCH_FORGET and INTERRUPT still come through /dev/fuse.
             1
         }
         Err(e) if opts.transport == TransportKind::Uring => {
             return Err(io::Error::other(format!("transport=uring: {e}")));
         }
         Err(e) => {
-            if opts.transport == TransportKind::Auto && uring {
+            if agreed.flags & FUSE_OVER_IO_URING != 0 {
                 tracing::warn!("FUSE over io_uring: {e}; serving through /dev/fuse");
             }
             opts.threads.max(1)
@@ -151,28 +122,23 @@ fn start(
     for _ in 1..loop_threads {
         fds.push(Arc::new(dev::clone_dev(&dev)?));
     }
-    let channels = Arc::new(DevChannels { fds });
-    let _ = link.dev.set(channels.clone());
-    for (i, fd) in channels.fds.iter().enumerate() {
-        let (fd, server) = (fd.clone(), server.clone());
+    for (i, fd) in fds.into_iter().enumerate() {
+        let server = server.clone();
         threads.push(
             std::thread::Builder::new()
                 .name(format!("uext4-fuse-{i}"))
-                .spawn(move || dev::serve_loop(i, fd, server, agreed))?,
+                .spawn(move || dev::serve_loop(fd, server, agreed))?,
         );
     }
     Ok(threads)
 }
 
-/// The io_uring transport, when it is built in; its sending half and the thread that ends
-/// when its queues do.
-type Ring = (Arc<dyn Transport>, Option<JoinHandle<io::Result<()>>>);
-
+/// Starts FUSE over io_uring; the handle is a thread that ends when the queues have.
 fn start_uring(
     _dev: &Arc<OwnedFd>,
     _agreed: &Agreed,
     _server: &Arc<dyn Serve>,
-) -> io::Result<Ring> {
+) -> io::Result<JoinHandle<io::Result<()>>> {
     Err(io::Error::new(
         io::ErrorKind::Unsupported,
         "FUSE over io_uring is not built in yet",
@@ -181,7 +147,8 @@ fn start_uring(
 
 /// Reads the kernel's INIT, has the handler answer it, and reads from the answer what was
 /// agreed.
-fn handshake(dev: &OwnedFd, server: &dyn Serve) -> io::Result<Agreed> {
+fn handshake(dev: &Arc<OwnedFd>, server: &dyn Serve) -> io::Result<Agreed> {
+    let from: Arc<dyn Transport> = Arc::new(DevChannel { fd: dev.clone() });
     // Before INIT the kernel's request size limit is not known; INIT itself is small.
     let first = Agreed {
         max_write: 1 << 20,
@@ -200,7 +167,7 @@ fn handshake(dev: &OwnedFd, server: &dyn Serve) -> io::Result<Agreed> {
             dev::answer_request(dev, &req.header, Answer::Error(libc::EIO), &out);
             continue;
         }
-        let answer = server.serve(&req, &mut out);
+        let answer = server.serve(&req, &mut out, &from);
         let body = match answer {
             Answer::Reply(n) => &out[..n],
             Answer::Error(e) => {

@@ -7,7 +7,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
-use uext4_fuse::transport::{Answer, Link, RawRequest, Serve};
+use uext4_fuse::transport::{Answer, Link, RawRequest, Serve, Transport};
 use uext4_fuse::{Options, TransportKind};
 
 const INIT: u32 = 26;
@@ -16,9 +16,12 @@ const STATFS: u32 = 17;
 const GETXATTR: u32 = 22;
 const VALUE: &[u8] = b"hello";
 
+/// A request kept for later: its id, the size asked for, and the transport it came by.
+type Later = (u64, u32, Arc<dyn Transport>);
+
 struct Tiny {
     link: Arc<OnceLock<Link>>,
-    later: Mutex<Sender<(u64, u32)>>,
+    later: Mutex<Sender<Later>>,
 }
 
 fn put<const N: usize>(out: &mut [u8], at: usize, v: [u8; N]) {
@@ -26,7 +29,7 @@ fn put<const N: usize>(out: &mut [u8], at: usize, v: [u8; N]) {
 }
 
 impl Serve for Tiny {
-    fn serve(&self, req: &RawRequest<'_>, out: &mut [u8]) -> Answer {
+    fn serve(&self, req: &RawRequest<'_>, out: &mut [u8], from: &Arc<dyn Transport>) -> Answer {
         let u32_at = |o: usize| u32::from_ne_bytes(req.fixed[o..o + 4].try_into().unwrap());
         match req.header.opcode {
             INIT => {
@@ -65,7 +68,11 @@ impl Serve for Tiny {
             }
             GETXATTR => {
                 let size = u32_at(0);
-                let _ = self.later.lock().unwrap().send((req.header.unique, size));
+                let _ = self
+                    .later
+                    .lock()
+                    .unwrap()
+                    .send((req.header.unique, size, from.clone()));
                 Answer::None
             }
             _ => Answer::Error(libc::ENOSYS),
@@ -100,7 +107,7 @@ fn tiny_server_over_dev_fuse() {
     }
     let dir = std::env::temp_dir().join(format!("uext4-devfuse-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let (tx, rx) = channel::<(u64, u32)>();
+    let (tx, rx) = channel::<Later>();
     let tiny = Arc::new(Tiny {
         link: Arc::new(OnceLock::new()),
         later: Mutex::new(tx),
@@ -112,17 +119,15 @@ fn tiny_server_over_dev_fuse() {
     };
     let served = uext4_fuse::serve_with(tiny.clone(), Path::new("tiny"), &dir, &opts).unwrap();
     // The deferred replies, sent from a thread that reads no descriptor.
-    let t = tiny.link.clone();
     let replier = std::thread::spawn(move || {
         let mut n = 0;
-        while let Ok((unique, size)) = rx.recv() {
-            let link = t.get().expect("started before any request");
+        while let Ok((unique, size, from)) = rx.recv() {
             let r = if size == 0 {
                 let mut b = [0u8; 8];
                 b[..4].copy_from_slice(&(VALUE.len() as u32).to_ne_bytes());
-                link.transport.reply_later(unique, Ok(&b))
+                from.reply_later(unique, Ok(&b))
             } else {
-                link.transport.reply_later(unique, Ok(VALUE))
+                from.reply_later(unique, Ok(VALUE))
             };
             r.unwrap();
             n += 1;
@@ -161,7 +166,11 @@ fn tiny_server_over_dev_fuse() {
     let link = tiny.link.get().unwrap();
     link.notifier.inval_inode(1, 0, 0).unwrap();
     // A name the kernel does not hold: nothing to drop.
-    let _ = link.notifier.inval_entry(1, b"absent");
+    let e = link.notifier.inval_entry(1, b"absent").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+    let e = link.notifier.delete(1, 5, b"absent").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+    assert!(link.notifier.inval_entry(1, &[b'a'; 2000]).is_err());
     assert!(!served.is_finished());
     served.unmount_and_join().unwrap();
     drop(tiny);
