@@ -273,6 +273,15 @@ impl UringServer {
         self.shared.served.load(Ordering::Relaxed)
     }
 
+    /// Waits until the kernel has taken every queue's entries back (the connection ended).
+    /// A queue whose entries all hold kept requests when that happens learns it only when
+    /// their replies fail: use [`UringServer::join`] once the /dev/fuse side has ended.
+    pub fn wait(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+
     /// Waits for the queues' threads, once the connection has ended (the /dev/fuse side saw
     /// ENODEV): each ends when the kernel has taken its entries back.
     pub fn join(self) {
@@ -286,12 +295,12 @@ impl UringServer {
     }
 }
 
-/// Starts serving the connection of /dev/fuse descriptor `dev` (any descriptor of it) through
-/// io_uring: one pinned thread per possible CPU, each registering `cfg.entries_per_queue`
+/// Starts serving the connection of /dev/fuse descriptor `dev` (any descriptor of it, kept
+/// open while the queues run) through io_uring: one pinned thread per possible CPU, each registering `cfg.entries_per_queue`
 /// entries. Call it after the INIT reply that agreed FUSE_OVER_IO_URING was written. On an
 /// error the kernel has been told to go on with /dev/fuse alone (a failed registration turns
 /// the connection's io_uring off), and the session serves over /dev/fuse.
-pub fn start(dev: RawFd, cfg: &Config, serve: Arc<dyn Serve>) -> io::Result<UringServer> {
+pub fn start(dev: Arc<OwnedFd>, cfg: &Config, serve: Arc<dyn Serve>) -> io::Result<UringServer> {
     // A ring of our own first: if a queue cannot start, a deliberately failing registration
     // through it releases the requests the kernel holds for the rings.
     let probe = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(2)?;
@@ -321,6 +330,7 @@ pub fn start(dev: RawFd, cfg: &Config, serve: Arc<dyn Serve>) -> io::Result<Urin
     let mut threads = Vec::with_capacity(n);
     for qid in 0..n {
         let (cfg, serve, shared, tx) = (cfg.clone(), serve.clone(), shared.clone(), tx.clone());
+        let dev = dev.clone();
         let t = std::thread::Builder::new()
             .name(format!("uext4-uring-{qid}"))
             .spawn(move || {
@@ -351,7 +361,7 @@ pub fn start(dev: RawFd, cfg: &Config, serve: Arc<dyn Serve>) -> io::Result<Urin
         }
     }
     if let Some(e) = first_err {
-        turn_off(&probe, dev);
+        turn_off(&probe, dev.as_raw_fd());
         return Err(e);
     }
     Ok(UringServer { shared, threads })
@@ -435,7 +445,9 @@ impl Drop for Mapping {
 struct Queue {
     ring: IoUring<squeue::Entry128, cqueue::Entry>,
     qid: u16,
-    dev: RawFd,
+    /// The /dev/fuse descriptor the commands name (`fd` is its number).
+    _dev: Arc<OwnedFd>,
+    fd: RawFd,
     ents: Vec<Ent>,
     payload_len: usize,
     serve: Arc<dyn Serve>,
@@ -465,7 +477,7 @@ unsafe impl Send for Queue {}
 impl Queue {
     fn new(
         qid: u16,
-        dev: RawFd,
+        dev: Arc<OwnedFd>,
         cfg: &Config,
         serve: Arc<dyn Serve>,
         shared: Arc<Shared>,
@@ -514,7 +526,8 @@ impl Queue {
         Ok(Queue {
             ring,
             qid,
-            dev,
+            fd: dev.as_raw_fd(),
+            _dev: dev,
             ents,
             payload_len,
             serve,
@@ -568,7 +581,7 @@ impl Queue {
 
     fn push_register(&mut self, i: usize) -> io::Result<()> {
         let e = &self.ents[i];
-        let sqe = opcode::UringCmd80::new(types::Fd(self.dev), CMD_REGISTER)
+        let sqe = opcode::UringCmd80::new(types::Fd(self.fd), CMD_REGISTER)
             .cmd(cmd_req(0, self.qid))
             .addr(Some(e.iov.as_ptr() as u64))
             .build();
@@ -752,7 +765,7 @@ impl Queue {
         };
         hdr.in_out[..OUT_HEADER_LEN].copy_from_slice(&oh.to_bytes());
         hdr.ent.payload_sz = n as u32;
-        let sqe = opcode::UringCmd80::new(types::Fd(self.dev), CMD_COMMIT_AND_FETCH)
+        let sqe = opcode::UringCmd80::new(types::Fd(self.fd), CMD_COMMIT_AND_FETCH)
             .cmd(cmd_req(unique, self.qid))
             .build()
             .user_data(i as u64);

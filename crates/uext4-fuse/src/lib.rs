@@ -18,15 +18,20 @@
 
 mod adapter;
 mod convert;
+mod dev;
 pub mod dev_uring;
+mod mount;
+pub mod notify;
 pub mod options;
 mod session;
 pub mod transport;
 
 pub use adapter::Uext4Fuse;
 pub use convert::errno;
-pub use options::Options;
-pub use session::{fd_path, fuse_config, serve, unmount, Served};
+pub use dev::Agreed;
+pub use mount::{fd_path, unmount};
+pub use options::{Options, TransportKind};
+pub use session::{serve, serve_with, Served};
 
 /// The virtual attribute on the mount's root that `uext4 stats` reads.
 pub const STATS_XATTR: &[u8] = b"user.uext4.stats";

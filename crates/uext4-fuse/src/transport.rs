@@ -123,6 +123,17 @@ pub trait Serve: Send + Sync {
     /// /dev/fuse cannot be answered in a ring entry, nor the other way round, and both may
     /// serve the same mount (requests sent before the ring is ready come by /dev/fuse).
     fn serve(&self, req: &RawRequest<'_>, out: &mut [u8], from: &Arc<dyn Transport>) -> Answer;
+
+    /// Called once by the session, after the INIT reply was sent and before any other request
+    /// is served: how to reach the kernel unasked.
+    fn started(&self, _link: Link) {}
+}
+
+/// What the session hands the handler once the connection is up.
+#[derive(Clone)]
+pub struct Link {
+    /// Tells the kernel about changes it did not ask for.
+    pub notifier: Arc<dyn Notify>,
 }
 
 /// What a transport offers the handler beyond the request/reply loop.
@@ -139,4 +150,14 @@ pub trait Notify: Send + Sync {
     /// numbering) and its cached data from `offset` for `len` bytes (a negative `offset`
     /// drops no data; `len` 0 means to the end).
     fn inval_inode(&self, nodeid: u64, offset: i64, len: i64) -> std::io::Result<()>;
+
+    /// FUSE_NOTIFY_INVAL_ENTRY: the kernel drops its cached entry `name` in `parent`.
+    fn inval_entry(&self, _parent: u64, _name: &[u8]) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::ENOSYS))
+    }
+
+    /// FUSE_NOTIFY_DELETE: `name` in `parent`, which named `child`, is gone.
+    fn delete(&self, _parent: u64, _child: u64, _name: &[u8]) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::ENOSYS))
+    }
 }

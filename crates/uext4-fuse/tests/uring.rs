@@ -282,7 +282,7 @@ fn serves_through_the_rings() {
         max_pages: 256,
         entries_per_queue: 4,
     };
-    let server = dev_uring::start(dev.as_raw_fd(), &cfg, tiny.clone()).expect("start");
+    let server = dev_uring::start(dev.clone(), &cfg, tiny.clone()).expect("start");
     let others = Arc::new(AtomicU64::new(0));
     let dev_thread = {
         let (dev, others) = (dev.clone(), others.clone());
