@@ -14,18 +14,27 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use uext4_fuse::dev_uring::{self, Config, ENABLE_PARAM};
 use uext4_fuse::transport::{Answer, InHeader, RawRequest, Serve, Transport, OUT_HEADER_LEN};
+use uext4_fuse::{Options, TransportKind};
 
 const FILE_LEN: usize = 8 << 20;
 const MAX_WRITE: u32 = 1 << 20;
 
 /// Sets the module switch to Y and puts the old value back when dropped.
-struct Switch(String);
+struct Switch(
+    String,
+    #[allow(dead_code)] std::sync::MutexGuard<'static, ()>,
+);
+
+/// The tests of this file take turns: one's restoring the switch must not fall in another's
+/// INIT.
+static TURN: Mutex<()> = Mutex::new(());
 
 impl Switch {
     fn on() -> Option<Switch> {
+        let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
         let old = std::fs::read_to_string(ENABLE_PARAM).ok()?;
         std::fs::write(ENABLE_PARAM, "Y").ok()?;
-        Some(Switch(old.trim().to_string()))
+        Some(Switch(old.trim().to_string(), turn))
     }
 }
 
@@ -56,6 +65,18 @@ fn usable() -> Option<Switch> {
 struct Tiny {
     data: Mutex<Vec<u8>>,
     fsyncs: AtomicU64,
+    /// Requests served on the rings' threads.
+    on_ring: AtomicU64,
+}
+
+impl Tiny {
+    fn new() -> Tiny {
+        Tiny {
+            data: Mutex::new(vec![0u8; FILE_LEN]),
+            fsyncs: AtomicU64::new(0),
+            on_ring: AtomicU64::new(0),
+        }
+    }
 }
 
 fn put_u32(b: &mut [u8], o: usize, v: u32) {
@@ -90,7 +111,14 @@ fn attr(b: &mut [u8], o: usize, ino: u64) {
 impl Serve for Tiny {
     fn serve(&self, req: &RawRequest<'_>, out: &mut [u8], from: &Arc<dyn Transport>) -> Answer {
         let h = &req.header;
+        let on_ring = std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("uext4-uring"));
+        if on_ring {
+            self.on_ring.fetch_add(1, Ordering::Relaxed);
+        }
         match h.opcode {
+            26 => Answer::Reply(init_out(req.fixed, out).0),
             // LOOKUP: entry_out of "f".
             1 if h.nodeid == 1 && req.rest.starts_with(b"f\0") => {
                 out[..128].fill(0);
@@ -182,15 +210,10 @@ fn mount(dev: &OwnedFd, mnt: &Path) {
     assert_eq!(r, 0, "mount: {}", std::io::Error::last_os_error());
 }
 
-/// Reads INIT from /dev/fuse and answers it, agreeing FUSE_OVER_IO_URING when offered.
-fn init(dev: &OwnedFd) -> bool {
-    let mut buf = vec![0u8; MAX_WRITE as usize + 8192];
-    // SAFETY: reads into a live buffer of its length.
-    let n = unsafe { libc::read(dev.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-    assert!(n > 0, "read INIT: {}", std::io::Error::last_os_error());
-    let h = InHeader::parse(&buf).unwrap();
-    assert_eq!(h.opcode, 26);
-    let a = &buf[40..];
+/// Writes the body of the INIT reply for `init_in` into `out`, agreeing FUSE_OVER_IO_URING
+/// when the kernel offered it; returns its length and whether it was agreed.
+fn init_out(init_in: &[u8], out: &mut [u8]) -> (usize, bool) {
+    let a = init_in;
     let (major, minor, readahead, flags) =
         (get_u32(a, 0), get_u32(a, 4), get_u32(a, 8), get_u32(a, 12));
     let flags2 = if flags & (1 << 30) != 0 {
@@ -200,32 +223,39 @@ fn init(dev: &OwnedFd) -> bool {
     };
     let offered = (u64::from(flags2) << 32 | u64::from(flags)) & dev_uring::FUSE_OVER_IO_URING;
     assert_eq!(major, 7);
-    let mut out = vec![0u8; OUT_HEADER_LEN + 64];
-    let o = OUT_HEADER_LEN;
-    let len = out.len() as u32;
-    put_u32(&mut out, 0, len);
-    put_u64(&mut out, 8, h.unique);
-    put_u32(&mut out, o, 7);
-    put_u32(&mut out, o + 4, minor);
-    put_u32(&mut out, o + 8, readahead);
+    out[..64].fill(0);
+    put_u32(out, 0, 7);
+    put_u32(out, 4, minor);
+    put_u32(out, 8, readahead);
     // ASYNC_READ, BIG_WRITES, MAX_PAGES, INIT_EXT.
-    put_u32(&mut out, o + 12, 1 | (1 << 5) | (1 << 22) | (1 << 30));
-    out[o + 16..o + 18].copy_from_slice(&16u16.to_ne_bytes());
-    out[o + 18..o + 20].copy_from_slice(&12u16.to_ne_bytes());
-    put_u32(&mut out, o + 20, MAX_WRITE);
-    put_u32(&mut out, o + 24, 1);
-    out[o + 28..o + 30].copy_from_slice(&256u16.to_ne_bytes());
+    put_u32(out, 12, 1 | (1 << 5) | (1 << 22) | (1 << 30));
+    out[16..18].copy_from_slice(&16u16.to_ne_bytes());
+    out[18..20].copy_from_slice(&12u16.to_ne_bytes());
+    put_u32(out, 20, MAX_WRITE);
+    put_u32(out, 24, 1);
+    out[28..30].copy_from_slice(&256u16.to_ne_bytes());
     if offered != 0 {
-        put_u32(
-            &mut out,
-            o + 32,
-            (dev_uring::FUSE_OVER_IO_URING >> 32) as u32,
-        );
+        put_u32(out, 32, (dev_uring::FUSE_OVER_IO_URING >> 32) as u32);
     }
+    (64, offered != 0)
+}
+
+/// Reads INIT from /dev/fuse and answers it; whether FUSE_OVER_IO_URING was agreed.
+fn init(dev: &OwnedFd) -> bool {
+    let mut buf = vec![0u8; MAX_WRITE as usize + 8192];
+    // SAFETY: reads into a live buffer of its length.
+    let n = unsafe { libc::read(dev.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n > 0, "read INIT: {}", std::io::Error::last_os_error());
+    let h = InHeader::parse(&buf).unwrap();
+    assert_eq!(h.opcode, 26);
+    let mut out = vec![0u8; OUT_HEADER_LEN + 64];
+    let (n, agreed) = init_out(&buf[40..], &mut out[OUT_HEADER_LEN..]);
+    put_u32(&mut out, 0, (OUT_HEADER_LEN + n) as u32);
+    put_u64(&mut out, 8, h.unique);
     // SAFETY: writes a live buffer of its length.
     let w = unsafe { libc::write(dev.as_raw_fd(), out.as_ptr().cast(), out.len()) };
     assert_eq!(w, out.len() as isize, "{}", std::io::Error::last_os_error());
-    offered != 0
+    agreed
 }
 
 /// Serves what still comes over /dev/fuse (FORGET, INTERRUPT): no reply for those, ENOSYS
@@ -255,40 +285,9 @@ fn dev_loop(dev: Arc<OwnedFd>, others: Arc<AtomicU64>) {
     }
 }
 
-fn scratch_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("uext4-uring-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-#[test]
-fn serves_through_the_rings() {
-    let Some(_switch) = usable() else { return };
-    let mnt = scratch_dir();
-    // SAFETY: a plain open of a device node.
-    let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    assert!(fd >= 0);
-    // SAFETY: a descriptor open just returned.
-    let dev = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
-    mount(&dev, &mnt);
-    let guard = Unmount(mnt.clone());
-    assert!(init(&dev), "the kernel did not offer FUSE_OVER_IO_URING");
-    let tiny = Arc::new(Tiny {
-        data: Mutex::new(vec![0u8; FILE_LEN]),
-        fsyncs: AtomicU64::new(0),
-    });
-    let cfg = Config {
-        max_write: MAX_WRITE,
-        max_pages: 256,
-        entries_per_queue: 4,
-    };
-    let server = dev_uring::start(dev.clone(), &cfg, tiny.clone()).expect("start");
-    let others = Arc::new(AtomicU64::new(0));
-    let dev_thread = {
-        let (dev, others) = (dev.clone(), others.clone());
-        std::thread::spawn(move || dev_loop(dev, others))
-    };
-
+/// stat, statfs, 1 MiB writes and direct reads, then more fsyncs at once than a queue has
+/// entries.
+fn exercise(mnt: &Path, tiny: &Tiny) {
     let md = std::fs::metadata(&mnt).unwrap();
     assert!(md.is_dir());
     let f = mnt.join("f");
@@ -332,6 +331,40 @@ fn serves_through_the_rings() {
         j.join().unwrap();
     }
     assert!(tiny.fsyncs.load(Ordering::Relaxed) >= 25);
+}
+
+fn scratch_dir(what: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("uext4-uring-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn serves_through_the_rings() {
+    let Some(_switch) = usable() else { return };
+    let mnt = scratch_dir("raw");
+    // SAFETY: a plain open of a device node.
+    let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: a descriptor open just returned.
+    let dev = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+    mount(&dev, &mnt);
+    let guard = Unmount(mnt.clone());
+    assert!(init(&dev), "the kernel did not offer FUSE_OVER_IO_URING");
+    let tiny = Arc::new(Tiny::new());
+    let cfg = Config {
+        max_write: MAX_WRITE,
+        max_pages: 256,
+        entries_per_queue: 4,
+    };
+    let server = dev_uring::start(dev.clone(), &cfg, tiny.clone()).expect("start");
+    let others = Arc::new(AtomicU64::new(0));
+    let dev_thread = {
+        let (dev, others) = (dev.clone(), others.clone());
+        std::thread::spawn(move || dev_loop(dev, others))
+    };
+
+    exercise(&mnt, &tiny);
     assert!(server.served() > 0, "nothing came through the rings");
     // A unique the rings do not hold is left to /dev/fuse.
     let e = server.replier().reply_later(3, Ok(&[])).unwrap_err();
@@ -341,11 +374,31 @@ fn serves_through_the_rings() {
         0,
         "requests came over /dev/fuse"
     );
-    drop(w);
-    drop(r);
     drop(guard);
     dev_thread.join().unwrap();
     server.join();
+    let _ = std::fs::remove_dir(&mnt);
+}
+
+#[test]
+fn session_serves_through_the_rings() {
+    let Some(_switch) = usable() else { return };
+    let mnt = scratch_dir("session");
+    let tiny = Arc::new(Tiny::new());
+    let opts = Options {
+        threads: 2,
+        transport: TransportKind::Uring,
+        ..Options::default()
+    };
+    let served = uext4_fuse::serve_with(tiny.clone(), Path::new("tiny"), &mnt, &opts).unwrap();
+    let guard = Unmount(mnt.clone());
+    exercise(&mnt, &tiny);
+    assert!(
+        tiny.on_ring.load(Ordering::Relaxed) > 0,
+        "nothing came through the rings"
+    );
+    drop(guard);
+    served.join().unwrap();
     let _ = std::fs::remove_dir(&mnt);
 }
 
