@@ -16,16 +16,19 @@
 //! (`user.uext4.server`) answers the same way with the server's process id, which `uext4
 //! umount` waits on.
 
+pub mod abi;
 mod adapter;
 mod convert;
 pub mod options;
+pub mod reply;
+pub mod request;
 mod session;
 pub mod transport;
 
 pub use adapter::Uext4Fuse;
 pub use convert::errno;
 pub use options::Options;
-pub use session::{fd_path, fuse_config, serve, unmount, Served};
+pub use session::{fd_path, serve, unmount, Served};
 
 /// The virtual attribute on the mount's root that `uext4 stats` reads.
 pub const STATS_XATTR: &[u8] = b"user.uext4.stats";

@@ -1,53 +1,14 @@
-//! Mounting and serving: the fuser configuration for the options, the session and its
-//! threads, and unmounting.
+//! Mounting and serving: the session and its threads, and unmounting.
 
 use crate::adapter::Uext4Fuse;
 use crate::options::Options;
-use fuser::{Config, MountOption, SessionACL};
+use crate::transport::{Answer, InHeader, Link, Notify, RawRequest, Serve, Transport};
+use crate::transport::{OutHeader, IN_HEADER_LEN, OUT_HEADER_LEN};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use uext4::Fs;
-
-/// The fuser configuration for these options.
-pub fn fuse_config(image: &Path, opts: &Options) -> Config {
-    let mut c = Config::default();
-    c.mount_options = vec![
-        MountOption::FSName(image.display().to_string()),
-        MountOption::Subtype("uext4".into()),
-    ];
-    if opts.default_permissions {
-        c.mount_options.push(MountOption::DefaultPermissions);
-    }
-    c.mount_options.push(if opts.read_only {
-        MountOption::RO
-    } else {
-        MountOption::RW
-    });
-    // Device nodes and set-user-ID work for root's mounts; fusermount3 refuses them to others.
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    c.mount_options.push(if root && !opts.nodev {
-        MountOption::Dev
-    } else {
-        MountOption::NoDev
-    });
-    c.mount_options.push(if root && !opts.nosuid {
-        MountOption::Suid
-    } else {
-        MountOption::NoSuid
-    });
-    if opts.noexec {
-        c.mount_options.push(MountOption::NoExec);
-    }
-    if opts.allow_other {
-        c.acl = SessionACL::All;
-    }
-    c.n_threads = Some(opts.threads);
-    // A /dev/fuse descriptor per loop thread (FUSE_DEV_IOC_CLONE), so requests spread over them.
-    c.clone_fd = true;
-    c
-}
 
 fn fusermount_bin() -> std::ffi::OsString {
     std::env::var_os("FUSERMOUNT_PATH").unwrap_or_else(|| "fusermount3".into())
@@ -55,7 +16,8 @@ fn fusermount_bin() -> std::ffi::OsString {
 
 /// A mount being served: the session's threads, and how to take the mount down.
 pub struct Served {
-    session: fuser::BackgroundSession,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    server: Arc<dyn Serve>,
     mountpoint: PathBuf,
 }
 
@@ -69,12 +31,16 @@ impl Served {
 
     /// Whether the session has ended (the kernel let go of the mount).
     pub fn is_finished(&self) -> bool {
-        self.session.guard.is_finished()
+        self.threads.iter().all(|t| t.is_finished())
     }
 
     /// Waits until the session ends (someone else unmounted it).
     pub fn join(self) -> std::io::Result<()> {
-        self.session.join()
+        for t in self.threads {
+            let _ = t.join();
+        }
+        self.server.ended();
+        Ok(())
     }
 }
 
@@ -130,37 +96,144 @@ pub fn unmount(mountpoint: &Path) -> std::io::Result<()> {
 }
 
 /// Mounts `image` at `mountpoint` and serves it from background threads until it is unmounted
-/// ([`Served::unmount_and_join`], or `umount`/`fusermount3 -u` from outside). Root mounts
-/// directly; other users through the setuid fusermount3, which opens /dev/fuse with the
-/// user's rights (so the device must be accessible to them, as it is on most distributions).
+/// ([`Served::unmount_and_join`], or `umount` from outside). A stand-in for the /dev/fuse
+/// transport of the `devfuse` branch: root mounts only, one descriptor read by every thread.
 pub fn serve(
     fs: Arc<Fs>,
     image: &Path,
     mountpoint: &Path,
     opts: &Options,
 ) -> std::io::Result<Served> {
-    let config = fuse_config(image, opts);
-    let server = Uext4Fuse::new(fs, opts.clone());
-    let notifier = server.notifier.clone();
+    let server: Arc<dyn Serve> = Arc::new(Uext4Fuse::new(fs, opts.clone()));
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    let session = if let Some(fd) = fd_path(mountpoint) {
-        // libfuse's convention (what Apptainer and mount.fuse3's drop_privileges pass): the
-        // caller opened /dev/fuse and mounted it; /dev/fd/N is that descriptor.
-        let dev = fuse_device_fd(fd)?;
-        fuser::Session::from_fd(server, dev, config.acl, config.clone())?.spawn()?
+    let dev = if let Some(fd) = fd_path(mountpoint) {
+        fuse_device_fd(fd)?
     } else if root {
-        // Root mounts directly, as the type "fuse.uext4" (fuser's own mount says "fuse").
-        let dev = mount_as_root(image, mountpoint, opts)?;
-        fuser::Session::from_fd(server, dev, config.acl, config.clone())?.spawn()?
+        mount_as_root(image, mountpoint, opts)?
     } else {
-        fuser::spawn_mount2(server, mountpoint, &config)?
+        return Err(std::io::Error::other(
+            "mounting as an ordinary user needs fusermount3",
+        ));
     };
-    let _ = notifier.set(session.notifier());
+    let dev = Arc::new(dev);
+    let t: Arc<dyn Transport> = Arc::new(Dev(dev.clone()));
+    let mut buf = vec![0u8; BUF];
+    let mut out = vec![0u8; BUF];
+    loop {
+        let n = read_req(&dev, &mut buf)?.ok_or_else(|| std::io::Error::other("no INIT"))?;
+        let h = InHeader::parse(&buf[..n]).ok_or_else(|| std::io::Error::other("short"))?;
+        let done = h.opcode == crate::abi::INIT;
+        serve_one(&*server, &t, &buf[..n], &mut out);
+        if done {
+            break;
+        }
+    }
+    server.started(Link {
+        notifier: Arc::new(Dev(dev.clone())),
+    });
+    let threads = (0..opts.threads.max(2))
+        .map(|_| {
+            let (dev, server, t) = (dev.clone(), server.clone(), t.clone());
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; BUF];
+                let mut out = vec![0u8; BUF];
+                while let Ok(Some(n)) = read_req(&dev, &mut buf) {
+                    serve_one(&*server, &t, &buf[..n], &mut out);
+                }
+            })
+        })
+        .collect();
     Ok(Served {
-        session,
+        threads,
+        server,
         mountpoint: mountpoint.to_path_buf(),
     })
+}
+
+const BUF: usize = (1 << 20) + 8192;
+
+struct Dev(Arc<OwnedFd>);
+
+fn send(fd: &OwnedFd, unique: u64, error: i32, body: &[u8]) -> std::io::Result<()> {
+    let h = OutHeader {
+        len: (OUT_HEADER_LEN + body.len()) as u32,
+        error,
+        unique,
+    }
+    .to_bytes();
+    let iov = [
+        libc::iovec {
+            iov_base: h.as_ptr() as *mut libc::c_void,
+            iov_len: h.len(),
+        },
+        libc::iovec {
+            iov_base: body.as_ptr() as *mut libc::c_void,
+            iov_len: body.len(),
+        },
+    ];
+    // SAFETY: both iovecs point into live buffers.
+    if unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), 2) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl Transport for Dev {
+    fn reply_later(&self, unique: u64, body: Result<&[u8], i32>) -> std::io::Result<()> {
+        match body {
+            Ok(b) => send(&self.0, unique, 0, b),
+            Err(e) => send(&self.0, unique, -e, &[]),
+        }
+    }
+}
+
+impl Notify for Dev {
+    fn inval_inode(&self, nodeid: u64, offset: i64, len: i64) -> std::io::Result<()> {
+        let mut b = [0u8; 24];
+        b[..8].copy_from_slice(&nodeid.to_ne_bytes());
+        b[8..16].copy_from_slice(&offset.to_ne_bytes());
+        b[16..].copy_from_slice(&len.to_ne_bytes());
+        send(&self.0, 0, crate::abi::NOTIFY_INVAL_INODE, &b)
+    }
+}
+
+/// Reads one request; None once the mount is gone.
+fn read_req(fd: &OwnedFd, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+    loop {
+        // SAFETY: reads into a live buffer of its length.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR | libc::EAGAIN | libc::ENOENT) => continue,
+            Some(libc::ENODEV) => return Ok(None),
+            _ => return Err(e),
+        }
+    }
+}
+
+fn serve_one(server: &dyn Serve, t: &Arc<dyn Transport>, b: &[u8], out: &mut [u8]) {
+    let Some(header) = InHeader::parse(b) else {
+        return;
+    };
+    let args = &b[IN_HEADER_LEN.min(b.len())..];
+    let f = crate::request::fixed_len(header.opcode).min(args.len());
+    let req = RawRequest {
+        header,
+        fixed: &args[..f],
+        rest: &args[f..],
+    };
+    let dev = |t: &Arc<dyn Transport>, unique, r| {
+        let _ = t.reply_later(unique, r);
+    };
+    match server.serve(&req, out, t) {
+        Answer::Reply(n) => dev(t, header.unique, Ok(&out[..n])),
+        Answer::Error(e) => dev(t, header.unique, Err(e)),
+        Answer::None => {}
+    }
 }
 
 /// The descriptor number in `/dev/fd/N` or `/proc/self/fd/N`.
