@@ -26,6 +26,7 @@ pub(crate) const FUSE_OVER_IO_URING: u64 = 1 << 41;
 pub struct Served {
     threads: Vec<JoinHandle<io::Result<()>>>,
     mountpoint: PathBuf,
+    server: Arc<dyn Serve>,
 }
 
 impl Served {
@@ -52,6 +53,7 @@ impl Served {
                 first = r;
             }
         }
+        self.server.ended();
         first
     }
 }
@@ -69,10 +71,11 @@ pub fn serve_with(
     opts: &Options,
 ) -> io::Result<Served> {
     let dev = mount::mount(image, mountpoint, opts)?;
-    start(server, dev, opts)
+    start(server.clone(), dev, opts)
         .map(|threads| Served {
             threads,
             mountpoint: mountpoint.to_path_buf(),
+            server,
         })
         .inspect_err(|_| {
             // The kernel waits for an answer we will not give: take the mount down (a mount the
@@ -218,25 +221,11 @@ fn parse_init_out(b: &[u8]) -> Option<Agreed> {
 /// Mounts `image` and serves `fs` through the fuser crate's loop, until the adapter answers
 /// [`Serve`] (then this is [`serve_with`] of the adapter).
 pub fn serve(fs: Arc<Fs>, image: &Path, mountpoint: &Path, opts: &Options) -> io::Result<Served> {
-    use fuser::{Config, SessionACL};
-    let server = Uext4Fuse::new(fs, opts.clone());
-    let notifier = server.notifier.clone();
-    let mut config = Config::default();
-    if opts.allow_other {
-        config.acl = SessionACL::All;
-    }
-    config.n_threads = Some(opts.threads);
-    config.clone_fd = true;
-    let dev = mount::mount(image, mountpoint, opts)?;
-    let session = fuser::Session::from_fd(server, dev, config.acl, config.clone())?.spawn()?;
-    let _ = notifier.set(session.notifier());
-    let waiter = std::thread::Builder::new()
-        .name("uext4-fuser".into())
-        .spawn(move || session.join())?;
-    Ok(Served {
-        threads: vec![waiter],
-        mountpoint: mountpoint.to_path_buf(),
-    })
+    // Asked at INIT only where the rings can be made: once agreed, the kernel holds requests
+    // until they are registered.
+    let uring = opts.transport != TransportKind::Dev && dev_uring::available().is_ok();
+    let server = Uext4Fuse::new(fs, opts.clone()).with_uring(uring);
+    serve_with(Arc::new(server), image, mountpoint, opts)
 }
 
 #[cfg(test)]

@@ -127,6 +127,11 @@ pub trait Serve: Send + Sync {
     /// Called once by the session, after the INIT reply was sent and before any other request
     /// is served: how to reach the kernel unasked.
     fn started(&self, _link: Link) {}
+
+    /// Called once by the session when the connection has ended (every loop thread is done):
+    /// the handler makes everything durable. The kernel sends FUSE_DESTROY only to fuseblk
+    /// servers, so this is where an ordinary mount's server learns that it is over.
+    fn ended(&self) {}
 }
 
 /// What the session hands the handler once the connection is up.
