@@ -388,6 +388,53 @@ fn serves_through_the_rings() {
     let _ = std::fs::remove_dir(&mnt);
 }
 
+/// A registration the kernel refuses (here: payload buffers smaller than INIT's max_write)
+/// must leave the connection to /dev/fuse: start fails, and requests, which the kernel held
+/// for the rings until then, arrive on /dev/fuse instead of hanging.
+#[test]
+fn refused_registration_falls_back_to_dev_fuse() {
+    let Some(_switch) = usable() else { return };
+    let mnt = scratch_dir("refused");
+    // SAFETY: a plain open of a device node.
+    let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: a descriptor open just returned.
+    let dev = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+    mount(&dev, &mnt);
+    let guard = Unmount(mnt.clone());
+    assert!(init(&dev), "the kernel did not offer FUSE_OVER_IO_URING");
+    let too_small = Config {
+        max_write: 4096,
+        max_pages: 1,
+        entries_per_queue: 2,
+    };
+    let e = dev_uring::start(dev.clone(), &too_small, Arc::new(Tiny::new()));
+    assert!(
+        e.is_err(),
+        "the kernel took payload buffers below max_write"
+    );
+    let others = Arc::new(AtomicU64::new(0));
+    let dev_thread = {
+        let (dev, others) = (dev.clone(), others.clone());
+        std::thread::spawn(move || dev_loop(dev, others))
+    };
+    // The stat gets an answer (ENOSYS from the /dev/fuse loop) instead of waiting forever.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let m = mnt.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::fs::metadata(m).is_ok());
+    });
+    let answered = rx.recv_timeout(std::time::Duration::from_secs(20));
+    assert!(
+        answered.is_ok(),
+        "a request hung after the refused registration"
+    );
+    assert!(others.load(Ordering::Relaxed) > 0);
+    drop(guard);
+    dev_thread.join().unwrap();
+    let _ = std::fs::remove_dir(&mnt);
+}
+
 #[test]
 fn session_serves_through_the_rings() {
     let Some(_switch) = usable() else { return };
