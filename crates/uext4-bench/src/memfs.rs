@@ -149,7 +149,11 @@ impl State {
         let n = self.node(ino)?;
         let is_dir = n.kind == DIR;
         if want_dir != is_dir {
-            return Err(if want_dir { libc::ENOTDIR } else { libc::EISDIR });
+            return Err(if want_dir {
+                libc::ENOTDIR
+            } else {
+                libc::EISDIR
+            });
         }
         if is_dir && !n.children.is_empty() {
             return Err(libc::ENOTEMPTY);
@@ -386,10 +390,7 @@ impl Mem {
             Op::Listxattr { size: 0 } => Ok(reply::xattr_size(out, 0)),
             Op::Listxattr { .. } => Ok(0),
             Op::Create {
-                name,
-                mode,
-                umask,
-                ..
+                name, mode, umask, ..
             } => {
                 let n = Node::new(REG, mode & !umask & 0o7777, h, ino);
                 let a = st.add(ino, name, n)?;

@@ -19,6 +19,9 @@
 pub mod abi;
 mod adapter;
 mod convert;
+mod dev;
+mod mount;
+pub mod notify;
 pub mod options;
 pub mod reply;
 pub mod request;
@@ -27,8 +30,10 @@ pub mod transport;
 
 pub use adapter::Uext4Fuse;
 pub use convert::errno;
-pub use options::Options;
-pub use session::{fd_path, serve, unmount, Served};
+pub use dev::Agreed;
+pub use mount::{fd_path, unmount};
+pub use options::{Options, TransportKind};
+pub use session::{serve, serve_with, Served};
 
 /// The virtual attribute on the mount's root that `uext4 stats` reads.
 pub const STATS_XATTR: &[u8] = b"user.uext4.stats";

@@ -1,31 +1,39 @@
-//! Mounting and serving: the session and its threads, and unmounting.
+//! A session: mount, the INIT handshake over /dev/fuse, then the loop threads (and FUSE over
+//! io_uring when it was agreed), until the kernel lets go of the mount.
 
 use crate::adapter::Uext4Fuse;
-use crate::options::Options;
-use crate::transport::{Answer, InHeader, Link, Notify, RawRequest, Serve, Transport};
-use crate::transport::{OutHeader, IN_HEADER_LEN, OUT_HEADER_LEN};
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use crate::dev::{self, Agreed, DevChannel};
+use crate::mount;
+use crate::notify::Notifier;
+use crate::options::{Options, TransportKind};
+use crate::transport::{Answer, Link, Serve, Transport};
+use std::io;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use uext4::Fs;
 
-fn fusermount_bin() -> std::ffi::OsString {
-    std::env::var_os("FUSERMOUNT_PATH").unwrap_or_else(|| "fusermount3".into())
-}
+const FUSE_INIT: u32 = 26;
+/// INIT flags (include/uapi/linux/fuse.h): flags2 is valid, max_pages is valid.
+const FUSE_MAX_PAGES: u64 = 1 << 22;
+const FUSE_INIT_EXT: u64 = 1 << 30;
+/// The kernel sends requests through io_uring queues once the server registered them.
+pub(crate) const FUSE_OVER_IO_URING: u64 = 1 << 41;
 
 /// A mount being served: the session's threads, and how to take the mount down.
 pub struct Served {
-    threads: Vec<std::thread::JoinHandle<()>>,
-    server: Arc<dyn Serve>,
+    threads: Vec<JoinHandle<io::Result<()>>>,
     mountpoint: PathBuf,
+    /// Told when the session has ended ([`Serve::ended`]).
+    server: Arc<dyn Serve>,
 }
 
 impl Served {
     /// Unmounts (lazily when the mount is busy: then open files keep working until they are
     /// closed) and waits until the session has ended.
-    pub fn unmount_and_join(self) -> std::io::Result<()> {
-        unmount(&self.mountpoint)?;
+    pub fn unmount_and_join(self) -> io::Result<()> {
+        mount::unmount(&self.mountpoint)?;
         self.join()
     }
 
@@ -35,298 +43,199 @@ impl Served {
     }
 
     /// Waits until the session ends (someone else unmounted it).
-    pub fn join(self) -> std::io::Result<()> {
+    pub fn join(self) -> io::Result<()> {
+        let mut first = Ok(());
         for t in self.threads {
-            let _ = t.join();
+            let r = t
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("a loop thread panicked")));
+            if first.is_ok() {
+                first = r;
+            }
         }
         self.server.ended();
-        Ok(())
+        first
     }
 }
 
-/// Unmounts `mountpoint`: root with umount2 (detaching when busy), others with fusermount3.
-pub fn unmount(mountpoint: &Path) -> std::io::Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())?;
-        // SAFETY: a valid NUL-terminated path.
-        if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EBUSY) {
-            return Err(e);
-        }
-        eprintln!(
-            "uext4: {} is busy: detached, serving open files until they are closed",
-            mountpoint.display()
-        );
-        // SAFETY: as above.
-        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
-            return Ok(());
-        }
-        return Err(std::io::Error::last_os_error());
-    }
-    let run = |lazy: bool| {
-        let mut cmd = std::process::Command::new(fusermount_bin());
-        cmd.arg("-u").arg("-q");
-        if lazy {
-            cmd.arg("-z");
-        }
-        cmd.arg("--")
-            .arg(mountpoint)
-            .stdin(std::process::Stdio::null())
-            .output()
-    };
-    if run(false)?.status.success() {
-        return Ok(());
-    }
-    let out = run(true)?;
-    if out.status.success() {
-        eprintln!(
-            "uext4: {} is busy: detached, serving open files until they are closed",
-            mountpoint.display()
-        );
-        return Ok(());
-    }
-    Err(std::io::Error::other(format!(
-        "fusermount3 -u: {}",
-        String::from_utf8_lossy(&out.stderr).trim()
-    )))
-}
-
-/// Mounts `image` at `mountpoint` and serves it from background threads until it is unmounted
-/// ([`Served::unmount_and_join`], or `umount` from outside). A stand-in for the /dev/fuse
-/// transport of the `devfuse` branch: root mounts only, one descriptor read by every thread.
-pub fn serve(
-    fs: Arc<Fs>,
+/// Mounts `image` at `mountpoint` and serves it with `server` from background threads until
+/// it is unmounted ([`Served::unmount_and_join`], or `umount`/`fusermount3 -u` from
+/// outside). Root mounts directly; other users through the setuid fusermount3, which opens
+/// /dev/fuse with the user's rights (so the device must be accessible to them, as it is on
+/// most distributions). A mount point `/dev/fd/N` is a /dev/fuse descriptor the caller has
+/// mounted.
+pub fn serve_with(
+    server: Arc<dyn Serve>,
     image: &Path,
     mountpoint: &Path,
     opts: &Options,
-) -> std::io::Result<Served> {
-    let server: Arc<dyn Serve> = Arc::new(Uext4Fuse::new(fs, opts.clone()));
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let dev = if let Some(fd) = fd_path(mountpoint) {
-        fuse_device_fd(fd)?
-    } else if root {
-        mount_as_root(image, mountpoint, opts)?
-    } else {
-        return Err(std::io::Error::other(
-            "mounting as an ordinary user needs fusermount3",
-        ));
-    };
-    let dev = Arc::new(dev);
-    let t: Arc<dyn Transport> = Arc::new(Dev(dev.clone()));
-    let mut buf = vec![0u8; BUF];
-    let mut out = vec![0u8; BUF];
-    loop {
-        let n = read_req(&dev, &mut buf)?.ok_or_else(|| std::io::Error::other("no INIT"))?;
-        let h = InHeader::parse(&buf[..n]).ok_or_else(|| std::io::Error::other("short"))?;
-        let done = h.opcode == crate::abi::INIT;
-        serve_one(&*server, &t, &buf[..n], &mut out);
-        if done {
-            break;
-        }
-    }
-    server.started(Link {
-        notifier: Arc::new(Dev(dev.clone())),
-    });
-    let threads = (0..opts.threads.max(2))
-        .map(|_| {
-            let (dev, server, t) = (dev.clone(), server.clone(), t.clone());
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; BUF];
-                let mut out = vec![0u8; BUF];
-                while let Ok(Some(n)) = read_req(&dev, &mut buf) {
-                    serve_one(&*server, &t, &buf[..n], &mut out);
-                }
-            })
+) -> io::Result<Served> {
+    let dev = mount::mount(image, mountpoint, opts)?;
+    start(server.clone(), dev, opts)
+        .map(|threads| Served {
+            threads,
+            mountpoint: mountpoint.to_path_buf(),
+            server,
         })
-        .collect();
-    Ok(Served {
-        threads,
-        server,
-        mountpoint: mountpoint.to_path_buf(),
+        .inspect_err(|_| {
+            // The kernel waits for an answer we will not give: take the mount down (a mount the
+            // caller made through /dev/fd/N is the caller's to take down).
+            if mount::fd_path(mountpoint).is_none() {
+                let _ = mount::unmount(mountpoint);
+            }
+        })
+}
+
+/// Serves the mounted descriptor `dev`: INIT here, then the loop threads.
+fn start(
+    server: Arc<dyn Serve>,
+    dev: OwnedFd,
+    opts: &Options,
+) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
+    let dev = Arc::new(dev);
+    let agreed = handshake(&dev, &*server)?;
+    server.started(Link {
+        notifier: Arc::new(Notifier::new(dev.clone())),
+    });
+    let mut threads = Vec::new();
+    let ring = if agreed.flags & FUSE_OVER_IO_URING != 0 {
+        start_uring(&dev, &agreed, &server)
+    } else {
+        Err(io::Error::other(
+            "the kernel did not agree FUSE_OVER_IO_URING (it needs Linux 6.14+ with the fuse \
+             module's enable_uring parameter set)",
+        ))
+    };
+    let loop_threads = match ring {
+        Ok(handle) => {
+            threads.push(handle);
+            // FORGET, BATCH_FORGET and INTERRUPT still come through /dev/fuse.
+            1
+        }
+        Err(e) if opts.transport == TransportKind::Uring => {
+            return Err(io::Error::other(format!("transport=uring: {e}")));
+        }
+        Err(e) => {
+            if agreed.flags & FUSE_OVER_IO_URING != 0 {
+                tracing::warn!("FUSE over io_uring: {e}; serving through /dev/fuse");
+            }
+            opts.threads.max(1)
+        }
+    };
+    let mut fds = vec![dev.clone()];
+    for _ in 1..loop_threads {
+        fds.push(Arc::new(dev::clone_dev(&dev)?));
+    }
+    for (i, fd) in fds.into_iter().enumerate() {
+        let server = server.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("uext4-fuse-{i}"))
+                .spawn(move || dev::serve_loop(fd, server, agreed))?,
+        );
+    }
+    Ok(threads)
+}
+
+/// Starts FUSE over io_uring; the handle is a thread that ends when the queues have.
+fn start_uring(
+    _dev: &Arc<OwnedFd>,
+    _agreed: &Agreed,
+    _server: &Arc<dyn Serve>,
+) -> io::Result<JoinHandle<io::Result<()>>> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "FUSE over io_uring is not built in yet",
+    ))
+}
+
+/// Reads the kernel's INIT, has the handler answer it, and reads from the answer what was
+/// agreed.
+fn handshake(dev: &Arc<OwnedFd>, server: &dyn Serve) -> io::Result<Agreed> {
+    let from: Arc<dyn Transport> = Arc::new(DevChannel { fd: dev.clone() });
+    // Before INIT the kernel's request size limit is not known; INIT itself is small.
+    let first = Agreed {
+        max_write: 1 << 20,
+        max_pages: 256,
+        flags: 0,
+    };
+    let mut inbuf = vec![0u8; first.read_buf_len()];
+    let mut out = vec![0u8; first.out_buf_len()];
+    loop {
+        let n = dev::read_request(dev, &mut inbuf)?;
+        let Some(req) = dev::split(&inbuf[..n], false) else {
+            continue;
+        };
+        if req.header.opcode != FUSE_INIT {
+            // Nothing else comes before INIT is answered; refuse whatever does.
+            dev::answer_request(dev, &req.header, Answer::Error(libc::EIO), &out);
+            continue;
+        }
+        let answer = server.serve(&req, &mut out, &from);
+        let body = match answer {
+            Answer::Reply(n) => &out[..n],
+            Answer::Error(e) => {
+                let _ = dev::reply(dev, req.header.unique, Err(e));
+                return Err(io::Error::other(format!(
+                    "the server refused the kernel's INIT: {}",
+                    io::Error::from_raw_os_error(e)
+                )));
+            }
+            Answer::None => return Err(io::Error::other("the server did not answer INIT")),
+        };
+        let agreed = parse_init_out(body)
+            .ok_or_else(|| io::Error::other("the server's INIT reply is too short"))?;
+        dev::reply(dev, req.header.unique, Ok(body))?;
+        return Ok(agreed);
+    }
+}
+
+/// What the transports need from `struct fuse_init_out`.
+fn parse_init_out(b: &[u8]) -> Option<Agreed> {
+    let u32_at = |o: usize| Some(u32::from_ne_bytes(b.get(o..o + 4)?.try_into().ok()?));
+    let u16_at = |o: usize| Some(u16::from_ne_bytes(b.get(o..o + 2)?.try_into().ok()?));
+    let mut flags = u64::from(u32_at(12)?);
+    if flags & FUSE_INIT_EXT != 0 {
+        flags |= u64::from(u32_at(32).unwrap_or(0)) << 32;
+    }
+    let max_pages = match u16_at(28) {
+        Some(p) if flags & FUSE_MAX_PAGES != 0 && p > 0 => p,
+        _ => 32,
+    };
+    Some(Agreed {
+        max_write: u32_at(20)?.max(4096),
+        max_pages,
+        flags,
     })
 }
 
-const BUF: usize = (1 << 20) + 8192;
-
-struct Dev(Arc<OwnedFd>);
-
-fn send(fd: &OwnedFd, unique: u64, error: i32, body: &[u8]) -> std::io::Result<()> {
-    let h = OutHeader {
-        len: (OUT_HEADER_LEN + body.len()) as u32,
-        error,
-        unique,
-    }
-    .to_bytes();
-    let iov = [
-        libc::iovec {
-            iov_base: h.as_ptr() as *mut libc::c_void,
-            iov_len: h.len(),
-        },
-        libc::iovec {
-            iov_base: body.as_ptr() as *mut libc::c_void,
-            iov_len: body.len(),
-        },
-    ];
-    // SAFETY: both iovecs point into live buffers.
-    if unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), 2) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+/// Mounts `image` and serves `fs` (the adapter, [`Uext4Fuse`]) until it is unmounted, as
+/// [`serve_with`]; INIT asks for FUSE over io_uring unless `transport=dev`.
+pub fn serve(fs: Arc<Fs>, image: &Path, mountpoint: &Path, opts: &Options) -> io::Result<Served> {
+    let uring = opts.transport != TransportKind::Dev;
+    let server = Uext4Fuse::new(fs, opts.clone()).with_uring(uring);
+    serve_with(Arc::new(server), image, mountpoint, opts)
 }
 
-impl Transport for Dev {
-    fn reply_later(&self, unique: u64, body: Result<&[u8], i32>) -> std::io::Result<()> {
-        match body {
-            Ok(b) => send(&self.0, unique, 0, b),
-            Err(e) => send(&self.0, unique, -e, &[]),
-        }
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl Notify for Dev {
-    fn inval_inode(&self, nodeid: u64, offset: i64, len: i64) -> std::io::Result<()> {
-        let mut b = [0u8; 24];
-        b[..8].copy_from_slice(&nodeid.to_ne_bytes());
-        b[8..16].copy_from_slice(&offset.to_ne_bytes());
-        b[16..].copy_from_slice(&len.to_ne_bytes());
-        send(&self.0, 0, crate::abi::NOTIFY_INVAL_INODE, &b)
+    #[test]
+    fn init_out_is_read_as_the_kernel_reads_it() {
+        let mut b = [0u8; 64];
+        b[0..4].copy_from_slice(&7u32.to_ne_bytes());
+        b[12..16].copy_from_slice(&((FUSE_INIT_EXT | FUSE_MAX_PAGES) as u32).to_ne_bytes());
+        b[20..24].copy_from_slice(&(1u32 << 20).to_ne_bytes());
+        b[28..30].copy_from_slice(&256u16.to_ne_bytes());
+        b[32..36].copy_from_slice(&((FUSE_OVER_IO_URING >> 32) as u32).to_ne_bytes());
+        let a = parse_init_out(&b).unwrap();
+        assert_eq!((a.max_write, a.max_pages), (1 << 20, 256));
+        assert!(a.flags & FUSE_OVER_IO_URING != 0);
+        // Without FUSE_INIT_EXT flags2 is not read; without FUSE_MAX_PAGES the default holds.
+        b[12..16].copy_from_slice(&0u32.to_ne_bytes());
+        let a = parse_init_out(&b).unwrap();
+        assert_eq!((a.max_pages, a.flags), (32, 0));
+        assert!(parse_init_out(&b[..16]).is_none());
     }
-}
-
-/// Reads one request; None once the mount is gone.
-fn read_req(fd: &OwnedFd, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
-    loop {
-        // SAFETY: reads into a live buffer of its length.
-        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n >= 0 {
-            return Ok(Some(n as usize));
-        }
-        let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR | libc::EAGAIN | libc::ENOENT) => continue,
-            Some(libc::ENODEV) => return Ok(None),
-            _ => return Err(e),
-        }
-    }
-}
-
-fn serve_one(server: &dyn Serve, t: &Arc<dyn Transport>, b: &[u8], out: &mut [u8]) {
-    let Some(header) = InHeader::parse(b) else {
-        return;
-    };
-    let args = &b[IN_HEADER_LEN.min(b.len())..];
-    let f = crate::request::fixed_len(header.opcode).min(args.len());
-    let req = RawRequest {
-        header,
-        fixed: &args[..f],
-        rest: &args[f..],
-    };
-    let dev = |t: &Arc<dyn Transport>, unique, r| {
-        let _ = t.reply_later(unique, r);
-    };
-    match server.serve(&req, out, t) {
-        Answer::Reply(n) => dev(t, header.unique, Ok(&out[..n])),
-        Answer::Error(e) => dev(t, header.unique, Err(e)),
-        Answer::None => {}
-    }
-}
-
-/// The descriptor number in `/dev/fd/N` or `/proc/self/fd/N`.
-pub fn fd_path(p: &Path) -> Option<i32> {
-    let s = p.to_str()?;
-    let n = s
-        .strip_prefix("/dev/fd/")
-        .or_else(|| s.strip_prefix("/proc/self/fd/"))?;
-    n.parse::<i32>().ok().filter(|&n| n >= 0)
-}
-
-/// A copy of descriptor `fd`, which must be an open /dev/fuse (character device 10, 229).
-fn fuse_device_fd(fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: fstat into a zeroed struct; dup of a descriptor number (fails if not open).
-    unsafe {
-        let mut st: libc::stat = std::mem::zeroed();
-        if libc::fstat(fd, &mut st) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if st.st_mode & libc::S_IFMT != libc::S_IFCHR || st.st_rdev != libc::makedev(10, 229) {
-            return Err(std::io::Error::other(format!(
-                "/dev/fd/{fd} is not a /dev/fuse descriptor (a mount point given as /dev/fd/N \
-                 is a /dev/fuse descriptor its caller has mounted)"
-            )));
-        }
-        let d = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3);
-        if d < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(std::os::fd::OwnedFd::from_raw_fd(d))
-    }
-}
-
-/// Opens /dev/fuse and mounts it at `mountpoint` as "fuse.uext4" (so /proc/mounts shows the
-/// subtype, as fusermount3 records it for ordinary users), with the image as the source.
-fn mount_as_root(
-    image: &Path,
-    mountpoint: &Path,
-    opts: &Options,
-) -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::MetadataExt;
-    let dev: std::os::fd::OwnedFd = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")?
-        .into();
-    let mode = std::fs::metadata(mountpoint)?.mode();
-    // SAFETY: getuid/getgid have no preconditions.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let mut data = format!(
-        "fd={},rootmode={:o},user_id={uid},group_id={gid}",
-        dev.as_raw_fd(),
-        mode & libc::S_IFMT
-    );
-    if opts.default_permissions {
-        data.push_str(",default_permissions");
-    }
-    if opts.allow_other {
-        data.push_str(",allow_other");
-    }
-    let mut flags: libc::c_ulong = 0;
-    if opts.nodev {
-        flags |= libc::MS_NODEV;
-    }
-    if opts.nosuid {
-        flags |= libc::MS_NOSUID;
-    }
-    if opts.noexec {
-        flags |= libc::MS_NOEXEC;
-    }
-    if opts.read_only {
-        flags |= libc::MS_RDONLY;
-    }
-    let c = |s: &[u8]| {
-        std::ffi::CString::new(s).map_err(|_| std::io::Error::other("a NUL in a mount argument"))
-    };
-    let src = c(image.as_os_str().as_bytes())?;
-    let target = c(mountpoint.as_os_str().as_bytes())?;
-    let data = c(data.as_bytes())?;
-    // SAFETY: valid NUL-terminated strings that outlive the call.
-    let r = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            c"fuse.uext4".as_ptr(),
-            flags,
-            data.as_ptr().cast(),
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(dev)
 }

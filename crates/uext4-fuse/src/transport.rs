@@ -155,4 +155,14 @@ pub trait Notify: Send + Sync {
     /// numbering) and its cached data from `offset` for `len` bytes (a negative `offset`
     /// drops no data; `len` 0 means to the end).
     fn inval_inode(&self, nodeid: u64, offset: i64, len: i64) -> std::io::Result<()>;
+
+    /// FUSE_NOTIFY_INVAL_ENTRY: the kernel drops its cached entry `name` in `parent`.
+    fn inval_entry(&self, _parent: u64, _name: &[u8]) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::ENOSYS))
+    }
+
+    /// FUSE_NOTIFY_DELETE: `name` in `parent`, which named `child`, is gone.
+    fn delete(&self, _parent: u64, _child: u64, _name: &[u8]) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::ENOSYS))
+    }
 }
