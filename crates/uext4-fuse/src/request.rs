@@ -166,26 +166,6 @@ pub enum Op<'a> {
     Unknown(u32),
 }
 
-/// The size of an opcode's fixed struct as the kernel sends it on /dev/fuse (what precedes
-/// names and data in the request); 0 for opcodes without one. SETXATTR's is the short form:
-/// this server never asks FUSE_SETXATTR_EXT.
-pub fn fixed_len(opcode: u32) -> usize {
-    use abi::*;
-    match opcode {
-        FORGET | OPEN | OPENDIR | MKDIR | RENAME | LINK | GETXATTR | LISTXATTR | SETXATTR
-        | ACCESS | INTERRUPT | SYNCFS | BATCH_FORGET => 8,
-        GETATTR | MKNOD | CREATE | TMPFILE | FSYNC | FSYNCDIR | RENAME2 | BMAP => 16,
-        RELEASE | RELEASEDIR | FLUSH | LSEEK | STATX | POLL => 24,
-        FALLOCATE | IOCTL => 32,
-        READ | READDIR | READDIRPLUS | WRITE => 40,
-        GETLK | SETLK | SETLKW => 48,
-        COPY_FILE_RANGE => 56,
-        SETATTR => 88,
-        INIT => INIT_IN_LEN,
-        _ => 0,
-    }
-}
-
 /// The (nodeid, nlookup) pairs of a BATCH_FORGET.
 pub fn forgets(entries: &[u8]) -> impl Iterator<Item = (u64, u64)> + '_ {
     entries.chunks_exact(abi::FORGET_ONE_LEN).map(|e| {
@@ -205,9 +185,12 @@ impl<'a> Op<'a> {
     pub fn decode(req: &RawRequest<'a>) -> Result<Op<'a>, i32> {
         use abi::*;
         let op = req.header.opcode;
+        // The struct's size as /dev/fuse lays it out (SETXATTR's short form reads the same
+        // fields as the long one); INIT's grew with the protocol, and only its first two
+        // fields are needed.
         let need = match op {
             INIT => 8,
-            _ => fixed_len(op),
+            _ => crate::dev::fixed_len(op, false),
         };
         if req.fixed.len() < need {
             return Err(libc::EINVAL);
