@@ -209,11 +209,21 @@ fn parse_init_out(b: &[u8]) -> Option<Agreed> {
     })
 }
 
+/// Whether this build serves FUSE over io_uring (dev_uring.rs).
+const URING_BUILT: bool = false;
+
+/// Whether a handler's INIT should ask for FUSE over io_uring under `opts`. Once the kernel
+/// agrees, it holds every request until the ring is registered (`fuse_block_alloc` in
+/// fs/fuse/dev.c): there is no falling back to /dev/fuse after INIT, so it is asked for
+/// only where the ring can be served.
+pub fn asks_uring(opts: &Options) -> bool {
+    URING_BUILT && opts.transport != TransportKind::Dev
+}
+
 /// Mounts `image` and serves `fs` (the adapter, [`Uext4Fuse`]) until it is unmounted, as
-/// [`serve_with`]; INIT asks for FUSE over io_uring unless `transport=dev`.
+/// [`serve_with`]; INIT asks for FUSE over io_uring where [`asks_uring`] says so.
 pub fn serve(fs: Arc<Fs>, image: &Path, mountpoint: &Path, opts: &Options) -> io::Result<Served> {
-    let uring = opts.transport != TransportKind::Dev;
-    let server = Uext4Fuse::new(fs, opts.clone()).with_uring(uring);
+    let server = Uext4Fuse::new(fs, opts.clone()).with_uring(asks_uring(opts));
     serve_with(Arc::new(server), image, mountpoint, opts)
 }
 
