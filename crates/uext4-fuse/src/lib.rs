@@ -1,6 +1,7 @@
-//! The FUSE server: serves a [`uext4::Fs`] to the kernel through the fuser crate, with one
-//! event-loop thread per CPU (at least 2), each on its own cloned /dev/fuse descriptor. The
-//! crate translates and nothing more:
+//! The FUSE server: serves a [`uext4::Fs`] to the kernel on a FUSE protocol layer of its own
+//! ([`abi`], [`request`], [`reply`]), with one event-loop thread per CPU (at least 2), each on
+//! its own cloned /dev/fuse descriptor ([`transport`] is the boundary between a transport and
+//! the handler). The crate translates and nothing more:
 //! - [`options`]: the `-o` list and what it asks of the engine;
 //! - `adapter`: each request to one engine call and its reply, with the caller's credentials;
 //!   every rule about files (ACLs, modes, set-ID bits, ownership, group commit of fsyncs)
