@@ -136,10 +136,12 @@ pub enum Op<'a> {
         umask: u32,
     },
     Interrupt,
+    /// `data`: the `in_size` bytes the caller's argument points to (what a setter passes).
     Ioctl {
         cmd: u32,
         flags: u32,
         out_size: u32,
+        data: &'a [u8],
     },
     Fallocate {
         offset: u64,
@@ -247,6 +249,12 @@ impl<'a> Op<'a> {
                 oldnodeid: f.u64(0),
                 newname: name(rest)?.0,
             },
+            IOCTL => Op::Ioctl {
+                flags: f.u32(8),
+                cmd: f.u32(12),
+                out_size: f.u32(28),
+                data: rest.get(..f.u32(24) as usize).ok_or(libc::EINVAL)?,
+            },
             WRITE => {
                 let size = f.u32(16) as usize;
                 Op::Write {
@@ -327,11 +335,6 @@ fn plain(op: u32, f: &[u8]) -> Op<'_> {
         FLUSH => Op::Flush,
         ACCESS => Op::Access { mask: f.u32(0) },
         INTERRUPT => Op::Interrupt,
-        IOCTL => Op::Ioctl {
-            flags: f.u32(8),
-            cmd: f.u32(12),
-            out_size: f.u32(28),
-        },
         FALLOCATE => Op::Fallocate {
             offset: f.u64(8),
             length: f.u64(16),
