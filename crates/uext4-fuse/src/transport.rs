@@ -125,8 +125,13 @@ pub trait Serve: Send + Sync {
     fn serve(&self, req: &RawRequest<'_>, out: &mut [u8], from: &Arc<dyn Transport>) -> Answer;
 
     /// Called once by the session, after the INIT reply was sent and before any other request
-    /// is served: how to reach the kernel unasked.
+    /// is served: what the handler may use beyond replies.
     fn started(&self, _link: Link) {}
+
+    /// Called once by the session when the connection has ended (every loop thread is done):
+    /// the handler makes everything durable. The kernel sends FUSE_DESTROY only to fuseblk
+    /// servers, so this is where an ordinary mount's server learns that it is over.
+    fn ended(&self) {}
 }
 
 /// What the session hands the handler once the connection is up.
