@@ -212,6 +212,12 @@ impl Ctx {
                     "uext4-fuse-unwritten" => {
                         c.args(["-o", "prealloc=unwritten"]);
                     }
+                    "uext4-fuse-dev" => {
+                        c.args(["-o", "transport=dev"]);
+                    }
+                    "uext4-fuse-uring" => {
+                        c.args(["-o", "transport=uring"]);
+                    }
                     _ => {}
                 }
                 let o = c.arg(&img).arg(&dir).output()?;

@@ -19,6 +19,7 @@
 mod adapter;
 mod convert;
 mod dev;
+pub mod dev_uring;
 mod mount;
 pub mod notify;
 pub mod options;

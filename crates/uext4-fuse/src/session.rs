@@ -3,6 +3,7 @@
 
 use crate::adapter::Uext4Fuse;
 use crate::dev::{self, Agreed, DevChannel};
+use crate::dev_uring;
 use crate::mount;
 use crate::notify::Notifier;
 use crate::options::{Options, TransportKind};
@@ -135,14 +136,23 @@ fn start(
 
 /// Starts FUSE over io_uring; the handle is a thread that ends when the queues have.
 fn start_uring(
-    _dev: &Arc<OwnedFd>,
-    _agreed: &Agreed,
-    _server: &Arc<dyn Serve>,
+    dev: &Arc<OwnedFd>,
+    agreed: &Agreed,
+    server: &Arc<dyn Serve>,
 ) -> io::Result<JoinHandle<io::Result<()>>> {
-    Err(io::Error::new(
-        io::ErrorKind::Unsupported,
-        "FUSE over io_uring is not built in yet",
-    ))
+    let cfg = dev_uring::Config {
+        max_write: agreed.max_write,
+        max_pages: agreed.max_pages,
+        // Kept requests (fsyncs waiting for a group commit) hold an entry each.
+        entries_per_queue: 32,
+    };
+    let ring = dev_uring::start(dev.clone(), &cfg, server.clone())?;
+    std::thread::Builder::new()
+        .name("uext4-uring".into())
+        .spawn(move || {
+            ring.wait();
+            Ok(())
+        })
 }
 
 /// Reads the kernel's INIT, has the handler answer it, and reads from the answer what was
