@@ -3,7 +3,7 @@
 
 use crate::adapter::Uext4Fuse;
 use crate::dev::{self, Agreed, DevChannel};
-use crate::dev_uring;
+use crate::dev_uring::{self, UringServer, FUSE_OVER_IO_URING};
 use crate::mount;
 use crate::notify::Notifier;
 use crate::options::{Options, TransportKind};
@@ -19,12 +19,15 @@ const FUSE_INIT: u32 = 26;
 /// INIT flags (include/uapi/linux/fuse.h): flags2 is valid, max_pages is valid.
 const FUSE_MAX_PAGES: u64 = 1 << 22;
 const FUSE_INIT_EXT: u64 = 1 << 30;
-/// The kernel sends requests through io_uring queues once the server registered them.
-pub(crate) const FUSE_OVER_IO_URING: u64 = 1 << 41;
 
 /// A mount being served: the session's threads, and how to take the mount down.
 pub struct Served {
+    /// The /dev/fuse loop threads; each ends when the kernel lets go of the connection.
     threads: Vec<JoinHandle<io::Result<()>>>,
+    /// The io_uring queues, when they serve.
+    ring: Option<UringServer>,
+    /// Told when everything has ended (None: the fuser loop, which tells its own).
+    server: Option<Arc<dyn Serve>>,
     mountpoint: PathBuf,
 }
 
@@ -41,7 +44,12 @@ impl Served {
         self.threads.iter().all(|t| t.is_finished())
     }
 
-    /// Waits until the session ends (someone else unmounted it).
+    /// Whether requests come through FUSE over io_uring.
+    pub fn uses_uring(&self) -> bool {
+        self.ring.is_some()
+    }
+
+    /// Waits until the session ends (someone else unmounted it), then tells the handler.
     pub fn join(self) -> io::Result<()> {
         let mut first = Ok(());
         for t in self.threads {
@@ -51,6 +59,12 @@ impl Served {
             if first.is_ok() {
                 first = r;
             }
+        }
+        if let Some(ring) = self.ring {
+            ring.join();
+        }
+        if let Some(server) = self.server {
+            server.ended();
         }
         first
     }
@@ -69,9 +83,11 @@ pub fn serve_with(
     opts: &Options,
 ) -> io::Result<Served> {
     let dev = mount::mount(image, mountpoint, opts)?;
-    start(server, dev, opts)
-        .map(|threads| Served {
+    start(server.clone(), dev, opts)
+        .map(|(threads, ring)| Served {
             threads,
+            ring,
+            server: Some(server),
             mountpoint: mountpoint.to_path_buf(),
         })
         .inspect_err(|_| {
@@ -83,32 +99,37 @@ pub fn serve_with(
         })
 }
 
-/// Serves the mounted descriptor `dev`: INIT here, then the loop threads.
+type Threads = Vec<JoinHandle<io::Result<()>>>;
+
+/// Serves the mounted descriptor `dev`: INIT here, then FUSE over io_uring if INIT agreed
+/// it, and the /dev/fuse loop threads.
 fn start(
     server: Arc<dyn Serve>,
     dev: OwnedFd,
     opts: &Options,
-) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
+) -> io::Result<(Threads, Option<UringServer>)> {
     let dev = Arc::new(dev);
     let agreed = handshake(&dev, &*server)?;
     server.started(Link {
         notifier: Arc::new(Notifier::new(dev.clone())),
     });
-    let mut threads = Vec::new();
     let ring = if agreed.flags & FUSE_OVER_IO_URING != 0 {
-        start_uring(&dev, &agreed, &server)
+        let cfg = dev_uring::Config {
+            max_write: agreed.max_write,
+            max_pages: agreed.max_pages,
+            // Kept requests (deferred fsyncs) hold an entry each.
+            entries_per_queue: 32,
+        };
+        dev_uring::start(dev.clone(), &cfg, server.clone())
     } else {
         Err(io::Error::other(
             "the kernel did not agree FUSE_OVER_IO_URING (it needs Linux 6.14+ with the fuse \
              module's enable_uring parameter set)",
         ))
     };
-    let loop_threads = match ring {
-        Ok(handle) => {
-            threads.push(handle);
-            // FORGET, BATCH_FORGET and INTERRUPT still come through /dev/fuse.
-            1
-        }
+    let (ring, loop_threads) = match ring {
+        // FORGET, BATCH_FORGET and INTERRUPT still come through /dev/fuse.
+        Ok(r) => (Some(r), 1),
         Err(e) if opts.transport == TransportKind::Uring => {
             return Err(io::Error::other(format!("transport=uring: {e}")));
         }
@@ -116,13 +137,14 @@ fn start(
             if agreed.flags & FUSE_OVER_IO_URING != 0 {
                 tracing::warn!("FUSE over io_uring: {e}; serving through /dev/fuse");
             }
-            opts.threads.max(1)
+            (None, opts.threads.max(1))
         }
     };
     let mut fds = vec![dev.clone()];
     for _ in 1..loop_threads {
         fds.push(Arc::new(dev::clone_dev(&dev)?));
     }
+    let mut threads = Vec::new();
     for (i, fd) in fds.into_iter().enumerate() {
         let server = server.clone();
         threads.push(
@@ -131,28 +153,7 @@ fn start(
                 .spawn(move || dev::serve_loop(fd, server, agreed))?,
         );
     }
-    Ok(threads)
-}
-
-/// Starts FUSE over io_uring; the handle is a thread that ends when the queues have.
-fn start_uring(
-    dev: &Arc<OwnedFd>,
-    agreed: &Agreed,
-    server: &Arc<dyn Serve>,
-) -> io::Result<JoinHandle<io::Result<()>>> {
-    let cfg = dev_uring::Config {
-        max_write: agreed.max_write,
-        max_pages: agreed.max_pages,
-        // Kept requests (fsyncs waiting for a group commit) hold an entry each.
-        entries_per_queue: 32,
-    };
-    let ring = dev_uring::start(dev.clone(), &cfg, server.clone())?;
-    std::thread::Builder::new()
-        .name("uext4-uring".into())
-        .spawn(move || {
-            ring.wait();
-            Ok(())
-        })
+    Ok((threads, ring))
 }
 
 /// Reads the kernel's INIT, has the handler answer it, and reads from the answer what was
@@ -235,6 +236,8 @@ pub fn serve(fs: Arc<Fs>, image: &Path, mountpoint: &Path, opts: &Options) -> io
         .spawn(move || session.join())?;
     Ok(Served {
         threads: vec![waiter],
+        ring: None,
+        server: None,
         mountpoint: mountpoint.to_path_buf(),
     })
 }
