@@ -177,3 +177,32 @@ fn tiny_server_over_dev_fuse() {
     assert!(replier.join().unwrap() >= 32 * 20);
     let _ = std::fs::remove_dir(&dir);
 }
+
+#[test]
+fn transport_uring_refuses_a_mount_without_it() {
+    if !uext4_testkit::fuse_usable("the /dev/fuse transport test") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("uext4-devfuse-u-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (tx, _rx) = channel::<Later>();
+    // The tiny handler never asks for FUSE_OVER_IO_URING.
+    let tiny = Arc::new(Tiny {
+        link: Arc::new(OnceLock::new()),
+        later: Mutex::new(tx),
+    });
+    let opts = Options {
+        transport: TransportKind::Uring,
+        ..Options::default()
+    };
+    let e = uext4_fuse::serve_with(tiny, Path::new("tiny-uring"), &dir, &opts)
+        .err()
+        .expect("transport=uring without io_uring must fail");
+    assert!(e.to_string().contains("transport=uring"), "{e}");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(
+        !mounts.lines().any(|l| l.starts_with("tiny-uring ")),
+        "the mount was left behind: {mounts}"
+    );
+    let _ = std::fs::remove_dir(&dir);
+}
