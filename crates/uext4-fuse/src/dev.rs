@@ -6,42 +6,22 @@
 
 use crate::transport::{Answer, InHeader, RawRequest, Serve, Transport};
 use crate::transport::{OutHeader, IN_HEADER_LEN, OUT_HEADER_LEN};
+use crate::{abi, request};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
-const FUSE_FORGET: u32 = 2;
-const FUSE_INTERRUPT: u32 = 36;
-const FUSE_BATCH_FORGET: u32 = 42;
-
 /// FUSE_DEV_IOC_CLONE: `_IOR(229, 0, uint32_t)`.
 const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
 
-/// The length of the fixed argument struct the kernel puts before names and data, per opcode
-/// (include/uapi/linux/fuse.h; opcodes without one, or not known here, have 0). SETXATTR's
-/// struct is 16 bytes once FUSE_SETXATTR_EXT is agreed, 8 before.
-pub(crate) fn fixed_len(opcode: u32, setxattr_ext: bool) -> usize {
-    match opcode {
-        // FORGET, MKDIR, RENAME, LINK, OPEN, GETXATTR, LISTXATTR, OPENDIR, ACCESS, INTERRUPT,
-        // BATCH_FORGET, SYNCFS.
-        2 | 9 | 12 | 13 | 14 | 22 | 23 | 27 | 34 | 36 | 42 | 50 => 8,
-        // GETATTR, MKNOD, FSYNC, FSYNCDIR, CREATE, BMAP, RENAME2, TMPFILE.
-        3 | 8 | 20 | 30 | 35 | 37 | 45 | 51 => 16,
-        21 if setxattr_ext => 16,
-        21 => 8,
-        4 => 88,
-        // READ, WRITE, READDIR, READDIRPLUS, NOTIFY_REPLY, SETUPMAPPING.
-        15 | 16 | 28 | 44 | 41 | 48 => 40,
-        // RELEASE, FLUSH, RELEASEDIR, POLL, LSEEK, STATX.
-        18 | 25 | 29 | 40 | 46 | 52 => 24,
-        // INIT: the whole of fuse_init_in (its length grew with the protocol).
-        26 => usize::MAX,
-        31..=33 => 48,
-        39 | 43 => 32,
-        // COPY_FILE_RANGE, COPY_FILE_RANGE_64.
-        47 | 53 => 56,
-        49 => 4,
-        _ => 0,
+/// The length of the opcode's fixed struct before names and data: SETXATTR's is the long
+/// form once FUSE_SETXATTR_EXT was agreed.
+fn fixed_len(opcode: u32, setxattr_ext: bool) -> usize {
+    if opcode == abi::SETXATTR && setxattr_ext {
+        // struct fuse_setxattr_in with setxattr_flags and padding.
+        16
+    } else {
+        request::fixed_len(opcode)
     }
 }
 
@@ -147,9 +127,6 @@ pub struct Agreed {
     pub flags: u64,
 }
 
-/// FUSE_SETXATTR_EXT: SETXATTR's fixed struct is 16 bytes.
-pub(crate) const SETXATTR_EXT: u64 = 1 << 29;
-
 impl Agreed {
     /// The read buffer a loop thread needs: the header, the largest fixed struct, then the
     /// larger of a WRITE's data and an extended attribute's value with its name.
@@ -183,7 +160,7 @@ pub(crate) fn serve_loop(
     agreed: Agreed,
 ) -> io::Result<()> {
     let from: Arc<dyn Transport> = Arc::new(DevChannel { fd: fd.clone() });
-    let ext = agreed.flags & SETXATTR_EXT != 0;
+    let ext = agreed.flags & abi::FUSE_SETXATTR_EXT != 0;
     let mut inbuf = vec![0u8; agreed.read_buf_len()];
     let mut out = vec![0u8; agreed.out_buf_len()];
     loop {
@@ -204,7 +181,7 @@ pub(crate) fn serve_loop(
 /// Sends what the handler answered. A reply the kernel no longer waits for (the request was
 /// interrupted, or the connection is going) is dropped; one it refuses is a bug, logged.
 pub(crate) fn answer_request(fd: &OwnedFd, h: &InHeader, answer: Answer, out: &[u8]) {
-    if matches!(h.opcode, FUSE_FORGET | FUSE_BATCH_FORGET | FUSE_INTERRUPT) {
+    if matches!(h.opcode, abi::FORGET | abi::BATCH_FORGET | abi::INTERRUPT) {
         return;
     }
     let r = match answer {
@@ -242,7 +219,7 @@ mod tests {
         b[4..8].copy_from_slice(&21u32.to_ne_bytes());
         assert_eq!(split(&b, true).unwrap().fixed.len(), 16);
         assert_eq!(split(&b, false).unwrap().fixed.len(), 8);
-        // INIT: all of it, however long.
+        // INIT: as much of fuse_init_in as there is.
         b[4..8].copy_from_slice(&26u32.to_ne_bytes());
         assert_eq!(split(&b, false).unwrap().fixed.len(), 45);
         // A header claiming more than was read.

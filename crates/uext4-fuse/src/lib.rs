@@ -16,6 +16,7 @@
 //! (`user.uext4.server`) answers the same way with the server's process id, which `uext4
 //! umount` waits on.
 
+pub mod abi;
 mod adapter;
 mod convert;
 mod dev;
@@ -23,6 +24,8 @@ pub mod dev_uring;
 mod mount;
 pub mod notify;
 pub mod options;
+pub mod reply;
+pub mod request;
 mod session;
 pub mod transport;
 

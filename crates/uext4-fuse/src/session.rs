@@ -1,9 +1,10 @@
 //! A session: mount, the INIT handshake over /dev/fuse, then the loop threads (and FUSE over
 //! io_uring when it was agreed), until the kernel lets go of the mount.
 
+use crate::abi::{self, FUSE_OVER_IO_URING};
 use crate::adapter::Uext4Fuse;
 use crate::dev::{self, Agreed, DevChannel};
-use crate::dev_uring::{self, UringServer, FUSE_OVER_IO_URING};
+use crate::dev_uring::{self, UringServer};
 use crate::mount;
 use crate::notify::Notifier;
 use crate::options::{Options, TransportKind};
@@ -15,19 +16,14 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use uext4::Fs;
 
-const FUSE_INIT: u32 = 26;
-/// INIT flags (include/uapi/linux/fuse.h): flags2 is valid, max_pages is valid.
-const FUSE_MAX_PAGES: u64 = 1 << 22;
-const FUSE_INIT_EXT: u64 = 1 << 30;
-
 /// A mount being served: the session's threads, and how to take the mount down.
 pub struct Served {
     /// The /dev/fuse loop threads; each ends when the kernel lets go of the connection.
     threads: Vec<JoinHandle<io::Result<()>>>,
     /// The io_uring queues, when they serve.
     ring: Option<UringServer>,
-    /// Told when everything has ended (None: the fuser loop, which tells its own).
-    server: Option<Arc<dyn Serve>>,
+    /// Told when everything has ended.
+    server: Arc<dyn Serve>,
     mountpoint: PathBuf,
 }
 
@@ -63,9 +59,7 @@ impl Served {
         if let Some(ring) = self.ring {
             ring.join();
         }
-        if let Some(server) = self.server {
-            server.ended();
-        }
+        self.server.ended();
         first
     }
 }
@@ -87,7 +81,7 @@ pub fn serve_with(
         .map(|(threads, ring)| Served {
             threads,
             ring,
-            server: Some(server),
+            server,
             mountpoint: mountpoint.to_path_buf(),
         })
         .inspect_err(|_| {
@@ -173,7 +167,7 @@ fn handshake(dev: &Arc<OwnedFd>, server: &dyn Serve) -> io::Result<Agreed> {
         let Some(req) = dev::split(&inbuf[..n], false) else {
             continue;
         };
-        if req.header.opcode != FUSE_INIT {
+        if req.header.opcode != abi::INIT {
             // Nothing else comes before INIT is answered; refuse whatever does.
             dev::answer_request(dev, &req.header, Answer::Error(libc::EIO), &out);
             continue;
@@ -197,49 +191,44 @@ fn handshake(dev: &Arc<OwnedFd>, server: &dyn Serve) -> io::Result<Agreed> {
     }
 }
 
-/// What the transports need from `struct fuse_init_out`.
+/// What the transports need from `struct fuse_init_out`, read as the kernel reads it
+/// (fs/fuse/inode.c, process_init_reply): flags2 only with FUSE_INIT_EXT, max_pages only with
+/// FUSE_MAX_PAGES, at least 4 KiB of write.
 fn parse_init_out(b: &[u8]) -> Option<Agreed> {
-    let u32_at = |o: usize| Some(u32::from_ne_bytes(b.get(o..o + 4)?.try_into().ok()?));
-    let u16_at = |o: usize| Some(u16::from_ne_bytes(b.get(o..o + 2)?.try_into().ok()?));
-    let mut flags = u64::from(u32_at(12)?);
-    if flags & FUSE_INIT_EXT != 0 {
-        flags |= u64::from(u32_at(32).unwrap_or(0)) << 32;
+    // Up to max_write at least.
+    if b.len() < 24 {
+        return None;
     }
-    let max_pages = match u16_at(28) {
-        Some(p) if flags & FUSE_MAX_PAGES != 0 && p > 0 => p,
+    let o = abi::InitOut::parse(b);
+    let mut flags = o.flags;
+    if flags & abi::FUSE_INIT_EXT == 0 {
+        flags &= u64::from(u32::MAX);
+    }
+    let max_pages = match o.max_pages {
+        p if flags & abi::FUSE_MAX_PAGES != 0 && p > 0 => p,
         _ => 32,
     };
     Some(Agreed {
-        max_write: u32_at(20)?.max(4096),
+        max_write: o.max_write.max(4096),
         max_pages,
         flags,
     })
 }
 
-/// Mounts `image` and serves `fs` through the fuser crate's loop, until the adapter answers
-/// [`Serve`] (then this is [`serve_with`] of the adapter).
+/// Mounts `image` at `mountpoint` and serves `fs` (see [`serve_with`]). INIT asks for FUSE
+/// over io_uring unless `-o transport=dev`, and only where this process can use it: once
+/// agreed, the kernel holds every request until the rings are registered.
 pub fn serve(fs: Arc<Fs>, image: &Path, mountpoint: &Path, opts: &Options) -> io::Result<Served> {
-    use fuser::{Config, SessionACL};
-    let server = Uext4Fuse::new(fs, opts.clone());
-    let notifier = server.notifier.clone();
-    let mut config = Config::default();
-    if opts.allow_other {
-        config.acl = SessionACL::All;
-    }
-    config.n_threads = Some(opts.threads);
-    config.clone_fd = true;
-    let dev = mount::mount(image, mountpoint, opts)?;
-    let session = fuser::Session::from_fd(server, dev, config.acl, config.clone())?.spawn()?;
-    let _ = notifier.set(session.notifier());
-    let waiter = std::thread::Builder::new()
-        .name("uext4-fuser".into())
-        .spawn(move || session.join())?;
-    Ok(Served {
-        threads: vec![waiter],
-        ring: None,
-        server: None,
-        mountpoint: mountpoint.to_path_buf(),
-    })
+    let uring = match opts.transport {
+        TransportKind::Dev => false,
+        TransportKind::Auto => dev_uring::available().is_ok(),
+        TransportKind::Uring => match dev_uring::available() {
+            Ok(()) => true,
+            Err(e) => return Err(io::Error::other(format!("transport=uring: {e}"))),
+        },
+    };
+    let server = Arc::new(Uext4Fuse::new(fs, opts.clone()).with_uring(uring));
+    serve_with(server, image, mountpoint, opts)
 }
 
 #[cfg(test)]
@@ -250,7 +239,8 @@ mod tests {
     fn init_out_is_read_as_the_kernel_reads_it() {
         let mut b = [0u8; 64];
         b[0..4].copy_from_slice(&7u32.to_ne_bytes());
-        b[12..16].copy_from_slice(&((FUSE_INIT_EXT | FUSE_MAX_PAGES) as u32).to_ne_bytes());
+        b[12..16]
+            .copy_from_slice(&((abi::FUSE_INIT_EXT | abi::FUSE_MAX_PAGES) as u32).to_ne_bytes());
         b[20..24].copy_from_slice(&(1u32 << 20).to_ne_bytes());
         b[28..30].copy_from_slice(&256u16.to_ne_bytes());
         b[32..36].copy_from_slice(&((FUSE_OVER_IO_URING >> 32) as u32).to_ne_bytes());
