@@ -5,7 +5,7 @@
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
 use uext4_fuse::transport::{Answer, Link, RawRequest, Serve, Transport};
 use uext4_fuse::{Options, TransportKind};
@@ -100,18 +100,25 @@ fn getxattr(p: &Path) -> Vec<u8> {
     buf[..n as usize].to_vec()
 }
 
-#[test]
-fn tiny_server_over_dev_fuse() {
-    if !uext4_testkit::fuse_usable("the /dev/fuse transport test") {
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("uext4-devfuse-{}", std::process::id()));
+/// A mount point for test `tag`, and a tiny handler with the receiving end of its kept
+/// requests.
+fn setup(tag: &str) -> (std::path::PathBuf, Arc<Tiny>, Receiver<Later>) {
+    let dir = std::env::temp_dir().join(format!("uext4-devfuse-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (tx, rx) = channel::<Later>();
     let tiny = Arc::new(Tiny {
         link: Arc::new(OnceLock::new()),
         later: Mutex::new(tx),
     });
+    (dir, tiny, rx)
+}
+
+#[test]
+fn tiny_server_over_dev_fuse() {
+    if !uext4_testkit::fuse_usable("the /dev/fuse transport test") {
+        return;
+    }
+    let (dir, tiny, rx) = setup("dev");
     let opts = Options {
         threads: 4,
         transport: TransportKind::Dev,
@@ -183,14 +190,8 @@ fn transport_uring_refuses_a_mount_without_it() {
     if !uext4_testkit::fuse_usable("the /dev/fuse transport test") {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("uext4-devfuse-u-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (tx, _rx) = channel::<Later>();
     // The tiny handler never asks for FUSE_OVER_IO_URING.
-    let tiny = Arc::new(Tiny {
-        link: Arc::new(OnceLock::new()),
-        later: Mutex::new(tx),
-    });
+    let (dir, tiny, _rx) = setup("uring");
     let opts = Options {
         transport: TransportKind::Uring,
         ..Options::default()
