@@ -527,6 +527,10 @@ fn serve_foreground(
         eprintln!("uext4: the image is on tmpfs: mapped, reads and writes are memory copies (-o nodax: pread/pwrite)");
     }
     let session = uext4_fuse::serve(fs.clone(), image, mountpoint, opts).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::Unsupported {
+            // What the options asked for cannot be had here (transport=uring): no hint.
+            return anyhow::anyhow!("mounting: {e}");
+        }
         // SAFETY: access and geteuid have no preconditions beyond a valid path.
         let dev_ok = unsafe { libc::access(c"/dev/fuse".as_ptr(), libc::R_OK | libc::W_OK) } == 0;
         let hint = if !dev_ok {
@@ -538,6 +542,15 @@ fn serve_foreground(
         };
         anyhow::anyhow!("mounting: {e} ({hint})")
     })?;
+    tracing::info!(
+        "{}: requests come through {}",
+        mountpoint.display(),
+        if session.uses_uring() {
+            "FUSE over io_uring"
+        } else {
+            "/dev/fuse"
+        }
+    );
     // Our mount: the uext4 mount at the mount point that was not there before (mounts stacked
     // on the same directory, older or newer, do not count).
     let ours = uext4_mounts_at(mountpoint)

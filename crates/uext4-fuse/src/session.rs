@@ -125,7 +125,7 @@ fn start(
         // FORGET, BATCH_FORGET and INTERRUPT still come through /dev/fuse.
         Ok(r) => (Some(r), 1),
         Err(e) if opts.transport == TransportKind::Uring => {
-            return Err(io::Error::other(format!("transport=uring: {e}")));
+            return Err(uring_refused(e));
         }
         Err(e) => {
             if agreed.flags & FUSE_OVER_IO_URING != 0 {
@@ -215,6 +215,15 @@ fn parse_init_out(b: &[u8]) -> Option<Agreed> {
     })
 }
 
+/// `-o transport=uring` where FUSE over io_uring cannot serve: the mount is refused
+/// (ErrorKind::Unsupported).
+fn uring_refused(why: io::Error) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("transport=uring: {why}"),
+    )
+}
+
 /// Mounts `image` at `mountpoint` and serves `fs` (see [`serve_with`]). INIT asks for FUSE
 /// over io_uring unless `-o transport=dev`, and only where this process can use it: once
 /// agreed, the kernel holds every request until the rings are registered.
@@ -224,7 +233,7 @@ pub fn serve(fs: Arc<Fs>, image: &Path, mountpoint: &Path, opts: &Options) -> io
         TransportKind::Auto => dev_uring::available().is_ok(),
         TransportKind::Uring => match dev_uring::available() {
             Ok(()) => true,
-            Err(e) => return Err(io::Error::other(format!("transport=uring: {e}"))),
+            Err(e) => return Err(uring_refused(e)),
         },
     };
     let server = Arc::new(Uext4Fuse::new(fs, opts.clone()).with_uring(uring));
