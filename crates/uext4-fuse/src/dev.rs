@@ -173,7 +173,19 @@ pub(crate) fn serve_loop(
             tracing::warn!("/dev/fuse: a request of {n} bytes shorter than its header says");
             continue;
         };
-        let answer = serve.serve(&req, &mut out, &from);
+        // A handler that panics fails its request (EIO) rather than leave its caller waiting
+        // forever with one loop thread fewer; errors=panic stops the process in its hook
+        // before this.
+        let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            serve.serve(&req, &mut out, &from)
+        }))
+        .unwrap_or_else(|_| {
+            tracing::error!(
+                "opcode {}: the handler panicked; answered EIO",
+                req.header.opcode
+            );
+            Answer::Error(libc::EIO)
+        });
         answer_request(&fd, &req.header, answer, &out);
     }
 }
