@@ -198,7 +198,14 @@ pub(crate) fn answer_request(fd: &OwnedFd, h: &InHeader, answer: Answer, out: &[
     }
     let r = match answer {
         Answer::None => return,
-        Answer::Reply(n) => reply(fd, h.unique, Ok(&out[..n])),
+        Answer::Reply(n) if n <= out.len() => reply(fd, h.unique, Ok(&out[..n])),
+        Answer::Reply(n) => {
+            tracing::error!(
+                "opcode {}: a reply of {n} bytes, beyond the buffer",
+                h.opcode
+            );
+            reply(fd, h.unique, Err(libc::EIO))
+        }
         Answer::Error(e) => reply(fd, h.unique, Err(e)),
     };
     match r {
