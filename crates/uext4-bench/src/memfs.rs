@@ -287,14 +287,13 @@ impl State {
 }
 
 /// The INIT reply the bench's servers give: `want` (what the kernel also offers), the
-/// given number of background requests, 1 MiB writes, and FUSE over io_uring when the
-/// kernel offers it (as uext4's server with the default `transport=auto`).
+/// given number of background requests, 1 MiB writes, and FUSE over io_uring where uext4's
+/// server would ask for it with the default options.
 pub(crate) fn init(i: &InitIn, want: u64, max_background: u16, out: &mut [u8]) -> usize {
-    let want = want
-        | abi::FUSE_ASYNC_READ
-        | abi::FUSE_BIG_WRITES
-        | abi::FUSE_MAX_PAGES
-        | abi::FUSE_OVER_IO_URING;
+    let mut want = want | abi::FUSE_ASYNC_READ | abi::FUSE_BIG_WRITES | abi::FUSE_MAX_PAGES;
+    if uext4_fuse::asks_uring(&uext4_fuse::Options::default()) {
+        want |= abi::FUSE_OVER_IO_URING;
+    }
     let max_readahead = i.max_readahead.min(1 << 20);
     let o = InitOut {
         major: abi::KERNEL_VERSION,

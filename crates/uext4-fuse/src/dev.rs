@@ -4,9 +4,9 @@
 //! `writev` of header and body. A read failing with ENODEV means the mount is gone: the
 //! thread ends.
 
+use crate::abi;
 use crate::transport::{Answer, InHeader, RawRequest, Serve, Transport};
 use crate::transport::{OutHeader, IN_HEADER_LEN, OUT_HEADER_LEN};
-use crate::{abi, request};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
@@ -14,14 +14,27 @@ use std::sync::Arc;
 /// FUSE_DEV_IOC_CLONE: `_IOR(229, 0, uint32_t)`.
 const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
 
-/// The length of the opcode's fixed struct before names and data: SETXATTR's is the long
-/// form once FUSE_SETXATTR_EXT was agreed.
-fn fixed_len(opcode: u32, setxattr_ext: bool) -> usize {
-    if opcode == abi::SETXATTR && setxattr_ext {
-        // struct fuse_setxattr_in with setxattr_flags and padding.
-        16
-    } else {
-        request::fixed_len(opcode)
+/// The length of the fixed argument struct the kernel puts before names and data, per opcode
+/// (include/uapi/linux/fuse.h; 0 for opcodes without one, or not known here). SETXATTR's is
+/// the long form (16 bytes) once FUSE_SETXATTR_EXT was agreed; INIT's grew with the protocol
+/// (a request may hold less of it).
+pub(crate) fn fixed_len(opcode: u32, setxattr_ext: bool) -> usize {
+    use abi::*;
+    match opcode {
+        SETXATTR if setxattr_ext => 16,
+        FORGET | OPEN | OPENDIR | MKDIR | RENAME | LINK | GETXATTR | LISTXATTR | SETXATTR
+        | ACCESS | INTERRUPT | SYNCFS | BATCH_FORGET => 8,
+        GETATTR | MKNOD | CREATE | TMPFILE | FSYNC | FSYNCDIR | RENAME2 | BMAP => 16,
+        RELEASE | RELEASEDIR | FLUSH | LSEEK | STATX | POLL => 24,
+        FALLOCATE | IOCTL => 32,
+        READ | READDIR | READDIRPLUS | WRITE | NOTIFY_REPLY | SETUPMAPPING => 40,
+        GETLK | SETLK | SETLKW => 48,
+        // COPY_FILE_RANGE and COPY_FILE_RANGE_64 (53).
+        COPY_FILE_RANGE | 53 => 56,
+        SETATTR => 88,
+        REMOVEMAPPING => 4,
+        INIT => INIT_IN_LEN,
+        _ => 0,
     }
 }
 
@@ -241,6 +254,7 @@ mod tests {
         // INIT: as much of fuse_init_in as there is.
         b[4..8].copy_from_slice(&26u32.to_ne_bytes());
         assert_eq!(split(&b, false).unwrap().fixed.len(), 45);
+        assert_eq!(fixed_len(26, false), 64);
         // A header claiming more than was read.
         assert!(split(&b[..50], true).is_none());
     }

@@ -39,7 +39,7 @@ pub use convert::errno;
 pub use dev::Agreed;
 pub use mount::{fd_path, unmount};
 pub use options::{Options, TransportKind};
-pub use session::{serve, serve_with, Served};
+pub use session::{asks_uring, serve, serve_with, Served};
 
 /// The virtual attribute on the mount's root that `uext4 stats` reads.
 pub const STATS_XATTR: &[u8] = b"user.uext4.stats";

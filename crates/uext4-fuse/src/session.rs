@@ -22,7 +22,7 @@ pub struct Served {
     threads: Vec<JoinHandle<io::Result<()>>>,
     /// The io_uring queues, when they serve.
     ring: Option<UringServer>,
-    /// Told when everything has ended.
+    /// Told when everything has ended ([`Serve::ended`]).
     server: Arc<dyn Serve>,
     mountpoint: PathBuf,
 }
@@ -224,20 +224,23 @@ fn uring_refused(why: io::Error) -> io::Error {
     )
 }
 
-/// Mounts `image` at `mountpoint` and serves `fs` (see [`serve_with`]). INIT asks for FUSE
-/// over io_uring unless `-o transport=dev`, and only where this process can use it: once
-/// agreed, the kernel holds every request until the rings are registered.
+/// Whether a handler's INIT should ask for FUSE over io_uring under `opts`: unless
+/// `transport=dev`, where this process can serve the rings. Once the kernel agrees, it holds
+/// every request until the rings are registered (or a registration fails), so it is asked for
+/// only where they can be.
+pub fn asks_uring(opts: &Options) -> bool {
+    opts.transport != TransportKind::Dev && dev_uring::available().is_ok()
+}
+
+/// Mounts `image` at `mountpoint` and serves `fs` (the adapter, [`Uext4Fuse`]) until it is
+/// unmounted, as [`serve_with`]; INIT asks for FUSE over io_uring where [`asks_uring`] says
+/// so, and `transport=uring` is refused where it cannot.
 pub fn serve(fs: Arc<Fs>, image: &Path, mountpoint: &Path, opts: &Options) -> io::Result<Served> {
-    let uring = match opts.transport {
-        TransportKind::Dev => false,
-        TransportKind::Auto => dev_uring::available().is_ok(),
-        TransportKind::Uring => match dev_uring::available() {
-            Ok(()) => true,
-            Err(e) => return Err(uring_refused(e)),
-        },
-    };
-    let server = Arc::new(Uext4Fuse::new(fs, opts.clone()).with_uring(uring));
-    serve_with(server, image, mountpoint, opts)
+    if opts.transport == TransportKind::Uring {
+        dev_uring::available().map_err(uring_refused)?;
+    }
+    let server = Uext4Fuse::new(fs, opts.clone()).with_uring(asks_uring(opts));
+    serve_with(Arc::new(server), image, mountpoint, opts)
 }
 
 #[cfg(test)]
