@@ -439,10 +439,9 @@ fn select_systems(
             "kernel" | "kernel-dioread_lock" if !root => Some("needs root and loop devices"),
             "fuse2fs" if !have("fuse2fs") => Some("fuse2fs is not installed"),
             "uext4-fuse-uring"
-                if std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
-                    .map_or(true, |v| v.trim() != "Y") =>
+                if !root || !Path::new("/sys/module/fuse/parameters/enable_uring").exists() =>
             {
-                Some("FUSE over io_uring is off here (needs /sys/module/fuse/parameters/enable_uring = Y)")
+                Some("needs root and a kernel with FUSE over io_uring (the fuse module's enable_uring, Linux 6.14+)")
             }
             "fuse-null"
             | "fuse-mem"

@@ -333,24 +333,7 @@ pub fn start(dev: Arc<OwnedFd>, cfg: &Config, serve: Arc<dyn Serve>) -> io::Resu
         let dev = dev.clone();
         let t = std::thread::Builder::new()
             .name(format!("uext4-uring-{qid}"))
-            .spawn(move || {
-                let q = Queue::new(qid as u16, dev, &cfg, serve, shared.clone());
-                let mut q = match q.and_then(|mut q| q.register().map(|()| q)) {
-                    Ok(q) => {
-                        let _ = tx.send(Ok(()));
-                        q
-                    }
-                    Err(e) => {
-                        shared.queues[qid].closed.store(true, Ordering::SeqCst);
-                        let _ = tx.send(Err(io::Error::new(
-                            e.kind(),
-                            format!("FUSE over io_uring, queue {qid}: {e}"),
-                        )));
-                        return;
-                    }
-                };
-                q.run();
-            })?;
+            .spawn(move || queue_main(qid as u16, dev, &cfg, serve, shared, tx))?;
         threads.push(t);
     }
     drop(tx);
@@ -365,6 +348,38 @@ pub fn start(dev: Arc<OwnedFd>, cfg: &Config, serve: Arc<dyn Serve>) -> io::Resu
         return Err(e);
     }
     Ok(UringServer { shared, threads })
+}
+
+/// A queue's thread: sets the queue up, says how that went on `tx`, then serves.
+fn queue_main(
+    qid: u16,
+    dev: Arc<OwnedFd>,
+    cfg: &Config,
+    serve: Arc<dyn Serve>,
+    shared: Arc<Shared>,
+    tx: std::sync::mpsc::Sender<io::Result<()>>,
+) {
+    let fail = |e: io::Error| {
+        shared.queues[qid as usize]
+            .closed
+            .store(true, Ordering::SeqCst);
+        let _ = tx.send(Err(io::Error::new(
+            e.kind(),
+            format!("FUSE over io_uring, queue {qid}: {e}"),
+        )));
+    };
+    let mut q = match Queue::new(qid, dev, cfg, serve, shared.clone()) {
+        Ok(q) => q,
+        Err(e) => return fail(e),
+    };
+    if let Err(e) = q.register() {
+        // Entries registered before the refusal may still be handed requests (when the other
+        // queues had made the ring ready): their memory must stay, so the queue is leaked.
+        std::mem::forget(q);
+        return fail(e);
+    }
+    let _ = tx.send(Ok(()));
+    q.run();
 }
 
 /// Makes the kernel give up on the rings of this connection: a registration for a queue
@@ -448,6 +463,8 @@ struct Queue {
     /// The /dev/fuse descriptor the commands name (`fd` is its number).
     _dev: Arc<OwnedFd>,
     fd: RawFd,
+    /// `fd` is the ring's registered file 0.
+    fixed_dev: bool,
     ents: Vec<Ent>,
     payload_len: usize,
     serve: Arc<dyn Serve>,
@@ -523,10 +540,12 @@ impl Queue {
                 }
             })
             .collect();
+        let fixed_dev = ring.submitter().register_files(&[dev.as_raw_fd()]).is_ok();
         Ok(Queue {
             ring,
             qid,
             fd: dev.as_raw_fd(),
+            fixed_dev,
             _dev: dev,
             ents,
             payload_len,
@@ -581,12 +600,23 @@ impl Queue {
 
     fn push_register(&mut self, i: usize) -> io::Result<()> {
         let e = &self.ents[i];
-        let sqe = opcode::UringCmd80::new(types::Fd(self.fd), CMD_REGISTER)
+        let sqe = self
+            .uring_cmd(CMD_REGISTER)
             .cmd(cmd_req(0, self.qid))
             .addr(Some(e.iov.as_ptr() as u64))
             .build();
         self.ents[i].state = State::Kernel;
         self.push(with_len(sqe, 2).user_data(i as u64))
+    }
+
+    /// A command on the /dev/fuse descriptor: the ring's registered file when it has one
+    /// (saves looking the descriptor up on every request).
+    fn uring_cmd(&self, op: u32) -> opcode::UringCmd80 {
+        if self.fixed_dev {
+            opcode::UringCmd80::new(types::Fixed(0), op)
+        } else {
+            opcode::UringCmd80::new(types::Fd(self.fd), op)
+        }
     }
 
     fn arm_wake(&mut self) -> io::Result<()> {
@@ -673,6 +703,10 @@ impl Queue {
     /// Serves the request the kernel put in entry `i` and commits the reply, or parks the
     /// entry when the handler keeps the request.
     fn serve_entry(&mut self, i: usize) {
+        if self.ents[i].state != State::Kernel {
+            tracing::error!("FUSE over io_uring: a request in an entry the server holds");
+            return;
+        }
         self.shared.served.fetch_add(1, Ordering::Relaxed);
         let e = &self.ents[i];
         // SAFETY: the kernel completed this entry's command: until the commit below it
@@ -729,7 +763,11 @@ impl Queue {
     fn deliver_mail(&mut self) {
         let mail = std::mem::take(&mut *self.shared.queues[self.qid as usize].mailbox.lock());
         for (unique, body) in mail {
-            let Some(i) = self.parked.remove(&unique) else {
+            let Some(i) = self
+                .parked
+                .remove(&unique)
+                .filter(|&i| self.ents[i].state == State::Parked)
+            else {
                 tracing::warn!("FUSE over io_uring: a reply for {unique}, which is not kept");
                 continue;
             };
@@ -765,7 +803,8 @@ impl Queue {
         };
         hdr.in_out[..OUT_HEADER_LEN].copy_from_slice(&oh.to_bytes());
         hdr.ent.payload_sz = n as u32;
-        let sqe = opcode::UringCmd80::new(types::Fd(self.fd), CMD_COMMIT_AND_FETCH)
+        let sqe = self
+            .uring_cmd(CMD_COMMIT_AND_FETCH)
             .cmd(cmd_req(unique, self.qid))
             .build()
             .user_data(i as u64);
