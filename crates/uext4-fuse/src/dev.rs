@@ -55,19 +55,24 @@ pub(crate) fn split(b: &[u8], setxattr_ext: bool) -> Option<RawRequest<'_>> {
     })
 }
 
-/// Writes one message (a reply or a notification) with a single `writev`: the kernel takes a
-/// message only whole.
+/// Writes one message (a reply or a notification, at most 4 parts) with a single `writev`:
+/// the kernel takes a message only whole.
 pub(crate) fn send(fd: &OwnedFd, parts: &[&[u8]]) -> io::Result<()> {
-    let iov: Vec<libc::iovec> = parts
-        .iter()
-        .map(|p| libc::iovec {
-            iov_base: p.as_ptr() as *mut libc::c_void,
-            iov_len: p.len(),
-        })
-        .collect();
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; 4];
+    if parts.len() > iov.len() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    for (v, p) in iov.iter_mut().zip(parts) {
+        v.iov_base = p.as_ptr() as *mut libc::c_void;
+        v.iov_len = p.len();
+    }
+    let n = parts.len();
     loop {
-        // SAFETY: each iovec points into a slice that outlives the call.
-        let r = unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), iov.len() as i32) };
+        // SAFETY: the first `n` iovecs point into slices that outlive the call.
+        let r = unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), n as i32) };
         if r >= 0 {
             return Ok(());
         }
