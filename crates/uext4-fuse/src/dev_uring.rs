@@ -131,7 +131,7 @@ impl Config {
         let need = MIN_PAYLOAD
             .max(self.max_write as usize)
             .max(self.max_pages as usize * page);
-        (need.max(self.max_write as usize + 4096) + page - 1) / page * page
+        need.max(self.max_write as usize + 4096).div_ceil(page) * page
     }
 }
 
@@ -193,13 +193,17 @@ struct Shared {
     stop: AtomicBool,
 }
 
+/// A deferred reply on its way to the queue's thread: the request's unique, and the body or
+/// an errno.
+type Mail = (u64, Result<Vec<u8>, i32>);
+
 /// One queue's part of [`Shared`].
 struct QueueShared {
     /// The unique of the request the queue's thread is serving now (0: none). A deferred
     /// reply can come before the handler has even returned [`Answer::None`].
     serving: AtomicU64,
     /// Deferred replies for the thread to commit: unique, and body or errno.
-    mailbox: Mutex<Vec<(u64, Result<Vec<u8>, i32>)>>,
+    mailbox: Mutex<Vec<Mail>>,
     /// Written to wake the thread when the mailbox has something.
     wake: OwnedFd,
     /// The thread has ended: replies can no longer be sent.
@@ -762,6 +766,14 @@ impl Queue {
     /// Commits the deferred replies in the mailbox.
     fn deliver_mail(&mut self) {
         let mail = std::mem::take(&mut *self.shared.queues[self.qid as usize].mailbox.lock());
+        if !mail.is_empty() {
+            // A reply that came while its request was still being served was routed by
+            // `serving` and left the request's `parked` record behind.
+            let mut parked = self.shared.parked.lock();
+            for (unique, _) in &mail {
+                parked.remove(unique);
+            }
+        }
         for (unique, body) in mail {
             let Some(i) = self
                 .parked
