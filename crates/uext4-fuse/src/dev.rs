@@ -4,43 +4,36 @@
 //! `writev` of header and body. A read failing with ENODEV means the mount is gone: the
 //! thread ends.
 
+use crate::abi;
 use crate::transport::{Answer, InHeader, RawRequest, Serve, Transport};
 use crate::transport::{OutHeader, IN_HEADER_LEN, OUT_HEADER_LEN};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
-const FUSE_FORGET: u32 = 2;
-const FUSE_INTERRUPT: u32 = 36;
-const FUSE_BATCH_FORGET: u32 = 42;
-
 /// FUSE_DEV_IOC_CLONE: `_IOR(229, 0, uint32_t)`.
 const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
 
 /// The length of the fixed argument struct the kernel puts before names and data, per opcode
-/// (include/uapi/linux/fuse.h; opcodes without one, or not known here, have 0). SETXATTR's
-/// struct is 16 bytes once FUSE_SETXATTR_EXT is agreed, 8 before.
+/// (include/uapi/linux/fuse.h; 0 for opcodes without one, or not known here). SETXATTR's is
+/// the long form (16 bytes) once FUSE_SETXATTR_EXT was agreed; INIT's grew with the protocol
+/// (a request may hold less of it).
 pub(crate) fn fixed_len(opcode: u32, setxattr_ext: bool) -> usize {
+    use abi::*;
     match opcode {
-        // FORGET, MKDIR, RENAME, LINK, OPEN, GETXATTR, LISTXATTR, OPENDIR, ACCESS, INTERRUPT,
-        // BATCH_FORGET, SYNCFS.
-        2 | 9 | 12 | 13 | 14 | 22 | 23 | 27 | 34 | 36 | 42 | 50 => 8,
-        // GETATTR, MKNOD, FSYNC, FSYNCDIR, CREATE, BMAP, RENAME2, TMPFILE.
-        3 | 8 | 20 | 30 | 35 | 37 | 45 | 51 => 16,
-        21 if setxattr_ext => 16,
-        21 => 8,
-        4 => 88,
-        // READ, WRITE, READDIR, READDIRPLUS, NOTIFY_REPLY, SETUPMAPPING.
-        15 | 16 | 28 | 44 | 41 | 48 => 40,
-        // RELEASE, FLUSH, RELEASEDIR, POLL, LSEEK, STATX.
-        18 | 25 | 29 | 40 | 46 | 52 => 24,
-        // INIT: the whole of fuse_init_in (its length grew with the protocol).
-        26 => usize::MAX,
-        31..=33 => 48,
-        39 | 43 => 32,
-        // COPY_FILE_RANGE, COPY_FILE_RANGE_64.
-        47 | 53 => 56,
-        49 => 4,
+        SETXATTR if setxattr_ext => 16,
+        FORGET | OPEN | OPENDIR | MKDIR | RENAME | LINK | GETXATTR | LISTXATTR | SETXATTR
+        | ACCESS | INTERRUPT | SYNCFS | BATCH_FORGET => 8,
+        GETATTR | MKNOD | CREATE | TMPFILE | FSYNC | FSYNCDIR | RENAME2 | BMAP => 16,
+        RELEASE | RELEASEDIR | FLUSH | LSEEK | STATX | POLL => 24,
+        FALLOCATE | IOCTL => 32,
+        READ | READDIR | READDIRPLUS | WRITE | NOTIFY_REPLY | SETUPMAPPING => 40,
+        GETLK | SETLK | SETLKW => 48,
+        // COPY_FILE_RANGE and COPY_FILE_RANGE_64 (53).
+        COPY_FILE_RANGE | 53 => 56,
+        SETATTR => 88,
+        REMOVEMAPPING => 4,
+        INIT => INIT_IN_LEN,
         _ => 0,
     }
 }
@@ -62,19 +55,24 @@ pub(crate) fn split(b: &[u8], setxattr_ext: bool) -> Option<RawRequest<'_>> {
     })
 }
 
-/// Writes one message (a reply or a notification) with a single `writev`: the kernel takes a
-/// message only whole.
+/// Writes one message (a reply or a notification, at most 4 parts) with a single `writev`:
+/// the kernel takes a message only whole.
 pub(crate) fn send(fd: &OwnedFd, parts: &[&[u8]]) -> io::Result<()> {
-    let iov: Vec<libc::iovec> = parts
-        .iter()
-        .map(|p| libc::iovec {
-            iov_base: p.as_ptr() as *mut libc::c_void,
-            iov_len: p.len(),
-        })
-        .collect();
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; 4];
+    if parts.len() > iov.len() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    for (v, p) in iov.iter_mut().zip(parts) {
+        v.iov_base = p.as_ptr() as *mut libc::c_void;
+        v.iov_len = p.len();
+    }
+    let n = parts.len();
     loop {
-        // SAFETY: each iovec points into a slice that outlives the call.
-        let r = unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), iov.len() as i32) };
+        // SAFETY: the first `n` iovecs point into slices that outlive the call.
+        let r = unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), n as i32) };
         if r >= 0 {
             return Ok(());
         }
@@ -147,9 +145,6 @@ pub struct Agreed {
     pub flags: u64,
 }
 
-/// FUSE_SETXATTR_EXT: SETXATTR's fixed struct is 16 bytes.
-pub(crate) const SETXATTR_EXT: u64 = 1 << 29;
-
 impl Agreed {
     /// The read buffer a loop thread needs: the header, the largest fixed struct, then the
     /// larger of a WRITE's data and an extended attribute's value with its name.
@@ -183,7 +178,7 @@ pub(crate) fn serve_loop(
     agreed: Agreed,
 ) -> io::Result<()> {
     let from: Arc<dyn Transport> = Arc::new(DevChannel { fd: fd.clone() });
-    let ext = agreed.flags & SETXATTR_EXT != 0;
+    let ext = agreed.flags & abi::FUSE_SETXATTR_EXT != 0;
     let mut inbuf = vec![0u8; agreed.read_buf_len()];
     let mut out = vec![0u8; agreed.out_buf_len()];
     loop {
@@ -196,7 +191,19 @@ pub(crate) fn serve_loop(
             tracing::warn!("/dev/fuse: a request of {n} bytes shorter than its header says");
             continue;
         };
-        let answer = serve.serve(&req, &mut out, &from);
+        // A handler that panics fails its request (EIO) rather than leave its caller waiting
+        // forever with one loop thread fewer; errors=panic stops the process in its hook
+        // before this.
+        let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            serve.serve(&req, &mut out, &from)
+        }))
+        .unwrap_or_else(|_| {
+            tracing::error!(
+                "opcode {}: the handler panicked; answered EIO",
+                req.header.opcode
+            );
+            Answer::Error(libc::EIO)
+        });
         answer_request(&fd, &req.header, answer, &out);
     }
 }
@@ -204,12 +211,19 @@ pub(crate) fn serve_loop(
 /// Sends what the handler answered. A reply the kernel no longer waits for (the request was
 /// interrupted, or the connection is going) is dropped; one it refuses is a bug, logged.
 pub(crate) fn answer_request(fd: &OwnedFd, h: &InHeader, answer: Answer, out: &[u8]) {
-    if matches!(h.opcode, FUSE_FORGET | FUSE_BATCH_FORGET | FUSE_INTERRUPT) {
+    if matches!(h.opcode, abi::FORGET | abi::BATCH_FORGET | abi::INTERRUPT) {
         return;
     }
     let r = match answer {
         Answer::None => return,
-        Answer::Reply(n) => reply(fd, h.unique, Ok(&out[..n])),
+        Answer::Reply(n) if n <= out.len() => reply(fd, h.unique, Ok(&out[..n])),
+        Answer::Reply(n) => {
+            tracing::error!(
+                "opcode {}: a reply of {n} bytes, beyond the buffer",
+                h.opcode
+            );
+            reply(fd, h.unique, Err(libc::EIO))
+        }
         Answer::Error(e) => reply(fd, h.unique, Err(e)),
     };
     match r {
@@ -242,9 +256,10 @@ mod tests {
         b[4..8].copy_from_slice(&21u32.to_ne_bytes());
         assert_eq!(split(&b, true).unwrap().fixed.len(), 16);
         assert_eq!(split(&b, false).unwrap().fixed.len(), 8);
-        // INIT: all of it, however long.
+        // INIT: as much of fuse_init_in as there is.
         b[4..8].copy_from_slice(&26u32.to_ne_bytes());
         assert_eq!(split(&b, false).unwrap().fixed.len(), 45);
+        assert_eq!(fixed_len(26, false), 64);
         // A header claiming more than was read.
         assert!(split(&b[..50], true).is_none());
     }

@@ -319,6 +319,44 @@ mod tests {
         );
     }
 
+    /// fusermount3 mounts and hands the descriptor back over the socket (run as root here,
+    /// which fusermount3 serves the same way as other users).
+    #[test]
+    fn fusermount3_hands_back_the_descriptor() {
+        if !is_root() || !Path::new("/dev/fuse").exists() {
+            eprintln!("SKIP: needs root and /dev/fuse");
+            return;
+        }
+        if std::process::Command::new(fusermount_bin())
+            .arg("-V")
+            .output()
+            .is_err()
+        {
+            eprintln!("SKIP: fusermount3 is not installed");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("uext4-fusermount-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fd = mount_with_fusermount(Path::new("/img,a\\b"), &dir, &Options::default()).unwrap();
+        // SAFETY: fstat into a zeroed struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
+        assert_eq!(st.st_rdev, libc::makedev(10, 229), "not /dev/fuse");
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        let dir_s = dir.to_str().unwrap();
+        let line = mounts
+            .lines()
+            .find(|l| l.split(' ').nth(1) == Some(dir_s))
+            .unwrap_or_else(|| panic!("not mounted: {mounts}"));
+        // The source keeps its comma and backslash (escaped as /proc/mounts does).
+        assert!(line.starts_with("/img,a\\134b "), "{line}");
+        assert!(line.contains(" fuse.uext4 "), "{line}");
+        assert!(line.contains("nosuid") && line.contains("nodev"), "{line}");
+        drop(fd);
+        unmount(&dir).unwrap();
+        let _ = std::fs::remove_dir(&dir);
+    }
+
     #[test]
     fn fd_paths() {
         assert_eq!(fd_path(Path::new("/dev/fd/5")), Some(5));

@@ -4,18 +4,12 @@
 //! the header's `error` field; they travel through /dev/fuse even when requests come by
 //! io_uring.
 
+use crate::abi::{NOTIFY_DELETE, NOTIFY_INVAL_ENTRY, NOTIFY_INVAL_INODE};
 use crate::dev::send;
 use crate::transport::{Notify, OutHeader, OUT_HEADER_LEN};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-
-/// `FUSE_NOTIFY_INVAL_INODE`: drop an inode's cached attributes and a range of its pages.
-const NOTIFY_INVAL_INODE: i32 = 2;
-/// `FUSE_NOTIFY_INVAL_ENTRY`: drop a cached name in a directory.
-const NOTIFY_INVAL_ENTRY: i32 = 3;
-/// `FUSE_NOTIFY_DELETE`: a name is gone (and the inode it named, if the kernel holds it).
-const NOTIFY_DELETE: i32 = 6;
 
 /// The kernel's limit on a name in a notification (FUSE_NAME_MAX).
 const NAME_MAX: usize = 1024;

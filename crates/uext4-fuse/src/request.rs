@@ -136,10 +136,12 @@ pub enum Op<'a> {
         umask: u32,
     },
     Interrupt,
+    /// `data`: the `in_size` bytes the caller's argument points to (what a setter passes).
     Ioctl {
         cmd: u32,
         flags: u32,
         out_size: u32,
+        data: &'a [u8],
     },
     Fallocate {
         offset: u64,
@@ -166,26 +168,6 @@ pub enum Op<'a> {
     Unknown(u32),
 }
 
-/// The size of an opcode's fixed struct as the kernel sends it on /dev/fuse (what precedes
-/// names and data in the request); 0 for opcodes without one. SETXATTR's is the short form:
-/// this server never asks FUSE_SETXATTR_EXT.
-pub fn fixed_len(opcode: u32) -> usize {
-    use abi::*;
-    match opcode {
-        FORGET | OPEN | OPENDIR | MKDIR | RENAME | LINK | GETXATTR | LISTXATTR | SETXATTR
-        | ACCESS | INTERRUPT | SYNCFS | BATCH_FORGET => 8,
-        GETATTR | MKNOD | CREATE | TMPFILE | FSYNC | FSYNCDIR | RENAME2 | BMAP => 16,
-        RELEASE | RELEASEDIR | FLUSH | LSEEK | STATX | POLL => 24,
-        FALLOCATE | IOCTL => 32,
-        READ | READDIR | READDIRPLUS | WRITE => 40,
-        GETLK | SETLK | SETLKW => 48,
-        COPY_FILE_RANGE => 56,
-        SETATTR => 88,
-        INIT => INIT_IN_LEN,
-        _ => 0,
-    }
-}
-
 /// The (nodeid, nlookup) pairs of a BATCH_FORGET.
 pub fn forgets(entries: &[u8]) -> impl Iterator<Item = (u64, u64)> + '_ {
     entries.chunks_exact(abi::FORGET_ONE_LEN).map(|e| {
@@ -205,9 +187,12 @@ impl<'a> Op<'a> {
     pub fn decode(req: &RawRequest<'a>) -> Result<Op<'a>, i32> {
         use abi::*;
         let op = req.header.opcode;
+        // The struct's size as /dev/fuse lays it out (SETXATTR's short form reads the same
+        // fields as the long one); INIT's grew with the protocol, and only its first two
+        // fields are needed.
         let need = match op {
             INIT => 8,
-            _ => fixed_len(op),
+            _ => crate::dev::fixed_len(op, false),
         };
         if req.fixed.len() < need {
             return Err(libc::EINVAL);
@@ -218,21 +203,15 @@ impl<'a> Op<'a> {
         let ext = req.header.total_extlen as usize * 8;
         let rest = &req.rest[..req.rest.len().saturating_sub(ext)];
         Ok(match op {
-            INIT => Op::Init(InitIn::parse(req.fixed)),
-            DESTROY => Op::Destroy,
             LOOKUP => Op::Lookup {
                 name: name(rest)?.0,
             },
-            FORGET => Op::Forget { nlookup: f.u64(0) },
             BATCH_FORGET => {
                 let n = (f.u32(0) as usize).saturating_mul(FORGET_ONE_LEN);
                 Op::BatchForget {
                     entries: rest.get(..n).ok_or(libc::EINVAL)?,
                 }
             }
-            GETATTR => Op::Getattr,
-            SETATTR => Op::Setattr(setattr(f)),
-            READLINK => Op::Readlink,
             SYMLINK => {
                 let (name, r) = name(rest)?;
                 Op::Symlink {
@@ -270,16 +249,11 @@ impl<'a> Op<'a> {
                 oldnodeid: f.u64(0),
                 newname: name(rest)?.0,
             },
-            OPEN => Op::Open { flags: f.u32(0) },
-            OPENDIR => Op::Opendir { flags: f.u32(0) },
-            READ => Op::Read {
-                offset: f.u64(8),
-                size: f.u32(16),
-            },
-            READDIR | READDIRPLUS => Op::Readdir {
-                offset: f.u64(8),
-                size: f.u32(16),
-                plus: op == READDIRPLUS,
+            IOCTL => Op::Ioctl {
+                flags: f.u32(8),
+                cmd: f.u32(12),
+                out_size: f.u32(28),
+                data: rest.get(..f.u32(24) as usize).ok_or(libc::EINVAL)?,
             },
             WRITE => {
                 let size = f.u32(16) as usize;
@@ -287,17 +261,6 @@ impl<'a> Op<'a> {
                     offset: f.u64(8),
                     write_flags: f.u32(20),
                     data: rest.get(..size).ok_or(libc::EINVAL)?,
-                }
-            }
-            STATFS => Op::Statfs,
-            RELEASE => Op::Release,
-            RELEASEDIR => Op::Releasedir,
-            FSYNC | FSYNCDIR => {
-                let datasync = f.u32(8) & FUSE_FSYNC_FDATASYNC != 0;
-                if op == FSYNC {
-                    Op::Fsync { datasync }
-                } else {
-                    Op::Fsyncdir { datasync }
                 }
             }
             SETXATTR => {
@@ -313,12 +276,9 @@ impl<'a> Op<'a> {
                 name: name(rest)?.0,
                 size: f.u32(0),
             },
-            LISTXATTR => Op::Listxattr { size: f.u32(0) },
             REMOVEXATTR => Op::Removexattr {
                 name: name(rest)?.0,
             },
-            FLUSH => Op::Flush,
-            ACCESS => Op::Access { mask: f.u32(0) },
             CREATE | TMPFILE => {
                 let (flags, mode, umask) = (f.u32(0), f.u32(4), f.u32(8));
                 if op == TMPFILE {
@@ -332,35 +292,72 @@ impl<'a> Op<'a> {
                     }
                 }
             }
-            INTERRUPT => Op::Interrupt,
-            IOCTL => Op::Ioctl {
-                flags: f.u32(8),
-                cmd: f.u32(12),
-                out_size: f.u32(28),
-            },
-            FALLOCATE => Op::Fallocate {
-                offset: f.u64(8),
-                length: f.u64(16),
-                mode: f.u32(24),
-            },
-            LSEEK => Op::Lseek {
-                offset: f.u64(8),
-                whence: f.u32(16),
-            },
-            COPY_FILE_RANGE => Op::CopyFileRange {
-                off_in: f.u64(8),
-                nodeid_out: f.u64(16),
-                off_out: f.u64(32),
-                len: f.u64(40),
-            },
-            SYNCFS => Op::Syncfs,
-            STATX => Op::Statx {
-                getattr_flags: f.u32(0),
-                sx_flags: f.u32(16),
-                sx_mask: f.u32(20),
-            },
-            other => Op::Unknown(other),
+            other => plain(other, req.fixed),
         })
+    }
+}
+
+/// An opcode whose arguments are all in its fixed struct (`f`).
+fn plain(op: u32, f: &[u8]) -> Op<'_> {
+    use abi::*;
+    let fixed = f;
+    let f = Fields(f);
+    match op {
+        INIT => Op::Init(InitIn::parse(fixed)),
+        DESTROY => Op::Destroy,
+        FORGET => Op::Forget { nlookup: f.u64(0) },
+        GETATTR => Op::Getattr,
+        SETATTR => Op::Setattr(setattr(f)),
+        READLINK => Op::Readlink,
+        OPEN => Op::Open { flags: f.u32(0) },
+        OPENDIR => Op::Opendir { flags: f.u32(0) },
+        READ => Op::Read {
+            offset: f.u64(8),
+            size: f.u32(16),
+        },
+        READDIR | READDIRPLUS => Op::Readdir {
+            offset: f.u64(8),
+            size: f.u32(16),
+            plus: op == READDIRPLUS,
+        },
+        STATFS => Op::Statfs,
+        RELEASE => Op::Release,
+        RELEASEDIR => Op::Releasedir,
+        FSYNC | FSYNCDIR => {
+            let datasync = f.u32(8) & FUSE_FSYNC_FDATASYNC != 0;
+            if op == FSYNC {
+                Op::Fsync { datasync }
+            } else {
+                Op::Fsyncdir { datasync }
+            }
+        }
+        LISTXATTR => Op::Listxattr { size: f.u32(0) },
+        FLUSH => Op::Flush,
+        ACCESS => Op::Access { mask: f.u32(0) },
+        INTERRUPT => Op::Interrupt,
+        FALLOCATE => Op::Fallocate {
+            offset: f.u64(8),
+            length: f.u64(16),
+            mode: f.u32(24),
+        },
+        LSEEK => Op::Lseek {
+            offset: f.u64(8),
+            whence: f.u32(16),
+        },
+        COPY_FILE_RANGE => Op::CopyFileRange {
+            off_in: f.u64(8),
+            nodeid_out: f.u64(16),
+            off_out: f.u64(32),
+            len: f.u64(40),
+        },
+        SYNCFS => Op::Syncfs,
+        STATX => Op::Statx {
+            getattr_flags: f.u32(0),
+            sx_flags: f.u32(16),
+            sx_mask: f.u32(20),
+        },
+
+        other => Op::Unknown(other),
     }
 }
 

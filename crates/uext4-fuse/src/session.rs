@@ -1,9 +1,10 @@
 //! A session: mount, the INIT handshake over /dev/fuse, then the loop threads (and FUSE over
 //! io_uring when it was agreed), until the kernel lets go of the mount.
 
+use crate::abi::{self, FUSE_OVER_IO_URING};
 use crate::adapter::Uext4Fuse;
 use crate::dev::{self, Agreed, DevChannel};
-use crate::dev_uring;
+use crate::dev_uring::{self, UringServer};
 use crate::mount;
 use crate::notify::Notifier;
 use crate::options::{Options, TransportKind};
@@ -15,18 +16,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use uext4::Fs;
 
-const FUSE_INIT: u32 = 26;
-/// INIT flags (include/uapi/linux/fuse.h): flags2 is valid, max_pages is valid.
-const FUSE_MAX_PAGES: u64 = 1 << 22;
-const FUSE_INIT_EXT: u64 = 1 << 30;
-/// The kernel sends requests through io_uring queues once the server registered them.
-pub(crate) const FUSE_OVER_IO_URING: u64 = 1 << 41;
-
 /// A mount being served: the session's threads, and how to take the mount down.
 pub struct Served {
+    /// The /dev/fuse loop threads; each ends when the kernel lets go of the connection.
     threads: Vec<JoinHandle<io::Result<()>>>,
-    mountpoint: PathBuf,
+    /// The io_uring queues, when they serve.
+    ring: Option<UringServer>,
+    /// Told when everything has ended ([`Serve::ended`]).
     server: Arc<dyn Serve>,
+    mountpoint: PathBuf,
 }
 
 impl Served {
@@ -42,7 +40,12 @@ impl Served {
         self.threads.iter().all(|t| t.is_finished())
     }
 
-    /// Waits until the session ends (someone else unmounted it).
+    /// Whether requests come through FUSE over io_uring.
+    pub fn uses_uring(&self) -> bool {
+        self.ring.is_some()
+    }
+
+    /// Waits until the session ends (someone else unmounted it), then tells the handler.
     pub fn join(self) -> io::Result<()> {
         let mut first = Ok(());
         for t in self.threads {
@@ -52,6 +55,9 @@ impl Served {
             if first.is_ok() {
                 first = r;
             }
+        }
+        if let Some(ring) = self.ring {
+            ring.join();
         }
         self.server.ended();
         first
@@ -72,10 +78,11 @@ pub fn serve_with(
 ) -> io::Result<Served> {
     let dev = mount::mount(image, mountpoint, opts)?;
     start(server.clone(), dev, opts)
-        .map(|threads| Served {
+        .map(|(threads, ring)| Served {
             threads,
-            mountpoint: mountpoint.to_path_buf(),
+            ring,
             server,
+            mountpoint: mountpoint.to_path_buf(),
         })
         .inspect_err(|_| {
             // The kernel waits for an answer we will not give: take the mount down (a mount the
@@ -86,46 +93,52 @@ pub fn serve_with(
         })
 }
 
-/// Serves the mounted descriptor `dev`: INIT here, then the loop threads.
+type Threads = Vec<JoinHandle<io::Result<()>>>;
+
+/// Serves the mounted descriptor `dev`: INIT here, then FUSE over io_uring if INIT agreed
+/// it, and the /dev/fuse loop threads.
 fn start(
     server: Arc<dyn Serve>,
     dev: OwnedFd,
     opts: &Options,
-) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
+) -> io::Result<(Threads, Option<UringServer>)> {
     let dev = Arc::new(dev);
     let agreed = handshake(&dev, &*server)?;
     server.started(Link {
         notifier: Arc::new(Notifier::new(dev.clone())),
     });
-    let mut threads = Vec::new();
     let ring = if agreed.flags & FUSE_OVER_IO_URING != 0 {
-        start_uring(&dev, &agreed, &server)
+        let cfg = dev_uring::Config {
+            max_write: agreed.max_write,
+            max_pages: agreed.max_pages,
+            // Kept requests (deferred fsyncs) hold an entry each.
+            entries_per_queue: 32,
+        };
+        dev_uring::start(dev.clone(), &cfg, server.clone())
     } else {
         Err(io::Error::other(
             "the kernel did not agree FUSE_OVER_IO_URING (it needs Linux 6.14+ with the fuse \
              module's enable_uring parameter set)",
         ))
     };
-    let loop_threads = match ring {
-        Ok(handle) => {
-            threads.push(handle);
-            // FORGET, BATCH_FORGET and INTERRUPT still come through /dev/fuse.
-            1
-        }
+    let (ring, loop_threads) = match ring {
+        // FORGET, BATCH_FORGET and INTERRUPT still come through /dev/fuse.
+        Ok(r) => (Some(r), 1),
         Err(e) if opts.transport == TransportKind::Uring => {
-            return Err(io::Error::other(format!("transport=uring: {e}")));
+            return Err(uring_refused(e));
         }
         Err(e) => {
             if agreed.flags & FUSE_OVER_IO_URING != 0 {
                 tracing::warn!("FUSE over io_uring: {e}; serving through /dev/fuse");
             }
-            opts.threads.max(1)
+            (None, opts.threads.max(1))
         }
     };
     let mut fds = vec![dev.clone()];
     for _ in 1..loop_threads {
         fds.push(Arc::new(dev::clone_dev(&dev)?));
     }
+    let mut threads = Vec::new();
     for (i, fd) in fds.into_iter().enumerate() {
         let server = server.clone();
         threads.push(
@@ -134,28 +147,7 @@ fn start(
                 .spawn(move || dev::serve_loop(fd, server, agreed))?,
         );
     }
-    Ok(threads)
-}
-
-/// Starts FUSE over io_uring; the handle is a thread that ends when the queues have.
-fn start_uring(
-    dev: &Arc<OwnedFd>,
-    agreed: &Agreed,
-    server: &Arc<dyn Serve>,
-) -> io::Result<JoinHandle<io::Result<()>>> {
-    let cfg = dev_uring::Config {
-        max_write: agreed.max_write,
-        max_pages: agreed.max_pages,
-        // Kept requests (fsyncs waiting for a group commit) hold an entry each.
-        entries_per_queue: 32,
-    };
-    let ring = dev_uring::start(dev.clone(), &cfg, server.clone())?;
-    std::thread::Builder::new()
-        .name("uext4-uring".into())
-        .spawn(move || {
-            ring.wait();
-            Ok(())
-        })
+    Ok((threads, ring))
 }
 
 /// Reads the kernel's INIT, has the handler answer it, and reads from the answer what was
@@ -175,7 +167,7 @@ fn handshake(dev: &Arc<OwnedFd>, server: &dyn Serve) -> io::Result<Agreed> {
         let Some(req) = dev::split(&inbuf[..n], false) else {
             continue;
         };
-        if req.header.opcode != FUSE_INIT {
+        if req.header.opcode != abi::INIT {
             // Nothing else comes before INIT is answered; refuse whatever does.
             dev::answer_request(dev, &req.header, Answer::Error(libc::EIO), &out);
             continue;
@@ -199,32 +191,55 @@ fn handshake(dev: &Arc<OwnedFd>, server: &dyn Serve) -> io::Result<Agreed> {
     }
 }
 
-/// What the transports need from `struct fuse_init_out`.
+/// What the transports need from `struct fuse_init_out`, read as the kernel reads it
+/// (fs/fuse/inode.c, process_init_reply): flags2 only with FUSE_INIT_EXT, max_pages only with
+/// FUSE_MAX_PAGES, at least 4 KiB of write.
 fn parse_init_out(b: &[u8]) -> Option<Agreed> {
-    let u32_at = |o: usize| Some(u32::from_ne_bytes(b.get(o..o + 4)?.try_into().ok()?));
-    let u16_at = |o: usize| Some(u16::from_ne_bytes(b.get(o..o + 2)?.try_into().ok()?));
-    let mut flags = u64::from(u32_at(12)?);
-    if flags & FUSE_INIT_EXT != 0 {
-        flags |= u64::from(u32_at(32).unwrap_or(0)) << 32;
+    // Up to max_write at least.
+    if b.len() < 24 {
+        return None;
     }
-    let max_pages = match u16_at(28) {
-        Some(p) if flags & FUSE_MAX_PAGES != 0 && p > 0 => p,
+    let o = abi::InitOut::parse(b);
+    let mut flags = o.flags;
+    if flags & abi::FUSE_INIT_EXT == 0 {
+        flags &= u64::from(u32::MAX);
+    }
+    let max_pages = match o.max_pages {
+        p if flags & abi::FUSE_MAX_PAGES != 0 && p > 0 => p,
         _ => 32,
     };
     Some(Agreed {
-        max_write: u32_at(20)?.max(4096),
+        max_write: o.max_write.max(4096),
         max_pages,
         flags,
     })
 }
 
-/// Mounts `image` and serves `fs` through the fuser crate's loop, until the adapter answers
-/// [`Serve`] (then this is [`serve_with`] of the adapter).
+/// `-o transport=uring` where FUSE over io_uring cannot serve: the mount is refused
+/// (ErrorKind::Unsupported).
+fn uring_refused(why: io::Error) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("transport=uring: {why}"),
+    )
+}
+
+/// Whether a handler's INIT should ask for FUSE over io_uring under `opts`: unless
+/// `transport=dev`, where this process can serve the rings. Once the kernel agrees, it holds
+/// every request until the rings are registered (or a registration fails), so it is asked for
+/// only where they can be.
+pub fn asks_uring(opts: &Options) -> bool {
+    opts.transport != TransportKind::Dev && dev_uring::available().is_ok()
+}
+
+/// Mounts `image` at `mountpoint` and serves `fs` (the adapter, [`Uext4Fuse`]) until it is
+/// unmounted, as [`serve_with`]; INIT asks for FUSE over io_uring where [`asks_uring`] says
+/// so, and `transport=uring` is refused where it cannot.
 pub fn serve(fs: Arc<Fs>, image: &Path, mountpoint: &Path, opts: &Options) -> io::Result<Served> {
-    // Asked at INIT only where the rings can be made: once agreed, the kernel holds requests
-    // until they are registered.
-    let uring = opts.transport != TransportKind::Dev && dev_uring::available().is_ok();
-    let server = Uext4Fuse::new(fs, opts.clone()).with_uring(uring);
+    if opts.transport == TransportKind::Uring {
+        dev_uring::available().map_err(uring_refused)?;
+    }
+    let server = Uext4Fuse::new(fs, opts.clone()).with_uring(asks_uring(opts));
     serve_with(Arc::new(server), image, mountpoint, opts)
 }
 
@@ -236,7 +251,8 @@ mod tests {
     fn init_out_is_read_as_the_kernel_reads_it() {
         let mut b = [0u8; 64];
         b[0..4].copy_from_slice(&7u32.to_ne_bytes());
-        b[12..16].copy_from_slice(&((FUSE_INIT_EXT | FUSE_MAX_PAGES) as u32).to_ne_bytes());
+        b[12..16]
+            .copy_from_slice(&((abi::FUSE_INIT_EXT | abi::FUSE_MAX_PAGES) as u32).to_ne_bytes());
         b[20..24].copy_from_slice(&(1u32 << 20).to_ne_bytes());
         b[28..30].copy_from_slice(&256u16.to_ne_bytes());
         b[32..36].copy_from_slice(&((FUSE_OVER_IO_URING >> 32) as u32).to_ne_bytes());

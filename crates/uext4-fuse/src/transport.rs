@@ -125,7 +125,7 @@ pub trait Serve: Send + Sync {
     fn serve(&self, req: &RawRequest<'_>, out: &mut [u8], from: &Arc<dyn Transport>) -> Answer;
 
     /// Called once by the session, after the INIT reply was sent and before any other request
-    /// is served: how to reach the kernel unasked.
+    /// is served: what the handler may use beyond replies.
     fn started(&self, _link: Link) {}
 
     /// Called once by the session when the connection has ended (every loop thread is done):

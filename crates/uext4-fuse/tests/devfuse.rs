@@ -5,7 +5,7 @@
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
 use uext4_fuse::transport::{Answer, Link, RawRequest, Serve, Transport};
 use uext4_fuse::{Options, TransportKind};
@@ -66,6 +66,7 @@ impl Serve for Tiny {
                 put(out, 48, 4096u32.to_ne_bytes());
                 Answer::Reply(80)
             }
+            GETXATTR if req.rest.starts_with(b"user.panic\0") => panic!("asked to"),
             GETXATTR => {
                 let size = u32_at(0);
                 let _ = self
@@ -84,20 +85,39 @@ impl Serve for Tiny {
     }
 }
 
-fn getxattr(p: &Path) -> Vec<u8> {
+fn getxattr_named(p: &Path, name: &std::ffi::CStr) -> std::io::Result<Vec<u8>> {
     let c = CString::new(p.as_os_str().as_bytes()).unwrap();
     let mut buf = [0u8; 64];
     // SAFETY: valid path and name; the buffer's length is passed.
     let n = unsafe {
         libc::getxattr(
             c.as_ptr(),
-            c"user.x".as_ptr(),
+            name.as_ptr(),
             buf.as_mut_ptr().cast(),
             buf.len(),
         )
     };
-    assert!(n >= 0, "getxattr: {}", std::io::Error::last_os_error());
-    buf[..n as usize].to_vec()
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(buf[..n as usize].to_vec())
+}
+
+fn getxattr(p: &Path) -> Vec<u8> {
+    getxattr_named(p, c"user.x").unwrap()
+}
+
+/// A mount point for test `tag`, and a tiny handler with the receiving end of its kept
+/// requests.
+fn setup(tag: &str) -> (std::path::PathBuf, Arc<Tiny>, Receiver<Later>) {
+    let dir = std::env::temp_dir().join(format!("uext4-devfuse-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (tx, rx) = channel::<Later>();
+    let tiny = Arc::new(Tiny {
+        link: Arc::new(OnceLock::new()),
+        later: Mutex::new(tx),
+    });
+    (dir, tiny, rx)
 }
 
 #[test]
@@ -105,13 +125,7 @@ fn tiny_server_over_dev_fuse() {
     if !uext4_testkit::fuse_usable("the /dev/fuse transport test") {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("uext4-devfuse-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (tx, rx) = channel::<Later>();
-    let tiny = Arc::new(Tiny {
-        link: Arc::new(OnceLock::new()),
-        later: Mutex::new(tx),
-    });
+    let (dir, tiny, rx) = setup("dev");
     let opts = Options {
         threads: 4,
         transport: TransportKind::Dev,
@@ -163,6 +177,12 @@ fn tiny_server_over_dev_fuse() {
             });
         }
     });
+    // A handler that panics fails the request; the loop threads go on.
+    for _ in 0..8 {
+        let e = getxattr_named(&dir, c"user.panic").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    }
+    assert_eq!(getxattr(&dir), VALUE);
     let link = tiny.link.get().unwrap();
     link.notifier.inval_inode(1, 0, 0).unwrap();
     // A name the kernel does not hold: nothing to drop.
@@ -174,6 +194,29 @@ fn tiny_server_over_dev_fuse() {
     assert!(!served.is_finished());
     served.unmount_and_join().unwrap();
     drop(tiny);
-    assert!(replier.join().unwrap() >= 32 * 20);
+    assert!(replier.join().unwrap() > 32 * 20);
+    let _ = std::fs::remove_dir(&dir);
+}
+
+#[test]
+fn transport_uring_refuses_a_mount_without_it() {
+    if !uext4_testkit::fuse_usable("the /dev/fuse transport test") {
+        return;
+    }
+    // The tiny handler never asks for FUSE_OVER_IO_URING.
+    let (dir, tiny, _rx) = setup("uring");
+    let opts = Options {
+        transport: TransportKind::Uring,
+        ..Options::default()
+    };
+    let e = uext4_fuse::serve_with(tiny, Path::new("tiny-uring"), &dir, &opts)
+        .err()
+        .expect("transport=uring without io_uring must fail");
+    assert!(e.to_string().contains("transport=uring"), "{e}");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(
+        !mounts.lines().any(|l| l.starts_with("tiny-uring ")),
+        "the mount was left behind: {mounts}"
+    );
     let _ = std::fs::remove_dir(&dir);
 }

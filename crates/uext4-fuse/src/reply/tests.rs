@@ -57,7 +57,8 @@ fn create_is_an_entry_then_an_open() {
 fn statx_has_birth_time_and_device_numbers() {
     let mut out = vec![0u8; 4096];
     let mut a = attr();
-    a.rdev = (8 << 8) | 1 | (0x123 << 12 << 8 >> 8 & 0xfff00000);
+    // new_encode_dev(MKDEV(8, 0x101)): minor's low byte, major, minor's high bits.
+    a.rdev = 0x01 | (8 << 8) | (0x100 << 12);
     let n = statx(
         &mut out,
         Duration::from_secs(1),
@@ -69,7 +70,7 @@ fn statx_has_birth_time_and_device_numbers() {
     assert_eq!(f.u32(32), abi::STATX_BASIC_STATS | abi::STATX_BTIME);
     assert_eq!(f.u16(32 + 28), 0o100644);
     assert_eq!((f.u64(32 + 80), f.u32(32 + 88)), (4, 9));
-    assert_eq!(f.u32(32 + 128), 8);
+    assert_eq!((f.u32(32 + 128), f.u32(32 + 132)), (8, 0x101));
 }
 
 #[test]

@@ -143,3 +143,21 @@ fn statx_tmpfile_syncfs_and_unknown_opcodes() {
         Ok(Op::Unknown(abi::GETLK))
     );
 }
+
+#[test]
+fn ioctl_carries_its_input() {
+    // fh, flags | cmd, arg, in_size | out_size
+    let mut f = le(&[0, 0x8008_6602u64 << 32, 0]);
+    f.extend_from_slice(&4u32.to_ne_bytes());
+    f.extend_from_slice(&0u32.to_ne_bytes());
+    let r = req(abi::IOCTL, &f, &[1, 2, 3, 4]);
+    assert_eq!(
+        Op::decode(&r),
+        Ok(Op::Ioctl {
+            cmd: 0x8008_6602,
+            flags: 0,
+            out_size: 0,
+            data: &[1, 2, 3, 4]
+        })
+    );
+}
