@@ -315,8 +315,11 @@ impl Serve for Uext4Fuse {
                 data,
             } => self.write(h, ino, offset, data, write_flags, out),
             Op::Statfs => self.statfs(out),
-            // The server keeps nothing per descriptor (FOPEN_NOFLUSH asks for no FLUSH).
-            Op::Flush => Ok(0),
+            // The server keeps nothing per descriptor and takes no POSIX locks: FLUSH would
+            // be a round trip per close(2). FOPEN_NOFLUSH asks for none, but with
+            // writeback_cache the kernel sends it anyway (after writing the file's dirty
+            // pages back, which it still does); ENOSYS stops it for the whole connection.
+            Op::Flush => Err(libc::ENOSYS),
             Op::Release => empty(self.fs.release(ino)),
             Op::Opendir { .. } => self.opendir(ino, out),
             // The last close of a removed directory frees it.
