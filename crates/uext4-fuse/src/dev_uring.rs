@@ -745,8 +745,9 @@ impl Queue {
             };
             let a = self.serve.serve(&req, &mut self.copy_out, &self.from);
             if let Answer::Reply(m) = a {
-                let m = m.min(self.payload_len);
-                payload[..m].copy_from_slice(&self.copy_out[..m]);
+                if m <= self.payload_len {
+                    payload[..m].copy_from_slice(&self.copy_out[..m]);
+                }
             }
             a
         };
@@ -803,7 +804,11 @@ impl Queue {
     /// already in the payload, or an errno.
     fn commit(&mut self, i: usize, unique: u64, reply: Result<usize, i32>) {
         let (n, error) = match reply {
-            Ok(n) => (n, 0),
+            Ok(n) if n <= self.payload_len => (n, 0),
+            Ok(n) => {
+                tracing::error!("FUSE over io_uring: a reply of {n} bytes, beyond the entry");
+                (0, -libc::EIO)
+            }
             Err(errno) => (0, -errno.abs()),
         };
         // SAFETY: the entry is with this thread (served or parked) until the commit.
