@@ -61,7 +61,9 @@ impl Fs {
     /// Changes the attributes `set` names, as an image tool does (no set-ID or capability
     /// removal). A new mode also updates the access ACL, as chmod does.
     pub fn setattr(&self, ino: u32, set: &SetAttr) -> Result<Attr> {
-        self.setattr_inner(ino, set, None)
+        let attr = self.setattr_inner(ino, set, None)?;
+        self.sync_if_flagged(ino, false)?;
+        Ok(attr)
     }
 
     /// [`Fs::setattr`] for `cred`: a chown (of anything but a directory) loses set-user-ID,
@@ -69,12 +71,15 @@ impl Fs {
     /// `security.capability`; a truncate by an unprivileged caller loses the same, and by
     /// anyone `security.capability`. A change that sets the mode itself keeps what it sets.
     pub fn setattr_as(&self, cred: &Cred, ino: u32, set: &SetAttr) -> Result<Attr> {
-        self.setattr_inner(ino, set, Some(cred))
+        let attr = self.setattr_inner(ino, set, Some(cred))?;
+        self.sync_if_flagged(ino, false)?;
+        Ok(attr)
     }
 
     fn setattr_inner(&self, ino: u32, set: &SetAttr, cred: Option<&Cred>) -> Result<Attr> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         self.check_writable()?;
+        crate::flags::may_setattr(&self.iget(ino)?.state.lock().raw, set)?;
         if let Some(size) = set.size {
             self.truncate(ino, size)?;
         }

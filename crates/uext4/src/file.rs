@@ -13,6 +13,7 @@
 
 use crate::attr::{write_privs, write_privs_known};
 use crate::cred::Cred;
+use crate::extents::{FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE};
 use crate::error::{Error, Result};
 use crate::format::extent::{Extent, MAX_INIT_LEN, MAX_UNWRITTEN_LEN};
 use crate::format::inode::{S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
@@ -210,6 +211,7 @@ impl Fs {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         let mut changed = false;
         let n = self.retry_nospace(|| self.write_once(cred, &mut changed, ino, off, data))?;
+        self.sync_if_flagged(ino, false)?;
         if n == 0 || n == data.len() || self.balloc.pending_free.lock().is_empty() {
             return Ok((n, changed));
         }
@@ -263,6 +265,7 @@ impl Fs {
         let (limit, ftype, mode, gid, cap) = {
             let st = inode.state.lock();
             let r = &st.raw;
+            crate::flags::may_write(r, off)?;
             (
                 self.max_size_of(r),
                 r.file_type(),
@@ -743,6 +746,7 @@ impl Fs {
         let old = {
             let st = inode.state.lock();
             check_live(&st)?;
+            crate::flags::may_truncate(&st.raw)?;
             match st.raw.file_type() {
                 S_IFREG => {}
                 S_IFDIR => return Err(Error::IsDir),
@@ -890,6 +894,9 @@ impl Fs {
         if end > self.max_file_size() {
             return Err(Error::FileTooBig);
         }
+        if mode & (FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_INSERT_RANGE) != 0 {
+            return self.fallocate_shift(ino, mode, off, len);
+        }
         let known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
         if mode & !known != 0 {
             return Err(Error::NotSupported(format!("fallocate mode {mode:#x}")));
@@ -910,6 +917,7 @@ impl Fs {
         {
             let st = inode.state.lock();
             check_live(&st)?;
+            crate::flags::may_fallocate(&st.raw, mode)?;
             match st.raw.file_type() {
                 S_IFREG => {}
                 S_IFDIR => return Err(Error::IsDir),
