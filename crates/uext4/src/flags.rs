@@ -400,9 +400,12 @@ impl Fs {
         let keep = st.raw.flags() & !(FL_USER_MODIFIABLE & !FL_EXTENTS);
         let set = new & FL_USER_MODIFIABLE & !FL_EXTENTS;
         st.raw.set_flags(keep | set);
-        if projid != old_projid {
-            self.set_projid(&mut st, projid)?;
-        }
+        // The flags change even when the project id cannot, as the kernel sets them first.
+        let projid_set = if projid != old_projid {
+            self.set_projid(&mut st, projid)
+        } else {
+            Ok(())
+        };
         st.raw.set_ctime(self.now());
         self.mark_inode_dirty(&mut h, &inode, &mut st)?;
         let attr = self.attr_of(ino, &st);
@@ -412,7 +415,7 @@ impl Fs {
         if sync {
             self.commit_upto(tid)?;
         }
-        Ok(attr)
+        projid_set.map(|()| attr)
     }
 
     /// The kernel's checks of a flag change from `old` to `new` (both as GETFLAGS shows

@@ -33,7 +33,7 @@ impl Fs {
         self.check_writable()?;
         let collapse = mode == FALLOC_FL_COLLAPSE_RANGE;
         if !collapse && mode != FALLOC_FL_INSERT_RANGE {
-            return Err(Error::Invalid(format!(
+            return Err(Error::NotSupported(format!(
                 "fallocate mode {mode:#x}: COLLAPSE_RANGE and INSERT_RANGE take no other flag"
             )));
         }
