@@ -13,8 +13,8 @@
 
 use crate::attr::{write_privs, write_privs_known};
 use crate::cred::Cred;
-use crate::extents::{FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE};
 use crate::error::{Error, Result};
+use crate::extents::{FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE};
 use crate::format::extent::{Extent, MAX_INIT_LEN, MAX_UNWRITTEN_LEN};
 use crate::format::inode::{S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::fs::Fs;

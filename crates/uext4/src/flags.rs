@@ -502,7 +502,10 @@ impl Fs {
     pub(crate) fn inherit_flags(&self, dir_raw: &RawInode, raw: &mut RawInode) {
         let f = inherited(dir_raw.flags(), raw.mode());
         raw.set_flags(raw.flags() | f);
-        if let Some(p) = self.inherited_projid(dir_raw).filter(|_| has_projid_room(raw)) {
+        if let Some(p) = self
+            .inherited_projid(dir_raw)
+            .filter(|_| has_projid_room(raw))
+        {
             raw.set_projid(p);
         }
     }

@@ -48,7 +48,8 @@ impl Fs {
             .filter(|&g| self.geo.group_has_super(g))
             .collect();
         let mut h = self.start(1 + backups.len())?;
-        let set = |sb: &mut Superblock| sb.bytes_mut()[0x78..0x78 + LABEL_MAX].copy_from_slice(&name);
+        let set =
+            |sb: &mut Superblock| sb.bytes_mut()[0x78..0x78 + LABEL_MAX].copy_from_slice(&name);
         let buf = self.superblock_to_buffer(set)?;
         h.dirty(&buf);
         for g in backups {

@@ -98,10 +98,10 @@ pub use cred::{Cred, Groups};
 pub use error::{Corruption, Error, Result};
 pub use extents::{FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE};
 pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
+pub use flags::{flags_to_xflags, xflags_to_flags, FsXattr};
 pub use format::inode::{
     Timestamp, ROOT_INO, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK,
 };
-pub use flags::{flags_to_xflags, xflags_to_flags, FsXattr};
 pub use fs::{ErrorsBehaviour, Fs, FsStats, MountOptions, StatFs};
 pub use fsync::FsyncQueue;
 pub use geometry::Geometry;

@@ -199,12 +199,21 @@ fn flag_requests_match_the_kernel() {
     for (name, i) in [("f", f), ("d", d)] {
         for req in flag_requests(ext) {
             let r = eng(fs.set_flags(i, req));
-            mine.push((name, req, r, fs.get_flags(i).unwrap(), fs.get_fsxattr(i).unwrap()));
+            mine.push((
+                name,
+                req,
+                r,
+                fs.get_flags(i).unwrap(),
+                fs.get_fsxattr(i).unwrap(),
+            ));
         }
     }
     // Inheritance: a directory with flags that are inherited and some that are not.
-    fs.set_flags(d, ext | FL_NODUMP | FL_SYNC | FL_DIRSYNC | FL_NOATIME | FL_TOPDIR)
-        .unwrap();
+    fs.set_flags(
+        d,
+        ext | FL_NODUMP | FL_SYNC | FL_DIRSYNC | FL_NOATIME | FL_TOPDIR,
+    )
+    .unwrap();
     let kids = [
         fs.create(d, b"file", 0o644, 0, 0).unwrap().ino,
         fs.mkdir(d, b"sub", 0o755, 0, 0).unwrap().ino,
@@ -227,7 +236,11 @@ fn flag_requests_match_the_kernel() {
         }
     }
     let d = m.dir.join("d");
-    k_setflags(&d, ext | FL_NODUMP | FL_SYNC | FL_DIRSYNC | FL_NOATIME | FL_TOPDIR).unwrap();
+    k_setflags(
+        &d,
+        ext | FL_NODUMP | FL_SYNC | FL_DIRSYNC | FL_NOATIME | FL_TOPDIR,
+    )
+    .unwrap();
     std::fs::write(d.join("file"), b"").unwrap();
     std::fs::create_dir(d.join("sub")).unwrap();
     std::os::unix::fs::symlink("target", d.join("ln")).unwrap();
@@ -264,7 +277,10 @@ fn flag_requests_match_the_kernel() {
     let m = uext4_testkit::faulty::KernelMount::new(&ua.0);
     assert_eq!(k_getflags(&m.dir.join("d/file")), inherited[0]);
     assert_eq!(k_getflags(&m.dir.join("d/sub")), inherited[1]);
-    assert_eq!(k_getflags(&m.dir.join("f")), mine[flag_requests(ext).len() - 1].3);
+    assert_eq!(
+        k_getflags(&m.dir.join("f")),
+        mine[flag_requests(ext).len() - 1].3
+    );
 }
 
 /// FSSETXATTR's xflags replace the flags they stand for and keep the rest; a project id
@@ -352,7 +368,9 @@ impl Ops for Kernel {
             None => o.append(true),
             Some(_) => o.write(true),
         };
-        let f = o.open(self.p(path)).map_err(|e| e.raw_os_error().unwrap())?;
+        let f = o
+            .open(self.p(path))
+            .map_err(|e| e.raw_os_error().unwrap())?;
         sys(match off {
             None => std::io::Write::write_all(&mut &f, data),
             Some(off) => f.write_all_at(data, off),
@@ -389,8 +407,9 @@ impl Ops for Kernel {
         let p = cpath(&self.p(path));
         let n = CString::new("user.x").unwrap();
         // SAFETY: NUL-terminated strings and a 1-byte value.
-        last_errno(unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), b"v".as_ptr().cast(), 1, 0) }
-            as i64)
+        last_errno(
+            unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), b"v".as_ptr().cast(), 1, 0) } as i64,
+        )
     }
     fn link(&self, path: &str, new: &str) -> Res {
         sys(std::fs::hard_link(self.p(path), self.p(new)))
@@ -563,18 +582,36 @@ fn enforcement_script(o: &dyn Ops, ext: u32) -> Vec<(String, Res)> {
         r(&format!("unlink {f}"), o.unlink(f));
         r(&format!("rename over {f}"), o.rename("f", f));
         r(&format!("alloc {f}"), o.fallocate(f, 0, 0, 8192));
-        r(&format!("keep {f}"), o.fallocate(f, FALLOC_FL_KEEP_SIZE, 0, 65536));
+        r(
+            &format!("keep {f}"),
+            o.fallocate(f, FALLOC_FL_KEEP_SIZE, 0, 65536),
+        );
         let punch = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
         r(&format!("punch {f}"), o.fallocate(f, punch, 0, 4096));
-        r(&format!("collapse {f}"), o.fallocate(f, FALLOC_FL_COLLAPSE_RANGE, 0, 4096));
+        r(
+            &format!("collapse {f}"),
+            o.fallocate(f, FALLOC_FL_COLLAPSE_RANGE, 0, 4096),
+        );
     }
     for d in ["di", "da"] {
         r(&format!("create in {d}"), o.create(&format!("{d}/new")));
-        r(&format!("write in {d}"), o.write(&format!("{d}/x"), Some(0), b"y"));
+        r(
+            &format!("write in {d}"),
+            o.write(&format!("{d}/x"), Some(0), b"y"),
+        );
         r(&format!("unlink in {d}"), o.unlink(&format!("{d}/x")));
-        r(&format!("rename in {d}"), o.rename(&format!("{d}/x"), &format!("{d}/y")));
-        r(&format!("rename out of {d}"), o.rename(&format!("{d}/x"), "out"));
-        r(&format!("rename into {d}"), o.rename("f", &format!("{d}/f")));
+        r(
+            &format!("rename in {d}"),
+            o.rename(&format!("{d}/x"), &format!("{d}/y")),
+        );
+        r(
+            &format!("rename out of {d}"),
+            o.rename(&format!("{d}/x"), "out"),
+        );
+        r(
+            &format!("rename into {d}"),
+            o.rename("f", &format!("{d}/f")),
+        );
         r(&format!("link into {d}"), o.link("a", &format!("{d}/l")));
         r(&format!("chmod {d}"), o.chmod(d, 0o700));
         r(&format!("rmdir {d}"), o.unlink(d));
@@ -634,22 +671,36 @@ fn unprivileged_callers_and_special_files() {
     assert!(fs.set_flags_as(&owner, f, ext | FL_NODUMP).is_ok());
     assert!(matches!(fs.set_flags_as(&other, f, ext), Err(Error::Perm)));
     for fl in [FL_IMMUTABLE, FL_APPEND, FL_JOURNAL_DATA] {
-        assert!(matches!(fs.set_flags_as(&owner, f, ext | fl), Err(Error::Perm)));
+        assert!(matches!(
+            fs.set_flags_as(&owner, f, ext | fl),
+            Err(Error::Perm)
+        ));
     }
     fs.set_flags(f, ext | FL_APPEND).unwrap();
     // Only a privileged caller takes APPEND away, even from its own file.
     assert!(matches!(fs.set_flags_as(&owner, f, ext), Err(Error::Perm)));
-    assert!(fs.set_flags_as(&owner, f, ext | FL_APPEND | FL_NOATIME).is_ok());
+    assert!(fs
+        .set_flags_as(&owner, f, ext | FL_APPEND | FL_NOATIME)
+        .is_ok());
     fs.set_flags(f, ext).unwrap();
     let fifo = fs.mknod(ROOT_INO, b"p", 0o010644, 0, 0, 0).unwrap().ino;
     assert!(fs.set_flags(fifo, FL_NODUMP | FL_NOATIME).is_ok());
-    assert!(matches!(fs.set_flags(fifo, FL_SYNC), Err(Error::NotSupported(_))));
+    assert!(matches!(
+        fs.set_flags(fifo, FL_SYNC),
+        Err(Error::NotSupported(_))
+    ));
     assert!(matches!(fs.set_flags(f, 0), Err(Error::NotSupported(_))));
     // A SYNC file's write commits before it returns.
     fs.set_flags(f, ext | FL_SYNC).unwrap();
-    let before = fs.txn_stats().commits.load(std::sync::atomic::Ordering::Relaxed);
+    let before = fs
+        .txn_stats()
+        .commits
+        .load(std::sync::atomic::Ordering::Relaxed);
     fs.write(f, 0, &[7u8; 10000]).unwrap();
-    let after = fs.txn_stats().commits.load(std::sync::atomic::Ordering::Relaxed);
+    let after = fs
+        .txn_stats()
+        .commits
+        .load(std::sync::atomic::Ordering::Relaxed);
     assert!(after > before, "a write to a SYNC file commits");
     fs.unmount().unwrap();
     drop(fs);

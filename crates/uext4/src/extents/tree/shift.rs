@@ -103,7 +103,14 @@ impl Fs {
             let size = st.raw.size() - len;
             st.raw.set_size(size);
         } else {
-            let last = st.extents.as_ref().unwrap().map.values().next_back().copied();
+            let last = st
+                .extents
+                .as_ref()
+                .unwrap()
+                .map
+                .values()
+                .next_back()
+                .copied();
             if last.is_some_and(|x| x.end() + n as u64 > MAX_BLOCKS) {
                 return Err(Error::FileTooBig);
             }
@@ -215,7 +222,10 @@ impl Fs {
             if hdr.depth == 0 {
                 if k >= from {
                     let x = Extent::read(&entries[i]);
-                    entries[i] = leaf_entry(&Extent { lblk: moved(k), ..x });
+                    entries[i] = leaf_entry(&Extent {
+                        lblk: moved(k),
+                        ..x
+                    });
                     changed = true;
                 }
                 continue;
