@@ -255,31 +255,7 @@ pub(crate) fn may_truncate(raw: &RawInode) -> Result<()> {
 /// append-only one only plain allocation (vfs_fallocate).
 pub(crate) fn may_fallocate(raw: &RawInode, mode: i32) -> Result<()> {
     let f = raw.flags();
-    if f & FL_IMMUTABLE != 0 || (f & FL_APPEND != 0 && mode & !crate::FALLOC_FL_KEEP_SIZE != 0) {
-        return Err(Error::Perm);
-    }
-    Ok(())
-}
-
-/// Fails with EPERM for a setattr of `raw`: anything on an immutable inode (ext4_setattr);
-/// on an append-only one, a mode, owner or explicit time (notify_change; setting the times to
-/// now is allowed).
-pub(crate) fn may_setattr(raw: &RawInode, set: &crate::attr::SetAttr) -> Result<()> {
-    use crate::attr::TimeSet;
-    let f = raw.flags();
-    if f & FL_IMMUTABLE != 0 {
-        return Err(Error::Perm);
-    }
-    let explicit = |t: Option<TimeSet>| matches!(t, Some(TimeSet::At(_)));
-    let restricted = set.mode.is_some()
-        || set.uid.is_some()
-        || set.gid.is_some()
-        || set.size.is_some()
-        || explicit(set.atime)
-        || explicit(set.mtime)
-        || set.ctime.is_some()
-        || set.crtime.is_some();
-    if f & FL_APPEND != 0 && restricted {
+    if f & FL_IMMUTABLE != 0 || (f & FL_APPEND != 0 && mode & !FALLOC_FL_KEEP_SIZE != 0) {
         return Err(Error::Perm);
     }
     Ok(())
@@ -287,6 +263,8 @@ pub(crate) fn may_setattr(raw: &RawInode, set: &crate::attr::SetAttr) -> Result<
 
 /// `open(2)` flags' bits that the flag rules look at.
 const O_ACCMODE: i32 = 0o3;
+/// fallocate's plain allocation that keeps the size: all an append-only file allows.
+const FALLOC_FL_KEEP_SIZE: i32 = 0x01;
 const O_TRUNC: i32 = 0o1000;
 const O_APPEND: i32 = 0o2000;
 
@@ -377,7 +355,9 @@ impl Fs {
         let _io = inode.io_lock.write();
         let mut h = self.start(credits::SETATTR)?;
         let mut st = inode.state.lock();
-        crate::file::check_live(&st)?;
+        if st.deleted {
+            return Err(Error::NotFound);
+        }
         let raw = &st.raw;
         if cred.uid != raw.uid() && !cred.privileged {
             return Err(Error::Perm);

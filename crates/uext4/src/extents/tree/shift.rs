@@ -48,7 +48,9 @@ impl Fs {
         let _g = inode.io_lock.write();
         {
             let st = inode.state.lock();
-            crate::file::check_live(&st)?;
+            if st.deleted {
+                return Err(Error::NotFound);
+            }
             crate::flags::may_fallocate(&st.raw, mode)?;
             match st.raw.file_type() {
                 S_IFREG => {}
@@ -95,7 +97,9 @@ impl Fs {
         }
         let mut h = self.start_with_room(credits::UNLINK + self.shift_credits(&inode))?;
         let mut st = inode.state.lock();
-        crate::file::check_live(&st)?;
+        if st.deleted {
+            return Err(Error::NotFound);
+        }
         self.ext_load(ino, &mut st)?;
         if collapse {
             self.ext_remove(&mut h, ino, &mut st, start, start as u64 + n as u64)?;
