@@ -882,3 +882,78 @@ fn collapse_and_insert_keep_data() {
     drop(fs);
     e2fsck_clean(&img.0);
 }
+
+/// Random collapses and inserts (and writes between them) on a two-level tree, against a
+/// model of the bytes; the image is e2fsck clean and reads the same after a reopen.
+#[test]
+fn random_shifts_follow_a_model() {
+    let img = scratch("shift-random");
+    mke2fs(&img.0, "64M", &["-b", "1024"]);
+    let fs = open_fs(&img.0);
+    let f = fs.create(ROOT_INO, b"f", 0o644, 0, 0).unwrap().ino;
+    let mut model = vec![0u8; 3000 * 1024];
+    fragmented(
+        &mut |off, d| {
+            fs.write_all(f, off, d).unwrap();
+            model[off as usize..off as usize + d.len()].copy_from_slice(d);
+        },
+        3000,
+    );
+    // The last block is one of the holes: the file ends before it.
+    model.truncate(fs.getattr(f).unwrap().size as usize);
+    assert_eq!(fs.ext_tree_depth(f).unwrap(), 2);
+    let seed = std::env::var("FUZZ_SEED").map_or(0x5eed, |s| s.parse().unwrap());
+    let mut rnd = xorshift(seed);
+    let ops = if std::env::var_os("UEXT4_QUICK").is_some() {
+        60
+    } else {
+        200
+    };
+    for step in 0..ops {
+        let blocks = model.len() as u64 / 1024;
+        let r = rnd() % 10;
+        if r < 4 && blocks > 2 {
+            let off = rnd() % (blocks - 1);
+            let len = 1 + rnd() % (blocks - 1 - off).min(40);
+            fs.fallocate(f, FALLOC_FL_COLLAPSE_RANGE, off * 1024, len * 1024)
+                .unwrap_or_else(|e| panic!("step {step}: collapse {off}+{len}: {e}"));
+            model.drain(off as usize * 1024..(off + len) as usize * 1024);
+        } else if r < 8 {
+            let off = rnd() % blocks;
+            let len = 1 + rnd() % 40;
+            fs.fallocate(f, FALLOC_FL_INSERT_RANGE, off * 1024, len * 1024)
+                .unwrap_or_else(|e| panic!("step {step}: insert {off}+{len}: {e}"));
+            let at = off as usize * 1024;
+            model.splice(at..at, vec![0u8; len as usize * 1024]);
+        } else {
+            let off = rnd() % (model.len() as u64);
+            let len = (1 + rnd() % 2000).min(model.len() as u64 - off) as usize;
+            let v = (step % 250) as u8 + 1;
+            fs.write_all(f, off, &vec![v; len]).unwrap();
+            model[off as usize..off as usize + len].fill(v);
+        }
+        assert_eq!(
+            fs.getattr(f).unwrap().size,
+            model.len() as u64,
+            "step {step}"
+        );
+    }
+    let check = |fs: &Fs| {
+        let mut buf = vec![0u8; model.len()];
+        assert_eq!(fs.read(f, 0, &mut buf).unwrap(), model.len());
+        assert!(buf == model, "contents differ from the model");
+    };
+    check(&fs);
+    eprintln!(
+        "{ops} shifts and writes: {} bytes, {} extents, tree depth {}",
+        model.len(),
+        fs.ext_list(f).unwrap().len(),
+        fs.ext_tree_depth(f).unwrap()
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean_when(&img.0, "after random collapses and inserts");
+    let fs = open_fs(&img.0);
+    check(&fs);
+    fs.unmount().unwrap();
+}
