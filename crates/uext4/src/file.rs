@@ -15,6 +15,7 @@ use crate::attr::{write_privs, write_privs_known};
 use crate::cred::Cred;
 use crate::error::{Error, Result};
 use crate::extents::{FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE};
+use crate::flags::WriteAfter;
 use crate::format::extent::{Extent, MAX_INIT_LEN, MAX_UNWRITTEN_LEN};
 use crate::format::inode::{S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::fs::Fs;
@@ -209,9 +210,12 @@ impl Fs {
         data: &[u8],
     ) -> Result<(usize, bool)> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
-        let mut changed = false;
-        let n = self.retry_nospace(|| self.write_once(cred, &mut changed, ino, off, data))?;
-        self.sync_if_flagged(ino, false)?;
+        let mut after = WriteAfter::default();
+        let n = self.retry_nospace(|| self.write_once(cred, &mut after, ino, off, data))?;
+        if after.sync {
+            self.fsync(ino, false)?;
+        }
+        let changed = after.mode_changed;
         if n == 0 || n == data.len() || self.balloc.pending_free.lock().is_empty() {
             return Ok((n, changed));
         }
@@ -226,7 +230,7 @@ impl Fs {
             return Ok((n, changed));
         }
         let more = self
-            .write_once(None, &mut changed, ino, off + n as u64, &data[n..])
+            .write_once(None, &mut after, ino, off + n as u64, &data[n..])
             .unwrap_or(0);
         Ok((n + more, changed))
     }
@@ -246,7 +250,7 @@ impl Fs {
     fn write_once(
         &self,
         cred: Option<&Cred>,
-        mode_changed: &mut bool,
+        after: &mut WriteAfter,
         ino: u32,
         off: u64,
         data: &[u8],
@@ -265,7 +269,7 @@ impl Fs {
         let (limit, ftype, mode, gid, cap) = {
             let st = inode.state.lock();
             let r = &st.raw;
-            crate::flags::may_write(r, off)?;
+            after.sync = crate::flags::may_write(r, off)?;
             (
                 self.max_size_of(r),
                 r.file_type(),
@@ -281,7 +285,8 @@ impl Fs {
         });
         if let Some(c) = privs {
             let member = c.in_group(gid);
-            *mode_changed |= self.remove_privs_of(&inode, &write_privs_known(c, gid, member))?;
+            after.mode_changed |=
+                self.remove_privs_of(&inode, &write_privs_known(c, gid, member))?;
         }
         if off >= limit {
             return Err(Error::FileTooBig);
@@ -882,7 +887,8 @@ impl Fs {
     /// [`Error::NoSpace`](crate::Error::NoSpace).
     pub fn fallocate(&self, ino: u32, mode: i32, off: u64, len: u64) -> Result<()> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
-        self.retry_nospace(|| self.fallocate_once(ino, mode, off, len))
+        self.retry_nospace(|| self.fallocate_once(ino, mode, off, len))?;
+        self.sync_if_flagged(ino, false)
     }
 
     fn fallocate_once(&self, ino: u32, mode: i32, off: u64, len: u64) -> Result<()> {

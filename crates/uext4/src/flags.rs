@@ -236,13 +236,24 @@ pub(crate) fn may_remove_entry(raw: &RawInode) -> Result<()> {
 }
 
 /// Fails with EPERM for a write at `off` to file `raw`: immutable, or append-only with `off`
-/// not at the end (an append-only file is written only through O_APPEND).
-pub(crate) fn may_write(raw: &RawInode, off: u64) -> Result<()> {
+/// not at the end (an append-only file is written only through O_APPEND). Else whether the
+/// write must be durable before it returns (SYNC), asked here under the lock the write
+/// holds anyway.
+pub(crate) fn may_write(raw: &RawInode, off: u64) -> Result<bool> {
     let f = raw.flags();
     if f & FL_IMMUTABLE != 0 || (f & FL_APPEND != 0 && off != raw.size()) {
         return Err(Error::Perm);
     }
-    Ok(())
+    Ok(f & FL_SYNC != 0)
+}
+
+/// What a write learnt under its inode's lock and acts on once its data is in.
+#[derive(Default)]
+pub(crate) struct WriteAfter {
+    /// Set-ID bits or a capability were taken away.
+    pub mode_changed: bool,
+    /// The file is SYNC: the write is made durable before it returns.
+    pub sync: bool,
 }
 
 /// Fails with EPERM for a change of size of `raw` (immutable or append-only, as the kernel's

@@ -91,11 +91,19 @@ impl Fs {
         }
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         let (start, n) = ((off / bs) as u32, (len / bs) as u32);
+        let room = credits::UNLINK + self.shift_credits(&inode)?;
+        if room > self.txn.max_blocks.load(Ordering::Relaxed) {
+            // The kernel restarts its handle leaf by leaf; this shift is one handle, and a
+            // handle may not outgrow the log.
+            return Err(Error::NotSupported(format!(
+                "inode {ino}: too many extents to shift in one transaction"
+            )));
+        }
         if collapse {
             // A range too large for one handle is emptied in pieces first, from its end.
             self.remove_in_pieces(&inode, start, start as u64 + n as u64)?;
         }
-        let mut h = self.start_with_room(credits::UNLINK + self.shift_credits(&inode))?;
+        let mut h = self.start_with_room(room)?;
         let mut st = inode.state.lock();
         if st.deleted {
             return Err(Error::NotFound);
@@ -128,19 +136,18 @@ impl Fs {
         st.raw.set_ctime(now);
         self.mark_inode_dirty(&mut h, &inode, &mut st)?;
         inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
-        drop(st);
-        drop(h);
-        self.sync_if_flagged(ino, false)
+        Ok(())
     }
 
     /// The tree blocks a shift may rewrite, at most: every leaf (taken as half full) and the
     /// index blocks above them.
-    fn shift_credits(&self, inode: &Inode) -> usize {
-        let st = inode.state.lock();
+    fn shift_credits(&self, inode: &Inode) -> Result<usize> {
+        let mut st = inode.state.lock();
+        self.ext_load(inode.ino, &mut st)?;
         let extents = st.extents.as_ref().map_or(0, |c| c.map.len());
         let half = ((self.geo.block_size as usize - 12) / 12 / 2).max(1);
-        let depth = super::depth(&st.raw) as usize;
-        (extents / half + 1) * (depth + 1) + 4
+        let leaves = extents / half + 1;
+        Ok(leaves + super::depth(&st.raw) as usize * (leaves / half + 1) + 4)
     }
 
     /// Splits the extent that covers logical block `at` (and starts before it) in two at `at`,
