@@ -702,6 +702,26 @@ fn unprivileged_callers_and_special_files() {
         .commits
         .load(std::sync::atomic::Ordering::Relaxed);
     assert!(after > before, "a write to a SYNC file commits");
+    // A DIRSYNC directory's new entries commit before the create returns; its files'
+    // writes do not (the flag is the directory's, and files inherit only SYNC).
+    let d = fs.mkdir(ROOT_INO, b"ds", 0o755, 0, 0).unwrap().ino;
+    fs.set_flags(d, fs.get_flags(d).unwrap() | FL_DIRSYNC)
+        .unwrap();
+    let commits = || {
+        fs.txn_stats()
+            .commits
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = commits();
+    let g = fs.create(d, b"g", 0o644, 0, 0).unwrap().ino;
+    assert!(
+        commits() > before,
+        "a create in a DIRSYNC directory commits"
+    );
+    assert_eq!(fs.get_flags(g).unwrap() & (FL_DIRSYNC | FL_SYNC), 0);
+    let before = commits();
+    fs.write(g, 0, b"x").unwrap();
+    assert_eq!(commits(), before);
     fs.unmount().unwrap();
     drop(fs);
     e2fsck_clean(&img.0);
