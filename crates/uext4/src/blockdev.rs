@@ -55,6 +55,14 @@ pub trait BlockDevice: Send + Sync {
     fn zero_range(&self, off: u64, len: u64) -> io::Result<()> {
         write_zeros(self, off, len)
     }
+    /// Tells the device that `off..off + len` holds nothing worth keeping (FITRIM): an image
+    /// file gives the space back to the filesystem under it, a block device is asked to
+    /// discard it. A hint: the default does nothing, and what the range reads afterwards is
+    /// unspecified. Whether it did anything.
+    fn discard(&self, off: u64, len: u64) -> io::Result<bool> {
+        let _ = (off, len);
+        Ok(false)
+    }
     /// Reads as `read_at`, but from the device itself rather than any cache of it on this
     /// host: for the multi-mount protection block, which another node may have rewritten.
     fn read_fresh_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
@@ -259,6 +267,31 @@ impl BlockDevice for FileDevice {
             return write_zeros(self, off, len);
         }
         zero_file_range(&self.file, off, len)
+    }
+    fn discard(&self, off: u64, len: u64) -> io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        if self.read_only {
+            return Err(io::Error::from_raw_os_error(libc::EROFS));
+        }
+        let fd = self.file.as_raw_fd();
+        let r = if self.file.metadata()?.file_type().is_file() {
+            let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            // SAFETY: fallocate on our own descriptor with plain integer arguments.
+            unsafe { libc::fallocate(fd, mode, off as libc::off_t, len as libc::off_t) }
+        } else {
+            const BLKDISCARD: libc::c_ulong = 0x1277;
+            let range = [off, len];
+            // SAFETY: BLKDISCARD reads two u64 (start, length) from the array we pass.
+            unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) }
+        };
+        if r == 0 {
+            return Ok(true);
+        }
+        match io::Error::last_os_error() {
+            // Neither the filesystem under the image nor the device can: nothing to do.
+            e if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOTTY)) => Ok(false),
+            e => Err(e),
+        }
     }
     fn read_fresh_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         use std::os::fd::AsRawFd;
@@ -1089,6 +1122,10 @@ impl BlockDevice for RegionDevice {
     fn zero_range(&self, off: u64, len: u64) -> io::Result<()> {
         let at = self.translate(off, len)?;
         self.inner.zero_range(at, len)
+    }
+    fn discard(&self, off: u64, len: u64) -> io::Result<bool> {
+        let at = self.translate(off, len)?;
+        self.inner.discard(at, len)
     }
     fn read_fresh_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         let at = self.translate(off, buf.len() as u64)?;

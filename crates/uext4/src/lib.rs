@@ -85,6 +85,7 @@ pub mod partition;
 mod super_info;
 mod sync;
 mod transaction;
+mod trim;
 mod xattr;
 
 pub use acl::Umask;

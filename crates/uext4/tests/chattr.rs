@@ -1063,3 +1063,89 @@ fn a_crash_shows_a_shift_whole_or_not_at_all() {
     );
     assert!(seen[0] > 0 && seen[versions.len() - 1] > 0);
 }
+
+/// FITRIM: the engine discards the same free bytes the kernel's ext4 does on a fresh mount
+/// of the same image (its count is the free runs of each group), gives the image file's
+/// space back, and leaves files and e2fsck as they were.
+#[test]
+fn trim_matches_the_kernel() {
+    use std::os::unix::fs::MetadataExt;
+    let (ka, ua) = twin_images("trim", "64M", &[]);
+    let fs = open_fs(&ua.0);
+    let mut kept = Vec::new();
+    for i in 0..40u32 {
+        let name = format!("f{i}");
+        let a = fs.create(ROOT_INO, name.as_bytes(), 0o644, 0, 0).unwrap();
+        let data = vec![i as u8 + 1; 100_000 + i as usize * 4096];
+        fs.write_all(a.ino, 0, &data).unwrap();
+        if i % 3 == 0 {
+            kept.push((a.ino, data));
+        }
+    }
+    for i in 0..40u32 {
+        if i % 3 != 0 {
+            fs.unlink(ROOT_INO, format!("f{i}").as_bytes()).unwrap();
+        }
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    std::fs::copy(&ua.0, &ka.0).unwrap();
+    // Fill the images' holes, so that what a trim gives back shows.
+    for img in [&ua, &ka] {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&img.0)
+            .unwrap();
+        use std::os::fd::AsRawFd;
+        let size = f.metadata().unwrap().len() as i64;
+        // SAFETY: an open descriptor; mode 0 allocates.
+        assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, size) }, 0);
+    }
+    let before = std::fs::metadata(&ua.0).unwrap().blocks() * 512;
+    let opts = MountOptions {
+        commit_interval_secs: 0,
+        map_tmpfs: false,
+        ..Default::default()
+    };
+    let fs = Fs::open_path(&ua.0, opts).unwrap();
+    assert!(matches!(fs.trim(0, 100, 0), Err(Error::Invalid(_))));
+    assert!(matches!(
+        fs.trim_as(&Cred::user(1, 1), 0, u64::MAX, 0),
+        Err(Error::Perm)
+    ));
+    let mine = fs.trim(0, u64::MAX, 0).unwrap();
+    let free = fs.statfs().blocks_free * fs.geo.block_size as u64;
+    fs.unmount().unwrap();
+    drop(fs);
+    let after = std::fs::metadata(&ua.0).unwrap().blocks() * 512;
+    eprintln!("trimmed {mine} of {free} free bytes; the image holds {before} -> {after} bytes");
+    assert!(
+        mine > free / 2 && mine <= free,
+        "trimmed {mine} of {free} free bytes"
+    );
+    assert!(
+        before - after >= mine / 2,
+        "the image gave back {} bytes",
+        before - after
+    );
+    e2fsck_clean_when(&ua.0, "after FITRIM");
+    let fs = open_fs(&ua.0);
+    for (ino, data) in &kept {
+        let mut buf = vec![0u8; data.len()];
+        fs.read(*ino, 0, &mut buf).unwrap();
+        assert!(buf == *data, "inode {ino} changed");
+    }
+    fs.unmount().unwrap();
+    if !kernel_ok() {
+        return;
+    }
+    let m = uext4_testkit::faulty::KernelMount::new(&ka.0);
+    let mut range = [0u64, u64::MAX, 0];
+    ioctl_path(&m.dir, 0xC018_5879, range.as_mut_ptr().cast()).unwrap();
+    drop(m);
+    assert_eq!(
+        mine, range[1],
+        "bytes trimmed: engine {mine}, kernel {}",
+        range[1]
+    );
+}
