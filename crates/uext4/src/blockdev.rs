@@ -139,6 +139,31 @@ fn zero_file_range(file: &File, off: u64, len: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Gives `off..off + len` of an image file back to the filesystem under it (a punched hole),
+/// or asks a block device to discard it (BLKDISCARD). False where neither can.
+fn discard_file_range(file: &File, off: u64, len: u64) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    let r = if file.metadata()?.file_type().is_file() {
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        // SAFETY: fallocate on our own descriptor with plain integer arguments.
+        unsafe { libc::fallocate(fd, mode, off as libc::off_t, len as libc::off_t) }
+    } else {
+        const BLKDISCARD: libc::c_ulong = 0x1277;
+        let range = [off, len];
+        // SAFETY: BLKDISCARD reads two u64 (start, length) from the array we pass.
+        unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) }
+    };
+    if r == 0 {
+        return Ok(true);
+    }
+    match io::Error::last_os_error() {
+        // Neither the filesystem under the image nor the device can: nothing to do.
+        e if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOTTY)) => Ok(false),
+        e => Err(e),
+    }
+}
+
 /// `zero_range`'s "no storage under the image" (see [`is_backing_full`]).
 #[derive(Debug)]
 struct BackingFull(String);
@@ -269,29 +294,10 @@ impl BlockDevice for FileDevice {
         zero_file_range(&self.file, off, len)
     }
     fn discard(&self, off: u64, len: u64) -> io::Result<bool> {
-        use std::os::fd::AsRawFd;
         if self.read_only {
             return Err(io::Error::from_raw_os_error(libc::EROFS));
         }
-        let fd = self.file.as_raw_fd();
-        let r = if self.file.metadata()?.file_type().is_file() {
-            let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-            // SAFETY: fallocate on our own descriptor with plain integer arguments.
-            unsafe { libc::fallocate(fd, mode, off as libc::off_t, len as libc::off_t) }
-        } else {
-            const BLKDISCARD: libc::c_ulong = 0x1277;
-            let range = [off, len];
-            // SAFETY: BLKDISCARD reads two u64 (start, length) from the array we pass.
-            unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) }
-        };
-        if r == 0 {
-            return Ok(true);
-        }
-        match io::Error::last_os_error() {
-            // Neither the filesystem under the image nor the device can: nothing to do.
-            e if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOTTY)) => Ok(false),
-            e => Err(e),
-        }
+        discard_file_range(&self.file, off, len)
     }
     fn read_fresh_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         use std::os::fd::AsRawFd;
@@ -995,6 +1001,21 @@ impl BlockDevice for MappedDevice {
         self.mark_backed(first, last);
         self.populate(first, last);
         Ok(())
+    }
+    /// Whole pages only: their "backed" marks go first, so that from then on a write to
+    /// them goes through pwrite (which finds storage or fails), never a store that faults.
+    fn discard(&self, off: u64, len: u64) -> io::Result<bool> {
+        self.check(off, len as usize)?;
+        let first = off.div_ceil(1 << self.page_shift);
+        let last = (off + len) >> self.page_shift;
+        if first >= last || !self.file.metadata()?.file_type().is_file() {
+            return Ok(false);
+        }
+        for p in first..last {
+            self.backed.clear(p);
+        }
+        let at = first << self.page_shift;
+        discard_file_range(&self.file, at, (last - first) << self.page_shift)
     }
 }
 

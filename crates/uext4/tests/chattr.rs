@@ -1,4 +1,4 @@
-//! Inode flags, the label, and fallocate's COLLAPSE_RANGE and INSERT_RANGE, against the
+//! Inode flags, the label, fallocate's COLLAPSE_RANGE and INSERT_RANGE, and FITRIM, against the
 //! kernel's ext4: the same requests go to a loop mount of one copy of an image (ioctls,
 //! syscalls, as root) and to the engine on another copy, and must give the same errors and
 //! leave the same flags, contents and sizes; each image reads back in the other system and
@@ -1101,6 +1101,8 @@ fn trim_matches_the_kernel() {
         // SAFETY: an open descriptor; mode 0 allocates.
         assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, size) }, 0);
     }
+    let mapped = scratch("trim-mapped");
+    std::fs::copy(&ua.0, &mapped.0).unwrap();
     let before = std::fs::metadata(&ua.0).unwrap().blocks() * 512;
     let opts = MountOptions {
         commit_interval_secs: 0,
@@ -1136,6 +1138,29 @@ fn trim_matches_the_kernel() {
         assert!(buf == *data, "inode {ino} changed");
     }
     fs.unmount().unwrap();
+    drop(fs);
+    // The same through the mapping of an image on tmpfs (the default there).
+    let fs = open_fs(&mapped.0);
+    assert_eq!(fs.trim(0, u64::MAX, 0).unwrap(), mine);
+    let f = fs.create(ROOT_INO, b"after-trim", 0o644, 0, 0).unwrap().ino;
+    fs.write_all(f, 0, &vec![9u8; 1 << 20]).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    let held = std::fs::metadata(&mapped.0).unwrap().blocks() * 512;
+    assert!(
+        held < before - mine / 2,
+        "the mapped image holds {held} bytes"
+    );
+    e2fsck_clean_when(&mapped.0, "after FITRIM through the mapping");
+    let fs = open_fs(&mapped.0);
+    let mut buf = vec![0u8; 1 << 20];
+    fs.read(ino(&fs, "after-trim"), 0, &mut buf).unwrap();
+    assert!(
+        buf.iter().all(|&b| b == 9),
+        "a write into trimmed space reads back"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
     if !kernel_ok() {
         return;
     }
