@@ -15,5 +15,5 @@ pub fn fstrim(image: &Path, minimum: u64, verbose: bool) -> Result<()> {
             println!("{}: {bytes} bytes trimmed", image.display());
         }
     });
-    finish(&fs, &img.path, r.context("FITRIM").map_err(Into::into))
+    finish(&fs, &img.path, r.context("FITRIM"))
 }
