@@ -505,7 +505,11 @@ impl Fs {
     /// its flags ask every change to be durable at once (SYNC; DIRSYNC for a directory's
     /// entries), as the kernel's ext4_handle_sync.
     pub(crate) fn sync_if_flagged(&self, ino: u32, dir: bool) -> Result<()> {
-        let inode = self.iget(ino)?;
+        // Gone meanwhile (a directory removed once this change emptied it): the change is
+        // done, and nothing is left to ask for durability.
+        let Ok(inode) = self.iget(ino) else {
+            return Ok(());
+        };
         let f = inode.state.lock().raw.flags();
         let want = if dir { FL_SYNC | FL_DIRSYNC } else { FL_SYNC };
         if f & want == 0 {
