@@ -55,14 +55,6 @@ pub trait BlockDevice: Send + Sync {
     fn zero_range(&self, off: u64, len: u64) -> io::Result<()> {
         write_zeros(self, off, len)
     }
-    /// Tells the device that `off..off + len` holds nothing worth keeping (FITRIM): an image
-    /// file gives the space back to the filesystem under it, a block device is asked to
-    /// discard it. A hint: the default does nothing, and what the range reads afterwards is
-    /// unspecified. Whether it did anything.
-    fn discard(&self, off: u64, len: u64) -> io::Result<bool> {
-        let _ = (off, len);
-        Ok(false)
-    }
     /// Reads as `read_at`, but from the device itself rather than any cache of it on this
     /// host: for the multi-mount protection block, which another node may have rewritten.
     fn read_fresh_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
@@ -137,31 +129,6 @@ fn zero_file_range(file: &File, off: u64, len: u64) -> io::Result<()> {
         ));
     }
     Ok(())
-}
-
-/// Gives `off..off + len` of an image file back to the filesystem under it (a punched hole),
-/// or asks a block device to discard it (BLKDISCARD). False where neither can.
-fn discard_file_range(file: &File, off: u64, len: u64) -> io::Result<bool> {
-    use std::os::fd::AsRawFd;
-    let fd = file.as_raw_fd();
-    let r = if file.metadata()?.file_type().is_file() {
-        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        // SAFETY: fallocate on our own descriptor with plain integer arguments.
-        unsafe { libc::fallocate(fd, mode, off as libc::off_t, len as libc::off_t) }
-    } else {
-        const BLKDISCARD: libc::c_ulong = 0x1277;
-        let range = [off, len];
-        // SAFETY: BLKDISCARD reads two u64 (start, length) from the array we pass.
-        unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) }
-    };
-    if r == 0 {
-        return Ok(true);
-    }
-    match io::Error::last_os_error() {
-        // Neither the filesystem under the image nor the device can: nothing to do.
-        e if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOTTY)) => Ok(false),
-        e => Err(e),
-    }
 }
 
 /// `zero_range`'s "no storage under the image" (see [`is_backing_full`]).
@@ -292,12 +259,6 @@ impl BlockDevice for FileDevice {
             return write_zeros(self, off, len);
         }
         zero_file_range(&self.file, off, len)
-    }
-    fn discard(&self, off: u64, len: u64) -> io::Result<bool> {
-        if self.read_only {
-            return Err(io::Error::from_raw_os_error(libc::EROFS));
-        }
-        discard_file_range(&self.file, off, len)
     }
     fn read_fresh_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         use std::os::fd::AsRawFd;
@@ -1002,21 +963,6 @@ impl BlockDevice for MappedDevice {
         self.populate(first, last);
         Ok(())
     }
-    /// Whole pages only: their "backed" marks go first, so that from then on a write to
-    /// them goes through pwrite (which finds storage or fails), never a store that faults.
-    fn discard(&self, off: u64, len: u64) -> io::Result<bool> {
-        self.check(off, len as usize)?;
-        let first = off.div_ceil(1 << self.page_shift);
-        let last = (off + len) >> self.page_shift;
-        if first >= last || !self.file.metadata()?.file_type().is_file() {
-            return Ok(false);
-        }
-        for p in first..last {
-            self.backed.clear(p);
-        }
-        let at = first << self.page_shift;
-        discard_file_range(&self.file, at, (last - first) << self.page_shift)
-    }
 }
 
 /// Where a filesystem lies inside a bigger device: a partition of a whole-disk image (see
@@ -1143,10 +1089,6 @@ impl BlockDevice for RegionDevice {
     fn zero_range(&self, off: u64, len: u64) -> io::Result<()> {
         let at = self.translate(off, len)?;
         self.inner.zero_range(at, len)
-    }
-    fn discard(&self, off: u64, len: u64) -> io::Result<bool> {
-        let at = self.translate(off, len)?;
-        self.inner.discard(at, len)
     }
     fn read_fresh_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         let at = self.translate(off, buf.len() as u64)?;

@@ -282,9 +282,6 @@ impl BlockDevice for Counted {
         }
         self.inner.zero_range(off, len)
     }
-    fn discard(&self, off: u64, len: u64) -> std::io::Result<bool> {
-        self.inner.discard(off, len)
-    }
 }
 
 /// Reads and validates the superblock of a device.

@@ -85,7 +85,6 @@ pub mod partition;
 mod super_info;
 mod sync;
 mod transaction;
-mod trim;
 mod xattr;
 
 pub use acl::Umask;

@@ -1,5 +1,5 @@
 //! The image tools: mkfs, info, ls, cat, cp, mkdir, rm, mv, ln, stat, chmod, chown, touch,
-//! truncate, chattr, lsattr, label, fstrim, one file per tool or family. Paths inside an image are written IMAGE:PATH; IMAGE
+//! truncate, chattr, lsattr, label, one file per tool or family. Paths inside an image are written IMAGE:PATH; IMAGE
 //! may be `disk.img@2` (partition 2 of a whole-disk image, GPT or MBR, numbered as fdisk and
 //! lsblk number them) or `disk.img@offset=BYTES[,size=BYTES]` (a filesystem at a byte offset,
 //! as in a SIF container); a file literally named so wins. Each tool opens the image, does its
@@ -11,7 +11,6 @@ pub mod chattr;
 pub mod cp;
 pub mod devtable;
 pub mod fit;
-mod fstrim;
 mod info;
 mod ls;
 pub mod mkfs;
@@ -168,17 +167,6 @@ pub enum ToolCmd {
         image: PathBuf,
         label: Option<String>,
     },
-    /// Discard the image's free blocks (a sparse image file gives their space back), as
-    /// fstrim(8).
-    Fstrim {
-        /// Say how many bytes were trimmed.
-        #[arg(short = 'v', long = "verbose")]
-        verbose: bool,
-        /// Only free runs of at least this many bytes.
-        #[arg(short = 'm', long = "minimum", default_value_t = 0)]
-        minimum: u64,
-        image: PathBuf,
-    },
 }
 
 impl ToolCmd {
@@ -201,7 +189,6 @@ impl ToolCmd {
             ToolCmd::Chattr { .. } => "chattr",
             ToolCmd::Lsattr { .. } => "lsattr",
             ToolCmd::Label { .. } => "label",
-            ToolCmd::Fstrim { .. } => "fstrim",
         }
     }
 }
@@ -305,10 +292,5 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
             chattr::lsattr(&path, o)
         }
         ToolCmd::Label { image, label } => chattr::label(&image, label.as_deref()),
-        ToolCmd::Fstrim {
-            verbose,
-            minimum,
-            image,
-        } => fstrim::fstrim(&image, minimum, verbose),
     }
 }
