@@ -3,7 +3,8 @@
 # and fails on any failure that is not listed in tests/pjdfstest-expected-failures.txt.
 # Needs root (it switches users), /dev/fuse and fusermount3; skips with a message otherwise.
 # UEXT4_MOUNT_OPTS adds mount options (e.g. writeback_cache, direct_io, dax, threads=16);
-# UEXT4_PJDFSTEST_FS=ext3 runs it on an ext3 image, UEXT4_PJDFSTEST_MKE2FS_OPTS adds mke2fs options (see below).
+# UEXT4_PJDFSTEST_FS=ext3 runs it on an ext3 image, UEXT4_PJDFSTEST_MKE2FS_OPTS adds mke2fs options (see below);
+# UEXT4_PJDFSTEST_NBD=1 runs it over NBD (nbdkit serving the image).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 U=${UEXT4_BIN:-target/release/uext4}
@@ -71,7 +72,17 @@ if [ -n "${UEXT4_PJDFSTEST_FS:-}${UEXT4_PJDFSTEST_MKE2FS_OPTS:-}" ]; then
 else
   "$U" mkfs --size 1G "$img" || exit 1
 fi
-"$U" mount -o "allow_other${UEXT4_MOUNT_OPTS:+,$UEXT4_MOUNT_OPTS}" "$img" "$mnt" || exit 1
+# UEXT4_PJDFSTEST_NBD=1 serves the image with nbdkit's file plugin on a Unix socket and mounts
+# it through uext4's NBD client (nbd+unix://), so the same suite runs over networked storage.
+src=$img
+if [ "${UEXT4_PJDFSTEST_NBD:-0}" = 1 ]; then
+  command -v nbdkit >/dev/null || { echo "SKIP: nbdkit is not installed (scripts/install-deps.sh installs it)"; exit 0; }
+  sock="$work/nbd.sock"
+  nbdkit -f --exit-with-parent -U "$sock" file file="$img" & nbdkit_pid=$!
+  for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+  src="nbd+unix:///?socket=$sock"
+fi
+"$U" mount -o "allow_other${UEXT4_MOUNT_OPTS:+,$UEXT4_MOUNT_OPTS}" "$src" "$mnt" || exit 1
 chmod 777 "$mnt"
 # The EXDEV cases need a directory on another filesystem (the one holding the mount point).
 mkdir -p "$work/other"; chmod 777 "$work/other"
@@ -82,6 +93,7 @@ rc2=$?; [ $rc -ne 0 ] || rc=$rc2
 cp "$work/out.txt" "${TMPDIR:-/tmp}/uext4-pjdfstest-last.log" 2>/dev/null
 # (Returns once the server has written the image back: e2fsck below may look at once.)
 "$U" umount "$mnt"
+if [ -n "${nbdkit_pid:-}" ]; then kill "$nbdkit_pid"; wait "$nbdkit_pid" 2>/dev/null; fi
 # Test lines end in "ok", "skipped" or "FAILED" (colours stripped); names may contain "failed".
 sed 's/\x1b\[[0-9;]*m//g' "$work/out.txt" | awk '$NF == "FAILED" {print $1}' > "$work/failed.txt"
 expected=tests/pjdfstest-expected-failures.txt

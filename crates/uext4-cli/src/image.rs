@@ -103,7 +103,7 @@ impl Img {
     /// that holds something else is refused, saying what it seems to hold. For a whole file
     /// that holds a partition table or a qcow2 (VMDK, ...) image, the error says how to reach
     /// the filesystem.
-    fn fs_region(&self) -> Result<Option<Region>> {
+    pub(crate) fn fs_region(&self) -> Result<Option<Region>> {
         let dev = match open_image(&self.path, true) {
             Ok(d) => d,
             // Let the open report it (as it always has).
@@ -314,16 +314,19 @@ pub(crate) fn image_loc(s: &str) -> Result<(Img, String)> {
 /// holder.rs: refused, naming the holder, while another program writes it). A read-only open
 /// never writes: a journal left to replay (a crash, a killed mount) is replayed in memory.
 pub(crate) fn open(image: &Path, region: Option<Region>, read_only: bool) -> Result<Arc<Fs>> {
-    let fs = Fs::open_path(
-        image,
-        MountOptions {
-            read_only,
-            commit_interval_secs: 0,
-            region,
-            ..Default::default()
-        },
-    )
-    .with_context(|| image.display().to_string())?;
+    let opts = MountOptions {
+        read_only,
+        commit_interval_secs: 0,
+        region,
+        ..Default::default()
+    };
+    open_with(image, opts)
+}
+
+/// [`open`] with the engine's options given.
+pub(crate) fn open_with(image: &Path, opts: MountOptions) -> Result<Arc<Fs>> {
+    let read_only = opts.read_only;
+    let fs = Fs::open_path(image, opts).with_context(|| image.display().to_string())?;
     if !read_only && fs.is_read_only() {
         bail!(
             "{}: cannot be written: {}",

@@ -576,3 +576,127 @@ fn size_fit_holds_the_input_with_the_free_share_asked() {
     let e = UEXT4.fails(&["mkfs", "--size", "fit", s(&w.p("none.img"))]);
     assert!(e.contains("-d"), "{e}");
 }
+
+/// Runs the binary with SOURCE_DATE_EPOCH set; fails on a failure.
+fn ok_at_epoch(epoch: &str, args: &[&str]) {
+    let o = Command::new(UEXT4.0)
+        .args(args)
+        .env("SOURCE_DATE_EPOCH", epoch)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// `cp --from-tar` and `cp` into an existing image clamp every time they record to
+/// SOURCE_DATE_EPOCH, as `mkfs -d` does: the archive's times (later than the epoch), the
+/// host file's, the change and birth times, and the directories they changed.
+#[test]
+fn copies_into_an_image_clamp_times_to_source_date_epoch() {
+    if !have(&["e2fsck"]) {
+        return;
+    }
+    let w = Scratch::dir("clamp");
+    let img = w.p("c.img");
+    // 2017-07-14 02:40:00 UTC; the archive says 2021 and the host file now.
+    let epoch = "1500000000";
+    ok_at_epoch(epoch, &["mkfs", "--size", "32M", s(&img)]);
+    let tarball = w.p("a.tar");
+    let a = archive(&[("a/", b'5', b"", ""), ("a/f", b'0', b"data", "")]);
+    std::fs::write(&tarball, a).unwrap();
+    let host = w.p("h");
+    std::fs::write(&host, b"host").unwrap();
+    ok_at_epoch(
+        epoch,
+        &["cp", "--from-tar", s(&tarball), &format!("{}:/", s(&img))],
+    );
+    ok_at_epoch(epoch, &["cp", s(&host), &format!("{}:/h", s(&img))]);
+    e2fsck_clean(&img);
+    for p in ["/", "/a", "/a/f", "/h"] {
+        let st = UEXT4.ok(&["stat", &format!("{}:{p}", s(&img))]);
+        let times: Vec<&str> = st
+            .lines()
+            .map(str::trim)
+            .filter(|l| {
+                ["Access: 2", "Modify: ", "Change: ", "Birth: "]
+                    .iter()
+                    .any(|f| l.starts_with(f))
+            })
+            .collect();
+        assert_eq!(times.len(), 4, "{p}: {st}");
+        for t in times {
+            assert!(t.contains("2017-07-14 02:40:00.000000000"), "{p}: {t}");
+        }
+    }
+}
+
+/// Peak memory of `mkfs -d` does not grow with the tree: ten times the entries, about the
+/// same peak resident set (as measured by /usr/bin/time).
+#[test]
+fn building_memory_does_not_grow_with_the_tree() {
+    if !have(&["e2fsck"]) || !Path::new("/usr/bin/time").exists() {
+        eprintln!("SKIP: needs e2fsck and /usr/bin/time");
+        return;
+    }
+    let w = Scratch::dir("flatmem");
+    let peak = |dirs: usize| -> u64 {
+        let src = w.p(&format!("t{dirs}"));
+        for d in 0..dirs {
+            let dir = src.join(format!("d{d:04}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            for f in 0..100 {
+                std::fs::write(dir.join(format!("f{f:03}")), vec![f as u8; f * 40]).unwrap();
+            }
+        }
+        let img = w.p(&format!("t{dirs}.img"));
+        let o = Command::new("/usr/bin/time")
+            .args(["-f", "%M", UEXT4.0, "mkfs", "--size", "256M", "-d"])
+            .arg(&src)
+            .arg(&img)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        e2fsck_clean(&img);
+        let err = String::from_utf8_lossy(&o.stderr);
+        err.lines().last().unwrap().trim().parse().unwrap()
+    };
+    let (small, large) = (peak(20), peak(200));
+    // In KiB: 2,000 and 20,000 entries; the margin is less than the large tree's inodes,
+    // directory blocks and names would take if kept.
+    assert!(
+        large < small + 6 * 1024,
+        "peak RSS {small} KiB for 2k entries, {large} KiB for 20k"
+    );
+}
+
+/// A tree deeper than the descriptors a process may hold is copied: the walk keeps only the
+/// upper levels' directories open.
+#[test]
+fn a_deep_tree_is_copied_with_few_descriptors() {
+    if !have(&["e2fsck"]) {
+        return;
+    }
+    let w = Scratch::dir("deep");
+    let mut p = w.p("tree");
+    for i in 0..300 {
+        p = p.join(format!("d{i}"));
+    }
+    std::fs::create_dir_all(&p).unwrap();
+    std::fs::write(p.join("leaf"), b"deep").unwrap();
+    let img = w.p("deep.img");
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 128; exec \"$0\" mkfs --size 32M -d \"$1\" \"$2\"")
+        .arg(UEXT4.0)
+        .arg(w.p("tree"))
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    e2fsck_clean(&img);
+    let leaf: String = (0..300).map(|i| format!("/d{i}")).collect::<String>() + "/leaf";
+    assert_eq!(UEXT4.ok(&["cat", &format!("{}:{leaf}", s(&img))]), "deep");
+}

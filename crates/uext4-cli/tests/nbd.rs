@@ -4,90 +4,15 @@
 //! `e2fsck -fn` afterwards. Skips with `SKIP: ...` without nbdkit (or, for the mount, without
 //! root and /dev/fuse).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use uext4_testkit::*;
 
 const UEXT4: Cli = Cli(env!("CARGO_BIN_EXE_uext4"));
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 fn tag(t: &str) -> String {
     format!("uext4-nbdcli-{t}-{}", std::process::id())
-}
-
-/// nbdkit on a fresh Unix socket (or TCP loopback), stopped on drop.
-struct Nbdkit {
-    child: Child,
-    sock: PathBuf,
-    uri: String,
-}
-
-impl Nbdkit {
-    fn unix(t: &str, args: &[&str]) -> Nbdkit {
-        let sock = std::env::temp_dir().join(format!("{}.sock", tag(t)));
-        let _ = std::fs::remove_file(&sock);
-        let mut c = Command::new("nbdkit");
-        c.args(["-f", "--exit-with-parent", "-U"])
-            .arg(&sock)
-            .args(args);
-        let uri = format!("nbd+unix:///?socket={}", sock.display());
-        Nbdkit::start(c, sock, uri, None)
-    }
-
-    fn tcp(args: &[&str]) -> Nbdkit {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut c = Command::new("nbdkit");
-        c.args(["-f", "--exit-with-parent", "-i", "127.0.0.1", "-p"])
-            .arg(port.to_string())
-            .args(args);
-        let uri = format!("nbd://127.0.0.1:{port}/");
-        Nbdkit::start(c, PathBuf::new(), uri, Some(port))
-    }
-
-    fn start(mut c: Command, sock: PathBuf, uri: String, port: Option<u16>) -> Nbdkit {
-        c.stdin(Stdio::null()).stdout(Stdio::null());
-        let mut s = Nbdkit {
-            child: c.spawn().expect("starting nbdkit"),
-            sock,
-            uri,
-        };
-        let t = Instant::now();
-        loop {
-            let up = match port {
-                Some(p) => std::net::TcpStream::connect(("127.0.0.1", p)).is_ok(),
-                // Listening, not only bound: the socket file appears before listen().
-                None => std::os::unix::net::UnixStream::connect(&s.sock).is_ok(),
-            };
-            if up {
-                return s;
-            }
-            if let Ok(Some(st)) = s.child.try_wait() {
-                panic!("nbdkit exited at start: {st}");
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "nbdkit did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn at(&self, path: &str) -> String {
-        format!("{}:{path}", self.uri)
-    }
-}
-
-impl Drop for Nbdkit {
-    fn drop(&mut self) {
-        // SAFETY: kill with our child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.sock);
-    }
 }
 
 #[test]
@@ -98,7 +23,7 @@ fn tools_on_an_export_over_a_unix_socket_and_tcp() {
     let img = Scratch::file("tools", 64 << 20);
     let img_s = img.0.to_str().unwrap();
     {
-        let srv = Nbdkit::unix("tools", &["file", &format!("file={img_s}")]);
+        let srv = NbdServer::nbdkit(&["file", &format!("file={img_s}")]);
         UEXT4.ok(&["mkfs", &srv.uri]);
         UEXT4.ok(&["mkdir", "-p", &srv.at("/etc/deep")]);
         UEXT4.ok(&["cp", "/etc/hostname", &srv.at("/etc/hostname")]);
@@ -124,7 +49,7 @@ fn tools_on_an_export_over_a_unix_socket_and_tcp() {
     e2fsck_clean(img_s);
     // The same image over TCP, read back and written again.
     {
-        let srv = Nbdkit::tcp(&["file", &format!("file={img_s}")]);
+        let srv = NbdServer::nbdkit_tcp(&["file", &format!("file={img_s}")]);
         let want = std::fs::read_dir("/etc/apt").unwrap().count();
         let got = UEXT4.ok(&["ls", &srv.at("/etc/deep/apt")]).lines().count();
         assert_eq!(got, want, "/etc/apt copied over NBD");
@@ -143,7 +68,7 @@ fn a_filesystem_at_an_offset_of_an_export() {
     let img = Scratch::file("offset", 48 << 20);
     let img_s = img.0.to_str().unwrap();
     {
-        let srv = Nbdkit::unix("offset", &["file", &format!("file={img_s}")]);
+        let srv = NbdServer::nbdkit(&["file", &format!("file={img_s}")]);
         let at = format!("{}@offset=1M", srv.uri);
         UEXT4.ok(&["mkfs", "--size", "32M", &at]);
         UEXT4.ok(&["mkdir", &format!("{at}:/inside")]);
@@ -167,7 +92,7 @@ fn a_read_only_export_is_refused_by_writing_tools_in_one_line() {
         .unwrap();
     assert!(st.success());
     let before = std::fs::read(&img.0).unwrap();
-    let srv = Nbdkit::unix("ro", &["-r", "file", &format!("file={img_s}")]);
+    let srv = NbdServer::nbdkit(&["-r", "file", &format!("file={img_s}")]);
     assert!(UEXT4.ok(&["ls", &srv.at("/")]).contains("lost+found"));
     let e = UEXT4.fails(&["mkdir", &srv.at("/x")]);
     assert!(e.contains("cannot be written"), "{e}");
@@ -196,7 +121,7 @@ fn a_fuse_mount_over_nbd_runs_a_shell_workload_and_stays_clean() {
     std::fs::create_dir_all(&mnt).unwrap();
     let m = mnt.to_str().unwrap();
     {
-        let srv = Nbdkit::unix("mount", &["file", &format!("file={img_s}")]);
+        let srv = NbdServer::nbdkit(&["file", &format!("file={img_s}")]);
         UEXT4.ok(&["mkfs", &srv.uri]);
         UEXT4.ok(&["mount", &srv.uri, m]);
         let script = format!(
@@ -247,29 +172,25 @@ fn a_server_killed_under_a_writing_tool_gives_one_line_and_recovers() {
     let src = Scratch::file("killed-src", 0);
     std::fs::write(&src.0, vec![0x42u8; 40 << 20]).unwrap();
     {
-        let srv = Nbdkit::unix("killed0", &["file", &format!("file={img_s}")]);
+        let srv = NbdServer::nbdkit(&["file", &format!("file={img_s}")]);
         UEXT4.ok(&["mkfs", &srv.uri]);
         UEXT4.ok(&["mkdir", &srv.at("/kept")]);
     }
     // Every write takes 300 ms: the copy (its data, journal and checkpoint writes) is
     // still going when the server is killed.
-    let mut srv = Nbdkit::unix(
-        "killed",
-        &[
-            "--filter=delay",
-            "file",
-            &format!("file={img_s}"),
-            "delay-write=300ms",
-        ],
-    );
+    let mut srv = NbdServer::nbdkit(&[
+        "--filter=delay",
+        "file",
+        &format!("file={img_s}"),
+        "delay-write=300ms",
+    ]);
     let child = Command::new(UEXT4.0)
         .args(["cp", src.0.to_str().unwrap(), &srv.at("/big")])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(400));
-    let _ = srv.child.kill();
-    let _ = srv.child.wait();
+    srv.kill();
     let o = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     eprintln!("cp with the server killed: {:?}: {err}", o.status);
@@ -277,7 +198,7 @@ fn a_server_killed_under_a_writing_tool_gives_one_line_and_recovers() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("NBD"), "{err}");
     drop(srv);
-    let srv = Nbdkit::unix("killed2", &["file", &format!("file={img_s}")]);
+    let srv = NbdServer::nbdkit(&["file", &format!("file={img_s}")]);
     assert!(UEXT4.ok(&["ls", &srv.at("/")]).contains("kept"));
     UEXT4.ok(&["mkdir", &srv.at("/after")]);
     drop(srv);

@@ -1688,3 +1688,28 @@ fn cp_takes_contents_and_several_sources() {
     ]);
     assert!(e.contains("not a directory"), "{e}");
 }
+
+#[test]
+fn fstrim_makes_holes_where_files_were() {
+    let img = scratch("fstrim");
+    let data = scratch("fstrim-data");
+    std::fs::write(&data.0, vec![0x3c; 20 << 20]).unwrap();
+    write_ok(&img, &["mkfs", "--size", "64M", img.0.to_str().unwrap()]);
+    let at = |p: &str| format!("{}:{p}", img.0.display());
+    write_ok(&img, &["cp", data.0.to_str().unwrap(), &at("/data")]);
+    let full = std::fs::metadata(&img.0).unwrap().blocks() * 512;
+    write_ok(&img, &["rm", &at("/data")]);
+    let out = write_ok(&img, &["fstrim", "-v", img.0.to_str().unwrap()]);
+    let trimmed: u64 = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("fstrim -v said {out:?}"));
+    assert!(trimmed >= 20 << 20, "{out}");
+    let after = std::fs::metadata(&img.0).unwrap().blocks() * 512;
+    assert!(after + (18 << 20) <= full, "{full} -> {after}");
+    // A bad minimum is a one-line error; the image is untouched and clean.
+    let e = UEXT4.fails(&["fstrim", "-m", "lots", img.0.to_str().unwrap()]);
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    e2fsck_clean(&img.0);
+}

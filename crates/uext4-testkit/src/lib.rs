@@ -10,13 +10,15 @@
 //! - [`stats`]: snapshots of the engine's counters and their deltas;
 //! - [`host`]: host extended attributes and shell commands;
 //! - [`mount`]: waiting for a FUSE server to finish;
-//! - [`faulty`]: a device that fails on demand, and a kernel loop mount.
+//! - [`faulty`]: a device that fails on demand, and a kernel loop mount;
+//! - [`nbd`]: nbdkit and qemu-nbd servers.
 
 pub mod cli;
 pub mod e2fs;
 pub mod faulty;
 pub mod host;
 pub mod mount;
+pub mod nbd;
 pub mod needs;
 pub mod opts;
 pub mod scratch;
@@ -30,6 +32,7 @@ pub use faulty::{
 };
 pub use host::{read_all, set_xattr, sh, xattrs, xorshift};
 pub use mount::wait_server_gone;
+pub use nbd::{free_port, NbdServer};
 pub use needs::{can_loop_mount, fuse_usable, have, is_root, overlay_usable};
 pub use scratch::{scratch, Scratch};
 pub use stats::Stats;

@@ -99,7 +99,7 @@ impl Fs {
         self.read_block_bitmap(g, st)
     }
 
-    fn uninit_block_bitmap(&self, st: &GroupState) -> bool {
+    pub(crate) fn uninit_block_bitmap(&self, st: &GroupState) -> bool {
         !matches!(self.geo.gd_csum, crate::format::group_desc::GdCsum::None)
             && st.desc.flags() & BG_BLOCK_UNINIT != 0
     }

@@ -45,14 +45,19 @@ pub struct BufferCache {
 }
 
 impl BufferCache {
-    pub fn new(dev: Arc<dyn BlockDevice>, block_size: usize, blocks_count: u64) -> Self {
-        let limit_bytes: usize = 256 << 20;
+    /// A cache of the device's blocks; clean blocks beyond about `limit_bytes` are dropped.
+    pub fn new(
+        dev: Arc<dyn BlockDevice>,
+        block_size: usize,
+        blocks_count: u64,
+        limit_bytes: usize,
+    ) -> Self {
         BufferCache {
             dev,
             block_size,
             blocks_count,
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            per_shard_limit: (limit_bytes / block_size / SHARDS).max(64),
+            per_shard_limit: (limit_bytes / block_size / SHARDS).max(4),
         }
     }
 

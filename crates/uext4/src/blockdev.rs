@@ -60,6 +60,14 @@ pub trait BlockDevice: Send + Sync {
     fn read_fresh_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         self.read_at(off, buf)
     }
+    /// Tells the device that `off..off + len` holds nothing the filesystem needs (free
+    /// blocks, FITRIM): it may drop their storage (a hole in an image file, `NBD_CMD_TRIM`),
+    /// after which the range reads as zeros or as before. Ordered as a write. Returns whether
+    /// the device does this at all; the default does nothing and says so.
+    fn discard(&self, off: u64, len: u64) -> io::Result<bool> {
+        let _ = (off, len);
+        Ok(false)
+    }
     /// A short name of what is underneath (the image file's or device's name), for the
     /// multi-mount protection block's `mmp_bdevname`.
     fn name(&self) -> Option<String> {
@@ -129,6 +137,32 @@ fn zero_file_range(file: &File, off: u64, len: u64) -> io::Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Punches a hole in `off..off + len` of an image file (the storage of free blocks goes back
+/// to the host). Ok(false) where the host's filesystem or device cannot punch holes.
+fn punch_hole(file: &File, off: u64, len: u64) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fallocate on our own descriptor with plain integer arguments.
+    let r = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if r == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Ok(false),
+        _ => Err(io::Error::new(
+            e.kind(),
+            format!("discarding {len} bytes at offset {off} of the image (punching a hole): {e}"),
+        )),
+    }
 }
 
 /// `zero_range`'s "no storage under the image" (see [`is_backing_full`]).
@@ -259,6 +293,12 @@ impl BlockDevice for FileDevice {
             return write_zeros(self, off, len);
         }
         zero_file_range(&self.file, off, len)
+    }
+    fn discard(&self, off: u64, len: u64) -> io::Result<bool> {
+        if self.read_only {
+            return Err(io::Error::from_raw_os_error(libc::EROFS));
+        }
+        punch_hole(&self.file, off, len)
     }
     fn read_fresh_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         use std::os::fd::AsRawFd;
@@ -963,6 +1003,17 @@ impl BlockDevice for MappedDevice {
         self.populate(first, last);
         Ok(())
     }
+    /// The pages wholly inside the range become holes: their `backed` bits are cleared
+    /// first, so that reads and writes of them go through pread/pwrite (which find them
+    /// storage again) rather than the mapping.
+    fn discard(&self, off: u64, len: u64) -> io::Result<bool> {
+        self.check(off, len as usize)?;
+        let page = 1u64 << self.page_shift;
+        for p in off.div_ceil(page)..(off + len) >> self.page_shift {
+            self.backed.clear(p);
+        }
+        punch_hole(&self.file, off, len)
+    }
 }
 
 /// Where a filesystem lies inside a bigger device: a partition of a whole-disk image (see
@@ -1089,6 +1140,10 @@ impl BlockDevice for RegionDevice {
     fn zero_range(&self, off: u64, len: u64) -> io::Result<()> {
         let at = self.translate(off, len)?;
         self.inner.zero_range(at, len)
+    }
+    fn discard(&self, off: u64, len: u64) -> io::Result<bool> {
+        let at = self.translate(off, len)?;
+        self.inner.discard(at, len)
     }
     fn read_fresh_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         let at = self.translate(off, buf.len() as u64)?;

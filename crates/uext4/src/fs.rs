@@ -82,6 +82,9 @@ pub struct MountOptions {
     /// In-memory inodes kept beyond those in use (about 1 KiB each); past it, inodes nothing
     /// needs are dropped and read back from the inode table when next used.
     pub inode_cache_limit: usize,
+    /// Metadata blocks kept in memory, in bytes (a soft limit: blocks in use or not yet
+    /// committed stay). A builder writing a tree it does not read back keeps it small.
+    pub cache_limit_bytes: usize,
     /// Where on the device the filesystem lies, when not at its start: a partition of a
     /// whole-disk image ([`crate::partition::Table`] finds one by number) or an image at an
     /// offset inside a container file. `Fs::open_path` and `Fs::open_dev` then see only that
@@ -126,6 +129,7 @@ impl Default for MountOptions {
             buffered_limit_bytes: 128 << 20,
             prealloc_zeroed: true,
             inode_cache_limit: 1 << 17,
+            cache_limit_bytes: 256 << 20,
             region: None,
             time_clamp: None,
         }
@@ -282,6 +286,16 @@ impl BlockDevice for Counted {
         }
         self.inner.zero_range(off, len)
     }
+    fn discard(&self, off: u64, len: u64) -> std::io::Result<bool> {
+        self.inner.discard(off, len)
+    }
+    fn read_fresh_at(&self, off: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.io.count_read(buf.len());
+        self.inner.read_fresh_at(off, buf)
+    }
+    fn name(&self) -> Option<String> {
+        self.inner.name()
+    }
 }
 
 /// Reads and validates the superblock of a device.
@@ -405,8 +419,8 @@ impl Fs {
             inner: dev.clone(),
             io: io.clone(),
         });
-        let bcache = BufferCache::new(counted.clone(), geo.block_size as usize, geo.blocks_count);
-
+        let (bs, blocks) = (geo.block_size as usize, geo.blocks_count);
+        let bcache = BufferCache::new(counted.clone(), bs, blocks, opts.cache_limit_bytes);
         let (balloc, free_blocks, free_inodes) = BlockAllocator::load(&geo, &bcache)?;
 
         let max_txn = 4096usize;

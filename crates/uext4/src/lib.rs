@@ -85,6 +85,7 @@ pub mod partition;
 mod super_info;
 mod sync;
 mod transaction;
+mod trim;
 mod xattr;
 
 pub use acl::Umask;
@@ -115,6 +116,7 @@ pub use namei::{
 };
 pub use nbd::NbdDevice;
 pub use transaction::TxnStats;
+pub use trim::Trimmed;
 pub use xattr::XattrFlags;
 
 #[cfg(test)]

@@ -43,7 +43,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod handshake;
+mod write_behind;
 use handshake::{abort, handshake};
+use write_behind::{Ticket, WriteBehind};
 
 // Handshake (doc/proto.md, "Newstyle negotiation").
 const NBDMAGIC: u64 = 0x4e42_444d_4147_4943; // "NBDMAGIC"
@@ -76,6 +78,7 @@ const INFO_BLOCK_SIZE: u16 = 3;
 const TF_HAS_FLAGS: u16 = 1 << 0;
 const TF_READ_ONLY: u16 = 1 << 1;
 const TF_SEND_FLUSH: u16 = 1 << 2;
+const TF_SEND_TRIM: u16 = 1 << 5;
 const TF_SEND_WRITE_ZEROES: u16 = 1 << 6;
 const TF_CAN_MULTI_CONN: u16 = 1 << 8;
 
@@ -87,6 +90,7 @@ const CMD_READ: u16 = 0;
 const CMD_WRITE: u16 = 1;
 const CMD_DISC: u16 = 2;
 const CMD_FLUSH: u16 = 3;
+const CMD_TRIM: u16 = 4;
 const CMD_WRITE_ZEROES: u16 = 6;
 
 /// The IANA port of NBD.
@@ -432,9 +436,17 @@ fn read_u64(s: &mut impl Read) -> io::Result<u64> {
 /// error number.
 type Reply = std::result::Result<Vec<u8>, u32>;
 
+/// Who waits for a reply.
+enum Waiter {
+    /// A thread: the payload length expected with a successful reply, and where to send it.
+    Thread(usize, mpsc::SyncSender<Reply>),
+    /// Nobody: a write sent behind (write_behind.rs), whose reply ends its ticket.
+    Behind(Ticket),
+}
+
 struct Pending {
-    /// Cookie -> the payload length expected with a successful reply, and where to send it.
-    waiting: HashMap<u64, (usize, mpsc::SyncSender<Reply>)>,
+    /// Cookie -> who waits for its reply.
+    waiting: HashMap<u64, Waiter>,
     /// Why the connection is unusable, once it is.
     dead: Option<String>,
 }
@@ -449,6 +461,8 @@ struct Conn {
     reader: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The most requests ever waiting for their replies at once (pipelining at work).
     max_in_flight: AtomicUsize,
+    /// The device's writes in flight, on every connection.
+    behind: Arc<WriteBehind>,
 }
 
 /// A request sent and not yet answered.
@@ -472,6 +486,7 @@ impl std::fmt::Display for Request {
             CMD_WRITE => "write",
             CMD_FLUSH => return f.write_str("flush"),
             CMD_WRITE_ZEROES => "write-zeroes",
+            CMD_TRIM => "trim",
             _ => "request",
         };
         write!(f, "{name} of {} bytes at offset {}", self.len, self.off)
@@ -494,25 +509,41 @@ fn nbd_errno_text(e: u32) -> String {
 }
 
 impl Conn {
-    fn start(uri: &str, stream: Stream, label: String) -> Result<Arc<Conn>> {
+    fn start(
+        uri: &str,
+        stream: Stream,
+        label: String,
+        behind: Arc<WriteBehind>,
+    ) -> Result<Arc<Conn>> {
         let ctl = stream.try_clone()?;
-        let mut rd = stream.try_clone()?;
+        // Replies are read through a buffer: one system call takes many small replies.
+        let mut rd = io::BufReader::with_capacity(64 * 1024, stream.try_clone()?);
         let pending = Arc::new(Mutex::new(Pending {
             waiting: HashMap::new(),
             dead: None,
         }));
         let p = pending.clone();
         let uri_owned = uri.to_string();
+        let wb = behind.clone();
         let reader = std::thread::Builder::new()
             .name(label)
             .spawn(move || {
-                let why = read_replies(&mut rd, &p);
+                let why = read_replies(&mut rd, &p, &wb);
                 let mut g = p.lock();
-                if g.dead.is_none() {
-                    g.dead = Some(format!("{uri_owned}: {why}"));
+                let dead = g.dead.get_or_insert(format!("{uri_owned}: {why}")).clone();
+                // Dropping the senders wakes every waiting thread with the connection's
+                // failure; the writes sent behind are lost, which fails the device.
+                for (_, w) in g.waiting.drain() {
+                    if let Waiter::Behind(t) = w {
+                        wb.end(
+                            t,
+                            Some(format!(
+                                "{dead} (a write of {} bytes at offset {} was in flight)",
+                                t.len, t.off
+                            )),
+                        );
+                    }
                 }
-                // Dropping the senders wakes every waiter with the connection's failure.
-                g.waiting.clear();
             })
             .map_err(Error::Io)?;
         Ok(Arc::new(Conn {
@@ -522,6 +553,7 @@ impl Conn {
             next_cookie: AtomicU64::new(1),
             reader: Mutex::new(Some(reader)),
             max_in_flight: AtomicUsize::new(0),
+            behind,
         }))
     }
 
@@ -543,15 +575,48 @@ impl Conn {
         len: u32,
         payload: Option<&[u8]>,
     ) -> io::Result<InFlight<'_>> {
-        let cookie = self.next_cookie.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::sync_channel(1);
         let expect = if cmd == CMD_READ { len as usize } else { 0 };
+        self.send(cmd, off, len, payload, Waiter::Thread(expect, tx))?;
+        Ok(InFlight {
+            conn: self,
+            rx,
+            what: Request { cmd, off, len },
+        })
+    }
+
+    /// Sends a write whose reply nobody waits for: it ends `ticket` (write_behind.rs).
+    fn submit_behind(&self, ticket: Ticket, payload: &[u8]) -> io::Result<()> {
+        let r = self.send(
+            CMD_WRITE,
+            ticket.off,
+            payload.len() as u32,
+            Some(payload),
+            Waiter::Behind(ticket),
+        );
+        if let Err(e) = &r {
+            // Never registered, or taken back by the reader when the connection died: the
+            // ticket ends here either way (ending it twice is harmless).
+            ticket_end_on_send_failure(&self.behind, ticket, e);
+        }
+        r
+    }
+
+    fn send(
+        &self,
+        cmd: u16,
+        off: u64,
+        len: u32,
+        payload: Option<&[u8]>,
+        waiter: Waiter,
+    ) -> io::Result<()> {
+        let cookie = self.next_cookie.fetch_add(1, Ordering::Relaxed);
         {
             let mut p = self.pending.lock();
             if let Some(why) = &p.dead {
                 return Err(io::Error::new(io::ErrorKind::BrokenPipe, why.clone()));
             }
-            p.waiting.insert(cookie, (expect, tx));
+            p.waiting.insert(cookie, waiter);
             self.max_in_flight
                 .fetch_max(p.waiting.len(), Ordering::Relaxed);
         }
@@ -581,11 +646,7 @@ impl Conn {
             self.kill(format!("sending to the NBD server: {e}"));
             return Err(self.dead_error());
         }
-        Ok(InFlight {
-            conn: self,
-            rx,
-            what: Request { cmd, off, len },
-        })
+        Ok(())
     }
 
     /// Marks the connection dead (the first reason stays) and shuts the socket down, which
@@ -613,6 +674,16 @@ impl Conn {
     }
 }
 
+fn ticket_end_on_send_failure(behind: &WriteBehind, t: Ticket, e: &io::Error) {
+    behind.end(
+        t,
+        Some(format!(
+            "{e} (a write of {} bytes at offset {} was being sent)",
+            t.len, t.off
+        )),
+    );
+}
+
 impl InFlight<'_> {
     /// Waits for the reply.
     fn wait(self) -> io::Result<Vec<u8>> {
@@ -636,7 +707,7 @@ impl InFlight<'_> {
 
 /// The reader thread's loop: reads replies and hands each to its request. Returns why it
 /// stopped (the server went away, or broke the protocol).
-fn read_replies(rd: &mut Stream, pending: &Mutex<Pending>) -> String {
+fn read_replies(rd: &mut impl Read, pending: &Mutex<Pending>, behind: &WriteBehind) -> String {
     loop {
         let mut hdr = [0u8; 16];
         if let Err(e) = rd.read_exact(&mut hdr) {
@@ -655,8 +726,23 @@ fn read_replies(rd: &mut Stream, pending: &Mutex<Pending>) -> String {
         }
         let error = u32::from_be_bytes(hdr[4..8].try_into().unwrap_or_default());
         let cookie = u64::from_be_bytes(hdr[8..16].try_into().unwrap_or_default());
-        let Some((expect, tx)) = pending.lock().waiting.remove(&cookie) else {
+        let Some(waiter) = pending.lock().waiting.remove(&cookie) else {
             return format!("the NBD server answered a request never sent (cookie {cookie})");
+        };
+        let (expect, tx) = match waiter {
+            Waiter::Thread(expect, tx) => (expect, tx),
+            Waiter::Behind(t) => {
+                let failure = (error != 0).then(|| {
+                    format!(
+                        "the NBD server failed a write of {} bytes at offset {}: {}",
+                        t.len,
+                        t.off,
+                        nbd_errno_text(error)
+                    )
+                });
+                behind.end(t, failure);
+                continue;
+            }
         };
         let reply = if error != 0 {
             Err(error)
@@ -682,6 +768,8 @@ pub struct NbdDevice {
     next: AtomicUsize,
     /// Serializes the read-modify-write of accesses not aligned to the minimum block size.
     rmw: Mutex<()>,
+    /// Writes sent and not yet answered, on every connection.
+    behind: Arc<WriteBehind>,
 }
 
 impl NbdDevice {
@@ -692,7 +780,8 @@ impl NbdDevice {
         let parsed = NbdUri::parse(uri)?;
         let mut s = connect(&parsed.address)?;
         let info = handshake(&mut s, &parsed.export).inspect_err(|_| abort(&mut s))?;
-        let mut conns = vec![Conn::start(uri, s, "uext4-nbd-0".into())?];
+        let behind = Arc::new(WriteBehind::new(info.max_payload as u64));
+        let mut conns = vec![Conn::start(uri, s, "uext4-nbd-0".into(), behind.clone())?];
         let want = if info.flags & TF_CAN_MULTI_CONN != 0 {
             parsed.connections.unwrap_or(DEFAULT_CONNECTIONS)
         } else {
@@ -707,7 +796,7 @@ impl NbdDevice {
                         "a second connection saw a different export".to_string(),
                     ));
                 }
-                Conn::start(uri, s, format!("uext4-nbd-{i}"))
+                Conn::start(uri, s, format!("uext4-nbd-{i}"), behind.clone())
             });
             match extra {
                 Ok(c) => conns.push(c),
@@ -725,6 +814,7 @@ impl NbdDevice {
             conns,
             next: AtomicUsize::new(0),
             rmw: Mutex::new(()),
+            behind,
         })
     }
 
@@ -793,6 +883,7 @@ impl NbdDevice {
     /// An aligned read, in requests of at most the maximum payload, all sent before the
     /// first reply is awaited.
     fn read_aligned(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.behind.settle(off, buf.len() as u64)?;
         let max = self.info.max_payload as usize;
         let conn = self.conn();
         let mut flights = Vec::with_capacity(buf.len().div_ceil(max));
@@ -815,26 +906,25 @@ impl NbdDevice {
         first_err.map_or(Ok(()), Err)
     }
 
+    /// An aligned write, in requests of at most the maximum payload, sent behind: it returns
+    /// once they are on the wire (write_behind.rs).
     fn write_aligned(&self, off: u64, buf: &[u8]) -> io::Result<()> {
         let max = self.info.max_payload as usize;
         let conn = self.conn();
-        let mut flights = Vec::with_capacity(buf.len().div_ceil(max));
         for (i, chunk) in buf.chunks(max).enumerate() {
             let at = off + (i * max) as u64;
-            flights.push(conn.submit(CMD_WRITE, at, chunk.len() as u32, Some(chunk)));
+            let ticket = self.behind.begin(at, chunk.len() as u64)?;
+            conn.submit_behind(ticket, chunk)?;
         }
-        let mut first_err = None;
-        for f in flights {
-            if let Err(e) = f.and_then(|f| f.wait()) {
-                first_err.get_or_insert(e);
-            }
-        }
-        first_err.map_or(Ok(()), Err)
+        Ok(())
     }
 }
 
 impl Drop for NbdDevice {
     fn drop(&mut self) {
+        // The writes sent are answered before the connections close (a failure was reported
+        // at the flush that needed them, or is moot: nothing waits for them).
+        let _ = self.behind.drain();
         for c in &self.conns {
             c.close();
         }
@@ -878,7 +968,12 @@ impl BlockDevice for NbdDevice {
     }
 
     fn flush(&self) -> io::Result<()> {
-        if self.read_only || self.info.flags & TF_SEND_FLUSH == 0 {
+        if self.read_only {
+            return Ok(());
+        }
+        // A flush covers the writes the server has answered: wait for every one sent before.
+        self.behind.drain()?;
+        if self.info.flags & TF_SEND_FLUSH == 0 {
             // No flush offered: the server's writes are durable when acknowledged.
             return Ok(());
         }
@@ -929,6 +1024,9 @@ impl BlockDevice for NbdDevice {
             self.write_at(end, &vec![0u8; (off + len - end) as usize])?;
         }
         let step = MAX_ZERO_REQUEST / m * m;
+        // The server may carry out requests in any order: no write in flight may land on the
+        // zeroed range after the zeroes.
+        self.behind.settle(start, end - start)?;
         let conn = self.conn();
         let mut flights = Vec::new();
         let mut at = start;
@@ -944,6 +1042,36 @@ impl BlockDevice for NbdDevice {
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// `NBD_CMD_TRIM`, where the server offers it, in whole minimum blocks inside the range.
+    fn discard(&self, off: u64, len: u64) -> io::Result<bool> {
+        self.check_writable()?;
+        self.check(off, len)?;
+        if self.info.flags & TF_SEND_TRIM == 0 {
+            return Ok(false);
+        }
+        let m = self.info.min_block as u64;
+        let (start, end) = (off.div_ceil(m) * m, (off + len) / m * m);
+        if start >= end {
+            return Ok(true);
+        }
+        // No write in flight may land on the range after the trim (the server may carry out
+        // requests in any order).
+        self.behind.settle(start, end - start)?;
+        let step = MAX_ZERO_REQUEST / m * m;
+        let conn = self.conn();
+        let mut flights = Vec::new();
+        let mut at = start;
+        while at < end {
+            let n = (end - at).min(step);
+            flights.push(conn.submit(CMD_TRIM, at, n as u32, None));
+            at += n;
+        }
+        for f in flights {
+            f.and_then(|f| f.wait())?;
+        }
+        Ok(true)
     }
 
     fn name(&self) -> Option<String> {

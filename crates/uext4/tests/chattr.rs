@@ -1,5 +1,5 @@
-//! Inode flags, the label, and fallocate's COLLAPSE_RANGE and INSERT_RANGE, against the
-//! kernel's ext4: the same requests go to a loop mount of one copy of an image (ioctls,
+//! Inode flags, the label, fallocate's COLLAPSE_RANGE and INSERT_RANGE (and FITRIM's count),
+//! against the kernel's ext4: the same requests go to a loop mount of one copy of an image (ioctls,
 //! syscalls, as root) and to the engine on another copy, and must give the same errors and
 //! leave the same flags, contents and sizes; each image reads back in the other system and
 //! is `e2fsck -fn` clean. The rules for unprivileged callers, which the tests (as root)
@@ -1062,4 +1062,50 @@ fn a_crash_shows_a_shift_whole_or_not_at_all() {
         total - start
     );
     assert!(seen[0] > 0 && seen[versions.len() - 1] > 0);
+}
+
+/// FITRIM (trim.rs) counts what the kernel's ext4 counts: on the same image, the kernel's
+/// FITRIM on a fresh mount and `Fs::trim` discard the same number of bytes (every free run of
+/// each group), and the engine's image is `e2fsck -fn` clean with its files whole.
+#[test]
+fn trim_counts_as_the_kernel() {
+    if !kernel_ok() {
+        return;
+    }
+    let (ka, ua) = twin_images("trim", "64M", &[]);
+    let fs = open_fs(&ua.0);
+    let mut kept = Vec::new();
+    for i in 0..40u32 {
+        let name = format!("f{i}");
+        let a = fs.create(ROOT_INO, name.as_bytes(), 0o644, 0, 0).unwrap();
+        let data = vec![i as u8 + 1; 100_000 + i as usize * 4096];
+        fs.write_all(a.ino, 0, &data).unwrap();
+        if i % 3 == 0 {
+            kept.push((a.ino, data));
+        }
+    }
+    for i in (0..40u32).filter(|i| i % 3 != 0) {
+        fs.unlink(ROOT_INO, format!("f{i}").as_bytes()).unwrap();
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    std::fs::copy(&ua.0, &ka.0).unwrap();
+    let fs = open_fs(&ua.0);
+    let mine = fs.trim(0, u64::MAX, 0).unwrap();
+    assert!(mine.supported);
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean_when(&ua.0, "after FITRIM");
+    let fs = open_fs(&ua.0);
+    for (ino, data) in &kept {
+        let mut buf = vec![0u8; data.len()];
+        fs.read(*ino, 0, &mut buf).unwrap();
+        assert!(buf == *data, "inode {ino} changed");
+    }
+    fs.unmount().unwrap();
+    let m = uext4_testkit::faulty::KernelMount::new(&ka.0);
+    let mut range = [0u64, u64::MAX, 0];
+    ioctl_path(&m.dir, 0xC018_5879, range.as_mut_ptr().cast()).unwrap();
+    drop(m);
+    assert_eq!(mine.bytes, range[1], "bytes trimmed: engine, kernel");
 }

@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use uext4::RenameFlags;
 use uext4::{Error, Fs, MountOptions};
@@ -150,9 +151,21 @@ fn expect_err(r: uext4::Result<impl std::fmt::Debug>, want: Error, op: &Op) {
 
 struct Run {
     img: Scratch,
+    /// What the engine opens: the image, or the NBD URI of a server serving it.
+    src: PathBuf,
     fs: Arc<Fs>,
     m: Model,
     opts: MountOptions,
+    _server: Option<NbdServer>,
+}
+
+/// The image itself, or (`nbd`) an nbdkit serving it over a Unix socket and its URI.
+fn source(img: &Path, nbd: bool) -> (PathBuf, Option<NbdServer>) {
+    if !nbd {
+        return (img.to_path_buf(), None);
+    }
+    let srv = NbdServer::nbdkit(&["file", &format!("file={}", img.display())]);
+    (PathBuf::from(&srv.uri), Some(srv))
 }
 
 impl Run {
@@ -161,13 +174,25 @@ impl Run {
     }
 
     fn with_options(extra: &[&str], opts: MountOptions) -> Run {
+        Run::with_source(extra, opts, false)
+    }
+
+    fn with_source(extra: &[&str], opts: MountOptions, nbd: bool) -> Run {
         let img = scratch("model");
         mke2fs(&img.0, "48M", extra);
-        let fs = Fs::open_path(&img.0, opts.clone()).unwrap();
+        let (src, _server) = source(&img.0, nbd);
+        let fs = Fs::open_path(&src, opts.clone()).unwrap();
         let mut m = Model::default();
         m.add(Node::Dir(BTreeMap::new()), 0, 2);
         m.nlink[0] = 3; // ".", "..", lost+found's ".."
-        Run { img, fs, m, opts }
+        Run {
+            img,
+            src,
+            fs,
+            m,
+            opts,
+            _server,
+        }
     }
 
     fn apply(&mut self, op: &Op) {
@@ -363,7 +388,7 @@ impl Run {
 
     fn remount(&mut self) {
         self.fs.unmount().unwrap();
-        self.fs = Fs::open_path(&self.img.0, self.opts.clone()).unwrap();
+        self.fs = Fs::open_path(&self.src, self.opts.clone()).unwrap();
     }
 
     fn compare(&self) {
@@ -438,7 +463,11 @@ fn run_case(ops: &[Op], extra: &[&str]) {
 }
 
 fn run_case_with(ops: &[Op], extra: &[&str], opts: MountOptions) {
-    let mut r = Run::with_options(extra, opts);
+    run_case_on(ops, extra, opts, false)
+}
+
+fn run_case_on(ops: &[Op], extra: &[&str], opts: MountOptions, nbd: bool) {
+    let mut r = Run::with_source(extra, opts, nbd);
     for op in ops {
         r.apply(op);
     }
@@ -449,7 +478,7 @@ fn run_case_with(ops: &[Op], extra: &[&str], opts: MountOptions) {
     let free = (r.fs.statfs().blocks_free, r.fs.statfs().files_free);
     r.fs.unmount().unwrap();
     e2fsck_clean(&r.img.0);
-    r.fs = Fs::open_path(&r.img.0, MountOptions::default()).unwrap();
+    r.fs = Fs::open_path(&r.src, MountOptions::default()).unwrap();
     r.compare();
     let reopened = r.fs.statfs();
     assert_eq!(free, (reopened.blocks_free, reopened.files_free));
@@ -494,6 +523,13 @@ proptest! {
     #[test]
     fn random_ops_blockmap_4k_csum(ops in proptest::collection::vec(op_strategy(), 1..60)) {
         run_case(&ops, &["-O", "^extent,^64bit"]);
+    }
+    /// Over NBD: nbdkit serves the image on a Unix socket (writes go behind, nbd.rs).
+    #[test]
+    fn random_ops_over_nbd(ops in proptest::collection::vec(op_strategy(), 1..60)) {
+        if have(&["nbdkit"]) {
+            run_case_on(&ops, &[], MountOptions::default(), true);
+        }
     }
     #[test]
     fn random_ops_uninit_bg_no_64bit(ops in proptest::collection::vec(op_strategy(), 1..60)) {
@@ -600,9 +636,21 @@ fn concurrent_mixed_operations(opts: MountOptions) {
 }
 
 fn concurrent_mixed_operations_on(opts: MountOptions, mkfs: &[&str]) {
+    concurrent_mixed_operations_over(opts, mkfs, false)
+}
+
+#[test]
+fn concurrent_mixed_operations_stay_consistent_over_nbd() {
+    if have(&["nbdkit"]) {
+        concurrent_mixed_operations_over(MountOptions::default(), &[], true);
+    }
+}
+
+fn concurrent_mixed_operations_over(opts: MountOptions, mkfs: &[&str], nbd: bool) {
     let img = scratch("concmix");
     mke2fs(&img.0, "256M", mkfs);
-    let fs = Fs::open_path(&img.0, opts).unwrap();
+    let (src, _server) = source(&img.0, nbd);
+    let fs = Fs::open_path(&src, opts).unwrap();
     let dirs: Vec<u32> = (0..4)
         .map(|i| {
             fs.mkdir(2, format!("d{i}").as_bytes(), 0o755, 0, 0)

@@ -7,155 +7,12 @@
 mod common;
 
 use common::*;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uext4::blockdev::BlockDevice;
 use uext4::NbdDevice;
 use uext4::{Fs, MountOptions};
-
-fn have(prog: &str) -> bool {
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {prog}"))
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("SKIP: {prog} is not installed (scripts/install-deps.sh installs it)");
-    }
-    ok
-}
-
-/// A server process serving one export; stopped (and its socket removed) on drop.
-struct Server {
-    child: Option<Child>,
-    sock: PathBuf,
-    uri: String,
-}
-
-fn temp_socket() -> PathBuf {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::env::temp_dir().join(format!("uext4-nbd-{}-{n}.sock", std::process::id()))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-impl Server {
-    /// nbdkit on a fresh Unix socket: `args` are filters, the plugin and its parameters.
-    fn nbdkit(args: &[&str]) -> Server {
-        let sock = temp_socket();
-        let mut c = Command::new("nbdkit");
-        c.args(["-f", "--exit-with-parent", "-U"])
-            .arg(&sock)
-            .args(args);
-        let uri = format!("nbd+unix:///?socket={}", sock.display());
-        Server::start(c, sock, uri)
-    }
-
-    /// nbdkit on TCP loopback.
-    fn nbdkit_tcp(args: &[&str]) -> Server {
-        let port = free_port();
-        let mut c = Command::new("nbdkit");
-        c.args(["-f", "--exit-with-parent", "-i", "127.0.0.1", "-p"])
-            .arg(port.to_string())
-            .args(args);
-        Server::start(c, PathBuf::new(), format!("nbd://127.0.0.1:{port}/"))
-    }
-
-    /// qemu-nbd serving `image` (of `format`) as export `name` on a Unix socket.
-    fn qemu_nbd(image: &Path, format: &str, name: &str) -> Server {
-        let sock = temp_socket();
-        let mut c = Command::new("qemu-nbd");
-        c.args([
-            "-t",
-            "-e",
-            "4",
-            "-x",
-            name,
-            "-f",
-            format,
-            "--cache=writeback",
-            "-k",
-        ])
-        .arg(&sock)
-        .arg(image);
-        let uri = format!("nbd+unix:///{name}?socket={}", sock.display());
-        Server::start(c, sock, uri)
-    }
-
-    fn start(mut c: Command, sock: PathBuf, uri: String) -> Server {
-        c.stdin(Stdio::null()).stdout(Stdio::null());
-        let child = c.spawn().expect("starting the NBD server");
-        let mut s = Server {
-            child: Some(child),
-            sock,
-            uri,
-        };
-        let t = Instant::now();
-        loop {
-            let up = if s.sock.as_os_str().is_empty() {
-                let port: u16 = s
-                    .uri
-                    .rsplit(':')
-                    .next()
-                    .unwrap()
-                    .trim_end_matches('/')
-                    .parse()
-                    .unwrap();
-                std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-            } else {
-                // Listening, not only bound: the socket file appears before listen().
-                std::os::unix::net::UnixStream::connect(&s.sock).is_ok()
-            };
-            if up {
-                break;
-            }
-            if let Ok(Some(st)) = s.child.as_mut().unwrap().try_wait() {
-                panic!("the NBD server exited at start: {st}");
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "the NBD server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        s
-    }
-
-    /// Kills the server at once (SIGKILL): what a crash of the storage host looks like.
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_file(&self.sock);
-    }
-
-    /// Stops the server and waits for it, so that everything it wrote is in the file.
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // SAFETY: kill with our child's pid.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_file(&self.sock);
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 fn rw() -> MountOptions {
     opts::no_timer()
@@ -216,12 +73,12 @@ fn check_tree(fs: &Fs, dirs: usize, files: usize) {
 
 #[test]
 fn tree_over_nbdkit_file_plugin_on_a_unix_socket_is_clean_and_reads_back_locally() {
-    if !have("nbdkit") {
+    if !have(&["nbdkit"]) {
         return;
     }
     let img = scratch("nbd-file");
     mke2fs(&img.0, "128M", &[]);
-    let mut srv = Server::nbdkit(&["file", &format!("file={}", img.0.display())]);
+    let mut srv = NbdServer::nbdkit(&["file", &format!("file={}", img.0.display())]);
     let fs = Fs::open_path(Path::new(&srv.uri), rw()).unwrap();
     assert!(!fs.is_read_only());
     write_tree(&fs, 4, 9);
@@ -236,10 +93,10 @@ fn tree_over_nbdkit_file_plugin_on_a_unix_socket_is_clean_and_reads_back_locally
 
 #[test]
 fn mkfs_over_tcp_on_the_memory_plugin_then_a_tree_then_e2fsck_of_the_export() {
-    if !have("nbdkit") {
+    if !have(&["nbdkit"]) {
         return;
     }
-    let srv = Server::nbdkit_tcp(&["memory", "size=96M"]);
+    let srv = NbdServer::nbdkit_tcp(&["memory", "size=96M"]);
     let dev = Arc::new(NbdDevice::open(&srv.uri, false).unwrap());
     assert!(dev.connections() > 1, "the memory plugin allows multi-conn");
     let o = uext4::mkfs::MkfsOptions::like_mke2fs(dev.size(), None);
@@ -269,7 +126,7 @@ fn e2fsck_export(uri: &str) {
 
 #[test]
 fn qemu_nbd_serving_qcow2_is_formatted_written_and_clean() {
-    if !have("qemu-nbd") || !have("qemu-img") {
+    if !have(&["qemu-nbd", "qemu-img"]) {
         return;
     }
     let q = scratch("nbd-qcow2");
@@ -277,7 +134,7 @@ fn qemu_nbd_serving_qcow2_is_formatted_written_and_clean() {
         "qemu-img create -q -f qcow2 {} 128M",
         q.0.display()
     ));
-    let mut srv = Server::qemu_nbd(&q.0, "qcow2", "disk");
+    let mut srv = NbdServer::qemu_nbd(&q.0, "qcow2", "disk");
     let dev = Arc::new(NbdDevice::open(&srv.uri, false).unwrap());
     assert_eq!(dev.size(), 128 << 20);
     let o = uext4::mkfs::MkfsOptions::like_mke2fs(dev.size(), None);
@@ -314,10 +171,10 @@ fn qemu_nbd_serving_qcow2_is_formatted_written_and_clean() {
 /// parallel threads) reach the requests they answer.
 #[test]
 fn pipelined_requests_from_many_threads_are_matched_by_cookie() {
-    if !have("nbdkit") {
+    if !have(&["nbdkit"]) {
         return;
     }
-    let srv = Server::nbdkit(&[
+    let srv = NbdServer::nbdkit(&[
         "--filter=delay",
         "memory",
         "size=64M",
@@ -362,11 +219,80 @@ fn pipelined_requests_from_many_threads_are_matched_by_cookie() {
 }
 
 #[test]
-fn block_size_constraints_are_honoured_with_read_modify_write() {
-    if !have("nbdkit") {
+fn writes_go_behind_yet_reads_see_them_and_a_flush_makes_them_durable() {
+    if !have(&["nbdkit"]) {
         return;
     }
-    let srv = Server::nbdkit(&[
+    let img = scratch("nbd-behind");
+    std::fs::write(&img.0, vec![0u8; 8 << 20]).unwrap();
+    // Slow writes on a server that carries out requests in parallel, in any order.
+    let srv = NbdServer::nbdkit(&[
+        "--filter=delay",
+        "file",
+        &format!("file={}", img.0.display()),
+        "delay-write=20ms",
+    ]);
+    let dev = NbdDevice::open(&srv.uri, false).unwrap();
+    let pat = |n: u8| vec![n; 4096];
+    // One thread: each write returns once sent, so several are in flight at once.
+    for i in 0..8u64 {
+        dev.write_at(i * 4096, &pat(i as u8 + 1)).unwrap();
+    }
+    assert!(
+        dev.max_in_flight() > 1,
+        "writes from one thread waited for their replies"
+    );
+    // Overwrites of a block in flight land in order, and a read sees the last.
+    for n in 10..20u8 {
+        dev.write_at(0, &pat(n)).unwrap();
+    }
+    let mut back = vec![0u8; 4096];
+    dev.read_at(0, &mut back).unwrap();
+    assert_eq!(back, pat(19), "a read did not see the writes before it");
+    // After the flush every write is in the image the server serves.
+    dev.flush().unwrap();
+    let on_disk = std::fs::read(&img.0).unwrap();
+    assert_eq!(&on_disk[..4096], &pat(19)[..]);
+    for i in 1..8usize {
+        assert_eq!(&on_disk[i * 4096..(i + 1) * 4096], &pat(i as u8 + 1)[..]);
+    }
+}
+
+#[test]
+fn trim_reaches_the_server_and_the_export_shrinks() {
+    if !have(&["nbdkit"]) {
+        return;
+    }
+    let img = scratch("nbd-trim");
+    mke2fs(&img.0, "64M", &[]);
+    let mut srv = NbdServer::nbdkit(&["file", &format!("file={}", img.0.display())]);
+    let fs = Fs::open_path(Path::new(&srv.uri), rw()).unwrap();
+    let f = fs.create(2, b"big", 0o644, 0, 0).unwrap().ino;
+    fs.write(f, 0, &vec![0x5a; 24 << 20]).unwrap();
+    fs.sync().unwrap();
+    let blocks = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).unwrap().blocks() * 512
+    };
+    let full = blocks(&img.0);
+    fs.unlink(2, b"big").unwrap();
+    fs.sync().unwrap();
+    let t = fs.trim(0, u64::MAX, 0).unwrap();
+    assert!(t.supported && t.bytes >= 24 << 20, "{t:?}");
+    fs.unmount().unwrap();
+    drop(fs);
+    srv.stop();
+    let after = blocks(&img.0);
+    assert!(after + (20 << 20) <= full, "{full} -> {after}");
+    e2fsck_clean(&img.0);
+}
+
+#[test]
+fn block_size_constraints_are_honoured_with_read_modify_write() {
+    if !have(&["nbdkit"]) {
+        return;
+    }
+    let srv = NbdServer::nbdkit(&[
         "--filter=blocksize-policy",
         "memory",
         "size=16M",
@@ -406,13 +332,13 @@ fn block_size_constraints_are_honoured_with_read_modify_write() {
 
 #[test]
 fn a_read_only_export_opens_read_only() {
-    if !have("nbdkit") {
+    if !have(&["nbdkit"]) {
         return;
     }
     let img = scratch("nbd-ro");
     mke2fs(&img.0, "32M", &[]);
     let before = std::fs::read(&img.0).unwrap();
-    let srv = Server::nbdkit(&["-r", "file", &format!("file={}", img.0.display())]);
+    let srv = NbdServer::nbdkit(&["-r", "file", &format!("file={}", img.0.display())]);
     let fs = Fs::open_path(Path::new(&srv.uri), rw()).unwrap();
     assert!(fs.is_read_only());
     assert!(fs.read_only_reason().unwrap().contains("not writable"));
@@ -428,13 +354,13 @@ fn a_read_only_export_opens_read_only() {
 
 #[test]
 fn write_errors_from_the_server_fail_fsync_and_the_next_open_recovers() {
-    if !have("nbdkit") {
+    if !have(&["nbdkit"]) {
         return;
     }
     let img = scratch("nbd-err");
     mke2fs(&img.0, "64M", &[]);
     let trigger = scratch("nbd-err-trigger");
-    let mut srv = Server::nbdkit(&[
+    let mut srv = NbdServer::nbdkit(&[
         "--filter=error",
         "file",
         &format!("file={}", img.0.display()),
@@ -470,12 +396,12 @@ fn write_errors_from_the_server_fail_fsync_and_the_next_open_recovers() {
 
 #[test]
 fn a_server_killed_midway_gives_clear_errors_and_the_next_open_replays_the_journal() {
-    if !have("nbdkit") {
+    if !have(&["nbdkit"]) {
         return;
     }
     let img = scratch("nbd-kill");
     mke2fs(&img.0, "64M", &[]);
-    let mut srv = Server::nbdkit(&["file", &format!("file={}", img.0.display())]);
+    let mut srv = NbdServer::nbdkit(&["file", &format!("file={}", img.0.display())]);
     let fs = Fs::open_path(Path::new(&srv.uri), rw()).unwrap();
     // Acknowledged (fsynced) files, then writers still going when the server dies.
     write_tree(&fs, 2, 7);
@@ -520,7 +446,7 @@ fn a_server_killed_midway_gives_clear_errors_and_the_next_open_replays_the_journ
     let _ = fs.unmount();
     drop(fs);
     // The journal was left to replay (the server died between commits and checkpoints).
-    let mut srv = Server::nbdkit(&["file", &format!("file={}", img.0.display())]);
+    let mut srv = NbdServer::nbdkit(&["file", &format!("file={}", img.0.display())]);
     let fs = Fs::open_path(Path::new(&srv.uri), rw()).unwrap();
     check_tree(&fs, 2, 7);
     fs.unmount().unwrap();
@@ -563,19 +489,19 @@ fn bad_servers_and_names_are_one_line_errors() {
         );
         t.join().unwrap();
     }
-    if have("qemu-nbd") {
+    if have(&["qemu-nbd"]) {
         let img = scratch("nbd-names");
         std::fs::write(&img.0, vec![0u8; 1 << 20]).unwrap();
-        let srv = Server::qemu_nbd(&img.0, "raw", "disk");
+        let srv = NbdServer::qemu_nbd(&img.0, "raw", "disk");
         let other = srv.uri.replace("/disk?", "/nosuch?");
         assert!(one_line(&other).contains("has no export \"nosuch\""));
         // The export is there but holds no filesystem.
         assert!(one_line(&srv.uri).contains("not an ext2/3/4"));
     }
-    if have("nbdkit") {
+    if have(&["nbdkit"]) {
         let psk = scratch("nbd-psk");
         std::fs::write(&psk.0, "alice:0123456789abcdef0123456789abcdef\n").unwrap();
-        let srv = Server::nbdkit(&[
+        let srv = NbdServer::nbdkit(&[
             "--tls=require",
             &format!("--tls-psk={}", psk.0.display()),
             "memory",

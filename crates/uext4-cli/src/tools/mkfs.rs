@@ -113,6 +113,23 @@ fn parse_extended(list: &str) -> Result<Extended> {
     Ok(e)
 }
 
+/// How the engine is opened to fill an image (mkfs -d, cp into an image, cp --from-tar): with
+/// SOURCE_DATE_EPOCH clamping every time it records, and caches sized for a stream of new
+/// entries that are not read again (with the commits of `cp::Batch`, memory stays the same
+/// whatever the size of the tree). The image is written with pread/pwrite, not mapped: a
+/// mapping's touched pages would count against the builder's memory.
+pub(crate) fn build_options(region: Option<Region>) -> Result<MountOptions> {
+    Ok(MountOptions {
+        region,
+        commit_interval_secs: 0,
+        time_clamp: source_date_epoch()?,
+        inode_cache_limit: 2048,
+        cache_limit_bytes: 4 << 20,
+        map_tmpfs: false,
+        ..Default::default()
+    })
+}
+
 /// SOURCE_DATE_EPOCH, when set: seconds since the epoch.
 fn source_date_epoch() -> Result<Option<i64>> {
     match std::env::var("SOURCE_DATE_EPOCH") {
@@ -262,16 +279,8 @@ fn build(
     uext4::mkfs::mkfs(&*dev, &o).with_context(|| img.name())?;
     drop(dev);
     if a.root_dir.is_some() || a.all_root || devtable.is_some() {
-        let fs = uext4::Fs::open_path(
-            &img.path,
-            MountOptions {
-                region,
-                commit_interval_secs: 0,
-                time_clamp: epoch,
-                ..Default::default()
-            },
-        )
-        .with_context(|| img.name())?;
+        let fs =
+            uext4::Fs::open_path(&img.path, build_options(region)?).with_context(|| img.name())?;
         let r = match &a.root_dir {
             Some(d) if d.is_dir() => crate::tools::cp::copy_host_contents(&fs, d, fs.root_ino()),
             Some(d) => {

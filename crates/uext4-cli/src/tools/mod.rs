@@ -1,5 +1,6 @@
 //! The image tools: mkfs, info, ls, cat, cp, mkdir, rm, mv, ln, stat, chmod, chown, touch,
-//! truncate, chattr, lsattr, label, one file per tool or family. Paths inside an image are written IMAGE:PATH; IMAGE
+//! truncate, fstrim, chattr, lsattr, label, one file per tool or family. Paths inside an
+//! image are written IMAGE:PATH; IMAGE
 //! may be `disk.img@2` (partition 2 of a whole-disk image, GPT or MBR, numbered as fdisk and
 //! lsblk number them) or `disk.img@offset=BYTES[,size=BYTES]` (a filesystem at a byte offset,
 //! as in a SIF container); a file literally named so wins. Each tool opens the image, does its
@@ -11,6 +12,7 @@ pub mod chattr;
 pub mod cp;
 pub mod devtable;
 pub mod fit;
+mod fstrim;
 mod info;
 mod ls;
 pub mod mkfs;
@@ -20,6 +22,7 @@ pub mod tar;
 
 use cat::cat;
 use cp::{cp, is_directory};
+use fstrim::fstrim;
 use info::info;
 use ls::ls;
 use namespace::{ln, mkdir, mv, rm, truncate};
@@ -124,6 +127,17 @@ pub enum ToolCmd {
         reference: Option<String>,
         path: String,
     },
+    /// Give the image's free blocks back to its storage, as fstrim(8): holes in an image
+    /// file, TRIM to an NBD server.
+    Fstrim {
+        /// Free runs shorter than this are left (bytes, or 64K, 1M, ...).
+        #[arg(short = 'm', long = "minimum")]
+        minimum: Option<String>,
+        /// Say how many bytes were trimmed.
+        #[arg(short = 'v', long = "verbose")]
+        verbose: bool,
+        image: PathBuf,
+    },
     /// Set a file's size: IMAGE:PATH (a missing file is made, as truncate(1) makes it;
     /// with -c it is left missing).
     Truncate {
@@ -186,6 +200,7 @@ impl ToolCmd {
             ToolCmd::Chown { .. } => "chown",
             ToolCmd::Touch { .. } => "touch",
             ToolCmd::Truncate { .. } => "truncate",
+            ToolCmd::Fstrim { .. } => "fstrim",
             ToolCmd::Chattr { .. } => "chattr",
             ToolCmd::Lsattr { .. } => "lsattr",
             ToolCmd::Label { .. } => "label",
@@ -229,6 +244,11 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
             link,
         } => ln(&target, &link, symbolic),
         ToolCmd::Stat { path } => stat(&path),
+        ToolCmd::Fstrim {
+            minimum,
+            verbose,
+            image,
+        } => fstrim(&image, minimum.as_deref(), verbose),
         ToolCmd::Chmod {
             recursive,
             mode,

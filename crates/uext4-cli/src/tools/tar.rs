@@ -30,10 +30,15 @@ pub fn is_archive(p: &Path) -> bool {
 }
 
 /// Opens an archive for reading, undoing its compression (told by its first bytes, not its
-/// name): gzip, zstd or none. `-` is standard input.
+/// name): gzip, zstd or none. `-` is standard input. Reading and decompressing run on a
+/// thread of their own ([`ReadAhead`]), beside the unpacking.
 pub fn open_archive(path: &Path) -> Result<Box<dyn Read>> {
-    let raw: Box<dyn Read> = if path == Path::new("-") {
-        Box::new(std::io::stdin().lock())
+    Ok(Box::new(ReadAhead::new(decompressed(path)?)))
+}
+
+fn decompressed(path: &Path) -> Result<Box<dyn Read + Send>> {
+    let raw: Box<dyn Read + Send> = if path == Path::new("-") {
+        Box::new(std::io::stdin())
     } else {
         Box::new(std::fs::File::open(path)?)
     };
@@ -53,11 +58,80 @@ pub fn open_archive(path: &Path) -> Result<Box<dyn Read>> {
     })
 }
 
+/// A stream read on a thread of its own, [`ReadAhead::PIECE`] bytes at a time and up to
+/// [`ReadAhead::AHEAD`] pieces ahead of its reader (a bounded amount of memory).
+struct ReadAhead {
+    rx: std::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    piece: Vec<u8>,
+    at: usize,
+}
+
+impl ReadAhead {
+    const PIECE: usize = 256 << 10;
+    const AHEAD: usize = 4;
+
+    fn new(mut inner: Box<dyn Read + Send>) -> ReadAhead {
+        let (tx, rx) = std::sync::mpsc::sync_channel(Self::AHEAD);
+        // Ends at the end of the stream, on an error, or when the reader is dropped.
+        std::thread::spawn(move || loop {
+            let mut piece = vec![0u8; Self::PIECE];
+            let mut got = 0;
+            let r = loop {
+                match inner.read(&mut piece[got..]) {
+                    Ok(0) => break Ok(()),
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => break Err(e),
+                }
+                if got == piece.len() {
+                    break Ok(());
+                }
+            };
+            piece.truncate(got);
+            let last = got == 0 || r.is_err();
+            if got > 0 && tx.send(Ok(piece)).is_err() {
+                return;
+            }
+            if let Err(e) = r {
+                let _ = tx.send(Err(e));
+            }
+            if last {
+                return;
+            }
+        });
+        ReadAhead {
+            rx,
+            piece: Vec::new(),
+            at: 0,
+        }
+    }
+}
+
+impl Read for ReadAhead {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.at == self.piece.len() {
+            match self.rx.recv() {
+                Ok(p) => {
+                    self.piece = p?;
+                    self.at = 0;
+                }
+                // The thread ended: the end of the stream.
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.piece.len() - self.at);
+        buf[..n].copy_from_slice(&self.piece[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
 /// `uext4 cp --from-tar ARCHIVE... IMAGE:DIR`: each archive unpacked into the directory, in
 /// order (later entries replace earlier ones of the same name).
 pub fn cp_from_tar(archives: &[String], dst: &str) -> Result<()> {
     let (img, d) = crate::image::image_loc(dst)?;
-    let fs = crate::image::open_img(&img, false)?;
+    // As mkfs -d: SOURCE_DATE_EPOCH clamps the times the copy records.
+    let fs = super::cp::open_for_copy(&img)?;
     let r = (|| -> Result<()> {
         let dir = crate::image::resolve(&fs, &d, true).with_context(|| dst.to_string())?;
         if !fs.getattr(dir)?.is_dir() {
@@ -416,6 +490,7 @@ pub struct Unpacker<'a> {
     /// Who owns the directories the archive does not list.
     owner: (u32, u32),
     buf: Vec<u8>,
+    batch: super::cp::Batch,
 }
 
 impl<'a> Unpacker<'a> {
@@ -427,6 +502,7 @@ impl<'a> Unpacker<'a> {
             dir_times: Vec::new(),
             owner: crate::image::caller(),
             buf: vec![0; 1 << 20],
+            batch: Default::default(),
         }
     }
 
@@ -630,7 +706,7 @@ impl<'a> Unpacker<'a> {
         if dir {
             self.dir_times.push((ino, atime, m.mtime, ctime));
         }
-        Ok(())
+        self.batch.made_one(fs)
     }
 
     /// Copies `len` bytes from `r` to file `ino` at `off`, leaving blocks that are all zeros

@@ -1,141 +1,230 @@
-//! Copying a host tree into an image (`cp HOST IMAGE:PATH`, `mkfs -d DIR`).
+//! Copying a host tree into an image (`cp HOST IMAGE:PATH`, `mkfs -d DIR`): host_walk.rs reads
+//! the tree on its own thread; this side makes the entries, in the walk's order.
 
+use super::host_walk::{walk, Budget, Data, Entry, Kind, Stat, Xattrs};
 use super::rules::*;
 use super::*;
-use crate::host::*;
 use crate::image::*;
 use anyhow::{bail, Context, Result};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
 use uext4::Fs;
+
+/// Where entries go: a directory of the image, and whether this copy made it (then it holds
+/// nothing the copy must look for or replace).
+struct Target {
+    ino: u32,
+    made: bool,
+}
 
 struct HostToImage<'a> {
     fs: &'a Fs,
     links: Links<(u64, u64), u32>,
     progress: Progress,
-    failed_at: Option<PathBuf>,
+    batch: Batch,
+    /// The directories begun and not yet ended, innermost last.
+    stack: Vec<Target>,
+    budget: std::sync::Arc<Budget>,
 }
 
 impl HostToImage<'_> {
-    /// Copies `src` to `name` in `dir`; on failure remembers the deepest path that failed.
-    fn copy(&mut self, src: &Path, dir: u32, name: &[u8], recursive: bool) -> Result<()> {
-        let r = self.copy_one(src, dir, name, recursive);
-        if r.is_err() && self.failed_at.is_none() {
-            self.failed_at = Some(src.to_path_buf());
+    fn new<'f>(fs: &'f Fs, src: &Path) -> HostToImage<'f> {
+        HostToImage {
+            fs,
+            links: Links::new(),
+            progress: Progress::for_host(src),
+            batch: Batch::default(),
+            stack: Vec::new(),
+            budget: Default::default(),
         }
-        r
     }
 
-    fn copy_one(&mut self, src: &Path, dir: u32, name: &[u8], recursive: bool) -> Result<()> {
-        let md = std::fs::symlink_metadata(src)?;
+    /// Copies what the walk of `src` sends: the first entry as `name` in `dir`, or, with
+    /// `contents`, the first directory's entries into `dir` and its attributes onto it (as
+    /// `cp -a SRC/. DEST`). An error names the host path it happened at.
+    fn run(
+        &mut self,
+        src: &Path,
+        dir: u32,
+        name: &[u8],
+        recursive: bool,
+        contents: bool,
+    ) -> Result<()> {
+        std::thread::scope(|scope| {
+            let rx = walk(scope, src, recursive, self.budget.clone());
+            let mut first = true;
+            for batch in rx {
+                for mut e in batch? {
+                    if std::mem::take(&mut first) {
+                        self.stack.push(Target {
+                            ino: dir,
+                            made: false,
+                        });
+                        if contents {
+                            if !e.st.is_dir() {
+                                bail!("{}: not a directory", src.display());
+                            }
+                            continue;
+                        }
+                        e.name = name.to_vec();
+                    }
+                    let path = e.path.clone();
+                    let r = self.entry(e, recursive);
+                    // The source itself is named by the caller.
+                    match path != src {
+                        true => r.with_context(|| path.display().to_string())?,
+                        false => r?,
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn entry(&mut self, e: Entry, recursive: bool) -> Result<()> {
         let fs = self.fs;
-        let ft = md.file_type();
-        let key = (md.dev(), md.ino());
-        if let Some(&earlier) = self.links.earlier(&key, md.nlink(), ft.is_dir()) {
-            make_room(fs, dir, name)?;
-            fs.link(earlier, dir, name)?;
-            return Ok(());
+        let parent = self.stack.last().map_or(fs.root_ino(), |t| t.ino);
+        let fresh = self.stack.last().is_some_and(|t| t.made);
+        let st = e.st;
+        let key = (st.dev, st.ino);
+        if !matches!(e.kind, Kind::EndDir(_)) {
+            if let Some(&earlier) = self.links.earlier(&key, st.nlink, st.is_dir()) {
+                if !fresh {
+                    make_room(fs, parent, &e.name)?;
+                }
+                fs.link(earlier, parent, &e.name)?;
+                return Ok(());
+            }
         }
-        let owner = (md.uid(), md.gid());
-        let ino = if ft.is_dir() {
-            if !recursive {
-                bail!("{}: is a directory (use -r)", src.display());
+        let owner = (st.uid, st.gid);
+        let (ino, xattrs) = match e.kind {
+            Kind::Dir => {
+                if !recursive {
+                    bail!("{}: is a directory (use -r)", e.path.display());
+                }
+                let existing = match fresh {
+                    true => None,
+                    false => fs.lookup(parent, &e.name).ok().filter(|a| a.is_dir()),
+                };
+                let t = match existing {
+                    Some(a) => Target {
+                        ino: a.ino,
+                        made: false,
+                    },
+                    None => Target {
+                        ino: fs.mkdir(parent, &e.name, st.mode, owner.0, owner.1)?.ino,
+                        made: true,
+                    },
+                };
+                self.stack.push(t);
+                return Ok(());
             }
-            let ino = match fs.lookup(dir, name) {
-                Ok(a) if a.is_dir() => a.ino,
-                _ => fs.mkdir(dir, name, md.mode(), owner.0, owner.1)?.ino,
-            };
-            self.copy_entries(src, ino)?;
-            ino
-        } else if ft.is_symlink() {
-            let t = std::fs::read_link(src)?;
-            let target = NewEntry::Symlink(t.as_os_str().as_bytes());
-            make_entry(fs, dir, name, target, md.mode(), owner)?
-        } else if ft.is_file() {
-            let ino = make_entry(fs, dir, name, NewEntry::File, md.mode(), owner)?;
-            let f = std::fs::File::open(src)?;
-            copy_segments(
-                &host_segments(&f, md.len()),
-                &self.progress,
-                |off, buf| {
-                    f.read_exact_at(buf, off)?;
-                    Ok(buf.len())
-                },
-                |off, data| Ok(fs.write_all(ino, off, data)?),
-            )?;
-            if fs.getattr(ino)?.size != md.len() {
-                fs.truncate(ino, md.len())?;
+            Kind::EndDir(xattrs) => {
+                let t = self.stack.pop().expect("a directory begun");
+                // The first directory of `contents` copies its attributes and owner onto the
+                // directory copied into.
+                let owner = self.stack.is_empty();
+                return self.attributes(&e.path, &st, t.ino, xattrs, owner);
             }
-            ino
-        } else {
-            let special = NewEntry::Special(md.rdev() as u32);
-            make_entry(fs, dir, name, special, md.mode(), owner)?
+            Kind::Symlink(target, xattrs) => {
+                let what = NewEntry::Symlink(&target);
+                (self.make(parent, fresh, &e.name, what, &st)?, xattrs)
+            }
+            Kind::File(data, xattrs) => {
+                let ino = self.make(parent, fresh, &e.name, NewEntry::File, &st)?;
+                self.data(ino, data, st.size)?;
+                (ino, xattrs)
+            }
+            Kind::Special(xattrs) => {
+                let what = NewEntry::Special(st.rdev as u32);
+                (self.make(parent, fresh, &e.name, what, &st)?, xattrs)
+            }
         };
-        self.links.note(key, md.nlink(), ft.is_dir(), ino);
-        self.copy_attributes(src, &md, ino, false)
+        self.links.note(key, st.nlink, false, ino);
+        self.attributes(&e.path, &st, ino, xattrs, false)
     }
 
-    /// Copies the entries of the host directory `src` into the image's directory `dir`, in
-    /// name order (the same image from the same tree, whatever order the host lists it in).
-    fn copy_entries(&mut self, src: &Path, dir: u32) -> Result<()> {
-        let mut entries: Vec<_> = std::fs::read_dir(src)?.flatten().collect();
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            self.copy(&e.path(), dir, e.file_name().as_bytes(), true)?;
+    /// Makes a non-directory; in a directory this copy made, no earlier entry can be in the
+    /// way.
+    fn make(
+        &mut self,
+        dir: u32,
+        fresh: bool,
+        name: &[u8],
+        what: NewEntry,
+        st: &Stat,
+    ) -> Result<u32> {
+        let owner = (st.uid, st.gid);
+        let fs = self.fs;
+        if !fresh {
+            return make_entry(fs, dir, name, what, st.mode, owner);
+        }
+        Ok(match what {
+            NewEntry::Symlink(t) => fs.symlink(dir, name, t, owner.0, owner.1)?.ino,
+            NewEntry::File => fs.create(dir, name, st.mode, owner.0, owner.1)?.ino,
+            NewEntry::Special(rdev) => fs.mknod(dir, name, st.mode, rdev, owner.0, owner.1)?.ino,
+        })
+    }
+
+    fn data(&mut self, ino: u32, data: Data, size: u64) -> Result<()> {
+        let fs = self.fs;
+        match data {
+            Data::Bytes(b) => {
+                let r = fs.write_all(ino, 0, &b);
+                self.budget.give(b.len() as u64);
+                r?;
+                self.progress.add(b.len() as u64);
+            }
+            Data::Open(f, segs) => {
+                copy_segments(
+                    &segs,
+                    &self.progress,
+                    |off, buf| {
+                        f.read_exact_at(buf, off)?;
+                        Ok(buf.len())
+                    },
+                    |off, data| Ok(fs.write_all(ino, off, data)?),
+                )?;
+                // A hole at the end: the size is not reached by any write.
+                if segs.last().map_or(0, |&(o, l)| o + l) < size {
+                    fs.truncate(ino, size)?;
+                }
+            }
         }
         Ok(())
     }
 
-    /// `cp -r DIR/. IMAGE:DEST`, as cp(1): DIR's contents into DEST, and DIR's own mode,
-    /// owner, times and attributes onto DEST (`mkfs -d DIR` puts a tree in the root so).
-    fn copy_contents(&mut self, src: &Path, dir: u32) -> Result<()> {
-        let md = std::fs::metadata(src)?;
-        if !md.is_dir() {
-            bail!("{}: not a directory", src.display());
-        }
-        self.copy_entries(src, dir)?;
-        self.copy_attributes(src, &md, dir, true)
-    }
-
-    /// Extended attributes, mode and times of `src` onto `ino` (and its owner with `owner`:
-    /// made inodes get it at creation).
-    fn copy_attributes(
+    /// Extended attributes, mode and times of a host entry onto `ino` (and its owner with
+    /// `owner`: made inodes get it at creation).
+    fn attributes(
         &mut self,
-        src: &Path,
-        md: &std::fs::Metadata,
+        path: &Path,
+        st: &Stat,
         ino: u32,
+        xattrs: std::io::Result<Xattrs>,
         owner: bool,
     ) -> Result<()> {
-        let xattrs = host_xattrs(src).unwrap_or_else(|e| {
-            warn_xattr(src, b"(list)", e);
+        let xattrs = xattrs.unwrap_or_else(|e| {
+            warn_xattr(path, b"(list)", e);
             Vec::new()
         });
         let meta = CopiedMeta {
-            mode: md.mode(),
-            owner: owner.then(|| (md.uid(), md.gid())),
-            atime: ts(md.atime(), md.atime_nsec()),
-            mtime: ts(md.mtime(), md.mtime_nsec()),
+            mode: st.mode,
+            owner: owner.then_some((st.uid, st.gid)),
+            atime: ts(st.atime.0, st.atime.1),
+            mtime: ts(st.mtime.0, st.mtime.1),
             crtime: None,
         };
-        set_image_metadata(self.fs, ino, src, xattrs, &meta)
+        set_image_metadata(self.fs, ino, path, xattrs, &meta)?;
+        self.batch.made_one(self.fs)
     }
 }
 
 /// Copies the contents of the host directory `src` into the image directory `dir` (and
 /// `src`'s own attributes onto `dir`), as `cp -a SRC/. DEST`.
 pub(crate) fn copy_host_contents(fs: &Fs, src: &Path, dir: u32) -> Result<()> {
-    let mut c = HostToImage {
-        fs,
-        links: Links::new(),
-        progress: Progress::new(host_total(src)),
-        failed_at: None,
-    };
-    let r = c.copy_contents(src, dir);
-    match c.failed_at {
-        Some(p) => r.with_context(|| p.display().to_string()),
-        None => r,
-    }
+    HostToImage::new(fs, src).run(src, dir, b"", true, true)
 }
 
 /// `cp [-r] HOST IMAGE:PATH` (and `HOST/.`, the directory's contents).
@@ -147,8 +236,7 @@ pub(super) fn cp(
     d: &str,
     recursive: bool,
 ) -> Result<()> {
-    let fs = open_img(img, false)?;
-    let total = host_total(s);
+    let fs = open_for_copy(img)?;
     if src == "." || src.ends_with("/.") {
         // DIR/. : DIR's contents into the directory DST, as cp(1).
         let r = (|| -> Result<()> {
@@ -173,17 +261,7 @@ pub(super) fn cp(
             Ok(ino) if fs.getattr(ino)?.is_dir() => (ino, name),
             _ => parent_of(&fs, d)?,
         };
-        let mut c = HostToImage {
-            fs: &fs,
-            links: rules::Links::new(),
-            progress: Progress::new(total),
-            failed_at: None,
-        };
-        let r = c.copy(s, dir, &n, recursive);
-        match c.failed_at {
-            Some(p) if p != s => r.with_context(|| p.display().to_string()),
-            _ => r,
-        }
+        HostToImage::new(&fs, s).run(s, dir, &n, recursive, false)
     })();
     finish(&fs, &img.path, r.with_context(|| format!("{src} -> {dst}")))
 }

@@ -3,6 +3,7 @@
 //! (this module); each direction's file says only how it reads and makes entries.
 
 mod host_to_image;
+mod host_walk;
 mod image_to_host;
 mod image_to_image;
 pub(crate) mod rules;
@@ -34,6 +35,15 @@ impl Progress {
             Progress(None)
         }
     }
+    /// For a copy from the host path `src`: the walk that sizes the bar happens only where a
+    /// bar can be shown.
+    fn for_host(src: &Path) -> Progress {
+        use std::io::IsTerminal;
+        match std::io::stderr().is_terminal() {
+            true => Progress::new(host_total(src)),
+            false => Progress(None),
+        }
+    }
     fn add(&self, n: u64) {
         if let Some(p) = &self.0 {
             p.inc(n);
@@ -47,6 +57,36 @@ impl Drop for Progress {
             p.finish_and_clear();
         }
     }
+}
+
+/// Commits every [`Batch::ENTRIES`] entries a copy makes, and waits for the committed blocks
+/// to reach their home every [`Batch::HOME`] commits: the inodes, directory blocks and bitmaps
+/// a transaction holds in memory until then stay bounded, whatever the size of the tree. The
+/// points are counted, not timed, so the same copy gives the same image.
+#[derive(Default)]
+pub(crate) struct Batch {
+    made: u64,
+}
+
+impl Batch {
+    const ENTRIES: u64 = 1024;
+    const HOME: u64 = 8;
+
+    pub(crate) fn made_one(&mut self, fs: &Fs) -> Result<()> {
+        self.made += 1;
+        if self.made.is_multiple_of(Self::ENTRIES * Self::HOME) {
+            fs.sync()?;
+        } else if self.made.is_multiple_of(Self::ENTRIES) {
+            fs.commit()?;
+        }
+        Ok(())
+    }
+}
+
+/// Opens an image to copy into, as a build: see [`crate::tools::mkfs::build_options`].
+pub(crate) fn open_for_copy(img: &Img) -> Result<std::sync::Arc<Fs>> {
+    let opts = crate::tools::mkfs::build_options(img.fs_region()?)?;
+    open_with(&img.path, opts)
 }
 
 pub(super) fn host_total(p: &Path) -> u64 {

@@ -62,7 +62,10 @@ pub(super) fn copy_segments(
     mut read: impl FnMut(u64, &mut [u8]) -> Result<usize>,
     mut write: impl FnMut(u64, &[u8]) -> Result<()>,
 ) -> Result<()> {
-    let mut buf = vec![0u8; 1 << 20];
+    // As large as the largest segment, up to 1 MiB: most files are small, and zeroing a
+    // megabyte for each of them costs more than copying them.
+    let largest = segments.iter().map(|s| s.1).max().unwrap_or(0);
+    let mut buf = vec![0u8; largest.min(1 << 20) as usize];
     for &(start, len) in segments {
         let mut off = start;
         while off < start + len {

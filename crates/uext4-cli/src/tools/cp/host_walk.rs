@@ -1,0 +1,431 @@
+//! Reading a host tree for a copy into an image, on a thread of its own: the walk (names in
+//! order, status, extended attributes, link targets, the data of small files) runs ahead of
+//! the copy, which only makes entries. The order is the copy's (names sorted in each
+//! directory), so the image does not depend on how fast either side runs.
+//!
+//! Entries are reached relative to their directory's descriptor (`fstatat`, `openat`), not by
+//! full paths the kernel would walk again for every entry. What is read ahead is bounded: at
+//! most [`AHEAD`] batches of [`BATCH`] entries and [`BUDGET`] bytes of file data are on their
+//! way (entries travel in batches: one wake-up of the other side per batch), and only files
+//! up to [`PRELOAD`] bytes travel with their data (larger ones travel as an open file the copy
+//! reads in pieces), so memory does not grow with the tree.
+
+use anyhow::{anyhow, Context, Result};
+use std::ffi::{CStr, CString};
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Batches of entries read ahead of the copy.
+const AHEAD: usize = 8;
+/// Entries sent at once.
+const BATCH: usize = 32;
+/// Files up to this size are read whole by the walk.
+const PRELOAD: u64 = 512 << 10;
+/// Directory levels whose descriptors stay open during the walk.
+const HELD: usize = 64;
+/// File data read ahead of the copy, in bytes (at least one file's).
+const BUDGET: u64 = 2 << 20;
+
+/// The bytes of file data read and not yet copied, shared by the walk and the copy.
+#[derive(Default)]
+pub(super) struct Budget {
+    used: Mutex<u64>,
+    freed: Condvar,
+}
+
+impl Budget {
+    /// Whether `n` more bytes fit now.
+    fn fits(&self, n: u64) -> bool {
+        let used = *self.used.lock().unwrap_or_else(|e| e.into_inner());
+        used == 0 || used + n <= BUDGET
+    }
+    /// Waits until `n` more bytes fit (or nothing is in flight), then counts them.
+    fn take(&self, n: u64) {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        while *used > 0 && *used + n > BUDGET {
+            used = self.freed.wait(used).unwrap_or_else(|e| e.into_inner());
+        }
+        *used += n;
+    }
+    /// The copy is done with `n` bytes.
+    pub(super) fn give(&self, n: u64) {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        *used = used.saturating_sub(n);
+        self.freed.notify_one();
+    }
+}
+
+/// What `lstat` says of a host entry, as far as a copy uses it.
+#[derive(Clone, Copy)]
+pub(super) struct Stat {
+    pub(super) mode: u32,
+    pub(super) uid: u32,
+    pub(super) gid: u32,
+    pub(super) nlink: u64,
+    pub(super) dev: u64,
+    pub(super) ino: u64,
+    pub(super) rdev: u64,
+    pub(super) size: u64,
+    pub(super) blocks: u64,
+    pub(super) atime: (i64, i64),
+    pub(super) mtime: (i64, i64),
+}
+
+impl Stat {
+    fn from(s: &libc::stat) -> Stat {
+        Stat {
+            mode: s.st_mode,
+            uid: s.st_uid,
+            gid: s.st_gid,
+            nlink: s.st_nlink,
+            dev: s.st_dev,
+            ino: s.st_ino,
+            rdev: s.st_rdev,
+            size: s.st_size as u64,
+            blocks: s.st_blocks as u64,
+            atime: (s.st_atime, s.st_atime_nsec),
+            mtime: (s.st_mtime, s.st_mtime_nsec),
+        }
+    }
+    pub(super) fn is_dir(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+    fn is_file(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFREG
+    }
+    fn is_symlink(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFLNK
+    }
+}
+
+/// A regular file's contents.
+pub(super) enum Data {
+    /// The whole file (it has no holes).
+    Bytes(Vec<u8>),
+    /// A large or sparse file, open, with its data segments (offset, length).
+    Open(File, Vec<(u64, u64)>),
+}
+
+/// What a host entry is, with what the copy needs of it besides its status.
+pub(super) enum Kind {
+    /// A directory: its entries follow, then [`Kind::EndDir`].
+    Dir,
+    /// The end of the directory last begun, with its extended attributes.
+    EndDir(std::io::Result<Xattrs>),
+    File(Data, std::io::Result<Xattrs>),
+    Symlink(Vec<u8>, std::io::Result<Xattrs>),
+    /// A device, FIFO or socket.
+    Special(std::io::Result<Xattrs>),
+}
+
+pub(super) type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// One entry of the walk, in copy order.
+pub(super) struct Entry {
+    /// The host path, for messages.
+    pub(super) path: PathBuf,
+    pub(super) name: Vec<u8>,
+    pub(super) st: Stat,
+    pub(super) kind: Kind,
+}
+
+/// Walks `top` (any kind of entry; a directory's contents only with `recursive`) on a new
+/// thread of `scope`, sending its entries in copy order. A failure to read ends the walk
+/// with an error naming the path; the walk also ends when the receiver is dropped.
+pub(super) fn walk<'s>(
+    scope: &'s std::thread::Scope<'s, '_>,
+    top: &Path,
+    recursive: bool,
+    budget: Arc<Budget>,
+) -> Receiver<Result<Vec<Entry>>> {
+    let (tx, rx) = sync_channel(AHEAD);
+    let top = top.to_path_buf();
+    scope.spawn(move || {
+        let w = Walk {
+            tx,
+            budget: &budget,
+            pending: Default::default(),
+        };
+        let r = w.top(&top, recursive);
+        let _ = w.flush();
+        if let Err(e) = r {
+            let _ = w.tx.send(Err(e));
+        }
+    });
+    rx
+}
+
+/// A send the receiver stopped listening to: the copy failed and the walk just ends.
+struct Gone;
+
+impl From<Gone> for anyhow::Error {
+    fn from(_: Gone) -> Self {
+        anyhow!("the copy stopped")
+    }
+}
+
+struct Walk<'b> {
+    tx: SyncSender<Result<Vec<Entry>>>,
+    budget: &'b Budget,
+    /// Entries not yet sent.
+    pending: std::cell::RefCell<Vec<Entry>>,
+}
+
+impl Walk<'_> {
+    fn send(&self, e: Entry) -> Result<()> {
+        let full = {
+            let mut p = self.pending.borrow_mut();
+            p.push(e);
+            p.len() >= BATCH
+        };
+        match full {
+            true => self.flush(),
+            false => Ok(()),
+        }
+    }
+
+    fn flush(&self) -> Result<()> {
+        let batch = std::mem::take(&mut *self.pending.borrow_mut());
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.tx.send(Ok(batch)).map_err(|_| Gone.into())
+    }
+
+    fn top(&self, top: &Path, recursive: bool) -> Result<()> {
+        let name = top
+            .file_name()
+            .map(|n| n.as_bytes().to_vec())
+            .unwrap_or_default();
+        let c = cstring(top.as_os_str().as_bytes())?;
+        // Errors here are about the source itself, which the caller names.
+        let st = lstat_at(libc::AT_FDCWD, &c)?;
+        if st.is_dir() && recursive {
+            let fd = open_at(libc::AT_FDCWD, &c, libc::O_DIRECTORY)?;
+            return self.dir(fd, top.to_path_buf(), name, st, 0);
+        }
+        self.send(self.entry(libc::AT_FDCWD, &c, top.to_path_buf(), name, st)?)
+    }
+
+    /// Sends a directory, its entries (names in byte order) and its end. Directories down to
+    /// [`HELD`] levels keep their descriptor while their entries are read; deeper ones are
+    /// closed once listed and their entries reached by full path, so no depth of tree runs out
+    /// of descriptors.
+    fn dir(&self, fd: OwnedFd, path: PathBuf, name: Vec<u8>, st: Stat, depth: usize) -> Result<()> {
+        self.send(Entry {
+            path: path.clone(),
+            name: name.clone(),
+            st,
+            kind: Kind::Dir,
+        })?;
+        let mut names = list(&fd).with_context(|| path.display().to_string())?;
+        names.sort_unstable();
+        let xattrs = fd_xattrs(fd.as_raw_fd());
+        let held = (depth < HELD).then_some(fd);
+        let at = held.as_ref().map_or(libc::AT_FDCWD, |fd| fd.as_raw_fd());
+        for n in names {
+            let p = path.join(std::ffi::OsStr::from_bytes(n.to_bytes()));
+            let bytes = n.to_bytes().to_vec();
+            let n = match held {
+                Some(_) => n,
+                None => cstring(p.as_os_str().as_bytes())?,
+            };
+            let st = lstat_at(at, &n).with_context(|| p.display().to_string())?;
+            if st.is_dir() {
+                let sub =
+                    open_at(at, &n, libc::O_DIRECTORY).with_context(|| p.display().to_string())?;
+                self.dir(sub, p, bytes, st, depth + 1)?;
+            } else {
+                let e = self
+                    .entry(at, &n, p.clone(), bytes, st)
+                    .with_context(|| p.display().to_string())?;
+                self.send(e)?;
+            }
+        }
+        self.send(Entry {
+            path,
+            name,
+            st,
+            kind: Kind::EndDir(xattrs),
+        })
+    }
+
+    /// A non-directory (or a directory not descended into), read: data, link target, xattrs.
+    fn entry(
+        &self,
+        dir: RawFd,
+        name: &CStr,
+        path: PathBuf,
+        bytes: Vec<u8>,
+        st: Stat,
+    ) -> Result<Entry> {
+        let kind = if st.is_file() {
+            let fd = open_at(dir, name, 0)?;
+            let xattrs = fd_xattrs(fd.as_raw_fd());
+            let f = File::from(fd);
+            // A file with as many blocks as bytes has no holes: no need to ask where they are.
+            let sparse = st.blocks * 512 < st.size;
+            let data = if st.size <= PRELOAD && !sparse {
+                // The bytes of entries not yet sent cannot come back: send them before
+                // waiting.
+                if !self.budget.fits(st.size) {
+                    self.flush()?;
+                }
+                self.budget.take(st.size);
+                let mut v = vec![0u8; st.size as usize];
+                if let Err(e) = f.read_exact_at(&mut v, 0) {
+                    self.budget.give(st.size);
+                    return Err(e.into());
+                }
+                Data::Bytes(v)
+            } else {
+                let segs = if sparse {
+                    crate::host::host_segments(&f, st.size)
+                } else {
+                    vec![(0, st.size)]
+                };
+                Data::Open(f, segs)
+            };
+            Kind::File(data, xattrs)
+        } else if st.is_symlink() {
+            let target = readlink_at(dir, name)?;
+            Kind::Symlink(target, crate::host::host_xattrs(&path))
+        } else if st.is_dir() {
+            Kind::Dir
+        } else {
+            Kind::Special(crate::host::host_xattrs(&path))
+        };
+        Ok(Entry {
+            path,
+            name: bytes,
+            st,
+            kind,
+        })
+    }
+}
+
+fn cstring(b: &[u8]) -> Result<CString> {
+    CString::new(b).map_err(|_| anyhow!("a name with a NUL byte"))
+}
+
+fn lstat_at(dir: RawFd, name: &CStr) -> std::io::Result<Stat> {
+    let mut s = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: a valid C string and a buffer for one stat.
+    let r = unsafe {
+        libc::fstatat(
+            dir,
+            name.as_ptr(),
+            s.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fstatat filled it.
+    Ok(Stat::from(unsafe { &s.assume_init() }))
+}
+
+fn open_at(dir: RawFd, name: &CStr, flags: i32) -> std::io::Result<OwnedFd> {
+    let flags = flags | libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: a valid C string.
+    let fd = unsafe { libc::openat(dir, name.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just opened, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn readlink_at(dir: RawFd, name: &CStr) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: a valid C string and a buffer valid for its length.
+    let n = unsafe { libc::readlinkat(dir, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// The names in a directory (without `.` and `..`).
+fn list(fd: &OwnedFd) -> std::io::Result<Vec<CString>> {
+    // SAFETY: dup of a valid descriptor; fdopendir takes the copy and closedir closes it.
+    let dup = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    let d = unsafe { libc::fdopendir(dup) };
+    if d.is_null() {
+        let e = std::io::Error::last_os_error();
+        // SAFETY: fdopendir failed, so the copy is still ours to close.
+        unsafe { libc::close(dup) };
+        return Err(e);
+    }
+    let mut out = Vec::new();
+    let r = loop {
+        // SAFETY: errno is thread-local; readdir on the stream opened above.
+        unsafe { *libc::__errno_location() = 0 };
+        let ent = unsafe { libc::readdir64(d) };
+        if ent.is_null() {
+            let errno = std::io::Error::last_os_error();
+            break match errno.raw_os_error() {
+                Some(0) | None => Ok(()),
+                _ => Err(errno),
+            };
+        }
+        // SAFETY: readdir's entry holds a NUL-terminated name, valid until the next call.
+        let n = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()) };
+        if n.to_bytes() != b"." && n.to_bytes() != b".." {
+            out.push(n.to_owned());
+        }
+    };
+    // SAFETY: the stream opened above, closed once.
+    unsafe { libc::closedir(d) };
+    r.map(|()| out)
+}
+
+/// The extended attributes of an open file or directory: (name, value) pairs.
+fn fd_xattrs(fd: RawFd) -> std::io::Result<Xattrs> {
+    let mut names = vec![0u8; 1024];
+    let n = loop {
+        // SAFETY: the buffer is valid for its length.
+        let n = unsafe { libc::flistxattr(fd, names.as_mut_ptr().cast(), names.len()) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ERANGE) if names.len() < 1 << 20 => names.resize(names.len() * 4, 0),
+            Some(libc::ENOTSUP) => return Ok(Vec::new()),
+            _ => return Err(e),
+        }
+    };
+    let mut out = Vec::new();
+    for name in names[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let cn = CString::new(name)?;
+        let mut val = vec![0u8; 256];
+        let got = loop {
+            // SAFETY: valid C string and a buffer valid for its length.
+            let got =
+                unsafe { libc::fgetxattr(fd, cn.as_ptr(), val.as_mut_ptr().cast(), val.len()) };
+            if got >= 0 {
+                break got as usize;
+            }
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::ERANGE) if val.len() < 1 << 16 => val.resize(1 << 16, 0),
+                _ => return Err(e),
+            }
+        };
+        val.truncate(got);
+        out.push((name.to_vec(), val));
+    }
+    Ok(out)
+}
