@@ -1,11 +1,10 @@
 //! Inode flags, the label, fallocate's COLLAPSE_RANGE and INSERT_RANGE (and FITRIM's count),
-//! against the kernel's ext4: the same requests go to a loop mount of one copy of an image (ioctls,
-//! syscalls, as root) and to the engine on another copy, and must give the same errors and
-//! leave the same flags, contents and sizes; each image reads back in the other system and
-//! is `e2fsck -fn` clean. The rules for unprivileged callers, which the tests (as root)
-//! cannot ask of the kernel, are checked against the kernel's code. Without root or loop
-//! devices the kernel halves are skipped (said on stderr).
-
+//! against the kernel's ext4: the same requests go to a loop mount of one copy of an image
+//! (ioctls, syscalls, as root) and to the engine on another copy, and must give the same
+//! errors and leave the same flags, contents and sizes; each image reads back in the other
+//! system and is `e2fsck -fn` clean. The rules for unprivileged callers, which the tests (as
+//! root) cannot ask of the kernel, are checked against the kernel's code. Without root or
+//! loop devices the kernel halves are skipped (said on stderr).
 mod common;
 
 use common::*;
