@@ -5,6 +5,7 @@
 //! system and is `e2fsck -fn` clean. The rules for unprivileged callers, which the tests (as
 //! root) cannot ask of the kernel, are checked against the kernel's code. Without root or
 //! loop devices the kernel halves are skipped (said on stderr).
+
 mod common;
 
 use common::*;
