@@ -4,7 +4,8 @@
 # Needs root (it switches users), /dev/fuse and fusermount3; skips with a message otherwise.
 # UEXT4_MOUNT_OPTS adds mount options (e.g. writeback_cache, direct_io, dax, threads=16);
 # UEXT4_PJDFSTEST_FS=ext3 runs it on an ext3 image, UEXT4_PJDFSTEST_MKE2FS_OPTS adds mke2fs options (see below);
-# UEXT4_PJDFSTEST_NBD=1 runs it over NBD (nbdkit serving the image).
+# UEXT4_PJDFSTEST_NBD=1 runs it over NBD (nbdkit serving the image); with
+# UEXT4_MOUNT_OPTS=transport=uring it runs over FUSE over io_uring.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 U=${UEXT4_BIN:-target/release/uext4}
@@ -82,7 +83,17 @@ if [ "${UEXT4_PJDFSTEST_NBD:-0}" = 1 ]; then
   for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
   src="nbd+unix:///?socket=$sock"
 fi
-"$U" mount -o "allow_other${UEXT4_MOUNT_OPTS:+,$UEXT4_MOUNT_OPTS}" "$src" "$mnt" || exit 1
+# transport=uring needs the fuse module's enable_uring, which the kernel reads at the mount's
+# INIT: switched on around the mount and put back.
+uring_param=/sys/module/fuse/parameters/enable_uring
+uring_was=
+case ",${UEXT4_MOUNT_OPTS:-}," in *,transport=uring,*)
+  [ -w "$uring_param" ] || { echo "SKIP: transport=uring needs $uring_param (Linux 6.14+)"; exit 0; }
+  uring_was=$(cat "$uring_param"); echo Y > "$uring_param";;
+esac
+"$U" mount -o "allow_other${UEXT4_MOUNT_OPTS:+,$UEXT4_MOUNT_OPTS}" "$src" "$mnt"; mrc=$?
+[ -n "$uring_was" ] && echo "$uring_was" > "$uring_param"
+[ $mrc -eq 0 ] || exit 1
 chmod 777 "$mnt"
 # The EXDEV cases need a directory on another filesystem (the one holding the mount point).
 mkdir -p "$work/other"; chmod 777 "$work/other"

@@ -80,6 +80,7 @@ fi
 # POSIX behaviour again on an ext3 image (indirect block maps instead of extents).
 suite "scripts/pjdfstest.sh on ext3" env UEXT4_PJDFSTEST_FS=ext3 bash scripts/pjdfstest.sh
 suite "scripts/pjdfstest.sh over NBD" env UEXT4_PJDFSTEST_NBD=1 bash scripts/pjdfstest.sh
+suite "scripts/pjdfstest.sh over io_uring" env UEXT4_MOUNT_OPTS=transport=uring bash scripts/pjdfstest.sh
 
 echo
 [ ${#failures[@]} -gt 0 ] && printf 'failed suite: %s\n' "${failures[@]}"

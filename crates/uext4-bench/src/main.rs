@@ -175,6 +175,8 @@ const WORKLOADS: &[&str] = &[
     "fsync-randwrite-16k",
     "pwrite-1g",
 ];
+/// uext4 through FUSE by one transport: /dev/fuse, or FUSE over io_uring.
+const TRANSPORTS: &[&str] = &["uext4-fuse-dev", "uext4-fuse-uring"];
 const SYSTEMS: &[&str] = &[
     "raw",
     "fuse-null",
@@ -186,6 +188,8 @@ const SYSTEMS: &[&str] = &[
     "uext4-fuse-dax",
     "uext4-fuse-nodax",
     "uext4-fuse-unwritten",
+    "uext4-fuse-dev",
+    "uext4-fuse-uring",
     "uext4-lib",
     "uext4-lib-nodax",
     "uext4-lib-dax",
@@ -416,7 +420,13 @@ fn select_systems(
             .map(|x| x.trim().to_string())
             .filter(|x| !x.is_empty())
             .collect(),
-        None => SYSTEMS.iter().map(|s| s.to_string()).collect(),
+        // The two transports side by side only when asked for: otherwise uext4-fuse is one
+        // of them (io_uring when the kernel offers it).
+        None => SYSTEMS
+            .iter()
+            .filter(|s| !TRANSPORTS.contains(s))
+            .map(|s| s.to_string())
+            .collect(),
     };
     for s in &systems {
         if !SYSTEMS.contains(&s.as_str()) {
@@ -428,6 +438,11 @@ fn select_systems(
         let why = match s.as_str() {
             "kernel" | "kernel-dioread_lock" if !root => Some("needs root and loop devices"),
             "fuse2fs" if !have("fuse2fs") => Some("fuse2fs is not installed"),
+            "uext4-fuse-uring"
+                if !root || !Path::new("/sys/module/fuse/parameters/enable_uring").exists() =>
+            {
+                Some("needs root and a kernel with FUSE over io_uring (the fuse module's enable_uring, Linux 6.14+)")
+            }
             "fuse-null"
             | "fuse-mem"
             | "uext4-fuse"
@@ -435,6 +450,8 @@ fn select_systems(
             | "uext4-fuse-dax"
             | "uext4-fuse-nodax"
             | "uext4-fuse-unwritten"
+            | "uext4-fuse-dev"
+            | "uext4-fuse-uring"
             | "fuse2fs"
                 if !Path::new("/dev/fuse").exists() =>
             {

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// The fuse module's switch for FUSE over io_uring.
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
 /// The reference fio jobs, one per seed document (the workloads folder's README says which).
 fn builtin_job(w: &str) -> Option<&'static str> {
     Some(match w {
@@ -112,6 +115,7 @@ impl Ctx {
         (stats, fsck, journal_mib)
     }
 
+    /// Mounts `system` for workload `w` on a fresh image.
     pub(crate) fn setup(
         &self,
         system: &str,
@@ -212,9 +216,27 @@ impl Ctx {
                     "uext4-fuse-unwritten" => {
                         c.args(["-o", "prealloc=unwritten"]);
                     }
+                    "uext4-fuse-dev" => {
+                        c.args(["-o", "transport=dev"]);
+                    }
+                    "uext4-fuse-uring" => {
+                        c.args(["-o", "transport=uring"]);
+                    }
                     _ => {}
                 }
-                let o = c.arg(&img).arg(&dir).output()?;
+                // The kernel offers FUSE over io_uring only while the fuse module's switch is
+                // on, and only INIT looks: on for this mount, then as it was (other programs
+                // on the machine may rely on it).
+                let switch = (s == "uext4-fuse-uring").then(|| {
+                    let old = std::fs::read_to_string(ENABLE_URING).unwrap_or_default();
+                    let _ = std::fs::write(ENABLE_URING, "Y");
+                    old
+                });
+                let o = c.arg(&img).arg(&dir).output();
+                if let Some(old) = switch.filter(|o| !o.trim().is_empty()) {
+                    let _ = std::fs::write(ENABLE_URING, old.trim());
+                }
+                let o = o?;
                 if !o.status.success() {
                     bail!("uext4 mount: {}", String::from_utf8_lossy(&o.stderr).trim());
                 }

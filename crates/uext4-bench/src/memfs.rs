@@ -1,36 +1,47 @@
 //! fuse-mem: the metadata workloads' FUSE ceiling. A minimal in-memory filesystem on the same
-//! crate, thread count, TTL and INIT capabilities as uext4's server (`uext4_fuse`): real
+//! transport, thread count, TTL and INIT capabilities as uext4's server (`uext4_fuse`): real
 //! directories, files, symbolic and hard links, attributes and data, all kept in memory behind
 //! one lock, nothing persisted. What a metadata workload costs on it is what the FUSE transport
 //! and the kernel's FUSE client cost for that sequence of requests; what uext4 takes beyond it
 //! is the engine's and its server's share.
 
 use anyhow::Result;
-use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
-};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use uext4_fuse::abi::{self, InitIn, InitOut};
+use uext4_fuse::reply::{self, Dirents, WireAttr};
+use uext4_fuse::request::{Op, TimeArg};
+use uext4_fuse::transport::{Answer, InHeader, RawRequest, Serve, Transport};
 
 /// uext4's server answers with the same TTL (`uext4_fuse`'s `TTL`).
 const TTL: Duration = Duration::from_secs(1);
 
+const DIR: u32 = libc::S_IFDIR;
+const REG: u32 = libc::S_IFREG;
+const LNK: u32 = libc::S_IFLNK;
+
+type R<T> = std::result::Result<T, i32>;
+
+fn now() -> (i64, u32) {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    (d.as_secs() as i64, d.subsec_nanos())
+}
+
 struct Node {
-    kind: FileType,
-    perm: u16,
+    /// S_IFDIR, S_IFREG or S_IFLNK.
+    kind: u32,
+    perm: u32,
     uid: u32,
     gid: u32,
     nlink: u32,
-    atime: SystemTime,
-    mtime: SystemTime,
-    ctime: SystemTime,
+    atime: (i64, u32),
+    mtime: (i64, u32),
+    ctime: (i64, u32),
     data: Vec<u8>,
     /// Directories: name to inode.
     children: BTreeMap<Vec<u8>, u64>,
@@ -38,44 +49,42 @@ struct Node {
 }
 
 impl Node {
-    fn new(kind: FileType, perm: u16, uid: u32, gid: u32, parent: u64) -> Node {
-        let now = SystemTime::now();
+    fn new(kind: u32, perm: u32, h: &InHeader, parent: u64) -> Node {
+        let t = now();
         Node {
             kind,
             perm,
-            uid,
-            gid,
-            nlink: if kind == FileType::Directory { 2 } else { 1 },
-            atime: now,
-            mtime: now,
-            ctime: now,
+            uid: h.uid,
+            gid: h.gid,
+            nlink: if kind == DIR { 2 } else { 1 },
+            atime: t,
+            mtime: t,
+            ctime: t,
             data: Vec::new(),
             children: BTreeMap::new(),
             parent,
         }
     }
-    fn attr(&self, ino: u64) -> FileAttr {
-        let size = if self.kind == FileType::Directory {
+    fn attr(&self, ino: u64) -> WireAttr {
+        let size = if self.kind == DIR {
             4096
         } else {
             self.data.len() as u64
         };
-        FileAttr {
-            ino: INodeNo(ino),
+        WireAttr {
+            ino,
             size,
             blocks: size.div_ceil(4096) * 8,
             atime: self.atime,
             mtime: self.mtime,
             ctime: self.ctime,
             crtime: self.ctime,
-            kind: self.kind,
-            perm: self.perm,
+            mode: self.kind | self.perm,
             nlink: self.nlink,
             uid: self.uid,
             gid: self.gid,
             rdev: 0,
             blksize: 4096,
-            flags: 0,
         }
     }
 }
@@ -89,33 +98,34 @@ struct Mem {
     st: Mutex<State>,
 }
 
-fn time_of(t: TimeOrNow) -> SystemTime {
-    match t {
-        TimeOrNow::SpecificTime(t) => t,
-        TimeOrNow::Now => SystemTime::now(),
-    }
-}
-
 impl State {
+    fn node(&self, ino: u64) -> R<&Node> {
+        self.nodes.get(&ino).ok_or(libc::ENOENT)
+    }
+
+    fn node_mut(&mut self, ino: u64) -> R<&mut Node> {
+        self.nodes.get_mut(&ino).ok_or(libc::ENOENT)
+    }
+
     /// Links a new node `n` as `name` in `parent`.
-    fn add(&mut self, parent: u64, name: &OsStr, n: Node) -> Result<FileAttr, Errno> {
-        let dir = self.nodes.get(&parent).ok_or(Errno::ENOENT)?;
-        if dir.kind != FileType::Directory {
-            return Err(Errno::ENOTDIR);
+    fn add(&mut self, parent: u64, name: &[u8], n: Node) -> R<WireAttr> {
+        let dir = self.node(parent)?;
+        if dir.kind != DIR {
+            return Err(libc::ENOTDIR);
         }
-        if dir.children.contains_key(name.as_bytes()) {
-            return Err(Errno::EEXIST);
+        if dir.children.contains_key(name) {
+            return Err(libc::EEXIST);
         }
         let ino = self.next;
         self.next += 1;
-        let is_dir = n.kind == FileType::Directory;
+        let is_dir = n.kind == DIR;
         let attr = n.attr(ino);
         self.nodes.insert(ino, n);
-        let now = SystemTime::now();
-        let dir = self.nodes.get_mut(&parent).ok_or(Errno::ENOENT)?;
-        dir.children.insert(name.as_bytes().to_vec(), ino);
-        dir.mtime = now;
-        dir.ctime = now;
+        let t = now();
+        let dir = self.node_mut(parent)?;
+        dir.children.insert(name.to_vec(), ino);
+        dir.mtime = t;
+        dir.ctime = t;
         if is_dir {
             dir.nlink += 1;
         }
@@ -127,510 +137,327 @@ impl State {
     fn drop_link(&mut self, ino: u64) {
         if let Some(n) = self.nodes.get_mut(&ino) {
             n.nlink = n.nlink.saturating_sub(1);
-            n.ctime = SystemTime::now();
-            if n.nlink == 0 || n.kind == FileType::Directory {
+            n.ctime = now();
+            if n.nlink == 0 || n.kind == DIR {
                 self.nodes.remove(&ino);
             }
         }
     }
 
-    fn remove(&mut self, parent: u64, name: &OsStr, want_dir: bool) -> Result<(), Errno> {
-        let dir = self.nodes.get(&parent).ok_or(Errno::ENOENT)?;
-        let ino = *dir.children.get(name.as_bytes()).ok_or(Errno::ENOENT)?;
-        let n = self.nodes.get(&ino).ok_or(Errno::ENOENT)?;
-        let is_dir = n.kind == FileType::Directory;
+    fn remove(&mut self, parent: u64, name: &[u8], want_dir: bool) -> R<()> {
+        let ino = *self.node(parent)?.children.get(name).ok_or(libc::ENOENT)?;
+        let n = self.node(ino)?;
+        let is_dir = n.kind == DIR;
         if want_dir != is_dir {
             return Err(if want_dir {
-                Errno::ENOTDIR
+                libc::ENOTDIR
             } else {
-                Errno::EISDIR
+                libc::EISDIR
             });
         }
         if is_dir && !n.children.is_empty() {
-            return Err(Errno::ENOTEMPTY);
+            return Err(libc::ENOTEMPTY);
         }
-        let now = SystemTime::now();
-        let dir = self.nodes.get_mut(&parent).ok_or(Errno::ENOENT)?;
-        dir.children.remove(name.as_bytes());
-        dir.mtime = now;
-        dir.ctime = now;
+        let t = now();
+        let dir = self.node_mut(parent)?;
+        dir.children.remove(name);
+        dir.mtime = t;
+        dir.ctime = t;
         if is_dir {
             dir.nlink -= 1;
         }
         self.drop_link(ino);
         Ok(())
     }
-}
 
-impl Mem {
-    fn entry(&self, reply: ReplyEntry, r: Result<FileAttr, Errno>) {
-        match r {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
+    fn rename(&mut self, parent: u64, name: &[u8], newparent: u64, newname: &[u8]) -> R<()> {
+        let ino = *self.node(parent)?.children.get(name).ok_or(libc::ENOENT)?;
+        let is_dir = self.node(ino)?.kind == DIR;
+        let old = self.node(newparent)?.children.get(newname).copied();
+        if old == Some(ino) {
+            return Ok(());
         }
-    }
-}
-
-impl Filesystem for Mem {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // What uext4's server asks for (its `init`), but for what needs an image.
-        for c in [
-            InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_CACHE_SYMLINKS,
-            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
-            InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO,
-        ] {
-            let _ = config.add_capabilities(c);
+        if let Some(o) = old {
+            let odir = self.node(o)?.kind == DIR;
+            self.remove(newparent, newname, odir)?;
         }
-        let _ = config.set_max_background(64);
-        let _ = config.set_congestion_threshold(48);
-        let _ = config.set_max_write(1 << 20);
-        let _ = config.set_max_readahead(1 << 20);
-        let _ = config.set_time_granularity(Duration::from_nanos(1));
+        let t = now();
+        let d = self.node_mut(parent)?;
+        d.children.remove(name);
+        d.mtime = t;
+        d.ctime = t;
+        if is_dir {
+            d.nlink -= 1;
+        }
+        let nd = self.node_mut(newparent)?;
+        nd.children.insert(newname.to_vec(), ino);
+        nd.mtime = t;
+        nd.ctime = t;
+        if is_dir {
+            nd.nlink += 1;
+        }
+        let n = self.node_mut(ino)?;
+        n.parent = newparent;
+        n.ctime = t;
         Ok(())
     }
 
-    fn lookup(&self, _r: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let st = self.st.lock();
-        let r = st
-            .nodes
-            .get(&parent.0)
-            .and_then(|d| d.children.get(name.as_bytes()))
-            .and_then(|&i| st.nodes.get(&i).map(|n| n.attr(i)))
-            .ok_or(Errno::ENOENT);
-        self.entry(reply, r);
-    }
-
-    fn getattr(&self, _r: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.st.lock().nodes.get(&ino.0) {
-            Some(n) => reply.attr(&TTL, &n.attr(ino.0)),
-            None => reply.error(Errno::ENOENT),
+    fn link(&mut self, ino: u64, newparent: u64, newname: &[u8]) -> R<WireAttr> {
+        if self.node(newparent)?.children.contains_key(newname) {
+            return Err(libc::EEXIST);
         }
+        let n = self.node_mut(ino)?;
+        if n.kind == DIR {
+            return Err(libc::EPERM);
+        }
+        n.nlink += 1;
+        n.ctime = now();
+        let attr = n.attr(ino);
+        let d = self.node_mut(newparent)?;
+        d.children.insert(newname.to_vec(), ino);
+        d.mtime = now();
+        Ok(attr)
     }
 
-    fn setattr(
-        &self,
-        _r: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _cr: Option<SystemTime>,
-        _ch: Option<SystemTime>,
-        _b: Option<SystemTime>,
-        _fl: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        let mut st = self.st.lock();
-        let Some(n) = st.nodes.get_mut(&ino.0) else {
-            return reply.error(Errno::ENOENT);
+    fn setattr(&mut self, ino: u64, s: &uext4_fuse::request::SetattrIn) -> R<WireAttr> {
+        let n = self.node_mut(ino)?;
+        let time = |t: TimeArg| match t {
+            TimeArg::Now => now(),
+            TimeArg::At(s, ns) => (s, ns),
         };
-        if let Some(m) = mode {
-            n.perm = (m & 0o7777) as u16;
+        if let Some(m) = s.mode {
+            n.perm = m & 0o7777;
         }
-        if let Some(u) = uid {
+        if let Some(u) = s.uid {
             n.uid = u;
         }
-        if let Some(g) = gid {
+        if let Some(g) = s.gid {
             n.gid = g;
         }
-        if let Some(s) = size {
-            n.data.resize(s as usize, 0);
-            n.mtime = SystemTime::now();
+        if let Some(sz) = s.size {
+            n.data.resize(sz as usize, 0);
+            n.mtime = now();
         }
-        if let Some(t) = atime {
-            n.atime = time_of(t);
+        if let Some(t) = s.atime {
+            n.atime = time(t);
         }
-        if let Some(t) = mtime {
-            n.mtime = time_of(t);
+        if let Some(t) = s.mtime {
+            n.mtime = time(t);
         }
-        n.ctime = ctime.unwrap_or_else(SystemTime::now);
-        reply.attr(&TTL, &n.attr(ino.0));
+        n.ctime = s.ctime.unwrap_or_else(now);
+        Ok(n.attr(ino))
     }
 
-    fn readlink(&self, _r: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.st.lock().nodes.get(&ino.0) {
-            Some(n) if n.kind == FileType::Symlink => reply.data(&n.data),
-            Some(_) => reply.error(Errno::EINVAL),
-            None => reply.error(Errno::ENOENT),
-        }
-    }
-
-    fn mknod(
-        &self,
-        r: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        _rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            return reply.error(Errno::EPERM);
-        }
-        let n = Node::new(
-            FileType::RegularFile,
-            (mode & !umask & 0o7777) as u16,
-            r.uid(),
-            r.gid(),
-            parent.0,
-        );
-        let res = self.st.lock().add(parent.0, name, n);
-        self.entry(reply, res);
-    }
-
-    fn mkdir(
-        &self,
-        r: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        reply: ReplyEntry,
-    ) {
-        let n = Node::new(
-            FileType::Directory,
-            (mode & !umask & 0o7777) as u16,
-            r.uid(),
-            r.gid(),
-            parent.0,
-        );
-        let res = self.st.lock().add(parent.0, name, n);
-        self.entry(reply, res);
-    }
-
-    fn unlink(&self, _r: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.st.lock().remove(parent.0, name, false) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn rmdir(&self, _r: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.st.lock().remove(parent.0, name, true) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn symlink(
-        &self,
-        r: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
-        let mut n = Node::new(FileType::Symlink, 0o777, r.uid(), r.gid(), parent.0);
-        n.data = target.as_os_str().as_bytes().to_vec();
-        let res = self.st.lock().add(parent.0, link_name, n);
-        self.entry(reply, res);
-    }
-
-    fn rename(
-        &self,
-        _r: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        if !flags.is_empty() {
-            return reply.error(Errno::EINVAL);
-        }
-        let mut st = self.st.lock();
-        let r = (|| -> Result<(), Errno> {
-            let ino = *st
-                .nodes
-                .get(&parent.0)
-                .and_then(|d| d.children.get(name.as_bytes()))
-                .ok_or(Errno::ENOENT)?;
-            let is_dir = st.nodes.get(&ino).map(|n| n.kind) == Some(FileType::Directory);
-            let old = st
-                .nodes
-                .get(&newparent.0)
-                .ok_or(Errno::ENOENT)?
-                .children
-                .get(newname.as_bytes())
-                .copied();
-            if old == Some(ino) {
-                return Ok(());
-            }
-            if let Some(o) = old {
-                let odir = st.nodes.get(&o).map(|n| n.kind) == Some(FileType::Directory);
-                st.remove(newparent.0, newname, odir)?;
-            }
-            let now = SystemTime::now();
-            let d = st.nodes.get_mut(&parent.0).ok_or(Errno::ENOENT)?;
-            d.children.remove(name.as_bytes());
-            d.mtime = now;
-            d.ctime = now;
-            if is_dir {
-                d.nlink -= 1;
-            }
-            let nd = st.nodes.get_mut(&newparent.0).ok_or(Errno::ENOENT)?;
-            nd.children.insert(newname.as_bytes().to_vec(), ino);
-            nd.mtime = now;
-            nd.ctime = now;
-            if is_dir {
-                nd.nlink += 1;
-            }
-            if let Some(n) = st.nodes.get_mut(&ino) {
-                n.parent = newparent.0;
-                n.ctime = now;
-            }
-            Ok(())
-        })();
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn link(
-        &self,
-        _r: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        let mut st = self.st.lock();
-        let r = (|| -> Result<FileAttr, Errno> {
-            let dir = st.nodes.get(&newparent.0).ok_or(Errno::ENOENT)?;
-            if dir.children.contains_key(newname.as_bytes()) {
-                return Err(Errno::EEXIST);
-            }
-            let n = st.nodes.get_mut(&ino.0).ok_or(Errno::ENOENT)?;
-            if n.kind == FileType::Directory {
-                return Err(Errno::EPERM);
-            }
-            n.nlink += 1;
-            n.ctime = SystemTime::now();
-            let attr = n.attr(ino.0);
-            let d = st.nodes.get_mut(&newparent.0).ok_or(Errno::ENOENT)?;
-            d.children.insert(newname.as_bytes().to_vec(), ino.0);
-            d.mtime = SystemTime::now();
-            Ok(attr)
-        })();
-        self.entry(reply, r);
-    }
-
-    fn open(&self, _r: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let mut st = self.st.lock();
-        let Some(n) = st.nodes.get_mut(&ino.0) else {
-            return reply.error(Errno::ENOENT);
-        };
-        if flags.0 & libc::O_TRUNC != 0 {
-            n.data.clear();
-        }
-        reply.opened(FileHandle(0), FopenFlags::empty());
-    }
-
-    fn read(
-        &self,
-        _r: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _f: OpenFlags,
-        _l: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        let st = self.st.lock();
-        let Some(n) = st.nodes.get(&ino.0) else {
-            return reply.error(Errno::ENOENT);
-        };
-        let start = (offset as usize).min(n.data.len());
-        let end = (start + size as usize).min(n.data.len());
-        reply.data(&n.data[start..end]);
-    }
-
-    fn write(
-        &self,
-        _r: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        _w: WriteFlags,
-        _f: OpenFlags,
-        _l: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        let mut st = self.st.lock();
-        let Some(n) = st.nodes.get_mut(&ino.0) else {
-            return reply.error(Errno::ENOENT);
-        };
+    fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> R<u32> {
+        let n = self.node_mut(ino)?;
         let off = offset as usize;
         let end = off + data.len();
         if n.data.len() < end {
             n.data.resize(end, 0);
         }
         n.data[off..end].copy_from_slice(data);
-        let now = SystemTime::now();
-        n.mtime = now;
-        n.ctime = now;
-        reply.written(data.len() as u32);
+        let t = now();
+        n.mtime = t;
+        n.ctime = t;
+        Ok(data.len() as u32)
     }
 
-    fn flush(&self, _r: &Request, _i: INodeNo, _fh: FileHandle, _l: LockOwner, reply: ReplyEmpty) {
-        reply.ok();
-    }
-
-    fn fsync(&self, _r: &Request, _i: INodeNo, _fh: FileHandle, _d: bool, reply: ReplyEmpty) {
-        reply.ok();
-    }
-
-    fn fsyncdir(&self, _r: &Request, _i: INodeNo, _fh: FileHandle, _d: bool, reply: ReplyEmpty) {
-        reply.ok();
-    }
-
-    fn readdir(
-        &self,
-        _r: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        let st = self.st.lock();
-        let Some(d) = st.nodes.get(&ino.0) else {
-            return reply.error(Errno::ENOENT);
-        };
-        let dots = [
-            (b".".to_vec(), ino.0, FileType::Directory),
-            (b"..".to_vec(), d.parent, FileType::Directory),
-        ];
-        let kids = d.children.iter().map(|(n, &i)| {
-            let k = st
-                .nodes
-                .get(&i)
-                .map(|n| n.kind)
-                .unwrap_or(FileType::RegularFile);
-            (n.clone(), i, k)
-        });
-        for (i, (name, child, kind)) in dots
-            .into_iter()
-            .chain(kids)
-            .enumerate()
-            .skip(offset as usize)
-        {
-            if reply.add(INodeNo(child), i as u64 + 1, kind, OsStr::from_bytes(&name)) {
-                break;
-            }
-        }
-        reply.ok();
-    }
-
-    fn readdirplus(
-        &self,
-        _r: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
-        let st = self.st.lock();
-        let Some(d) = st.nodes.get(&ino.0) else {
-            return reply.error(Errno::ENOENT);
-        };
-        let mut list: Vec<(Vec<u8>, u64)> =
-            vec![(b".".to_vec(), ino.0), (b"..".to_vec(), d.parent)];
-        list.extend(d.children.iter().map(|(n, &i)| (n.clone(), i)));
+    /// A listing from `offset`: ".", "..", then the children, each entry's offset its
+    /// successor's index.
+    fn readdir(&self, ino: u64, offset: u64, size: u32, plus: bool, out: &mut [u8]) -> R<usize> {
+        let d = self.node(ino)?;
+        let mut list: Vec<(&[u8], u64)> = vec![(b".", ino), (b"..", d.parent)];
+        list.extend(d.children.iter().map(|(n, &i)| (n.as_slice(), i)));
+        let mut r = Dirents::new(out, size);
         for (i, (name, child)) in list.into_iter().enumerate().skip(offset as usize) {
-            let attr = match st.nodes.get(&child) {
-                Some(n) => n.attr(child),
-                None => continue,
+            let Some(n) = self.nodes.get(&child) else {
+                continue;
             };
-            if reply.add(
-                INodeNo(child),
-                i as u64 + 1,
-                OsStr::from_bytes(&name),
-                &TTL,
-                &attr,
-                Generation(0),
-            ) {
+            let added = if plus {
+                r.add_plus(0, TTL, &n.attr(child), i as u64 + 1, name)
+            } else {
+                r.add(child, i as u64 + 1, n.kind, name)
+            };
+            if !added {
                 break;
             }
         }
-        reply.ok();
+        Ok(r.len())
     }
+}
 
-    fn statfs(&self, _r: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        reply.statfs(1 << 24, 1 << 24, 1 << 24, 1 << 20, 1 << 20, 4096, 255, 4096);
+/// The INIT reply the bench's servers give: `want` (what the kernel also offers), the
+/// given number of background requests, 1 MiB writes, and FUSE over io_uring where uext4's
+/// server would ask for it with the default options.
+pub(crate) fn init(i: &InitIn, want: u64, max_background: u16, out: &mut [u8]) -> usize {
+    let mut want = want | abi::FUSE_ASYNC_READ | abi::FUSE_BIG_WRITES | abi::FUSE_MAX_PAGES;
+    if uext4_fuse::asks_uring(&uext4_fuse::Options::default()) {
+        want |= abi::FUSE_OVER_IO_URING;
     }
+    let max_readahead = i.max_readahead.min(1 << 20);
+    let o = InitOut {
+        major: abi::KERNEL_VERSION,
+        minor: abi::KERNEL_MINOR_VERSION,
+        max_readahead,
+        flags: (want | abi::FUSE_INIT_EXT) & i.flags,
+        max_background,
+        congestion_threshold: max_background * 3 / 4,
+        max_write: 1 << 20,
+        time_gran: 1,
+        max_pages: 256,
+    };
+    reply::init(out, &o, i.minor)
+}
 
-    fn getxattr(&self, _r: &Request, _i: INodeNo, _n: &OsStr, _s: u32, reply: ReplyXattr) {
-        reply.error(Errno::NO_XATTR);
-    }
-
-    fn listxattr(&self, _r: &Request, _i: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
-        }
-    }
-
-    fn access(&self, _r: &Request, _i: INodeNo, _m: fuser::AccessFlags, reply: ReplyEmpty) {
-        reply.ok();
-    }
-
-    fn create(
-        &self,
-        r: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        _flags: i32,
-        reply: ReplyCreate,
-    ) {
-        let n = Node::new(
-            FileType::RegularFile,
-            (mode & !umask & 0o7777) as u16,
-            r.uid(),
-            r.gid(),
-            parent.0,
-        );
-        match self.st.lock().add(parent.0, name, n) {
-            Ok(a) => reply.created(&TTL, &a, Generation(0), FileHandle(0), FopenFlags::empty()),
-            Err(e) => reply.error(e),
+impl Mem {
+    fn serve_op(&self, h: &InHeader, op: Op<'_>, out: &mut [u8]) -> R<usize> {
+        let entry = |out: &mut [u8], a: R<WireAttr>| a.map(|a| reply::entry(out, 0, TTL, &a));
+        let ino = h.nodeid;
+        let mut st = self.st.lock();
+        match op {
+            // What uext4's server asks for (its `init`), but for what needs an image.
+            Op::Init(i) => {
+                let want = abi::FUSE_PARALLEL_DIROPS
+                    | abi::FUSE_CACHE_SYMLINKS
+                    | abi::FUSE_HANDLE_KILLPRIV_V2
+                    | abi::FUSE_DO_READDIRPLUS
+                    | abi::FUSE_READDIRPLUS_AUTO;
+                Ok(init(&i, want, 64, out))
+            }
+            Op::Lookup { name } => {
+                let i = *st.node(ino)?.children.get(name).ok_or(libc::ENOENT)?;
+                let a = st.node(i)?.attr(i);
+                entry(out, Ok(a))
+            }
+            Op::Getattr => Ok(reply::attr(out, TTL, &st.node(ino)?.attr(ino))),
+            Op::Setattr(s) => st.setattr(ino, &s).map(|a| reply::attr(out, TTL, &a)),
+            Op::Readlink => match st.node(ino)? {
+                n if n.kind == LNK => Ok(reply::data(out, &n.data)),
+                _ => Err(libc::EINVAL),
+            },
+            Op::Mknod {
+                name, mode, umask, ..
+            } => {
+                if mode & libc::S_IFMT != REG {
+                    return Err(libc::EPERM);
+                }
+                let n = Node::new(REG, mode & !umask & 0o7777, h, ino);
+                entry(out, st.add(ino, name, n))
+            }
+            Op::Mkdir { name, mode, umask } => {
+                let n = Node::new(DIR, mode & !umask & 0o7777, h, ino);
+                entry(out, st.add(ino, name, n))
+            }
+            Op::Unlink { name } => st.remove(ino, name, false).map(|()| 0),
+            Op::Rmdir { name } => st.remove(ino, name, true).map(|()| 0),
+            Op::Symlink { name, target } => {
+                let mut n = Node::new(LNK, 0o777, h, ino);
+                n.data = target.to_vec();
+                entry(out, st.add(ino, name, n))
+            }
+            Op::Rename { flags: 1.., .. } => Err(libc::EINVAL),
+            Op::Rename {
+                newdir,
+                name,
+                newname,
+                ..
+            } => st.rename(ino, name, newdir, newname).map(|()| 0),
+            Op::Link { oldnodeid, newname } => entry(out, st.link(oldnodeid, ino, newname)),
+            Op::Open { flags } => {
+                let n = st.node_mut(ino)?;
+                if flags as i32 & libc::O_TRUNC != 0 {
+                    n.data.clear();
+                }
+                Ok(reply::open(out, 0, 0))
+            }
+            Op::Read { offset, size } => {
+                let n = st.node(ino)?;
+                let start = (offset as usize).min(n.data.len());
+                let end = (start + size as usize).min(n.data.len());
+                Ok(reply::data(out, &n.data[start..end]))
+            }
+            Op::Write { offset, data, .. } => {
+                let n = st.write(ino, offset, data)?;
+                Ok(reply::written(out, n))
+            }
+            Op::Flush | Op::Fsync { .. } | Op::Fsyncdir { .. } | Op::Access { .. } => Ok(0),
+            Op::Release | Op::Releasedir | Op::Destroy => Ok(0),
+            Op::Opendir { .. } => Ok(reply::open(out, 0, 0)),
+            Op::Readdir { offset, size, plus } => st.readdir(ino, offset, size, plus, out),
+            Op::Statfs => Ok(statfs(out)),
+            Op::Getxattr { .. } => Err(libc::ENODATA),
+            Op::Listxattr { size: 0 } => Ok(reply::xattr_size(out, 0)),
+            Op::Listxattr { .. } => Ok(0),
+            Op::Create {
+                name, mode, umask, ..
+            } => {
+                let n = Node::new(REG, mode & !umask & 0o7777, h, ino);
+                let a = st.add(ino, name, n)?;
+                Ok(reply::create(out, 0, TTL, &a, 0, 0))
+            }
+            _ => Err(libc::ENOSYS),
         }
     }
 }
 
+/// The statfs both bench servers give.
+pub(crate) fn statfs(out: &mut [u8]) -> usize {
+    let s = reply::Kstatfs {
+        blocks: 1 << 24,
+        bfree: 1 << 24,
+        bavail: 1 << 24,
+        files: 1 << 20,
+        ffree: 1 << 20,
+        bsize: 4096,
+        namelen: 255,
+        frsize: 4096,
+    };
+    reply::statfs(out, &s)
+}
+
+/// An answer from a handler's result.
+pub(crate) fn answer(r: R<usize>) -> Answer {
+    match r {
+        Ok(n) => Answer::Reply(n),
+        Err(e) => Answer::Error(e),
+    }
+}
+
+impl Serve for Mem {
+    fn serve(&self, req: &RawRequest<'_>, out: &mut [u8], _from: &Arc<dyn Transport>) -> Answer {
+        match Op::decode(req) {
+            Ok(Op::Forget { .. } | Op::BatchForget { .. } | Op::Interrupt) => Answer::None,
+            Ok(op) => answer(self.serve_op(&req.header, op, out)),
+            Err(e) => Answer::Error(e),
+        }
+    }
+}
+
+/// Serves `server` at `mountpoint` with `threads` loop threads until it is unmounted.
+pub(crate) fn serve_until_unmounted(
+    server: Arc<dyn Serve>,
+    name: &str,
+    mountpoint: &Path,
+    threads: usize,
+    default_permissions: bool,
+) -> Result<()> {
+    let opts = uext4_fuse::Options {
+        threads: threads.max(2),
+        allow_other: true,
+        default_permissions,
+        ..Default::default()
+    };
+    uext4_fuse::serve_with(server, Path::new(name), mountpoint, &opts)?.join()?;
+    Ok(())
+}
+
 /// Serves the in-memory filesystem at `mountpoint` until it is unmounted.
 pub fn serve(mountpoint: &Path, threads: usize) -> Result<()> {
-    let mut c = Config::default();
-    c.mount_options = vec![
-        MountOption::FSName("fuse-mem".into()),
-        MountOption::RW,
-        MountOption::DefaultPermissions,
-    ];
-    c.acl = SessionACL::All;
-    c.n_threads = Some(threads.max(2));
-    c.clone_fd = true;
     let mut nodes = HashMap::new();
-    let mut root = Node::new(FileType::Directory, 0o755, 0, 0, 1);
-    root.parent = 1;
+    let root = Node::new(DIR, 0o755, &InHeader::default(), 1);
     nodes.insert(1, root);
-    fuser::mount2(
-        Mem {
-            st: Mutex::new(State { nodes, next: 2 }),
-        },
-        mountpoint,
-        &c,
-    )?;
-    Ok(())
+    let mem = Mem {
+        st: Mutex::new(State { nodes, next: 2 }),
+    };
+    serve_until_unmounted(Arc::new(mem), "fuse-mem", mountpoint, threads, true)
 }

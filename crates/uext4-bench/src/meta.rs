@@ -54,6 +54,8 @@ pub const SYSTEMS: &[&str] = &[
     "fuse2fs",
     "uext4-fuse",
     "uext4-fuse-wbc",
+    "uext4-fuse-dev",
+    "uext4-fuse-uring",
     "uext4-lib",
 ];
 
@@ -934,6 +936,8 @@ pub fn report(
         "fuse2fs",
         "uext4-fuse",
         "uext4-fuse-wbc",
+        "uext4-fuse-dev",
+        "uext4-fuse-uring",
         "uext4-lib",
         "fuse-mem",
         "raw",

@@ -526,18 +526,13 @@ fn serve_foreground(
     } else if fs.is_mapped() {
         eprintln!("uext4: the image is on tmpfs: mapped, reads and writes are memory copies (-o nodax: pread/pwrite)");
     }
-    let session = uext4_fuse::serve(fs.clone(), image, mountpoint, opts).map_err(|e| {
-        // SAFETY: access and geteuid have no preconditions beyond a valid path.
-        let dev_ok = unsafe { libc::access(c"/dev/fuse".as_ptr(), libc::R_OK | libc::W_OK) } == 0;
-        let hint = if !dev_ok {
-            "/dev/fuse is not readable and writable by this user"
-        } else if unsafe { libc::geteuid() } != 0 {
-            "ordinary users mount through fusermount3: is it installed, and may this user write to the mount point?"
-        } else {
-            "is the fuse module loaded?"
-        };
-        anyhow::anyhow!("mounting: {e} ({hint})")
-    })?;
+    let session = uext4_fuse::serve(fs.clone(), image, mountpoint, opts).map_err(mount_error)?;
+    let via = if session.uses_uring() {
+        "FUSE over io_uring"
+    } else {
+        "/dev/fuse"
+    };
+    tracing::info!("{}: requests come through {via}", mountpoint.display());
     // Our mount: the uext4 mount at the mount point that was not there before (mounts stacked
     // on the same directory, older or newer, do not count).
     let ours = uext4_mounts_at(mountpoint)
@@ -592,6 +587,24 @@ fn serve_foreground(
     }
     fs.unmount().context("writing the filesystem back")?;
     Ok(())
+}
+
+/// Why the mount failed, with a hint at the usual cause.
+fn mount_error(e: std::io::Error) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::Unsupported {
+        // What the options asked for cannot be had here (transport=uring): no hint.
+        return anyhow::anyhow!("mounting: {e}");
+    }
+    // SAFETY: access and geteuid have no preconditions beyond a valid path.
+    let dev_ok = unsafe { libc::access(c"/dev/fuse".as_ptr(), libc::R_OK | libc::W_OK) } == 0;
+    let hint = if !dev_ok {
+        "/dev/fuse is not readable and writable by this user"
+    } else if unsafe { libc::geteuid() } != 0 {
+        "ordinary users mount through fusermount3: is it installed, and may this user write to the mount point?"
+    } else {
+        "is the fuse module loaded?"
+    };
+    anyhow::anyhow!("mounting: {e} ({hint})")
 }
 
 pub fn run_stats(path: &Path) -> Result<()> {

@@ -1676,9 +1676,9 @@ fn on_kernel_and_uext4(tag: &str, tools: &[&str], script: &str) -> Option<(Strin
 
 /// Times before 1970 with nanoseconds, and times past what an inode holds, set through the
 /// mount read back as on the kernel's ext4: exact, or stopped at the end of the range
-/// (2446, or 1901) rather than wrapped to a time far from it. fuser 0.17 hands the FUSE
-/// server a time before 1970 with its nanoseconds counted the wrong way (-1.75 s as
-/// -2.25 s); the server takes them back (`setattr_time`).
+/// (2446, or 1901) rather than wrapped to a time far from it. The kernel sends a time before
+/// 1970 as negative seconds and nanoseconds counted forward (-1.75 s as -2 s + 0.25 s); a
+/// decoder that counted them the other way would move such times.
 #[test]
 fn times_before_1970_and_out_of_range_as_the_kernel() {
     const SCRIPT: &str = r#"

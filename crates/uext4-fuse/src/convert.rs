@@ -1,114 +1,78 @@
-//! Translation between the engine's forms and FUSE's: inode numbers, times, file types,
-//! attributes, and errors (one mapping, [`errno`], over the engine's exhaustive
-//! `Error::errno`).
+//! Translation between the engine's forms and FUSE's: inode numbers, times, attributes, and
+//! errors (one mapping, [`errno`], over the engine's exhaustive `Error::errno`).
 
-use fuser::{Errno, FileAttr, FileType, INodeNo};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use uext4::{Attr, Error};
-use uext4::{Timestamp, S_IFMT};
+use crate::reply::WireAttr;
+use uext4::S_IFMT;
+use uext4::{Attr, Error, Timestamp};
 
 /// The one mapping from engine errors to errno.
-pub fn errno(e: &Error) -> Errno {
-    Errno::from_i32(e.errno())
+pub fn errno(e: &Error) -> i32 {
+    e.errno()
 }
 
-pub(crate) fn to_ext(ino: INodeNo) -> u32 {
-    match ino.0 {
+/// The engine's inode number for FUSE's node id (FUSE's root 1 is ext4's root 2).
+pub(crate) fn to_ext(nodeid: u64) -> u32 {
+    match nodeid {
         1 => 2,
         x => x as u32,
     }
 }
 
-pub(crate) fn to_fuse(ino: u32) -> INodeNo {
-    INodeNo(if ino == 2 { 1 } else { ino as u64 })
-}
-
-pub(crate) fn systime(t: Timestamp) -> SystemTime {
-    if t.sec >= 0 {
-        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+/// FUSE's node id for the engine's inode number.
+pub(crate) fn to_fuse(ino: u32) -> u64 {
+    if ino == 2 {
+        1
     } else {
-        UNIX_EPOCH - Duration::from_secs((-t.sec) as u64) + Duration::from_nanos(t.nsec as u64)
+        ino as u64
     }
 }
 
-/// A time the kernel sent in a SETATTR, as fuser 0.17 hands it over. The kernel sends
-/// seconds and nanoseconds (-2, 250000000 for -1.75 s); fuser builds a time before the epoch
-/// as the epoch minus both (-2.25 s: its `system_time_from_time`, marked TODO there), so
-/// `touch -d '1960-01-01 00:00:00.25'` stored 23:59:59.75 the day before. Both are taken back
-/// here as the kernel sent them. (Replies convert correctly: `systime`.) The mount test
-/// `times_before_1970_and_out_of_range_as_the_kernel` catches a fuser that changes this.
-pub(crate) fn setattr_time(t: SystemTime) -> Timestamp {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(_) => timestamp(t),
-        Err(e) => Timestamp {
-            sec: -(e.duration().as_secs() as i64),
-            nsec: e.duration().subsec_nanos(),
-        },
+/// A time as the kernel sends it (seconds, negative before 1970; nanoseconds).
+pub(crate) fn timestamp((sec, nsec): (i64, u32)) -> Timestamp {
+    Timestamp { sec, nsec }
+}
+
+fn wire_time(t: Timestamp) -> (i64, u32) {
+    (t.sec, t.nsec)
+}
+
+/// The file type bits the kernel is told: an inode whose type bits are none of the seven is
+/// shown as a regular file.
+pub(crate) fn file_type(mode: u16) -> u32 {
+    match (mode & S_IFMT) as u32 {
+        t @ (0o040000 | 0o120000 | 0o020000 | 0o060000 | 0o010000 | 0o140000 | 0o100000) => t,
+        _ => 0o100000,
     }
 }
 
-pub(crate) fn timestamp(t: SystemTime) -> Timestamp {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => Timestamp {
-            sec: d.as_secs() as i64,
-            nsec: d.subsec_nanos(),
-        },
-        Err(e) => {
-            let d = e.duration();
-            let (s, n) = (d.as_secs() as i64, d.subsec_nanos());
-            if n == 0 {
-                Timestamp { sec: -s, nsec: 0 }
-            } else {
-                Timestamp {
-                    sec: -s - 1,
-                    nsec: 1_000_000_000 - n,
-                }
-            }
-        }
-    }
-}
-
-pub(crate) fn kind_of(mode: u16) -> FileType {
-    match mode & S_IFMT {
-        0o040000 => FileType::Directory,
-        0o120000 => FileType::Symlink,
-        0o020000 => FileType::CharDevice,
-        0o060000 => FileType::BlockDevice,
-        0o010000 => FileType::NamedPipe,
-        0o140000 => FileType::Socket,
-        _ => FileType::RegularFile,
-    }
-}
-
-pub(crate) fn kind_of_ft(ft: u8) -> FileType {
+/// The type bits of a directory entry's file type (EXT4_FT_*).
+pub(crate) fn type_of_ft(ft: u8) -> u32 {
     match ft {
-        2 => FileType::Directory,
-        7 => FileType::Symlink,
-        3 => FileType::CharDevice,
-        4 => FileType::BlockDevice,
-        5 => FileType::NamedPipe,
-        6 => FileType::Socket,
-        _ => FileType::RegularFile,
+        2 => 0o040000,
+        7 => 0o120000,
+        3 => 0o020000,
+        4 => 0o060000,
+        5 => 0o010000,
+        6 => 0o140000,
+        _ => 0o100000,
     }
 }
 
-pub(crate) fn file_attr(a: &Attr) -> FileAttr {
-    FileAttr {
+pub(crate) fn wire_attr(a: &Attr) -> WireAttr {
+    WireAttr {
         ino: to_fuse(a.ino),
         size: a.size,
         blocks: a.blocks,
-        atime: systime(a.atime),
-        mtime: systime(a.mtime),
-        ctime: systime(a.ctime),
-        crtime: systime(a.crtime),
-        kind: kind_of(a.mode),
-        perm: a.mode & 0o7777,
+        atime: wire_time(a.atime),
+        mtime: wire_time(a.mtime),
+        ctime: wire_time(a.ctime),
+        crtime: wire_time(a.crtime),
+        mode: file_type(a.mode) | (a.mode & 0o7777) as u32,
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
         rdev: a.rdev,
         blksize: a.block_size,
-        flags: 0,
     }
 }
 

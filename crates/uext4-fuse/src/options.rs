@@ -35,6 +35,21 @@ pub struct Options {
     /// Whoever can reach the mount (everyone, with allow_other) can read and change every
     /// file in the image.
     pub fakeroot: bool,
+    /// How requests reach the server: `-o transport=auto|uring|dev`.
+    pub transport: TransportKind,
+}
+
+/// How requests reach the server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TransportKind {
+    /// FUSE over io_uring when the kernel offers it (kernel 6.14+ with the fuse module's
+    /// `enable_uring` parameter on), reads of /dev/fuse otherwise.
+    #[default]
+    Auto,
+    /// FUSE over io_uring or no mount: the mount fails when the kernel does not offer it.
+    Uring,
+    /// Reads and writes of /dev/fuse, one descriptor per loop thread.
+    Dev,
 }
 
 impl Default for Options {
@@ -61,9 +76,57 @@ impl Default for Options {
             nosuid: false,
             noexec: false,
             fakeroot: false,
+            transport: TransportKind::Auto,
         }
     }
 }
+
+/// Every option name `-o` takes.
+const KNOWN: &[&str] = &[
+    "ro",
+    "rw",
+    "norecovery",
+    "noload",
+    "threads",
+    "defaults",
+    "async",
+    "auto",
+    "noauto",
+    "nouser",
+    "user",
+    "users",
+    "_netdev",
+    "nofail",
+    "noatime",
+    "relatime",
+    "nodiratime",
+    "lazytime",
+    "atime",
+    "strictatime",
+    "sync",
+    "dirsync",
+    "nodev",
+    "dev",
+    "nosuid",
+    "suid",
+    "noexec",
+    "exec",
+    "allow_other",
+    "default_permissions",
+    "nodefault_permissions",
+    "writeback_cache",
+    "direct_io",
+    "commit",
+    "dax",
+    "nodax",
+    "acl",
+    "noacl",
+    "delalloc",
+    "prealloc",
+    "errors",
+    "fakeroot",
+    "transport",
+];
 
 impl Options {
     /// Parses a comma-separated option list; an unknown option is an error naming it.
@@ -79,54 +142,13 @@ impl Options {
                     .parse::<u64>()
                     .map_err(|_| format!("option {k}: {:?} is not a number", v.unwrap_or("")))
             };
-            const KNOWN: &[&str] = &[
-                "ro",
-                "rw",
-                "norecovery",
-                "noload",
-                "threads",
-                "defaults",
-                "async",
-                "auto",
-                "noauto",
-                "nouser",
-                "user",
-                "users",
-                "_netdev",
-                "nofail",
-                "noatime",
-                "relatime",
-                "nodiratime",
-                "lazytime",
-                "atime",
-                "strictatime",
-                "sync",
-                "dirsync",
-                "nodev",
-                "dev",
-                "nosuid",
-                "suid",
-                "noexec",
-                "exec",
-                "allow_other",
-                "default_permissions",
-                "nodefault_permissions",
-                "writeback_cache",
-                "direct_io",
-                "commit",
-                "dax",
-                "nodax",
-                "acl",
-                "noacl",
-                "delalloc",
-                "prealloc",
-                "errors",
-                "fakeroot",
-            ];
             if !KNOWN.contains(&k) {
-                return Err(format!("unknown mount option {opt:?} (known: ro, rw, norecovery, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten, fakeroot, offset=BYTES, size=BYTES, partition=N, and the generic defaults, nodev, nosuid, noexec, noatime, relatime)"));
+                return Err(format!("unknown mount option {opt:?} (known: ro, rw, norecovery, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten, fakeroot, transport=auto|uring|dev, offset=BYTES, size=BYTES, partition=N, and the generic defaults, nodev, nosuid, noexec, noatime, relatime)"));
             }
-            let takes_value = matches!(k, "threads" | "commit" | "prealloc" | "errors");
+            let takes_value = matches!(
+                k,
+                "threads" | "commit" | "prealloc" | "errors" | "transport"
+            );
             if !takes_value && v.is_some() {
                 return Err(format!("option {k} takes no value (write {k}, not {opt})"));
             }
@@ -178,6 +200,14 @@ impl Options {
                         Some("zeroed") => true,
                         Some("unwritten") => false,
                         _ => return Err("option prealloc= takes zeroed or unwritten".into()),
+                    }
+                }
+                "transport" => {
+                    o.transport = match v {
+                        Some("auto") => TransportKind::Auto,
+                        Some("uring") => TransportKind::Uring,
+                        Some("dev") => TransportKind::Dev,
+                        _ => return Err("option transport= takes auto, uring or dev".into()),
                     }
                 }
                 "errors" => {

@@ -10,6 +10,8 @@
 //! owns (the ring entry's payload, or the thread's write buffer) and says how it ended
 //! ([`Answer`]); the transport adds the `fuse_out_header` and sends it.
 
+use std::sync::Arc;
+
 /// `struct fuse_in_header` (include/uapi/linux/fuse.h), 40 bytes on the wire.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
@@ -116,8 +118,27 @@ pub enum Answer {
 /// Serves requests: the protocol decoding and the filesystem behind it.
 pub trait Serve: Send + Sync {
     /// Serves one request, writing the reply body (if any) into `out`, which holds at least
-    /// `max_write + 4096` bytes.
-    fn serve(&self, req: &RawRequest<'_>, out: &mut [u8]) -> Answer;
+    /// `max_write + 4096` bytes. `from` is the transport the request came by: a request kept
+    /// for later ([`Answer::None`]) is answered through it, since a request read from
+    /// /dev/fuse cannot be answered in a ring entry, nor the other way round, and both may
+    /// serve the same mount (requests sent before the ring is ready come by /dev/fuse).
+    fn serve(&self, req: &RawRequest<'_>, out: &mut [u8], from: &Arc<dyn Transport>) -> Answer;
+
+    /// Called once by the session, after the INIT reply was sent and before any other request
+    /// is served: what the handler may use beyond replies.
+    fn started(&self, _link: Link) {}
+
+    /// Called once by the session when the connection has ended (every loop thread is done):
+    /// the handler makes everything durable. The kernel sends FUSE_DESTROY only to fuseblk
+    /// servers, so this is where an ordinary mount's server learns that it is over.
+    fn ended(&self) {}
+}
+
+/// What the session hands the handler once the connection is up.
+#[derive(Clone)]
+pub struct Link {
+    /// Tells the kernel about changes it did not ask for.
+    pub notifier: Arc<dyn Notify>,
 }
 
 /// What a transport offers the handler beyond the request/reply loop.
@@ -125,4 +146,23 @@ pub trait Transport: Send + Sync {
     /// Sends a reply for a request the handler answered [`Answer::None`] to and kept
     /// (a deferred fsync in a group commit, say): `body` is the reply's body, or an errno.
     fn reply_later(&self, unique: u64, body: Result<&[u8], i32>) -> std::io::Result<()>;
+}
+
+/// Notifications the server sends the kernel unasked (FUSE_NOTIFY_*, written on /dev/fuse
+/// whichever transport serves requests).
+pub trait Notify: Send + Sync {
+    /// FUSE_NOTIFY_INVAL_INODE: the kernel drops its cached attributes of `nodeid` (FUSE's
+    /// numbering) and its cached data from `offset` for `len` bytes (a negative `offset`
+    /// drops no data; `len` 0 means to the end).
+    fn inval_inode(&self, nodeid: u64, offset: i64, len: i64) -> std::io::Result<()>;
+
+    /// FUSE_NOTIFY_INVAL_ENTRY: the kernel drops its cached entry `name` in `parent`.
+    fn inval_entry(&self, _parent: u64, _name: &[u8]) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::ENOSYS))
+    }
+
+    /// FUSE_NOTIFY_DELETE: `name` in `parent`, which named `child`, is gone.
+    fn delete(&self, _parent: u64, _child: u64, _name: &[u8]) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::ENOSYS))
+    }
 }

@@ -1017,12 +1017,20 @@ impl crate::journal::CheckpointHooks for FsCheckpointHooks {
 }
 
 /// Commits the running transaction every `secs` seconds while the filesystem lives.
+/// The background committer: commits every `secs` seconds, and also as soon as the
+/// filesystem goes quiet after a change (no handle started for one tick), so that what a
+/// burst of metadata operations did is durable a tick or two after it ends rather than up to
+/// `secs` later. A FUSE mount needs this: `sync` and `syncfs` do not reach its server (the
+/// kernel sends FUSE_SYNCFS only to fuseblk mounts). Continuous activity commits on the
+/// period only, as before.
 fn spawn_committer(fs: std::sync::Weak<Fs>, secs: u64) -> std::io::Result<()> {
-    let tick = std::time::Duration::from_millis(200);
+    let tick = std::time::Duration::from_millis(50);
     std::thread::Builder::new()
         .name("uext4-commit".into())
         .spawn(move || {
             let mut waited = std::time::Duration::ZERO;
+            let mut seen = 0u64;
+            let mut changed = false;
             loop {
                 std::thread::sleep(tick);
                 waited += tick;
@@ -1031,12 +1039,23 @@ fn spawn_committer(fs: std::sync::Weak<Fs>, secs: u64) -> std::io::Result<()> {
                     // Nothing more can be committed (after a lost transaction, ever).
                     return;
                 }
+                let started = fs.txn.stats.handles_started.load(Ordering::Relaxed);
+                let quiet = started == seen;
+                seen = started;
                 if waited.as_secs() >= secs {
                     waited = std::time::Duration::ZERO;
+                    changed = false;
                     // Buffered data goes down first, so the commit carries its extents.
                     if let Err(e) = fs.delalloc_writeback_all() {
                         tracing::error!("background writeback failed: {e}");
                     }
+                    if let Err(e) = fs.commit() {
+                        tracing::error!("background commit failed: {e}");
+                    }
+                } else if !quiet {
+                    changed = true;
+                } else if changed {
+                    changed = false;
                     if let Err(e) = fs.commit() {
                         tracing::error!("background commit failed: {e}");
                     }

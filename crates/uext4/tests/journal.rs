@@ -1197,3 +1197,40 @@ fn a_journal_inside_a_partition_replays_there_only() {
     std::fs::write(&img.0, fsb).unwrap();
     e2fsck_clean(&img.0);
 }
+
+/// The background committer commits once the filesystem goes quiet after a change, long
+/// before its period: what a burst did survives a crash a moment after it (a FUSE mount's
+/// `sync` never reaches the server, so this is its durability window).
+#[test]
+fn a_burst_of_changes_is_committed_once_the_filesystem_goes_quiet() {
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+    let img = scratch("idle-commit");
+    mke2fs(&img.0, "32M", &[]);
+    let opened = Instant::now();
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    assert!(MountOptions::default().commit_interval_secs >= 5);
+    let commits = || fs.txn_stats().commits.load(Ordering::Relaxed);
+    let c0 = commits();
+    for i in 0..20 {
+        fs.create(2, format!("f{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+    }
+    while commits() == c0 && opened.elapsed() < Duration::from_secs(4) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        commits() > c0,
+        "nothing was committed {:?} after the burst (the period is {} s)",
+        opened.elapsed(),
+        MountOptions::default().commit_interval_secs
+    );
+    fs.crash();
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    for i in 0..20 {
+        fs.lookup(2, format!("f{i}").as_bytes()).unwrap();
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+}

@@ -32,3 +32,22 @@ fn options_parse_and_reject() {
     assert!(Options::parse("prealloc=zeroed").unwrap().prealloc_zeroed);
     assert!(Options::parse("prealloc").is_err());
 }
+
+#[test]
+fn transport_option() {
+    assert_eq!(Options::default().transport, TransportKind::Auto);
+    assert_eq!(
+        Options::parse("transport=uring").unwrap().transport,
+        TransportKind::Uring
+    );
+    assert_eq!(
+        Options::parse("transport=dev").unwrap().transport,
+        TransportKind::Dev
+    );
+    assert_eq!(
+        Options::parse("transport=auto").unwrap().transport,
+        TransportKind::Auto
+    );
+    assert!(Options::parse("transport=pipe").is_err());
+    assert!(Options::parse("transport").is_err());
+}

@@ -1,0 +1,101 @@
+//! INIT: what this server asks of the kernel, and what it learns from the answer.
+
+use super::{Reply, Uext4Fuse};
+use crate::abi::{self, InitIn, InitOut};
+use crate::reply;
+use std::sync::atomic::Ordering;
+
+impl Uext4Fuse {
+    /// Agrees on the protocol version and on each capability the kernel offers and this
+    /// server wants (a capability is used only when both sides name it).
+    pub(super) fn init(&self, i: &InitIn, out: &mut [u8]) -> Reply {
+        if i.major > abi::KERNEL_VERSION {
+            // A newer major: answer with ours alone; the kernel asks again in our version.
+            let o = InitOut {
+                major: abi::KERNEL_VERSION,
+                minor: abi::KERNEL_MINOR_VERSION,
+                ..InitOut::default()
+            };
+            return Ok(reply::init(out, &o, abi::KERNEL_MINOR_VERSION));
+        }
+        // 7.12 brought the umask to create, mknod and mkdir, which the engine needs.
+        if i.major < abi::KERNEL_VERSION || i.minor < 12 {
+            tracing::error!("the kernel speaks FUSE {}.{}: too old", i.major, i.minor);
+            return Err(libc::EPROTO);
+        }
+        let mut agreed = self.wanted() & i.flags;
+        if agreed & abi::FUSE_POSIX_ACL == 0 {
+            // Without ACLs the kernel applies the umask as usual.
+            agreed &= !abi::FUSE_DONT_MASK;
+        }
+        // set-ID and capability removal on write/truncate/chown happens here, not by a
+        // security.capability lookup the kernel would otherwise send before every write.
+        self.killpriv.store(
+            agreed & abi::FUSE_HANDLE_KILLPRIV_V2 != 0,
+            Ordering::Relaxed,
+        );
+        let acl = agreed & abi::FUSE_POSIX_ACL != 0;
+        self.acl_on.store(acl, Ordering::Relaxed);
+        self.dont_mask
+            .store(acl && agreed & abi::FUSE_DONT_MASK != 0, Ordering::Relaxed);
+        let max_write: u32 = 1 << 20;
+        let max_readahead = i.max_readahead.min(1 << 20);
+        let page = 4096;
+        // Inodes of 128 bytes have no room for nanoseconds: times are whole seconds there, and
+        // the kernel's cached times must be too (the kernel's ext4 sets s_time_gran the same).
+        let time_gran = if self.fs.geo.inode_size <= 128 {
+            1_000_000_000
+        } else {
+            1
+        };
+        let o = InitOut {
+            major: abi::KERNEL_VERSION,
+            minor: abi::KERNEL_MINOR_VERSION,
+            max_readahead,
+            flags: agreed,
+            // More requests in flight in the background (readahead, async direct I/O,
+            // writeback) than the kernel's default of 12, for the loop threads to share.
+            max_background: 64,
+            congestion_threshold: 48,
+            max_write,
+            time_gran,
+            max_pages: (max_write.max(max_readahead).div_ceil(page)) as u16,
+        };
+        Ok(reply::init(out, &o, i.minor))
+    }
+
+    /// The capabilities this server asks for.
+    fn wanted(&self) -> u64 {
+        use abi::*;
+        // Reads may be sent concurrently, and writes larger than a page; the reply says how
+        // many pages a request may carry.
+        let mut w = FUSE_ASYNC_READ | FUSE_BIG_WRITES | FUSE_MAX_PAGES | FUSE_INIT_EXT;
+        // Lookups, creates and removals in one directory run in parallel.
+        w |= FUSE_PARALLEL_DIROPS;
+        // Symlink targets never change: the kernel may cache them.
+        w |= FUSE_CACHE_SYMLINKS;
+        // ioctl on directories too (lsattr -d).
+        w |= FUSE_HAS_IOCTL_DIR;
+        // FUSE_ASYNC_DIO is left off: it sends even a small synchronous O_DIRECT write through
+        // the background queue and completes it from the reply's thread: an extra hand-off
+        // on every small direct write.
+        if self.opts.writeback_cache {
+            w |= FUSE_WRITEBACK_CACHE;
+        }
+        // Shared mmap keeps working on direct_io files (the direct_io option, and every
+        // O_DIRECT open: see open_flags), and a direct write first writes back the dirty
+        // cached pages of its range.
+        w |= FUSE_DIRECT_IO_ALLOW_MMAP;
+        w |= FUSE_HANDLE_KILLPRIV_V2;
+        if self.opts.acl {
+            w |= FUSE_POSIX_ACL | FUSE_DONT_MASK;
+        }
+        // readdirplus (entries with their attributes) when the kernel sees lookups follow a
+        // listing, as for `ls -l`.
+        w |= FUSE_DO_READDIRPLUS | FUSE_READDIRPLUS_AUTO;
+        if self.uring {
+            w |= FUSE_OVER_IO_URING;
+        }
+        w
+    }
+}

@@ -1,0 +1,272 @@
+//! Requests about names, attributes and extended attributes, and opens.
+
+use super::*;
+
+impl Uext4Fuse {
+    pub(super) fn getattr(&self, ino: u32, out: &mut [u8]) -> Reply {
+        let a = self.fs.getattr(ino).map_err(|e| errno(&e))?;
+        Ok(reply::attr(out, TTL, &wire_attr(&a)))
+    }
+
+    /// STATX: the attributes and the birth time, where the inode has room for one (inodes
+    /// of 128 bytes have none, as on the kernel's ext4).
+    pub(super) fn statx(&self, ino: u32, out: &mut [u8]) -> Reply {
+        let a = self.fs.getattr(ino).map_err(|e| errno(&e))?;
+        let mut mask = abi::STATX_BASIC_STATS;
+        if self.fs.geo.inode_size > 128 {
+            mask |= abi::STATX_BTIME;
+        }
+        Ok(reply::statx(out, TTL, &wire_attr(&a), mask))
+    }
+
+    pub(super) fn setattr(&self, h: &InHeader, ino: u32, s: &SetattrIn, out: &mut [u8]) -> Reply {
+        let conv = |t: TimeArg| match t {
+            TimeArg::Now => TimeSet::Now,
+            TimeArg::At(sec, nsec) => TimeSet::At(timestamp((sec, nsec))),
+        };
+        let set = SetAttr {
+            mode: s.mode,
+            uid: s.uid,
+            gid: s.gid,
+            size: s.size,
+            atime: s.atime.map(conv),
+            mtime: s.mtime.map(conv),
+            ctime: s.ctime.map(timestamp),
+            crtime: None,
+        };
+        let cred = self.cred(h);
+        // With HANDLE_KILLPRIV_V2 the engine takes set-ID bits and capabilities away on
+        // chown and truncate, "unprivileged" being "not uid 0" (the rule the engine applied
+        // when fuser did not pass the kernel's FATTR_KILL_SUIDGID; `s.kill_suidgid` now has
+        // it). Without it the kernel sends the mode a chown leaves; the engine's rule covers
+        // a kernel that sends none for a non-root caller.
+        let chown = s.uid.is_some() || s.gid.is_some();
+        let r = if self.killpriv.load(Ordering::Relaxed) || (chown && !cred.privileged) {
+            self.fs.setattr_as(&cred, ino, &set)
+        } else {
+            self.fs.setattr(ino, &set)
+        };
+        let a = r.map_err(|e| errno(&e))?;
+        Ok(reply::attr(out, TTL, &wire_attr(&a)))
+    }
+
+    pub(super) fn readlink(&self, ino: u32, out: &mut [u8]) -> Reply {
+        let t = self.fs.readlink(ino).map_err(|e| errno(&e))?;
+        if t.len() > out.len() {
+            return Err(libc::ENAMETOOLONG);
+        }
+        Ok(reply::data(out, &t))
+    }
+
+    /// RENAME and RENAME2 (NOREPLACE, EXCHANGE, WHITEOUT, as the engine offers them).
+    pub(super) fn rename(
+        &self,
+        h: &InHeader,
+        dir: u32,
+        name: &[u8],
+        newdir: u32,
+        newname: &[u8],
+        flags: u32,
+    ) -> Reply {
+        // A whiteout is owned as a new node in the source directory would be.
+        let (uid, gid) = if flags & libc::RENAME_WHITEOUT != 0 {
+            self.fs
+                .owner_in(&self.cred(h), dir)
+                .map_err(|e| errno(&e))?
+        } else {
+            (0, 0)
+        };
+        let f = uext4::RenameFlags::from_bits(flags, uid, gid).map_err(|e| errno(&e))?;
+        empty(self.fs.rename(dir, name, newdir, newname, f))
+    }
+
+    pub(super) fn open(&self, ino: u32, flags: u32, out: &mut [u8]) -> Reply {
+        self.fs.open(ino).map_err(|e| errno(&e))?;
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        Ok(reply::open(out, fh, self.open_flags(flags)))
+    }
+
+    pub(super) fn opendir(&self, ino: u32, out: &mut [u8]) -> Reply {
+        // Counted open, as a file's open is: a directory removed (rmdir, or a rename over
+        // it) while open stays usable through its descriptor until releasedir (fstat shows
+        // link count 0, fchmod and fsetxattr work), as on the kernel's ext4.
+        let a = self.fs.getattr(ino).map_err(|e| errno(&e))?;
+        if !a.is_dir() {
+            return Err(libc::ENOTDIR);
+        }
+        self.fs.open(ino).map_err(|e| errno(&e))?;
+        // The kernel may cache listings; it drops them itself when it changes the
+        // directory (all changes come through it).
+        Ok(reply::open(
+            out,
+            0,
+            abi::FOPEN_CACHE_DIR | abi::FOPEN_KEEP_CACHE,
+        ))
+    }
+
+    pub(super) fn statfs(&self, out: &mut [u8]) -> Reply {
+        let s = self.fs.statfs();
+        let k = reply::Kstatfs {
+            blocks: s.blocks,
+            bfree: s.blocks_free,
+            bavail: s.blocks_avail,
+            files: s.files,
+            ffree: s.files_free,
+            bsize: s.block_size,
+            namelen: s.name_max,
+            frsize: s.block_size,
+        };
+        Ok(reply::statfs(out, &k))
+    }
+
+    pub(super) fn setxattr(
+        &self,
+        h: &InHeader,
+        ino: u32,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) -> Reply {
+        let flags = flags as i32;
+        let f = if flags & libc::XATTR_CREATE != 0 {
+            uext4::XattrFlags::Create
+        } else if flags & libc::XATTR_REPLACE != 0 {
+            uext4::XattrFlags::Replace
+        } else {
+            uext4::XattrFlags::Any
+        };
+        empty(self.fs.setxattr_as(&self.cred(h), ino, name, value, f))
+    }
+
+    /// A value, its size when asked with size 0, or ERANGE when it does not fit.
+    fn sized(v: &[u8], size: u32, out: &mut [u8]) -> Reply {
+        if size == 0 {
+            Ok(reply::xattr_size(out, v.len() as u32))
+        } else if v.len() > size as usize || v.len() > out.len() {
+            Err(libc::ERANGE)
+        } else {
+            Ok(reply::data(out, v))
+        }
+    }
+
+    pub(super) fn getxattr(&self, ino: u32, name: &[u8], size: u32, out: &mut [u8]) -> Reply {
+        let v = if ino == 2 && name == STATS_XATTR {
+            Ok(self.fs.stats_json().into_bytes())
+        } else if ino == 2 && name == SERVER_XATTR {
+            Ok(std::process::id().to_string().into_bytes())
+        } else {
+            self.fs.getxattr(ino, name)
+        };
+        Self::sized(&v.map_err(|e| errno(&e))?, size, out)
+    }
+
+    pub(super) fn listxattr(&self, ino: u32, size: u32, out: &mut [u8]) -> Reply {
+        let names = self.fs.listxattr(ino).map_err(|e| errno(&e))?;
+        let mut buf = Vec::new();
+        for n in names {
+            buf.extend_from_slice(&n);
+            buf.push(0);
+        }
+        Self::sized(&buf, size, out)
+    }
+
+    pub(super) fn access(&self, h: &InHeader, ino: u32, mask: u32) -> Reply {
+        let a = self.fs.getattr(ino).map_err(|e| errno(&e))?;
+        // With default_permissions the kernel checks the mode bits itself and never asks.
+        let want = mask & 7;
+        if self.opts.default_permissions || want == 0 {
+            return Ok(0);
+        }
+        let mode = a.mode as u32;
+        let cred = self.cred(h);
+        let ok = if cred.privileged {
+            // Root may do anything but execute a file nobody may execute.
+            want & 1 == 0 || a.is_dir() || mode & 0o111 != 0
+        } else {
+            let bits = if h.uid == a.uid {
+                mode >> 6
+            } else if cred.in_group(a.gid) {
+                mode >> 3
+            } else {
+                mode
+            } & 7;
+            bits & want == want
+        };
+        if ok {
+            Ok(0)
+        } else {
+            Err(libc::EACCES)
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn create(
+        &self,
+        h: &InHeader,
+        dir: u32,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        flags: u32,
+        out: &mut [u8],
+    ) -> Reply {
+        let (cred, umask) = (self.cred(h), self.umask(umask));
+        let a = match self.fs.create_as(&cred, dir, name, mode, umask) {
+            Ok(a) => a,
+            // Created meanwhile by someone else: open it as open(2) would, O_TRUNC included.
+            Err(Error::Exists) if flags as i32 & libc::O_EXCL == 0 => {
+                let found = self.fs.lookup(dir, name).and_then(|a| {
+                    if a.is_dir() {
+                        return Err(Error::IsDir);
+                    }
+                    if flags as i32 & libc::O_TRUNC != 0
+                        && a.size != 0
+                        && a.mode & S_IFMT == 0o100000
+                    {
+                        self.fs.truncate(a.ino, 0)?;
+                        return self.fs.getattr(a.ino);
+                    }
+                    Ok(a)
+                });
+                found.map_err(|e| errno(&e))?
+            }
+            Err(e) => return Err(errno(&e)),
+        };
+        self.fs.open(a.ino).map_err(|e| errno(&e))?;
+        self.opened(&a, flags, out)
+    }
+
+    /// O_TMPFILE: an inode with no name, opened once (its release frees it unless a LINK
+    /// named it meanwhile), owned and moded as a create in `dir` would be.
+    pub(super) fn tmpfile(
+        &self,
+        h: &InHeader,
+        dir: u32,
+        mode: u32,
+        umask: u32,
+        flags: u32,
+        out: &mut [u8],
+    ) -> Reply {
+        let (cred, umask) = (self.cred(h), self.umask(umask));
+        let a = self
+            .fs
+            .tmpfile_as(&cred, dir, mode, umask)
+            .map_err(|e| errno(&e))?;
+        self.opened(&a, flags, out)
+    }
+
+    /// The reply to a CREATE or TMPFILE: the entry (a lookup the kernel now holds) and the
+    /// open file.
+    fn opened(&self, a: &Attr, flags: u32, out: &mut [u8]) -> Reply {
+        self.counted(a);
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        Ok(reply::create(
+            out,
+            a.generation as u64,
+            TTL,
+            &wire_attr(a),
+            fh,
+            self.open_flags(flags),
+        ))
+    }
+}
