@@ -61,7 +61,9 @@ impl Fs {
     /// Changes the attributes `set` names, as an image tool does (no set-ID or capability
     /// removal). A new mode also updates the access ACL, as chmod does.
     pub fn setattr(&self, ino: u32, set: &SetAttr) -> Result<Attr> {
-        self.setattr_inner(ino, set, None)
+        let attr = self.setattr_inner(ino, set, None)?;
+        self.sync_if_flagged(ino, false)?;
+        Ok(attr)
     }
 
     /// [`Fs::setattr`] for `cred`: a chown (of anything but a directory) loses set-user-ID,
@@ -69,12 +71,15 @@ impl Fs {
     /// `security.capability`; a truncate by an unprivileged caller loses the same, and by
     /// anyone `security.capability`. A change that sets the mode itself keeps what it sets.
     pub fn setattr_as(&self, cred: &Cred, ino: u32, set: &SetAttr) -> Result<Attr> {
-        self.setattr_inner(ino, set, Some(cred))
+        let attr = self.setattr_inner(ino, set, Some(cred))?;
+        self.sync_if_flagged(ino, false)?;
+        Ok(attr)
     }
 
     fn setattr_inner(&self, ino: u32, set: &SetAttr, cred: Option<&Cred>) -> Result<Attr> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         self.check_writable()?;
+        may_setattr(&self.iget(ino)?.state.lock().raw, set)?;
         if let Some(size) = set.size {
             self.truncate(ino, size)?;
         }
@@ -199,4 +204,27 @@ pub(crate) fn write_privs_known(
             }
         })
     }
+}
+
+/// Fails with EPERM for a setattr of `raw`: anything on an immutable inode (ext4_setattr);
+/// on an append-only one, a mode, owner or explicit time (notify_change; setting the times to
+/// now is allowed).
+fn may_setattr(raw: &RawInode, set: &SetAttr) -> Result<()> {
+    let f = raw.flags();
+    if f & crate::flags::FL_IMMUTABLE != 0 {
+        return Err(Error::Perm);
+    }
+    let explicit = |t: Option<TimeSet>| matches!(t, Some(TimeSet::At(_)));
+    let restricted = set.mode.is_some()
+        || set.uid.is_some()
+        || set.gid.is_some()
+        || set.size.is_some()
+        || explicit(set.atime)
+        || explicit(set.mtime)
+        || set.ctime.is_some()
+        || set.crtime.is_some();
+    if f & crate::flags::FL_APPEND != 0 && restricted {
+        return Err(Error::Perm);
+    }
+    Ok(())
 }

@@ -14,6 +14,8 @@
 use crate::attr::{write_privs, write_privs_known};
 use crate::cred::Cred;
 use crate::error::{Error, Result};
+use crate::extents::{FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE};
+use crate::flags::WriteAfter;
 use crate::format::extent::{Extent, MAX_INIT_LEN, MAX_UNWRITTEN_LEN};
 use crate::format::inode::{S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::fs::Fs;
@@ -208,8 +210,12 @@ impl Fs {
         data: &[u8],
     ) -> Result<(usize, bool)> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
-        let mut changed = false;
-        let n = self.retry_nospace(|| self.write_once(cred, &mut changed, ino, off, data))?;
+        let mut after = WriteAfter::default();
+        let n = self.retry_nospace(|| self.write_once(cred, &mut after, ino, off, data))?;
+        if after.sync {
+            self.fsync(ino, false)?;
+        }
+        let changed = after.mode_changed;
         if n == 0 || n == data.len() || self.balloc.pending_free.lock().is_empty() {
             return Ok((n, changed));
         }
@@ -224,7 +230,7 @@ impl Fs {
             return Ok((n, changed));
         }
         let more = self
-            .write_once(None, &mut changed, ino, off + n as u64, &data[n..])
+            .write_once(None, &mut after, ino, off + n as u64, &data[n..])
             .unwrap_or(0);
         Ok((n + more, changed))
     }
@@ -244,7 +250,7 @@ impl Fs {
     fn write_once(
         &self,
         cred: Option<&Cred>,
-        mode_changed: &mut bool,
+        after: &mut WriteAfter,
         ino: u32,
         off: u64,
         data: &[u8],
@@ -263,6 +269,7 @@ impl Fs {
         let (limit, ftype, mode, gid, cap) = {
             let st = inode.state.lock();
             let r = &st.raw;
+            after.sync = crate::flags::may_write(r, off)?;
             (
                 self.max_size_of(r),
                 r.file_type(),
@@ -278,7 +285,8 @@ impl Fs {
         });
         if let Some(c) = privs {
             let member = c.in_group(gid);
-            *mode_changed |= self.remove_privs_of(&inode, &write_privs_known(c, gid, member))?;
+            after.mode_changed |=
+                self.remove_privs_of(&inode, &write_privs_known(c, gid, member))?;
         }
         if off >= limit {
             return Err(Error::FileTooBig);
@@ -743,6 +751,7 @@ impl Fs {
         let old = {
             let st = inode.state.lock();
             check_live(&st)?;
+            crate::flags::may_truncate(&st.raw)?;
             match st.raw.file_type() {
                 S_IFREG => {}
                 S_IFDIR => return Err(Error::IsDir),
@@ -878,7 +887,8 @@ impl Fs {
     /// [`Error::NoSpace`](crate::Error::NoSpace).
     pub fn fallocate(&self, ino: u32, mode: i32, off: u64, len: u64) -> Result<()> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
-        self.retry_nospace(|| self.fallocate_once(ino, mode, off, len))
+        self.retry_nospace(|| self.fallocate_once(ino, mode, off, len))?;
+        self.sync_if_flagged(ino, false)
     }
 
     fn fallocate_once(&self, ino: u32, mode: i32, off: u64, len: u64) -> Result<()> {
@@ -889,6 +899,9 @@ impl Fs {
         let end = off.checked_add(len).ok_or(Error::FileTooBig)?;
         if end > self.max_file_size() {
             return Err(Error::FileTooBig);
+        }
+        if mode & (FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_INSERT_RANGE) != 0 {
+            return self.fallocate_shift(ino, mode, off, len);
         }
         let known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
         if mode & !known != 0 {
@@ -910,6 +923,7 @@ impl Fs {
         {
             let st = inode.state.lock();
             check_live(&st)?;
+            crate::flags::may_fallocate(&st.raw, mode)?;
             match st.raw.file_type() {
                 S_IFREG => {}
                 S_IFDIR => return Err(Error::IsDir),

@@ -58,6 +58,7 @@ mod error;
 mod extent_cache;
 mod extents;
 mod file;
+pub mod flags;
 pub mod format;
 mod fs;
 mod fsync;
@@ -69,6 +70,7 @@ mod icache;
 pub mod image;
 mod inline;
 mod inode;
+mod label;
 // Public but hidden: tests/journal.rs checks the journal on its own (replay against debugfs,
 // e2fsck and the kernel); it is no API for users.
 #[doc(hidden)]
@@ -95,7 +97,9 @@ pub use acl::{is_equivalent_to_mode as acl_is_equivalent_to_mode, mode_bits as a
 pub use attr::{SetAttr, TimeSet};
 pub use cred::{Cred, Groups};
 pub use error::{Corruption, Error, Result};
+pub use extents::{FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE};
 pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
+pub use flags::{flags_to_xflags, xflags_to_flags, FsXattr};
 pub use format::inode::{
     Timestamp, ROOT_INO, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK,
 };
@@ -105,6 +109,7 @@ pub use geometry::Geometry;
 // At the root, not in `blockdev`: nbd implements `BlockDevice`, and a re-export there would
 // close an import circle.
 pub use inode::Attr;
+pub use label::LABEL_MAX;
 pub use namei::{
     DirEntry, RenameFlags, FT_BLKDEV, FT_CHRDEV, FT_DIR, FT_FIFO, FT_REG, FT_SOCK, FT_SYMLINK,
     FT_UNKNOWN, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT,

@@ -404,7 +404,7 @@ impl Fs {
     ) -> Result<Attr> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         // A retry runs the whole creation again (`retry_nospace`).
-        self.retry_nospace(|| {
+        let attr = self.retry_nospace(|| {
             check_name(name)?;
             self.check_writable()?;
             let d = self.dir_inode(dir)?;
@@ -413,10 +413,12 @@ impl Fs {
                 return Err(Error::Exists);
             }
             check_dir_live(&d)?;
+            crate::flags::may_add_entry(&d.state.lock().raw)?;
             let is_dir = mode & S_IFMT == S_IFDIR;
             let new = self.new_inode_policy(&d, mode, owner)?;
             let now = self.now();
             let mut raw = self.fresh_raw_inode(new.mode, new.uid, new.gid, now);
+            self.inherit_flags(&d.state.lock().raw, &mut raw);
             init(self, &mut raw)?;
             let mut h = self.start(credits::CREATE + new.extra_credits())?;
             let inode = self.alloc_inode(&mut h, dir, is_dir, raw)?;
@@ -451,7 +453,9 @@ impl Fs {
             }
             let st = inode.state.lock();
             Ok(self.attr_of(ino, &st))
-        })
+        })?;
+        self.sync_if_flagged(dir, true)?;
+        Ok(attr)
     }
 
     /// Undoes an inode allocated in this handle whose name could not be added: releases
@@ -533,12 +537,15 @@ impl Fs {
             let d = self.dir_inode(dir)?;
             let _g = d.io_lock.read();
             check_dir_live(&d)?;
+            let dir_raw = d.state.lock().raw.clone();
+            crate::flags::may_add_entry(&dir_raw)?;
             let new = self.new_inode_policy(&d, mode, owner)?;
             let mut h = self.start(credits::CREATE + new.extra_credits())?;
             let now = self.now();
             let inode =
                 self.new_unnamed_inode(&mut h, dir, new.mode, new.uid, new.gid, now, |fs, raw| {
                     fs.init_block_map(raw);
+                    fs.inherit_flags(&dir_raw, raw);
                 })?;
             inode.open_count.fetch_add(1, Ordering::AcqRel);
             let mut ist = inode.state.lock();
@@ -559,7 +566,9 @@ impl Fs {
     pub fn link(&self, ino: u32, newdir: u32, newname: &[u8]) -> Result<Attr> {
         let r = self.link_inner(ino, newdir, newname);
         self.delete_deferred();
-        r
+        let attr = r?;
+        self.sync_if_flagged(newdir, true)?;
+        Ok(attr)
     }
 
     fn link_inner(&self, ino: u32, newdir: u32, newname: &[u8]) -> Result<Attr> {
@@ -570,6 +579,7 @@ impl Fs {
         if inode.state.lock().raw.is_dir() {
             return Err(Error::Perm);
         }
+        crate::flags::may_change(&inode.state.lock().raw)?;
         let d = self.dir_inode(newdir)?;
         let _g = d.io_lock.write();
         // The inode's io_lock too (after the directory's, as unlink takes its victim's): if the
@@ -580,6 +590,7 @@ impl Fs {
             return Err(Error::Exists);
         }
         check_dir_live(&d)?;
+        crate::flags::may_add_entry(&d.state.lock().raw)?;
         let mut h = self.start(credits::LINK)?;
         let now = self.now();
         // The link count goes up before the new entry exists, in the same hold of the inode's
@@ -626,7 +637,8 @@ impl Fs {
     pub fn unlink(&self, dir: u32, name: &[u8]) -> Result<()> {
         let r = self.remove_entry(dir, name, false);
         self.delete_deferred();
-        r
+        r?;
+        self.sync_if_flagged(dir, true)
     }
 
     /// Removes the empty directory `name` from `dir`.
@@ -643,7 +655,8 @@ impl Fs {
         }
         let r = self.remove_entry(dir, name, true);
         self.delete_deferred();
-        r
+        r?;
+        self.sync_if_flagged(dir, true)
     }
 
     fn remove_entry(&self, dir: u32, name: &[u8], want_dir: bool) -> Result<()> {
@@ -658,6 +671,8 @@ impl Fs {
             return Err(Error::NotFound);
         };
         let inode = self.iget(ino)?;
+        crate::flags::may_remove_entry(&d.state.lock().raw)?;
+        crate::flags::may_change(&inode.state.lock().raw)?;
         let is_dir = inode.state.lock().raw.is_dir();
         if want_dir && !is_dir {
             return Err(Error::NotDir);

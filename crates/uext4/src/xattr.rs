@@ -406,6 +406,7 @@ impl Fs {
         if st.deleted {
             return Err(Error::NotFound);
         }
+        crate::flags::may_change(&st.raw)?;
         if index == INDEX_USER && !user_attrs_allowed(&st.raw) {
             return Err(Error::Perm);
         }

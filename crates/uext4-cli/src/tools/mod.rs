@@ -1,5 +1,6 @@
 //! The image tools: mkfs, info, ls, cat, cp, mkdir, rm, mv, ln, stat, chmod, chown, touch,
-//! truncate, fstrim, one file per tool or family. Paths inside an image are written IMAGE:PATH; IMAGE
+//! truncate, fstrim, chattr, lsattr, label, one file per tool or family. Paths inside an
+//! image are written IMAGE:PATH; IMAGE
 //! may be `disk.img@2` (partition 2 of a whole-disk image, GPT or MBR, numbered as fdisk and
 //! lsblk number them) or `disk.img@offset=BYTES[,size=BYTES]` (a filesystem at a byte offset,
 //! as in a SIF container); a file literally named so wins. Each tool opens the image, does its
@@ -7,6 +8,7 @@
 
 pub mod attrs;
 mod cat;
+pub mod chattr;
 pub mod cp;
 pub mod devtable;
 pub mod fit;
@@ -146,6 +148,39 @@ pub enum ToolCmd {
         no_create: bool,
         path: String,
     },
+    /// Change inode flags, as chattr(1): MODE... (+-=[aAcCdDFijmPsStTux]) IMAGE:PATH.
+    Chattr {
+        #[arg(short = 'R')]
+        recursive: bool,
+        /// Set the project id (needs the project feature).
+        #[arg(short = 'p')]
+        project: Option<u32>,
+        #[arg(allow_hyphen_values = true, required = true, num_args = 1..)]
+        args: Vec<String>,
+    },
+    /// List inode flags, as lsattr(1): IMAGE:PATH (a directory lists its entries).
+    Lsattr {
+        /// The directory itself, not its entries.
+        #[arg(short = 'd')]
+        dir_itself: bool,
+        #[arg(short = 'R')]
+        recursive: bool,
+        /// Entries starting with '.' too.
+        #[arg(short = 'a')]
+        all: bool,
+        /// Show the project id.
+        #[arg(short = 'p')]
+        project: bool,
+        /// Show the generation.
+        #[arg(short = 'v')]
+        version: bool,
+        path: String,
+    },
+    /// Print the filesystem label, or set it (at most 16 bytes), as e2label(8).
+    Label {
+        image: PathBuf,
+        label: Option<String>,
+    },
 }
 
 impl ToolCmd {
@@ -166,6 +201,9 @@ impl ToolCmd {
             ToolCmd::Touch { .. } => "touch",
             ToolCmd::Truncate { .. } => "truncate",
             ToolCmd::Fstrim { .. } => "fstrim",
+            ToolCmd::Chattr { .. } => "chattr",
+            ToolCmd::Lsattr { .. } => "lsattr",
+            ToolCmd::Label { .. } => "label",
         }
     }
 }
@@ -246,5 +284,33 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
             no_create,
             path,
         } => truncate(&path, &size, !no_create),
+        ToolCmd::Chattr {
+            recursive,
+            project,
+            args,
+        } => {
+            let (path, modes) = args
+                .split_last()
+                .expect("clap asks for one argument or more");
+            chattr::chattr(modes, project, path, recursive)
+        }
+        ToolCmd::Lsattr {
+            dir_itself,
+            recursive,
+            all,
+            project,
+            version,
+            path,
+        } => {
+            let o = chattr::LsattrOpts {
+                dir_itself,
+                recursive,
+                all,
+                project,
+                version,
+            };
+            chattr::lsattr(&path, o)
+        }
+        ToolCmd::Label { image, label } => chattr::label(&image, label.as_deref()),
     }
 }

@@ -15,5 +15,7 @@ mod indirect;
 mod map;
 mod tree;
 
+pub use tree::shift::{FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE};
+
 #[cfg(test)]
 mod tests;

@@ -14,6 +14,8 @@ use crate::inode::InodeState;
 use crate::transaction::Handle;
 use std::collections::BTreeMap;
 
+pub(super) mod shift;
+
 /// A node of the tree: the root in i_block, or a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Node {

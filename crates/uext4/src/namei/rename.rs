@@ -154,7 +154,12 @@ impl Fs {
         };
         // A replaced file too large to free in the rename's handle is freed now.
         self.delete_deferred();
-        r
+        r?;
+        self.sync_if_flagged(odir, true)?;
+        if ndir != odir {
+            self.sync_if_flagged(ndir, true)?;
+        }
+        Ok(())
     }
 
     fn rename_inner(
@@ -267,6 +272,15 @@ impl Fs {
             if tino == sino {
                 return Ok(None);
             }
+        }
+        // As may_delete and may_create: the source leaves its directory, a target is
+        // replaced (or exchanged), and the new name is added.
+        crate::flags::may_remove_entry(&d.od.state.lock().raw)?;
+        crate::flags::may_change(&src.state.lock().raw)?;
+        crate::flags::may_add_entry(&d.nd.state.lock().raw)?;
+        if let Some(t) = &tgt {
+            crate::flags::may_remove_entry(&d.nd.state.lock().raw)?;
+            crate::flags::may_change(&t.state.lock().raw)?;
         }
         if d.cross {
             // A directory may not move into its own subtree.
