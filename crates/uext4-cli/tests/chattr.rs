@@ -106,3 +106,60 @@ fn label_agrees_with_e2label() {
         .success());
     assert_eq!(UEXT4.ok(&["label", img.s()]), "by-e2label\n");
 }
+
+/// Through a mount: chattr and lsattr (e2fsprogs', FS_IOC_GETFLAGS/SETFLAGS), xfs_io's
+/// fsxattr and label commands (FS_IOC_FSGETXATTR, FS_IOC_GETFSLABEL/SETFSLABEL) and fstrim
+/// (FITRIM) reach the engine as FUSE ioctls; immutable and append-only files refuse what the
+/// kernel's ext4 refuses.
+#[test]
+fn flags_label_and_fitrim_through_a_mount() {
+    if !needs::fuse_usable("the ioctl test")
+        || !needs::have(&["chattr", "lsattr", "xfs_io", "fstrim"])
+    {
+        return;
+    }
+    let img = scratch("cli-ioctl");
+    let dir = scratch("cli-ioctl-mnt");
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let m = dir.0.display().to_string();
+    write_ok(&img, &["mkfs", "--size", "128M", img.0.to_str().unwrap()]);
+    UEXT4.ok(&["mount", img.0.to_str().unwrap(), &m]);
+    let fails = |cmd: &str| {
+        let o = Command::new("bash").arg("-c").arg(cmd).output().unwrap();
+        assert!(!o.status.success(), "`{cmd}` succeeded");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let r = std::panic::catch_unwind(|| {
+        host::sh(&format!("echo data > {m}/f && chattr +i {m}/f"));
+        assert!(host::sh(&format!("lsattr {m}/f")).starts_with("----i"));
+        assert!(fails(&format!("echo more >> {m}/f")).contains("not permitted"));
+        assert!(fails(&format!("rm {m}/f")).contains("not permitted"));
+        assert!(fails(&format!("mv {m}/f {m}/g")).contains("not permitted"));
+        host::sh(&format!("chattr -i {m}/f && chattr +a {m}/f"));
+        host::sh(&format!("echo appended >> {m}/f"));
+        assert!(fails(&format!("echo over > {m}/f")).contains("not permitted"));
+        assert_eq!(host::sh(&format!("cat {m}/f")), "data\nappended\n");
+        // FS_IOC_FSGETXATTR: xfs_io names the xflags.
+        let x = host::sh(&format!("xfs_io -r -c 'lsattr -v' {m}/f"));
+        assert!(x.starts_with("[append-only]"), "{x}");
+        host::sh(&format!("chattr -a {m}/f"));
+        host::sh(&format!("xfs_io -c 'label -s build-42' {m}"));
+        assert!(host::sh(&format!("xfs_io -c label {m}")).contains("\"build-42\""));
+        // The fresh filesystem's free space: most of its 128 MiB.
+        let t = host::sh(&format!("fstrim -v {m}"));
+        let bytes: u64 = t
+            .split('(')
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("fstrim -v said {t:?}"));
+        assert!(bytes > 64 << 20, "{t}");
+    });
+    UEXT4.ok(&["umount", &m]);
+    if let Err(p) = r {
+        std::panic::resume_unwind(p);
+    }
+    e2fsck_clean(&img.0);
+    let label = host::sh(&format!("dumpe2fs -h {} 2>/dev/null", img.0.display()));
+    assert!(label.contains("build-42"), "{label}");
+}

@@ -348,7 +348,12 @@ impl Serve for Uext4Fuse {
                 off_out,
                 len,
             } => self.copy_file_range(h, ino, off_in, to_ext(nodeid_out), off_out, len, out),
-            Op::Ioctl { cmd, out_size, .. } => self.ioctl(ino, cmd, out_size, out),
+            Op::Ioctl {
+                cmd,
+                out_size,
+                data,
+                ..
+            } => self.ioctl(h, ino, cmd, data, out_size, out),
             // SEEK_DATA and SEEK_HOLE are not answered here: the kernel asks without first
             // writing back the dirty pages it caches for the file (a shared mapping's stores,
             // and with writeback_cache every write), so an answer from the image called data

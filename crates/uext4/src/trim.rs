@@ -8,7 +8,8 @@
 //! their file, so their contents stay.
 
 use crate::balloc::{find_zero, zero_run};
-use crate::error::Result;
+use crate::cred::Cred;
+use crate::error::{Error, Result};
 use crate::fs::Fs;
 
 /// What [`Fs::trim`] did.
@@ -21,6 +22,32 @@ pub struct Trimmed {
 }
 
 impl Fs {
+    /// FITRIM as the kernel's ext4 answers it, for `cred`: EPERM without privilege
+    /// (CAP_SYS_ADMIN), EINVAL for a range shorter than a block, starting past the end or a
+    /// minimum longer than a group, EOPNOTSUPP where the device takes no discards; else the
+    /// bytes discarded (what FITRIM writes back into `fstrim_range.len`).
+    pub fn trim_as(&self, cred: &Cred, start: u64, len: u64, min_len: u64) -> Result<u64> {
+        if !cred.privileged {
+            return Err(Error::Perm);
+        }
+        let bs = self.geo.block_size as u64;
+        if len < bs
+            || start / bs >= self.geo.blocks_count
+            || min_len / bs > self.geo.blocks_per_group as u64
+        {
+            return Err(Error::Invalid(
+                "FITRIM: range shorter than a block, past the end, or minimum over a group".into(),
+            ));
+        }
+        let t = self.trim(start, len, min_len)?;
+        if !t.supported {
+            return Err(Error::NotSupported(
+                "the storage under the image takes no discards".into(),
+            ));
+        }
+        Ok(t.bytes)
+    }
+
     /// Discards the free blocks in the byte range `start..start + len` of the filesystem, in
     /// free runs of at least `min_len` bytes (FITRIM's `struct fstrim_range`). Needs a
     /// writable filesystem.

@@ -174,25 +174,113 @@ impl Uext4Fuse {
         Ok(reply::written(out, done as u32))
     }
 
-    pub(super) fn ioctl(&self, ino: u32, cmd: u32, out_size: u32, out: &mut [u8]) -> Reply {
-        // lsattr's FS_IOC_GETFLAGS and FS_IOC_GETVERSION (both sizes of their argument); the
-        // kernel writes an int for either, so 4 bytes come back.
+    /// The ioctls the kernel's FUSE forwards that ext4 answers: the inode flags (lsattr,
+    /// chattr: FS_IOC_GETFLAGS/SETFLAGS, and FS_IOC_FSGETXATTR/FSSETXATTR, which the kernel
+    /// sends from its fileattr calls), FS_IOC_GETVERSION, the filesystem label
+    /// (FS_IOC_GETFSLABEL/SETFSLABEL) and FITRIM (fstrim on the mount point). The engine
+    /// applies ext4's rules (owner or privilege, CAP_LINUX_IMMUTABLE, CAP_SYS_ADMIN) with the
+    /// caller's credentials.
+    pub(super) fn ioctl(
+        &self,
+        h: &InHeader,
+        ino: u32,
+        cmd: u32,
+        data: &[u8],
+        out_size: u32,
+        out: &mut [u8],
+    ) -> Reply {
+        // Both sizes of the argument (`long` in the command's number, an int on the wire).
         const GETFLAGS: [u32; 2] = [0x8008_6601, 0x8004_6601];
+        const SETFLAGS: [u32; 2] = [0x4008_6602, 0x4004_6602];
         const GETVERSION: [u32; 2] = [0x8008_7601, 0x8004_7601];
-        // The inode flags the kernel's ext4 shows to users (EXT4_FL_USER_VISIBLE).
-        const USER_VISIBLE: u32 = 0x705B_DFFF;
-        if !GETFLAGS.contains(&cmd) && !GETVERSION.contains(&cmd) {
-            return Err(libc::ENOTTY);
-        }
-        if out_size < 4 {
-            return Err(libc::EINVAL);
-        }
-        let a = self.fs.getattr(ino).map_err(|e| errno(&e))?;
-        let value = if GETFLAGS.contains(&cmd) {
-            a.flags & USER_VISIBLE
-        } else {
-            a.generation
+        const FSGETXATTR: u32 = 0x801c_581f;
+        const FSSETXATTR: u32 = 0x401c_5820;
+        const GETFSLABEL: u32 = 0x8100_9431;
+        const SETFSLABEL: u32 = 0x4100_9432;
+        const FITRIM: u32 = 0xc018_5879;
+        const FSXATTR_LEN: usize = 28;
+        const LABEL_LEN: usize = 256;
+        let e = |e: uext4::Error| errno(&e);
+        let want_out = |n: usize| {
+            if (out_size as usize) < n {
+                Err(libc::EINVAL)
+            } else {
+                Ok(())
+            }
         };
-        Ok(reply::ioctl(out, 0, &value.to_le_bytes()))
+        let u32_at = |b: &[u8], o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
+        let u64_at = |b: &[u8], o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
+        match cmd {
+            c if GETFLAGS.contains(&c) => {
+                want_out(4)?;
+                let f = self.fs.get_flags(ino).map_err(e)?;
+                Ok(reply::ioctl(out, 0, &f.to_ne_bytes()))
+            }
+            c if GETVERSION.contains(&c) => {
+                want_out(4)?;
+                let a = self.fs.getattr(ino).map_err(e)?;
+                Ok(reply::ioctl(out, 0, &a.generation.to_ne_bytes()))
+            }
+            c if SETFLAGS.contains(&c) => {
+                let b = data.get(..4).ok_or(libc::EINVAL)?;
+                self.fs
+                    .set_flags_as(&self.cred(h), ino, u32_at(b, 0))
+                    .map_err(e)?;
+                self.mode_changed(ino);
+                Ok(reply::ioctl(out, 0, &[]))
+            }
+            FSGETXATTR => {
+                want_out(FSXATTR_LEN)?;
+                let x = self.fs.get_fsxattr(ino).map_err(e)?;
+                let mut b = [0u8; FSXATTR_LEN];
+                for (i, v) in [x.xflags, x.extsize, x.nextents, x.projid, x.cowextsize]
+                    .into_iter()
+                    .enumerate()
+                {
+                    b[i * 4..i * 4 + 4].copy_from_slice(&v.to_ne_bytes());
+                }
+                Ok(reply::ioctl(out, 0, &b))
+            }
+            FSSETXATTR => {
+                let b = data.get(..FSXATTR_LEN).ok_or(libc::EINVAL)?;
+                let x = uext4::FsXattr {
+                    xflags: u32_at(b, 0),
+                    extsize: u32_at(b, 4),
+                    nextents: u32_at(b, 8),
+                    projid: u32_at(b, 12),
+                    cowextsize: u32_at(b, 16),
+                };
+                self.fs.set_fsxattr_as(&self.cred(h), ino, &x).map_err(e)?;
+                self.mode_changed(ino);
+                Ok(reply::ioctl(out, 0, &[]))
+            }
+            GETFSLABEL => {
+                want_out(LABEL_LEN)?;
+                let mut b = [0u8; LABEL_LEN];
+                let l = self.fs.label();
+                b[..l.len().min(LABEL_LEN - 1)].copy_from_slice(&l[..l.len().min(LABEL_LEN - 1)]);
+                Ok(reply::ioctl(out, 0, &b))
+            }
+            SETFSLABEL => {
+                let b = data.get(..LABEL_LEN).ok_or(libc::EINVAL)?;
+                let end = b.iter().position(|&c| c == 0).unwrap_or(LABEL_LEN);
+                self.fs.set_label_as(&self.cred(h), &b[..end]).map_err(e)?;
+                Ok(reply::ioctl(out, 0, &[]))
+            }
+            FITRIM => {
+                want_out(24)?;
+                let b = data.get(..24).ok_or(libc::EINVAL)?;
+                let (start, len, min_len) = (u64_at(b, 0), u64_at(b, 8), u64_at(b, 16));
+                let t = self
+                    .fs
+                    .trim_as(&self.cred(h), start, len, min_len)
+                    .map_err(e)?;
+                let mut r = [0u8; 24];
+                r.copy_from_slice(b);
+                r[8..16].copy_from_slice(&t.to_ne_bytes());
+                Ok(reply::ioctl(out, 0, &r))
+            }
+            _ => Err(libc::ENOTTY),
+        }
     }
 }

@@ -81,6 +81,11 @@ impl Uext4Fuse {
     }
 
     pub(super) fn open(&self, ino: u32, flags: u32, out: &mut [u8]) -> Reply {
+        // Immutable and append-only files: the kernel keeps no inode flags for FUSE, so its
+        // may_open cannot refuse a write open of one; the engine does, as the kernel's would.
+        self.fs
+            .check_open(ino, flags as i32)
+            .map_err(|e| errno(&e))?;
         self.fs.open(ino).map_err(|e| errno(&e))?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         Ok(reply::open(out, fh, self.open_flags(flags)))
