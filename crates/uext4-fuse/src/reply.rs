@@ -177,7 +177,14 @@ pub fn init(out: &mut [u8], o: &abi::InitOut, kernel_minor: u32) -> usize {
 /// at 32: mask 0, blksize 4, attributes 8, nlink 16, uid 20, gid 24, mode 28 (u16), ino 32,
 /// size 40, blocks 48, attributes_mask 56, atime 64, btime 80, ctime 96, mtime 112 (each
 /// seconds i64, nanoseconds u32, reserved), rdev_major 128, rdev_minor 132.
-pub fn statx(out: &mut [u8], ttl: Duration, a: &WireAttr, mask: u32) -> usize {
+/// `attributes`: (stx_attributes, stx_attributes_mask).
+pub fn statx(
+    out: &mut [u8],
+    ttl: Duration,
+    a: &WireAttr,
+    mask: u32,
+    attributes: (u64, u64),
+) -> usize {
     let b = &mut out[..abi::STATX_OUT_LEN];
     b.fill(0);
     let mut p = Put(b);
@@ -186,6 +193,7 @@ pub fn statx(out: &mut [u8], ttl: Duration, a: &WireAttr, mask: u32) -> usize {
     let s = 32;
     p.u32(s, mask);
     p.u32(s + 4, a.blksize);
+    p.u64(s + 8, attributes.0);
     p.u32(s + 16, a.nlink);
     p.u32(s + 20, a.uid);
     p.u32(s + 24, a.gid);
@@ -193,6 +201,7 @@ pub fn statx(out: &mut [u8], ttl: Duration, a: &WireAttr, mask: u32) -> usize {
     p.u64(s + 32, a.ino);
     p.u64(s + 40, a.size);
     p.u64(s + 48, a.blocks);
+    p.u64(s + 56, attributes.1);
     for (at, t) in [(64, a.atime), (80, a.crtime), (96, a.ctime), (112, a.mtime)] {
         p.u64(s + at, t.0 as u64);
         p.u32(s + at + 8, t.1);

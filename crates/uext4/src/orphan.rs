@@ -7,11 +7,13 @@
 //! rewrites its predecessor's i_dtime directly in the inode-table block, so no inode lock is
 //! ever taken while another is held.
 
+use crate::bcache::Buffer;
 use crate::error::{Corruption, Error, Result};
 use crate::format::inode::RawInode;
 use crate::fs::Fs;
 use crate::inode::{Inode, InodeState};
 use crate::transaction::Handle;
+use std::sync::Arc;
 
 impl Fs {
     /// Puts an inode (whose state the caller holds) at the head of the orphan list.
@@ -47,26 +49,30 @@ impl Fs {
         inode: &Inode,
         st: &mut InodeState,
     ) -> Result<()> {
-        let (pred, next) = {
+        let pred = {
             let mut o = self.orphans.lock();
             let Some(p) = o.iter().position(|&i| i == inode.ino) else {
                 st.orphaned = false;
                 return Ok(());
             };
             o.remove(p);
-            let next = o.get(p).copied().unwrap_or(0);
-            let pred = if p == 0 { None } else { Some(o[p - 1]) };
-            if pred.is_none() {
-                self.sb.lock().set_last_orphan(next);
+            if p == 0 {
+                self.sb
+                    .lock()
+                    .set_last_orphan(o.first().copied().unwrap_or(0));
+                None
+            } else {
+                Some(o[p - 1])
             }
-            (pred, next)
         };
         st.orphaned = false;
         st.raw.set_dtime(0);
         match pred {
             None => self.write_superblock_to_buffer(h)?,
             Some(p) => {
-                self.set_dtime_in_table(h, p, next)?;
+                if let Some(buf) = self.link_past_removed(p)? {
+                    h.dirty(&buf);
+                }
                 // A write of the predecessor racing with this (its `orphan_next` read before
                 // the removal, its copy into the table after ours) would leave it naming the
                 // removed inode: the commit writes it again with the chain as it is then.
@@ -76,10 +82,26 @@ impl Fs {
         Ok(())
     }
 
-    /// Rewrites one inode's i_dtime (and checksum) in its inode-table block.
-    fn set_dtime_in_table(&self, h: &mut Handle<'_>, ino: u32, dtime: u32) -> Result<()> {
-        let (blk, off) = self.inode_location(ino)?;
+    /// After an orphan's removal: rewrites the i_dtime of `pred`, the orphan that was before
+    /// it, in its inode-table block to name the orphan after it now. Under the list's lock,
+    /// so that of two removals of neighbours the later write carries the chain as it then is,
+    /// and a predecessor that has meanwhile left the list (and may be freed, its i_dtime the
+    /// time of deletion) is not written at all. Returns the block to dirty.
+    fn link_past_removed(&self, pred: u32) -> Result<Option<Arc<Buffer>>> {
+        let (blk, off) = self.inode_location(pred)?;
         let buf = self.bcache.get(blk)?;
+        let o = self.orphans.lock();
+        let Some(pos) = o.iter().position(|&i| i == pred) else {
+            return Ok(None);
+        };
+        let next = o.get(pos + 1).copied().unwrap_or(0);
+        self.set_dtime_in_block(&buf, off, pred, next);
+        drop(o);
+        Ok(Some(buf))
+    }
+
+    /// Rewrites one inode's i_dtime (and checksum) in its inode-table block.
+    fn set_dtime_in_block(&self, buf: &Buffer, off: usize, ino: u32, dtime: u32) {
         {
             let mut data = buf.write();
             let size = self.geo.inode_size as usize;
@@ -90,8 +112,6 @@ impl Fs {
             }
             data[off..off + size].copy_from_slice(&raw.0);
         }
-        h.dirty(&buf);
-        Ok(())
     }
 
     /// After a crash with the orphan_file feature: processes the inodes listed in the orphan
@@ -230,6 +250,30 @@ impl Fs {
         let mut h = self.start(crate::transaction::credits::UNLINK)?;
         let mut st = inode.state.lock();
         self.delete_inode(&mut h, inode, &mut st)
+    }
+
+    /// At unmount: files still open are closed, and those unlinked are freed. Nothing can
+    /// use them afterwards: a FUSE connection that ended (an unmount aborts it) drops the
+    /// RELEASEs it had not yet sent, and a library caller's open inodes die with the
+    /// filesystem. Left on the orphan list, they would be freed only by the next open, and
+    /// the image would not pass e2fsck until then.
+    pub(crate) fn close_orphans(&self) {
+        let inos: Vec<u32> = self.orphans.lock().clone();
+        for ino in inos {
+            let Some(inode) = self.icache.get_cached(ino) else {
+                continue;
+            };
+            inode
+                .open_count
+                .store(0, std::sync::atomic::Ordering::Release);
+            if let Err(e) = self.delete_orphan(&inode) {
+                tracing::error!(
+                    ino,
+                    "freeing an unlinked file at unmount: {e} (it stays on the orphan list; \
+                     the next open frees it)"
+                );
+            }
+        }
     }
 
     /// Frees the inodes `drop_link_finish` left on `deferred_deletes`. Called by the public

@@ -99,6 +99,7 @@ impl Fs {
         if self.is_read_only() {
             return Ok(());
         }
+        self.close_orphans();
         self.delalloc_writeback_all()?;
         self.commit()?;
         self.checkpoint_drain()?;

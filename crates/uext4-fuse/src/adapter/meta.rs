@@ -16,7 +16,27 @@ impl Uext4Fuse {
         if self.fs.geo.inode_size > 128 {
             mask |= abi::STATX_BTIME;
         }
-        Ok(reply::statx(out, TTL, &wire_attr(&a), mask))
+        // stx_attributes from the inode flags, as ext4_getattr fills them.
+        const FLAG_ATTRS: [(u32, u64); 6] = [
+            (0x0000_0004, 0x4),       // COMPR_FL: STATX_ATTR_COMPRESSED
+            (0x0000_0010, 0x10),      // IMMUTABLE_FL: STATX_ATTR_IMMUTABLE
+            (0x0000_0020, 0x20),      // APPEND_FL: STATX_ATTR_APPEND
+            (0x0000_0040, 0x40),      // NODUMP_FL: STATX_ATTR_NODUMP
+            (0x0000_0800, 0x800),     // ENCRYPT_FL: STATX_ATTR_ENCRYPTED
+            (0x0010_0000, 0x10_0000), // VERITY_FL: STATX_ATTR_VERITY
+        ];
+        let attrs = FLAG_ATTRS
+            .iter()
+            .filter(|(f, _)| a.flags & f != 0)
+            .fold(0, |acc, (_, s)| acc | s);
+        let attrs_mask = FLAG_ATTRS.iter().fold(0, |acc, (_, s)| acc | s);
+        Ok(reply::statx(
+            out,
+            TTL,
+            &wire_attr(&a),
+            mask,
+            (attrs, attrs_mask),
+        ))
     }
 
     pub(super) fn setattr(&self, h: &InHeader, ino: u32, s: &SetattrIn, out: &mut [u8]) -> Reply {

@@ -64,10 +64,13 @@ fn statx_has_birth_time_and_device_numbers() {
         Duration::from_secs(1),
         &a,
         abi::STATX_BASIC_STATS | abi::STATX_BTIME,
+        (0x20, 0x74),
     );
     assert_eq!(n, 288);
     let f = Fields(&out);
     assert_eq!(f.u32(32), abi::STATX_BASIC_STATS | abi::STATX_BTIME);
+    // stx_attributes and stx_attributes_mask.
+    assert_eq!((f.u64(32 + 8), f.u64(32 + 56)), (0x20, 0x74));
     assert_eq!(f.u16(32 + 28), 0o100644);
     assert_eq!((f.u64(32 + 80), f.u32(32 + 88)), (4, 9));
     assert_eq!((f.u32(32 + 128), f.u32(32 + 132)), (8, 0x101));
