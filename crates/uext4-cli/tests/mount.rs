@@ -97,6 +97,13 @@ fn shell_workload_then_clean_image() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&stats.stdout).contains("\"handles_started\""));
+    // The requests that reached the server, by opcode: at least the 300 creates and the
+    // writes of the script.
+    let j: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let count = |op: &str| j["fuse_requests"][op]["count"].as_u64().unwrap_or(0);
+    assert!(count("CREATE") >= 300, "{}", j["fuse_requests"]);
+    assert!(count("WRITE") >= 300, "{}", j["fuse_requests"]);
+    assert!(j["fuse_requests"]["LOOKUP"]["us_each"].as_f64().is_some());
     // A path inside the mount names it too.
     let inner = Command::new(bin())
         .arg("stats")

@@ -31,6 +31,7 @@ use uext4::{SetAttr, TimeSet};
 mod data;
 mod init;
 mod meta;
+mod requests;
 
 /// How long the kernel may cache attributes and entries (the engine is their only writer).
 const TTL: Duration = Duration::from_secs(1);
@@ -66,6 +67,8 @@ pub struct Uext4Fuse {
     destroyed: AtomicBool,
     /// Tells the kernel about changes it did not ask for (set once the session exists).
     notifier: OnceLock<Arc<dyn Notify>>,
+    /// Requests served, by opcode, with the time spent on them (`uext4 stats`).
+    requests: requests::RequestStats,
 }
 
 /// A request whose reply is sent later through the transport it came by (a queued fsync).
@@ -118,6 +121,7 @@ impl Uext4Fuse {
             uring: false,
             destroyed: AtomicBool::new(false),
             notifier: OnceLock::new(),
+            requests: requests::RequestStats::new(),
         }
     }
 
@@ -244,134 +248,140 @@ impl Uext4Fuse {
 
 impl Serve for Uext4Fuse {
     fn serve(&self, req: &RawRequest<'_>, out: &mut [u8], from: &Arc<dyn Transport>) -> Answer {
-        let op = match Op::decode(req) {
-            Ok(op) => op,
-            Err(e) => return Answer::Error(e),
-        };
-        let h = &req.header;
-        let ino = to_ext(h.nodeid);
-        let r = match op {
-            Op::Init(i) => self.init(&i, out),
-            Op::Destroy => {
-                self.destroy();
-                Ok(0)
-            }
-            Op::Forget { nlookup } => {
-                self.forget(h.nodeid, nlookup);
-                return Answer::None;
-            }
-            Op::BatchForget { entries } => {
-                for (nodeid, nlookup) in forgets(entries) {
-                    self.forget(nodeid, nlookup);
+        let started = std::time::Instant::now();
+        let answer = (|| -> Answer {
+            let op = match Op::decode(req) {
+                Ok(op) => op,
+                Err(e) => return Answer::Error(e),
+            };
+            let h = &req.header;
+            let ino = to_ext(h.nodeid);
+            let r = match op {
+                Op::Init(i) => self.init(&i, out),
+                Op::Destroy => {
+                    self.destroy();
+                    Ok(0)
                 }
-                return Answer::None;
+                Op::Forget { nlookup } => {
+                    self.forget(h.nodeid, nlookup);
+                    return Answer::None;
+                }
+                Op::BatchForget { entries } => {
+                    for (nodeid, nlookup) in forgets(entries) {
+                        self.forget(nodeid, nlookup);
+                    }
+                    return Answer::None;
+                }
+                // The kernel's requests are not cancelled part way: each ends on its own.
+                Op::Interrupt => return Answer::None,
+                Op::Fsync { datasync } | Op::Fsyncdir { datasync } => {
+                    let later = Later::new(from, h.unique);
+                    self.fsyncs
+                        .submit(&self.fs, ino, datasync, later, &answer_later);
+                    return Answer::None;
+                }
+                Op::Lookup { name } => self.entry(self.fs.lookup(ino, name), out),
+                Op::Getattr => self.getattr(ino, out),
+                Op::Statx { .. } => self.statx(ino, out),
+                Op::Setattr(s) => self.setattr(h, ino, &s, out),
+                Op::Readlink => self.readlink(ino, out),
+                Op::Mknod {
+                    name,
+                    mode,
+                    rdev,
+                    umask,
+                } => {
+                    let (cred, umask) = (self.cred(h), self.umask(umask));
+                    self.entry(self.fs.mknod_as(&cred, ino, name, mode, rdev, umask), out)
+                }
+                Op::Mkdir { name, mode, umask } => {
+                    let (cred, umask) = (self.cred(h), self.umask(umask));
+                    let r = self.fs.mkdir_as(&cred, ino, name, mode & 0o7777, umask);
+                    self.entry(r, out)
+                }
+                Op::Unlink { name } => empty(self.fs.unlink(ino, name)),
+                Op::Rmdir { name } => empty(self.fs.rmdir(ino, name)),
+                Op::Symlink { name, target } => {
+                    self.entry(self.fs.symlink_as(&self.cred(h), ino, name, target), out)
+                }
+                Op::Rename {
+                    newdir,
+                    flags,
+                    name,
+                    newname,
+                } => self.rename(h, ino, name, to_ext(newdir), newname, flags),
+                Op::Link { oldnodeid, newname } => {
+                    self.entry(self.fs.link(to_ext(oldnodeid), ino, newname), out)
+                }
+                Op::Open { flags } => self.open(ino, flags, out),
+                Op::Read { offset, size } => self.read(ino, offset, size, out),
+                Op::Write {
+                    offset,
+                    write_flags,
+                    data,
+                } => self.write(h, ino, offset, data, write_flags, out),
+                Op::Statfs => self.statfs(out),
+                // The server keeps nothing per descriptor and takes no POSIX locks: FLUSH would
+                // be a round trip per close(2). FOPEN_NOFLUSH asks for none, but with
+                // writeback_cache the kernel sends it anyway (after writing the file's dirty
+                // pages back, which it still does); ENOSYS stops it for the whole connection.
+                Op::Flush => Err(libc::ENOSYS),
+                Op::Release => empty(self.fs.release(ino)),
+                Op::Opendir { .. } => self.opendir(ino, out),
+                // The last close of a removed directory frees it.
+                Op::Releasedir => empty(self.fs.release(ino)),
+                Op::Readdir { offset, size, plus } => self.readdir(ino, offset, size, plus, out),
+                Op::Setxattr { name, value, flags } => self.setxattr(h, ino, name, value, flags),
+                Op::Getxattr { name, size } => self.getxattr(ino, name, size, out),
+                Op::Listxattr { size } => self.listxattr(ino, size, out),
+                Op::Removexattr { name } => empty(self.fs.removexattr(ino, name)),
+                Op::Access { mask } => self.access(h, ino, mask),
+                Op::Create {
+                    name,
+                    flags,
+                    mode,
+                    umask,
+                } => self.create(h, ino, name, mode, umask, flags, out),
+                Op::Tmpfile { flags, mode, umask } => self.tmpfile(h, ino, mode, umask, flags, out),
+                Op::Fallocate {
+                    offset,
+                    length,
+                    mode,
+                } => self.fallocate(h, ino, offset, length, mode),
+                Op::CopyFileRange {
+                    off_in,
+                    nodeid_out,
+                    off_out,
+                    len,
+                } => self.copy_file_range(h, ino, off_in, to_ext(nodeid_out), off_out, len, out),
+                Op::Ioctl {
+                    cmd,
+                    out_size,
+                    data,
+                    ..
+                } => self.ioctl(h, ino, cmd, data, out_size, out),
+                // SEEK_DATA and SEEK_HOLE are not answered here: the kernel asks without first
+                // writing back the dirty pages it caches for the file (a shared mapping's stores,
+                // and with writeback_cache every write), so an answer from the image called data
+                // that exists only in that cache a hole, and copies made with SEEK_DATA (cp) came
+                // out with zeros where the data was. ENOSYS makes the kernel answer from the
+                // file's size itself, for this and every later call: all data, no holes, always
+                // right. (The engine's `lseek_data_hole` serves the library and the image tools,
+                // where nothing is cached beyond the engine.)
+                Op::Lseek { .. } => Err(libc::ENOSYS),
+                // syncfs(2) and sync(1): everything written so far becomes durable.
+                Op::Syncfs => empty(self.fs.sync()),
+                // Locks (the kernel keeps POSIX and flock locks itself), BMAP, POLL and the rest.
+                Op::Unknown(_) => Err(libc::ENOSYS),
+            };
+            match r {
+                Ok(n) => Answer::Reply(n),
+                Err(e) => Answer::Error(e),
             }
-            // The kernel's requests are not cancelled part way: each ends on its own.
-            Op::Interrupt => return Answer::None,
-            Op::Fsync { datasync } | Op::Fsyncdir { datasync } => {
-                let later = Later::new(from, h.unique);
-                self.fsyncs
-                    .submit(&self.fs, ino, datasync, later, &answer_later);
-                return Answer::None;
-            }
-            Op::Lookup { name } => self.entry(self.fs.lookup(ino, name), out),
-            Op::Getattr => self.getattr(ino, out),
-            Op::Statx { .. } => self.statx(ino, out),
-            Op::Setattr(s) => self.setattr(h, ino, &s, out),
-            Op::Readlink => self.readlink(ino, out),
-            Op::Mknod {
-                name,
-                mode,
-                rdev,
-                umask,
-            } => {
-                let (cred, umask) = (self.cred(h), self.umask(umask));
-                self.entry(self.fs.mknod_as(&cred, ino, name, mode, rdev, umask), out)
-            }
-            Op::Mkdir { name, mode, umask } => {
-                let (cred, umask) = (self.cred(h), self.umask(umask));
-                let r = self.fs.mkdir_as(&cred, ino, name, mode & 0o7777, umask);
-                self.entry(r, out)
-            }
-            Op::Unlink { name } => empty(self.fs.unlink(ino, name)),
-            Op::Rmdir { name } => empty(self.fs.rmdir(ino, name)),
-            Op::Symlink { name, target } => {
-                self.entry(self.fs.symlink_as(&self.cred(h), ino, name, target), out)
-            }
-            Op::Rename {
-                newdir,
-                flags,
-                name,
-                newname,
-            } => self.rename(h, ino, name, to_ext(newdir), newname, flags),
-            Op::Link { oldnodeid, newname } => {
-                self.entry(self.fs.link(to_ext(oldnodeid), ino, newname), out)
-            }
-            Op::Open { flags } => self.open(ino, flags, out),
-            Op::Read { offset, size } => self.read(ino, offset, size, out),
-            Op::Write {
-                offset,
-                write_flags,
-                data,
-            } => self.write(h, ino, offset, data, write_flags, out),
-            Op::Statfs => self.statfs(out),
-            // The server keeps nothing per descriptor and takes no POSIX locks: FLUSH would
-            // be a round trip per close(2). FOPEN_NOFLUSH asks for none, but with
-            // writeback_cache the kernel sends it anyway (after writing the file's dirty
-            // pages back, which it still does); ENOSYS stops it for the whole connection.
-            Op::Flush => Err(libc::ENOSYS),
-            Op::Release => empty(self.fs.release(ino)),
-            Op::Opendir { .. } => self.opendir(ino, out),
-            // The last close of a removed directory frees it.
-            Op::Releasedir => empty(self.fs.release(ino)),
-            Op::Readdir { offset, size, plus } => self.readdir(ino, offset, size, plus, out),
-            Op::Setxattr { name, value, flags } => self.setxattr(h, ino, name, value, flags),
-            Op::Getxattr { name, size } => self.getxattr(ino, name, size, out),
-            Op::Listxattr { size } => self.listxattr(ino, size, out),
-            Op::Removexattr { name } => empty(self.fs.removexattr(ino, name)),
-            Op::Access { mask } => self.access(h, ino, mask),
-            Op::Create {
-                name,
-                flags,
-                mode,
-                umask,
-            } => self.create(h, ino, name, mode, umask, flags, out),
-            Op::Tmpfile { flags, mode, umask } => self.tmpfile(h, ino, mode, umask, flags, out),
-            Op::Fallocate {
-                offset,
-                length,
-                mode,
-            } => self.fallocate(h, ino, offset, length, mode),
-            Op::CopyFileRange {
-                off_in,
-                nodeid_out,
-                off_out,
-                len,
-            } => self.copy_file_range(h, ino, off_in, to_ext(nodeid_out), off_out, len, out),
-            Op::Ioctl {
-                cmd,
-                out_size,
-                data,
-                ..
-            } => self.ioctl(h, ino, cmd, data, out_size, out),
-            // SEEK_DATA and SEEK_HOLE are not answered here: the kernel asks without first
-            // writing back the dirty pages it caches for the file (a shared mapping's stores,
-            // and with writeback_cache every write), so an answer from the image called data
-            // that exists only in that cache a hole, and copies made with SEEK_DATA (cp) came
-            // out with zeros where the data was. ENOSYS makes the kernel answer from the
-            // file's size itself, for this and every later call: all data, no holes, always
-            // right. (The engine's `lseek_data_hole` serves the library and the image tools,
-            // where nothing is cached beyond the engine.)
-            Op::Lseek { .. } => Err(libc::ENOSYS),
-            // syncfs(2) and sync(1): everything written so far becomes durable.
-            Op::Syncfs => empty(self.fs.sync()),
-            // Locks (the kernel keeps POSIX and flock locks itself), BMAP, POLL and the rest.
-            Op::Unknown(_) => Err(libc::ENOSYS),
-        };
-        match r {
-            Ok(n) => Answer::Reply(n),
-            Err(e) => Answer::Error(e),
-        }
+        })();
+        self.requests
+            .record(req.header.opcode, started.elapsed().as_nanos() as u64);
+        answer
     }
 
     fn started(&self, link: Link) {

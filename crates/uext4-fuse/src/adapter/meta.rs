@@ -176,7 +176,13 @@ impl Uext4Fuse {
 
     pub(super) fn getxattr(&self, ino: u32, name: &[u8], size: u32, out: &mut [u8]) -> Reply {
         let v = if ino == 2 && name == STATS_XATTR {
-            Ok(self.fs.stats_json().into_bytes())
+            // The engine's counters, and the requests that reached them.
+            let mut j = self.fs.stats_json();
+            if j.ends_with('}') {
+                j.pop();
+                j.push_str(&format!(", \"fuse_requests\": {}}}", self.requests.json()));
+            }
+            Ok(j.into_bytes())
         } else if ino == 2 && name == SERVER_XATTR {
             Ok(std::process::id().to_string().into_bytes())
         } else {
