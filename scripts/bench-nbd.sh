@@ -12,7 +12,7 @@ U=$(realpath "${1:-target/release/uext4}")
 ROUNDS=${2:-3}
 JOBS=${3:-8}
 SECS=${4:-5}
-for t in fio nbdkit e2fsck; do
+for t in fio nbdkit e2fsck ${NBD_TCP:+ss}; do
   command -v $t >/dev/null || { echo "SKIP: $t is not installed (scripts/install-deps.sh)"; exit 0; }
 done
 W=$(mktemp -d /dev/shm/uext4-bench-nbd.XXXXXX)
@@ -38,7 +38,8 @@ point() {
   if [ "${NBD_TCP:-0}" = 1 ]; then
     local port=$((20000 + RANDOM % 20000))
     nbdkit -f --exit-with-parent -i 127.0.0.1 -p "$port" file file="$img" & pid=$!
-    for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+    # Listening, without connecting (a probe connection would be an aborted client to it).
+    for _ in $(seq 100); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
     uri="nbd://127.0.0.1:$port/"
   else
     nbdkit -f --exit-with-parent -U "$sock" file file="$img" & pid=$!
