@@ -25,12 +25,34 @@ pub(crate) fn host_segments(f: &std::fs::File, size: u64) -> Vec<(u64, u64)> {
 
 /// The extended attributes of a host path (not following a symlink): (name, value) pairs.
 pub(crate) fn host_xattrs(p: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    use std::ffi::CString;
-    let c = CString::new(p.as_os_str().as_bytes())?;
-    let mut names = vec![0u8; 4096];
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes())?;
+    read_xattrs(
+        // SAFETY: a valid C string and a buffer valid for its length.
+        |b| unsafe { libc::llistxattr(c.as_ptr(), b.as_mut_ptr().cast(), b.len()) },
+        // SAFETY: valid C strings and a buffer valid for its length.
+        |n, b| unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), b.as_mut_ptr().cast(), b.len()) },
+    )
+}
+
+/// The extended attributes of an open file or directory: (name, value) pairs.
+pub(crate) fn fd_xattrs(fd: std::os::fd::RawFd) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    read_xattrs(
+        // SAFETY: a buffer valid for its length.
+        |b| unsafe { libc::flistxattr(fd, b.as_mut_ptr().cast(), b.len()) },
+        // SAFETY: a valid C string and a buffer valid for its length.
+        |n, b| unsafe { libc::fgetxattr(fd, n.as_ptr(), b.as_mut_ptr().cast(), b.len()) },
+    )
+}
+
+/// Lists and reads extended attributes with the system calls given (by path or by
+/// descriptor), growing the buffers on ERANGE; none where the filesystem has no support.
+fn read_xattrs(
+    mut list: impl FnMut(&mut [u8]) -> isize,
+    mut get: impl FnMut(&std::ffi::CStr, &mut [u8]) -> isize,
+) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut names = vec![0u8; 1024];
     let n = loop {
-        // SAFETY: the buffer is valid for its length.
-        let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+        let n = list(&mut names);
         if n >= 0 {
             break n as usize;
         }
@@ -43,15 +65,20 @@ pub(crate) fn host_xattrs(p: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> 
     };
     let mut out = Vec::new();
     for name in names[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
-        let cn = CString::new(name)?;
-        let mut val = vec![0u8; 65536];
-        // SAFETY: valid C strings and a buffer valid for its length.
-        let got =
-            unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), val.as_mut_ptr().cast(), val.len()) };
-        if got < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        val.truncate(got as usize);
+        let cn = std::ffi::CString::new(name)?;
+        let mut val = vec![0u8; 256];
+        let got = loop {
+            let got = get(&cn, &mut val);
+            if got >= 0 {
+                break got as usize;
+            }
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::ERANGE) if val.len() < 1 << 16 => val.resize(1 << 16, 0),
+                _ => return Err(e),
+            }
+        };
+        val.truncate(got);
         out.push((name.to_vec(), val));
     }
     Ok(out)

@@ -10,6 +10,7 @@
 //! up to [`PRELOAD`] bytes travel with their data (larger ones travel as an open file the copy
 //! reads in pieces), so memory does not grow with the tree.
 
+use crate::host::fd_xattrs;
 use anyhow::{anyhow, Context, Result};
 use std::ffi::{CStr, CString};
 use std::fs::File;
@@ -389,43 +390,4 @@ fn list(fd: &OwnedFd) -> std::io::Result<Vec<CString>> {
     // SAFETY: the stream opened above, closed once.
     unsafe { libc::closedir(d) };
     r.map(|()| out)
-}
-
-/// The extended attributes of an open file or directory: (name, value) pairs.
-fn fd_xattrs(fd: RawFd) -> std::io::Result<Xattrs> {
-    let mut names = vec![0u8; 1024];
-    let n = loop {
-        // SAFETY: the buffer is valid for its length.
-        let n = unsafe { libc::flistxattr(fd, names.as_mut_ptr().cast(), names.len()) };
-        if n >= 0 {
-            break n as usize;
-        }
-        let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::ERANGE) if names.len() < 1 << 20 => names.resize(names.len() * 4, 0),
-            Some(libc::ENOTSUP) => return Ok(Vec::new()),
-            _ => return Err(e),
-        }
-    };
-    let mut out = Vec::new();
-    for name in names[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
-        let cn = CString::new(name)?;
-        let mut val = vec![0u8; 256];
-        let got = loop {
-            // SAFETY: valid C string and a buffer valid for its length.
-            let got =
-                unsafe { libc::fgetxattr(fd, cn.as_ptr(), val.as_mut_ptr().cast(), val.len()) };
-            if got >= 0 {
-                break got as usize;
-            }
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::ERANGE) if val.len() < 1 << 16 => val.resize(1 << 16, 0),
-                _ => return Err(e),
-            }
-        };
-        val.truncate(got);
-        out.push((name.to_vec(), val));
-    }
-    Ok(out)
 }
