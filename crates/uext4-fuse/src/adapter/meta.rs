@@ -250,6 +250,8 @@ impl Uext4Fuse {
                     if a.is_dir() {
                         return Err(Error::IsDir);
                     }
+                    // Immutable and append-only files, as OPEN refuses them.
+                    self.fs.check_open(a.ino, flags as i32)?;
                     if flags as i32 & libc::O_TRUNC != 0
                         && a.size != 0
                         && a.mode & S_IFMT == 0o100000
