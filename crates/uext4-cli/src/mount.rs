@@ -53,6 +53,55 @@ fn unescape(field: &str) -> Vec<u8> {
     out
 }
 
+/// A line of /proc/self/mountinfo.
+#[derive(Clone, Debug)]
+struct MountEntry {
+    id: u64,
+    /// The superblock's device number ("0:53"): one FUSE connection for all of its mounts.
+    dev: String,
+    target: PathBuf,
+    fstype: String,
+    source: PathBuf,
+    /// The superblock's options ("rw,user_id=0,..."): read-only here means the server is.
+    super_opts: String,
+}
+
+impl MountEntry {
+    fn is_fuse(&self) -> bool {
+        self.fstype == "fuse" || self.fstype.starts_with("fuse.")
+    }
+
+    /// Whether the filesystem behind the mount is read-only (not only this mount).
+    fn super_read_only(&self) -> bool {
+        self.super_opts.split(',').any(|o| o == "ro")
+    }
+}
+
+/// The mounts this process sees, in mount order.
+fn mountinfo() -> Vec<MountEntry> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let path = |f: &str| PathBuf::from(std::ffi::OsStr::from_bytes(&unescape(f)));
+    info.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let sep = f.iter().position(|x| *x == "-")?;
+            if f.len() < 5 {
+                return None;
+            }
+            Some(MountEntry {
+                id: f[0].parse().ok()?,
+                dev: f[2].to_string(),
+                target: path(f[4]),
+                fstype: f.get(sep + 1)?.to_string(),
+                source: path(f.get(sep + 2)?),
+                super_opts: f.get(sep + 3).unwrap_or(&"").to_string(),
+            })
+        })
+        .collect()
+}
+
 /// The mounts at `mountpoint` (an absolute, canonical path): (mount id, filesystem type).
 fn mounts_at(mountpoint: &Path) -> Vec<(u64, String)> {
     mounts_with_source_at(mountpoint)
@@ -63,21 +112,10 @@ fn mounts_at(mountpoint: &Path) -> Vec<(u64, String)> {
 
 /// The mounts at `mountpoint`: (mount id, filesystem type, source).
 fn mounts_with_source_at(mountpoint: &Path) -> Vec<(u64, String, PathBuf)> {
-    use std::os::unix::ffi::OsStrExt;
-    let want = mountpoint.as_os_str().as_bytes();
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    info.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            let sep = f.iter().position(|x| *x == "-")?;
-            if f.len() < 5 || unescape(f[4]) != want {
-                return None;
-            }
-            let source = std::ffi::OsStr::from_bytes(&unescape(f.get(sep + 2)?)).into();
-            Some((f[0].parse().ok()?, f.get(sep + 1)?.to_string(), source))
-        })
+    mountinfo()
+        .into_iter()
+        .filter(|m| m.target == mountpoint)
+        .map(|m| (m.id, m.fstype, m.source))
         .collect()
 }
 
@@ -106,12 +144,14 @@ pub fn is_mounted(mountpoint: &Path) -> bool {
 pub fn run_umount(mountpoint: &Path, timeout: Duration) -> Result<()> {
     let mnt =
         std::fs::canonicalize(mountpoint).with_context(|| mountpoint.display().to_string())?;
-    if mounts_with_source_at(&mnt)
-        .iter()
-        .all(|(_, t, _)| t != "fuse" && !t.starts_with("fuse."))
-    {
+    // The topmost FUSE mount there (mounts stacked on one directory: the one umount takes).
+    let Some(ours) = mountinfo()
+        .into_iter()
+        .filter(|m| m.target == mnt && m.is_fuse())
+        .last()
+    else {
         bail!("{}: not a uext4 mount", mountpoint.display());
-    }
+    };
     let pid = server_pid(&mnt).with_context(|| {
         format!(
             "{}: not a uext4 mount (its root does not name a uext4 server)",
@@ -121,13 +161,19 @@ pub fn run_umount(mountpoint: &Path, timeout: Duration) -> Result<()> {
     // A descriptor on the process, so that a new process reusing its id is not waited for.
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
+    // SAFETY: we own the new descriptor; OwnedFd closes it.
+    let pidfd = (pidfd >= 0)
+        .then(|| unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd) });
     uext4_fuse::unmount(&mnt).with_context(|| format!("unmounting {}", mnt.display()))?;
-    if pidfd < 0 {
-        // The server is already gone.
+    // Another mount of the same filesystem (the image mounted a second time, attached to this
+    // server) keeps the server serving: there is nothing to wait for.
+    if mountinfo().iter().any(|m| m.dev == ours.dev) {
         return Ok(());
     }
-    // SAFETY: we own the new descriptor; OwnedFd closes it.
-    let pidfd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd) };
+    let Some(pidfd) = pidfd else {
+        // The server is already gone.
+        return Ok(());
+    };
     let start = Instant::now();
     let mut told = false;
     loop {
@@ -294,10 +340,116 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
     } else {
         keep(&a.image)?
     };
+    if !nbd && !fd_mount {
+        if let Some(first) = served_by(&image, img.within) {
+            if let Some(r) = attach(&first, &image, &mountpoint, &opts) {
+                return r;
+            }
+        }
+    }
     if !a.foreground {
         return daemonize(&a, &image, &mountpoint);
     }
     serve_foreground(&image, region, &mountpoint, &opts)
+}
+
+/// One of the mounts of a uext4 server.
+struct Served {
+    entry: MountEntry,
+    pid: u32,
+}
+
+/// A mount of a uext4 server serving the filesystem `within` of `image` here (among the mounts
+/// this process sees), a read-write one where there are several servers.
+fn served_by(image: &Path, within: crate::image::Within) -> Option<Served> {
+    use std::os::unix::fs::MetadataExt;
+    let mut found: Vec<Served> = mountinfo()
+        .into_iter()
+        .filter(|m| m.fstype == "fuse.uext4" && m.source == image)
+        .filter_map(|m| {
+            // Only a mount that is not hidden under another answers for itself.
+            let d = std::fs::metadata(&m.target).ok()?.dev();
+            if format!("{}:{}", libc::major(d), libc::minor(d)) != m.dev {
+                return None;
+            }
+            let pid = server_pid(&m.target).ok()?;
+            (served_within(pid)? == within).then_some(Served { entry: m, pid })
+        })
+        .collect();
+    found.sort_by_key(|s| s.entry.super_read_only());
+    found.into_iter().next()
+}
+
+/// Which part of its image the uext4 server `pid` serves, from its command line (`uext4 mount
+/// -f [-o OPTIONS]... IMAGE MOUNTPOINT`, as `mount` starts it).
+fn served_within(pid: u32) -> Option<crate::image::Within> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let mut args = raw
+        .split(|&b| b == 0)
+        .skip(1)
+        .map(|a| std::ffi::OsStr::from_bytes(a).to_os_string())
+        .peekable();
+    args.next_if(|a| a == "mount");
+    let (mut options, mut positional) = (Vec::new(), Vec::new());
+    while let Some(a) = args.next() {
+        let s = a.to_string_lossy().into_owned();
+        if s == "-o" {
+            options.push(args.next()?.to_string_lossy().into_owned());
+        } else if let Some(o) = s.strip_prefix("-o") {
+            options.push(o.to_string());
+        } else if !s.starts_with('-') {
+            positional.push(a);
+        }
+    }
+    let img = crate::image::image_arg(Path::new(positional.first()?)).ok()?;
+    match take_region_options(&options).ok()?.1 {
+        Some(spec) if img.within == crate::image::Within::Whole => {
+            crate::image::parse_within(&spec).ok()
+        }
+        _ => Some(img.within),
+    }
+}
+
+/// A second mount of an image a uext4 server already serves: a bind mount of the server's
+/// mount (read-only where asked), so that one server and one FUSE connection serve both, as
+/// the kernel mounts one device twice as one filesystem. The kernel keeps the connection
+/// until the last of the mounts goes. The server's options (its atime policy, threads,
+/// caching) apply to both. None where the image is served read-only and a read-only mount
+/// of its own serves as well (an ordinary user cannot bind-mount).
+fn attach(first: &Served, image: &Path, mountpoint: &Path, opts: &Options) -> Option<Result<()>> {
+    let at = first.entry.target.display();
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if first.entry.super_read_only() {
+        if !opts.read_only {
+            return Some(Err(anyhow::anyhow!(
+                "{}: mounted read-only at {at} (server pid {}); a read-write mount of it is \
+                 refused while that one lasts (mount it -o ro, or unmount {at} first)",
+                image.display(),
+                first.pid
+            )));
+        }
+        if !root {
+            return None;
+        }
+    }
+    if !root {
+        return Some(Err(anyhow::anyhow!(
+            "{}: already mounted at {at} (server pid {}); a second mount joins that server \
+             with a bind mount, which needs root",
+            image.display(),
+            first.pid
+        )));
+    }
+    Some(
+        uext4_fuse::bind_mount(&first.entry.target, mountpoint, opts).with_context(|| {
+            format!(
+                "mounting {} at {} as a bind mount of {at}",
+                image.display(),
+                mountpoint.display()
+            )
+        }),
+    )
 }
 
 /// The `-o` option that names `img`'s partition or offset, for the server started in the
@@ -539,6 +691,9 @@ fn serve_foreground(
         .into_iter()
         .filter(|id| !before.contains(id))
         .max();
+    // Its device number: a second mount of the image (`attach`) is a bind mount of this one,
+    // with the same number; the server serves until the last of them goes.
+    let dev = ours.and_then(|id| mountinfo().into_iter().find(|m| m.id == id).map(|m| m.dev));
     let fd_mount = uext4_fuse::fd_path(mountpoint).is_some();
     // The session ends once the kernel lets go of the mount (after the last open file of a
     // detached mount is closed); the thread that waits for it wakes the loop below at once,
@@ -550,10 +705,23 @@ fn serve_foreground(
         // by the loop's sigtimedwait.
         unsafe { libc::kill(libc::getpid(), libc::SIGUSR1) };
     });
-    let still_mounted = || match ours {
-        _ if fd_mount => !waiter.is_finished(),
-        Some(id) => uext4_mounts_at(mountpoint).contains(&id),
-        None => is_mounted(mountpoint),
+    let our_mounts = || -> Vec<PathBuf> {
+        match &dev {
+            Some(d) => mountinfo()
+                .into_iter()
+                .filter(|m| &m.dev == d)
+                .map(|m| m.target)
+                .collect(),
+            None if is_mounted(mountpoint) => vec![mountpoint.to_path_buf()],
+            None => Vec::new(),
+        }
+    };
+    let still_mounted = || {
+        if fd_mount {
+            !waiter.is_finished()
+        } else {
+            !our_mounts().is_empty()
+        }
     };
     loop {
         let ts = libc::timespec {
@@ -572,10 +740,17 @@ fn serve_foreground(
             std::process::exit(0);
         }
         if sig > 0 {
-            // Unmount (detached when busy); on failure keep serving until asked again.
-            match uext4_fuse::unmount(mountpoint) {
-                Ok(()) => break,
-                Err(e) => tracing::error!("unmounting {}: {e}", mountpoint.display()),
+            // Unmount every mount of this server, newest first (detached when busy); on
+            // failure keep serving until asked again.
+            let mut failed = false;
+            for m in our_mounts().iter().rev() {
+                if let Err(e) = uext4_fuse::unmount(m) {
+                    tracing::error!("unmounting {}: {e}", m.display());
+                    failed = true;
+                }
+            }
+            if !failed {
+                break;
             }
         }
         if !still_mounted() {

@@ -232,12 +232,20 @@ impl Uext4Fuse {
     /// cached pages it covers, and with FUSE_DIRECT_IO_ALLOW_MMAP (always asked for) it
     /// first writes back dirty pages of its range, and a cached open or mmap waits for
     /// parallel direct writes to end.
-    fn open_flags(&self, flags: u32) -> u32 {
+    ///
+    /// The kernel sends no READ for what its cache holds, and only a READ makes the server
+    /// update atime: an open for reading of a file whose atime is due (`Fs::atime_due`) gets
+    /// no KEEP_CACHE, so its reads reach the engine. Under relatime that is the first open
+    /// after a change, once.
+    fn open_flags(&self, ino: u32, flags: u32) -> u32 {
         let mut f = abi::FOPEN_PARALLEL_DIRECT_WRITES | abi::FOPEN_NOFLUSH;
+        let reads = flags as i32 & libc::O_ACCMODE != libc::O_WRONLY;
         if self.opts.direct_io {
             f |= abi::FOPEN_DIRECT_IO;
         } else {
-            f |= abi::FOPEN_KEEP_CACHE;
+            if !(reads && self.fs.atime_due(ino)) {
+                f |= abi::FOPEN_KEEP_CACHE;
+            }
             if flags as i32 & libc::O_DIRECT != 0 {
                 f |= abi::FOPEN_DIRECT_IO;
             }

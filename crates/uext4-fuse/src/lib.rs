@@ -37,7 +37,7 @@ pub mod transport;
 pub use adapter::Uext4Fuse;
 pub use convert::errno;
 pub use dev::Agreed;
-pub use mount::{fd_path, unmount};
+pub use mount::{bind_mount, fd_path, unmount};
 pub use options::{Options, TransportKind};
 pub use session::{asks_uring, serve, serve_with, Served};
 

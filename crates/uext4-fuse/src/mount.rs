@@ -5,6 +5,7 @@
 //! is a /dev/fuse descriptor its caller has already mounted (libfuse's convention).
 
 use crate::options::Options;
+use uext4::AtimeMode;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -87,6 +88,47 @@ pub fn unmount(mountpoint: &Path) -> io::Result<()> {
     )))
 }
 
+/// Mounts what is mounted at `from` at `to` as well (root only): a bind mount, then its own
+/// mount flags (read-only, nosuid, nodev, noexec, atime) as `opts` asks. Both mounts are the
+/// one FUSE connection.
+pub fn bind_mount(from: &Path, to: &Path, opts: &Options) -> io::Result<()> {
+    let (src, target) = (
+        cstring(from.as_os_str().as_bytes())?,
+        cstring(to.as_os_str().as_bytes())?,
+    );
+    // SAFETY: valid NUL-terminated strings; the type and data are ignored for a bind.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let flags = libc::MS_REMOUNT | libc::MS_BIND | mount_flags(opts);
+    // SAFETY: as above; a remount of the bind changes only that mount's flags.
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            target.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        // SAFETY: as above.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        return Err(e);
+    }
+    Ok(())
+}
+
 /// The descriptor number in `/dev/fd/N` or `/proc/self/fd/N`.
 pub fn fd_path(p: &Path) -> Option<i32> {
     let s = p.to_str()?;
@@ -118,7 +160,8 @@ fn fuse_device_fd(fd: i32) -> io::Result<OwnedFd> {
     }
 }
 
-/// The generic mount flags the options ask for.
+/// The generic mount flags the options ask for. The atime flags change nothing in the kernel
+/// (a FUSE inode is S_NOATIME: the server keeps atime) but show in the mount table.
 fn mount_flags(opts: &Options) -> libc::c_ulong {
     let mut flags: libc::c_ulong = 0;
     for (on, f) in [
@@ -126,6 +169,9 @@ fn mount_flags(opts: &Options) -> libc::c_ulong {
         (opts.nosuid, libc::MS_NOSUID),
         (opts.noexec, libc::MS_NOEXEC),
         (opts.read_only, libc::MS_RDONLY),
+        (opts.atime.mode == AtimeMode::NoAtime, libc::MS_NOATIME),
+        (opts.atime.mode == AtimeMode::Strict, libc::MS_STRICTATIME),
+        (opts.atime.nodiratime, libc::MS_NODIRATIME),
     ] {
         if on {
             flags |= f;
@@ -195,6 +241,8 @@ fn fusermount_options(image: &Path, opts: &Options) -> Vec<u8> {
         (true, b",nodev"),
         (true, b",nosuid"),
         (opts.noexec, b",noexec"),
+        // fusermount3 (3.14) knows noatime, not strictatime or nodiratime.
+        (opts.atime.mode == AtimeMode::NoAtime, b",noatime"),
     ] {
         if on {
             o.extend_from_slice(name);

@@ -37,6 +37,9 @@ pub struct Options {
     pub fakeroot: bool,
     /// How requests reach the server: `-o transport=auto|uring|dev`.
     pub transport: TransportKind,
+    /// When reads update atime: relatime (the default, as mount(8)), noatime, strictatime,
+    /// and nodiratime. The server keeps atime: the kernel's FUSE leaves it to the server.
+    pub atime: uext4::AtimePolicy,
 }
 
 /// How requests reach the server.
@@ -77,6 +80,7 @@ impl Default for Options {
             noexec: false,
             fakeroot: false,
             transport: TransportKind::Auto,
+            atime: uext4::AtimePolicy::RELATIME,
         }
     }
 }
@@ -100,6 +104,8 @@ const KNOWN: &[&str] = &[
     "noatime",
     "relatime",
     "nodiratime",
+    "diratime",
+    "norelatime",
     "lazytime",
     "atime",
     "strictatime",
@@ -143,7 +149,7 @@ impl Options {
                     .map_err(|_| format!("option {k}: {:?} is not a number", v.unwrap_or("")))
             };
             if !KNOWN.contains(&k) {
-                return Err(format!("unknown mount option {opt:?} (known: ro, rw, norecovery, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten, fakeroot, transport=auto|uring|dev, offset=BYTES, size=BYTES, partition=N, and the generic defaults, nodev, nosuid, noexec, noatime, relatime)"));
+                return Err(format!("unknown mount option {opt:?} (known: ro, rw, norecovery, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten, fakeroot, transport=auto|uring|dev, offset=BYTES, size=BYTES, partition=N, and the generic defaults, nodev, nosuid, noexec, noatime, relatime, strictatime, nodiratime)"));
             }
             let takes_value = matches!(
                 k,
@@ -160,15 +166,20 @@ impl Options {
                     n @ 1..=1024 => o.threads = n as usize,
                     _ => return Err("option threads= takes 1 to 1024".into()),
                 },
-                // fstab's generic options. Reads never change atime here (as noatime), so the
-                // atime policies that allow that are accepted and change nothing.
+                // fstab's generic options.
                 "defaults" | "async" | "auto" | "noauto" | "nouser" | "user" | "users"
-                | "_netdev" | "nofail" | "noatime" | "relatime" | "nodiratime" | "lazytime" => {}
-                "atime" | "strictatime" => {
-                    return Err(format!(
-                        "option {k}: reads do not update atime here (it behaves as noatime)"
-                    ))
+                | "_netdev" | "nofail" | "lazytime" => {}
+                // The atime policy, as the kernel reads MS_NOATIME, MS_STRICTATIME and
+                // MS_NODIRATIME: relatime unless one of the others is asked for.
+                "noatime" => o.atime.mode = uext4::AtimeMode::NoAtime,
+                "strictatime" => o.atime.mode = uext4::AtimeMode::Strict,
+                "relatime" => o.atime.mode = uext4::AtimeMode::Relative,
+                "atime" if o.atime.mode == uext4::AtimeMode::NoAtime => {
+                    o.atime.mode = uext4::AtimeMode::Relative
                 }
+                "atime" | "norelatime" => {}
+                "nodiratime" => o.atime.nodiratime = true,
+                "diratime" => o.atime.nodiratime = false,
                 "sync" | "dirsync" => {
                     return Err(format!(
                         "option {k}: writes are not synchronous; fsync makes them durable"
@@ -252,6 +263,7 @@ impl Options {
             map_tmpfs: self.map_tmpfs,
             buffered: self.delalloc,
             prealloc_zeroed: self.prealloc_zeroed,
+            atime: self.atime,
             ..Default::default()
         }
     }

@@ -99,6 +99,7 @@ impl Fs {
         self.stats
             .user_bytes_read
             .fetch_add(len as u64, Ordering::Relaxed);
+        self.file_accessed(&inode);
         Ok(len)
     }
 
@@ -394,12 +395,7 @@ impl Fs {
             st.raw.set_mtime(now);
             st.raw.set_ctime(now);
         }
-        let running = self.txn.running_tid.load(Ordering::Acquire);
-        if inode.lazy_tid.load(Ordering::Acquire) != running {
-            let tid = self.txn.dirty_inode_lazily(inode.ino);
-            inode.lazy_tid.store(tid, Ordering::Release);
-            inode.last_tid.fetch_max(tid, Ordering::AcqRel);
-        }
+        self.dirty_lazily(inode);
     }
 
     /// The general write path, `io_lock` held exclusively: overwrites what is mapped, converts

@@ -102,6 +102,39 @@ pub struct MountOptions {
     /// # Ok::<(), uext4::Error>(())
     /// ```
     pub region: Option<crate::blockdev::Region>,
+    /// When reads and listings update atime (`atime.rs`). Default: never, so that tools
+    /// reading an image change nothing in it; a mount asks for relatime, as mount(8) does.
+    pub atime: AtimePolicy,
+}
+
+/// When a read updates atime: the mount options noatime, relatime and strictatime, and
+/// nodiratime.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AtimePolicy {
+    /// Which accesses update atime.
+    pub mode: AtimeMode,
+    /// Listings never update a directory's atime.
+    pub nodiratime: bool,
+}
+
+/// The atime mode: the kernel's MNT_NOATIME, MNT_RELATIME and MNT_STRICTATIME.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AtimeMode {
+    /// Never.
+    #[default]
+    NoAtime,
+    /// When atime is not newer than mtime or ctime, or is a day old.
+    Relative,
+    /// On every access.
+    Strict,
+}
+
+impl AtimePolicy {
+    /// The kernel's default: relatime.
+    pub const RELATIME: AtimePolicy = AtimePolicy {
+        mode: AtimeMode::Relative,
+        nodiratime: false,
+    };
 }
 
 impl MountOptions {
@@ -132,6 +165,7 @@ impl Default for MountOptions {
             cache_limit_bytes: 256 << 20,
             region: None,
             time_clamp: None,
+            atime: AtimePolicy::default(),
         }
     }
 }

@@ -45,6 +45,7 @@
 #![warn(missing_docs)]
 
 mod acl;
+mod atime;
 mod attr;
 mod balloc;
 mod bcache;
@@ -103,7 +104,7 @@ pub use flags::{flags_to_xflags, xflags_to_flags, FsXattr};
 pub use format::inode::{
     Timestamp, ROOT_INO, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK,
 };
-pub use fs::{ErrorsBehaviour, Fs, FsStats, MountOptions, StatFs};
+pub use fs::{AtimeMode, AtimePolicy, ErrorsBehaviour, Fs, FsStats, MountOptions, StatFs};
 pub use fsync::FsyncQueue;
 pub use geometry::Geometry;
 // At the root, not in `blockdev`: nbd implements `BlockDevice`, and a re-export there would

@@ -852,7 +852,11 @@ impl Fs {
                 name: name.to_vec(),
                 next_offset: next,
             })
-        })
+        })?;
+        drop(st);
+        // As the kernel's iterate_dir: a listing is an access.
+        self.file_accessed(&d);
+        Ok(())
     }
 
     /// Directory `dir` and its ancestors up to the root, by '..' (with the rename lock held,

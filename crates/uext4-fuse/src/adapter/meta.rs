@@ -108,7 +108,7 @@ impl Uext4Fuse {
             .map_err(|e| errno(&e))?;
         self.fs.open(ino).map_err(|e| errno(&e))?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        Ok(reply::open(out, fh, self.open_flags(flags)))
+        Ok(reply::open(out, fh, self.open_flags(ino, flags)))
     }
 
     pub(super) fn opendir(&self, ino: u32, out: &mut [u8]) -> Reply {
@@ -121,12 +121,14 @@ impl Uext4Fuse {
         }
         self.fs.open(ino).map_err(|e| errno(&e))?;
         // The kernel may cache listings; it drops them itself when it changes the
-        // directory (all changes come through it).
-        Ok(reply::open(
-            out,
-            0,
-            abi::FOPEN_CACHE_DIR | abi::FOPEN_KEEP_CACHE,
-        ))
+        // directory (all changes come through it). Not while the directory's atime is due:
+        // only a READDIR that reaches the engine updates it.
+        let keep = if self.fs.atime_due(ino) {
+            0
+        } else {
+            abi::FOPEN_KEEP_CACHE
+        };
+        Ok(reply::open(out, 0, abi::FOPEN_CACHE_DIR | keep))
     }
 
     pub(super) fn statfs(&self, out: &mut [u8]) -> Reply {
@@ -299,7 +301,7 @@ impl Uext4Fuse {
             TTL,
             &wire_attr(a),
             fh,
-            self.open_flags(flags),
+            self.open_flags(a.ino, flags),
         ))
     }
 }
