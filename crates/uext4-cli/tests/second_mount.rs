@@ -1,0 +1,188 @@
+//! The same image mounted at two mount points is one filesystem (the second `uext4 mount`
+//! attaches to the first server with a bind mount), and atime through a mount follows the
+//! mount's atime options. Needs root and /dev/fuse; skips with a message otherwise.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+use uext4_testkit::*;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_uext4")
+}
+
+struct Env {
+    img: PathBuf,
+    a: PathBuf,
+    b: PathBuf,
+}
+
+impl Env {
+    fn new(tag: &str) -> Env {
+        let base = std::env::temp_dir().join(format!("uext4-2m-{tag}-{}", std::process::id()));
+        let (a, b) = (base.join("a"), base.join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let img = PathBuf::from(format!("/dev/shm/uext4-2m-{tag}-{}.img", std::process::id()));
+        let _ = std::fs::remove_file(&img);
+        let o = Command::new(bin())
+            .args(["mkfs", "--size", "64M"])
+            .arg(&img)
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+        Env { img, a, b }
+    }
+    fn mount(&self, at: &Path, opts: &[&str]) -> Output {
+        Command::new(bin())
+            .arg("mount")
+            .args(opts)
+            .arg(&self.img)
+            .arg(at)
+            .output()
+            .unwrap()
+    }
+    fn mount_ok(&self, at: &Path, opts: &[&str]) {
+        let o = self.mount(at, opts);
+        assert!(o.status.success(), "mount: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    fn umount(&self, at: &Path) {
+        let o = Command::new(bin()).arg("umount").arg(at).output().unwrap();
+        assert!(o.status.success(), "umount: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    fn dev_of(p: &Path) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).unwrap().dev()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for m in [&self.b, &self.a] {
+            let _ = Command::new("umount").arg("-l").arg(m).output();
+        }
+        let _ = std::fs::remove_file(&self.img);
+    }
+}
+
+#[test]
+fn second_mount_is_the_same_filesystem() {
+    if !fuse_usable("the second-mount tests") {
+        return;
+    }
+    let e = Env::new("rw");
+    e.mount_ok(&e.a, &[]);
+    e.mount_ok(&e.b, &[]);
+    assert_eq!(Env::dev_of(&e.a), Env::dev_of(&e.b), "two connections");
+    // generic/732's moves, across the two mount points.
+    let (a, b) = (e.a.display(), e.b.display());
+    let script = format!(
+        "set -e; mkdir {a}/A {a}/B; echo data > {a}/A/f; mv {a}/A/f {a}/B/; cat {b}/B/f; \
+         mv {b}/B/f {b}/A/; cat {a}/A/f; mv {a}/A/f {a}/B/; test $(cat {b}/B/f) = data"
+    );
+    let o = Command::new("sh").arg("-c").arg(&script).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // One of them goes: at once (the server keeps serving the other), and the other works.
+    let t = Instant::now();
+    e.umount(&e.a);
+    assert!(t.elapsed() < Duration::from_secs(2), "umount waited for the server");
+    std::fs::write(e.b.join("after"), b"still here").unwrap();
+    assert_eq!(std::fs::read(e.b.join("B/f")).unwrap(), b"data\n");
+    // A ro mount attached to the rw server refuses writes; the rw one still writes.
+    e.mount_ok(&e.a, &["-o", "ro"]);
+    let err = std::fs::write(e.a.join("nope"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+    std::fs::write(e.b.join("yes"), b"y").unwrap();
+    assert_eq!(std::fs::read(e.a.join("yes")).unwrap(), b"y");
+    // umount(8) of one leaves the other too.
+    assert!(Command::new("umount").arg(&e.b).status().unwrap().success());
+    assert_eq!(std::fs::read(e.a.join("after")).unwrap(), b"still here");
+    e.umount(&e.a);
+    wait_server_gone(&e.img);
+    e2fsck_clean(&e.img);
+    let ls = sh(&format!("debugfs -R 'ls -l /B' {} 2>/dev/null", e.img.display()));
+    assert!(ls.contains(" f"), "{ls}");
+}
+
+#[test]
+fn read_write_mount_of_an_image_served_read_only_is_refused() {
+    if !fuse_usable("the second-mount tests") {
+        return;
+    }
+    let e = Env::new("ro");
+    e.mount_ok(&e.a, &["-o", "ro"]);
+    let o = e.mount(&e.b, &[]);
+    assert!(!o.status.success());
+    let msg = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(msg.trim().lines().count(), 1, "{msg}");
+    assert!(msg.contains("read-only"), "{msg}");
+    // A read-only one is fine.
+    e.mount_ok(&e.b, &["-o", "ro"]);
+    assert!(e.b.join("lost+found").is_dir());
+    e.umount(&e.b);
+    e.umount(&e.a);
+    wait_server_gone(&e.img);
+    e2fsck_clean(&e.img);
+}
+
+/// atime as `stat` shows it through the mount, in seconds.
+fn atime(p: &Path) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).unwrap().atime()
+}
+
+fn set_atime_back(p: &Path) {
+    let o = Command::new("touch")
+        .args(["-a", "-d", "@1000000000"])
+        .arg(p)
+        .status()
+        .unwrap();
+    assert!(o.success());
+}
+
+#[test]
+fn reads_update_atime_by_the_mount_options() {
+    if !fuse_usable("the atime mount tests") {
+        return;
+    }
+    let e = Env::new("atime");
+    // relatime (the default): a read after a change updates atime, once.
+    e.mount_ok(&e.a, &[]);
+    let f = e.a.join("f");
+    std::fs::write(&f, b"hello").unwrap();
+    set_atime_back(&f);
+    assert_eq!(atime(&f), 1_000_000_000);
+    std::fs::read(&f).unwrap();
+    let first = atime(&f);
+    assert!(first > 1_000_000_000, "relatime: a read did not update atime");
+    std::thread::sleep(Duration::from_millis(1100));
+    std::fs::read(&f).unwrap();
+    assert_eq!(atime(&f), first, "relatime: a second read updated atime");
+    // A listing is an access of the directory.
+    let d = e.a.join("d");
+    std::fs::create_dir(&d).unwrap();
+    set_atime_back(&d);
+    std::fs::read_dir(&d).unwrap().for_each(drop);
+    assert!(atime(&d) > 1_000_000_000, "relatime: a listing did not update atime");
+    e.umount(&e.a);
+    // strictatime: every read.
+    e.mount_ok(&e.a, &["-o", "strictatime"]);
+    std::fs::read(&f).unwrap();
+    let s1 = atime(&f);
+    std::thread::sleep(Duration::from_millis(1100));
+    std::fs::read(&f).unwrap();
+    assert!(atime(&f) > s1, "strictatime: a second read did not update atime");
+    e.umount(&e.a);
+    // noatime: never; a read-only mount: never.
+    for opts in ["noatime", "ro,strictatime"] {
+        e.mount_ok(&e.a, &["-o", "rw"]);
+        set_atime_back(&f);
+        e.umount(&e.a);
+        e.mount_ok(&e.a, &["-o", opts]);
+        std::fs::read(&f).unwrap();
+        assert_eq!(atime(&f), 1_000_000_000, "{opts}: a read updated atime");
+        e.umount(&e.a);
+    }
+    wait_server_gone(&e.img);
+    e2fsck_clean(&e.img);
+}
