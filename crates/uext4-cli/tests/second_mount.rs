@@ -23,7 +23,10 @@ impl Env {
         let (a, b) = (base.join("a"), base.join("b"));
         std::fs::create_dir_all(&a).unwrap();
         std::fs::create_dir_all(&b).unwrap();
-        let img = PathBuf::from(format!("/dev/shm/uext4-2m-{tag}-{}.img", std::process::id()));
+        let img = PathBuf::from(format!(
+            "/dev/shm/uext4-2m-{tag}-{}.img",
+            std::process::id()
+        ));
         let _ = std::fs::remove_file(&img);
         let o = Command::new(bin())
             .args(["mkfs", "--size", "64M"])
@@ -44,11 +47,19 @@ impl Env {
     }
     fn mount_ok(&self, at: &Path, opts: &[&str]) {
         let o = self.mount(at, opts);
-        assert!(o.status.success(), "mount: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "mount: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
     fn umount(&self, at: &Path) {
         let o = Command::new(bin()).arg("umount").arg(at).output().unwrap();
-        assert!(o.status.success(), "umount: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "umount: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
     fn dev_of(p: &Path) -> u64 {
         use std::os::unix::fs::MetadataExt;
@@ -85,7 +96,10 @@ fn second_mount_is_the_same_filesystem() {
     // One of them goes: at once (the server keeps serving the other), and the other works.
     let t = Instant::now();
     e.umount(&e.a);
-    assert!(t.elapsed() < Duration::from_secs(2), "umount waited for the server");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "umount waited for the server"
+    );
     std::fs::write(e.b.join("after"), b"still here").unwrap();
     assert_eq!(std::fs::read(e.b.join("B/f")).unwrap(), b"data\n");
     // A ro mount attached to the rw server refuses writes; the rw one still writes.
@@ -100,7 +114,10 @@ fn second_mount_is_the_same_filesystem() {
     e.umount(&e.a);
     wait_server_gone(&e.img);
     e2fsck_clean(&e.img);
-    let ls = sh(&format!("debugfs -R 'ls -l /B' {} 2>/dev/null", e.img.display()));
+    let ls = sh(&format!(
+        "debugfs -R 'ls -l /B' {} 2>/dev/null",
+        e.img.display()
+    ));
     assert!(ls.contains(" f"), "{ls}");
 }
 
@@ -154,7 +171,10 @@ fn reads_update_atime_by_the_mount_options() {
     assert_eq!(atime(&f), 1_000_000_000);
     std::fs::read(&f).unwrap();
     let first = atime(&f);
-    assert!(first > 1_000_000_000, "relatime: a read did not update atime");
+    assert!(
+        first > 1_000_000_000,
+        "relatime: a read did not update atime"
+    );
     std::thread::sleep(Duration::from_millis(1100));
     std::fs::read(&f).unwrap();
     assert_eq!(atime(&f), first, "relatime: a second read updated atime");
@@ -163,7 +183,10 @@ fn reads_update_atime_by_the_mount_options() {
     std::fs::create_dir(&d).unwrap();
     set_atime_back(&d);
     std::fs::read_dir(&d).unwrap().for_each(drop);
-    assert!(atime(&d) > 1_000_000_000, "relatime: a listing did not update atime");
+    assert!(
+        atime(&d) > 1_000_000_000,
+        "relatime: a listing did not update atime"
+    );
     e.umount(&e.a);
     // strictatime: every read.
     e.mount_ok(&e.a, &["-o", "strictatime"]);
@@ -171,7 +194,10 @@ fn reads_update_atime_by_the_mount_options() {
     let s1 = atime(&f);
     std::thread::sleep(Duration::from_millis(1100));
     std::fs::read(&f).unwrap();
-    assert!(atime(&f) > s1, "strictatime: a second read did not update atime");
+    assert!(
+        atime(&f) > s1,
+        "strictatime: a second read did not update atime"
+    );
     e.umount(&e.a);
     // noatime: never; a read-only mount: never.
     for opts in ["noatime", "ro,strictatime"] {

@@ -5,12 +5,12 @@
 //! is a /dev/fuse descriptor its caller has already mounted (libfuse's convention).
 
 use crate::options::Options;
-use uext4::AtimeMode;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use uext4::AtimeMode;
 
 fn fusermount_bin() -> std::ffi::OsString {
     std::env::var_os("FUSERMOUNT_PATH").unwrap_or_else(|| "fusermount3".into())

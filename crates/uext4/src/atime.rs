@@ -27,9 +27,7 @@ pub(crate) fn atime_needs_update(policy: AtimePolicy, raw: &RawInode, now: Times
         AtimeMode::NoAtime => false,
         AtimeMode::Strict => atime != now,
         AtimeMode::Relative => {
-            raw.mtime() >= atime
-                || raw.ctime() >= atime
-                || now.sec - atime.sec >= RELATIME_SECS
+            raw.mtime() >= atime || raw.ctime() >= atime || now.sec - atime.sec >= RELATIME_SECS
         }
     }
 }
@@ -45,8 +43,7 @@ impl Fs {
         let now = self.now();
         {
             let mut st = inode.state.lock();
-            if st.deleted || st.dying || st.creating || !atime_needs_update(policy, &st.raw, now)
-            {
+            if st.deleted || st.dying || st.creating || !atime_needs_update(policy, &st.raw, now) {
                 return;
             }
             let before = st.raw.atime();
@@ -110,13 +107,29 @@ mod tests {
     #[test]
     fn relatime_rules() {
         // Modified or changed since the last access: updated.
-        assert!(atime_needs_update(REL, &inode(100, 100, 50, 0o100644), at(200)));
-        assert!(atime_needs_update(REL, &inode(100, 50, 150, 0o100644), at(200)));
+        assert!(atime_needs_update(
+            REL,
+            &inode(100, 100, 50, 0o100644),
+            at(200)
+        ));
+        assert!(atime_needs_update(
+            REL,
+            &inode(100, 50, 150, 0o100644),
+            at(200)
+        ));
         // Accessed after the last change, less than a day ago: not.
-        assert!(!atime_needs_update(REL, &inode(100, 50, 50, 0o100644), at(200)));
+        assert!(!atime_needs_update(
+            REL,
+            &inode(100, 50, 50, 0o100644),
+            at(200)
+        ));
         // A day old: updated.
         let day = RELATIME_SECS;
-        assert!(atime_needs_update(REL, &inode(100, 50, 50, 0o100644), at(100 + day)));
+        assert!(atime_needs_update(
+            REL,
+            &inode(100, 50, 50, 0o100644),
+            at(100 + day)
+        ));
     }
 
     #[test]
@@ -134,7 +147,11 @@ mod tests {
             mode: AtimeMode::NoAtime,
             nodiratime: false,
         };
-        assert!(!atime_needs_update(none, &inode(100, 200, 200, 0o100644), at(300)));
+        assert!(!atime_needs_update(
+            none,
+            &inode(100, 200, 200, 0o100644),
+            at(300)
+        ));
         let mut a = inode(100, 200, 200, 0o100644);
         a.set_flags(a.flags() | FL_NOATIME);
         assert!(!atime_needs_update(strict, &a, at(300)));

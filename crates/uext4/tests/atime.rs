@@ -158,6 +158,9 @@ fn read_only_never_writes_atime() {
     assert_eq!(atime(&fs, f), now - 3600);
     fs.unmount().unwrap();
     drop(fs);
-    assert!(std::fs::read(&img.0).unwrap() == bytes, "a read-only open changed the image");
+    assert!(
+        std::fs::read(&img.0).unwrap() == bytes,
+        "a read-only open changed the image"
+    );
     e2fsck_clean(&img.0);
 }

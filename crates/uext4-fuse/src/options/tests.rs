@@ -16,7 +16,6 @@ fn options_parse_and_reject() {
     assert!(Options::parse("threads=x").is_err());
     assert!(Options::parse("threads=0").is_err());
     assert!(Options::parse("allow_other=1").is_err());
-    assert!(Options::parse("atime").is_err());
     assert!(Options::parse("sync").is_err());
     let o = Options::parse("defaults,noatime,relatime,nodev,nosuid,noexec").unwrap();
     assert!(o.nodev && o.nosuid && o.noexec && !o.read_only);
@@ -31,6 +30,25 @@ fn options_parse_and_reject() {
     );
     assert!(Options::parse("prealloc=zeroed").unwrap().prealloc_zeroed);
     assert!(Options::parse("prealloc").is_err());
+}
+
+#[test]
+fn atime_options() {
+    use uext4::AtimeMode::*;
+    let mode = |l: &str| Options::parse(l).unwrap().mount_options().atime.mode;
+    assert_eq!(mode(""), Relative, "relatime by default, as mount(8)");
+    assert_eq!(mode("noatime"), NoAtime);
+    assert_eq!(mode("strictatime"), Strict);
+    assert_eq!(mode("noatime,relatime"), Relative);
+    assert_eq!(mode("noatime,atime"), Relative);
+    assert_eq!(mode("strictatime,atime"), Strict);
+    assert!(Options::parse("nodiratime").unwrap().atime.nodiratime);
+    assert!(
+        !Options::parse("nodiratime,diratime")
+            .unwrap()
+            .atime
+            .nodiratime
+    );
 }
 
 #[test]
