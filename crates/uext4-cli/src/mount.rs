@@ -147,8 +147,8 @@ pub fn run_umount(mountpoint: &Path, timeout: Duration) -> Result<()> {
     // The topmost FUSE mount there (mounts stacked on one directory: the one umount takes).
     let Some(ours) = mountinfo()
         .into_iter()
-        .filter(|m| m.target == mnt && m.is_fuse())
-        .last()
+        .rev()
+        .find(|m| m.target == mnt && m.is_fuse())
     else {
         bail!("{}: not a uext4 mount", mountpoint.display());
     };
