@@ -597,6 +597,35 @@ fn fuse_mounted(image: &Path) -> bool {
     })
 }
 
+/// Blocks the stop signals in every thread to come; the caller waits for them. SIGUSR1: the
+/// session has ended (raised by the thread that waits for it).
+fn block_stop_signals() -> libc::sigset_t {
+    // SAFETY: plain signal-mask manipulation on the current thread before threads start.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// The mount points of the filesystem with device number `dev` (a server's mount and the
+/// bind mounts of a second mount of its image); without one, `mountpoint` while mounted.
+fn mounts_of(dev: Option<&str>, mountpoint: &Path) -> Vec<PathBuf> {
+    match dev {
+        Some(d) => mountinfo()
+            .into_iter()
+            .filter(|m| m.dev == d)
+            .map(|m| m.target)
+            .collect(),
+        None if is_mounted(mountpoint) => vec![mountpoint.to_path_buf()],
+        None => Vec::new(),
+    }
+}
+
 fn serve_foreground(
     image: &Path,
     region: Option<uext4::blockdev::Region>,
@@ -621,18 +650,7 @@ fn serve_foreground(
         }
     }
     let opts = &opts;
-    // Block the stop signals in every thread; this one waits for them.
-    // SAFETY: plain signal-mask manipulation on the current thread before threads start.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        // SIGUSR1: the session has ended (raised by the thread that waits for it, below).
-        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1] {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    };
+    let set = block_stop_signals();
     if opts.errors == uext4::ErrorsBehaviour::Panic {
         // errors=panic stops the whole server at the first corruption (the engine panics in
         // the request's thread; without this the other threads would go on serving). The
@@ -705,17 +723,7 @@ fn serve_foreground(
         // by the loop's sigtimedwait.
         unsafe { libc::kill(libc::getpid(), libc::SIGUSR1) };
     });
-    let our_mounts = || -> Vec<PathBuf> {
-        match &dev {
-            Some(d) => mountinfo()
-                .into_iter()
-                .filter(|m| &m.dev == d)
-                .map(|m| m.target)
-                .collect(),
-            None if is_mounted(mountpoint) => vec![mountpoint.to_path_buf()],
-            None => Vec::new(),
-        }
-    };
+    let our_mounts = || mounts_of(dev.as_deref(), mountpoint);
     let still_mounted = || {
         if fd_mount {
             !waiter.is_finished()
