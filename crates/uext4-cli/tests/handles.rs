@@ -104,6 +104,16 @@ fn umount(img: &Path, mnt: &Path) {
 
 struct Cleanup(PathBuf, PathBuf);
 
+/// Unmounts a mount left behind by a failed test.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).output();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
 impl Drop for Cleanup {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.1).output();
@@ -111,16 +121,13 @@ impl Drop for Cleanup {
     }
 }
 
-#[test]
-fn handles_open_files_after_a_cache_drop_and_a_remount() {
-    if !fuse_usable("the file handle test") {
-        return;
-    }
-    let tag = std::process::id();
+/// A new image mounted at a new mount point, both removed at the end.
+fn mounted(tag: &str) -> (PathBuf, PathBuf, Cleanup) {
+    let tag = format!("{tag}-{}", std::process::id());
     let img = PathBuf::from(format!("/dev/shm/uext4-fh-{tag}.img"));
     let mnt = std::env::temp_dir().join(format!("uext4-fh-{tag}"));
     std::fs::create_dir_all(&mnt).unwrap();
-    let _c = Cleanup(img.clone(), mnt.clone());
+    let c = Cleanup(img.clone(), mnt.clone());
     let o = Command::new(bin())
         .args(["mkfs", "--size", "64M"])
         .arg(&img)
@@ -128,6 +135,15 @@ fn handles_open_files_after_a_cache_drop_and_a_remount() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     mount(&img, &mnt);
+    (img, mnt, c)
+}
+
+#[test]
+fn handles_open_files_after_a_cache_drop_and_a_remount() {
+    if !fuse_usable("the file handle test") {
+        return;
+    }
+    let (img, mnt, _c) = mounted("plain");
 
     let d = mnt.join("d");
     let sub = d.join("sub");
@@ -186,6 +202,57 @@ fn handles_open_files_after_a_cache_drop_and_a_remount() {
     // Node ids and generations are the image's: handles outlive the mount.
     mount(&img, &mnt);
     check("after a remount");
+    umount(&img, &mnt);
+    e2fsck_clean(&img);
+}
+
+/// overlayfs with `index=on,nfs_export=on` keeps handles of its lower and upper inodes and
+/// decodes them through the layers' own handles: both layers on a uext4 mount.
+#[test]
+fn overlay_nfs_export_handles_decode_through_the_layers() {
+    if !overlay_usable("the overlay file handle test") {
+        return;
+    }
+    let (img, mnt, _c) = mounted("ovl");
+    let merged = mnt.with_extension("merged");
+    std::fs::create_dir_all(&merged).unwrap();
+    for d in ["lower/d", "upper", "work"] {
+        std::fs::create_dir_all(mnt.join(d)).unwrap();
+    }
+    std::fs::write(mnt.join("lower/d/low"), b"lower file").unwrap();
+    let opts = format!(
+        "lowerdir={0}/lower,upperdir={0}/upper,workdir={0}/work,index=on,nfs_export=on",
+        mnt.display()
+    );
+    let st = Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &opts])
+        .arg(&merged)
+        .status()
+        .unwrap();
+    assert!(st.success(), "overlay mount");
+    let _u = Unmount(merged.clone());
+    std::fs::write(merged.join("d/up"), b"upper file").unwrap();
+    let (hlow, hup, hd) = (
+        handle_of(&merged.join("d/low")),
+        handle_of(&merged.join("d/up")),
+        handle_of(&merged.join("d")),
+    );
+    drop_caches();
+    for (h, want) in [(&hlow, &b"lower file"[..]), (&hup, &b"upper file"[..])] {
+        let mut got = Vec::new();
+        let mut f = open_handle(&merged, h, libc::O_RDONLY).unwrap();
+        std::io::Read::read_to_end(&mut f, &mut got).unwrap();
+        assert_eq!(got, want);
+    }
+    let dir = open_handle(&merged, &hd, libc::O_RDONLY | libc::O_DIRECTORY).unwrap();
+    let p = PathBuf::from(format!("/proc/self/fd/{}/low", dir.as_raw_fd()));
+    assert_eq!(std::fs::read(p).unwrap(), b"lower file");
+    drop(dir);
+    assert!(Command::new("umount")
+        .arg(&merged)
+        .status()
+        .unwrap()
+        .success());
     umount(&img, &mnt);
     e2fsck_clean(&img);
 }
