@@ -94,11 +94,7 @@ fn mount(img: &Path, mnt: &Path) {
 }
 
 fn umount(img: &Path, mnt: &Path) {
-    assert!(Command::new("umount")
-        .arg(mnt)
-        .status()
-        .unwrap()
-        .success());
+    assert!(Command::new("umount").arg(mnt).status().unwrap().success());
     wait_server_gone(img);
 }
 
@@ -177,7 +173,11 @@ fn handles_open_files_after_a_cache_drop_and_a_remount() {
             assert_eq!(std::fs::read(&p).unwrap(), want, "{name} {when}");
         }
         let err = open_handle(&mnt, &hgone, libc::O_RDONLY).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::ESTALE), "removed file {when}");
+        assert_eq!(
+            err.raw_os_error(),
+            Some(libc::ESTALE),
+            "removed file {when}"
+        );
     };
     check("after a cache drop");
     drop_caches();
