@@ -288,7 +288,7 @@ impl Serve for Uext4Fuse {
                         .submit(&self.fs, ino, datasync, later, &answer_later);
                     return Answer::None;
                 }
-                Op::Lookup { name } => self.entry(self.fs.lookup(ino, name), out),
+                Op::Lookup { name } => self.lookup(h.nodeid, name, out),
                 Op::Getattr => self.getattr(ino, out),
                 Op::Statx { .. } => self.statx(ino, out),
                 Op::Setattr(s) => self.setattr(h, ino, &s, out),

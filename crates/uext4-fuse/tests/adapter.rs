@@ -257,3 +257,70 @@ fn readdirplus_packs_entries_with_attributes() {
     k.server.destroy();
     e2fsck_clean(&img);
 }
+
+/// File handles: with FUSE_EXPORT_SUPPORT the kernel decodes a handle whose inode it dropped by
+/// LOOKUP of "." under the handle's node id, and finds a directory's parent by LOOKUP of "..".
+/// A node id naming no inode in use (freed, reserved, out of range, or the root's inode number,
+/// which is no node id) is ESTALE; a reused number comes with a new generation.
+#[test]
+fn lookup_of_dot_and_dotdot_by_node_id() {
+    let s = scratch("adapter-handles");
+    let img = s.0.clone();
+    let mut k = Kernel::new(Uext4Fuse::new(fs(&img), Options::default()));
+    assert!(k.init(offered() | abi::FUSE_EXPORT_SUPPORT).flags & abi::FUSE_EXPORT_SUPPORT != 0);
+    let r = k
+        .call(
+            abi::CREATE,
+            1,
+            &u32s(&[libc::O_RDWR as u32, 0o100644, 0o022, 0]),
+            b"f\0",
+        )
+        .unwrap();
+    let (f, fgen) = (Fields(&r).u64(0), Fields(&r).u64(8));
+    assert_ne!(fgen, 0, "a new inode's generation");
+    assert_eq!(k.call(abi::RELEASE, f, &[0; 24], &[]), Ok(vec![]));
+    let r = k.call(abi::LOOKUP, f, &[], b".\0").unwrap();
+    assert_eq!((Fields(&r).u64(0), Fields(&r).u64(8)), (f, fgen));
+    let r = k
+        .call(abi::MKDIR, 1, &u32s(&[0o755, 0o022]), b"d\0")
+        .unwrap();
+    let d = Fields(&r).u64(0);
+    let r = k
+        .call(abi::MKDIR, d, &u32s(&[0o755, 0o022]), b"e\0")
+        .unwrap();
+    let e = Fields(&r).u64(0);
+    let parent =
+        |k: &mut Kernel, n: u64| Fields(&k.call(abi::LOOKUP, n, &[], b"..\0").unwrap()).u64(0);
+    assert_eq!(parent(&mut k, e), d);
+    assert_eq!(parent(&mut k, d), 1);
+    assert_eq!(parent(&mut k, 1), 1);
+    assert_eq!(
+        Fields(&k.call(abi::LOOKUP, 1, &[], b".\0").unwrap()).u64(0),
+        1
+    );
+    assert_eq!(
+        Fields(&k.call(abi::LOOKUP, e, &[], b".\0").unwrap()).u64(0),
+        e
+    );
+    for bad in [2, 8, 1 << 33 | f, 1 << 30] {
+        assert_eq!(
+            k.call(abi::LOOKUP, bad, &[], b".\0"),
+            Err(libc::ESTALE),
+            "{bad}"
+        );
+    }
+    // Removed, then forgotten (CREATE and the "." lookup): stale, and stays so once a new
+    // file takes the number.
+    assert_eq!(k.call(abi::UNLINK, 1, &[], b"f\0"), Ok(vec![]));
+    assert_eq!(k.call(abi::LOOKUP, f, &[], b".\0"), Err(libc::ESTALE));
+    assert_eq!(k.call(abi::FORGET, f, &u64s(&[2]), &[]), Err(0));
+    assert_eq!(k.call(abi::LOOKUP, f, &[], b".\0"), Err(libc::ESTALE));
+    let n = k.create("g");
+    let r = k.call(abi::LOOKUP, n, &[], b".\0").unwrap();
+    assert!(
+        n != f || Fields(&r).u64(8) != fgen,
+        "a reused number's generation"
+    );
+    k.server.destroy();
+    e2fsck_clean(&img);
+}

@@ -7,8 +7,7 @@
 use crate::flags::FL_NOATIME;
 use crate::format::inode::{RawInode, Timestamp, S_IFDIR};
 use crate::fs::{AtimeMode, AtimePolicy, Fs};
-use crate::icache::Inode;
-use std::sync::atomic::Ordering;
+use crate::icache::{Inode, InodeState};
 
 /// Seconds after which relatime updates an atime that is newer than mtime and ctime.
 const RELATIME_SECS: i64 = 24 * 60 * 60;
@@ -33,27 +32,34 @@ pub(crate) fn atime_needs_update(policy: AtimePolicy, raw: &RawInode, now: Times
 }
 
 impl Fs {
-    /// An access to `inode` (a read of its data, a listing): sets its atime to now where the
-    /// policy asks for it. Never on a read-only filesystem, nor on an inode being freed.
+    /// An access to `inode` (a listing): sets its atime to now where the policy asks for it.
     pub(crate) fn file_accessed(&self, inode: &Inode) {
+        let dirty = {
+            let mut st = inode.state.lock();
+            self.atime_update_locked(&mut st)
+        };
+        if dirty {
+            self.dirty_lazily(inode);
+        }
+    }
+
+    /// An access, in the caller's hold of the inode's state lock (a read takes it once): sets
+    /// atime to now where the policy asks for it; never on a read-only filesystem, nor on an
+    /// inode being freed. True when the inode changed: the caller then puts it on the lazy
+    /// list (`dirty_lazily`) once it has let go of the lock.
+    pub(crate) fn atime_update_locked(&self, st: &mut InodeState) -> bool {
         let policy = self.opts.atime;
         if policy.mode == AtimeMode::NoAtime || self.is_read_only() {
-            return;
+            return false;
         }
         let now = self.now();
-        {
-            let mut st = inode.state.lock();
-            if st.deleted || st.dying || st.creating || !atime_needs_update(policy, &st.raw, now) {
-                return;
-            }
-            let before = st.raw.atime();
-            st.raw.set_atime(now);
-            // The same time at the inode's granularity (whole seconds in small inodes).
-            if st.raw.atime() == before {
-                return;
-            }
+        if st.deleted || st.dying || st.creating || !atime_needs_update(policy, &st.raw, now) {
+            return false;
         }
-        self.dirty_lazily(inode);
+        let before = st.raw.atime();
+        st.raw.set_atime(now);
+        // Unchanged at the inode's granularity (whole seconds in small inodes): nothing to write.
+        st.raw.atime() != before
     }
 
     /// Whether a read of `ino` now would update its atime: the FUSE server then lets the
@@ -68,17 +74,6 @@ impl Fs {
         };
         let st = inode.state.lock();
         atime_needs_update(policy, &st.raw, self.now())
-    }
-
-    /// Puts `inode` on the running transaction's lazy list (once per transaction): its
-    /// in-memory fields are written at the next commit.
-    pub(crate) fn dirty_lazily(&self, inode: &Inode) {
-        let running = self.txn.running_tid.load(Ordering::Acquire);
-        if inode.lazy_tid.load(Ordering::Acquire) != running {
-            let tid = self.txn.dirty_inode_lazily(inode.ino);
-            inode.lazy_tid.store(tid, Ordering::Release);
-            inode.last_tid.fetch_max(tid, Ordering::AcqRel);
-        }
     }
 }
 

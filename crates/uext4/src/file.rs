@@ -1,9 +1,7 @@
 //! File I/O: read, write, truncate, fallocate, lseek, fsync (DESIGN.md R1-R4).
 //!
-//! - Overwrites (the whole range already mapped to written blocks, inside i_size) take the
-//!   inode's `io_lock` shared, map through the extent cache, start no handle and do one device
-//!   write per contiguous run; the mtime/ctime change stays in memory and is logged with the
-//!   next commit (R1, R2).
+//! - Reads and overwrites (the whole range already mapped to written blocks, inside i_size)
+//!   take the inode's `io_lock` shared and start no handle: overwrite.rs (R1, R2).
 //! - Everything that changes the mapping or the size takes `io_lock` exclusively. New blocks are
 //!   allocated a whole run at a time, the data is written to them first, and only then does the
 //!   extent pointing at them enter the tree, in the same handle as the size change (R4): no
@@ -52,103 +50,6 @@ impl Fs {
         } else {
             tree.min(((1u64 << 32) - 1) / (bs / 512) * bs)
         }
-    }
-
-    /// Reads from `ino` at byte `off` into `buf`: how many bytes were read (short only at the end
-    /// of the file).
-    ///
-    /// # Errors
-    /// [`Error::IsDir`](crate::Error::IsDir) for a directory; I/O and corruption errors.
-    pub fn read(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize> {
-        self.stats.ops.fetch_add(1, Ordering::Relaxed);
-        let inode = self.iget(ino)?;
-        let _g = inode.io_lock.read();
-        let size = {
-            let st = inode.state.lock();
-            if st.raw.file_type() == S_IFDIR {
-                return Err(Error::IsDir);
-            }
-            if Self::is_fast_symlink(&st.raw) {
-                // Its target is in the inode, not in blocks.
-                return Err(Error::Invalid(
-                    "read of a symbolic link: use readlink".into(),
-                ));
-            }
-            st.raw.size()
-        };
-        if off >= size || buf.is_empty() {
-            return Ok(0);
-        }
-        let len = (buf.len() as u64).min(size - off) as usize;
-        let inline = {
-            let st = inode.state.lock();
-            if Self::is_inline(&st.raw) {
-                self.inline_read(ino, &st.raw, off, &mut buf[..len])?;
-                true
-            } else {
-                false
-            }
-        };
-        if !inline {
-            self.read_mapped(&inode, off, &mut buf[..len])?;
-        }
-        if self.buffered() {
-            let st = inode.state.lock();
-            Self::delalloc_overlay(&st, self.bs(), off, &mut buf[..len]);
-        }
-        self.stats
-            .user_bytes_read
-            .fetch_add(len as u64, Ordering::Relaxed);
-        self.file_accessed(&inode);
-        Ok(len)
-    }
-
-    /// Reads `buf.len()` bytes at `off` through the block mapping: holes and unwritten extents
-    /// read as zeros without touching the device.
-    fn read_mapped(&self, inode: &Inode, off: u64, buf: &mut [u8]) -> Result<()> {
-        let bs = self.bs();
-        let end = off + buf.len() as u64;
-        let mut pos = off;
-        while pos < end {
-            let lblk = pos / bs;
-            let (m, next) = {
-                let mut st = inode.state.lock();
-                if !Self::has_data_blocks(&st.raw) {
-                    return Err(Error::Invalid("inode has no data blocks".into()));
-                }
-                let m = self.ext_map(inode.ino, &mut st, lblk as u32)?;
-                let next = if m.is_none() {
-                    self.ext_next(inode.ino, &mut st, lblk as u32)?
-                } else {
-                    None
-                };
-                (m, next)
-            };
-            let b = (pos - off) as usize;
-            match m {
-                Some(e) => {
-                    let run_end = (e.lblk as u64 + e.len as u64) * bs;
-                    let chunk = (end.min(run_end) - pos) as usize;
-                    if e.unwritten {
-                        buf[b..b + chunk].fill(0);
-                    } else {
-                        let phys = (e.pblk + (lblk - e.lblk as u64)) * bs + pos % bs;
-                        self.dev.read_at(phys, &mut buf[b..b + chunk])?;
-                    }
-                    pos += chunk as u64;
-                }
-                None => {
-                    let hole_end = next
-                        .map(|n| n.lblk as u64 * bs)
-                        .unwrap_or(u64::MAX)
-                        .max(pos + 1);
-                    let chunk = (end.min(hole_end) - pos) as usize;
-                    buf[b..b + chunk].fill(0);
-                    pos += chunk as u64;
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Writes `data` at `off`. As pwrite(2), the count may be short: at the largest file
@@ -263,7 +164,11 @@ impl Fs {
         if off >= self.max_file_size() {
             return Err(Error::FileTooBig);
         }
-        let inode = self.iget(ino)?;
+        let inode = self.iget_for_io(ino)?;
+        if let Some(n) = self.write_in_place(cred, &inode, off, data)? {
+            return Ok(n);
+        }
+        let inode = crate::inode::live(inode)?;
         // As the kernel's write checks: a write that starts at or past the largest size fails,
         // one that crosses it is cut short there. A file with an indirect block map ends
         // sooner (the kernel's s_bitmap_maxbytes).
@@ -298,22 +203,9 @@ impl Fs {
             data = &data[..(limit - off) as usize];
             end = limit;
         }
-        // Overwrite fast path: shared lock, no handle.
-        {
-            let _g = inode.io_lock.read();
-            if let Some(runs) = self.overwrite_runs(&inode, off, data.len() as u64)? {
-                let mut b = 0usize;
-                for (phys, len) in runs {
-                    self.dev.write_at(phys, &data[b..b + len as usize])?;
-                    b += len as usize;
-                }
-                self.touch_lazily(&inode);
-                self.stats.overwrites.fetch_add(1, Ordering::Relaxed);
-                self.stats
-                    .user_bytes_written
-                    .fetch_add(data.len() as u64, Ordering::Relaxed);
-                return Ok(data.len());
-            }
+        // Overwrite path: shared lock, no handle.
+        if self.overwrite(&inode, off, data)? {
+            return Ok(data.len());
         }
         let _g = inode.io_lock.write();
         self.inline_convert_file(&inode)?;
@@ -350,52 +242,6 @@ impl Fs {
             .user_bytes_written
             .fetch_add(n, Ordering::Relaxed);
         Ok(n as usize)
-    }
-
-    /// If `[off, off+len)` lies inside i_size on written blocks, the device byte ranges to write.
-    fn overwrite_runs(&self, inode: &Inode, off: u64, len: u64) -> Result<Option<Vec<(u64, u64)>>> {
-        let bs = self.bs();
-        let mut st = inode.state.lock();
-        if st.raw.file_type() != S_IFREG || off + len > st.raw.size() || Self::is_inline(&st.raw) {
-            return Ok(None);
-        }
-        // Buffered data in the range, or past what the device backs: the cache takes it.
-        if let Some(d) = &st.delalloc {
-            if off + len > d.disk_size || d.overlaps(off / bs, (off + len - 1) / bs) {
-                return Ok(None);
-            }
-        }
-        let mut runs = Vec::new();
-        let mut pos = off;
-        let end = off + len;
-        while pos < end {
-            let lblk = pos / bs;
-            match self.ext_map(inode.ino, &mut st, lblk as u32)? {
-                Some(e) if !e.unwritten => {
-                    let run_end = (e.lblk as u64 + e.len as u64) * bs;
-                    let chunk = end.min(run_end) - pos;
-                    let phys = (e.pblk + (lblk - e.lblk as u64)) * bs + pos % bs;
-                    match runs.last_mut() {
-                        Some((p, l)) if *p + *l == phys => *l += chunk,
-                        _ => runs.push((phys, chunk)),
-                    }
-                    pos += chunk;
-                }
-                _ => return Ok(None),
-            }
-        }
-        Ok(Some(runs))
-    }
-
-    /// Updates mtime and ctime in memory only; the inode is written at the next commit (R1).
-    fn touch_lazily(&self, inode: &Inode) {
-        let now = self.now();
-        {
-            let mut st = inode.state.lock();
-            st.raw.set_mtime(now);
-            st.raw.set_ctime(now);
-        }
-        self.dirty_lazily(inode);
     }
 
     /// The general write path, `io_lock` held exclusively: overwrites what is mapped, converts

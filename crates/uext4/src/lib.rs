@@ -82,6 +82,7 @@ mod mmp;
 mod namei;
 mod nbd;
 mod orphan;
+mod overwrite;
 pub mod partition;
 mod super_info;
 mod sync;

@@ -93,6 +93,11 @@ impl Uext4Fuse {
         // readdirplus (entries with their attributes) when the kernel sees lookups follow a
         // listing, as for `ls -l`.
         w |= FUSE_DO_READDIRPLUS | FUSE_READDIRPLUS_AUTO;
+        // File handles (name_to_handle_at, NFS export, overlayfs index=on) still open their
+        // inode after the kernel dropped it: node ids are inode numbers, stable across
+        // mounts, entries carry the inode's generation, and LOOKUP answers "." by node id
+        // and ".." (see `lookup`).
+        w |= FUSE_EXPORT_SUPPORT;
         if self.uring {
             w |= FUSE_OVER_IO_URING;
         }

@@ -3,6 +3,42 @@
 use super::*;
 
 impl Uext4Fuse {
+    /// LOOKUP. The kernel asks for "." and ".." only to decode a file handle
+    /// (open_by_handle_at, an NFS export, overlayfs's index) whose inode it no longer
+    /// caches: "." under the handle's node id (which may name any kind of inode, one the
+    /// kernel has forgotten), ".." under a directory's node id for its parent. Either
+    /// answer is a lookup the kernel will forget, like any other.
+    pub(super) fn lookup(&self, nodeid: u64, name: &[u8], out: &mut [u8]) -> Reply {
+        if name == b"." {
+            let a = self.by_handle(nodeid)?;
+            return self.entry(Ok(a), out);
+        }
+        self.entry(self.fs.lookup(to_ext(nodeid), name), out)
+    }
+
+    /// The inode a file handle's node id names, read from the image if need be, or ESTALE
+    /// where no such inode is in use, as the kernel's ext4 answers (`ext4_nfs_get_inode`):
+    /// numbers out of range, reserved inodes other than the root, free inodes, and inodes
+    /// with no links left (an open one is still in the kernel's cache and never asked for
+    /// here). The kernel compares the generation with the handle's itself.
+    fn by_handle(&self, nodeid: u64) -> Result<Attr, i32> {
+        let g = &self.fs.geo;
+        let ino = u32::try_from(nodeid).map_err(|_| libc::ESTALE)?;
+        let ino = to_ext(ino as u64);
+        // Node ids are inode numbers, but the root's is 1: its inode number is no node id.
+        let valid = to_fuse(ino) == nodeid
+            && (ino == self.fs.root_ino() || (ino >= g.first_ino && ino <= g.inodes_count));
+        if !valid {
+            return Err(libc::ESTALE);
+        }
+        match self.fs.getattr(ino) {
+            Ok(a) if a.nlink == 0 => Err(libc::ESTALE),
+            Ok(a) => Ok(a),
+            Err(Error::NotFound) => Err(libc::ESTALE),
+            Err(e) => Err(errno(&e)),
+        }
+    }
+
     pub(super) fn getattr(&self, ino: u32, out: &mut [u8]) -> Reply {
         let a = self.fs.getattr(ino).map_err(|e| errno(&e))?;
         Ok(reply::attr(out, TTL, &wire_attr(&a)))
