@@ -152,14 +152,24 @@ impl Uext4Fuse {
     }
 
     fn forget(&self, nodeid: u64, nlookup: u64) {
-        let mut l = self.lookups.lock();
         let k = to_ext(nodeid);
-        if let Some(c) = l.get_mut(&k) {
+        {
+            let mut l = self.lookups.lock();
+            let Some(c) = l.get_mut(&k) else {
+                return;
+            };
             *c = c.saturating_sub(nlookup);
-            if *c == 0 {
-                l.remove(&k);
-                self.fs.pin_ino(k, false);
+            if *c > 0 {
+                return;
             }
+            l.remove(&k);
+            self.fs.pin_ino(k, false);
+        }
+        // An unlinked inode the kernel held (a removed working directory, a file renamed
+        // over) is freed now that the kernel has let it go; outside the lock, as freeing
+        // takes transactions. A lookup that pinned it again meanwhile keeps it.
+        if let Err(e) = self.fs.forgotten(k) {
+            tracing::error!(ino = k, "freeing a forgotten unlinked inode: {e}");
         }
     }
 

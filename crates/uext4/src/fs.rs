@@ -910,7 +910,11 @@ impl Fs {
         self.icache.len()
     }
 
-    /// Keeps (or stops keeping) an inode number from being reused while a front end refers to it.
+    /// Keeps (or stops keeping) an inode number from being reused while a front end refers
+    /// to it. A pinned inode that loses its last link stays alive (on the orphan list, its
+    /// attributes readable, link count 0) until it is unpinned and [`Fs::forgotten`], as an
+    /// open one does until its release: the FUSE kernel may still ask for it (the working
+    /// directory of a process, removed by another).
     pub fn pin_ino(&self, ino: u32, pinned: bool) {
         let mut p = self.pinned.lock();
         if pinned {

@@ -716,8 +716,9 @@ impl Fs {
         self.drop_link_finish(&mut h, &inode, &mut ist)
     }
 
-    /// After an inode lost a link: delete it if it has none left and nobody has it open, or
-    /// put it on the orphan list until its last close. A file too large to free within this
+    /// After an inode lost a link: delete it if it has none left and nobody has it open (nor
+    /// a front end holds it: see [`Fs::pin_ino`]), or put it on the orphan list until its last
+    /// close (or the front end's forget). A file too large to free within this
     /// handle goes on the orphan list too, and on `deferred_deletes`: the public operation
     /// frees it in pieces once its handle is done (`delete_deferred`), as the kernel's
     /// eviction truncates a large file over several transactions with the inode an orphan.
@@ -730,7 +731,7 @@ impl Fs {
         if ist.raw.links_count() > 0 {
             return self.mark_inode_dirty(h, inode, ist);
         }
-        let open = inode.open_count.load(Ordering::Acquire) > 0;
+        let open = self.held(inode);
         let large = !open && self.removal_is_large(inode.ino, ist, 0, 1 << 32)?;
         if open || large {
             if !ist.orphaned {
@@ -899,6 +900,14 @@ impl Fs {
             return Err(Error::NotFound);
         }
         Ok(())
+    }
+
+    /// Whether an inode is open, or pinned by a front end that may still ask for it (a FUSE
+    /// kernel's cached inode: a process's working directory, or one whose stat is on its
+    /// way): either keeps an unlinked inode alive, as the kernel's ext4 keeps it until its
+    /// last iput. Asked with the inode's state lock held (the pin lock is a leaf).
+    pub(crate) fn held(&self, inode: &Inode) -> bool {
+        inode.open_count.load(Ordering::Acquire) > 0 || self.pinned.lock().contains(&inode.ino)
     }
 
     /// Closes an inode; the last close of an unlinked inode frees it.

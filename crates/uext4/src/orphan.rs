@@ -232,10 +232,7 @@ impl Fs {
     pub(crate) fn delete_orphan(&self, inode: &Inode) -> Result<()> {
         let _g = inode.io_lock.write();
         let unused = |st: &InodeState| {
-            st.orphaned
-                && !st.deleted
-                && st.raw.links_count() == 0
-                && inode.open_count.load(std::sync::atomic::Ordering::Acquire) == 0
+            st.orphaned && !st.deleted && st.raw.links_count() == 0 && !self.held(inode)
         };
         {
             // In the same hold as the check: an open (which counts itself, then looks at
@@ -252,12 +249,33 @@ impl Fs {
         self.delete_inode(&mut h, inode, &mut st)
     }
 
+    /// A front end no longer refers to `ino` (after [`Fs::pin_ino`]`(ino, false)`): an
+    /// unlinked inode that its pin kept alive is freed now, unless it is open or pinned
+    /// again meanwhile. Call it after the unpin, outside the caller's own locks: it may
+    /// free the inode's blocks.
+    ///
+    /// # Errors
+    /// What freeing reports; the inode then stays on the orphan list, which the next open
+    /// of the filesystem frees.
+    pub fn forgotten(&self, ino: u32) -> Result<()> {
+        // An orphan is never dropped from the inode cache, so one not cached is none.
+        let Some(inode) = self.icache.get_cached(ino) else {
+            return Ok(());
+        };
+        if !inode.state.lock().orphaned || self.is_read_only() {
+            return Ok(());
+        }
+        self.delete_orphan(&inode)
+    }
+
     /// At unmount: files still open are closed, and those unlinked are freed. Nothing can
     /// use them afterwards: a FUSE connection that ended (an unmount aborts it) drops the
     /// RELEASEs it had not yet sent, and a library caller's open inodes die with the
     /// filesystem. Left on the orphan list, they would be freed only by the next open, and
     /// the image would not pass e2fsck until then.
     pub(crate) fn close_orphans(&self) {
+        // Nor can a front end ask for anything any more.
+        self.pinned.lock().clear();
         let inos: Vec<u32> = self.orphans.lock().clone();
         for ino in inos {
             let Some(inode) = self.icache.get_cached(ino) else {
