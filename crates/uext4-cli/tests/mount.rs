@@ -1719,6 +1719,31 @@ done
     assert_eq!(ours, kernel, "uext4 (left) differs from the kernel (right)");
 }
 
+/// A process's working directory removed by another (rmdir, or a directory renamed over
+/// it) stays usable as on the kernel's ext4 once the kernel's cached attributes have timed
+/// out: `stat .` shows link count 0, nothing can be made in it, `cd ..` works (fstests
+/// generic/011: dirstress's `chdir("..")` failed with ENOENT when the server had freed the
+/// directory while the kernel still held it).
+#[test]
+fn removed_working_directories_stay_usable_as_on_the_kernel() {
+    const SCRIPT: &str = r#"
+cd "$1" || exit 1
+mkdir gone keep keep/a b
+(cd gone && rmdir "$1/gone" && sleep 1.3 && stat -c 'rmdir: %h %F' .
+ touch x 2>/dev/null && echo made || echo "create refused"
+ cd .. && echo "up: $(ls | tr '\n' ' ')") > o1 2>&1 &
+(cd keep/a && mv -T "$1/b" "$1/keep/a" && sleep 1.3 && stat -c 'renamed over: %h %F' .
+ cd .. && echo "up: $(ls | tr '\n' ' ')") > o2 2>&1 &
+wait
+cat o1 o2
+"#;
+    let Some((kernel, ours)) = on_kernel_and_uext4("rmcwd", &["stat", "mv"], SCRIPT) else {
+        return;
+    };
+    assert!(kernel.contains("rmdir: 0 directory"), "{kernel}");
+    assert_eq!(ours, kernel, "uext4 (left) differs from the kernel (right)");
+}
+
 #[test]
 fn acls_behave_as_on_the_kernel() {
     const SCRIPT: &str = r#"

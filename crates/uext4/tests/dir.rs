@@ -749,3 +749,166 @@ fn rename_over_an_ancestor_is_not_empty() {
     drop(fs);
     e2fsck_clean(&img.0);
 }
+
+/// An inode a front end still holds (pinned: a FUSE kernel's cached inode, such as the working
+/// directory of a process) stays alive when its last name goes, by rmdir, unlink or a rename
+/// over it, as the kernel's ext4 keeps one until its last iput: its attributes read back with
+/// link count 0 (fstests generic/011 through a mount: `chdir("..")` from a working directory
+/// another process had removed asked for its attributes and got ENOENT), nothing can be made
+/// in a removed directory, and forgetting it frees it. One still pinned at unmount is freed
+/// by the unmount. The image is clean after both.
+#[test]
+fn pinned_unlinked_inodes_live_until_forgotten() {
+    let img = scratch("pinned-unlinked");
+    mke2fs(&img.0, "32M", &[]);
+    let fs = Fs::open_path(&img.0, rw()).unwrap();
+    let files_free = fs.statfs().files_free;
+    let mk = |n: &str, dir: bool| {
+        let a = if dir {
+            fs.mkdir(2, n.as_bytes(), 0o755, 0, 0).unwrap()
+        } else {
+            let a = fs.create(2, n.as_bytes(), 0o644, 0, 0).unwrap();
+            fs.write(a.ino, 0, &vec![1u8; 50_000]).unwrap();
+            a
+        };
+        fs.pin_ino(a.ino, true);
+        a.ino
+    };
+    let (d, f, a, b, x, _y, kept) = (
+        mk("d", true),
+        mk("f", false),
+        mk("a", true),
+        mk("b", true),
+        mk("x", false),
+        mk("y", false),
+        mk("kept", true),
+    );
+    let plain = RenameFlags::default();
+    fs.rmdir(2, b"d").unwrap();
+    fs.unlink(2, b"f").unwrap();
+    fs.rename(2, b"b", 2, b"a", plain).unwrap();
+    fs.rename(2, b"y", 2, b"x", plain).unwrap();
+    fs.rmdir(2, b"kept").unwrap();
+    for (ino, what) in [
+        (d, "rmdir"),
+        (f, "unlink"),
+        (a, "dir renamed over"),
+        (x, "file renamed over"),
+    ] {
+        let at = fs
+            .getattr(ino)
+            .unwrap_or_else(|e| panic!("{what}: getattr of a pinned inode: {e}"));
+        assert_eq!(at.nlink, 0, "{what}: link count");
+    }
+    assert!(matches!(
+        fs.create(d, b"n", 0o644, 0, 0),
+        Err(Error::NotFound)
+    ));
+    let mut buf = vec![0u8; 100];
+    assert_eq!(fs.read(f, 0, &mut buf).unwrap(), 100);
+    assert_eq!(buf, vec![1u8; 100]);
+    // Alive, so not yet free; the last release of an open does not free a pinned one.
+    assert_eq!(fs.statfs().files_free, files_free - 7);
+    fs.open(f).unwrap();
+    fs.release(f).unwrap();
+    fs.getattr(f).unwrap();
+    for ino in [d, f, a, x] {
+        fs.pin_ino(ino, false);
+        fs.forgotten(ino).unwrap();
+        assert!(
+            matches!(fs.getattr(ino), Err(Error::NotFound)),
+            "{ino} not freed"
+        );
+    }
+    // Live inodes forgotten stay as they are.
+    fs.pin_ino(b, false);
+    fs.forgotten(b).unwrap();
+    fs.getattr(b).unwrap();
+    assert_eq!(fs.statfs().files_free, files_free - 3);
+    let _ = kept;
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+    let fs = Fs::open_path(&img.0, rw()).unwrap();
+    assert_eq!(
+        fs.statfs().files_free,
+        files_free - 2,
+        "kept freed by the unmount"
+    );
+    fs.unmount().unwrap();
+}
+
+/// The kernel's forget of a pinned inode races with the removal of its last name, from
+/// another thread (a FUSE server's request threads): whichever comes last frees the inode,
+/// exactly once. Every inode must be free at the end and the image clean.
+#[test]
+fn forget_racing_the_last_unlink_frees_once() {
+    let img = scratch("pinned-race");
+    mke2fs(&img.0, "64M", &[]);
+    let fs = std::sync::Arc::new(Fs::open_path(&img.0, rw()).unwrap());
+    let files_free = fs.statfs().files_free;
+    for round in 0..20 {
+        let n = 100;
+        let inos: Vec<u32> = (0..n)
+            .map(|i| {
+                let name = format!("r{round}-{i}");
+                let a = if i % 3 == 0 {
+                    fs.mkdir(2, name.as_bytes(), 0o755, 0, 0).unwrap()
+                } else {
+                    let a = fs.create(2, name.as_bytes(), 0o644, 0, 0).unwrap();
+                    fs.write(a.ino, 0, &[7u8; 3000]).unwrap();
+                    a
+                };
+                fs.pin_ino(a.ino, true);
+                a.ino
+            })
+            .collect();
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(3));
+        let remover = {
+            let (fs, b) = (fs.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                b.wait();
+                for i in 0..n {
+                    let name = format!("r{round}-{i}");
+                    if i % 3 == 0 {
+                        fs.rmdir(2, name.as_bytes()).unwrap();
+                    } else {
+                        fs.unlink(2, name.as_bytes()).unwrap();
+                    }
+                }
+            })
+        };
+        let forgetter = {
+            let (fs, b, inos) = (fs.clone(), barrier.clone(), inos.clone());
+            std::thread::spawn(move || {
+                b.wait();
+                // Backwards, so that each thread meets the other's work on the way.
+                for &ino in inos.iter().rev() {
+                    fs.pin_ino(ino, false);
+                    fs.forgotten(ino).unwrap();
+                }
+            })
+        };
+        barrier.wait();
+        for &ino in &inos {
+            // Attributes as long as pinned or named; afterwards gone.
+            let _ = fs.getattr(ino);
+        }
+        remover.join().unwrap();
+        forgetter.join().unwrap();
+        for &ino in &inos {
+            assert!(
+                matches!(fs.getattr(ino), Err(Error::NotFound)),
+                "{ino} left alive"
+            );
+        }
+        assert_eq!(
+            fs.statfs().files_free,
+            files_free,
+            "round {round}: inodes leaked"
+        );
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+}
