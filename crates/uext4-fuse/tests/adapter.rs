@@ -324,3 +324,53 @@ fn lookup_of_dot_and_dotdot_by_node_id() {
     k.server.destroy();
     e2fsck_clean(&img);
 }
+
+/// An inode the kernel still holds (looked up, not forgotten) whose last name goes, by RMDIR,
+/// UNLINK or a RENAME over it, answers GETATTR with link count 0 until the kernel's FORGET
+/// (or BATCH_FORGET) lets it go, as the kernel's ext4 keeps it until its last iput: a
+/// process's working directory removed by another must still stat (fstests generic/011's
+/// `chdir("..")` got ENOENT). Forgotten, it is freed.
+#[test]
+fn removed_inodes_live_until_the_kernel_forgets_them() {
+    let s = scratch("adapter-forget-removed");
+    let img = s.0.clone();
+    let mut k = Kernel::new(Uext4Fuse::new(fs(&img), Options::default()));
+    k.init(offered());
+    let nlink = |k: &mut Kernel, node: u64| {
+        k.call(abi::GETATTR, node, &[0; 16], &[])
+            .map(|r| Fields(&r).u32(16 + 64))
+    };
+    let r = k
+        .call(abi::MKDIR, 1, &u32s(&[0o755, 0o022]), b"d\0")
+        .unwrap();
+    let d = Fields(&r).u64(0);
+    let f = k.create("f");
+    assert_eq!(k.call(abi::RELEASE, f, &[0; 24], &[]), Ok(vec![]));
+    let x = k.create("x");
+    assert_eq!(k.call(abi::RELEASE, x, &[0; 24], &[]), Ok(vec![]));
+    let y = k.create("y");
+    assert_eq!(k.call(abi::RELEASE, y, &[0; 24], &[]), Ok(vec![]));
+    assert_eq!(k.call(abi::RMDIR, 1, &[], b"d\0"), Ok(vec![]));
+    assert_eq!(k.call(abi::UNLINK, 1, &[], b"f\0"), Ok(vec![]));
+    assert_eq!(k.call(abi::RENAME, 1, &u64s(&[1]), b"y\0x\0"), Ok(vec![]));
+    for (node, what) in [(d, "rmdir"), (f, "unlink"), (x, "renamed over")] {
+        assert_eq!(nlink(&mut k, node), Ok(0), "{what}");
+    }
+    assert_eq!(nlink(&mut k, y), Ok(1));
+    assert_eq!(k.call(abi::FORGET, d, &u64s(&[1]), &[]), Err(0));
+    assert_eq!(nlink(&mut k, d), Err(libc::ENOENT), "forgotten directory");
+    let mut fg = u32s(&[2, 0]);
+    fg.truncate(8);
+    assert_eq!(
+        k.call(abi::BATCH_FORGET, 0, &fg, &u64s(&[f, 1, x, 1])),
+        Err(0)
+    );
+    assert_eq!(nlink(&mut k, f), Err(libc::ENOENT), "forgotten file");
+    assert_eq!(
+        nlink(&mut k, x),
+        Err(libc::ENOENT),
+        "forgotten file renamed over"
+    );
+    k.server.destroy();
+    e2fsck_clean(&img);
+}
