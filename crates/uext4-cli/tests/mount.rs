@@ -1721,7 +1721,8 @@ done
 
 /// A process's working directory removed by another (rmdir, or a directory renamed over
 /// it) stays usable as on the kernel's ext4 once the kernel's cached attributes have timed
-/// out: `stat .` shows link count 0, nothing can be made in it, `cd ..` works (fstests
+/// out: `stat .` shows link count 0, nothing can be made in it, `cd ..` works; so does an
+/// open fifo whose name went (the kernel opens it without asking the server) (fstests
 /// generic/011: dirstress's `chdir("..")` failed with ENOENT when the server had freed the
 /// directory while the kernel still held it).
 #[test]
@@ -1734,13 +1735,15 @@ mkdir gone keep keep/a b
  cd .. && echo "up: $(ls | tr '\n' ' ')") > o1 2>&1 &
 (cd keep/a && mv -T "$1/b" "$1/keep/a" && sleep 1.3 && stat -c 'renamed over: %h %F' .
  cd .. && echo "up: $(ls | tr '\n' ' ')") > o2 2>&1 &
+(mkfifo p && exec 9<>p && rm p && sleep 1.3 && stat -L -c 'open fifo removed: %h %F' /dev/fd/9) > o3 2>&1 &
 wait
-cat o1 o2
+cat o1 o2 o3
 "#;
     let Some((kernel, ours)) = on_kernel_and_uext4("rmcwd", &["stat", "mv"], SCRIPT) else {
         return;
     };
     assert!(kernel.contains("rmdir: 0 directory"), "{kernel}");
+    assert!(kernel.contains("open fifo removed: 0 fifo"), "{kernel}");
     assert_eq!(ours, kernel, "uext4 (left) differs from the kernel (right)");
 }
 
