@@ -82,6 +82,7 @@ mod namei;
 mod nbd;
 mod orphan;
 pub mod partition;
+mod place;
 mod super_info;
 mod sync;
 mod transaction;
@@ -115,6 +116,7 @@ pub use namei::{
     FT_UNKNOWN, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT,
 };
 pub use nbd::NbdDevice;
+pub use place::Placed;
 pub use transaction::TxnStats;
 pub use trim::Trimmed;
 pub use xattr::XattrFlags;

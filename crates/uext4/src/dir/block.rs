@@ -165,9 +165,24 @@ impl Fs {
         pblk: u64,
         b: &[u8],
     ) -> Result<Vec<Dirent>> {
+        self.dir_leaf_entries(dir, st, (lblk, pblk), b, false)
+    }
+
+    /// As `dir_validate_block`; with `checked` (the cache saw these bytes match the checksum
+    /// since they last changed) the checksum is not computed again.
+    fn dir_leaf_entries(
+        &self,
+        dir: u32,
+        st: &InodeState,
+        (lblk, pblk): (u32, u64),
+        b: &[u8],
+        checked: bool,
+    ) -> Result<Vec<Dirent>> {
         let bs = b.len();
         let mut end = bs;
-        if self.geo.metadata_csum {
+        if self.geo.metadata_csum && checked {
+            end = bs - DIRENT_TAIL_SIZE;
+        } else if self.geo.metadata_csum {
             if !has_tail(b) {
                 return Err(self.dir_csum_err(dir, lblk, pblk, "no directory checksum tail"));
             }
@@ -249,12 +264,23 @@ impl Fs {
     ) -> Result<Option<(u32, u8, usize)>> {
         let buf = self.bcache.get(pblk)?;
         let data = buf.read();
-        for e in self.dir_validate_block(dir, st, lblk, pblk, &data)? {
+        let checked = buf.checked_for(dir);
+        let entries = self.dir_leaf_entries(dir, st, (lblk, pblk), &data, checked)?;
+        buf.set_checked(dir);
+        for e in entries {
             if e.inode != 0 && e.name_len == name.len() && e.name(&data) == name {
                 return Ok(Some((e.inode, e.ftype, e.off)));
             }
         }
         Ok(None)
+    }
+
+    /// A copy of the leaf at `pblk`, and whether its checksum is known to match (as
+    /// `leaf_insert` takes them).
+    pub(crate) fn leaf_copy(&self, dir: u32, pblk: u64) -> Result<(Vec<u8>, bool)> {
+        let buf = self.bcache.get(pblk)?;
+        let data = buf.read();
+        Ok((data.to_vec(), buf.checked_for(dir)))
     }
 
     /// Writes a changed leaf block through the handle (checksum tail first).
@@ -268,28 +294,32 @@ impl Fs {
     ) -> Result<()> {
         self.set_leaf_csum(dir, st, data);
         let buf = self.bcache.get(pblk)?;
-        buf.write().copy_from_slice(data);
+        let mut g = buf.write();
+        g.copy_from_slice(data);
+        buf.set_checked(dir);
+        drop(g);
         h.dirty(&buf);
         Ok(())
     }
 
     /// Tries to put an entry into a leaf block in memory: an unused entry big enough, or the
-    /// slack after a live one. Returns false if there is no room.
+    /// slack after a live one. Returns false if there is no room. `checked`: the bytes are
+    /// known to match their checksum (`leaf_copy`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn leaf_insert(
         &self,
         dir: u32,
         st: &InodeState,
-        lblk: u32,
-        pblk: u64,
+        (lblk, pblk): (u32, u64),
         data: &mut [u8],
+        checked: bool,
         name: &[u8],
         ino: u32,
         ftype: u8,
     ) -> Result<bool> {
         let need = rec_len_for(name.len());
         let ft = self.ft(ftype);
-        for e in self.dir_validate_block(dir, st, lblk, pblk, data)? {
+        for e in self.dir_leaf_entries(dir, st, (lblk, pblk), data, checked)? {
             if e.inode == 0 && e.rec_len >= need {
                 put_dirent(data, e.off, ino, e.rec_len, name, ft);
                 return Ok(true);

@@ -1,14 +1,14 @@
 //! Reading a host tree for a copy into an image, on a thread of its own: the walk (names in
-//! order, status, extended attributes, link targets, the data of small files) runs ahead of
-//! the copy, which only makes entries. The order is the copy's (names sorted in each
-//! directory), so the image does not depend on how fast either side runs.
+//! order, status, extended attributes, link targets, regular files opened) runs ahead of the
+//! copy, which only makes entries. The order is the copy's (names sorted in each directory),
+//! so the image does not depend on how fast either side runs.
 //!
 //! Entries are reached relative to their directory's descriptor (`fstatat`, `openat`), not by
 //! full paths the kernel would walk again for every entry. What is read ahead is bounded: at
-//! most [`AHEAD`] batches of [`BATCH`] entries and [`BUDGET`] bytes of file data are on their
-//! way (entries travel in batches: one wake-up of the other side per batch), and only files
-//! up to [`PRELOAD`] bytes travel with their data (larger ones travel as an open file the copy
-//! reads in pieces), so memory does not grow with the tree.
+//! most [`AHEAD`] batches of [`BATCH`] entries are on their way (entries travel in batches:
+//! one wake-up of the other side per batch). File data is not read here: files travel open,
+//! and their bytes go from the file to the image in the kernel (data_writer.rs), so memory
+//! does not grow with the tree.
 
 use crate::host::fd_xattrs;
 use anyhow::{anyhow, Context, Result};
@@ -16,50 +16,15 @@ use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, Condvar, Mutex};
 
 /// Batches of entries read ahead of the copy.
 const AHEAD: usize = 8;
 /// Entries sent at once.
 const BATCH: usize = 32;
-/// Files up to this size are read whole by the walk.
-const PRELOAD: u64 = 512 << 10;
 /// Directory levels whose descriptors stay open during the walk.
 const HELD: usize = 64;
-/// File data read ahead of the copy, in bytes (at least one file's).
-const BUDGET: u64 = 2 << 20;
-
-/// The bytes of file data read and not yet copied, shared by the walk and the copy.
-#[derive(Default)]
-pub(super) struct Budget {
-    used: Mutex<u64>,
-    freed: Condvar,
-}
-
-impl Budget {
-    /// Whether `n` more bytes fit now.
-    fn fits(&self, n: u64) -> bool {
-        let used = *self.used.lock().unwrap_or_else(|e| e.into_inner());
-        used == 0 || used + n <= BUDGET
-    }
-    /// Waits until `n` more bytes fit (or nothing is in flight), then counts them.
-    fn take(&self, n: u64) {
-        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
-        while *used > 0 && *used + n > BUDGET {
-            used = self.freed.wait(used).unwrap_or_else(|e| e.into_inner());
-        }
-        *used += n;
-    }
-    /// The copy is done with `n` bytes.
-    pub(super) fn give(&self, n: u64) {
-        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
-        *used = used.saturating_sub(n);
-        self.freed.notify_one();
-    }
-}
 
 /// What `lstat` says of a host entry, as far as a copy uses it.
 #[derive(Clone, Copy)]
@@ -104,13 +69,9 @@ impl Stat {
     }
 }
 
-/// A regular file's contents.
-pub(super) enum Data {
-    /// The whole file (it has no holes).
-    Bytes(Vec<u8>),
-    /// A large or sparse file, open, with its data segments (offset, length).
-    Open(File, Vec<(u64, u64)>),
-}
+/// A regular file, open, with its data segments (offset, length): one segment over the whole
+/// file unless it has holes.
+pub(super) struct Data(pub(super) File, pub(super) Vec<(u64, u64)>);
 
 /// What a host entry is, with what the copy needs of it besides its status.
 pub(super) enum Kind {
@@ -142,14 +103,12 @@ pub(super) fn walk<'s>(
     scope: &'s std::thread::Scope<'s, '_>,
     top: &Path,
     recursive: bool,
-    budget: Arc<Budget>,
 ) -> Receiver<Result<Vec<Entry>>> {
     let (tx, rx) = sync_channel(AHEAD);
     let top = top.to_path_buf();
     scope.spawn(move || {
         let w = Walk {
             tx,
-            budget: &budget,
             pending: Default::default(),
         };
         let r = w.top(&top, recursive);
@@ -170,14 +129,13 @@ impl From<Gone> for anyhow::Error {
     }
 }
 
-struct Walk<'b> {
+struct Walk {
     tx: SyncSender<Result<Vec<Entry>>>,
-    budget: &'b Budget,
     /// Entries not yet sent.
     pending: std::cell::RefCell<Vec<Entry>>,
 }
 
-impl Walk<'_> {
+impl Walk {
     fn send(&self, e: Entry) -> Result<()> {
         let full = {
             let mut p = self.pending.borrow_mut();
@@ -270,28 +228,12 @@ impl Walk<'_> {
             let xattrs = fd_xattrs(fd.as_raw_fd());
             let f = File::from(fd);
             // A file with as many blocks as bytes has no holes: no need to ask where they are.
-            let sparse = st.blocks * 512 < st.size;
-            let data = if st.size <= PRELOAD && !sparse {
-                // The bytes of entries not yet sent cannot come back: send them before
-                // waiting.
-                if !self.budget.fits(st.size) {
-                    self.flush()?;
-                }
-                self.budget.take(st.size);
-                let mut v = vec![0u8; st.size as usize];
-                if let Err(e) = f.read_exact_at(&mut v, 0) {
-                    self.budget.give(st.size);
-                    return Err(e.into());
-                }
-                Data::Bytes(v)
+            let segs = if st.blocks * 512 < st.size {
+                crate::host::host_segments(&f, st.size)
             } else {
-                let segs = if sparse {
-                    crate::host::host_segments(&f, st.size)
-                } else {
-                    vec![(0, st.size)]
-                };
-                Data::Open(f, segs)
+                vec![(0, st.size)]
             };
+            let data = Data(f, segs);
             Kind::File(data, xattrs)
         } else if st.is_symlink() {
             let target = readlink_at(dir, name)?;
