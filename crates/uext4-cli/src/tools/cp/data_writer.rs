@@ -14,12 +14,17 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use uext4::{Fs, Placed};
 
-/// Files handed over and not yet written (each holds a descriptor).
-const QUEUE: usize = 64;
+/// Batches handed over and not yet written.
+const QUEUE: usize = 4;
+/// Files sent at once (each holds a descriptor until written): one wake-up of the thread per
+/// batch.
+const BATCH: usize = 32;
+
+/// A source file (its host path, for messages) and where its bytes go.
+type Fill = (PathBuf, File, Vec<Placed>);
 
 enum Msg {
-    /// A source file (its host path, for messages) and where its bytes go.
-    Fill(PathBuf, File, Vec<Placed>),
+    Fill(Vec<Fill>),
     /// Answer once everything sent before is written.
     Drain(SyncSender<()>),
 }
@@ -27,6 +32,8 @@ enum Msg {
 /// The sending side; the thread ends when it is dropped.
 pub(super) struct DataWriter {
     tx: Option<SyncSender<Msg>>,
+    /// Files not yet sent.
+    pending: std::cell::RefCell<Vec<Fill>>,
     /// The first failure of the thread, which then stops.
     failed: Arc<Mutex<Option<anyhow::Error>>>,
 }
@@ -40,17 +47,35 @@ impl DataWriter {
         scope.spawn(move || run(fs, rx, &f));
         DataWriter {
             tx: Some(tx),
+            pending: Default::default(),
             failed,
         }
     }
 
     /// Writes `file`'s bytes into `placed` (in order), later.
     pub(super) fn fill(&self, path: PathBuf, file: File, placed: Vec<Placed>) -> Result<()> {
-        self.send(Msg::Fill(path, file, placed))
+        let full = {
+            let mut p = self.pending.borrow_mut();
+            p.push((path, file, placed));
+            p.len() >= BATCH
+        };
+        match full {
+            true => self.flush(),
+            false => Ok(()),
+        }
+    }
+
+    fn flush(&self) -> Result<()> {
+        let batch = std::mem::take(&mut *self.pending.borrow_mut());
+        match batch.is_empty() {
+            true => Ok(()),
+            false => self.send(Msg::Fill(batch)),
+        }
     }
 
     /// Waits until everything handed over is written; the thread's failure, if any.
     pub(super) fn drain(&self) -> Result<()> {
+        self.flush()?;
         let (tx, rx) = sync_channel(1);
         self.send(Msg::Drain(tx))?;
         rx.recv().map_err(|_| self.failure())
@@ -88,13 +113,16 @@ fn run(fs: &Fs, rx: Receiver<Msg>, failed: &Mutex<Option<anyhow::Error>>) {
 fn serve(fs: &Fs, rx: &Receiver<Msg>) -> Result<()> {
     for m in rx {
         match m {
-            Msg::Fill(path, file, placed) => {
-                for p in &placed {
-                    let got = fs
-                        .fill_placed(p, &file, p.file_off)
-                        .map_err(|e| anyhow!("{}: {e}", path.display()))?;
-                    if got < p.len {
-                        return Err(anyhow!("{}: the file shrank while copied", path.display()));
+            Msg::Fill(batch) => {
+                for (path, file, placed) in batch {
+                    for p in &placed {
+                        let got = fs
+                            .fill_placed(p, &file, p.file_off)
+                            .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+                        if got < p.len {
+                            let what = path.display();
+                            return Err(anyhow!("{what}: the file shrank while copied"));
+                        }
                     }
                 }
             }

@@ -187,13 +187,23 @@ impl Walk {
         let xattrs = fd_xattrs(fd.as_raw_fd());
         let held = (depth < HELD).then_some(fd);
         let at = held.as_ref().map_or(libc::AT_FDCWD, |fd| fd.as_raw_fd());
-        for n in names {
+        for (n, regular) in names {
             let p = path.join(std::ffi::OsStr::from_bytes(n.to_bytes()));
             let bytes = n.to_bytes().to_vec();
             let n = match held {
                 Some(_) => n,
                 None => cstring(p.as_os_str().as_bytes())?,
             };
+            // A regular file (as the listing says) is opened first and its status read from
+            // the descriptor: one lookup of the name instead of two. Anything else, or a name
+            // that changed meanwhile, goes the general way.
+            if let Some((fd, st)) = regular.then(|| open_regular(at, &n)).flatten() {
+                let e = self
+                    .file(fd, p.clone(), bytes, st)
+                    .with_context(|| p.display().to_string())?;
+                self.send(e)?;
+                continue;
+            }
             let st = lstat_at(at, &n).with_context(|| p.display().to_string())?;
             if st.is_dir() {
                 let sub =
@@ -224,17 +234,7 @@ impl Walk {
         st: Stat,
     ) -> Result<Entry> {
         let kind = if st.is_file() {
-            let fd = open_at(dir, name, 0)?;
-            let xattrs = fd_xattrs(fd.as_raw_fd());
-            let f = File::from(fd);
-            // A file with as many blocks as bytes has no holes: no need to ask where they are.
-            let segs = if st.blocks * 512 < st.size {
-                crate::host::host_segments(&f, st.size)
-            } else {
-                vec![(0, st.size)]
-            };
-            let data = Data(f, segs);
-            Kind::File(data, xattrs)
+            return self.file(open_at(dir, name, 0)?, path, bytes, st);
         } else if st.is_symlink() {
             let target = readlink_at(dir, name)?;
             Kind::Symlink(target, crate::host::host_xattrs(&path))
@@ -250,6 +250,40 @@ impl Walk {
             kind,
         })
     }
+}
+
+impl Walk {
+    /// A regular file, open: data segments and extended attributes.
+    fn file(&self, fd: OwnedFd, path: PathBuf, bytes: Vec<u8>, st: Stat) -> Result<Entry> {
+        let xattrs = fd_xattrs(fd.as_raw_fd());
+        let f = File::from(fd);
+        // A file with as many blocks as bytes has no holes: no need to ask where they are.
+        let segs = if st.blocks * 512 < st.size {
+            crate::host::host_segments(&f, st.size)
+        } else {
+            vec![(0, st.size)]
+        };
+        Ok(Entry {
+            path,
+            name: bytes,
+            st,
+            kind: Kind::File(Data(f, segs), xattrs),
+        })
+    }
+}
+
+/// `name` in `dir` opened and its status, if it is a regular file (without following a
+/// symlink, and without waiting on a FIFO put there since the listing).
+fn open_regular(dir: RawFd, name: &CStr) -> Option<(OwnedFd, Stat)> {
+    let fd = open_at(dir, name, libc::O_NONBLOCK | libc::O_NOCTTY).ok()?;
+    let mut s = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: a descriptor we hold and a buffer for one stat.
+    if unsafe { libc::fstat(fd.as_raw_fd(), s.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: fstat filled it.
+    let st = Stat::from(unsafe { &s.assume_init() });
+    st.is_file().then_some((fd, st))
 }
 
 fn cstring(b: &[u8]) -> Result<CString> {
@@ -296,8 +330,9 @@ fn readlink_at(dir: RawFd, name: &CStr) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// The names in a directory (without `.` and `..`).
-fn list(fd: &OwnedFd) -> std::io::Result<Vec<CString>> {
+/// The names in a directory (without `.` and `..`), each with whether the listing says it is
+/// a regular file.
+fn list(fd: &OwnedFd) -> std::io::Result<Vec<(CString, bool)>> {
     // SAFETY: dup of a valid descriptor; fdopendir takes the copy and closedir closes it.
     let dup = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
     if dup < 0 {
@@ -326,7 +361,8 @@ fn list(fd: &OwnedFd) -> std::io::Result<Vec<CString>> {
         // SAFETY: readdir's entry holds a NUL-terminated name, valid until the next call.
         let n = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()) };
         if n.to_bytes() != b"." && n.to_bytes() != b".." {
-            out.push(n.to_owned());
+            // SAFETY: as above.
+            out.push((n.to_owned(), unsafe { (*ent).d_type } == libc::DT_REG));
         }
     };
     // SAFETY: the stream opened above, closed once.
