@@ -11,44 +11,53 @@ use anyhow::{anyhow, Result};
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use uext4::{Fs, Placed};
 
-/// Batches handed over and not yet written.
+/// Batches handed over and not yet taken by a thread.
 const QUEUE: usize = 4;
-/// Files sent at once (each holds a descriptor until written): one wake-up of the thread per
+/// Files sent at once (each holds a descriptor until written): one wake-up of a thread per
 /// batch.
 const BATCH: usize = 32;
+/// Threads writing: the kernel's copying is most of the work of a build, and files are
+/// independent of each other.
+const THREADS: usize = 2;
 
 /// A source file (its host path, for messages) and where its bytes go.
 type Fill = (PathBuf, File, Vec<Placed>);
 
-enum Msg {
-    Fill(Vec<Fill>),
-    /// Answer once everything sent before is written.
-    Drain(SyncSender<()>),
+/// What the copy and the threads share.
+#[derive(Default)]
+struct Shared {
+    /// Batches sent and not yet written.
+    in_flight: Mutex<usize>,
+    written: Condvar,
+    /// The first failure; once set, the threads drop what they get unwritten.
+    failed: Mutex<Option<anyhow::Error>>,
 }
 
-/// The sending side; the thread ends when it is dropped.
+/// The sending side; the threads end when it is dropped.
 pub(super) struct DataWriter {
-    tx: Option<SyncSender<Msg>>,
+    tx: Option<SyncSender<Vec<Fill>>>,
     /// Files not yet sent.
     pending: std::cell::RefCell<Vec<Fill>>,
-    /// The first failure of the thread, which then stops.
-    failed: Arc<Mutex<Option<anyhow::Error>>>,
+    shared: Arc<Shared>,
 }
 
 impl DataWriter {
-    /// Starts the thread in `scope`.
+    /// Starts the threads in `scope`.
     pub(super) fn start<'s>(scope: &'s std::thread::Scope<'s, '_>, fs: &'s Fs) -> DataWriter {
         let (tx, rx) = sync_channel(QUEUE);
-        let failed = Arc::new(Mutex::new(None));
-        let f = failed.clone();
-        scope.spawn(move || run(fs, rx, &f));
+        let rx = Arc::new(Mutex::new(rx));
+        let shared = Arc::new(Shared::default());
+        for _ in 0..THREADS {
+            let (rx, shared) = (rx.clone(), shared.clone());
+            scope.spawn(move || run(fs, &rx, &shared));
+        }
         DataWriter {
             tx: Some(tx),
             pending: Default::default(),
-            failed,
+            shared,
         }
     }
 
@@ -67,34 +76,37 @@ impl DataWriter {
 
     fn flush(&self) -> Result<()> {
         let batch = std::mem::take(&mut *self.pending.borrow_mut());
-        match batch.is_empty() {
-            true => Ok(()),
-            false => self.send(Msg::Fill(batch)),
+        if batch.is_empty() {
+            return Ok(());
+        }
+        *lock(&self.shared.in_flight) += 1;
+        let tx = self.tx.as_ref().expect("running writers");
+        if tx.send(batch).is_err() {
+            *lock(&self.shared.in_flight) -= 1;
+            return Err(anyhow!("the file data writers stopped"));
+        }
+        Ok(())
+    }
+
+    /// Waits until everything handed over is written; the first failure, if any.
+    pub(super) fn drain(&self) -> Result<()> {
+        self.flush()?;
+        let mut n = lock(&self.shared.in_flight);
+        while *n > 0 {
+            n = self
+                .shared
+                .written
+                .wait(n)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        drop(n);
+        match lock(&self.shared.failed).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 
-    /// Waits until everything handed over is written; the thread's failure, if any.
-    pub(super) fn drain(&self) -> Result<()> {
-        self.flush()?;
-        let (tx, rx) = sync_channel(1);
-        self.send(Msg::Drain(tx))?;
-        rx.recv().map_err(|_| self.failure())
-    }
-
-    fn send(&self, m: Msg) -> Result<()> {
-        let tx = self.tx.as_ref().expect("a running writer");
-        tx.send(m).map_err(|_| self.failure())
-    }
-
-    fn failure(&self) -> anyhow::Error {
-        self.failed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-            .unwrap_or_else(|| anyhow!("the file data writer stopped"))
-    }
-
-    /// Drains, then ends the thread.
+    /// Drains, then ends the threads.
     pub(super) fn finish(mut self) -> Result<()> {
         let r = self.drain();
         self.tx = None;
@@ -102,32 +114,35 @@ impl DataWriter {
     }
 }
 
-/// The thread: writes until the sender is gone, or records its first failure and stops (the
-/// queue goes with it, so a sender waiting on it wakes).
-fn run(fs: &Fs, rx: Receiver<Msg>, failed: &Mutex<Option<anyhow::Error>>) {
-    if let Err(e) = serve(fs, &rx) {
-        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A thread: writes the batches it takes until the sender is gone.
+fn run(fs: &Fs, rx: &Mutex<Receiver<Vec<Fill>>>, shared: &Shared) {
+    loop {
+        let Ok(batch) = lock(rx).recv() else {
+            return;
+        };
+        if lock(&shared.failed).is_none() {
+            if let Err(e) = write(fs, batch) {
+                lock(&shared.failed).get_or_insert(e);
+            }
+        }
+        *lock(&shared.in_flight) -= 1;
+        shared.written.notify_all();
     }
 }
 
-fn serve(fs: &Fs, rx: &Receiver<Msg>) -> Result<()> {
-    for m in rx {
-        match m {
-            Msg::Fill(batch) => {
-                for (path, file, placed) in batch {
-                    for p in &placed {
-                        let got = fs
-                            .fill_placed(p, &file, p.file_off)
-                            .map_err(|e| anyhow!("{}: {e}", path.display()))?;
-                        if got < p.len {
-                            let what = path.display();
-                            return Err(anyhow!("{what}: the file shrank while copied"));
-                        }
-                    }
-                }
-            }
-            Msg::Drain(ack) => {
-                let _ = ack.send(());
+fn write(fs: &Fs, batch: Vec<Fill>) -> Result<()> {
+    for (path, file, placed) in batch {
+        for p in &placed {
+            let got = fs
+                .fill_placed(p, &file, p.file_off)
+                .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+            if got < p.len {
+                let what = path.display();
+                return Err(anyhow!("{what}: the file shrank while copied"));
             }
         }
     }
