@@ -35,7 +35,7 @@ pub trait BlockDevice: Send + Sync {
     /// allocated (as `write_new_at`); fewer where `src` ends sooner. Returns how many bytes it
     /// copied. This default reads through a buffer; an image file has the kernel copy them.
     fn copy_new_from(&self, off: u64, src: &File, src_off: u64, len: u64) -> io::Result<u64> {
-        copy_through_buffer(self, off, src, src_off, len)
+        copy::copy_through_buffer(self, off, src, src_off, len)
     }
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
@@ -79,30 +79,6 @@ pub trait BlockDevice: Send + Sync {
     fn name(&self) -> Option<String> {
         None
     }
-}
-
-/// The trait's default `copy_new_from`: pread into a buffer, then `write_new_at`.
-fn copy_through_buffer<D: BlockDevice + ?Sized>(
-    dev: &D,
-    off: u64,
-    src: &File,
-    src_off: u64,
-    len: u64,
-) -> io::Result<u64> {
-    let mut buf = vec![0u8; len.min(1 << 20) as usize];
-    let mut done = 0u64;
-    while done < len {
-        let want = (len - done).min(buf.len() as u64) as usize;
-        let got = match src.read_at(&mut buf[..want], src_off + done) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        dev.write_new_at(off + done, &buf[..got])?;
-        done += got as u64;
-    }
-    Ok(done)
 }
 
 /// The last component of the path that `file` was opened by.
@@ -304,51 +280,10 @@ impl BlockDevice for FileDevice {
         self.file.write_all_at(buf, off)
     }
     fn copy_new_from(&self, off: u64, src: &File, src_off: u64, len: u64) -> io::Result<u64> {
-        use std::os::fd::AsRawFd;
         if self.read_only {
             return Err(io::Error::from_raw_os_error(libc::EROFS));
         }
-        let mut done = 0u64;
-        while done < len {
-            let mut from = (src_off + done) as libc::loff_t;
-            let mut to = (off + done) as libc::loff_t;
-            let want = (len - done).min(1 << 30) as usize;
-            // SAFETY: two descriptors we hold and offsets on our stack; no memory is passed.
-            let n = unsafe {
-                libc::copy_file_range(
-                    src.as_raw_fd(),
-                    &mut from,
-                    self.file.as_raw_fd(),
-                    &mut to,
-                    want,
-                    0,
-                )
-            };
-            match n {
-                0 => break,
-                n if n > 0 => done += n as u64,
-                _ => {
-                    let e = io::Error::last_os_error();
-                    match e.raw_os_error() {
-                        Some(libc::EINTR) => continue,
-                        // Not between these two files (another filesystem, a kernel without
-                        // it): copy the rest through a buffer.
-                        Some(libc::EXDEV | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {
-                            return copy_through_buffer(
-                                self,
-                                off + done,
-                                src,
-                                src_off + done,
-                                len - done,
-                            )
-                            .map(|n| done + n);
-                        }
-                        _ => return Err(e),
-                    }
-                }
-            }
-        }
-        Ok(done)
+        copy::kernel_copy(self, &self.file, off, src, src_off, len)
     }
     fn flush(&self) -> io::Result<()> {
         if self.read_only {
@@ -1235,5 +1170,6 @@ impl BlockDevice for RegionDevice {
     }
 }
 
+mod copy;
 #[cfg(test)]
 mod tests;

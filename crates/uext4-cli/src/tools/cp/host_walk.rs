@@ -106,6 +106,7 @@ pub(super) fn walk<'s>(
 ) -> Receiver<Result<Vec<Entry>>> {
     let (tx, rx) = sync_channel(AHEAD);
     let top = top.to_path_buf();
+    raise_descriptor_limit();
     scope.spawn(move || {
         let w = Walk {
             tx,
@@ -284,6 +285,23 @@ fn open_regular(dir: RawFd, name: &CStr) -> Option<(OwnedFd, Stat)> {
     // SAFETY: fstat filled it.
     let st = Stat::from(unsafe { &s.assume_init() });
     st.is_file().then_some((fd, st))
+}
+
+/// Files travel open from the walk to the data writers (a few hundred at a time, besides the
+/// directories held): the soft limit on descriptors goes up to the hard one, as far as it
+/// can.
+fn raise_descriptor_limit() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write one struct on our stack.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
 }
 
 fn cstring(b: &[u8]) -> Result<CString> {
