@@ -46,14 +46,24 @@ pub(crate) fn fd_xattrs(fd: std::os::fd::RawFd) -> std::io::Result<Vec<(Vec<u8>,
 
 /// Lists and reads extended attributes with the system calls given (by path or by
 /// descriptor), growing the buffers on ERANGE; none where the filesystem has no support.
+/// The list is first asked for its length: most files have none, and then nothing is
+/// allocated.
 fn read_xattrs(
     mut list: impl FnMut(&mut [u8]) -> isize,
     mut get: impl FnMut(&std::ffi::CStr, &mut [u8]) -> isize,
 ) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let mut names = vec![0u8; 1024];
+    let mut names = Vec::new();
     let n = loop {
         let n = list(&mut names);
-        if n >= 0 {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        if n > 0 && names.is_empty() {
+            // The length asked for: now the names (the list may grow meanwhile: ERANGE).
+            names.resize(n as usize, 0);
+            continue;
+        }
+        if n > 0 {
             break n as usize;
         }
         let e = std::io::Error::last_os_error();

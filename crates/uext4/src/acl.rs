@@ -93,6 +93,9 @@ pub(crate) struct NewOwner<'a> {
     gid: u32,
     cred: Option<&'a Cred>,
     umask: Umask,
+    /// The caller knows the name is not in the directory (an image builder filling a
+    /// directory it made from one listing): no lookup first.
+    pub(crate) unique: bool,
 }
 
 impl<'a> NewOwner<'a> {
@@ -102,6 +105,15 @@ impl<'a> NewOwner<'a> {
             gid,
             cred: None,
             umask: Umask::Acl(0),
+            unique: false,
+        }
+    }
+
+    /// As `raw`, for a name the caller knows is new in its directory.
+    pub(crate) fn unique(uid: u32, gid: u32) -> NewOwner<'a> {
+        NewOwner {
+            unique: true,
+            ..NewOwner::raw(uid, gid)
         }
     }
 
@@ -111,6 +123,7 @@ impl<'a> NewOwner<'a> {
             gid: cred.gid,
             cred: Some(cred),
             umask,
+            unique: false,
         }
     }
 }

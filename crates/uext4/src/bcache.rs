@@ -13,7 +13,7 @@ use crate::blockdev::BlockDevice;
 use crate::error::{Corruption, Error, Result};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 const SHARDS: usize = 64;
@@ -23,15 +23,38 @@ pub struct Buffer {
     data: RwLock<Box<[u8]>>,
     /// Set while the block is in a transaction that has not reached its home location.
     pub(crate) dirty: AtomicBool,
+    /// The directory whose leaf checksum the bytes were last found (or made) to match; 0 for
+    /// none. Any write clears it, so a lookup need not check the same bytes again.
+    checked: AtomicU32,
 }
 
 impl Buffer {
+    fn new(blk: u64, data: Box<[u8]>) -> Buffer {
+        Buffer {
+            blk,
+            data: RwLock::new(data),
+            dirty: AtomicBool::new(false),
+            checked: AtomicU32::new(0),
+        }
+    }
     pub fn read(&self) -> RwLockReadGuard<'_, Box<[u8]>> {
         self.data.read()
     }
     /// Exclusive access to the bytes. Call `Handle::dirty` after changing them.
     pub fn write(&self) -> RwLockWriteGuard<'_, Box<[u8]>> {
-        self.data.write()
+        let g = self.data.write();
+        self.checked.store(0, Ordering::Relaxed);
+        g
+    }
+    /// Whether the bytes are a leaf of directory `dir` with a matching checksum, as last seen
+    /// (call with the bytes' lock held).
+    pub(crate) fn checked_for(&self, dir: u32) -> bool {
+        self.checked.load(Ordering::Relaxed) == dir
+    }
+    /// Records that the bytes are a leaf of `dir` with a matching checksum (call with the
+    /// bytes' lock held, after any change under it).
+    pub(crate) fn set_checked(&self, dir: u32) {
+        self.checked.store(dir, Ordering::Relaxed);
     }
 }
 
@@ -104,11 +127,10 @@ impl BufferCache {
             b.write().fill(0);
             return Ok(b);
         }
-        let b = Arc::new(Buffer {
+        let b = Arc::new(Buffer::new(
             blk,
-            data: RwLock::new(vec![0u8; self.block_size].into_boxed_slice()),
-            dirty: AtomicBool::new(false),
-        });
+            vec![0u8; self.block_size].into_boxed_slice(),
+        ));
         shard.insert(blk, b.clone());
         Ok(b)
     }
@@ -122,11 +144,7 @@ impl BufferCache {
         if shard.len() >= self.per_shard_limit {
             shard.retain(|_, b| Arc::strong_count(b) > 1 || b.dirty.load(Ordering::Acquire));
         }
-        let b = Arc::new(Buffer {
-            blk,
-            data: RwLock::new(data),
-            dirty: AtomicBool::new(false),
-        });
+        let b = Arc::new(Buffer::new(blk, data));
         shard.insert(blk, b.clone());
         b
     }

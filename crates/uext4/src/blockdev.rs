@@ -31,6 +31,12 @@ pub trait BlockDevice: Send + Sync {
     fn write_new_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
         self.write_at(off, buf)
     }
+    /// Copies `len` bytes of `src` from its byte `src_off` to `off`, into blocks just
+    /// allocated (as `write_new_at`); fewer where `src` ends sooner. Returns how many bytes it
+    /// copied. This default reads through a buffer; an image file has the kernel copy them.
+    fn copy_new_from(&self, off: u64, src: &File, src_off: u64, len: u64) -> io::Result<u64> {
+        copy::copy_through_buffer(self, off, src, src_off, len)
+    }
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
     /// Size in bytes.
@@ -272,6 +278,12 @@ impl BlockDevice for FileDevice {
             return Err(io::Error::from_raw_os_error(libc::EROFS));
         }
         self.file.write_all_at(buf, off)
+    }
+    fn copy_new_from(&self, off: u64, src: &File, src_off: u64, len: u64) -> io::Result<u64> {
+        if self.read_only {
+            return Err(io::Error::from_raw_os_error(libc::EROFS));
+        }
+        copy::kernel_copy(self, &self.file, off, src, src_off, len)
     }
     fn flush(&self) -> io::Result<()> {
         if self.read_only {
@@ -1122,6 +1134,10 @@ impl BlockDevice for RegionDevice {
         let at = self.translate(off, buf.len() as u64)?;
         self.inner.write_new_at(at, buf)
     }
+    fn copy_new_from(&self, off: u64, src: &File, src_off: u64, len: u64) -> io::Result<u64> {
+        let at = self.translate(off, len)?;
+        self.inner.copy_new_from(at, src, src_off, len)
+    }
     fn flush(&self) -> io::Result<()> {
         self.inner.flush()
     }
@@ -1154,5 +1170,6 @@ impl BlockDevice for RegionDevice {
     }
 }
 
+mod copy;
 #[cfg(test)]
 mod tests;

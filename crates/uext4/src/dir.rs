@@ -139,11 +139,11 @@ impl Fs {
         let mut next = 0;
         while let Some((lblk, pblk)) = self.dir_next_block(dir, st, next, n)? {
             next = lblk + 1;
-            let mut data = self.bcache.get(pblk)?.read().to_vec();
+            let (mut data, checked) = self.leaf_copy(dir, pblk)?;
             if skip_index && (lblk == 0 || self.is_dx_node(&data)) {
                 continue;
             }
-            if self.leaf_insert(dir, st, lblk, pblk, &mut data, name, ino, ftype)? {
+            if self.leaf_insert(dir, st, (lblk, pblk), &mut data, checked, name, ino, ftype)? {
                 return self.put_leaf(h, dir, st, pblk, &mut data);
             }
         }

@@ -373,7 +373,7 @@ impl Fs {
     }
 
     /// Size and times after part of a write, logged in the same handle as its extent.
-    fn finish_write_step(
+    pub(crate) fn finish_write_step(
         &self,
         h: &mut crate::transaction::Handle<'_>,
         inode: &Inode,
@@ -412,7 +412,7 @@ impl Fs {
     /// unwritten (fallocate's zeroing, where the image has no storage for it). Returns how many
     /// blocks were mapped.
     #[allow(clippy::too_many_arguments)]
-    fn map_hole(
+    pub(crate) fn map_hole(
         &self,
         h: &mut crate::transaction::Handle<'_>,
         ino: u32,

@@ -297,6 +297,17 @@ impl BlockDevice for Counted {
         self.io.count_write(buf.len());
         self.inner.write_new_at(off, buf)
     }
+    fn copy_new_from(
+        &self,
+        off: u64,
+        src: &std::fs::File,
+        src_off: u64,
+        len: u64,
+    ) -> std::io::Result<u64> {
+        let n = self.inner.copy_new_from(off, src, src_off, len)?;
+        self.io.count_write(n as usize);
+        Ok(n)
+    }
     fn flush(&self) -> std::io::Result<()> {
         self.io.flushes.fetch_add(1, Ordering::Relaxed);
         self.inner.flush()

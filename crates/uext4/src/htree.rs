@@ -447,8 +447,9 @@ impl Fs {
         for _attempt in 0..8 {
             let (mut path, _) = self.dx_probe(dir, st, hash)?;
             let leaf = Self::path_leaf(&path);
-            let (pblk, mut data) = self.dir_read(dir, st, leaf)?;
-            if self.leaf_insert(dir, st, leaf, pblk, &mut data, name, ino, ftype)? {
+            let pblk = self.dir_pblk(dir, st, leaf)?;
+            let (mut data, checked) = self.leaf_copy(dir, pblk)?;
+            if self.leaf_insert(dir, st, (leaf, pblk), &mut data, checked, name, ino, ftype)? {
                 return self.put_leaf(h, dir, st, pblk, &mut data);
             }
             // Split the leaf: make room for one more index entry first.

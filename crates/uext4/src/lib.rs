@@ -84,6 +84,7 @@ mod nbd;
 mod orphan;
 mod overwrite;
 pub mod partition;
+mod place;
 mod super_info;
 mod sync;
 mod transaction;
@@ -117,6 +118,7 @@ pub use namei::{
     FT_UNKNOWN, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT,
 };
 pub use nbd::NbdDevice;
+pub use place::Placed;
 pub use transaction::TxnStats;
 pub use trim::Trimmed;
 pub use xattr::XattrFlags;

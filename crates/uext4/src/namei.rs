@@ -260,6 +260,34 @@ impl Fs {
         self.mknod_inner(dir, name, mode, rdev, &NewOwner::raw(uid, gid))
     }
 
+    /// As [`Fs::mknod`] (any type, directories too), for image builders that know `name` is
+    /// not in `dir`: a directory they made and fill from one listing of a source. The name is
+    /// not looked up first; a name that is there after all ends up twice in the directory,
+    /// which e2fsck reports.
+    pub fn mknod_unique(
+        &self,
+        dir: u32,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
+        self.mknod_inner(dir, name, mode, rdev, &NewOwner::unique(uid, gid))
+    }
+
+    /// As [`Fs::symlink`], for a name known to be new in `dir` (as [`Fs::mknod_unique`]).
+    pub fn symlink_unique(
+        &self,
+        dir: u32,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
+        self.symlink_inner(dir, name, target, &NewOwner::unique(uid, gid))
+    }
+
     /// Makes a node of the type in `mode` for `cred` (as [`Fs::create_as`]).
     pub fn mknod_as(
         &self,
@@ -409,7 +437,7 @@ impl Fs {
             self.check_writable()?;
             let d = self.dir_inode(dir)?;
             let _g = d.io_lock.write();
-            if is_dot(name) || self.find(&d, name)?.is_some() {
+            if is_dot(name) || (!owner.unique && self.find(&d, name)?.is_some()) {
                 return Err(Error::Exists);
             }
             check_dir_live(&d)?;

@@ -112,7 +112,8 @@ pub fn measure_tree(root: &Path, inode_size: u16, extents: bool) -> Result<Need>
         for e in std::fs::read_dir(&dir)? {
             let e = e?;
             let p = e.path();
-            let md = std::fs::symlink_metadata(&p)?;
+            // The status relative to the directory read (not following a symlink).
+            let md = e.metadata()?;
             entries += 1;
             names += e.file_name().len() as u64;
             if md.nlink() > 1 && !md.is_dir() && !links.insert((md.dev(), md.ino())) {
@@ -124,9 +125,12 @@ pub fn measure_tree(root: &Path, inode_size: u16, extents: bool) -> Result<Need>
                 stack.push(p.clone());
             } else if ft.is_symlink() {
                 need.symlink(md.len());
-            } else if ft.is_file() {
+            } else if ft.is_file() && md.blocks() * 512 < md.len() {
+                // Fewer blocks than bytes: holes to skip.
                 let f = std::fs::File::open(&p)?;
                 need.file(&crate::host::host_segments(&f, md.len()), extents);
+            } else if ft.is_file() && md.len() > 0 {
+                need.file(&[(0, md.len())], extents);
             }
             if let Ok(x) = crate::host::host_xattrs(&p) {
                 need.xattrs(

@@ -165,9 +165,44 @@ impl Fs {
         pblk: u64,
         b: &[u8],
     ) -> Result<Vec<Dirent>> {
+        self.dir_leaf_entries(dir, st, (lblk, pblk), b, false)
+    }
+
+    /// As `dir_validate_block`; with `checked` (the cache saw these bytes match the checksum
+    /// since they last changed) the checksum is not computed again.
+    fn dir_leaf_entries(
+        &self,
+        dir: u32,
+        st: &InodeState,
+        at: (u32, u64),
+        b: &[u8],
+        checked: bool,
+    ) -> Result<Vec<Dirent>> {
+        let mut out = Vec::with_capacity(b.len() / 16);
+        self.dir_leaf_each(dir, st, at, b, checked, &mut |e| {
+            out.push(e);
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// As `dir_leaf_entries`, giving each entry to `f` (which returns whether to go on)
+    /// instead of collecting them: the whole block is checked before the first (bytes the
+    /// cache saw pass were checked whole then, or written whole by `put_leaf`).
+    fn dir_leaf_each(
+        &self,
+        dir: u32,
+        st: &InodeState,
+        (lblk, pblk): (u32, u64),
+        b: &[u8],
+        checked: bool,
+        f: &mut dyn FnMut(Dirent) -> bool,
+    ) -> Result<()> {
         let bs = b.len();
         let mut end = bs;
-        if self.geo.metadata_csum {
+        if self.geo.metadata_csum && checked {
+            end = bs - DIRENT_TAIL_SIZE;
+        } else if self.geo.metadata_csum {
             if !has_tail(b) {
                 return Err(self.dir_csum_err(dir, lblk, pblk, "no directory checksum tail"));
             }
@@ -177,7 +212,11 @@ impl Fs {
                 return Err(self.dir_csum_err(dir, lblk, pblk, "leaf checksum mismatch"));
             }
         }
-        self.dir_parse_entries(&b[..end], &|why| self.dir_err(dir, lblk, pblk, why))
+        let err = |why| self.dir_err(dir, lblk, pblk, why);
+        if !checked {
+            self.dir_each_entry(&b[..end], &err, &mut |_| true)?;
+        }
+        self.dir_each_entry(&b[..end], &err, f)
     }
 
     /// Checks and returns the entries of one run of them (a leaf block up to its tail, or a
@@ -187,8 +226,23 @@ impl Fs {
         b: &[u8],
         err: &dyn Fn(String) -> Error,
     ) -> Result<Vec<Dirent>> {
+        let mut out = Vec::with_capacity(b.len() / 16);
+        self.dir_each_entry(b, err, &mut |e| {
+            out.push(e);
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// As `dir_parse_entries`, giving each entry to `f` as it is checked, until `f` returns
+    /// false.
+    fn dir_each_entry(
+        &self,
+        b: &[u8],
+        err: &dyn Fn(String) -> Error,
+        f: &mut dyn FnMut(Dirent) -> bool,
+    ) -> Result<()> {
         let end = b.len();
-        let mut out = Vec::new();
         let mut off = 0;
         while off < end {
             if off + DIRENT_HEADER > end {
@@ -218,16 +272,19 @@ impl Fs {
                      name_len {name_len})"
                 )));
             }
-            out.push(Dirent {
+            let go_on = f(Dirent {
                 off,
                 inode,
                 rec_len,
                 name_len,
                 ftype: self.ft(b[off + 7]),
             });
+            if !go_on {
+                break;
+            }
             off += rec_len;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Writes the checksum tail of a leaf block.
@@ -249,12 +306,24 @@ impl Fs {
     ) -> Result<Option<(u32, u8, usize)>> {
         let buf = self.bcache.get(pblk)?;
         let data = buf.read();
-        for e in self.dir_validate_block(dir, st, lblk, pblk, &data)? {
+        let checked = buf.checked_for(dir);
+        let mut found = None;
+        self.dir_leaf_each(dir, st, (lblk, pblk), &data, checked, &mut |e| {
             if e.inode != 0 && e.name_len == name.len() && e.name(&data) == name {
-                return Ok(Some((e.inode, e.ftype, e.off)));
+                found = Some((e.inode, e.ftype, e.off));
             }
-        }
-        Ok(None)
+            found.is_none()
+        })?;
+        buf.set_checked(dir);
+        Ok(found)
+    }
+
+    /// A copy of the leaf at `pblk`, and whether its checksum is known to match (as
+    /// `leaf_insert` takes them).
+    pub(crate) fn leaf_copy(&self, dir: u32, pblk: u64) -> Result<(Vec<u8>, bool)> {
+        let buf = self.bcache.get(pblk)?;
+        let data = buf.read();
+        Ok((data.to_vec(), buf.checked_for(dir)))
     }
 
     /// Writes a changed leaf block through the handle (checksum tail first).
@@ -268,40 +337,50 @@ impl Fs {
     ) -> Result<()> {
         self.set_leaf_csum(dir, st, data);
         let buf = self.bcache.get(pblk)?;
-        buf.write().copy_from_slice(data);
+        let mut g = buf.write();
+        g.copy_from_slice(data);
+        buf.set_checked(dir);
+        drop(g);
         h.dirty(&buf);
         Ok(())
     }
 
     /// Tries to put an entry into a leaf block in memory: an unused entry big enough, or the
-    /// slack after a live one. Returns false if there is no room.
+    /// slack after a live one. Returns false if there is no room. `checked`: the bytes are
+    /// known to match their checksum (`leaf_copy`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn leaf_insert(
         &self,
         dir: u32,
         st: &InodeState,
-        lblk: u32,
-        pblk: u64,
+        (lblk, pblk): (u32, u64),
         data: &mut [u8],
+        checked: bool,
         name: &[u8],
         ino: u32,
         ftype: u8,
     ) -> Result<bool> {
         let need = rec_len_for(name.len());
         let ft = self.ft(ftype);
-        for e in self.dir_validate_block(dir, st, lblk, pblk, data)? {
-            if e.inode == 0 && e.rec_len >= need {
-                put_dirent(data, e.off, ino, e.rec_len, name, ft);
-                return Ok(true);
+        let mut room = None;
+        self.dir_leaf_each(dir, st, (lblk, pblk), data, checked, &mut |e| {
+            if (e.inode == 0 && e.rec_len >= need) || (e.inode != 0 && e.rec_len >= e.used() + need)
+            {
+                room = Some(e);
             }
+            room.is_none()
+        })?;
+        let Some(e) = room else {
+            return Ok(false);
+        };
+        if e.inode == 0 {
+            put_dirent(data, e.off, ino, e.rec_len, name, ft);
+        } else {
             let used = e.used();
-            if e.inode != 0 && e.rec_len >= used + need {
-                set_rec_len(data, e.off, used);
-                put_dirent(data, e.off + used, ino, e.rec_len - used, name, ft);
-                return Ok(true);
-            }
+            set_rec_len(data, e.off, used);
+            put_dirent(data, e.off + used, ino, e.rec_len - used, name, ft);
         }
-        Ok(false)
+        Ok(true)
     }
 
     /// Appends a block to the directory (allocated near its last block, or near the inode

@@ -1,7 +1,8 @@
 //! Copying a host tree into an image (`cp HOST IMAGE:PATH`, `mkfs -d DIR`): host_walk.rs reads
 //! the tree on its own thread; this side makes the entries, in the walk's order.
 
-use super::host_walk::{walk, Budget, Data, Entry, Kind, Stat, Xattrs};
+use super::data_writer::DataWriter;
+use super::host_walk::{walk, Data, Entry, Kind, Stat, Xattrs};
 use super::rules::*;
 use super::*;
 use crate::image::*;
@@ -25,7 +26,8 @@ struct HostToImage<'a> {
     batch: Batch,
     /// The directories begun and not yet ended, innermost last.
     stack: Vec<Target>,
-    budget: std::sync::Arc<Budget>,
+    /// Where file data goes, while a copy runs.
+    writer: Option<DataWriter>,
 }
 
 impl HostToImage<'_> {
@@ -36,7 +38,7 @@ impl HostToImage<'_> {
             progress: Progress::for_host(src),
             batch: Batch::default(),
             stack: Vec::new(),
-            budget: Default::default(),
+            writer: None,
         }
     }
 
@@ -52,34 +54,52 @@ impl HostToImage<'_> {
         contents: bool,
     ) -> Result<()> {
         std::thread::scope(|scope| {
-            let rx = walk(scope, src, recursive, self.budget.clone());
-            let mut first = true;
-            for batch in rx {
-                for mut e in batch? {
-                    if std::mem::take(&mut first) {
-                        self.stack.push(Target {
-                            ino: dir,
-                            made: false,
-                        });
-                        if contents {
-                            if !e.st.is_dir() {
-                                bail!("{}: not a directory", src.display());
-                            }
-                            continue;
+            let rx = walk(scope, src, recursive);
+            self.writer = Some(DataWriter::start(scope, self.fs));
+            let r = self.entries(rx, src, dir, name, recursive, contents);
+            let w = self.writer.take().expect("started above");
+            // The walk stops once its receiver is gone (dropped in `entries`).
+            let written = w.finish();
+            r.and(written)
+        })
+    }
+
+    /// The walk's entries, as `run` says.
+    fn entries(
+        &mut self,
+        rx: std::sync::mpsc::Receiver<Result<Vec<Entry>>>,
+        src: &Path,
+        dir: u32,
+        name: &[u8],
+        recursive: bool,
+        contents: bool,
+    ) -> Result<()> {
+        let mut first = true;
+        for batch in rx {
+            for mut e in batch? {
+                if std::mem::take(&mut first) {
+                    self.stack.push(Target {
+                        ino: dir,
+                        made: false,
+                    });
+                    if contents {
+                        if !e.st.is_dir() {
+                            bail!("{}: not a directory", src.display());
                         }
-                        e.name = name.to_vec();
+                        continue;
                     }
-                    let path = e.path.clone();
-                    let r = self.entry(e, recursive);
-                    // The source itself is named by the caller.
-                    match path != src {
-                        true => r.with_context(|| path.display().to_string())?,
-                        false => r?,
-                    }
+                    e.name = name.to_vec();
+                }
+                let path = e.path.clone();
+                let r = self.entry(e, recursive);
+                // The source itself is named by the caller.
+                match path != src {
+                    true => r.with_context(|| path.display().to_string())?,
+                    false => r?,
                 }
             }
-            Ok(())
-        })
+        }
+        Ok(())
     }
 
     fn entry(&mut self, e: Entry, recursive: bool) -> Result<()> {
@@ -88,6 +108,13 @@ impl HostToImage<'_> {
         let fresh = self.stack.last().is_some_and(|t| t.made);
         let st = e.st;
         let key = (st.dev, st.ino);
+        if !fresh && !matches!(e.kind, Kind::Dir | Kind::EndDir(_)) {
+            // A name there is replaced: its data may still be on its way into blocks that
+            // the removal frees.
+            if fs.lookup(parent, &e.name).is_ok() {
+                self.writer()?.drain()?;
+            }
+        }
         if !matches!(e.kind, Kind::EndDir(_)) {
             if let Some(&earlier) = self.links.earlier(&key, st.nlink, st.is_dir()) {
                 if !fresh {
@@ -112,6 +139,12 @@ impl HostToImage<'_> {
                         ino: a.ino,
                         made: false,
                     },
+                    None if fresh => Target {
+                        ino: fs
+                            .mknod_unique(parent, &e.name, st.mode, 0, owner.0, owner.1)?
+                            .ino,
+                        made: true,
+                    },
                     None => Target {
                         ino: fs.mkdir(parent, &e.name, st.mode, owner.0, owner.1)?.ino,
                         made: true,
@@ -133,7 +166,7 @@ impl HostToImage<'_> {
             }
             Kind::File(data, xattrs) => {
                 let ino = self.make(parent, fresh, &e.name, NewEntry::File, &st)?;
-                self.data(ino, data, st.size)?;
+                self.data(&e.path, ino, data, st.size)?;
                 (ino, xattrs)
             }
             Kind::Special(xattrs) => {
@@ -160,37 +193,51 @@ impl HostToImage<'_> {
         if !fresh {
             return make_entry(fs, dir, name, what, st.mode, owner);
         }
+        // The names of a directory this copy made come from one listing: each is new there.
         Ok(match what {
-            NewEntry::Symlink(t) => fs.symlink(dir, name, t, owner.0, owner.1)?.ino,
-            NewEntry::File => fs.create(dir, name, st.mode, owner.0, owner.1)?.ino,
-            NewEntry::Special(rdev) => fs.mknod(dir, name, st.mode, rdev, owner.0, owner.1)?.ino,
+            NewEntry::Symlink(t) => fs.symlink_unique(dir, name, t, owner.0, owner.1)?.ino,
+            NewEntry::File => {
+                fs.mknod_unique(dir, name, st.mode, 0, owner.0, owner.1)?
+                    .ino
+            }
+            NewEntry::Special(rdev) => {
+                fs.mknod_unique(dir, name, st.mode, rdev, owner.0, owner.1)?
+                    .ino
+            }
         })
     }
 
-    fn data(&mut self, ino: u32, data: Data, size: u64) -> Result<()> {
+    fn writer(&self) -> Result<&DataWriter> {
+        self.writer
+            .as_ref()
+            .ok_or_else(|| anyhow!("no file data writer"))
+    }
+
+    /// A new file's data: a file without holes has its blocks placed here and filled by the
+    /// data writer; a sparse one (or one whose placing failed) is written here, piece by
+    /// piece, once what is queued is written.
+    fn data(&mut self, path: &Path, ino: u32, data: Data, size: u64) -> Result<()> {
         let fs = self.fs;
-        match data {
-            Data::Bytes(b) => {
-                let r = fs.write_all(ino, 0, &b);
-                self.budget.give(b.len() as u64);
-                r?;
-                self.progress.add(b.len() as u64);
+        let Data(f, segs) = data;
+        if size > 0 && segs == [(0, size)] {
+            if let Ok(placed) = fs.place_new_data(ino, size) {
+                self.progress.add(size);
+                return self.writer()?.fill(path.to_path_buf(), f, placed);
             }
-            Data::Open(f, segs) => {
-                copy_segments(
-                    &segs,
-                    &self.progress,
-                    |off, buf| {
-                        f.read_exact_at(buf, off)?;
-                        Ok(buf.len())
-                    },
-                    |off, data| Ok(fs.write_all(ino, off, data)?),
-                )?;
-                // A hole at the end: the size is not reached by any write.
-                if segs.last().map_or(0, |&(o, l)| o + l) < size {
-                    fs.truncate(ino, size)?;
-                }
-            }
+        }
+        self.writer()?.drain()?;
+        copy_segments(
+            &segs,
+            &self.progress,
+            |off, buf| {
+                f.read_exact_at(buf, off)?;
+                Ok(buf.len())
+            },
+            |off, data| Ok(fs.write_all(ino, off, data)?),
+        )?;
+        // A hole at the end: the size is not reached by any write.
+        if segs.last().map_or(0, |&(o, l)| o + l) < size {
+            fs.truncate(ino, size)?;
         }
         Ok(())
     }
@@ -217,6 +264,9 @@ impl HostToImage<'_> {
             crtime: None,
         };
         set_image_metadata(self.fs, ino, path, xattrs, &meta)?;
+        if self.batch.commits_next() {
+            self.writer()?.drain()?;
+        }
         self.batch.made_one(self.fs)
     }
 }

@@ -1,14 +1,14 @@
 //! Reading a host tree for a copy into an image, on a thread of its own: the walk (names in
-//! order, status, extended attributes, link targets, the data of small files) runs ahead of
-//! the copy, which only makes entries. The order is the copy's (names sorted in each
-//! directory), so the image does not depend on how fast either side runs.
+//! order, status, extended attributes, link targets, regular files opened) runs ahead of the
+//! copy, which only makes entries. The order is the copy's (names sorted in each directory),
+//! so the image does not depend on how fast either side runs.
 //!
 //! Entries are reached relative to their directory's descriptor (`fstatat`, `openat`), not by
 //! full paths the kernel would walk again for every entry. What is read ahead is bounded: at
-//! most [`AHEAD`] batches of [`BATCH`] entries and [`BUDGET`] bytes of file data are on their
-//! way (entries travel in batches: one wake-up of the other side per batch), and only files
-//! up to [`PRELOAD`] bytes travel with their data (larger ones travel as an open file the copy
-//! reads in pieces), so memory does not grow with the tree.
+//! most [`AHEAD`] batches of [`BATCH`] entries are on their way (entries travel in batches:
+//! one wake-up of the other side per batch). File data is not read here: files travel open,
+//! and their bytes go from the file to the image in the kernel (data_writer.rs), so memory
+//! does not grow with the tree.
 
 use crate::host::fd_xattrs;
 use anyhow::{anyhow, Context, Result};
@@ -16,50 +16,15 @@ use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, Condvar, Mutex};
 
 /// Batches of entries read ahead of the copy.
 const AHEAD: usize = 8;
 /// Entries sent at once.
 const BATCH: usize = 32;
-/// Files up to this size are read whole by the walk.
-const PRELOAD: u64 = 512 << 10;
 /// Directory levels whose descriptors stay open during the walk.
 const HELD: usize = 64;
-/// File data read ahead of the copy, in bytes (at least one file's).
-const BUDGET: u64 = 2 << 20;
-
-/// The bytes of file data read and not yet copied, shared by the walk and the copy.
-#[derive(Default)]
-pub(super) struct Budget {
-    used: Mutex<u64>,
-    freed: Condvar,
-}
-
-impl Budget {
-    /// Whether `n` more bytes fit now.
-    fn fits(&self, n: u64) -> bool {
-        let used = *self.used.lock().unwrap_or_else(|e| e.into_inner());
-        used == 0 || used + n <= BUDGET
-    }
-    /// Waits until `n` more bytes fit (or nothing is in flight), then counts them.
-    fn take(&self, n: u64) {
-        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
-        while *used > 0 && *used + n > BUDGET {
-            used = self.freed.wait(used).unwrap_or_else(|e| e.into_inner());
-        }
-        *used += n;
-    }
-    /// The copy is done with `n` bytes.
-    pub(super) fn give(&self, n: u64) {
-        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
-        *used = used.saturating_sub(n);
-        self.freed.notify_one();
-    }
-}
 
 /// What `lstat` says of a host entry, as far as a copy uses it.
 #[derive(Clone, Copy)]
@@ -104,13 +69,9 @@ impl Stat {
     }
 }
 
-/// A regular file's contents.
-pub(super) enum Data {
-    /// The whole file (it has no holes).
-    Bytes(Vec<u8>),
-    /// A large or sparse file, open, with its data segments (offset, length).
-    Open(File, Vec<(u64, u64)>),
-}
+/// A regular file, open, with its data segments (offset, length): one segment over the whole
+/// file unless it has holes.
+pub(super) struct Data(pub(super) File, pub(super) Vec<(u64, u64)>);
 
 /// What a host entry is, with what the copy needs of it besides its status.
 pub(super) enum Kind {
@@ -142,14 +103,13 @@ pub(super) fn walk<'s>(
     scope: &'s std::thread::Scope<'s, '_>,
     top: &Path,
     recursive: bool,
-    budget: Arc<Budget>,
 ) -> Receiver<Result<Vec<Entry>>> {
     let (tx, rx) = sync_channel(AHEAD);
     let top = top.to_path_buf();
+    raise_descriptor_limit();
     scope.spawn(move || {
         let w = Walk {
             tx,
-            budget: &budget,
             pending: Default::default(),
         };
         let r = w.top(&top, recursive);
@@ -170,14 +130,13 @@ impl From<Gone> for anyhow::Error {
     }
 }
 
-struct Walk<'b> {
+struct Walk {
     tx: SyncSender<Result<Vec<Entry>>>,
-    budget: &'b Budget,
     /// Entries not yet sent.
     pending: std::cell::RefCell<Vec<Entry>>,
 }
 
-impl Walk<'_> {
+impl Walk {
     fn send(&self, e: Entry) -> Result<()> {
         let full = {
             let mut p = self.pending.borrow_mut();
@@ -229,13 +188,23 @@ impl Walk<'_> {
         let xattrs = fd_xattrs(fd.as_raw_fd());
         let held = (depth < HELD).then_some(fd);
         let at = held.as_ref().map_or(libc::AT_FDCWD, |fd| fd.as_raw_fd());
-        for n in names {
+        for (n, regular) in names {
             let p = path.join(std::ffi::OsStr::from_bytes(n.to_bytes()));
             let bytes = n.to_bytes().to_vec();
             let n = match held {
                 Some(_) => n,
                 None => cstring(p.as_os_str().as_bytes())?,
             };
+            // A regular file (as the listing says) is opened first and its status read from
+            // the descriptor: one lookup of the name instead of two. Anything else, or a name
+            // that changed meanwhile, goes the general way.
+            if let Some((fd, st)) = regular.then(|| open_regular(at, &n)).flatten() {
+                let e = self
+                    .file(fd, p.clone(), bytes, st)
+                    .with_context(|| p.display().to_string())?;
+                self.send(e)?;
+                continue;
+            }
             let st = lstat_at(at, &n).with_context(|| p.display().to_string())?;
             if st.is_dir() {
                 let sub =
@@ -266,33 +235,7 @@ impl Walk<'_> {
         st: Stat,
     ) -> Result<Entry> {
         let kind = if st.is_file() {
-            let fd = open_at(dir, name, 0)?;
-            let xattrs = fd_xattrs(fd.as_raw_fd());
-            let f = File::from(fd);
-            // A file with as many blocks as bytes has no holes: no need to ask where they are.
-            let sparse = st.blocks * 512 < st.size;
-            let data = if st.size <= PRELOAD && !sparse {
-                // The bytes of entries not yet sent cannot come back: send them before
-                // waiting.
-                if !self.budget.fits(st.size) {
-                    self.flush()?;
-                }
-                self.budget.take(st.size);
-                let mut v = vec![0u8; st.size as usize];
-                if let Err(e) = f.read_exact_at(&mut v, 0) {
-                    self.budget.give(st.size);
-                    return Err(e.into());
-                }
-                Data::Bytes(v)
-            } else {
-                let segs = if sparse {
-                    crate::host::host_segments(&f, st.size)
-                } else {
-                    vec![(0, st.size)]
-                };
-                Data::Open(f, segs)
-            };
-            Kind::File(data, xattrs)
+            return self.file(open_at(dir, name, 0)?, path, bytes, st);
         } else if st.is_symlink() {
             let target = readlink_at(dir, name)?;
             Kind::Symlink(target, crate::host::host_xattrs(&path))
@@ -307,6 +250,57 @@ impl Walk<'_> {
             st,
             kind,
         })
+    }
+}
+
+impl Walk {
+    /// A regular file, open: data segments and extended attributes.
+    fn file(&self, fd: OwnedFd, path: PathBuf, bytes: Vec<u8>, st: Stat) -> Result<Entry> {
+        let xattrs = fd_xattrs(fd.as_raw_fd());
+        let f = File::from(fd);
+        // A file with as many blocks as bytes has no holes: no need to ask where they are.
+        let segs = if st.blocks * 512 < st.size {
+            crate::host::host_segments(&f, st.size)
+        } else {
+            vec![(0, st.size)]
+        };
+        Ok(Entry {
+            path,
+            name: bytes,
+            st,
+            kind: Kind::File(Data(f, segs), xattrs),
+        })
+    }
+}
+
+/// `name` in `dir` opened and its status, if it is a regular file (without following a
+/// symlink, and without waiting on a FIFO put there since the listing).
+fn open_regular(dir: RawFd, name: &CStr) -> Option<(OwnedFd, Stat)> {
+    let fd = open_at(dir, name, libc::O_NONBLOCK | libc::O_NOCTTY).ok()?;
+    let mut s = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: a descriptor we hold and a buffer for one stat.
+    if unsafe { libc::fstat(fd.as_raw_fd(), s.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: fstat filled it.
+    let st = Stat::from(unsafe { &s.assume_init() });
+    st.is_file().then_some((fd, st))
+}
+
+/// Files travel open from the walk to the data writers (a few hundred at a time, besides the
+/// directories held): the soft limit on descriptors goes up to the hard one, as far as it
+/// can.
+fn raise_descriptor_limit() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write one struct on our stack.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
     }
 }
 
@@ -354,8 +348,9 @@ fn readlink_at(dir: RawFd, name: &CStr) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// The names in a directory (without `.` and `..`).
-fn list(fd: &OwnedFd) -> std::io::Result<Vec<CString>> {
+/// The names in a directory (without `.` and `..`), each with whether the listing says it is
+/// a regular file.
+fn list(fd: &OwnedFd) -> std::io::Result<Vec<(CString, bool)>> {
     // SAFETY: dup of a valid descriptor; fdopendir takes the copy and closedir closes it.
     let dup = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
     if dup < 0 {
@@ -384,7 +379,8 @@ fn list(fd: &OwnedFd) -> std::io::Result<Vec<CString>> {
         // SAFETY: readdir's entry holds a NUL-terminated name, valid until the next call.
         let n = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()) };
         if n.to_bytes() != b"." && n.to_bytes() != b".." {
-            out.push(n.to_owned());
+            // SAFETY: as above.
+            out.push((n.to_owned(), unsafe { (*ent).d_type } == libc::DT_REG));
         }
     };
     // SAFETY: the stream opened above, closed once.

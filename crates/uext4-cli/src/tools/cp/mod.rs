@@ -2,6 +2,7 @@
 //! The three directions share one rule each for hard links, file data and metadata
 //! (this module); each direction's file says only how it reads and makes entries.
 
+mod data_writer;
 mod host_to_image;
 mod host_walk;
 mod image_to_host;
@@ -71,6 +72,11 @@ pub(crate) struct Batch {
 impl Batch {
     const ENTRIES: u64 = 1024;
     const HOME: u64 = 8;
+
+    /// Whether the next [`Batch::made_one`] commits.
+    pub(crate) fn commits_next(&self) -> bool {
+        (self.made + 1).is_multiple_of(Self::ENTRIES)
+    }
 
     pub(crate) fn made_one(&mut self, fs: &Fs) -> Result<()> {
         self.made += 1;
