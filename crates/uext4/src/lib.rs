@@ -51,6 +51,7 @@ mod bcache;
 mod block_validity;
 pub mod blockdev;
 mod cred;
+mod cache_reserve;
 mod delalloc;
 mod delalloc_state;
 mod dir;

@@ -27,7 +27,30 @@ impl Uext4Fuse {
         // fsync to report. A program's own write may come back short, as pwrite(2) does.
         let kill = write_flags & abi::FUSE_WRITE_KILL_SUIDGID != 0;
         let cred = self.data_cred(h, Some(kill));
-        let r = match (&cred, write_flags & abi::FUSE_WRITE_CACHE != 0) {
+        let cached = write_flags & abi::FUSE_WRITE_CACHE != 0;
+        if cached && self.fs.cache_reserve() > 0 {
+            // Data the kernel already accepted: it may take the reserve kept for it.
+            let r = self.fs.cache_writeback(|| self.write_as_asked(&cred, ino, offset, data, true));
+            if self.near_full() {
+                self.forget_attrs(ino);
+            }
+            return r.map(|n| reply::written(out, n as u32));
+        }
+        self.write_as_asked(&cred, ino, offset, data, cached)
+            .map(|n| reply::written(out, n as u32))
+    }
+
+    /// The engine's write for a WRITE request: whole for the page cache's (`cached`), with the
+    /// caller's credentials where KILLPRIV_V2 was agreed. The count written.
+    fn write_as_asked(
+        &self,
+        cred: &Option<Cred>,
+        ino: u32,
+        offset: u64,
+        data: &[u8],
+        cached: bool,
+    ) -> Result<usize, i32> {
+        let r = match (cred, cached) {
             (Some(c), true) => self
                 .fs
                 .write_all_as(c, ino, offset, data)
@@ -43,7 +66,76 @@ impl Uext4Fuse {
         if changed {
             self.mode_changed(ino);
         }
-        Ok(reply::written(out, n as u32))
+        Ok(n)
+    }
+
+    /// The answer to a SETATTR of times only for a file already removed here that the kernel
+    /// still holds: with writeback_cache the kernel keeps a regular file's times itself and,
+    /// right after a successful unlink, sends the new ctime (fuse_update_ctime, then
+    /// write_inode); the engine freed the inode at the unlink (no one had it open), and an
+    /// ENOENT would be stored as a writeback error that the next syncfs(2) on the mount
+    /// reports. The kernel is about to evict the inode: a regular file with no links and
+    /// no permission bits will do. None where the error stands.
+    pub(super) fn removed_attr(&self, ino: u32, s: &SetattrIn) -> Option<Attr> {
+        let times_only =
+            s.mode.is_none() && s.uid.is_none() && s.gid.is_none() && s.size.is_none();
+        if !times_only
+            || self.fs.getattr(ino).is_ok()
+            || !self.lookups.lock().contains_key(&ino)
+        {
+            return None;
+        }
+        let zero = timestamp((0, 0));
+        Some(Attr {
+            ino,
+            mode: uext4::S_IFREG,
+            nlink: 0,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            blocks: 0,
+            atime: zero,
+            mtime: zero,
+            ctime: zero,
+            crtime: zero,
+            rdev: 0,
+            generation: 0,
+            flags: 0,
+            block_size: self.fs.geo.block_size,
+        })
+    }
+
+    /// A file handle for an open with `flags`; the lowest bit tells whether it may write
+    /// (`cached_write_refused` asks).
+    pub(super) fn new_fh(&self, flags: u32) -> u64 {
+        let writes = flags as i32 & libc::O_ACCMODE != libc::O_RDONLY;
+        (self.next_fh.fetch_add(1, Ordering::Relaxed) << 1) | writes as u64
+    }
+
+    /// Whether a GETATTR for open file `fh` is a cached write(2) to refuse with ENOSPC: the
+    /// kernel's write-back cache is on (a reserve is kept), `fh` may write, and no space is
+    /// left outside the reserve (which the data the kernel already cached may need).
+    pub(super) fn cached_write_refused(&self, fh: u64) -> bool {
+        fh & 1 == 1 && self.fs.cache_reserve() > 0 && self.fs.free_beyond_cache_reserve() == 0
+    }
+
+    /// Whether the space outside the write-cache reserve is less than the reserve itself:
+    /// from there on, writers are made to ask before each cached write(2). After the
+    /// writeback of a file's cached data, the kernel forgets its attributes
+    /// (`forget_attrs`), so the writer's next write(2) sends GETATTR with its handle and can
+    /// be refused in time; writers the kernel throttles are the ones whose data comes back,
+    /// so each is told before it has cached more than the kernel lets a FUSE mount hold
+    /// dirty. New opens for writing are told at once.
+    pub(super) fn near_full(&self) -> bool {
+        let r = self.fs.cache_reserve();
+        r > 0 && self.fs.free_beyond_cache_reserve() < r
+    }
+
+    /// The kernel drops the attributes it caches for `ino` (not its pages).
+    pub(super) fn forget_attrs(&self, ino: u32) {
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(to_fuse(ino), -1, 0);
+        }
     }
 
     pub(super) fn readdir(

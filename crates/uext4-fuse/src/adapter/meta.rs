@@ -3,7 +3,13 @@
 use super::*;
 
 impl Uext4Fuse {
-    pub(super) fn getattr(&self, ino: u32, out: &mut [u8]) -> Reply {
+    /// `fh`: the open file the kernel asks for (FUSE_GETATTR_FH). With writeback_cache that
+    /// is how a write(2) starts: it gets ENOSPC here once the space outside the write-cache
+    /// reserve is gone (`cached_write_refused`).
+    pub(super) fn getattr(&self, ino: u32, fh: Option<u64>, out: &mut [u8]) -> Reply {
+        if fh.is_some_and(|fh| self.cached_write_refused(fh)) {
+            return Err(libc::ENOSPC);
+        }
         let a = self.fs.getattr(ino).map_err(|e| errno(&e))?;
         Ok(reply::attr(out, TTL, &wire_attr(&a)))
     }
@@ -66,7 +72,10 @@ impl Uext4Fuse {
         } else {
             self.fs.setattr(ino, &set)
         };
-        let a = r.map_err(|e| errno(&e))?;
+        let a = match r {
+            Err(e) => self.removed_attr(ino, s).ok_or_else(|| errno(&e))?,
+            Ok(a) => a,
+        };
         Ok(reply::attr(out, TTL, &wire_attr(&a)))
     }
 
@@ -107,7 +116,12 @@ impl Uext4Fuse {
             .check_open(ino, flags as i32)
             .map_err(|e| errno(&e))?;
         self.fs.open(ino).map_err(|e| errno(&e))?;
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let fh = self.new_fh(flags);
+        if fh & 1 == 1 && self.near_full() {
+            // Attributes cached from an earlier lookup would let its first write(2) skip the
+            // GETATTR that can refuse it.
+            self.forget_attrs(ino);
+        }
         Ok(reply::open(out, fh, self.open_flags(flags)))
     }
 
@@ -292,11 +306,14 @@ impl Uext4Fuse {
     /// open file.
     fn opened(&self, a: &Attr, flags: u32, out: &mut [u8]) -> Reply {
         self.counted(a);
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let fh = self.new_fh(flags);
+        // Near full, the kernel keeps the new file's attributes for no time, so its first
+        // write(2) asks (GETATTR with the handle) and can be refused.
+        let ttl = if self.near_full() { Duration::ZERO } else { TTL };
         Ok(reply::create(
             out,
             a.generation as u64,
-            TTL,
+            ttl,
             &wire_attr(a),
             fh,
             self.open_flags(flags),
