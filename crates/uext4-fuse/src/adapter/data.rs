@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// chattr's append-only and immutable flags (the inode's i_flags).
+const FL_APPEND: u32 = 0x20;
+const FL_IMMUTABLE: u32 = 0x10;
+
 impl Uext4Fuse {
     /// Reads straight into the reply (the kernel asks for at most max_pages pages, which the
     /// transport's buffer holds).
@@ -76,13 +80,26 @@ impl Uext4Fuse {
     /// ENOENT would be stored as a writeback error that the next syncfs(2) on the mount
     /// reports. The kernel is about to evict the inode: a regular file with no links and
     /// no permission bits will do. None where the error stands.
-    pub(super) fn removed_attr(&self, ino: u32, s: &SetattrIn) -> Option<Attr> {
+    ///
+    /// Likewise the times the kernel sends for an append-only file it wrote to (mtime and
+    /// ctime, equal, never atime): the engine refuses explicit times there, as the kernel's ext4
+    /// refuses utimes, but this SETATTR only repeats what the engine's own write already set;
+    /// it is answered with the file's attributes.
+    pub(super) fn setattr_fallback(&self, ino: u32, s: &SetattrIn) -> Option<Attr> {
         let times_only =
             s.mode.is_none() && s.uid.is_none() && s.gid.is_none() && s.size.is_none();
-        if !times_only
-            || self.fs.getattr(ino).is_ok()
-            || !self.lookups.lock().contains_key(&ino)
-        {
+        if !times_only || !self.writeback_cached() {
+            return None;
+        }
+        if let Ok(a) = self.fs.getattr(ino) {
+            // The kernel's flush sends its cached mtime and ctime, which the write set to the
+            // same instant; `touch -m` (refused) sends an mtime and a new ctime.
+            let flushed = s.atime.is_none()
+                && matches!((s.mtime, s.ctime), (Some(TimeArg::At(ms, mn)), Some((cs, cn))) if (ms, mn) == (cs, cn));
+            return (flushed && a.flags & FL_APPEND != 0 && a.flags & FL_IMMUTABLE == 0)
+                .then_some(a);
+        }
+        if !self.lookups.lock().contains_key(&ino) {
             return None;
         }
         let zero = timestamp((0, 0));
@@ -103,6 +120,22 @@ impl Uext4Fuse {
             flags: 0,
             block_size: self.fs.geo.block_size,
         })
+    }
+
+    /// The kernel caches writes for this mount (writeback_cache agreed: a reserve is kept).
+    pub(super) fn writeback_cached(&self) -> bool {
+        self.fs.cache_reserve() > 0
+    }
+
+    /// Whether an open of `ino` must bypass the kernel's write-back cache: an append-only
+    /// file, which the kernel would write back from the start of its last cached page (a
+    /// write before the end, refused), so its writes go through one by one, at the end.
+    pub(super) fn uncached_open(&self, ino: u32) -> bool {
+        self.writeback_cached()
+            && self
+                .fs
+                .getattr(ino)
+                .is_ok_and(|a| a.flags & FL_APPEND != 0)
     }
 
     /// A file handle for an open with `flags`; the lowest bit tells whether it may write

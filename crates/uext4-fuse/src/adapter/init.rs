@@ -35,7 +35,7 @@ impl Uext4Fuse {
             Ordering::Relaxed,
         );
         if agreed & abi::FUSE_WRITEBACK_CACHE != 0 {
-            self.fs.set_cache_reserve(self.cache_reserve_blocks());
+            self.fs.set_cache_reserve(self.cache_reserve_blocks().max(1));
         }
         let acl = agreed & abi::FUSE_POSIX_ACL != 0;
         self.acl_on.store(acl, Ordering::Relaxed);

@@ -73,7 +73,7 @@ impl Uext4Fuse {
             self.fs.setattr(ino, &set)
         };
         let a = match r {
-            Err(e) => self.removed_attr(ino, s).ok_or_else(|| errno(&e))?,
+            Err(e) => self.setattr_fallback(ino, s).ok_or_else(|| errno(&e))?,
             Ok(a) => a,
         };
         Ok(reply::attr(out, TTL, &wire_attr(&a)))
@@ -122,7 +122,11 @@ impl Uext4Fuse {
             // GETATTR that can refuse it.
             self.forget_attrs(ino);
         }
-        Ok(reply::open(out, fh, self.open_flags(flags)))
+        let mut open_flags = self.open_flags(flags);
+        if self.uncached_open(ino) {
+            open_flags |= abi::FOPEN_DIRECT_IO;
+        }
+        Ok(reply::open(out, fh, open_flags))
     }
 
     pub(super) fn opendir(&self, ino: u32, out: &mut [u8]) -> Reply {
