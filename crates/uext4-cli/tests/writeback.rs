@@ -26,7 +26,10 @@ impl Env {
         let base = std::env::temp_dir().join(format!("uext4-wb-{tag}-{}", std::process::id()));
         let mnt = base.join("mnt");
         std::fs::create_dir_all(&mnt).unwrap();
-        let img = PathBuf::from(format!("/dev/shm/uext4-wb-{tag}-{}.img", std::process::id()));
+        let img = PathBuf::from(format!(
+            "/dev/shm/uext4-wb-{tag}-{}.img",
+            std::process::id()
+        ));
         let _ = std::fs::remove_file(&img);
         mke2fs(&img, size, &[]);
         let e = Env { img, mnt };
@@ -41,7 +44,11 @@ impl Env {
             .arg(&self.mnt)
             .output()
             .unwrap();
-        assert!(o.status.success(), "mount: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "mount: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
     fn umount(&self) {
         let o = Command::new(bin())
@@ -71,7 +78,9 @@ fn syncfs(dir: &Path) -> std::io::Result<()> {
 }
 
 fn chunk(i: u64) -> Vec<u8> {
-    (0..1u64 << 20).map(|b| (b ^ i.wrapping_mul(0x9e37)) as u8).collect()
+    (0..1u64 << 20)
+        .map(|b| (b ^ i.wrapping_mul(0x9e37)) as u8)
+        .collect()
 }
 
 /// One file written in 1 MiB write(2) calls until the space runs out: the write gets ENOSPC,
@@ -82,7 +91,11 @@ fn running_out_of_space_fails_the_write_in_every_cache_mode() {
     if !fuse_usable("the write-back cache tests") {
         return;
     }
-    let modes: [&[&str]; 3] = [&[], &["-o", "writeback_cache"], &["-o", "nowriteback_cache"]];
+    let modes: [&[&str]; 3] = [
+        &[],
+        &["-o", "writeback_cache"],
+        &["-o", "nowriteback_cache"],
+    ];
     for (k, opts) in modes.into_iter().enumerate() {
         let e = Env::new(&format!("full{k}"), "1400M", opts);
         let path = e.mnt.join("f");
@@ -119,7 +132,10 @@ fn running_out_of_space_fails_the_write_in_every_cache_mode() {
         assert_eq!(got.len() as u64, bytes, "{opts:?}: the file's size");
         for i in [0, n / 2, n - 1] {
             let at = (i << 20) as usize;
-            assert!(got[at..at + (1 << 20)] == chunk(i)[..], "{opts:?}: chunk {i} differs");
+            assert!(
+                got[at..at + (1 << 20)] == chunk(i)[..],
+                "{opts:?}: chunk {i} differs"
+            );
         }
         e.umount();
     }
@@ -145,7 +161,12 @@ fn removals_and_appends_leave_no_writeback_error() {
         syncfs(&e.mnt).unwrap_or_else(|err| panic!("{opts:?}: syncfs after rm -r: {err}"));
         let a = e.mnt.join("a");
         std::fs::write(&a, "abc\n").unwrap();
-        assert!(Command::new("chattr").arg("+a").arg(&a).status().unwrap().success());
+        assert!(Command::new("chattr")
+            .arg("+a")
+            .arg(&a)
+            .status()
+            .unwrap()
+            .success());
         let mut f = std::fs::OpenOptions::new().append(true).open(&a).unwrap();
         f.write_all(b"def\n").unwrap();
         drop(f);
@@ -153,7 +174,12 @@ fn removals_and_appends_leave_no_writeback_error() {
         e.umount();
         e.mount(&[]);
         assert_eq!(std::fs::read(&a).unwrap(), b"abc\ndef\n", "{opts:?}");
-        assert!(Command::new("chattr").arg("-a").arg(&a).status().unwrap().success());
+        assert!(Command::new("chattr")
+            .arg("-a")
+            .arg(&a)
+            .status()
+            .unwrap()
+            .success());
         e.umount();
         e2fsck_clean(&e.img);
     }

@@ -24,9 +24,7 @@ thread_local! {
 impl Fs {
     /// Holds back `blocks` for the kernel's cached writes (0: none).
     pub fn set_cache_reserve(&self, blocks: u64) {
-        self.delalloc
-            .cache_reserve
-            .store(blocks, Ordering::Relaxed);
+        self.delalloc.cache_reserve.store(blocks, Ordering::Relaxed);
     }
 
     /// The blocks held back for the kernel's cached writes.

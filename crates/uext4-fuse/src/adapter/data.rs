@@ -34,7 +34,9 @@ impl Uext4Fuse {
         let cached = write_flags & abi::FUSE_WRITE_CACHE != 0;
         if cached && self.fs.cache_reserve() > 0 {
             // Data the kernel already accepted: it may take the reserve kept for it.
-            let r = self.fs.cache_writeback(|| self.write_as_asked(&cred, ino, offset, data, true));
+            let r = self
+                .fs
+                .cache_writeback(|| self.write_as_asked(&cred, ino, offset, data, true));
             if self.near_full() {
                 self.forget_attrs(ino);
             }
@@ -86,8 +88,7 @@ impl Uext4Fuse {
     /// refuses utimes, but this SETATTR only repeats what the engine's own write already set;
     /// it is answered with the file's attributes.
     pub(super) fn setattr_fallback(&self, ino: u32, s: &SetattrIn) -> Option<Attr> {
-        let times_only =
-            s.mode.is_none() && s.uid.is_none() && s.gid.is_none() && s.size.is_none();
+        let times_only = s.mode.is_none() && s.uid.is_none() && s.gid.is_none() && s.size.is_none();
         if !times_only || !self.writeback_cached() {
             return None;
         }
@@ -131,11 +132,7 @@ impl Uext4Fuse {
     /// file, which the kernel would write back from the start of its last cached page (a
     /// write before the end, refused), so its writes go through one by one, at the end.
     pub(super) fn uncached_open(&self, ino: u32) -> bool {
-        self.writeback_cached()
-            && self
-                .fs
-                .getattr(ino)
-                .is_ok_and(|a| a.flags & FL_APPEND != 0)
+        self.writeback_cached() && self.fs.getattr(ino).is_ok_and(|a| a.flags & FL_APPEND != 0)
     }
 
     /// A file handle for an open with `flags`; the lowest bit tells whether it may write

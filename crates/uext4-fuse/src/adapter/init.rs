@@ -35,7 +35,8 @@ impl Uext4Fuse {
             Ordering::Relaxed,
         );
         if agreed & abi::FUSE_WRITEBACK_CACHE != 0 {
-            self.fs.set_cache_reserve(self.cache_reserve_blocks().max(1));
+            self.fs
+                .set_cache_reserve(self.cache_reserve_blocks().max(1));
         }
         let acl = agreed & abi::FUSE_POSIX_ACL != 0;
         self.acl_on.store(acl, Ordering::Relaxed);
@@ -100,7 +101,10 @@ impl Uext4Fuse {
         let threshold = if dirty_bytes > 0 {
             dirty_bytes
         } else {
-            let ratio: u64 = read("/proc/sys/vm/dirty_ratio").trim().parse().unwrap_or(20);
+            let ratio: u64 = read("/proc/sys/vm/dirty_ratio")
+                .trim()
+                .parse()
+                .unwrap_or(20);
             let mem_kib: u64 = read("/proc/meminfo")
                 .lines()
                 .find_map(|l| l.strip_prefix("MemTotal:"))

@@ -313,7 +313,11 @@ impl Uext4Fuse {
         let fh = self.new_fh(flags);
         // Near full, the kernel keeps the new file's attributes for no time, so its first
         // write(2) asks (GETATTR with the handle) and can be refused.
-        let ttl = if self.near_full() { Duration::ZERO } else { TTL };
+        let ttl = if self.near_full() {
+            Duration::ZERO
+        } else {
+            TTL
+        };
         Ok(reply::create(
             out,
             a.generation as u64,
