@@ -83,22 +83,42 @@ impl Uext4Fuse {
     /// reports. The kernel is about to evict the inode: a regular file with no links and
     /// no permission bits will do. None where the error stands.
     ///
-    /// Likewise the times the kernel sends for an append-only file it wrote to (mtime and
-    /// ctime, equal, never atime): the engine refuses explicit times there, as the kernel's ext4
-    /// refuses utimes, but this SETATTR only repeats what the engine's own write already set;
-    /// it is answered with the file's attributes.
+    /// Likewise the times the kernel sends for an append-only file: with writeback_cache its
+    /// own clock comes as an explicit mtime (with the equal ctime), which the engine refuses
+    /// there as the kernel's ext4 refuses explicit times. Its flush after a write (no atime)
+    /// only repeats what the engine's write set, and is answered with the file's attributes;
+    /// `utime(f, NULL)` (atime now) sets the times to now.
     pub(super) fn setattr_fallback(&self, ino: u32, s: &SetattrIn) -> Option<Attr> {
         let times_only = s.mode.is_none() && s.uid.is_none() && s.gid.is_none() && s.size.is_none();
         if !times_only || !self.writeback_cached() {
             return None;
         }
         if let Ok(a) = self.fs.getattr(ino) {
-            // The kernel's flush sends its cached mtime and ctime, which the write set to the
-            // same instant; `touch -m` (refused) sends an mtime and a new ctime.
-            let flushed = s.atime.is_none()
-                && matches!((s.mtime, s.ctime), (Some(TimeArg::At(ms, mn)), Some((cs, cn))) if (ms, mn) == (cs, cn));
-            return (flushed && a.flags & FL_APPEND != 0 && a.flags & FL_IMMUTABLE == 0)
-                .then_some(a);
+            if a.flags & FL_APPEND == 0 || a.flags & FL_IMMUTABLE != 0 {
+                return None;
+            }
+            // The kernel sends its own clock as an explicit mtime with the ctime it set at the
+            // same instant (its flush of a written file's times, `touch`), where an explicit
+            // time from the caller (`touch -d`, refused) differs from the new ctime.
+            let now = s.mtime.is_none_or(|m| match (m, s.ctime) {
+                (TimeArg::At(ms, mn), Some((cs, cn))) => (ms, mn) == (cs, cn),
+                _ => false,
+            });
+            return match s.atime {
+                _ if !now => None,
+                // The flush repeats what the engine's write already set.
+                None => Some(a),
+                // utime(f, NULL): the kernel's ext4 allows the times set to now.
+                Some(TimeArg::Now) => {
+                    let set = SetAttr {
+                        atime: Some(TimeSet::Now),
+                        mtime: s.mtime.map(|_| TimeSet::Now),
+                        ..Default::default()
+                    };
+                    self.fs.setattr(ino, &set).ok()
+                }
+                Some(TimeArg::At(..)) => None,
+            };
         }
         if !self.lookups.lock().contains_key(&ino) {
             return None;
@@ -121,6 +141,16 @@ impl Uext4Fuse {
             flags: 0,
             block_size: self.fs.geo.block_size,
         })
+    }
+
+    /// Whether the SETATTR's ctime is only the kernel's clock, which it adds to every
+    /// attribute change with writeback_cache (it keeps a regular file's times itself): no
+    /// explicit atime or mtime comes with it. The engine sets ctime itself on any change, and
+    /// taking the kernel's as an explicit time would make `utime(f, NULL)` on an append-only
+    /// file EPERM, where the kernel's ext4 allows setting the times to now.
+    pub(super) fn kernel_ctime(&self, s: &SetattrIn) -> bool {
+        let explicit = |t: Option<TimeArg>| matches!(t, Some(TimeArg::At(..)));
+        self.writeback_cached() && !explicit(s.atime) && !explicit(s.mtime)
     }
 
     /// The kernel caches writes for this mount (writeback_cache agreed: a reserve is kept).

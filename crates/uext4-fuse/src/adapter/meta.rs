@@ -57,7 +57,7 @@ impl Uext4Fuse {
             size: s.size,
             atime: s.atime.map(conv),
             mtime: s.mtime.map(conv),
-            ctime: s.ctime.map(timestamp),
+            ctime: s.ctime.filter(|_| !self.kernel_ctime(s)).map(timestamp),
             crtime: None,
         };
         let cred = self.cred(h);
