@@ -329,7 +329,7 @@ impl Mem {
                 let a = st.node(i)?.attr(i);
                 entry(out, Ok(a))
             }
-            Op::Getattr => Ok(reply::attr(out, TTL, &st.node(ino)?.attr(ino))),
+            Op::Getattr { .. } => Ok(reply::attr(out, TTL, &st.node(ino)?.attr(ino))),
             Op::Setattr(s) => st.setattr(ino, &s).map(|a| reply::attr(out, TTL, &a)),
             Op::Readlink => match st.node(ino)? {
                 n if n.kind == LNK => Ok(reply::data(out, &n.data)),

@@ -60,8 +60,8 @@ impl Null {
                 let &i = f.0.get(name).ok_or(libc::ENOENT)?;
                 Ok(reply::entry(out, 0, TTL, &attr(i, f.1[&i], false)))
             }
-            Op::Getattr if ino == 1 => Ok(reply::attr(out, TTL, &attr(1, 4096, true))),
-            Op::Getattr => {
+            Op::Getattr { .. } if ino == 1 => Ok(reply::attr(out, TTL, &attr(1, 4096, true))),
+            Op::Getattr { .. } => {
                 let &s = f.1.get(&ino).ok_or(libc::ENOENT)?;
                 Ok(reply::attr(out, TTL, &attr(ino, s, false)))
             }

@@ -115,6 +115,8 @@ pub const FATTR_KILL_SUIDGID: u32 = 1 << 11;
 
 // fuse_write_in.write_flags.
 pub const FUSE_WRITE_CACHE: u32 = 1 << 0;
+/// fuse_getattr_in.getattr_flags: `fh` names the open file the kernel asks for.
+pub const FUSE_GETATTR_FH: u32 = 1 << 0;
 pub const FUSE_WRITE_KILL_SUIDGID: u32 = 1 << 2;
 
 /// fuse_fsync_in.fsync_flags: data only.

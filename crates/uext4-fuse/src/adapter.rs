@@ -299,7 +299,10 @@ impl Serve for Uext4Fuse {
                     return Answer::None;
                 }
                 Op::Lookup { name } => self.lookup(h.nodeid, name, out),
-                Op::Getattr => self.getattr(ino, out),
+                Op::Getattr { getattr_flags, fh } => {
+                    let fh = (getattr_flags & abi::FUSE_GETATTR_FH != 0).then_some(fh);
+                    self.getattr(ino, fh, out)
+                }
                 Op::Statx { .. } => self.statx(ino, out),
                 Op::Setattr(s) => self.setattr(h, ino, &s, out),
                 Op::Readlink => self.readlink(ino, out),

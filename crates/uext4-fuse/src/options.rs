@@ -10,7 +10,9 @@ pub struct Options {
     pub threads: usize,
     pub allow_other: bool,
     pub default_permissions: bool,
-    pub writeback_cache: bool,
+    /// The kernel's write-back cache (FUSE_WRITEBACK_CACHE): `writeback_cache` on (with the
+    /// reserve that keeps ENOSPC at write(2)), `nowriteback_cache` off, as by default.
+    pub writeback_cache: Option<bool>,
     pub direct_io: bool,
     pub commit_secs: u64,
     pub errors: uext4::ErrorsBehaviour,
@@ -66,7 +68,7 @@ impl Default for Options {
             threads: cpus.max(2),
             allow_other: false,
             default_permissions: true,
-            writeback_cache: false,
+            writeback_cache: None,
             direct_io: false,
             commit_secs: 5,
             errors: uext4::ErrorsBehaviour::RemountRo,
@@ -121,6 +123,7 @@ const KNOWN: &[&str] = &[
     "default_permissions",
     "nodefault_permissions",
     "writeback_cache",
+    "nowriteback_cache",
     "direct_io",
     "commit",
     "dax",
@@ -149,7 +152,7 @@ impl Options {
                     .map_err(|_| format!("option {k}: {:?} is not a number", v.unwrap_or("")))
             };
             if !KNOWN.contains(&k) {
-                return Err(format!("unknown mount option {opt:?} (known: ro, rw, norecovery, threads=N, allow_other, default_permissions, writeback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten, fakeroot, transport=auto|uring|dev, offset=BYTES, size=BYTES, partition=N, and the generic defaults, nodev, nosuid, noexec, noatime, relatime, strictatime, nodiratime)"));
+                return Err(format!("unknown mount option {opt:?} (known: ro, rw, norecovery, threads=N, allow_other, default_permissions, writeback_cache, nowriteback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten, fakeroot, transport=auto|uring|dev, offset=BYTES, size=BYTES, partition=N, and the generic defaults, nodev, nosuid, noexec, noatime, relatime, strictatime, nodiratime)"));
             }
             let takes_value = matches!(
                 k,
@@ -194,7 +197,8 @@ impl Options {
                 "allow_other" => o.allow_other = true,
                 "default_permissions" => o.default_permissions = true,
                 "nodefault_permissions" => o.default_permissions = false,
-                "writeback_cache" => o.writeback_cache = true,
+                "writeback_cache" => o.writeback_cache = Some(true),
+                "nowriteback_cache" => o.writeback_cache = Some(false),
                 "direct_io" => o.direct_io = true,
                 "commit" => o.commit_secs = num(v)?,
                 "dax" => o.dax = true,

@@ -42,7 +42,12 @@ pub enum Op<'a> {
     BatchForget {
         entries: &'a [u8],
     },
-    Getattr,
+    /// `fh` is the open file's when `getattr_flags` has FUSE_GETATTR_FH (the kernel asks on
+    /// behalf of a descriptor: before a cached write, a read past the size, SEEK_END).
+    Getattr {
+        getattr_flags: u32,
+        fh: u64,
+    },
     Setattr(SetattrIn),
     Readlink,
     Symlink {
@@ -306,7 +311,10 @@ fn plain(op: u32, f: &[u8]) -> Op<'_> {
         INIT => Op::Init(InitIn::parse(fixed)),
         DESTROY => Op::Destroy,
         FORGET => Op::Forget { nlookup: f.u64(0) },
-        GETATTR => Op::Getattr,
+        GETATTR => Op::Getattr {
+            getattr_flags: f.u32(0),
+            fh: f.u64(8),
+        },
         SETATTR => Op::Setattr(setattr(f)),
         READLINK => Op::Readlink,
         OPEN => Op::Open { flags: f.u32(0) },

@@ -68,9 +68,11 @@ impl Fs {
 
     /// Blocks an allocation that is not a writeback's (which has a `Claim`) may take: the free
     /// ones less what cached pages hold and, while they hold any, the margin kept for the
-    /// estimates (`u64::MAX` when not buffered).
+    /// estimates, and less the kernel's write-cache reserve outside its writeback
+    /// (`cache_reserve`; `u64::MAX` when neither applies).
     pub(crate) fn unreserved_blocks(&self) -> u64 {
-        if !self.buffered() {
+        let cache = self.cache_reserve_held();
+        if !self.buffered() && cache == 0 {
             return u64::MAX;
         }
         let held = match self.delalloc_held_blocks() {
@@ -80,7 +82,7 @@ impl Fs {
         self.sb
             .free_blocks
             .load(Ordering::Relaxed)
-            .saturating_sub(held)
+            .saturating_sub(held + cache)
     }
 
     /// Sets the inode's mapping-block reservation to what its pages need now.

@@ -85,6 +85,8 @@ pub struct Registry<I> {
     pub md_reserved: AtomicU64,
     /// Runs written back (each one allocation and one handle at most).
     pub writeback_runs: AtomicU64,
+    /// Blocks held back for the kernel's cached writes (a FUSE mount with writeback_cache).
+    pub cache_reserve: AtomicU64,
 }
 
 impl<I> Default for Registry<I> {
@@ -95,6 +97,7 @@ impl<I> Default for Registry<I> {
             reserved: Default::default(),
             md_reserved: Default::default(),
             writeback_runs: Default::default(),
+            cache_reserve: Default::default(),
         }
     }
 }

@@ -876,12 +876,12 @@ impl Fs {
     }
 
     /// Free blocks less those that buffered data not yet written back holds (its data and
-    /// the mapping blocks its writeback may need).
+    /// the mapping blocks its writeback may need) and the kernel's write-cache reserve.
     fn free_blocks_unreserved(&self) -> u64 {
         self.sb
             .free_blocks
             .load(Ordering::Relaxed)
-            .saturating_sub(self.delalloc_held_blocks())
+            .saturating_sub(self.delalloc_held_blocks() + self.cache_reserve())
     }
 
     /// Blocks used by the filesystem's own fixed metadata (superblocks, GDT, bitmaps, inode

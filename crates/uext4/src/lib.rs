@@ -51,6 +51,7 @@ mod balloc;
 mod bcache;
 mod block_validity;
 pub mod blockdev;
+mod cache_reserve;
 mod cred;
 mod delalloc;
 mod delalloc_state;

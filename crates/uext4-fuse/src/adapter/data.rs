@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// chattr's append-only and immutable flags (the inode's i_flags).
+const FL_APPEND: u32 = 0x20;
+const FL_IMMUTABLE: u32 = 0x10;
+
 impl Uext4Fuse {
     /// Reads straight into the reply (the kernel asks for at most max_pages pages, which the
     /// transport's buffer holds).
@@ -27,7 +31,32 @@ impl Uext4Fuse {
         // fsync to report. A program's own write may come back short, as pwrite(2) does.
         let kill = write_flags & abi::FUSE_WRITE_KILL_SUIDGID != 0;
         let cred = self.data_cred(h, Some(kill));
-        let r = match (&cred, write_flags & abi::FUSE_WRITE_CACHE != 0) {
+        let cached = write_flags & abi::FUSE_WRITE_CACHE != 0;
+        if cached && self.fs.cache_reserve() > 0 {
+            // Data the kernel already accepted: it may take the reserve kept for it.
+            let r = self
+                .fs
+                .cache_writeback(|| self.write_as_asked(&cred, ino, offset, data, true));
+            if self.near_full() {
+                self.forget_attrs(ino);
+            }
+            return r.map(|n| reply::written(out, n as u32));
+        }
+        self.write_as_asked(&cred, ino, offset, data, cached)
+            .map(|n| reply::written(out, n as u32))
+    }
+
+    /// The engine's write for a WRITE request: whole for the page cache's (`cached`), with the
+    /// caller's credentials where KILLPRIV_V2 was agreed. The count written.
+    fn write_as_asked(
+        &self,
+        cred: &Option<Cred>,
+        ino: u32,
+        offset: u64,
+        data: &[u8],
+        cached: bool,
+    ) -> Result<usize, i32> {
+        let r = match (cred, cached) {
             (Some(c), true) => self
                 .fs
                 .write_all_as(c, ino, offset, data)
@@ -43,7 +72,130 @@ impl Uext4Fuse {
         if changed {
             self.mode_changed(ino);
         }
-        Ok(reply::written(out, n as u32))
+        Ok(n)
+    }
+
+    /// The answer to a SETATTR of times only for a file already removed here that the kernel
+    /// still holds: with writeback_cache the kernel keeps a regular file's times itself and,
+    /// right after a successful unlink, sends the new ctime (fuse_update_ctime, then
+    /// write_inode); the engine freed the inode at the unlink (no one had it open), and an
+    /// ENOENT would be stored as a writeback error that the next syncfs(2) on the mount
+    /// reports. The kernel is about to evict the inode: a regular file with no links and
+    /// no permission bits will do. None where the error stands.
+    ///
+    /// Likewise the times the kernel sends for an append-only file: with writeback_cache its
+    /// own clock comes as an explicit mtime (with the equal ctime), which the engine refuses
+    /// there as the kernel's ext4 refuses explicit times. Its flush after a write (no atime)
+    /// only repeats what the engine's write set, and is answered with the file's attributes;
+    /// `utime(f, NULL)` (atime now) sets the times to now.
+    pub(super) fn setattr_fallback(&self, ino: u32, s: &SetattrIn) -> Option<Attr> {
+        let times_only = s.mode.is_none() && s.uid.is_none() && s.gid.is_none() && s.size.is_none();
+        if !times_only || !self.writeback_cached() {
+            return None;
+        }
+        if let Ok(a) = self.fs.getattr(ino) {
+            if a.flags & FL_APPEND == 0 || a.flags & FL_IMMUTABLE != 0 {
+                return None;
+            }
+            // The kernel sends its own clock as an explicit mtime with the ctime it set at the
+            // same instant (its flush of a written file's times, `touch`), where an explicit
+            // time from the caller (`touch -d`, refused) differs from the new ctime.
+            let now = s.mtime.is_none_or(|m| match (m, s.ctime) {
+                (TimeArg::At(ms, mn), Some((cs, cn))) => (ms, mn) == (cs, cn),
+                _ => false,
+            });
+            return match s.atime {
+                _ if !now => None,
+                // The flush repeats what the engine's write already set.
+                None => Some(a),
+                // utime(f, NULL): the kernel's ext4 allows the times set to now.
+                Some(TimeArg::Now) => {
+                    let set = SetAttr {
+                        atime: Some(TimeSet::Now),
+                        mtime: s.mtime.map(|_| TimeSet::Now),
+                        ..Default::default()
+                    };
+                    self.fs.setattr(ino, &set).ok()
+                }
+                Some(TimeArg::At(..)) => None,
+            };
+        }
+        if !self.lookups.lock().contains_key(&ino) {
+            return None;
+        }
+        let zero = timestamp((0, 0));
+        Some(Attr {
+            ino,
+            mode: uext4::S_IFREG,
+            nlink: 0,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            blocks: 0,
+            atime: zero,
+            mtime: zero,
+            ctime: zero,
+            crtime: zero,
+            rdev: 0,
+            generation: 0,
+            flags: 0,
+            block_size: self.fs.geo.block_size,
+        })
+    }
+
+    /// Whether the SETATTR's ctime is only the kernel's clock, which it adds to every
+    /// attribute change with writeback_cache (it keeps a regular file's times itself): no
+    /// explicit atime or mtime comes with it. The engine sets ctime itself on any change, and
+    /// taking the kernel's as an explicit time would make `utime(f, NULL)` on an append-only
+    /// file EPERM, where the kernel's ext4 allows setting the times to now.
+    pub(super) fn kernel_ctime(&self, s: &SetattrIn) -> bool {
+        let explicit = |t: Option<TimeArg>| matches!(t, Some(TimeArg::At(..)));
+        self.writeback_cached() && !explicit(s.atime) && !explicit(s.mtime)
+    }
+
+    /// The kernel caches writes for this mount (writeback_cache agreed: a reserve is kept).
+    pub(super) fn writeback_cached(&self) -> bool {
+        self.fs.cache_reserve() > 0
+    }
+
+    /// Whether an open of `ino` must bypass the kernel's write-back cache: an append-only
+    /// file, which the kernel would write back from the start of its last cached page (a
+    /// write before the end, refused), so its writes go through one by one, at the end.
+    pub(super) fn uncached_open(&self, ino: u32) -> bool {
+        self.writeback_cached() && self.fs.getattr(ino).is_ok_and(|a| a.flags & FL_APPEND != 0)
+    }
+
+    /// A file handle for an open with `flags`; the lowest bit tells whether it may write
+    /// (`cached_write_refused` asks).
+    pub(super) fn new_fh(&self, flags: u32) -> u64 {
+        let writes = flags as i32 & libc::O_ACCMODE != libc::O_RDONLY;
+        (self.next_fh.fetch_add(1, Ordering::Relaxed) << 1) | writes as u64
+    }
+
+    /// Whether a GETATTR for open file `fh` is a cached write(2) to refuse with ENOSPC: the
+    /// kernel's write-back cache is on (a reserve is kept), `fh` may write, and no space is
+    /// left outside the reserve (which the data the kernel already cached may need).
+    pub(super) fn cached_write_refused(&self, fh: u64) -> bool {
+        fh & 1 == 1 && self.fs.cache_reserve() > 0 && self.fs.free_beyond_cache_reserve() == 0
+    }
+
+    /// Whether the space outside the write-cache reserve is less than the reserve itself:
+    /// from there on, writers are made to ask before each cached write(2). After the
+    /// writeback of a file's cached data, the kernel forgets its attributes
+    /// (`forget_attrs`), so the writer's next write(2) sends GETATTR with its handle and can
+    /// be refused in time; writers the kernel throttles are the ones whose data comes back,
+    /// so each is told before it has cached more than the kernel lets a FUSE mount hold
+    /// dirty. New opens for writing are told at once.
+    pub(super) fn near_full(&self) -> bool {
+        let r = self.fs.cache_reserve();
+        r > 0 && self.fs.free_beyond_cache_reserve() < r
+    }
+
+    /// The kernel drops the attributes it caches for `ino` (not its pages).
+    pub(super) fn forget_attrs(&self, ino: u32) {
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(to_fuse(ino), -1, 0);
+        }
     }
 
     pub(super) fn readdir(

@@ -34,6 +34,10 @@ impl Uext4Fuse {
             agreed & abi::FUSE_HANDLE_KILLPRIV_V2 != 0,
             Ordering::Relaxed,
         );
+        if agreed & abi::FUSE_WRITEBACK_CACHE != 0 {
+            self.fs
+                .set_cache_reserve(self.cache_reserve_blocks().max(1));
+        }
         let acl = agreed & abi::FUSE_POSIX_ACL != 0;
         self.acl_on.store(acl, Ordering::Relaxed);
         self.dont_mask
@@ -64,6 +68,48 @@ impl Uext4Fuse {
         Ok(reply::init(out, &o, i.minor))
     }
 
+    /// Whether to ask for the kernel's write-back cache: only where `-o writeback_cache`
+    /// asks (docs/DESIGN.md says why it is not the default: each fsync then costs one more
+    /// round trip, and near full an overwrite is refused as a new write is).
+    fn writeback_cache(&self) -> bool {
+        !self.opts.read_only && self.opts.writeback_cache.unwrap_or(false)
+    }
+
+    /// The blocks kept for the kernel's write-back cache: twice what the kernel lets a FUSE
+    /// mount hold dirty or under writeback (its bdi gets max_ratio 1% of the dirty threshold,
+    /// with a strict limit; fs/fuse/inode.c fuse_bdi_init), the threshold taken at its
+    /// largest (vm.dirty_bytes, or vm.dirty_ratio of all memory), plus 8 MiB for the
+    /// mapping blocks their writeback may add. Twice, because the throttling lets writers run
+    /// a little past the limit. At most an eighth of the free space (only where
+    /// `-o writeback_cache` asked for the cache on a smaller image: then the reserve may fall
+    /// short of what the kernel caches, and a write may fail at writeback instead).
+    fn cache_reserve_blocks(&self) -> u64 {
+        self.cache_reserve_wanted()
+            .min(self.fs.free_beyond_cache_reserve() / 8)
+    }
+
+    /// `cache_reserve_blocks` before the cap.
+    fn cache_reserve_wanted(&self) -> u64 {
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        let dirty_bytes: u64 = read("/proc/sys/vm/dirty_bytes").trim().parse().unwrap_or(0);
+        let threshold = if dirty_bytes > 0 {
+            dirty_bytes
+        } else {
+            let ratio: u64 = read("/proc/sys/vm/dirty_ratio")
+                .trim()
+                .parse()
+                .unwrap_or(20);
+            let mem_kib: u64 = read("/proc/meminfo")
+                .lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or(64 << 20);
+            mem_kib * 1024 / 100 * ratio.min(100)
+        };
+        let bytes = 2 * threshold / 100 + (8 << 20);
+        bytes.div_ceil(self.fs.geo.block_size as u64)
+    }
+
     /// The capabilities this server asks for.
     fn wanted(&self) -> u64 {
         use abi::*;
@@ -79,7 +125,7 @@ impl Uext4Fuse {
         // FUSE_ASYNC_DIO is left off: it sends even a small synchronous O_DIRECT write through
         // the background queue and completes it from the reply's thread: an extra hand-off
         // on every small direct write.
-        if self.opts.writeback_cache {
+        if self.writeback_cache() {
             w |= FUSE_WRITEBACK_CACHE;
         }
         // Shared mmap keeps working on direct_io files (the direct_io option, and every

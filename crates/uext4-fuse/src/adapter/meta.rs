@@ -39,7 +39,13 @@ impl Uext4Fuse {
         }
     }
 
-    pub(super) fn getattr(&self, ino: u32, out: &mut [u8]) -> Reply {
+    /// `fh`: the open file the kernel asks for (FUSE_GETATTR_FH). With writeback_cache that
+    /// is how a write(2) starts: it gets ENOSPC here once the space outside the write-cache
+    /// reserve is gone (`cached_write_refused`).
+    pub(super) fn getattr(&self, ino: u32, fh: Option<u64>, out: &mut [u8]) -> Reply {
+        if fh.is_some_and(|fh| self.cached_write_refused(fh)) {
+            return Err(libc::ENOSPC);
+        }
         let a = self.fs.getattr(ino).map_err(|e| errno(&e))?;
         Ok(reply::attr(out, TTL, &wire_attr(&a)))
     }
@@ -87,7 +93,7 @@ impl Uext4Fuse {
             size: s.size,
             atime: s.atime.map(conv),
             mtime: s.mtime.map(conv),
-            ctime: s.ctime.map(timestamp),
+            ctime: s.ctime.filter(|_| !self.kernel_ctime(s)).map(timestamp),
             crtime: None,
         };
         let cred = self.cred(h);
@@ -102,7 +108,10 @@ impl Uext4Fuse {
         } else {
             self.fs.setattr(ino, &set)
         };
-        let a = r.map_err(|e| errno(&e))?;
+        let a = match r {
+            Err(e) => self.setattr_fallback(ino, s).ok_or_else(|| errno(&e))?,
+            Ok(a) => a,
+        };
         Ok(reply::attr(out, TTL, &wire_attr(&a)))
     }
 
@@ -143,8 +152,17 @@ impl Uext4Fuse {
             .check_open(ino, flags as i32)
             .map_err(|e| errno(&e))?;
         self.fs.open(ino).map_err(|e| errno(&e))?;
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        Ok(reply::open(out, fh, self.open_flags(ino, flags)))
+        let fh = self.new_fh(flags);
+        if fh & 1 == 1 && self.near_full() {
+            // Attributes cached from an earlier lookup would let its first write(2) skip the
+            // GETATTR that can refuse it.
+            self.forget_attrs(ino);
+        }
+        let mut open_flags = self.open_flags(ino, flags);
+        if self.uncached_open(ino) {
+            open_flags |= abi::FOPEN_DIRECT_IO;
+        }
+        Ok(reply::open(out, fh, open_flags))
     }
 
     pub(super) fn opendir(&self, ino: u32, out: &mut [u8]) -> Reply {
@@ -330,11 +348,18 @@ impl Uext4Fuse {
     /// open file.
     fn opened(&self, a: &Attr, flags: u32, out: &mut [u8]) -> Reply {
         self.counted(a);
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let fh = self.new_fh(flags);
+        // Near full, the kernel keeps the new file's attributes for no time, so its first
+        // write(2) asks (GETATTR with the handle) and can be refused.
+        let ttl = if self.near_full() {
+            Duration::ZERO
+        } else {
+            TTL
+        };
         Ok(reply::create(
             out,
             a.generation as u64,
-            TTL,
+            ttl,
             &wire_attr(a),
             fh,
             self.open_flags(a.ino, flags),

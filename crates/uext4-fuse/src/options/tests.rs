@@ -6,7 +6,7 @@ fn options_parse_and_reject() {
         "ro,threads=4,allow_other,writeback_cache,commit=7,errors=continue,dax,delalloc",
     )
     .unwrap();
-    assert!(o.read_only && o.allow_other && o.writeback_cache && o.dax && o.delalloc);
+    assert!(o.read_only && o.allow_other && o.writeback_cache == Some(true) && o.dax && o.delalloc);
     assert_eq!((o.threads, o.commit_secs), (4, 7));
     assert!(o.map_tmpfs, "an image on tmpfs is mapped by default");
     let o = Options::parse("dax,nodax").unwrap();
