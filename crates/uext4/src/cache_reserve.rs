@@ -35,10 +35,16 @@ impl Fs {
     /// Runs `f` (the writeback of data the kernel cached) with the reserve open to its
     /// allocations.
     pub fn cache_writeback<R>(&self, f: impl FnOnce() -> R) -> R {
-        let was = IN_CACHE_WRITEBACK.with(|c| c.replace(true));
-        let r = f();
-        IN_CACHE_WRITEBACK.with(|c| c.set(was));
-        r
+        /// Puts the flag back however `f` ends: a request's panic is caught and its thread
+        /// serves on, and must not keep the reserve open.
+        struct Restore(bool);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                IN_CACHE_WRITEBACK.with(|c| c.set(self.0));
+            }
+        }
+        let _restore = Restore(IN_CACHE_WRITEBACK.with(|c| c.replace(true)));
+        f()
     }
 
     /// Free blocks outside the reserve (and outside delayed-allocation reservations): what a

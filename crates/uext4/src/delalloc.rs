@@ -313,7 +313,8 @@ impl Fs {
     fn room_for(&self, pages: u64, more: u64) -> (bool, bool) {
         let bs = self.geo.block_size as u64;
         let free = self.sb.free_blocks.load(Ordering::Relaxed);
-        let reserved = self.delalloc_held_blocks();
+        // The kernel's cached writes keep their reserve from buffered writes too.
+        let reserved = self.delalloc_held_blocks() + self.cache_reserve_held();
         let memory = self.delalloc.bytes.load(Ordering::Relaxed) + pages * bs;
         (
             more > 0 && free < reserved + more + RESERVE_MARGIN_BLOCKS,

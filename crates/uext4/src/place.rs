@@ -7,8 +7,11 @@
 //! once, so the data must be on the device before the transaction that maps it commits
 //! (DESIGN.md R4). A builder copies everything placed before each [`Fs::commit`] or
 //! [`Fs::sync`] it calls, and before it removes a file whose data is still on its way (freed
-//! blocks are reused only after a commit, but the engine may commit on its own when the
-//! journal fills).
+//! blocks are reused only after a commit). The engine may still commit on its own (a full
+//! journal, the background committer) while data is on its way, so a crash can leave placed
+//! blocks mapped with what they held before: a builder places data only on an image it made
+//! afresh, whose free blocks read as zeros (the CLI: `mkfs -d` onto a new file), and writes
+//! through [`Fs::write_all`] elsewhere.
 
 use crate::error::{Error, Result};
 use crate::format::inode::S_IFREG;

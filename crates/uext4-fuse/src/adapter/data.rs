@@ -75,19 +75,13 @@ impl Uext4Fuse {
         Ok(n)
     }
 
-    /// The answer to a SETATTR of times only for a file already removed here that the kernel
-    /// still holds: with writeback_cache the kernel keeps a regular file's times itself and,
-    /// right after a successful unlink, sends the new ctime (fuse_update_ctime, then
-    /// write_inode); the engine freed the inode at the unlink (no one had it open), and an
-    /// ENOENT would be stored as a writeback error that the next syncfs(2) on the mount
-    /// reports. The kernel is about to evict the inode: a regular file with no links and
-    /// no permission bits will do. None where the error stands.
-    ///
-    /// Likewise the times the kernel sends for an append-only file: with writeback_cache its
-    /// own clock comes as an explicit mtime (with the equal ctime), which the engine refuses
-    /// there as the kernel's ext4 refuses explicit times. Its flush after a write (no atime)
-    /// only repeats what the engine's write set, and is answered with the file's attributes;
-    /// `utime(f, NULL)` (atime now) sets the times to now.
+    /// The answer to a SETATTR of times the engine refuses on an append-only file: with
+    /// writeback_cache the kernel's own clock comes as an explicit mtime (with the equal
+    /// ctime), which the engine refuses there as the kernel's ext4 refuses explicit times. Its
+    /// flush after a write (no atime) only repeats what the engine's write set, and is answered
+    /// with the file's attributes; `utime(f, NULL)` (atime now) sets the times to now. None
+    /// where the error stands. (The new ctime the kernel sends right after an unlink reaches an
+    /// inode the engine keeps while the kernel holds it: see `forget`.)
     pub(super) fn setattr_fallback(&self, ino: u32, s: &SetattrIn) -> Option<Attr> {
         let times_only = s.mode.is_none() && s.uid.is_none() && s.gid.is_none() && s.size.is_none();
         if !times_only || !self.writeback_cached() {
@@ -120,27 +114,7 @@ impl Uext4Fuse {
                 Some(TimeArg::At(..)) => None,
             };
         }
-        if !self.lookups.lock().contains_key(&ino) {
-            return None;
-        }
-        let zero = timestamp((0, 0));
-        Some(Attr {
-            ino,
-            mode: uext4::S_IFREG,
-            nlink: 0,
-            uid: 0,
-            gid: 0,
-            size: 0,
-            blocks: 0,
-            atime: zero,
-            mtime: zero,
-            ctime: zero,
-            crtime: zero,
-            rdev: 0,
-            generation: 0,
-            flags: 0,
-            block_size: self.fs.geo.block_size,
-        })
+        None
     }
 
     /// Whether the SETATTR's ctime is only the kernel's clock, which it adds to every

@@ -28,10 +28,15 @@ struct HostToImage<'a> {
     stack: Vec<Target>,
     /// Where file data goes, while a copy runs.
     writer: Option<DataWriter>,
+    /// New files' blocks are placed and filled by the data writer (`Fs::place_new_data`):
+    /// only on an image made afresh, whose free blocks read as zeros, since a crash may
+    /// leave placed blocks mapped before their data is in. Elsewhere (a copy into an existing
+    /// image) the data is written before the extent that maps it, as every write does.
+    place: bool,
 }
 
 impl HostToImage<'_> {
-    fn new<'f>(fs: &'f Fs, src: &Path) -> HostToImage<'f> {
+    fn new<'f>(fs: &'f Fs, src: &Path, place: bool) -> HostToImage<'f> {
         HostToImage {
             fs,
             links: Links::new(),
@@ -39,6 +44,7 @@ impl HostToImage<'_> {
             batch: Batch::default(),
             stack: Vec::new(),
             writer: None,
+            place,
         }
     }
 
@@ -219,7 +225,7 @@ impl HostToImage<'_> {
     fn data(&mut self, path: &Path, ino: u32, data: Data, size: u64) -> Result<()> {
         let fs = self.fs;
         let Data(f, segs) = data;
-        if size > 0 && segs == [(0, size)] {
+        if self.place && size > 0 && segs == [(0, size)] {
             if let Ok(placed) = fs.place_new_data(ino, size) {
                 self.progress.add(size);
                 return self.writer()?.fill(path.to_path_buf(), f, placed);
@@ -273,8 +279,8 @@ impl HostToImage<'_> {
 
 /// Copies the contents of the host directory `src` into the image directory `dir` (and
 /// `src`'s own attributes onto `dir`), as `cp -a SRC/. DEST`.
-pub(crate) fn copy_host_contents(fs: &Fs, src: &Path, dir: u32) -> Result<()> {
-    HostToImage::new(fs, src).run(src, dir, b"", true, true)
+pub(crate) fn copy_host_contents(fs: &Fs, src: &Path, dir: u32, fresh: bool) -> Result<()> {
+    HostToImage::new(fs, src, fresh).run(src, dir, b"", true, true)
 }
 
 /// `cp [-r] HOST IMAGE:PATH` (and `HOST/.`, the directory's contents).
@@ -297,7 +303,7 @@ pub(super) fn cp(
             if !fs.getattr(dir)?.is_dir() {
                 bail!("{dst}: not a directory");
             }
-            copy_host_contents(&fs, s, dir)
+            copy_host_contents(&fs, s, dir, false)
         })();
         return finish(&fs, &img.path, r.with_context(|| format!("{src} -> {dst}")));
     }
@@ -311,7 +317,7 @@ pub(super) fn cp(
             Ok(ino) if fs.getattr(ino)?.is_dir() => (ino, name),
             _ => parent_of(&fs, d)?,
         };
-        HostToImage::new(&fs, s).run(s, dir, &n, recursive, false)
+        HostToImage::new(&fs, s, false).run(s, dir, &n, recursive, false)
     })();
     finish(&fs, &img.path, r.with_context(|| format!("{src} -> {dst}")))
 }
