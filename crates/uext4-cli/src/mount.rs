@@ -367,12 +367,21 @@ fn served_by(image: &Path, within: crate::image::Within) -> Option<Served> {
         .into_iter()
         .filter(|m| m.fstype == "fuse.uext4" && m.source == image)
         .filter_map(|m| {
-            // Only a mount that is not hidden under another answers for itself.
-            let d = std::fs::metadata(&m.target).ok()?.dev();
+            // Only a mount that is not hidden under another answers for itself. Asking it
+            // goes through its server: one that does not answer in time (hung, or stopped
+            // under a debugger) is passed over, not waited for, and its hold on the image
+            // then refuses the new mount in one line.
+            let target = m.target.clone();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let d = std::fs::metadata(&target).ok().map(|st| st.dev());
+                let _ = tx.send(d.map(|d| (d, server_pid(&target).ok())));
+            });
+            let (d, pid) = rx.recv_timeout(Duration::from_secs(2)).ok()??;
             if format!("{}:{}", libc::major(d), libc::minor(d)) != m.dev {
                 return None;
             }
-            let pid = server_pid(&m.target).ok()?;
+            let pid = pid?;
             (served_within(pid)? == within).then_some(Served { entry: m, pid })
         })
         .collect();

@@ -44,13 +44,25 @@ impl Fs {
     /// # Errors
     /// [`Error::Invalid`] for a file that is not regular or not empty;
     /// [`Error::FileTooBig`], [`Error::NoSpace`] and what a write reports. After an error the
-    /// file may hold some of the blocks and a size that covers them, unwritten by anyone: the
-    /// caller writes the whole file the ordinary way ([`Fs::write_all`]) instead.
+    /// file is empty again (the blocks placed before it are freed), and the caller writes the
+    /// whole file the ordinary way ([`Fs::write_all`]) instead.
     pub fn place_new_data(&self, ino: u32, size: u64) -> Result<Vec<Placed>> {
         self.check_writable()?;
         if size == 0 {
             return Ok(Vec::new());
         }
+        let mut began = false;
+        let r = self.place_blocks(ino, size, &mut began);
+        if r.is_err() && began {
+            // No piece was handed out: nothing will write the blocks mapped so far.
+            let _ = self.truncate(ino, 0);
+        }
+        r
+    }
+
+    /// `place_new_data`'s allocation, under the file's io_lock; `began` once the file was
+    /// found new and blocks may be mapped.
+    fn place_blocks(&self, ino: u32, size: u64, began: &mut bool) -> Result<Vec<Placed>> {
         let inode = self.iget(ino)?;
         let _g = inode.io_lock.write();
         self.inline_convert_file(&inode)?;
@@ -64,6 +76,7 @@ impl Fs {
                 return Err(Error::FileTooBig);
             }
         }
+        *began = true;
         let bs = self.geo.block_size as u64;
         let last = (size - 1) / bs;
         let mut out = Vec::new();

@@ -134,3 +134,25 @@ fn unique_names_fill_new_directories() {
     ));
     fs.unmount().unwrap();
 }
+
+/// A placing that runs out of space leaves the file empty and its blocks free (nothing will
+/// write the blocks it had mapped); the free count is back where it was once committed.
+#[test]
+fn a_placing_out_of_space_leaves_the_file_empty() {
+    let img = scratch("place-full");
+    mke2fs(&img.0, "32M", &["-b", "4096"]);
+    let fs = Fs::open_path(&img.0, opts::no_timer()).unwrap();
+    let ino = fs.create(2, b"big", 0o644, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    let free = fs.statfs().blocks_free;
+    assert!(matches!(
+        fs.place_new_data(ino, 64 << 20),
+        Err(Error::NoSpace)
+    ));
+    assert_eq!(fs.getattr(ino).unwrap().size, 0);
+    fs.sync().unwrap();
+    assert_eq!(fs.statfs().blocks_free, free);
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+}

@@ -282,7 +282,9 @@ fn build(
         let fs =
             uext4::Fs::open_path(&img.path, build_options(region)?).with_context(|| img.name())?;
         let r = match &a.root_dir {
-            Some(d) if d.is_dir() => crate::tools::cp::copy_host_contents(&fs, d, fs.root_ino(), fresh),
+            Some(d) if d.is_dir() => {
+                crate::tools::cp::copy_host_contents(&fs, d, fs.root_ino(), fresh)
+            }
             Some(d) => {
                 let mut u = crate::tools::tar::Unpacker::new(&fs, fs.root_ino());
                 u.unpack(d).and_then(|()| u.finish())
