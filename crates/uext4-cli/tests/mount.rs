@@ -1747,6 +1747,34 @@ cat o1 o2 o3
     assert_eq!(ours, kernel, "uext4 (left) differs from the kernel (right)");
 }
 
+/// The space of a file renamed over, or removed while open, comes back as on the kernel: at
+/// once for the one, at its last close for the other (unlinked inodes the kernel holds live
+/// until its FORGET, which must come then, not at memory pressure).
+#[test]
+fn space_of_replaced_and_closed_files_comes_back_as_on_the_kernel() {
+    const SCRIPT: &str = r#"
+cd "$1" || exit 1
+u() { sync -f .; df -k --output=used . | tail -1; }
+base=$(u)
+dd if=/dev/zero of=old bs=1M count=16 status=none
+echo x > new
+mv new old
+d=$(( $(u) - base )); [ $d -lt 2048 ] && echo "renamed over: freed" || echo "renamed over: held $d"
+dd if=/dev/zero of=a bs=1M count=16 status=none
+exec 3<a
+rm a
+d=$(( $(u) - base )); [ $d -gt 14000 ] && echo "open unlinked: held" || echo "open unlinked: freed $d"
+exec 3<&-
+sleep 1
+d=$(( $(u) - base )); [ $d -lt 2048 ] && echo "closed: freed" || echo "closed: held $d"
+"#;
+    let Some((kernel, ours)) = on_kernel_and_uext4("space", &["df", "dd"], SCRIPT) else {
+        return;
+    };
+    assert!(kernel.contains("closed: freed"), "{kernel}");
+    assert_eq!(ours, kernel, "uext4 (left) differs from the kernel (right)");
+}
+
 #[test]
 fn acls_behave_as_on_the_kernel() {
     const SCRIPT: &str = r#"
