@@ -80,22 +80,11 @@ fn drop_caches() {
 }
 
 fn mount(img: &Path, mnt: &Path) {
-    let o = Command::new(bin())
-        .arg("mount")
-        .arg(img)
-        .arg(mnt)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "mount: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    uext4_mount(bin(), img, mnt, &[]);
 }
 
 fn umount(img: &Path, mnt: &Path) {
-    assert!(Command::new("umount").arg(mnt).status().unwrap().success());
-    wait_server_gone(img);
+    umount_and_wait(mnt, img);
 }
 
 struct Cleanup(PathBuf, PathBuf);

@@ -39,26 +39,10 @@ impl Env {
         self.mount_with(&[]);
     }
     fn mount_with(&self, opts: &[&str]) {
-        let o = Command::new(bin())
-            .arg("mount")
-            .args(opts)
-            .arg(&self.img)
-            .arg(&self.mnt)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "mount: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        uext4_mount(bin(), &self.img, &self.mnt, opts);
     }
     fn umount(&self) {
-        assert!(Command::new("umount")
-            .arg(&self.mnt)
-            .status()
-            .unwrap()
-            .success());
-        wait_server_gone(&self.img);
+        umount_and_wait(&self.mnt, &self.img);
     }
     fn fsck(&self) {
         e2fsck_clean(&self.img);

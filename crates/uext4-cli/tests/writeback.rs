@@ -37,18 +37,7 @@ impl Env {
         e
     }
     fn mount(&self, opts: &[&str]) {
-        let o = Command::new(bin())
-            .arg("mount")
-            .args(opts)
-            .arg(&self.img)
-            .arg(&self.mnt)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "mount: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        uext4_mount(bin(), &self.img, &self.mnt, opts);
     }
     fn umount(&self) {
         let o = Command::new(bin())

@@ -40,7 +40,7 @@ struct Shared {
 pub(super) struct DataWriter {
     tx: Option<SyncSender<Vec<Fill>>>,
     /// Files not yet sent.
-    pending: std::cell::RefCell<Vec<Fill>>,
+    pending: super::Gather<Fill, BATCH>,
     shared: Arc<Shared>,
 }
 
@@ -63,19 +63,14 @@ impl DataWriter {
 
     /// Writes `file`'s bytes into `placed` (in order), later.
     pub(super) fn fill(&self, path: PathBuf, file: File, placed: Vec<Placed>) -> Result<()> {
-        let full = {
-            let mut p = self.pending.borrow_mut();
-            p.push((path, file, placed));
-            p.len() >= BATCH
-        };
-        match full {
+        match self.pending.push((path, file, placed)) {
             true => self.flush(),
             false => Ok(()),
         }
     }
 
     fn flush(&self) -> Result<()> {
-        let batch = std::mem::take(&mut *self.pending.borrow_mut());
+        let batch = self.pending.take();
         if batch.is_empty() {
             return Ok(());
         }

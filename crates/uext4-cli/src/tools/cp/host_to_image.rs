@@ -26,12 +26,13 @@ struct HostToImage<'a> {
     batch: Batch,
     /// The directories begun and not yet ended, innermost last.
     stack: Vec<Target>,
-    /// Where file data goes, while a copy runs.
+    /// Where file data goes while a copy runs, when new files' blocks are placed and filled
+    /// by writer threads (`Fs::place_new_data`): only on an image made afresh, whose free
+    /// blocks read as zeros, since a crash may leave placed blocks mapped before their data
+    /// is in. Elsewhere (a copy into an existing image) there is none, and the data is
+    /// written before the extent that maps it, as every write does.
     writer: Option<DataWriter>,
-    /// New files' blocks are placed and filled by the data writer (`Fs::place_new_data`):
-    /// only on an image made afresh, whose free blocks read as zeros, since a crash may
-    /// leave placed blocks mapped before their data is in. Elsewhere (a copy into an existing
-    /// image) the data is written before the extent that maps it, as every write does.
+    /// Whether `run` starts the writer.
     place: bool,
 }
 
@@ -61,11 +62,10 @@ impl HostToImage<'_> {
     ) -> Result<()> {
         std::thread::scope(|scope| {
             let rx = walk(scope, src, recursive);
-            self.writer = Some(DataWriter::start(scope, self.fs));
+            self.writer = self.place.then(|| DataWriter::start(scope, self.fs));
             let r = self.entries(rx, src, dir, name, recursive, contents);
-            let w = self.writer.take().expect("started above");
             // The walk stops once its receiver is gone (dropped in `entries`).
-            let written = w.finish();
+            let written = self.writer.take().map_or(Ok(()), DataWriter::finish);
             r.and(written)
         })
     }
@@ -114,11 +114,11 @@ impl HostToImage<'_> {
         let fresh = self.stack.last().is_some_and(|t| t.made);
         let st = e.st;
         let key = (st.dev, st.ino);
-        if !fresh && !matches!(e.kind, Kind::Dir | Kind::EndDir(_)) {
+        if self.writer.is_some() && !fresh && !matches!(e.kind, Kind::Dir | Kind::EndDir(_)) {
             // A name there is replaced: its data may still be on its way into blocks that
             // the removal frees.
             if fs.lookup(parent, &e.name).is_ok() {
-                self.writer()?.drain()?;
+                self.drain()?;
             }
         }
         if !matches!(e.kind, Kind::EndDir(_)) {
@@ -213,10 +213,9 @@ impl HostToImage<'_> {
         })
     }
 
-    fn writer(&self) -> Result<&DataWriter> {
-        self.writer
-            .as_ref()
-            .ok_or_else(|| anyhow!("no file data writer"))
+    /// Waits until the data handed to the writer is written (none without one).
+    fn drain(&self) -> Result<()> {
+        self.writer.as_ref().map_or(Ok(()), DataWriter::drain)
     }
 
     /// A new file's data: a file without holes has its blocks placed here and filled by the
@@ -225,13 +224,17 @@ impl HostToImage<'_> {
     fn data(&mut self, path: &Path, ino: u32, data: Data, size: u64) -> Result<()> {
         let fs = self.fs;
         let Data(f, segs) = data;
-        if self.place && size > 0 && segs == [(0, size)] {
+        if let Some(w) = self
+            .writer
+            .as_ref()
+            .filter(|_| size > 0 && segs == [(0, size)])
+        {
             if let Ok(placed) = fs.place_new_data(ino, size) {
                 self.progress.add(size);
-                return self.writer()?.fill(path.to_path_buf(), f, placed);
+                return w.fill(path.to_path_buf(), f, placed);
             }
         }
-        self.writer()?.drain()?;
+        self.drain()?;
         copy_segments(
             &segs,
             &self.progress,
@@ -271,7 +274,7 @@ impl HostToImage<'_> {
         };
         set_image_metadata(self.fs, ino, path, xattrs, &meta)?;
         if self.batch.commits_next() {
-            self.writer()?.drain()?;
+            self.drain()?;
         }
         self.batch.made_one(self.fs)
     }

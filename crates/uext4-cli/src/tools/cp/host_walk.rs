@@ -133,24 +133,19 @@ impl From<Gone> for anyhow::Error {
 struct Walk {
     tx: SyncSender<Result<Vec<Entry>>>,
     /// Entries not yet sent.
-    pending: std::cell::RefCell<Vec<Entry>>,
+    pending: super::Gather<Entry, BATCH>,
 }
 
 impl Walk {
     fn send(&self, e: Entry) -> Result<()> {
-        let full = {
-            let mut p = self.pending.borrow_mut();
-            p.push(e);
-            p.len() >= BATCH
-        };
-        match full {
+        match self.pending.push(e) {
             true => self.flush(),
             false => Ok(()),
         }
     }
 
     fn flush(&self) -> Result<()> {
-        let batch = std::mem::take(&mut *self.pending.borrow_mut());
+        let batch = self.pending.take();
         if batch.is_empty() {
             return Ok(());
         }

@@ -17,6 +17,30 @@ use std::path::Path;
 use uext4::Fs;
 use uext4::Timestamp;
 
+/// Items gathered on one thread until `N` make a batch for another (the tree walk's entries,
+/// the data writer's files): one channel message per batch, not per item.
+pub(super) struct Gather<T, const N: usize>(std::cell::RefCell<Vec<T>>);
+
+impl<T, const N: usize> Default for Gather<T, N> {
+    fn default() -> Self {
+        Gather(std::cell::RefCell::new(Vec::new()))
+    }
+}
+
+impl<T, const N: usize> Gather<T, N> {
+    /// Adds `t`; whether a batch is full and should be sent.
+    fn push(&self, t: T) -> bool {
+        let mut p = self.0.borrow_mut();
+        p.push(t);
+        p.len() >= N
+    }
+
+    /// What was gathered, to send (empty: nothing to send).
+    fn take(&self) -> Vec<T> {
+        std::mem::take(&mut *self.0.borrow_mut())
+    }
+}
+
 /// A progress bar over the bytes a copy moves, shown on large copies to a terminal.
 pub(super) struct Progress(Option<indicatif::ProgressBar>);
 
