@@ -143,6 +143,62 @@ fn read_write_mount_of_an_image_served_read_only_is_refused() {
 }
 
 /// atime as `stat` shows it through the mount, in seconds.
+/// An idmapped mount of a uext4 mount (FUSE_ALLOW_IDMAP): owners show mapped, a file made
+/// through it is stored with the unmapped owner, and the rules the server applies for the
+/// kernel (set-ID removal on write, flag changes by the owner) hold for callers whose ids
+/// the kernel no longer sends.
+#[test]
+fn an_idmapped_mount_maps_owners_and_keeps_the_server_rules() {
+    if !fuse_usable("the idmapped-mount test") || !have(&["unshare", "setpriv", "chattr"]) {
+        return;
+    }
+    let e = Env::new("idmap");
+    e.mount_ok(&e.a, &["-o", "allow_other"]);
+    let (a, b) = (e.a.display(), e.b.display());
+    sh(&format!(
+        "set -e; mkdir {a}/d; printf x > {a}/d/prog; chown -R 1000:1000 {a}/d; \
+         chmod 6755 {a}/d/prog; printf r > {a}/rootprog; chmod 6755 {a}/rootprog"
+    ));
+    idmapped_mount(&e.a, &e.b, 1000, 2000, 1).unwrap();
+    assert_eq!(
+        sh(&format!("stat -c '%u %g' {b}/d {a}/d")),
+        "2000 2000\n1000 1000\n"
+    );
+    let as_2000 = |cmd: &str| {
+        Command::new("setpriv")
+            .args([
+                "--reuid=2000",
+                "--regid=2000",
+                "--clear-groups",
+                "sh",
+                "-c",
+                cmd,
+            ])
+            .output()
+            .unwrap()
+    };
+    let o = as_2000(&format!(
+        "set -e; printf new > {b}/d/new; printf y >> {b}/d/prog; chattr +d {b}/d/new; \
+         chmod 640 {b}/d/new"
+    ));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        sh(&format!("stat -c '%u %g %a' {a}/d/new {a}/d/prog")),
+        "1000 1000 640\n1000 1000 755\n",
+        "stored unmapped; a write by the owner takes set-user-ID and set-group-ID"
+    );
+    assert!(sh(&format!("lsattr -d {a}/d/new")).starts_with("------d"));
+    // Without the mapping 2000 owns nothing: the kernel refuses its flag change.
+    assert!(!as_2000(&format!("chattr -d {a}/d/new")).status.success());
+    // Root's write keeps the set-ID bits (CAP_FSETID), also without ids in the request.
+    sh(&format!("printf s >> {a}/rootprog"));
+    assert_eq!(sh(&format!("stat -c '%a' {a}/rootprog")), "6755\n");
+    assert!(Command::new("umount").arg(&e.b).status().unwrap().success());
+    e.umount(&e.a);
+    wait_server_gone(&e.img);
+    e2fsck_clean(&e.img);
+}
+
 fn atime(p: &Path) -> i64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(p).unwrap().atime()

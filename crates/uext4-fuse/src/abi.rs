@@ -91,7 +91,12 @@ pub const FUSE_HANDLE_KILLPRIV_V2: u64 = 1 << 28;
 pub const FUSE_SETXATTR_EXT: u64 = 1 << 29;
 pub const FUSE_INIT_EXT: u64 = 1 << 30;
 pub const FUSE_DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
+pub const FUSE_ALLOW_IDMAP: u64 = 1 << 40;
 pub const FUSE_OVER_IO_URING: u64 = 1 << 41;
+
+/// The uid and gid of a request the kernel sends without the caller's ids (with
+/// FUSE_ALLOW_IDMAP, every request but those that create an inode).
+pub const FUSE_INVALID_UIDGID: u32 = u32::MAX;
 
 // fuse_open_out.open_flags.
 pub const FOPEN_DIRECT_IO: u32 = 1 << 0;

@@ -181,13 +181,56 @@ impl Uext4Fuse {
 
     /// The request's caller as the engine sees it: root's privileges for uid 0, or anyone
     /// under `fakeroot`; supplementary groups read only if a decision needs them.
+    ///
+    /// With FUSE_ALLOW_IDMAP the kernel sends the caller's ids only with requests that
+    /// create an inode (mapped through the mount's idmapping); every other request carries
+    /// FUSE_INVALID_UIDGID. The kernel has checked those requests' permissions itself (it
+    /// agrees to the flag only with default_permissions), so the server needs the caller
+    /// only for the rules it applies on the kernel's behalf (set-ID removal, CAP_SYS_ADMIN
+    /// ioctls): it reads the caller's filesystem ids and groups from `/proc/PID/status`,
+    /// as the host sees them. A caller that cannot be read (gone, or a request the kernel
+    /// sends on no process's behalf) is unprivileged and in no group.
     fn cred(&self, h: &InHeader) -> Cred {
+        if h.uid != abi::FUSE_INVALID_UIDGID && h.gid != abi::FUSE_INVALID_UIDGID {
+            return self.header_cred(h);
+        }
+        let mut c = Cred::of_process(h.pid).unwrap_or(Cred {
+            uid: abi::FUSE_INVALID_UIDGID,
+            gid: abi::FUSE_INVALID_UIDGID,
+            groups: Groups::List(Vec::new()),
+            privileged: false,
+        });
+        c.privileged |= self.opts.fakeroot;
+        c
+    }
+
+    /// [`Self::cred`] without reading `/proc`: the ids as the header has them (possibly
+    /// FUSE_INVALID_UIDGID), groups (and then the primary group too) read only if a decision
+    /// needs them. For requests whose privilege the kernel states itself (a write's
+    /// FUSE_WRITE_KILL_SUIDGID) or that need no caller (a chmod).
+    fn header_cred(&self, h: &InHeader) -> Cred {
         Cred {
             uid: h.uid,
             gid: h.gid,
             groups: Groups::OfProcess(h.pid),
             privileged: self.opts.fakeroot || h.uid == 0,
         }
+    }
+
+    /// The caller of a flags change (FS_IOC_SETFLAGS, FS_IOC_FSSETXATTR). The kernel's
+    /// vfs_fileattr_set checked that the caller owns the inode (through the mount's
+    /// idmapping) and has CAP_LINUX_IMMUTABLE for the immutable and append-only flags before
+    /// it sent the ioctl. A request without the caller's ids (FUSE_ALLOW_IDMAP) is taken as
+    /// the owner's, since the host's view of the caller cannot repeat an idmapped check;
+    /// its privilege still comes from `/proc`.
+    fn fileattr_cred(&self, h: &InHeader, ino: u32) -> Cred {
+        let mut c = self.cred(h);
+        if h.uid == abi::FUSE_INVALID_UIDGID {
+            if let Ok(a) = self.fs.getattr(ino) {
+                c.uid = a.uid;
+            }
+        }
+        c
     }
 
     /// The request's umask as the engine applies it: replaced by a parent's default ACL when
@@ -219,11 +262,13 @@ impl Uext4Fuse {
         if !self.killpriv.load(Ordering::Relaxed) {
             return None;
         }
-        let mut c = self.cred(h);
-        if let Some(kill) = kill {
-            c.privileged = !kill;
-        }
-        Some(c)
+        Some(match kill {
+            Some(kill) => Cred {
+                privileged: !kill,
+                ..self.header_cred(h)
+            },
+            None => self.cred(h),
+        })
     }
 
     /// Every change to the image goes through this mount (the server holds the image's lock),

@@ -59,7 +59,24 @@ impl Cred {
         }
     }
 
-    /// Whether the caller is in group `gid` (its own or a supplementary one).
+    /// The credentials of process `pid` as `/proc/PID/status` shows them: its filesystem
+    /// user and group ids and its supplementary groups, privileged when its filesystem user
+    /// id is 0. None when the process is gone or not visible.
+    pub fn of_process(pid: u32) -> Option<Cred> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let ids = ProcStatus(&status);
+        let (uid, gid) = (ids.fs_id("Uid:")?, ids.fs_id("Gid:")?);
+        Some(Cred {
+            uid,
+            gid,
+            groups: Groups::List(ids.groups().collect()),
+            privileged: uid == 0,
+        })
+    }
+
+    /// Whether the caller is in group `gid` (its own or a supplementary one). For
+    /// [`Groups::OfProcess`] the process's filesystem group id counts too, so a caller whose
+    /// `gid` is unknown (`u32::MAX`) is still judged rightly.
     pub fn in_group(&self, gid: u32) -> bool {
         if self.gid == gid {
             return true;
@@ -70,10 +87,8 @@ impl Cred {
                 let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
                     return false;
                 };
-                status
-                    .lines()
-                    .find_map(|l| l.strip_prefix("Groups:"))
-                    .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+                let ids = ProcStatus(&status);
+                ids.fs_id("Gid:") == Some(gid) || ids.groups().any(|g| g == gid)
             }
         }
     }
@@ -82,5 +97,49 @@ impl Cred {
     /// in_group_or_capable).
     pub fn in_group_or_privileged(&self, gid: u32) -> bool {
         self.privileged || self.in_group(gid)
+    }
+}
+
+/// The lines of `/proc/PID/status` that name a process's credentials.
+struct ProcStatus<'a>(&'a str);
+
+impl ProcStatus<'_> {
+    /// The filesystem id (the fourth of real, effective, saved, filesystem) on line `key`.
+    fn fs_id(&self, key: &str) -> Option<u32> {
+        let line = self.0.lines().find_map(|l| l.strip_prefix(key))?;
+        line.split_whitespace().nth(3)?.parse().ok()
+    }
+
+    fn groups(&self) -> impl Iterator<Item = u32> + '_ {
+        self.0
+            .lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .into_iter()
+            .flat_map(|g| g.split_whitespace().filter_map(|x| x.parse().ok()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_credentials_come_from_proc() {
+        let me = Cred::of_process(std::process::id()).expect("own /proc entry");
+        // SAFETY: no arguments, cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        assert_eq!((me.uid, me.gid, me.privileged), (uid, gid, uid == 0));
+        let unknown = Cred {
+            uid: u32::MAX,
+            gid: u32::MAX,
+            groups: Groups::OfProcess(std::process::id()),
+            privileged: false,
+        };
+        assert!(unknown.in_group(gid), "the filesystem group id counts");
+        assert!(
+            !unknown.in_group(0x7654_3210),
+            "nor a group the process is not in"
+        );
+        assert!(Cred::of_process(u32::MAX - 1).is_none());
     }
 }

@@ -350,7 +350,7 @@ impl Uext4Fuse {
             c if SETFLAGS.contains(&c) => {
                 let b = data.get(..4).ok_or(libc::EINVAL)?;
                 self.fs
-                    .set_flags_as(&self.cred(h), ino, u32_at(b, 0))
+                    .set_flags_as(&self.fileattr_cred(h, ino), ino, u32_at(b, 0))
                     .map_err(e)?;
                 self.mode_changed(ino);
                 Ok(reply::ioctl(out, 0, &[]))
@@ -376,7 +376,8 @@ impl Uext4Fuse {
                     projid: u32_at(b, 12),
                     cowextsize: u32_at(b, 16),
                 };
-                self.fs.set_fsxattr_as(&self.cred(h), ino, &x).map_err(e)?;
+                let cred = self.fileattr_cred(h, ino);
+                self.fs.set_fsxattr_as(&cred, ino, &x).map_err(e)?;
                 self.mode_changed(ino);
                 Ok(reply::ioctl(out, 0, &[]))
             }

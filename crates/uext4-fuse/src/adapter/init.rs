@@ -144,6 +144,13 @@ impl Uext4Fuse {
         // mounts, entries carry the inode's generation, and LOOKUP answers "." by node id
         // and ".." (see `lookup`).
         w |= FUSE_EXPORT_SUPPORT;
+        // Idmapped mounts (mount_setattr with MOUNT_ATTR_IDMAP: containers, systemd-homed).
+        // The kernel allows them only where it checks permissions itself (default_permissions,
+        // or the ACLs that turn it on), and then sends no caller ids outside creates: see
+        // `cred`.
+        if self.opts.default_permissions || self.opts.acl {
+            w |= FUSE_ALLOW_IDMAP;
+        }
         if self.uring {
             w |= FUSE_OVER_IO_URING;
         }

@@ -96,13 +96,18 @@ impl Uext4Fuse {
             ctime: s.ctime.filter(|_| !self.kernel_ctime(s)).map(timestamp),
             crtime: None,
         };
-        let cred = self.cred(h);
+        let chown = s.uid.is_some() || s.gid.is_some();
+        // Only a chown or a truncate asks who the caller is (`Self::cred` may read /proc).
+        let cred = if chown || s.size.is_some() {
+            self.cred(h)
+        } else {
+            self.header_cred(h)
+        };
         // With HANDLE_KILLPRIV_V2 the engine takes set-ID bits and capabilities away on
         // chown and truncate, "unprivileged" being "not uid 0" (the rule the engine applied
         // when fuser did not pass the kernel's FATTR_KILL_SUIDGID; `s.kill_suidgid` now has
         // it). Without it the kernel sends the mode a chown leaves; the engine's rule covers
         // a kernel that sends none for a non-root caller.
-        let chown = s.uid.is_some() || s.gid.is_some();
         let r = if self.killpriv.load(Ordering::Relaxed) || (chown && !cred.privileged) {
             self.fs.setattr_as(&cred, ino, &set)
         } else {
@@ -216,7 +221,13 @@ impl Uext4Fuse {
         } else {
             uext4::XattrFlags::Any
         };
-        empty(self.fs.setxattr_as(&self.cred(h), ino, name, value, f))
+        // Only an access ACL asks who the caller is (whether set-group-ID stays).
+        let cred = if name == b"system.posix_acl_access" {
+            self.cred(h)
+        } else {
+            self.header_cred(h)
+        };
+        empty(self.fs.setxattr_as(&cred, ino, name, value, f))
     }
 
     /// A value, its size when asked with size 0, or ERANGE when it does not fit.
@@ -270,7 +281,7 @@ impl Uext4Fuse {
             // Root may do anything but execute a file nobody may execute.
             want & 1 == 0 || a.is_dir() || mode & 0o111 != 0
         } else {
-            let bits = if h.uid == a.uid {
+            let bits = if cred.uid == a.uid {
                 mode >> 6
             } else if cred.in_group(a.gid) {
                 mode >> 3
