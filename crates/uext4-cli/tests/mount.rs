@@ -88,6 +88,11 @@ fn shell_workload_then_clean_image() {
     assert!(count("CREATE") >= 300, "{}", j["fuse_requests"]);
     assert!(count("WRITE") >= 300, "{}", j["fuse_requests"]);
     assert!(j["fuse_requests"]["LOOKUP"]["us_each"].as_f64().is_some());
+    // The script's listings (ls, find, rm -r) cost no OPENDIR/RELEASEDIR round trips: the
+    // first OPENDIR is answered ENOSYS and the kernel sends none again.
+    assert!(count("OPENDIR") <= 1, "{}", j["fuse_requests"]);
+    assert_eq!(count("RELEASEDIR"), 0, "{}", j["fuse_requests"]);
+    assert!(count("READDIRPLUS") + count("READDIR") > 0);
     // A path inside the mount names it too.
     let inner = Command::new(bin())
         .arg("stats")

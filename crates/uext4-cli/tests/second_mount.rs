@@ -254,6 +254,16 @@ fn reads_update_atime_by_the_mount_options() {
         atime(&f) > s1,
         "strictatime: a second read did not update atime"
     );
+    // And every listing: under strictatime the kernel still opens directories through the
+    // server, which keeps it from serving a listing from its cache.
+    std::fs::read_dir(&d).unwrap().for_each(drop);
+    let d1 = atime(&d);
+    std::thread::sleep(Duration::from_millis(1100));
+    std::fs::read_dir(&d).unwrap().for_each(drop);
+    assert!(
+        atime(&d) > d1,
+        "strictatime: a second listing did not update atime"
+    );
     e.umount(&e.a);
     // noatime: never; a read-only mount: never.
     for opts in ["noatime", "ro,strictatime"] {

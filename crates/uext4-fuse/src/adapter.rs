@@ -61,6 +61,9 @@ pub struct Uext4Fuse {
     /// set-ID bits and capabilities on write, truncate and chown instead (`write_as`,
     /// `setattr_as`), from the caller's credentials.
     killpriv: AtomicBool,
+    /// OPENDIR is answered ENOSYS, so the kernel sends no OPENDIR and RELEASEDIR at all
+    /// (FUSE_NO_OPENDIR_SUPPORT): see `opendir`.
+    no_opendir: AtomicBool,
     /// INIT asks for FUSE_OVER_IO_URING (the session serves the ring if the kernel agrees).
     uring: bool,
     /// The engine was unmounted (FUSE_DESTROY, or the session's end).
@@ -117,6 +120,7 @@ impl Uext4Fuse {
             acl_on: AtomicBool::new(false),
             dont_mask: AtomicBool::new(false),
             killpriv: AtomicBool::new(false),
+            no_opendir: AtomicBool::new(false),
             fsyncs: FsyncQueue::default(),
             uring: false,
             destroyed: AtomicBool::new(false),

@@ -21,9 +21,22 @@ pub fn uext4_mount(bin: &str, img: &Path, mnt: &Path, opts: &[&str]) {
     );
 }
 
-/// Unmounts `mnt` with umount(8) and waits until the server of `img` is gone.
+/// Unmounts `mnt` with umount(8) and waits until the server of `img` is gone. A mount found
+/// busy is tried again for up to 3 s (right after a test's last close, umount(8) found the
+/// mount busy in two of a dozen runs of the cache-mode model test while fstests loaded the
+/// machine; the cause was not found), then the test fails naming what holds it.
 pub fn umount_and_wait(mnt: &Path, img: &Path) {
-    assert!(Command::new("umount").arg(mnt).status().unwrap().success());
+    let start = Instant::now();
+    while !Command::new("umount").arg(mnt).status().unwrap().success() {
+        if start.elapsed() > Duration::from_secs(3) {
+            let holders = Command::new("fuser").arg("-vm").arg(mnt).output();
+            let holders = holders
+                .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+                .unwrap_or_default();
+            panic!("umount {} failed; held by: {holders}", mnt.display());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     wait_server_gone(img);
 }
 

@@ -148,17 +148,42 @@ impl Ops for Posix {
         }
         Ok(v)
     }
+    /// lstat(2) as find, du, `ls -l` and git call it (fstatat, the basic attributes). Not
+    /// Rust's `symlink_metadata`, which asks statx for the birth time too: through FUSE that
+    /// costs a STATX request per inode the first time (entries carry no birth time), which
+    /// the walk's users do not pay.
     fn lstat(&self, _parent: &H, _name: &str, h: &H) -> Result<Stat> {
-        let m = std::fs::symlink_metadata(&h.path).with_context(|| h.path.display().to_string())?;
+        let c = cpath(&h.path)?;
+        // SAFETY: an all-zero stat is a valid value for fstatat to fill.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: c is a NUL-terminated path, st a stat to fill.
+        check(
+            unsafe {
+                libc::fstatat(
+                    libc::AT_FDCWD,
+                    c.as_ptr(),
+                    &mut st,
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            },
+            "lstat",
+            &h.path,
+        )?;
+        let kind = match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR => EKind::Dir,
+            libc::S_IFLNK => EKind::Symlink,
+            libc::S_IFREG => EKind::File,
+            _ => EKind::Other,
+        };
         Ok(Stat {
-            ino: m.ino(),
-            nlink: m.nlink(),
-            kind: ekind(m.file_type()),
+            ino: st.st_ino,
+            nlink: st.st_nlink,
+            kind,
             attrs: Attrs {
-                mode: m.mode() & 0o7777,
-                uid: m.uid(),
-                gid: m.gid(),
-                mtime: (m.mtime(), m.mtime_nsec() as u32),
+                mode: st.st_mode & 0o7777,
+                uid: st.st_uid,
+                gid: st.st_gid,
+                mtime: (st.st_mtime, st.st_mtime_nsec as u32),
             },
         })
     }

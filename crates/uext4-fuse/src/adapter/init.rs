@@ -38,6 +38,13 @@ impl Uext4Fuse {
             self.fs
                 .set_cache_reserve(self.cache_reserve_blocks().max(1));
         }
+        // A listing the kernel keeps is not read again, so it updates no atime: under
+        // strictatime every OPENDIR still decides whether the kernel may keep it.
+        self.no_opendir.store(
+            i.flags & abi::FUSE_NO_OPENDIR_SUPPORT != 0
+                && self.opts.atime.mode != uext4::AtimeMode::Strict,
+            Ordering::Relaxed,
+        );
         let acl = agreed & abi::FUSE_POSIX_ACL != 0;
         self.acl_on.store(acl, Ordering::Relaxed);
         self.dont_mask

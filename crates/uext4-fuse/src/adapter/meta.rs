@@ -170,7 +170,20 @@ impl Uext4Fuse {
         Ok(reply::open(out, fh, open_flags))
     }
 
+    /// OPENDIR, where the kernel still sends it. Where it may do without (it offered
+    /// FUSE_NO_OPENDIR_SUPPORT), the first OPENDIR is answered ENOSYS and the kernel sends
+    /// none again, nor RELEASEDIR: two round trips fewer for every directory a walk lists.
+    /// It then keeps listings (FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR, its default for
+    /// directories without OPENDIR) until the directory changes. What OPENDIR gave besides is
+    /// kept another way: a directory removed while open stays usable through its descriptor
+    /// because the kernel holds its inode until FORGET (`Fs::held`); and atime, which only a
+    /// READDIR that reaches the engine updates, is due under relatime only after a change,
+    /// which drops the kept listing, or after 24 hours, which a listing kept that long misses
+    /// (under strictatime OPENDIR stays).
     pub(super) fn opendir(&self, ino: u32, out: &mut [u8]) -> Reply {
+        if self.no_opendir.load(Ordering::Relaxed) {
+            return Err(libc::ENOSYS);
+        }
         // Counted open, as a file's open is: a directory removed (rmdir, or a rename over
         // it) while open stays usable through its descriptor until releasedir (fstat shows
         // link count 0, fchmod and fsetxattr work), as on the kernel's ext4.
