@@ -258,11 +258,12 @@ impl Uext4Fuse {
         }
     }
 
-    /// The credentials a data change is made with (HANDLE_KILLPRIV_V2): the kernel flags
-    /// writes by callers without CAP_FSETID; where it flags nothing (fallocate,
-    /// copy_file_range) uid 0 stands for the capability. None without KILLPRIV_V2: the
-    /// kernel removed set-ID bits and capabilities itself.
-    fn data_cred(&self, h: &InHeader, kill: Option<bool>) -> Option<Cred> {
+    /// The credentials a data change of `ino` is made with (HANDLE_KILLPRIV_V2): the kernel
+    /// flags writes by callers without CAP_FSETID; where it flags nothing (fallocate,
+    /// copy_file_range) uid 0 stands for the capability, looked up in /proc (`Self::cred`)
+    /// only when the file has set-ID bits the privilege would keep. None without
+    /// KILLPRIV_V2: the kernel removed set-ID bits and capabilities itself.
+    fn data_cred(&self, h: &InHeader, ino: u32, kill: Option<bool>) -> Option<Cred> {
         if !self.killpriv.load(Ordering::Relaxed) {
             return None;
         }
@@ -271,6 +272,7 @@ impl Uext4Fuse {
                 privileged: !kill,
                 ..self.header_cred(h)
             },
+            None if self.fs.getattr(ino).is_ok_and(|a| a.mode & 0o6000 == 0) => self.header_cred(h),
             None => self.cred(h),
         })
     }

@@ -30,7 +30,7 @@ impl Uext4Fuse {
         // request and marks its pages clean, so the rest would be lost without an error for
         // fsync to report. A program's own write may come back short, as pwrite(2) does.
         let kill = write_flags & abi::FUSE_WRITE_KILL_SUIDGID != 0;
-        let cred = self.data_cred(h, Some(kill));
+        let cred = self.data_cred(h, ino, Some(kill));
         let cached = write_flags & abi::FUSE_WRITE_CACHE != 0;
         if cached && self.fs.cache_reserve() > 0 {
             // Data the kernel already accepted: it may take the reserve kept for it.
@@ -234,7 +234,7 @@ impl Uext4Fuse {
         let mode = mode as i32;
         // Any fallocate changes the file as a write does: the engine takes away what a write
         // by this caller would.
-        let r = match self.data_cred(h, None) {
+        let r = match self.data_cred(h, ino, None) {
             Some(c) => self
                 .fs
                 .fallocate_as(&c, ino, mode, offset, length)
@@ -263,7 +263,7 @@ impl Uext4Fuse {
         let len = len.min(1 << 30);
         let mut buf = vec![0u8; len.min(1 << 20) as usize];
         let mut done = 0u64;
-        let cred = self.data_cred(h, None);
+        let cred = self.data_cred(h, dst, None);
         let mut changed = false;
         while done < len {
             let want = (len - done).min(buf.len() as u64) as usize;
