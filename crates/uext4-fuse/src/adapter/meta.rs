@@ -97,18 +97,28 @@ impl Uext4Fuse {
             crtime: None,
         };
         let chown = s.uid.is_some() || s.gid.is_some();
-        // Only a chown or a truncate asks who the caller is (`Self::cred` may read /proc).
-        let cred = if chown || s.size.is_some() {
+        let killpriv = self.killpriv.load(Ordering::Relaxed);
+        // With HANDLE_KILLPRIV_V2 the engine takes set-ID bits and capabilities away on
+        // chown and truncate. A truncate's privilege is the kernel's word: it sets
+        // FATTR_KILL_SUIDGID when the caller lacks CAP_FSETID. A chown's is "uid 0" (the
+        // kernel flags every chown of a file alike), and set-group-ID stays on a file that is
+        // not group-executable when the caller is privileged or in its group: `Self::cred`,
+        // which may read /proc. Nothing else asks who the caller is. Without KILLPRIV_V2 the
+        // kernel sends the mode a chown leaves; the engine's rule covers a kernel that sends
+        // none for a non-root caller.
+        let cred = if chown {
+            self.cred(h)
+        } else if s.size.is_some() && killpriv {
+            Cred {
+                privileged: !s.kill_suidgid,
+                ..self.header_cred(h)
+            }
+        } else if s.size.is_some() {
             self.cred(h)
         } else {
             self.header_cred(h)
         };
-        // With HANDLE_KILLPRIV_V2 the engine takes set-ID bits and capabilities away on
-        // chown and truncate, "unprivileged" being "not uid 0" (the rule the engine applied
-        // when fuser did not pass the kernel's FATTR_KILL_SUIDGID; `s.kill_suidgid` now has
-        // it). Without it the kernel sends the mode a chown leaves; the engine's rule covers
-        // a kernel that sends none for a non-root caller.
-        let r = if self.killpriv.load(Ordering::Relaxed) || (chown && !cred.privileged) {
+        let r = if killpriv || (chown && !cred.privileged) {
             self.fs.setattr_as(&cred, ino, &set)
         } else {
             self.fs.setattr(ino, &set)
