@@ -142,7 +142,6 @@ fn read_write_mount_of_an_image_served_read_only_is_refused() {
     e2fsck_clean(&e.img);
 }
 
-/// atime as `stat` shows it through the mount, in seconds.
 /// An idmapped mount of a uext4 mount (FUSE_ALLOW_IDMAP): owners show mapped, a file made
 /// through it is stored with the unmapped owner, and the rules the server applies for the
 /// kernel (set-ID removal on write, flag changes by the owner) hold for callers whose ids
@@ -199,6 +198,7 @@ fn an_idmapped_mount_maps_owners_and_keeps_the_server_rules() {
     e2fsck_clean(&e.img);
 }
 
+/// atime as `stat` shows it through the mount, in seconds.
 fn atime(p: &Path) -> i64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(p).unwrap().atime()

@@ -272,9 +272,20 @@ impl Uext4Fuse {
                 privileged: !kill,
                 ..self.header_cred(h)
             },
-            None if self.fs.getattr(ino).is_ok_and(|a| a.mode & 0o6000 == 0) => self.header_cred(h),
-            None => self.cred(h),
+            None => self.setid_cred(h, ino),
         })
+    }
+
+    /// The caller of a change that may take set-ID bits from `ino` (a chown, a fallocate, an
+    /// access ACL), where the privilege and group membership decide which go: [`Self::cred`]
+    /// (which may read /proc) only when the file has set-ID bits; otherwise the header's
+    /// ids do, as nothing is decided by them (capabilities go whoever changes the file).
+    fn setid_cred(&self, h: &InHeader, ino: u32) -> Cred {
+        if self.fs.getattr(ino).is_ok_and(|a| a.mode & 0o6000 == 0) {
+            self.header_cred(h)
+        } else {
+            self.cred(h)
+        }
     }
 
     /// Every change to the image goes through this mount (the server holds the image's lock),

@@ -102,11 +102,13 @@ impl Uext4Fuse {
         // chown and truncate. A truncate's privilege is the kernel's word: it sets
         // FATTR_KILL_SUIDGID when the caller lacks CAP_FSETID. A chown's is "uid 0" (the
         // kernel flags every chown of a file alike), and set-group-ID stays on a file that is
-        // not group-executable when the caller is privileged or in its group: `Self::cred`,
-        // which may read /proc. Nothing else asks who the caller is. Without KILLPRIV_V2 the
+        // not group-executable when the caller is privileged or in its group:
+        // `Self::setid_cred`. Nothing else asks who the caller is. Without KILLPRIV_V2 the
         // kernel sends the mode a chown leaves; the engine's rule covers a kernel that sends
         // none for a non-root caller.
-        let cred = if chown {
+        let cred = if chown && killpriv {
+            self.setid_cred(h, ino)
+        } else if chown {
             self.cred(h)
         } else if s.size.is_some() && killpriv {
             Cred {
@@ -246,7 +248,7 @@ impl Uext4Fuse {
         };
         // Only an access ACL asks who the caller is (whether set-group-ID stays).
         let cred = if name == b"system.posix_acl_access" {
-            self.cred(h)
+            self.setid_cred(h, ino)
         } else {
             self.header_cred(h)
         };
