@@ -110,6 +110,49 @@ fn shell_workload_then_clean_image() {
     e.fsck();
 }
 
+/// A name that is not there is asked for once: the kernel keeps the answer as a negative
+/// entry, and every way of making the name exist (create, mkdir, symlink, rename onto it)
+/// still finds it at once, as does its removal.
+#[test]
+fn missing_names_are_asked_for_once() {
+    if !fuse_usable("the mount tests") {
+        return;
+    }
+    let e = Env::new("neg");
+    e.mount();
+    let m = e.mnt.display();
+    let lookups = || {
+        let o = Command::new(bin())
+            .arg("stats")
+            .arg(&e.mnt)
+            .output()
+            .unwrap();
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        j["fuse_requests"]["LOOKUP"]["count"].as_u64().unwrap_or(0)
+    };
+    sh(&format!("mkdir {m}/d"));
+    let before = lookups();
+    sh(&format!(
+        "for i in $(seq 200); do test ! -e {m}/d/none; done"
+    ));
+    let asked = lookups() - before;
+    // Once, or twice if the loop outlived the entry's one-second TTL on a loaded machine.
+    assert!(
+        asked <= 2,
+        "200 probes of a missing name sent {asked} LOOKUPs"
+    );
+    let script = format!(
+        "set -e; cd {m}/d; test ! -e n1; echo x > n1; test $(cat n1) = x; rm n1; test ! -e n1; \
+         test ! -e n2; mkdir n2; test -d n2; rmdir n2; test ! -e n2; \
+         test ! -e n3; ln -s target n3; test -L n3; mv n3 n4; test ! -e n3 -a ! -L n3; test -L n4; \
+         test ! -e n5; touch n6; ln n6 n5; test -f n5; mv n5 n7; test ! -e n5; \
+         test ! -e n8; python3 -c 'import os; os.close(os.open(\"n8\", os.O_CREAT | os.O_EXCL | os.O_WRONLY))'; test -f n8"
+    );
+    sh(&script);
+    e.umount();
+    e.fsck();
+}
+
 #[test]
 fn concurrent_stress_in_shared_directories() {
     if !fuse_usable("the mount tests") {

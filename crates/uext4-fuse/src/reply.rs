@@ -70,6 +70,13 @@ pub fn entry(out: &mut [u8], generation: u64, ttl: Duration, a: &WireAttr) -> us
     abi::ENTRY_OUT_LEN
 }
 
+/// A LOOKUP's answer for a name that is not there: node id 0, which the kernel keeps as a
+/// negative entry for `ttl` (ENOENT would be asked again at every lookup).
+pub fn negative_entry(out: &mut [u8], ttl: Duration) -> usize {
+    put_entry(out, 0, 0, 0, ttl, &WireAttr::default());
+    abi::ENTRY_OUT_LEN
+}
+
 /// `fuse_attr_out` (GETATTR, SETATTR): attr_valid 0, attr_valid_nsec 8, attr 16.
 pub fn attr(out: &mut [u8], ttl: Duration, a: &WireAttr) -> usize {
     let mut p = Put(&mut out[..16]);

@@ -13,7 +13,14 @@ impl Uext4Fuse {
             let a = self.by_handle(nodeid)?;
             return self.entry(Ok(a), out);
         }
-        self.entry(self.fs.lookup(to_ext(nodeid), name), out)
+        match self.fs.lookup(to_ext(nodeid), name) {
+            // Kept by the kernel as a negative entry: a program that probes for files that
+            // are not there (an interpreter's imports, a compiler's include path, PATH)
+            // asks once per TTL. Every change of names comes through the kernel, which
+            // replaces the entry itself.
+            Err(Error::NotFound) => Ok(reply::negative_entry(out, TTL)),
+            r => self.entry(r, out),
+        }
     }
 
     /// The inode a file handle's node id names, read from the image if need be, or ESTALE
