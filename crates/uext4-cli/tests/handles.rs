@@ -87,8 +87,6 @@ fn umount(img: &Path, mnt: &Path) {
     umount_and_wait(mnt, img);
 }
 
-struct Cleanup(PathBuf, PathBuf);
-
 /// Unmounts a mount left behind by a failed test.
 struct Unmount(PathBuf);
 
@@ -99,20 +97,10 @@ impl Drop for Unmount {
     }
 }
 
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.1).output();
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// A new image mounted at a new mount point, both removed at the end.
-fn mounted(tag: &str) -> (PathBuf, PathBuf, Cleanup) {
-    let tag = format!("{tag}-{}", std::process::id());
-    let img = PathBuf::from(format!("/dev/shm/uext4-fh-{tag}.img"));
-    let mnt = std::env::temp_dir().join(format!("uext4-fh-{tag}"));
-    std::fs::create_dir_all(&mnt).unwrap();
-    let c = Cleanup(img.clone(), mnt.clone());
+fn mounted(tag: &str) -> (PathBuf, PathBuf, MountPlace) {
+    let c = MountPlace::new(&format!("fh-{tag}"), &["mnt"]);
+    let (img, mnt) = (c.img.clone(), c.point(0));
     let o = Command::new(bin())
         .args(["mkfs", "--size", "64M"])
         .arg(&img)

@@ -14,26 +14,24 @@ fn bin() -> &'static str {
 struct Env {
     img: PathBuf,
     mnt: PathBuf,
+    _place: MountPlace,
 }
 
 impl Env {
     fn new(tag: &str) -> Env {
-        let base = std::env::temp_dir().join(format!("uext4-mt-{tag}-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&base);
-        let img = PathBuf::from(format!(
-            "/dev/shm/uext4-mt-{tag}-{}.img",
-            std::process::id()
-        ));
-        let mnt = base.join("mnt");
-        std::fs::create_dir_all(&mnt).unwrap();
-        let _ = std::fs::remove_file(&img);
+        let place = MountPlace::new(&format!("mt-{tag}"), &["mnt"]);
+        let (img, mnt) = (place.img.clone(), place.point(0));
         let o = Command::new(bin())
             .args(["mkfs", "--size", "512M"])
             .arg(&img)
             .output()
             .unwrap();
         assert!(o.status.success());
-        Env { img, mnt }
+        Env {
+            img,
+            mnt,
+            _place: place,
+        }
     }
     fn mount(&self) {
         self.mount_with(&[]);
@@ -46,13 +44,6 @@ impl Env {
     }
     fn fsck(&self) {
         e2fsck_clean(&self.img);
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).output();
-        let _ = std::fs::remove_file(&self.img);
     }
 }
 

@@ -15,26 +15,25 @@ struct Env {
     img: PathBuf,
     a: PathBuf,
     b: PathBuf,
+    _place: MountPlace,
 }
 
 impl Env {
     fn new(tag: &str) -> Env {
-        let base = std::env::temp_dir().join(format!("uext4-2m-{tag}-{}", std::process::id()));
-        let (a, b) = (base.join("a"), base.join("b"));
-        std::fs::create_dir_all(&a).unwrap();
-        std::fs::create_dir_all(&b).unwrap();
-        let img = PathBuf::from(format!(
-            "/dev/shm/uext4-2m-{tag}-{}.img",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_file(&img);
+        let place = MountPlace::new(&format!("2m-{tag}"), &["a", "b"]);
+        let (img, a, b) = (place.img.clone(), place.point(0), place.point(1));
         let o = Command::new(bin())
             .args(["mkfs", "--size", "64M"])
             .arg(&img)
             .output()
             .unwrap();
         assert!(o.status.success());
-        Env { img, a, b }
+        Env {
+            img,
+            a,
+            b,
+            _place: place,
+        }
     }
     fn mount(&self, at: &Path, opts: &[&str]) -> Output {
         Command::new(bin())
@@ -64,15 +63,6 @@ impl Env {
     fn dev_of(p: &Path) -> u64 {
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(p).unwrap().dev()
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        for m in [&self.b, &self.a] {
-            let _ = Command::new("umount").arg("-l").arg(m).output();
-        }
-        let _ = std::fs::remove_file(&self.img);
     }
 }
 

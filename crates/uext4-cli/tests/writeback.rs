@@ -18,21 +18,20 @@ fn bin() -> &'static str {
 struct Env {
     img: PathBuf,
     mnt: PathBuf,
+    _place: MountPlace,
 }
 
 impl Env {
     /// A fresh image of `size` (mke2fs), mounted with `opts`.
     fn new(tag: &str, size: &str, opts: &[&str]) -> Env {
-        let base = std::env::temp_dir().join(format!("uext4-wb-{tag}-{}", std::process::id()));
-        let mnt = base.join("mnt");
-        std::fs::create_dir_all(&mnt).unwrap();
-        let img = PathBuf::from(format!(
-            "/dev/shm/uext4-wb-{tag}-{}.img",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_file(&img);
+        let place = MountPlace::new(&format!("wb-{tag}"), &["mnt"]);
+        let (img, mnt) = (place.img.clone(), place.point(0));
         mke2fs(&img, size, &[]);
-        let e = Env { img, mnt };
+        let e = Env {
+            img,
+            mnt,
+            _place: place,
+        };
         e.mount(opts);
         e
     }
@@ -47,13 +46,6 @@ impl Env {
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         wait_server_gone(&self.img);
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).output();
-        let _ = std::fs::remove_file(&self.img);
     }
 }
 

@@ -31,7 +31,7 @@ pub use faulty::{
     PANIC_ON_WRITE,
 };
 pub use host::{read_all, set_xattr, sh, xattrs, xorshift};
-pub use mount::{idmapped_mount, uext4_mount, umount_and_wait, wait_server_gone};
+pub use mount::{idmapped_mount, uext4_mount, umount_and_wait, wait_server_gone, MountPlace};
 pub use nbd::{free_port, NbdServer};
 pub use needs::{can_loop_mount, fuse_usable, have, is_root, overlay_usable};
 pub use scratch::{scratch, Scratch};

@@ -1,6 +1,6 @@
 //! FUSE mounts made by the `uext4` binary.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,58 @@ pub fn uext4_mount(bin: &str, img: &Path, mnt: &Path, opts: &[&str]) {
         "mount: {}",
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+/// A test's image (in /dev/shm) and its mount points (in a directory of the temp dir), named
+/// by a tag and this process's id. Dropped, it detaches whatever is still mounted on its
+/// points (`umount -l`) and removes the image and the directory, so that a test leaves
+/// nothing behind, failed or not. The image is not made here.
+pub struct MountPlace {
+    /// Where the image goes.
+    pub img: PathBuf,
+    base: PathBuf,
+    points: Vec<PathBuf>,
+}
+
+impl MountPlace {
+    /// `/dev/shm/uext4-TAG-PID.img` (removed if a run before left one) and the mount points
+    /// `POINTS` in `TMPDIR/uext4-TAG-PID/`.
+    pub fn new(tag: &str, points: &[&str]) -> MountPlace {
+        let name = format!("uext4-{tag}-{}", std::process::id());
+        let base = std::env::temp_dir().join(&name);
+        let points: Vec<PathBuf> = points.iter().map(|p| base.join(p)).collect();
+        for p in &points {
+            std::fs::create_dir_all(p).unwrap();
+        }
+        let img = PathBuf::from(format!("/dev/shm/{name}.img"));
+        let _ = std::fs::remove_file(&img);
+        MountPlace { img, base, points }
+    }
+
+    /// Mount point `i` (in the order given to `new`).
+    pub fn point(&self, i: usize) -> PathBuf {
+        self.points[i].clone()
+    }
+}
+
+impl Drop for MountPlace {
+    /// Every directory in the place is taken for a mount point (a test may make more there
+    /// than it named): each is detached if mounted and removed if empty; nothing is removed
+    /// recursively.
+    fn drop(&mut self) {
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(&self.base)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        dirs.sort_by_key(|d| !self.points.contains(d));
+        for p in dirs.iter().rev() {
+            let _ = Command::new("umount").arg("-l").arg(p).output();
+        }
+        let _ = std::fs::remove_file(&self.img);
+        for p in &dirs {
+            let _ = std::fs::remove_dir(p);
+        }
+        let _ = std::fs::remove_dir(&self.base);
+    }
 }
 
 /// Unmounts `mnt` with umount(8) and waits until the server of `img` is gone. A mount found
