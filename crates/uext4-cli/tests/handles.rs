@@ -101,12 +101,7 @@ impl Drop for Unmount {
 fn mounted(tag: &str) -> (PathBuf, PathBuf, MountPlace) {
     let c = MountPlace::new(&format!("fh-{tag}"), &["mnt"]);
     let (img, mnt) = (c.img.clone(), c.point(0));
-    let o = Command::new(bin())
-        .args(["mkfs", "--size", "64M"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    Cli(bin()).ok(&["mkfs", "--size", "64M", img.to_str().unwrap()]);
     mount(&img, &mnt);
     (img, mnt, c)
 }

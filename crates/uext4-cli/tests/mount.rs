@@ -21,12 +21,7 @@ impl Env {
     fn new(tag: &str) -> Env {
         let place = MountPlace::new(&format!("mt-{tag}"), &["mnt"]);
         let (img, mnt) = (place.img.clone(), place.point(0));
-        let o = Command::new(bin())
-            .args(["mkfs", "--size", "512M"])
-            .arg(&img)
-            .output()
-            .unwrap();
-        assert!(o.status.success());
+        Cli(bin()).ok(&["mkfs", "--size", "512M", img.to_str().unwrap()]);
         Env {
             img,
             mnt,

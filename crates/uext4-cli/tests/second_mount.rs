@@ -22,12 +22,7 @@ impl Env {
     fn new(tag: &str) -> Env {
         let place = MountPlace::new(&format!("2m-{tag}"), &["a", "b"]);
         let (img, a, b) = (place.img.clone(), place.point(0), place.point(1));
-        let o = Command::new(bin())
-            .args(["mkfs", "--size", "64M"])
-            .arg(&img)
-            .output()
-            .unwrap();
-        assert!(o.status.success());
+        Cli(bin()).ok(&["mkfs", "--size", "64M", img.to_str().unwrap()]);
         Env {
             img,
             a,

@@ -58,11 +58,10 @@ impl Drop for MountPlace {
     /// than it named): each is detached if mounted and removed if empty; nothing is removed
     /// recursively.
     fn drop(&mut self) {
-        let mut dirs: Vec<PathBuf> = std::fs::read_dir(&self.base)
+        let dirs: Vec<PathBuf> = std::fs::read_dir(&self.base)
             .map(|d| d.flatten().map(|e| e.path()).collect())
             .unwrap_or_default();
-        dirs.sort_by_key(|d| !self.points.contains(d));
-        for p in dirs.iter().rev() {
+        for p in &dirs {
             let _ = Command::new("umount").arg("-l").arg(p).output();
         }
         let _ = std::fs::remove_file(&self.img);

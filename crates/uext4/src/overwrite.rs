@@ -171,12 +171,7 @@ impl Fs {
                 return Ok(None);
             }
             match self.overwrite_runs_locked(inode.ino, &mut st, off, len)? {
-                Some(runs) => {
-                    let now = self.now();
-                    st.raw.set_mtime(now);
-                    st.raw.set_ctime(now);
-                    runs
-                }
+                Some(runs) => runs,
                 None => return Ok(None),
             }
         };
@@ -191,12 +186,7 @@ impl Fs {
         let runs = {
             let mut st = inode.state.lock();
             match self.overwrite_runs_locked(inode.ino, &mut st, off, data.len() as u64)? {
-                Some(runs) => {
-                    let now = self.now();
-                    st.raw.set_mtime(now);
-                    st.raw.set_ctime(now);
-                    runs
-                }
+                Some(runs) => runs,
                 None => return Ok(false),
             }
         };
@@ -219,7 +209,8 @@ impl Fs {
         Ok(())
     }
 
-    /// If `[off, off+len)` lies inside i_size on written blocks, the device byte ranges to write.
+    /// If `[off, off+len)` lies inside i_size on written blocks, the device byte ranges to
+    /// write, with mtime and ctime set to now in memory (the overwrite is then certain).
     fn overwrite_runs_locked(
         &self,
         ino: u32,
@@ -256,6 +247,9 @@ impl Fs {
                 _ => return Ok(None),
             }
         }
+        let now = self.now();
+        st.raw.set_mtime(now);
+        st.raw.set_ctime(now);
         Ok(Some(runs))
     }
 
