@@ -48,6 +48,18 @@ impl<'a> Fname<'a> {
 }
 
 impl Fs {
+    /// Whether directory `dir` compares names by their folding (a casefolded directory: the
+    /// casefold flag on a filesystem with the casefold feature). False for anything that is
+    /// not such a directory, or no inode at all.
+    pub fn folds_names(&self, dir: u32) -> bool {
+        if !self.geo.casefold {
+            return false;
+        }
+        self.iget(dir)
+            .map(|inode| self.is_casefolded(&inode.state.lock()))
+            .unwrap_or(false)
+    }
+
     /// Whether directory `st` compares names by their folding.
     pub(crate) fn is_casefolded(&self, st: &InodeState) -> bool {
         self.geo.casefold && st.raw.flags() & FL_CASEFOLD != 0
