@@ -86,6 +86,22 @@ fn is_whiteout(fs: &Fs, path: &[Vec<u8>]) -> bool {
 }
 
 /// Runs the workloads of the issue on `fs`, recording what each fsync acknowledged.
+/// A directory for the workloads; casefolded on a filesystem with the casefold feature, so
+/// that its names are hashed folded and the crash states' indexes are checked that way.
+fn mkdir_in(fs: &Fs, parent: u32, name: &[u8]) -> u32 {
+    let d = fs.mkdir(parent, name, 0o755, 0, 0).unwrap().ino;
+    if casefolded(fs) {
+        let f = fs.get_flags(d).unwrap();
+        fs.set_flags(d, f | uext4::flags::FL_CASEFOLD).unwrap();
+    }
+    d
+}
+
+fn casefolded(fs: &Fs) -> bool {
+    fs.superblock()
+        .has_incompat(uext4::format::features::INCOMPAT_CASEFOLD)
+}
+
 fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
     let mut w = Workload {
         acks: Vec::new(),
@@ -94,7 +110,7 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
     };
     let ack = |w: &mut Workload, f: Fact| w.acks.push((dev.log_len(), f));
     // 1. create / write / fsync.
-    let d = fs.mkdir(2, b"w1", 0o755, 0, 0).unwrap().ino;
+    let d = mkdir_in(fs, 2, b"w1");
     fs.fsync(d, false).unwrap();
     for i in 0..(4 * scale) as u16 {
         let name = format!("f{i}");
@@ -180,8 +196,8 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
     fs.fsync(ino, false).unwrap();
     ack(&mut w, Fact::Equals(t.clone(), data.clone()));
     // 5. directory renames.
-    let a = fs.mkdir(2, b"a", 0o755, 0, 0).unwrap().ino;
-    let b = fs.mkdir(a, b"b", 0o755, 0, 0).unwrap().ino;
+    let a = mkdir_in(fs, 2, b"a");
+    let b = mkdir_in(fs, a, b"b");
     let f = fs.create(b, b"x", 0o644, 0, 0).unwrap().ino;
     let xd = tagged(11, 0, 5000);
     fs.write(f, 0, &xd).unwrap();
@@ -197,9 +213,13 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
     ack(&mut w, Fact::Equals(p(&["c", "b", "x"]), xd.clone()));
     ack(&mut w, Fact::Absent(p(&["a"])));
     // 6. many small files in one directory.
-    let m = fs.mkdir(2, b"many", 0o755, 0, 0).unwrap().ino;
+    let m = mkdir_in(fs, 2, b"many");
     for i in 0..(60 * scale) as u16 {
-        let name = format!("small-file-{i:05}");
+        let name = if casefolded(fs) {
+            format!("Small-Straße-Ǆ-{i:05}")
+        } else {
+            format!("small-file-{i:05}")
+        };
         let ino = fs.create(m, name.as_bytes(), 0o644, 0, 0).unwrap().ino;
         let data = tagged(1000 + i, 0, 100 + (i as usize % 7) * 300);
         fs.write(ino, 0, &data).unwrap();
@@ -212,7 +232,7 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
     }
     // 7. symlinks: slow ones (the target in a block) and fast ones (in the inode), the
     // directory fsynced now and then.
-    let l = fs.mkdir(2, b"links", 0o755, 0, 0).unwrap().ino;
+    let l = mkdir_in(fs, 2, b"links");
     for i in 0..(6 * scale) {
         let name = format!("l{i}");
         let len = if i % 2 == 0 { 300 + i } else { 20 + i % 30 };
@@ -231,8 +251,8 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
     }
     // 8. overlayfs's upper-layer operations: renames that leave a whiteout (within and
     // across directories), and tmpfiles written, then linked in (or never, and released).
-    let ov = fs.mkdir(2, b"ov", 0o755, 0, 0).unwrap().ino;
-    let ow = fs.mkdir(2, b"ovw", 0o755, 0, 0).unwrap().ino;
+    let ov = mkdir_in(fs, 2, b"ov");
+    let ow = mkdir_in(fs, 2, b"ovw");
     fs.fsync(2, false).unwrap();
     for i in 0..(2 * scale) as u16 {
         let (src, dst) = (format!("s{i}"), format!("d{i}"));
@@ -634,6 +654,12 @@ fn crash_states_recover_consistently_zeroed_prealloc() {
 #[test]
 fn crash_states_recover_consistently_block_maps() {
     check_crash_states_on(false, false, 60, &["-b", "1024", "-O", "^extent,^64bit"]);
+}
+
+/// The same workloads with every directory casefolded (names hashed by their folding).
+#[test]
+fn crash_states_recover_consistently_casefold() {
+    check_crash_states_on(false, false, 60, &["-O", "casefold"]);
 }
 
 /// Inline files the kernel makes in `inline_base`, and their lengths (all inside the inode;

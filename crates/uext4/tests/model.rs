@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use uext4::RenameFlags;
+use uext4::format::casefold::casefold;
 use uext4::{Error, Fs, MountOptions};
 
 #[derive(Clone, Debug)]
@@ -25,9 +26,34 @@ struct Model {
     nlink: Vec<u32>,
     parent: Vec<usize>,
     ino: Vec<u32>,
+    /// Every directory is casefolded: names match by their folding, and an entry keeps the
+    /// spelling it was made with.
+    fold: bool,
 }
 
 impl Model {
+    /// The stored name and node of the entry `nm` finds in directory `d`.
+    fn find(&self, d: usize, nm: &[u8]) -> Option<(Vec<u8>, usize)> {
+        let c = self.children(d);
+        if let Some(&id) = c.get(nm) {
+            return Some((nm.to_vec(), id));
+        }
+        if !self.fold {
+            return None;
+        }
+        let f = casefold(nm)?;
+        c.iter()
+            .find(|(k, _)| casefold(k).as_deref() == Some(&f[..]))
+            .map(|(k, &id)| (k.clone(), id))
+    }
+
+    /// Name number `i` of the run's name list (with spellings that fold alike in
+    /// casefolded runs).
+    fn name(&self, i: u8) -> Vec<u8> {
+        let names = if self.fold { CI_NAMES } else { NAMES };
+        names[i as usize % names.len()].as_bytes().to_vec()
+    }
+
     fn dirs(&self) -> Vec<usize> {
         let mut v = vec![0usize];
         let mut i = 0;
@@ -110,9 +136,23 @@ const NAMES: &[&str] = &[
     "i",
 ];
 
-fn name(i: u8) -> Vec<u8> {
-    NAMES[i as usize % NAMES.len()].as_bytes().to_vec()
-}
+/// Names for casefolded runs: pairs that fold alike (case, ß and SS, a ligature, precomposed
+/// and decomposed accents, a Hangul syllable and its jamo) and some that do not.
+const CI_NAMES: &[&str] = &[
+    "a",
+    "A",
+    "Straße",
+    "STRASSE",
+    "\u{FB01}le",
+    "FILE",
+    "caf\u{E9}",
+    "CAFE\u{301}",
+    "\u{D55C}",
+    "\u{1112}\u{1161}\u{11AB}",
+    "a-rather-long-file-name-to-fill-directory-blocks-quickly-0123456789",
+    "A-RATHER-LONG-FILE-NAME-TO-FILL-DIRECTORY-BLOCKS-QUICKLY-0123456789",
+    "b",
+];
 
 fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
@@ -183,8 +223,18 @@ impl Run {
         let (src, _server) = source(&img.0, nbd);
         let fs = Fs::open_path(&src, opts.clone()).unwrap();
         let mut m = Model::default();
-        m.add(Node::Dir(BTreeMap::new()), 0, 2);
-        m.nlink[0] = 3; // ".", "..", lost+found's ".."
+        if extra.join(",").contains("casefold") {
+            // The model's root is a casefolded directory under the filesystem's.
+            let ci = fs.mkdir(uext4::ROOT_INO, b"ci", 0o755, 0, 0).unwrap().ino;
+            let flags = fs.get_flags(ci).unwrap();
+            fs.set_flags(ci, flags | uext4::flags::FL_CASEFOLD).unwrap();
+            m.fold = true;
+            m.add(Node::Dir(BTreeMap::new()), 0, ci);
+            m.nlink[0] = 2;
+        } else {
+            m.add(Node::Dir(BTreeMap::new()), 0, 2);
+            m.nlink[0] = 3; // ".", "..", lost+found's ".."
+        }
         Run {
             img,
             src,
@@ -201,7 +251,7 @@ impl Run {
         match *op {
             Op::Create(d, n) | Op::Mkdir(d, n) | Op::Symlink(d, n, _) => {
                 let dir = pick(&m.dirs(), d).unwrap();
-                let nm = name(n);
+                let nm = m.name(n);
                 let dino = m.ino[dir];
                 let r = match *op {
                     Op::Create(..) => fs.create(dino, &nm, 0o644, 0, 0),
@@ -209,7 +259,7 @@ impl Run {
                     Op::Symlink(_, _, l) => fs.symlink(dino, &nm, &vec![b'x'; l as usize], 0, 0),
                     _ => unreachable!(),
                 };
-                if m.children(dir).contains_key(&nm) {
+                if m.find(dir, &nm).is_some() {
                     return expect_err(r, Error::Exists, op);
                 }
                 let attr = r.unwrap_or_else(|e| panic!("{op:?}: {e}"));
@@ -273,9 +323,16 @@ impl Run {
                 let names: Vec<Vec<u8>> = m.children(dir).keys().cloned().collect();
                 let nm = pick(&names.iter().collect::<Vec<_>>(), n)
                     .cloned()
-                    .unwrap_or_else(|| name(n));
+                    .unwrap_or_else(|| m.name(n));
+                // In casefolded runs, a name given in another spelling half of the time.
+                let nm = if m.fold && n % 2 == 1 {
+                    String::from_utf8(nm.clone()).map(|s| s.to_uppercase().into_bytes()).unwrap_or(nm)
+                } else {
+                    nm
+                };
                 let dino = m.ino[dir];
-                let target = m.children(dir).get(&nm).copied();
+                let found = m.find(dir, &nm);
+                let target = found.as_ref().map(|f| f.1);
                 let rmdir = matches!(op, Op::Rmdir(..));
                 let r = if rmdir {
                     fs.rmdir(dino, &nm)
@@ -297,7 +354,7 @@ impl Run {
                 }
                 r.unwrap_or_else(|e| panic!("{op:?}: {e}"));
                 if let Node::Dir(c) = &mut m.nodes[dir] {
-                    c.remove(&nm);
+                    c.remove(&found.unwrap().0);
                 }
                 if is_dir {
                     m.nlink[dir] -= 1;
@@ -310,9 +367,9 @@ impl Run {
                     return;
                 };
                 let dir = pick(&m.dirs(), d).unwrap();
-                let nm = name(n);
+                let nm = m.name(n);
                 let r = fs.link(m.ino[id], m.ino[dir], &nm);
-                if m.children(dir).contains_key(&nm) {
+                if m.find(dir, &nm).is_some() {
                     return expect_err(r, Error::Exists, op);
                 }
                 r.unwrap_or_else(|e| panic!("{op:?}: {e}"));
@@ -329,9 +386,10 @@ impl Run {
                 let Some(snm) = pick(&names.iter().collect::<Vec<_>>(), sn).cloned() else {
                     return;
                 };
-                let dnm = name(dn);
+                let dnm = m.name(dn);
                 let src = m.children(sdir)[&snm];
-                let dst = m.children(ddir).get(&dnm).copied();
+                let dst_entry = m.find(ddir, &dnm);
+                let dst = dst_entry.as_ref().map(|e| e.1);
                 let flags = RenameFlags {
                     noreplace,
                     ..Default::default()
@@ -373,8 +431,11 @@ impl Run {
                         m.nlink[t] -= 1;
                     }
                 }
+                // A replaced entry keeps its spelling (the kernel's ext4_setent changes only
+                // the inode it names).
+                let stored = dst_entry.map(|e| e.0).unwrap_or(dnm);
                 if let Node::Dir(c) = &mut m.nodes[ddir] {
-                    c.insert(dnm, src);
+                    c.insert(stored, src);
                 }
                 if src_dir {
                     m.nlink[sdir] -= 1;
@@ -490,6 +551,12 @@ proptest! {
     #[test]
     fn random_ops_4k(ops in proptest::collection::vec(op_strategy(), 1..80)) {
         run_case(&ops, &[]);
+    }
+    /// Casefolded directories: names in several spellings that fold alike, with e2fsck judging
+    /// the hashes of the folded names.
+    #[test]
+    fn random_ops_casefold(ops in proptest::collection::vec(op_strategy(), 1..80)) {
+        run_case(&ops, &["-O", "casefold"]);
     }
     #[test]
     // pread/pwrite on the image (the other cases, on /dev/shm, map it).
