@@ -191,6 +191,38 @@ fn concurrent_stress_in_shared_directories() {
     e.fsck();
 }
 
+/// A casefolded directory through the kernel, whose dentries are case-sensitive: names
+/// answer under every spelling, a name missing under one spelling is found once made under
+/// another, a removal or rename under one spelling leaves nothing under the others, and a
+/// directory has one inode under every spelling.
+#[test]
+fn casefolded_directories_through_the_mount() {
+    if !fuse_usable("the mount tests") {
+        return;
+    }
+    let place = MountPlace::new("mt-casefold", &["mnt"]);
+    let (img, mnt) = (place.img.clone(), place.point(0));
+    Cli(bin()).ok(&["mkfs", "-O", "casefold", "--size", "64M", img.to_str().unwrap()]);
+    uext4_mount(bin(), &img, &mnt, &[]);
+    let m = mnt.display();
+    let script = format!(
+        "set -e; mkdir {m}/d; chattr +F {m}/d; lsattr -d {m}/d | grep -q F; cd {m}/d; \
+         test ! -e NOPE; touch nope; test -e NOPE; test -e Nope; \
+         echo x > ReadMe; test \"$(cat README)\" = x; test \"$(cat readme)\" = x; \
+         test \"$(ls | grep -ci readme)\" = 1; ls | grep -qx ReadMe; \
+         rm README; test ! -e ReadMe; test ! -e readme; \
+         echo y > Straße; test \"$(cat STRASSE)\" = y; \
+         mkdir Sub; touch SUB/f; test -f sub/f; lsattr -d sub | grep -q F; \
+         test \"$(stat -c %i Sub)\" = \"$(stat -c %i SUB)\"; \
+         mv sub Other; test ! -e Sub; test ! -e SUB; test -f OTHER/f; \
+         if mkdir other 2>/dev/null; then exit 1; fi; \
+         if chattr -F {m}/d 2>/dev/null; then exit 1; fi"
+    );
+    sh(&script);
+    umount_and_wait(&mnt, &img);
+    e2fsck_clean(&img);
+}
+
 #[test]
 fn sigterm_unmounts_and_kill9_recovers() {
     if !fuse_usable("the mount tests") {
