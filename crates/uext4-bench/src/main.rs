@@ -7,6 +7,7 @@
 //! (memfs.rs, the transport's ceiling for metadata) and is reported in seconds.
 
 mod chart;
+mod features;
 mod loadgen;
 mod measure;
 mod memfs;
@@ -71,7 +72,9 @@ pub struct BenchArgs {
     workloads: Vec<String>,
     /// Which family runs when no --workload is given: data (the fio jobs), metadata (a source
     /// tree unpacked, walked, read, copied, updated as a package manager does, and removed, on
-    /// kernel, fuse2fs, uext4-fuse, uext4-fuse-wbc, uext4-lib, raw and fuse-mem), or all.
+    /// kernel, fuse2fs, uext4-fuse, uext4-fuse-wbc, uext4-lib, raw and fuse-mem), features
+    /// (in-process: lookups in a 100,000-entry casefolded directory against a plain one,
+    /// --repeat rounds, at least 3), or all (data and metadata).
     #[arg(long, default_value = "all")]
     family: String,
     /// The metadata family's tree: a folder or an uncompressed tarball, read into memory first
@@ -246,6 +249,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.repeat == 0 {
         bail!("--repeat takes a count of 1 or more");
     }
+    if a.family == "features" {
+        // In-process, no systems to set up: casefold against plain directories.
+        let dir = a.dir.clone().unwrap_or_else(|| PathBuf::from("/dev/shm/uext4-bench"));
+        let entries = if a.quick { 20_000 } else { 100_000 };
+        return features::run(&dir, &a.out, entries, a.repeat.max(if a.quick { 1 } else { 3 }));
+    }
     // SAFETY: a plain getter.
     let root = unsafe { libc::geteuid() } == 0;
     let wdir = match &a.workloads_dir {
@@ -374,7 +383,7 @@ fn select_workloads(a: &BenchArgs) -> Result<(Vec<String>, Vec<String>)> {
             "data" => &[WORKLOADS],
             "metadata" => &[meta::WORKLOADS],
             "all" => &[WORKLOADS, meta::WORKLOADS],
-            f => bail!("unknown family {f:?} (known: data, metadata, all)"),
+            f => bail!("unknown family {f:?} (known: data, metadata, features, all)"),
         };
         fams.iter()
             .flat_map(|f| f.iter())

@@ -274,7 +274,7 @@ impl State {
                 continue;
             };
             let added = if plus {
-                r.add_plus(0, TTL, &n.attr(child), i as u64 + 1, name)
+                r.add_plus(0, reply::Ttl::both(TTL), &n.attr(child), i as u64 + 1, name)
             } else {
                 r.add(child, i as u64 + 1, n.kind, name)
             };
@@ -311,7 +311,7 @@ pub(crate) fn init(i: &InitIn, want: u64, max_background: u16, out: &mut [u8]) -
 
 impl Mem {
     fn serve_op(&self, h: &InHeader, op: Op<'_>, out: &mut [u8]) -> R<usize> {
-        let entry = |out: &mut [u8], a: R<WireAttr>| a.map(|a| reply::entry(out, 0, TTL, &a));
+        let entry = |out: &mut [u8], a: R<WireAttr>| a.map(|a| reply::entry(out, 0, reply::Ttl::both(TTL), &a));
         let ino = h.nodeid;
         let mut st = self.st.lock();
         match op {
@@ -393,7 +393,7 @@ impl Mem {
             } => {
                 let n = Node::new(REG, mode & !umask & 0o7777, h, ino);
                 let a = st.add(ino, name, n)?;
-                Ok(reply::create(out, 0, TTL, &a, 0, 0))
+                Ok(reply::create(out, 0, reply::Ttl::both(TTL), &a, 0, 0))
             }
             _ => Err(libc::ENOSYS),
         }

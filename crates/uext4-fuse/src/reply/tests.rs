@@ -22,7 +22,7 @@ fn attr() -> WireAttr {
 #[test]
 fn entry_and_attr_at_their_offsets() {
     let mut out = vec![0u8; 4096];
-    let n = entry(&mut out, 3, Duration::from_secs(1), &attr());
+    let n = entry(&mut out, 3, Ttl::both(Duration::from_secs(1)), &attr());
     assert_eq!(n, 128);
     let f = Fields(&out);
     assert_eq!((f.u64(0), f.u64(8), f.u64(16), f.u64(24)), (12, 3, 1, 1));
@@ -43,7 +43,7 @@ fn create_is_an_entry_then_an_open() {
     let n = create(
         &mut out,
         1,
-        Duration::ZERO,
+        Ttl::both(Duration::ZERO),
         &attr(),
         77,
         abi::FOPEN_KEEP_CACHE,
@@ -89,7 +89,7 @@ fn dirents_are_padded_and_stop_at_the_size_asked() {
     assert_eq!((f.u64(0), f.u64(8), f.u32(16), f.u32(20)), (5, 1, 3, 4));
     assert_eq!(&out[24..32], b"dir\0\0\0\0\0");
     let mut d = Dirents::new(&mut out, 4096);
-    assert!(d.add_plus(0, Duration::ZERO, &attr(), 9, b"name"));
+    assert!(d.add_plus(0, Ttl::both(Duration::ZERO), &attr(), 9, b"name"));
     assert_eq!(d.len(), 128 + 32);
     let f = Fields(&out);
     assert_eq!((f.u64(128), f.u64(136), f.u32(148)), (12, 9, 8));

@@ -86,14 +86,23 @@ impl<'a> FoldedName<'a> {
 
 /// Whether `disk` is valid UTF-8 and folds to exactly `folded`, without building its folding
 /// when a quick look already tells (the common case in a large directory: a different name).
+///
+/// An ASCII character is a starter that folds to one ASCII character (letters to lower case)
+/// and no ASCII character is ignorable, so the folding of `disk` begins with its ASCII prefix
+/// in lower case, whatever follows: a prefix that differs rejects the name without folding
+/// the rest, and an all-ASCII name needs no folding at all.
 fn folds_to(disk: &[u8], folded: &[u8]) -> bool {
-    // ASCII names fold byte by byte: compare them without allocating.
-    if disk.is_ascii() && folded.is_ascii() {
-        return disk.len() == folded.len()
-            && disk
-                .iter()
-                .zip(folded)
-                .all(|(a, b)| a.to_ascii_lowercase() == *b);
+    let k = disk.iter().position(|b| !b.is_ascii()).unwrap_or(disk.len());
+    if folded.len() < k
+        || !disk[..k]
+            .iter()
+            .zip(folded)
+            .all(|(a, b)| a.to_ascii_lowercase() == *b)
+    {
+        return false;
+    }
+    if k == disk.len() {
+        return folded.len() == k;
     }
     casefold(disk).is_some_and(|d| d == folded)
 }
