@@ -52,11 +52,12 @@ fn per_entry(t: Instant, n: usize) -> f64 {
 
 /// One round on a fresh image: the timings of each step, in microseconds per entry.
 fn round(img: &Path, n: usize, folded: bool, seed: u64) -> Result<Vec<(String, f64)>> {
-    let size = 256u64 << 20;
+    let size = 1024u64 << 20;
     std::fs::File::create(img)?.set_len(size)?;
     let mut o = uext4::mkfs::MkfsOptions::like_mke2fs(size, Some(4096));
     o.features.casefold = true;
     o.assume_zeroed = true;
+    o.inodes = Some(n as u64 + 1024);
     {
         let dev = uext4::blockdev::FileDevice::open(img, false)?;
         uext4::mkfs::mkfs(&dev, &o)?;
