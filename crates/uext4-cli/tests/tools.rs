@@ -610,7 +610,7 @@ fn unsupported_features_are_named() {
         return;
     }
     for (feature, says) in [
-        ("casefold", "unsupported incompatible feature: casefold"),
+        ("ea_inode", "unsupported incompatible feature: ea_inode"),
         ("bigalloc", "unsupported: bigalloc"),
     ] {
         let img = Scratch::new(&format!("unsup-{feature}"));
