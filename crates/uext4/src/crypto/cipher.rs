@@ -164,6 +164,12 @@ where
 
     use cts::Encrypt;
     let iv16: [u8; 16] = iv[..16].try_into().expect("16 bytes");
+    if data.len() == 16 {
+        // One block: the kernel's cts(cbc(aes)) is plain CBC there (the crate's CS3 is not).
+        let (blocks, _) = aes::Block::slice_as_chunks_mut(data);
+        cbc::Encryptor::<C>::inner_iv_init(cipher, &iv16.into()).encrypt_blocks(blocks);
+        return Ok(());
+    }
     cts::CbcCs3::<C>::inner_iv_init(cipher, &iv16.into())
         .encrypt(data)
         .map_err(|_| CryptoError::Corrupt("CTS message under 16 bytes"))
@@ -176,6 +182,11 @@ where
 
     use cts::Decrypt;
     let iv16: [u8; 16] = iv[..16].try_into().expect("16 bytes");
+    if data.len() == 16 {
+        let (blocks, _) = aes::Block::slice_as_chunks_mut(data);
+        cbc::Decryptor::<C>::inner_iv_init(cipher, &iv16.into()).decrypt_blocks(blocks);
+        return Ok(());
+    }
     cts::CbcCs3::<C>::inner_iv_init(cipher, &iv16.into())
         .decrypt(data)
         .map_err(|_| CryptoError::Corrupt("CTS message under 16 bytes"))
