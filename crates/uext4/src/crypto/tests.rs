@@ -213,6 +213,7 @@ struct Image {
 const EXT4_EXTENTS_FL: u32 = 0x80000;
 const EXT4_INLINE_DATA_FL: u32 = 0x1000_0000;
 const EXT4_ENCRYPT_FL: u32 = 0x800;
+const EXT4_CASEFOLD_FL: u32 = 0x4000_0000;
 
 fn le16(b: &[u8], o: usize) -> u16 {
     u16::from_le_bytes([b[o], b[o + 1]])
@@ -322,8 +323,10 @@ impl Image {
         le32(self.inode(ino), 0x20)
     }
 
-    /// (inode, on-disk name) of every live entry of a directory.
-    fn dir_entries(&self, ino: u32) -> Vec<(u32, Vec<u8>)> {
+    /// (inode, on-disk name, stored dirhash) of every live entry of a directory; the
+    /// dirhash is stored after the name in encrypted casefolded directories.
+    fn dir_entries(&self, ino: u32) -> Vec<(u32, Vec<u8>, Option<(u32, u32)>)> {
+        let hashed = self.flags(ino) & (EXT4_CASEFOLD_FL | EXT4_ENCRYPT_FL) == EXT4_CASEFOLD_FL | EXT4_ENCRYPT_FL;
         let blocks = self.size(ino) as usize / self.block_size;
         let mut out = Vec::new();
         for l in 0..blocks as u32 {
@@ -336,7 +339,9 @@ impl Image {
                     break;
                 }
                 if i != 0 && nl > 0 {
-                    out.push((i, b[o + 8..o + 8 + nl].to_vec()));
+                    let h = (8 + nl + 3) & !3;
+                    let stored = hashed.then(|| (le32(b, o + h), le32(b, o + h + 4)));
+                    out.push((i, b[o + 8..o + 8 + nl].to_vec(), stored));
                 }
                 o += rec;
             }
@@ -401,7 +406,7 @@ fn kernel_made_images_decrypt_and_reencrypt() {
         assert_eq!(dctx.policy.contents_mode.num() as u64, pol["contents_mode"].as_u64().unwrap());
         assert_eq!(dctx.policy.filenames_mode.num() as u64, pol["filenames_mode"].as_u64().unwrap());
         assert_eq!(dctx.policy.flags as u64, pol["flags"].as_u64().unwrap());
-        let caps = FsCaps { blkbits: img.block_size.trailing_zeros() as u8, stable_inodes: pol["image"] == "stable", casefolded: false };
+        let caps = FsCaps { blkbits: img.block_size.trailing_zeros() as u8, stable_inodes: pol["image"] == "stable", casefolded: pol["image"] == "casefold" };
         dctx.policy.validate(&caps).unwrap();
         let key_of = |ino: u32, kind: InodeKind| {
             let ctx = Context::parse(&img.context(ino)).unwrap();
@@ -414,14 +419,19 @@ fn kernel_made_images_decrypt_and_reencrypt() {
             let parent = e["parent_ino"].as_u64().unwrap() as u32;
             let plain = unhex(e["name_hex"].as_str().unwrap());
             let dkey = key_of(parent, InodeKind::Directory);
-            let (_, ct) = img.dir_entries(parent).into_iter().find(|(i, _)| *i == ino).expect("entry on disk");
+            let (_, ct, stored) = img.dir_entries(parent).into_iter().find(|(i, _, _)| *i == ino).expect("entry on disk");
             assert_eq!(dkey.decrypt_name(&ct).unwrap(), plain, "{name}: name of inode {ino}");
             assert_eq!(dkey.encrypt_name(&plain).unwrap(), ct, "{name}: re-encrypted name of inode {ino}");
             let nokey = unhex(e["nokey_name_hex"].as_str().expect("no-key name recorded"));
             // ext4 gives the dirhash (of the ciphertext, with the filesystem's hash) where
             // its readdir goes through the hash tree code: indexed or one-block directories.
             let dx_readdir = img.flags(parent) & 0x1000 != 0 || img.size(parent) == img.block_size as u64;
-            let dirhash = dx_readdir.then(|| img.ext4_hash(&ct));
+            let mut dirhash = dx_readdir.then(|| img.ext4_hash(&ct));
+            if let Some(h) = stored {
+                // Casefolded: SipHash of the (casefolded; here lower-case ASCII) plaintext.
+                assert_eq!(dkey.ext4_dirhash(&plain).unwrap(), h, "{name}: casefold dirhash of inode {ino}");
+                dirhash = Some(h);
+            }
             assert_eq!(nokey_name(&ct, dirhash), nokey, "{name}: no-key name of inode {ino}");
             assert!(nokey_name_decode(&nokey).unwrap().matches(&ct));
             assert!(img.flags(ino) & EXT4_ENCRYPT_FL != 0);
