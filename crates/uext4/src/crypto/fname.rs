@@ -6,7 +6,7 @@
 //! directory's inode number, IV_INO_LBLK_32 its hashed inode number).
 //!
 //! Without the key, a name is shown as its no-key name: base64url (RFC 4648, no '=')
-//! of `struct fscrypt_nokey_name { u32 dirhash[2]; u8 bytes[149]; u8 sha256[32]; }`,
+//! of `struct fscrypt_nokey_name { u32 dirhash\[2\]; u8 bytes\[149\]; u8 sha256\[32\]; }`,
 //! cut after the ciphertext when it fits in 149 bytes, else the first 149 bytes and the
 //! SHA-256 of the rest (189 bytes, 252 characters).
 

@@ -49,7 +49,7 @@ impl Hctr2 {
 
     fn hash(&self, tweak: &[u8], x: &[u8]) -> [u8; 16] {
         let mut p = Polyval::new(&self.h.into());
-        let rem = (x.len() % 16 != 0) as u128;
+        let rem = !x.len().is_multiple_of(16) as u128;
         let first = (2 * 8 * tweak.len() as u128 + 2 + rem).to_le_bytes();
         p.update_padded(&first);
         p.update_padded(tweak);

@@ -23,7 +23,7 @@ use super::policy::{
 use super::{CryptoError, Result};
 
 /// HKDF contexts of fs/crypto/fscrypt_private.h (the byte after "fscrypt\0" in `info`).
-pub(crate) const HKDF_CONTEXT_KEY_IDENTIFIER: u8 = 1; // info = <empty>
+pub(crate) const HKDF_CONTEXT_KEY_IDENTIFIER: u8 = 1; // info = (empty)
 /// info = file nonce
 pub(crate) const HKDF_CONTEXT_PER_FILE_ENC_KEY: u8 = 2;
 /// info = mode number
@@ -34,7 +34,7 @@ pub(crate) const HKDF_CONTEXT_IV_INO_LBLK_64_KEY: u8 = 4;
 pub(crate) const HKDF_CONTEXT_DIRHASH_KEY: u8 = 5;
 /// info = mode number || filesystem UUID
 pub(crate) const HKDF_CONTEXT_IV_INO_LBLK_32_KEY: u8 = 6;
-/// info = <empty>
+/// info = (empty)
 pub(crate) const HKDF_CONTEXT_INODE_HASH_KEY: u8 = 7;
 
 /// Smallest and largest raw master keys the kernel accepts.

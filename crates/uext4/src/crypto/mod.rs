@@ -15,6 +15,24 @@
 //!
 //! Secrets (master keys, derived keys, SipHash keys) never appear in errors, logs or
 //! `Debug` output, and are zeroed when dropped.
+//!
+//! For the engine, when it wires this in:
+//! - a new inode under an encrypted directory gets `dir_ctx.policy.new_context()` as its
+//!   `c` xattr (index 9, in the inode) and EXT4_ENCRYPT_FL; its key is
+//!   `keyring.inode_key(&ctx, kind, ino, &s_uuid)`, so the inode number must be known
+//!   first (IV_INO_LBLK_* and LBLK_64 filenames put it in the IVs);
+//! - v1 keys are matched by descriptor: [`Keyring::add_key`] gives the one the fscrypt and
+//!   e4crypt tools use (SHA-512(SHA-512(key))[..8]); others need
+//!   [`Keyring::add_key_with_descriptor`];
+//! - the data unit is the block: encrypt a whole block before writing it, including the
+//!   partial last block of a file (holes stay holes and read as zeros, unencrypted);
+//! - encrypted inodes are never inline (the kernel converts or refuses it; checked on
+//!   an `inline_data` image made by the kernel);
+//! - ext4 puts a dirhash in no-key names wherever its readdir goes through the hash tree
+//!   code (dir_index and the directory indexed, or one block long, or inline): the
+//!   filesystem's hash of the ciphertext name, or in encrypted casefolded directories
+//!   the hash stored after the name (SipHash of the casefolded plaintext,
+//!   [`InodeKey::ext4_dirhash`]); zeros only for linear multi-block directories.
 
 pub(crate) mod cipher;
 pub(crate) mod contents;

@@ -1,9 +1,9 @@
 //! Encryption policies and the on-disk `fscrypt_context` (the inode's `c` xattr).
 //!
 //! v1 context (28 bytes): version=1, contents mode, filenames mode, flags,
-//! master_key_descriptor[8], nonce[16].
+//! master_key_descriptor\[8\], nonce\[16\].
 //! v2 context (40 bytes): version=2, contents mode, filenames mode, flags,
-//! log2_data_unit_size, reserved[3] (zero), master_key_identifier[16], nonce[16].
+//! log2_data_unit_size, reserved\[3\] (zero), master_key_identifier\[16\], nonce\[16\].
 
 use super::{hex, CryptoError, Result};
 

@@ -18,7 +18,10 @@ fn unhex(s: &str) -> Vec<u8> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
 }
 
-fn vectors(json: &str) -> Vec<(Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>)> {
+/// (key, tweak, plaintext, ciphertext)
+type Vector = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
+
+fn vectors(json: &str) -> Vec<Vector> {
     let v: Vec<(String, String, String, String)> = serde_json::from_str(json).unwrap();
     v.into_iter().map(|(k, t, p, c)| (unhex(&k), unhex(&t), unhex(&p), unhex(&c))).collect()
 }
@@ -201,6 +204,9 @@ fn keys_never_print() {
 
 // ---- Against the kernel ----
 
+/// (inode, on-disk name, stored dirhash)
+type DirEntry = (u32, Vec<u8>, Option<(u32, u32)>);
+
 struct Image {
     bytes: Vec<u8>,
     block_size: usize,
@@ -325,7 +331,7 @@ impl Image {
 
     /// (inode, on-disk name, stored dirhash) of every live entry of a directory; the
     /// dirhash is stored after the name in encrypted casefolded directories.
-    fn dir_entries(&self, ino: u32) -> Vec<(u32, Vec<u8>, Option<(u32, u32)>)> {
+    fn dir_entries(&self, ino: u32) -> Vec<DirEntry> {
         let hashed = self.flags(ino) & (EXT4_CASEFOLD_FL | EXT4_ENCRYPT_FL) == EXT4_CASEFOLD_FL | EXT4_ENCRYPT_FL;
         let blocks = self.size(ino) as usize / self.block_size;
         let mut out = Vec::new();
