@@ -177,10 +177,28 @@ impl Uext4Fuse {
         }
     }
 
-    fn entry(&self, r: uext4::Result<Attr>, out: &mut [u8]) -> Reply {
+    /// The reply to a request that made the kernel hold an entry named in directory `parent`.
+    fn entry(&self, parent: u32, r: uext4::Result<Attr>, out: &mut [u8]) -> Reply {
         let a = r.map_err(|e| errno(&e))?;
         self.counted(&a);
-        Ok(reply::entry(out, a.generation as u64, TTL, &wire_attr(&a)))
+        Ok(reply::entry(out, a.generation as u64, self.ttl_in(parent), &wire_attr(&a)))
+    }
+
+    /// How long the kernel may keep a name in directory `dir`. In a casefolded directory the
+    /// kernel's dentries are still case-sensitive: a name it keeps under one spelling would
+    /// outlive a removal or rename made under another, and a negative entry would hide a
+    /// file created under another spelling. So there names are kept for no time (every use
+    /// asks again, and the kernel moves a directory's one dentry to the spelling last asked
+    /// for, never leaving it two); attributes still for `TTL`.
+    fn ttl_in(&self, dir: u32) -> reply::Ttl {
+        if self.fs.folds_names(dir) {
+            reply::Ttl {
+                entry: Duration::ZERO,
+                attr: TTL,
+            }
+        } else {
+            reply::Ttl::both(TTL)
+        }
     }
 
     /// The request's caller as the engine sees it: root's privileges for uid 0, or anyone
@@ -375,17 +393,17 @@ impl Serve for Uext4Fuse {
                     umask,
                 } => {
                     let (cred, umask) = (self.cred(h), self.umask(umask));
-                    self.entry(self.fs.mknod_as(&cred, ino, name, mode, rdev, umask), out)
+                    self.entry(ino, self.fs.mknod_as(&cred, ino, name, mode, rdev, umask), out)
                 }
                 Op::Mkdir { name, mode, umask } => {
                     let (cred, umask) = (self.cred(h), self.umask(umask));
                     let r = self.fs.mkdir_as(&cred, ino, name, mode & 0o7777, umask);
-                    self.entry(r, out)
+                    self.entry(ino, r, out)
                 }
                 Op::Unlink { name } => empty(self.fs.unlink(ino, name)),
                 Op::Rmdir { name } => empty(self.fs.rmdir(ino, name)),
                 Op::Symlink { name, target } => {
-                    self.entry(self.fs.symlink_as(&self.cred(h), ino, name, target), out)
+                    self.entry(ino, self.fs.symlink_as(&self.cred(h), ino, name, target), out)
                 }
                 Op::Rename {
                     newdir,
@@ -394,7 +412,7 @@ impl Serve for Uext4Fuse {
                     newname,
                 } => self.rename(h, ino, name, to_ext(newdir), newname, flags),
                 Op::Link { oldnodeid, newname } => {
-                    self.entry(self.fs.link(to_ext(oldnodeid), ino, newname), out)
+                    self.entry(ino, self.fs.link(to_ext(oldnodeid), ino, newname), out)
                 }
                 Op::Open { flags } => self.open(ino, flags, out),
                 Op::Read { offset, size } => self.read(ino, offset, size, out),

@@ -52,20 +52,37 @@ fn put_attr(out: &mut [u8], at: usize, a: &WireAttr) {
 
 /// Writes `fuse_entry_out` at `at`: nodeid 0, generation 8, entry_valid 16, attr_valid 24,
 /// entry_valid_nsec 32, attr_valid_nsec 36, attr 40.
-fn put_entry(out: &mut [u8], at: usize, nodeid: u64, generation: u64, ttl: Duration, a: &WireAttr) {
+/// How long the kernel may keep an entry: the name (entry_valid) and the attributes
+/// (attr_valid).
+#[derive(Clone, Copy, Debug)]
+pub struct Ttl {
+    /// How long the name's dentry is valid without a new LOOKUP.
+    pub entry: Duration,
+    /// How long the attributes are valid without a GETATTR.
+    pub attr: Duration,
+}
+
+impl Ttl {
+    /// The same time for both.
+    pub fn both(t: Duration) -> Ttl {
+        Ttl { entry: t, attr: t }
+    }
+}
+
+fn put_entry(out: &mut [u8], at: usize, nodeid: u64, generation: u64, ttl: Ttl, a: &WireAttr) {
     let b = &mut out[at..at + abi::ENTRY_OUT_LEN];
     let mut p = Put(b);
     p.u64(0, nodeid);
     p.u64(8, generation);
-    p.u64(16, ttl.as_secs());
-    p.u64(24, ttl.as_secs());
-    p.u32(32, ttl.subsec_nanos());
-    p.u32(36, ttl.subsec_nanos());
+    p.u64(16, ttl.entry.as_secs());
+    p.u64(24, ttl.attr.as_secs());
+    p.u32(32, ttl.entry.subsec_nanos());
+    p.u32(36, ttl.attr.subsec_nanos());
     put_attr(out, at + 40, a);
 }
 
 /// `fuse_entry_out` (LOOKUP, MKNOD, MKDIR, SYMLINK, LINK).
-pub fn entry(out: &mut [u8], generation: u64, ttl: Duration, a: &WireAttr) -> usize {
+pub fn entry(out: &mut [u8], generation: u64, ttl: Ttl, a: &WireAttr) -> usize {
     put_entry(out, 0, a.ino, generation, ttl, a);
     abi::ENTRY_OUT_LEN
 }
@@ -73,7 +90,7 @@ pub fn entry(out: &mut [u8], generation: u64, ttl: Duration, a: &WireAttr) -> us
 /// A LOOKUP's answer for a name that is not there: node id 0, which the kernel keeps as a
 /// negative entry for `ttl` (ENOENT would be asked again at every lookup).
 pub fn negative_entry(out: &mut [u8], ttl: Duration) -> usize {
-    put_entry(out, 0, 0, 0, ttl, &WireAttr::default());
+    put_entry(out, 0, 0, 0, Ttl::both(ttl), &WireAttr::default());
     abi::ENTRY_OUT_LEN
 }
 
@@ -105,7 +122,7 @@ pub fn open(out: &mut [u8], fh: u64, flags: u32) -> usize {
 pub fn create(
     out: &mut [u8],
     generation: u64,
-    ttl: Duration,
+    ttl: Ttl,
     a: &WireAttr,
     fh: u64,
     flags: u32,
@@ -292,7 +309,7 @@ impl<'a> Dirents<'a> {
     pub fn add_plus(
         &mut self,
         generation: u64,
-        ttl: Duration,
+        ttl: Ttl,
         a: &WireAttr,
         off: u64,
         name: &[u8],

@@ -17,6 +17,7 @@
 //! indexed directory come first with cookies 1 and 2.
 
 use crate::error::{Error, Result};
+use crate::format::casefold;
 use crate::format::dir_entry::*;
 use crate::format::inode::FL_INDEX;
 use crate::format::put32;
@@ -46,10 +47,11 @@ impl Fs {
         st: &mut InodeState,
         name: &[u8],
     ) -> Result<Option<(u32, u8, u32, usize)>> {
+        let fname = self.fname(st, name);
         if Self::is_inline(&st.raw) {
             // Only lookups get here: changes convert the directory first.
             return Ok(self
-                .inline_dir_find(dir, st, name)?
+                .inline_dir_find(dir, st, &fname)?
                 .map(|(i, t)| (i, t, 0, 0)));
         }
         if Self::has_index_flag(st) && (name == b"." || name == b"..") {
@@ -58,7 +60,7 @@ impl Fs {
                 .map(|(i, t, o)| (i, t, 0, o)));
         }
         if self.is_indexed(st) {
-            return self.dx_find(dir, st, name);
+            return self.dx_find(dir, st, &fname);
         }
         let skip_index = Self::has_index_flag(st);
         let n = self.dir_blocks(st);
@@ -68,7 +70,7 @@ impl Fs {
             if skip_index && (lblk == 0 || self.is_dx_node(&self.bcache.get(pblk)?.read())) {
                 continue;
             }
-            if let Some((i, t, o)) = self.leaf_find(dir, st, lblk, pblk, name)? {
+            if let Some((i, t, o)) = self.leaf_find(dir, st, lblk, pblk, &fname)? {
                 return Ok(Some((i, t, lblk, o)));
             }
         }
@@ -110,6 +112,12 @@ impl Fs {
     ) -> Result<()> {
         if name.is_empty() || name.len() > MAX_NAME_LEN {
             return Err(Error::NameTooLong);
+        }
+        if self.geo.casefold_strict && self.is_casefolded(st) && !casefold::is_valid(name) {
+            // ext4_add_entry: strict encoding refuses what it cannot fold.
+            return Err(Error::Invalid(
+                "name is not valid UTF-8 (the filesystem's encoding is strict)".into(),
+            ));
         }
         self.inline_convert(h, dir, st)?;
         let (size0, flags0) = (st.raw.size(), st.raw.flags());

@@ -303,8 +303,10 @@ impl Fs {
     /// the owner or a privileged caller; IMMUTABLE and APPEND change only for a privileged
     /// caller (CAP_LINUX_IMMUTABLE), JOURNAL_DATA likewise (CAP_SYS_RESOURCE); flags the
     /// kernel shows but does not let change are ignored; a flag the inode's type may not
-    /// carry, a change of EXTENTS (a migration) or CASEFOLD, and DAX with flags it excludes
-    /// are EOPNOTSUPP; an immutable inode changes nothing but its IMMUTABLE flag.
+    /// carry, a change of EXTENTS (a migration), and DAX with flags it excludes are
+    /// EOPNOTSUPP; CASEFOLD changes only on an empty directory (ENOTEMPTY otherwise) of a
+    /// filesystem with the casefold feature; an immutable inode changes nothing but its
+    /// IMMUTABLE flag.
     pub fn set_flags_as(&self, cred: &Cred, ino: u32, flags: u32) -> Result<Attr> {
         self.fileattr_set(cred, ino, Some(flags), None)
     }
@@ -386,7 +388,7 @@ impl Fs {
             }
             (None, None) => (old, old_projid),
         };
-        self.check_new_flags(cred, &st, old, new, projid)?;
+        self.check_new_flags(cred, ino, &mut st, old, new, projid)?;
         let sync = st.raw.flags() & FL_SYNC != 0;
         let keep = st.raw.flags() & !(FL_USER_MODIFIABLE & !FL_EXTENTS);
         let set = new & FL_USER_MODIFIABLE & !FL_EXTENTS;
@@ -414,7 +416,8 @@ impl Fs {
     fn check_new_flags(
         &self,
         cred: &Cred,
-        st: &InodeState,
+        ino: u32,
+        st: &mut InodeState,
         old: u32,
         new: u32,
         projid: u32,
@@ -459,10 +462,19 @@ impl Fs {
             ));
         }
         if (new ^ on_disk) & FL_CASEFOLD != 0 {
+            // ext4_ioctl_setflags: on a filesystem with the feature, and only while the
+            // directory is empty (its entries would be hashed and compared the other way).
             if !self.sb.lock().has_incompat(INCOMPAT_CASEFOLD) {
-                return Err(Error::NotSupported("casefold".into()));
+                return Err(Error::NotSupported(
+                    "casefold on a filesystem without the casefold feature".into(),
+                ));
             }
-            return Err(Error::NotSupported("changing casefold".into()));
+            if !raw.is_dir() {
+                return Err(Error::NotDir);
+            }
+            if !self.dir_is_empty(ino, st)? {
+                return Err(Error::NotEmpty);
+            }
         }
         Ok(())
     }

@@ -388,6 +388,21 @@ pub fn check_features(sb: &Superblock) -> Result<Option<String>> {
             names(unknown_incompat, INCOMPAT_NAMES).join(", "),
         ));
     }
+    if sb.has_incompat(INCOMPAT_CASEFOLD) {
+        // As the kernel's ext4_sb_read_encoding: one encoding is defined, and one flag.
+        if sb.encoding() != ENCODING_UTF8_12_1 {
+            return Err(Error::Unsupported(format!(
+                "casefold with unknown filename encoding {} (only utf8-12.1, encoding 1, is defined)",
+                sb.encoding()
+            )));
+        }
+        if sb.encoding_flags() & !ENCODING_FLAG_STRICT != 0 {
+            return Err(Error::Unsupported(format!(
+                "casefold with unknown encoding flags {:#x}",
+                sb.encoding_flags()
+            )));
+        }
+    }
     if sb.has_compat(COMPAT_HAS_JOURNAL) && sb.journal_inum() == 0 {
         return Err(Error::Unsupported(
             "external journal device (journal_dev set, no journal inode); only internal journals are supported".into(),

@@ -72,6 +72,12 @@ pub struct Geometry {
     pub def_hash_version: u8,
     /// Directory hashes treat names as unsigned chars.
     pub unsigned_hash: bool,
+    /// casefold is on: directories with the casefold flag compare names by their utf8-12.1
+    /// folding (format/casefold.rs).
+    pub casefold: bool,
+    /// casefold's strict mode: names that are not valid UTF-8 are refused in casefolded
+    /// directories.
+    pub casefold_strict: bool,
     /// The filesystem UUID.
     pub uuid: [u8; 16],
 }
@@ -276,6 +282,9 @@ impl Geometry {
             hash_seed: sb.hash_seed(),
             def_hash_version: sb.def_hash_version(),
             unsigned_hash: sb.flags() & FLAGS_UNSIGNED_HASH != 0,
+            casefold: sb.has_incompat(INCOMPAT_CASEFOLD),
+            casefold_strict: sb.has_incompat(INCOMPAT_CASEFOLD)
+                && sb.encoding_flags() & ENCODING_FLAG_STRICT != 0,
             uuid: sb.uuid(),
         })
     }

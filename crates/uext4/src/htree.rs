@@ -18,6 +18,7 @@ use crate::format::dir_entry::*;
 use crate::format::features::INCOMPAT_LARGEDIR;
 use crate::format::inode::FL_INDEX;
 use crate::format::{le16, le32};
+use crate::fname::Fname;
 use crate::fs::Fs;
 use crate::inode::InodeState;
 use crate::transaction::Handle;
@@ -70,6 +71,8 @@ impl Fs {
         }
     }
 
+    /// The hash of `name` as given (already folded where its directory folds names: see
+    /// fname.rs).
     pub(crate) fn name_hash(&self, name: &[u8], version: u8) -> (u32, u32) {
         #[cfg(test)]
         if let Some(f) = TEST_HASH.with(|c| c.get()) {
@@ -266,11 +269,11 @@ impl Fs {
         &self,
         dir: u32,
         st: &mut InodeState,
-        name: &[u8],
+        name: &Fname<'_>,
     ) -> Result<Option<(u32, u8, u32, usize)>> {
         let p0 = self.dir_pblk(dir, st, 0)?;
         let version = self.dir_hash_version(&self.bcache.get(p0)?.read());
-        let hash0 = self.name_hash(name, version).0;
+        let hash0 = self.name_hash(name.hash_bytes(), version).0;
         let (mut path, _) = self.dx_probe(dir, st, hash0)?;
         let nblocks = self.dir_blocks(st);
         let mut visited = 0u32;
@@ -348,7 +351,7 @@ impl Fs {
                 continue;
             }
             let name = e.name(data).to_vec();
-            let (hh, mm) = self.name_hash(&name, version);
+            let (hh, mm) = self.name_hash(&self.entry_hash_bytes(st, &name), version);
             v.push((hh, mm, name, e.inode, e.ftype));
         }
         Ok(v)
@@ -443,7 +446,7 @@ impl Fs {
     ) -> Result<()> {
         let p0 = self.dir_pblk(dir, st, 0)?;
         let version = self.dir_hash_version(&self.bcache.get(p0)?.read());
-        let (hash, _) = self.name_hash(name, version);
+        let (hash, _) = self.name_hash(&self.entry_hash_bytes(st, name), version);
         for _attempt in 0..8 {
             let (mut path, _) = self.dx_probe(dir, st, hash)?;
             let leaf = Self::path_leaf(&path);

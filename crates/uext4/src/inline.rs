@@ -30,6 +30,7 @@ use crate::format::dir_entry::{put_dirent, FT_DIR};
 use crate::format::inode::{RawInode, FL_INLINE_DATA, I_BLOCK_SIZE};
 use crate::format::le32;
 use crate::format::xattr::INDEX_SYSTEM;
+use crate::fname::Fname;
 use crate::fs::Fs;
 use crate::inode::InodeState;
 use crate::transaction::Handle;
@@ -128,15 +129,15 @@ impl Fs {
         &self,
         dir: u32,
         st: &InodeState,
-        name: &[u8],
+        name: &Fname<'_>,
     ) -> Result<Option<(u32, u8)>> {
         let (parent, entries) = self.inline_dir(dir, &st.raw)?;
-        Ok(match name {
+        Ok(match name.usr() {
             b"." => Some((dir, self.geo.filetype as u8 * FT_DIR)),
             b".." => Some((parent, self.geo.filetype as u8 * FT_DIR)),
             _ => entries
                 .into_iter()
-                .find(|e| e.name == name)
+                .find(|e| name.matches(&e.name))
                 .map(|e| (e.ino, e.ftype)),
         })
     }

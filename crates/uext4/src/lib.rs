@@ -66,6 +66,7 @@ mod file;
 pub mod flags;
 pub mod format;
 mod fs;
+mod fname;
 mod fsync;
 mod geometry;
 mod holder;

@@ -32,6 +32,18 @@ fn print_identity(sb: &uext4::format::superblock::Superblock) {
     feats.extend(names(sb.feature_incompat(), INCOMPAT_NAMES));
     feats.extend(names(sb.feature_ro_compat(), RO_COMPAT_NAMES));
     println!("Features:                 {}", feats.join(" "));
+    if sb.has_incompat(INCOMPAT_CASEFOLD) {
+        // As dumpe2fs: "utf8-12.1", and the flags when there are any.
+        let name = match sb.encoding() {
+            uext4::format::superblock::ENCODING_UTF8_12_1 => "utf8-12.1".to_string(),
+            n => format!("unknown ({n})"),
+        };
+        let strict = sb.encoding_flags() & uext4::format::superblock::ENCODING_FLAG_STRICT != 0;
+        println!(
+            "Character encoding:       {name}{}",
+            if strict { " (strict)" } else { "" }
+        );
+    }
     println!(
         "State:                    {}",
         if sb.state() & 1 != 0 {

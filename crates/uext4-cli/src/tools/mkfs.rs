@@ -84,6 +84,10 @@ pub struct MkfsArgs {
 struct Extended {
     hash_seed: Option<[u8; 16]>,
     root_owner: Option<(u32, u32)>,
+    /// encoding=utf8: casefold (as mke2fs, the encoding implies the feature).
+    encoding: bool,
+    /// encoding_flags=strict.
+    strict: bool,
 }
 
 fn parse_uuid(s: &str, what: &str) -> Result<[u8; 16]> {
@@ -105,8 +109,22 @@ fn parse_extended(list: &str) -> Result<Extended> {
                 e.root_owner = Some((u, g));
             }
             None if opt == "root_owner" => e.root_owner = Some(crate::image::caller()),
+            Some(("encoding", "utf8" | "utf8-12.1")) => e.encoding = true,
+            Some(("encoding", v)) => {
+                bail!("-E encoding={v}: unknown encoding (ext4 defines utf8, that is utf8-12.1)")
+            }
+            Some(("encoding_flags", v)) => {
+                for flag in v.split('+').map(str::trim) {
+                    match flag {
+                        "strict" => e.strict = true,
+                        "nostrict" => e.strict = false,
+                        _ => bail!("-E encoding_flags={v}: unknown flag {flag:?} (known: strict)"),
+                    }
+                }
+            }
             _ => bail!(
-                "-E {opt}: unknown extended option (known: hash_seed=UUID, root_owner[=UID:GID])"
+                "-E {opt}: unknown extended option (known: hash_seed=UUID, root_owner[=UID:GID], \
+                 encoding=utf8, encoding_flags=strict)"
             ),
         }
     }
@@ -200,6 +218,11 @@ pub fn run(mut a: MkfsArgs) -> Result<()> {
         bail!("--block-size {bs}: use 1024 or 4096");
     }
     let ext = parse_extended(a.extended.as_deref().unwrap_or(""))?;
+    features.casefold |= ext.encoding;
+    if ext.strict && !features.casefold {
+        bail!("-E encoding_flags=strict needs the casefold feature (-O casefold)");
+    }
+    features.casefold_strict = ext.strict;
     let uuid = a.uuid.as_deref().map(|u| parse_uuid(u, "-U")).transpose()?;
     let epoch = source_date_epoch()?;
     if let Some(d) = &a.root_dir {

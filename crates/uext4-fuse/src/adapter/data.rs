@@ -201,6 +201,7 @@ impl Uext4Fuse {
             })
             .map_err(|e| errno(&e))?;
         let mut d = reply::Dirents::new(out, size);
+        let ttl = self.ttl_in(ino);
         for e in entries {
             let Ok(a) = self.fs.getattr(e.ino) else {
                 continue;
@@ -208,7 +209,7 @@ impl Uext4Fuse {
             let dot = e.name == b"." || e.name == b"..";
             if !d.add_plus(
                 a.generation as u64,
-                TTL,
+                ttl,
                 &wire_attr(&a),
                 e.next_offset,
                 &e.name,

@@ -9,17 +9,19 @@ impl Uext4Fuse {
     /// kernel has forgotten), ".." under a directory's node id for its parent. Either
     /// answer is a lookup the kernel will forget, like any other.
     pub(super) fn lookup(&self, nodeid: u64, name: &[u8], out: &mut [u8]) -> Reply {
+        let dir = to_ext(nodeid);
         if name == b"." {
             let a = self.by_handle(nodeid)?;
-            return self.entry(Ok(a), out);
+            return self.entry(dir, Ok(a), out);
         }
-        match self.fs.lookup(to_ext(nodeid), name) {
+        match self.fs.lookup(dir, name) {
             // Kept by the kernel as a negative entry: a program that probes for files that
             // are not there (an interpreter's imports, a compiler's include path, PATH)
             // asks once per TTL. Every change of names comes through the kernel, which
-            // replaces the entry itself.
-            Err(Error::NotFound) => Ok(reply::negative_entry(out, TTL)),
-            r => self.entry(r, out),
+            // replaces the entry itself (but for other spellings in a casefolded directory:
+            // `ttl_in`).
+            Err(Error::NotFound) => Ok(reply::negative_entry(out, self.ttl_in(dir).entry)),
+            r => self.entry(dir, r, out),
         }
     }
 
@@ -365,7 +367,7 @@ impl Uext4Fuse {
             Err(e) => return Err(errno(&e)),
         };
         self.fs.open(a.ino).map_err(|e| errno(&e))?;
-        self.opened(&a, flags, out)
+        self.opened(dir, &a, flags, out)
     }
 
     /// O_TMPFILE: an inode with no name, opened once (its release frees it unless a LINK
@@ -384,21 +386,20 @@ impl Uext4Fuse {
             .fs
             .tmpfile_as(&cred, dir, mode, umask)
             .map_err(|e| errno(&e))?;
-        self.opened(&a, flags, out)
+        self.opened(dir, &a, flags, out)
     }
 
     /// The reply to a CREATE or TMPFILE: the entry (a lookup the kernel now holds) and the
     /// open file.
-    fn opened(&self, a: &Attr, flags: u32, out: &mut [u8]) -> Reply {
+    fn opened(&self, dir: u32, a: &Attr, flags: u32, out: &mut [u8]) -> Reply {
         self.counted(a);
         let fh = self.new_fh(flags);
         // Near full, the kernel keeps the new file's attributes for no time, so its first
         // write(2) asks (GETATTR with the handle) and can be refused.
-        let ttl = if self.near_full() {
-            Duration::ZERO
-        } else {
-            TTL
-        };
+        let mut ttl = self.ttl_in(dir);
+        if self.near_full() {
+            ttl.attr = Duration::ZERO;
+        }
         Ok(reply::create(
             out,
             a.generation as u64,

@@ -11,6 +11,7 @@ use crate::format::dir_entry::*;
 use crate::format::extent::Extent;
 use crate::format::inode::RawInode;
 use crate::format::{le16, le32};
+use crate::fname::Fname;
 use crate::fs::Fs;
 use crate::inode::InodeState;
 use crate::transaction::Handle;
@@ -302,14 +303,14 @@ impl Fs {
         st: &mut InodeState,
         lblk: u32,
         pblk: u64,
-        name: &[u8],
+        name: &Fname<'_>,
     ) -> Result<Option<(u32, u8, usize)>> {
         let buf = self.bcache.get(pblk)?;
         let data = buf.read();
         let checked = buf.checked_for(dir);
         let mut found = None;
         self.dir_leaf_each(dir, st, (lblk, pblk), &data, checked, &mut |e| {
-            if e.inode != 0 && e.name_len == name.len() && e.name(&data) == name {
+            if e.inode != 0 && name.matches(e.name(&data)) {
                 found = Some((e.inode, e.ftype, e.off));
             }
             found.is_none()

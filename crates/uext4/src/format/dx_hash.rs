@@ -135,27 +135,17 @@ pub fn dirhash(name: &[u8], version: u8, seed: &[u32; 4]) -> (u32, u32) {
         DX_HASH_LEGACY_UNSIGNED => (dx_hack_hash(name, false), 0),
         DX_HASH_HALF_MD4 | DX_HASH_HALF_MD4_UNSIGNED => {
             let signed = version == DX_HASH_HALF_MD4;
-            let mut p = name;
-            loop {
-                let inp = str2hashbuf(p, 8, signed);
-                half_md4_transform(&mut buf, &inp);
-                if p.len() <= 32 {
-                    break;
-                }
-                p = &p[32..];
+            // As the kernel's `while (len > 0)`: an empty name (a casefolded one made only of
+            // ignorable characters) hashes the seed alone.
+            for p in (0..name.len()).step_by(32).map(|i| &name[i..]) {
+                half_md4_transform(&mut buf, &str2hashbuf(p, 8, signed));
             }
             (buf[1], buf[2])
         }
         _ => {
             let signed = version == DX_HASH_TEA;
-            let mut p = name;
-            loop {
-                let inp = str2hashbuf(p, 4, signed);
-                tea_transform(&mut buf, &inp);
-                if p.len() <= 16 {
-                    break;
-                }
-                p = &p[16..];
+            for p in (0..name.len()).step_by(16).map(|i| &name[i..]) {
+                tea_transform(&mut buf, &str2hashbuf(p, 4, signed));
             }
             (buf[0], buf[1])
         }

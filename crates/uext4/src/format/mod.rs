@@ -7,6 +7,7 @@
 //! info`, checks of what mkfs or a commit wrote): using a filesystem needs none of it. Its
 //! setters are the engine's and mkfs's; a change made through them reaches no device.
 
+pub mod casefold;
 pub mod csum;
 pub mod dir_entry;
 pub mod dx_hash;

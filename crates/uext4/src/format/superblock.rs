@@ -23,6 +23,12 @@ pub const FLAGS_SIGNED_HASH: u32 = 0x1;
 /// `s_flags`: directory hashes treat names as unsigned chars.
 pub const FLAGS_UNSIGNED_HASH: u32 = 0x2;
 
+/// `s_encoding` of UTF-8 at Unicode 12.1 (`EXT4_ENC_UTF8_12_1`), the only encoding defined.
+pub const ENCODING_UTF8_12_1: u16 = 1;
+/// `s_encoding_flags`: names that are not valid UTF-8 are refused in casefolded directories
+/// (`EXT4_ENC_STRICT_MODE_FL`).
+pub const ENCODING_FLAG_STRICT: u16 = 0x1;
+
 /// `s_checksum_type` for crc32c, the only one defined.
 pub const CRC32C_CHKSUM: u8 = 1;
 
@@ -147,6 +153,12 @@ impl Superblock {
     le_field!(checksum_seed, set_checksum_seed, u32, 0x270);
     le_field!(first_error_errcode, set_first_error_errcode, u8, 0x27A);
     le_field!(last_error_errcode, set_last_error_errcode, u8, 0x27B);
+    le_field!(
+        /// `s_encoding`: the filename encoding of casefolded directories (`ENCODING_UTF8_12_1`).
+        encoding, set_encoding, u16, 0x27C);
+    le_field!(
+        /// `s_encoding_flags`: `ENCODING_FLAG_STRICT` refuses names that are not valid UTF-8.
+        encoding_flags, set_encoding_flags, u16, 0x27E);
     le_field!(orphan_file_inum, set_orphan_file_inum, u32, 0x280);
     le_field!(checksum, set_checksum, u32, 0x3FC);
 

@@ -43,6 +43,11 @@ pub struct FeatureSet {
     pub metadata_csum_seed: bool,
     /// An orphan file (inode 12) for the kernel's orphan list.
     pub orphan_file: bool,
+    /// Casefolded directories possible (`chattr +F`), names folded with utf8-12.1.
+    pub casefold: bool,
+    /// With casefold: names that are not valid UTF-8 are refused in casefolded directories
+    /// (mke2fs -E encoding_flags=strict).
+    pub casefold_strict: bool,
 }
 
 impl Default for FeatureSet {
@@ -54,7 +59,7 @@ impl Default for FeatureSet {
 /// Feature names `FeatureSet::apply` knows.
 const FEATURE_NAMES: &str = "has_journal, ext_attr, resize_inode, dir_index, filetype, extent, \
      64bit, flex_bg, sparse_super, large_file, huge_file, dir_nlink, extra_isize, metadata_csum, \
-     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file";
+     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold";
 
 impl FeatureSet {
     /// `mke2fs -t ext4` of e2fsprogs 1.47.
@@ -77,6 +82,8 @@ impl FeatureSet {
             uninit_bg: true,
             metadata_csum_seed: false,
             orphan_file: false,
+            casefold: false,
+            casefold_strict: false,
         }
     }
 
@@ -128,6 +135,7 @@ impl FeatureSet {
             || self.metadata_csum
             || self.uninit_bg
             || self.orphan_file
+            || self.casefold
         {
             "ext4"
         } else if self.has_journal {
@@ -162,6 +170,7 @@ impl FeatureSet {
                 "uninit_bg" | "gdt_csum" => &mut self.uninit_bg,
                 "metadata_csum_seed" => &mut self.metadata_csum_seed,
                 "orphan_file" => &mut self.orphan_file,
+                "casefold" => &mut self.casefold,
                 _ => {
                     return Err(Error::Unsupported(format!(
                         "mkfs feature {f:?} (uext4 mkfs knows: {FEATURE_NAMES})"

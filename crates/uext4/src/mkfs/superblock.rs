@@ -70,8 +70,13 @@ pub(super) fn build_superblock(
             | flag(f.extents, INCOMPAT_EXTENTS)
             | flag(f.has_64bit, INCOMPAT_64BIT)
             | flag(f.flex_bg, INCOMPAT_FLEX_BG)
-            | flag(f.metadata_csum && f.metadata_csum_seed, INCOMPAT_CSUM_SEED),
+            | flag(f.metadata_csum && f.metadata_csum_seed, INCOMPAT_CSUM_SEED)
+            | flag(f.casefold, INCOMPAT_CASEFOLD),
     );
+    if f.casefold {
+        sb.set_encoding(ENCODING_UTF8_12_1);
+        sb.set_encoding_flags(if f.casefold_strict { ENCODING_FLAG_STRICT } else { 0 });
+    }
     sb.set_feature_ro_compat(
         flag(f.sparse_super, RO_COMPAT_SPARSE_SUPER)
             | flag(f.large_file || l.resize_inode, RO_COMPAT_LARGE_FILE)
