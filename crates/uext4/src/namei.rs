@@ -841,7 +841,9 @@ impl Fs {
             }
             let size = st.raw.size();
             if Self::is_fast_symlink(&st.raw) {
-                return Ok(st.raw.i_block()[..size as usize].to_vec());
+                let disk = st.raw.i_block()[..size as usize].to_vec();
+                drop(st);
+                return self.symlink_shown(ino, disk);
             }
             (false, size)
         };
@@ -855,7 +857,22 @@ impl Fs {
         let mut buf = vec![0u8; size as usize];
         let n = self.read(ino, 0, &mut buf)?;
         buf.truncate(n);
-        Ok(buf)
+        self.symlink_shown(ino, buf)
+    }
+
+    /// The target a symlink shows: decrypted with its key, its no-key form without.
+    fn symlink_shown(&self, ino: u32, disk: Vec<u8>) -> Result<Vec<u8>> {
+        if !self.crypt_enabled {
+            return Ok(disk);
+        }
+        match self.crypt_of(ino)? {
+            crate::encrypt::Crypt::Plain => Ok(disk),
+            crate::encrypt::Crypt::Key(k) => Ok(k.decrypt_symlink(&disk)?),
+            crate::encrypt::Crypt::NoKey(_) => Ok(crate::crypto::nokey_name(
+                crate::crypto::symlink::symlink_ciphertext(&disk)?,
+                None,
+            )),
+        }
     }
 
     /// Calls `f` with each entry of directory `dir` from cookie `offset` on, until it returns
@@ -874,14 +891,42 @@ impl Fs {
         if st.raw.links_count() == 0 {
             return Ok(());
         }
-        self.dir_iter(dir, &mut st, offset, &mut |next, ino, kind, name| {
-            f(DirEntry {
-                ino,
-                kind,
-                name: name.to_vec(),
-                next_offset: next,
-            })
-        })?;
+        let crypt = self.crypt(dir, &mut st)?;
+        if matches!(crypt, crate::encrypt::Crypt::Plain) {
+            self.dir_iter(dir, &mut st, offset, &mut |next, ino, kind, name| {
+                f(DirEntry {
+                    ino,
+                    kind,
+                    name: name.to_vec(),
+                    next_offset: next,
+                })
+            })?;
+        } else {
+            // Names decrypted, or no-key names with the dirhash where ext4's readdir has
+            // one (its hash-tree readdir: indexed, one-block or inline directories).
+            let version = self.nokey_hash_version(dir, &mut st)?;
+            let mut failed = None;
+            self.dir_iter(dir, &mut st, offset, &mut |next, ino, kind, name| {
+                let shown = self.shown_name(&crypt, name, || {
+                    version.map(|v| self.name_hash(name, v))
+                });
+                match shown {
+                    Ok(name) => f(DirEntry {
+                        ino,
+                        kind,
+                        name,
+                        next_offset: next,
+                    }),
+                    Err(e) => {
+                        failed = Some(e);
+                        false
+                    }
+                }
+            })?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+        }
         drop(st);
         // As the kernel's iterate_dir: a listing is an access.
         self.file_accessed(&d);
@@ -915,6 +960,13 @@ impl Fs {
     /// Opens an inode: counts it so that an unlink keeps it until the last release.
     pub fn open(&self, ino: u32) -> Result<()> {
         let inode = self.iget(ino)?;
+        if self.crypt_enabled {
+            // fscrypt_file_open: a regular file's contents need its key.
+            let mut st = inode.state.lock();
+            if st.raw.file_type() == crate::format::inode::S_IFREG {
+                self.crypt(ino, &mut st)?.require()?;
+            }
+        }
         inode.open_count.fetch_add(1, Ordering::AcqRel);
         // A last unlink that read the count before it went up has freed the inode (under its
         // state lock), or is freeing it in pieces; counted on a freed inode, the open's
