@@ -4,6 +4,13 @@ manifest of what the kernel shows with the key (names, contents, symlink targets
 without it (no-key names), for crates/uext4/src/crypto/tests.rs.
 
 Usage: fscrypt-fixtures.py OUTDIR
+       fscrypt-fixtures.py --list IMAGE KEYFILE VERSION DIR
+
+The second form loop-mounts IMAGE, adds the raw key in KEYFILE (VERSION 1: under the
+descriptor the tools compute; 2: by identifier) and prints, as JSON, the listing of DIR
+(relative to the image's root) as the kernel shows it with the key, in the manifest's form
+(names, sizes, SHA-256 of contents, symlink targets): what tests compare with what uext4
+wrote.
 
 Per filesystem variant (plain `-O encrypt`, `-O encrypt,stable_inodes`,
 `-O encrypt,inline_data`, `-O encrypt,casefold`) it makes OUTDIR/<variant>.img (4 KiB blocks), loop-mounts it,
@@ -264,5 +271,31 @@ def main():
     print("manifest:", os.path.join(outdir, "manifest.json"))
 
 
+def list_with_key(img, key_file, version, rel):
+    if os.geteuid() != 0:
+        skip("not root")
+    with open(key_file, "rb") as f:
+        raw = f.read()
+    mnt = tempfile.mkdtemp(prefix="fscrypt-list-")
+    try:
+        r = subprocess.run(["mount", "-o", "loop", img, mnt], capture_output=True, text=True)
+        if r.returncode != 0:
+            skip("cannot loop-mount the image: " + " ".join(r.stderr.split()))
+        try:
+            if version == 1:
+                add_key(mnt, raw, hashlib.sha512(hashlib.sha512(raw).digest()).digest()[:8])
+            else:
+                add_key(mnt, raw)
+            print(json.dumps(listing(os.path.join(mnt, rel))))
+        finally:
+            run("umount", mnt)
+    finally:
+        subprocess.run(["umount", mnt], capture_output=True)
+        os.rmdir(mnt)
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 6 and sys.argv[1] == "--list":
+        list_with_key(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    else:
+        main()

@@ -198,4 +198,191 @@ impl Fs {
         }
         Ok(None)
     }
+
+    /// Whether inode `ino` is encrypted.
+    pub(crate) fn dir_is_encrypted(&self, ino: u32) -> Result<bool> {
+        Ok(is_encrypted(&self.iget(ino)?.state.lock().raw))
+    }
+
+    /// fscrypt_has_permitted_context: whether inode `child` may have a name in directory
+    /// `dir` (same policy where `dir` is encrypted; special files anywhere).
+    fn permitted_in(&self, dir: u32, child: u32) -> Result<bool> {
+        let d = self.iget(dir)?;
+        let draw = d.state.lock().raw.clone();
+        if !is_encrypted(&draw) {
+            return Ok(true);
+        }
+        let c = self.iget(child)?;
+        let craw = c.state.lock().raw.clone();
+        if kind_of(&craw).is_none() {
+            return Ok(true);
+        }
+        if !is_encrypted(&craw) {
+            return Ok(false);
+        }
+        Ok(self.crypt_context(dir, &draw)?.policy == self.crypt_context(child, &craw)?.policy)
+    }
+
+    /// The key of an encrypted directory, required (ENOKEY).
+    fn require_dir_key(&self, dir: u32) -> Result<()> {
+        let d = self.iget(dir)?;
+        let mut st = d.state.lock();
+        self.crypt(dir, &mut st)?.require()?;
+        Ok(())
+    }
+
+    /// fscrypt_prepare_link: a new name for `ino` in `dir`.
+    pub(crate) fn may_link_crypt(&self, dir: u32, ino: u32) -> Result<()> {
+        self.require_dir_key(dir)?;
+        if !self.permitted_in(dir, ino)? {
+            return Err(Error::CrossDevice);
+        }
+        Ok(())
+    }
+
+    /// fscrypt_prepare_rename: both directories' keys, and the moved inodes' policies.
+    pub(crate) fn may_rename_crypt(
+        &self,
+        odir: u32,
+        oname: &[u8],
+        ndir: u32,
+        nname: &[u8],
+        exchange: bool,
+    ) -> Result<()> {
+        self.require_dir_key(odir)?;
+        self.require_dir_key(ndir)?;
+        if odir == ndir {
+            return Ok(());
+        }
+        let old = self.lookup(odir, oname)?.ino;
+        if !self.permitted_in(ndir, old)? {
+            return Err(Error::CrossDevice);
+        }
+        if exchange {
+            let new = self.lookup(ndir, nname)?.ino;
+            if !self.permitted_in(odir, new)? {
+                return Err(Error::CrossDevice);
+            }
+        }
+        Ok(())
+    }
+
+    /// The contents key of an encrypted regular file (ENOKEY without it); None for files
+    /// that are not encrypted and for anything else.
+    pub(crate) fn contents_key(&self, ino: u32) -> Result<Option<Arc<InodeKey>>> {
+        let inode = self.iget(ino)?;
+        let mut st = inode.state.lock();
+        if st.raw.file_type() != S_IFREG || !is_encrypted(&st.raw) {
+            return Ok(None);
+        }
+        Ok(self.crypt(ino, &mut st)?.require()?.cloned())
+    }
+
+    /// Plaintext of `[start, start + buf.len())`, block-aligned, of an encrypted file of
+    /// size `size`: zeros past the size.
+    fn read_plain_blocks(&self, key: &InodeKey, ino: u32, start: u64, buf: &mut [u8], size: u64) -> Result<()> {
+        buf.fill(0);
+        if start < size {
+            let n = ((size - start) as usize).min(buf.len());
+            self.read_encrypted(key, |o, b| self.read_inner_whole(ino, o, b), start, &mut buf[..n])?;
+        }
+        Ok(())
+    }
+
+    /// Writes whole blocks of plaintext at `start` encrypted, then sets the size to
+    /// `new_size` (the plain write path leaves it at the end of the last block).
+    fn write_plain_blocks(
+        &self,
+        cred: Option<&crate::cred::Cred>,
+        key: &InodeKey,
+        ino: u32,
+        start: u64,
+        mut blocks: Vec<u8>,
+        new_size: u64,
+    ) -> Result<bool> {
+        let bs = self.geo.block_size as u64;
+        for (i, chunk) in blocks.chunks_mut(bs as usize).enumerate() {
+            key.encrypt_block(start / bs + i as u64, chunk)?;
+        }
+        let mut done = 0;
+        let mut changed = false;
+        while done < blocks.len() {
+            match self.write_inner_raw(cred, ino, start + done as u64, &blocks[done..])? {
+                (0, _) => return Err(Error::NoSpace),
+                (n, c) => {
+                    done += n;
+                    changed |= c;
+                }
+            }
+        }
+        let inode = self.iget(ino)?;
+        if inode.state.lock().delalloc.is_some() {
+            // Buffered: the whole blocks go down before the size is cut inside the last.
+            let _g = inode.io_lock.write();
+            self.delalloc_writeback_locked(&inode)?;
+        }
+        let mut h = self.start(crate::transaction::credits::SETATTR)?;
+        let mut st = inode.state.lock();
+        if st.raw.size() != new_size {
+            st.raw.set_size(new_size);
+            self.mark_inode_dirty(&mut h, &inode, &mut st)?;
+        }
+        Ok(changed)
+    }
+
+    /// A write to an encrypted regular file: the blocks it touches are read and decrypted
+    /// (partial first and last), changed, encrypted and written whole.
+    pub(crate) fn write_encrypted(
+        &self,
+        cred: Option<&crate::cred::Cred>,
+        key: &InodeKey,
+        ino: u32,
+        off: u64,
+        data: &[u8],
+    ) -> Result<(usize, bool)> {
+        let _serial = self.crypt_write_lock.lock();
+        if off.saturating_add(data.len() as u64) > self.max_file_size() {
+            return Err(Error::FileTooBig);
+        }
+        let bs = self.geo.block_size as u64;
+        let size = self.getattr(ino)?.size;
+        let start = off / bs * bs;
+        let end = (off + data.len() as u64).div_ceil(bs) * bs;
+        let mut blocks = vec![0u8; (end - start) as usize];
+        // Only the partial first and last blocks need their old contents.
+        self.read_plain_blocks(key, ino, start, &mut blocks[..bs as usize], size)?;
+        let last = end - bs;
+        if last > start {
+            let at = (last - start) as usize;
+            self.read_plain_blocks(key, ino, last, &mut blocks[at..], size)?;
+        }
+        let at = (off - start) as usize;
+        blocks[at..at + data.len()].copy_from_slice(data);
+        let new_size = size.max(off + data.len() as u64);
+        let changed = self.write_plain_blocks(cred, key, ino, start, blocks, new_size)?;
+        Ok((data.len(), changed))
+    }
+
+    /// A truncate of an encrypted regular file: where the new size ends inside a block, the
+    /// rest of that block is zeroed in the plaintext and the block encrypted again (the
+    /// kernel's ext4_block_truncate_page does the same through the page cache).
+    pub(crate) fn truncate_encrypted(&self, key: &InodeKey, ino: u32, size: u64) -> Result<()> {
+        let _serial = self.crypt_write_lock.lock();
+        let bs = self.geo.block_size as u64;
+        let old = self.getattr(ino)?.size;
+        if size >= old || size.is_multiple_of(bs) {
+            return self.truncate_raw(ino, size);
+        }
+        let start = size / bs * bs;
+        let mut block = vec![0u8; bs as usize];
+        self.read_plain_blocks(key, ino, start, &mut block, old)?;
+        let hole = block.iter().all(|&b| b == 0);
+        self.truncate_raw(ino, size)?;
+        if hole {
+            return Ok(());
+        }
+        block[(size - start) as usize..].fill(0);
+        self.write_plain_blocks(None, key, ino, start, block, size)?;
+        Ok(())
+    }
 }

@@ -142,6 +142,9 @@ pub enum Error {
     /// EOPNOTSUPP: the operation or flag (names it).
     #[error("operation not supported: {0}")]
     NotSupported(String),
+    /// EXDEV: a link or rename between directories of different encryption policies.
+    #[error("invalid cross-device link: the encryption policies differ")]
+    CrossDevice,
     /// ENOKEY: the encryption key of the file or directory is not given (names the key by
     /// its public descriptor or identifier; never any key material).
     #[error("required key not available: {0}")]
@@ -303,6 +306,7 @@ impl Error {
             Error::Perm => libc::EPERM,
             Error::NotSupported(_) => libc::EOPNOTSUPP,
             Error::NoKey(_) => libc::ENOKEY,
+            Error::CrossDevice => libc::EXDEV,
             Error::Loop => libc::EINVAL,
             Error::Stopped(_) => libc::EROFS,
             Error::Nxio => libc::ENXIO,

@@ -42,6 +42,9 @@ enum CryptName {
     Disk(Vec<u8>),
     /// Without it: the decoded no-key name.
     Nokey(NokeyName),
+    /// Without it, a name that is no no-key name: it matches no entry (as the kernel's
+    /// lookup finds nothing), and cannot be added (ENOKEY).
+    NoMatch,
 }
 
 impl<'a> Fname<'a> {
@@ -55,6 +58,7 @@ impl<'a> Fname<'a> {
         match &self.crypt {
             Some(CryptName::Disk(d)) => return disk == &d[..],
             Some(CryptName::Nokey(n)) => return n.matches(disk),
+            Some(CryptName::NoMatch) => return false,
             None => {}
         }
         match &self.ci {
@@ -78,6 +82,7 @@ impl<'a> Fname<'a> {
     pub(crate) fn given_hash(&self) -> Option<(u32, u32)> {
         match &self.crypt {
             Some(CryptName::Nokey(n)) => Some(n.dirhash()),
+            Some(CryptName::NoMatch) => Some((0, 0)),
             _ => None,
         }
     }
@@ -87,7 +92,7 @@ impl<'a> Fname<'a> {
     pub(crate) fn disk_name(&self) -> Result<Cow<'_, [u8]>> {
         match &self.crypt {
             Some(CryptName::Disk(d)) => Ok(Cow::Borrowed(d)),
-            Some(CryptName::Nokey(_)) => Err(Error::NoKey(
+            Some(CryptName::Nokey(_) | CryptName::NoMatch) => Err(Error::NoKey(
                 "encryption key of the directory (a name cannot be added without it)".into(),
             )),
             None => Ok(Cow::Borrowed(self.usr)),
@@ -131,7 +136,10 @@ impl Fs {
             crypt = Some(match self.crypt(dir, st)? {
                 Crypt::Plain => None,
                 Crypt::Key(k) => Some(CryptName::Disk(k.encrypt_name(name)?)),
-                Crypt::NoKey(_) => Some(CryptName::Nokey(crate::crypto::nokey_name_decode(name)?)),
+                Crypt::NoKey(_) => Some(match crate::crypto::nokey_name_decode(name) {
+                    Ok(n) => CryptName::Nokey(n),
+                    Err(_) => CryptName::NoMatch,
+                }),
             })
             .flatten();
         }

@@ -276,6 +276,9 @@ pub struct Fs {
     pub(crate) keyring: crate::crypto::Keyring,
     /// The filesystem has the `encrypt` feature: data paths look for encrypted inodes.
     pub(crate) crypt_enabled: bool,
+    /// Serialises writes and truncates of encrypted files (read-modify-write of whole
+    /// blocks; encrypt.rs).
+    pub(crate) crypt_write_lock: Mutex<()>,
 }
 
 /// What the open after a journal replay carries over from the one that replayed.
@@ -527,6 +530,7 @@ impl Fs {
             warn_on_drop: Default::default(),
             keyring,
             crypt_enabled,
+            crypt_write_lock: Mutex::new(()),
         });
         if let Some(m) = &*fs.mmp.lock() {
             let weak = Arc::downgrade(&fs);

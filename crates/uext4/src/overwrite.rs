@@ -51,6 +51,11 @@ impl Fs {
         self.read_inner(ino, off, buf, false)
     }
 
+    /// The stored bytes of whole blocks (encrypted files, encrypt.rs).
+    pub(crate) fn read_inner_whole(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize> {
+        self.read_inner(ino, off, buf, true)
+    }
+
     /// [`Fs::read`] of the bytes as stored; `whole_blocks`: up to the end of the block that
     /// holds the last byte, not the size (encrypted files decrypt whole blocks).
     fn read_inner(&self, ino: u32, off: u64, buf: &mut [u8], whole_blocks: bool) -> Result<usize> {
