@@ -42,6 +42,9 @@ pub struct Options {
     /// When reads update atime: relatime (the default, as mount(8)), noatime, strictatime,
     /// and nodiratime. The server keeps atime: the kernel's FUSE leaves it to the server.
     pub atime: uext4::AtimePolicy,
+    /// fscrypt master keys, from `key=FILE` (repeatable): raw key files' bytes (their
+    /// `Debug` shows only their sizes).
+    pub keys: Vec<uext4::EncryptionKey>,
 }
 
 /// How requests reach the server.
@@ -83,6 +86,7 @@ impl Default for Options {
             fakeroot: false,
             transport: TransportKind::Auto,
             atime: uext4::AtimePolicy::RELATIME,
+            keys: Vec::new(),
         }
     }
 }
@@ -126,6 +130,7 @@ const KNOWN: &[&str] = &[
     "nowriteback_cache",
     "direct_io",
     "commit",
+    "key",
     "dax",
     "nodax",
     "acl",
@@ -152,11 +157,11 @@ impl Options {
                     .map_err(|_| format!("option {k}: {:?} is not a number", v.unwrap_or("")))
             };
             if !KNOWN.contains(&k) {
-                return Err(format!("unknown mount option {opt:?} (known: ro, rw, norecovery, threads=N, allow_other, default_permissions, writeback_cache, nowriteback_cache, direct_io, commit=SECONDS, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten, fakeroot, transport=auto|uring|dev, offset=BYTES, size=BYTES, partition=N, and the generic defaults, nodev, nosuid, noexec, noatime, relatime, strictatime, nodiratime)"));
+                return Err(format!("unknown mount option {opt:?} (known: ro, rw, norecovery, threads=N, allow_other, default_permissions, writeback_cache, nowriteback_cache, direct_io, commit=SECONDS, key=FILE, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten, fakeroot, transport=auto|uring|dev, offset=BYTES, size=BYTES, partition=N, and the generic defaults, nodev, nosuid, noexec, noatime, relatime, strictatime, nodiratime)"));
             }
             let takes_value = matches!(
                 k,
-                "threads" | "commit" | "prealloc" | "errors" | "transport"
+                "threads" | "commit" | "prealloc" | "errors" | "transport" | "key"
             );
             if !takes_value && v.is_some() {
                 return Err(format!("option {k} takes no value (write {k}, not {opt})"));
@@ -201,6 +206,12 @@ impl Options {
                 "nowriteback_cache" => o.writeback_cache = Some(false),
                 "direct_io" => o.direct_io = true,
                 "commit" => o.commit_secs = num(v)?,
+                "key" => {
+                    let file = v.filter(|f| !f.is_empty()).ok_or("option key needs a file (key=FILE)")?;
+                    let raw = std::fs::read(file)
+                        .map_err(|e| format!("option key={file}: cannot read the key file: {e}"))?;
+                    o.keys.push(uext4::EncryptionKey::new(raw));
+                }
                 "dax" => o.dax = true,
                 "nodax" => {
                     o.dax = false;
@@ -268,6 +279,7 @@ impl Options {
             buffered: self.delalloc,
             prealloc_zeroed: self.prealloc_zeroed,
             atime: self.atime,
+            keys: self.keys.clone(),
             ..Default::default()
         }
     }

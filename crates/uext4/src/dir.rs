@@ -47,7 +47,7 @@ impl Fs {
         st: &mut InodeState,
         name: &[u8],
     ) -> Result<Option<(u32, u8, u32, usize)>> {
-        let fname = self.fname(st, name);
+        let fname = self.fname(dir, st, name)?;
         if Self::is_inline(&st.raw) {
             // Only lookups get here: changes convert the directory first.
             return Ok(self
@@ -113,6 +113,10 @@ impl Fs {
         if name.is_empty() || name.len() > MAX_NAME_LEN {
             return Err(Error::NameTooLong);
         }
+        // In an encrypted directory the entry stores the encrypted name.
+        let fname = self.fname(dir, st, name)?;
+        let disk = fname.disk_name()?.into_owned();
+        let name = &disk[..];
         if self.geo.casefold_strict && self.is_casefolded(st) && !casefold::is_valid(name) {
             // ext4_add_entry: strict encoding refuses what it cannot fold.
             return Err(Error::Invalid(

@@ -142,6 +142,13 @@ pub enum Error {
     /// EOPNOTSUPP: the operation or flag (names it).
     #[error("operation not supported: {0}")]
     NotSupported(String),
+    /// EXDEV: a link or rename between directories of different encryption policies.
+    #[error("invalid cross-device link: the encryption policies differ")]
+    CrossDevice,
+    /// ENOKEY: the encryption key of the file or directory is not given (names the key by
+    /// its public descriptor or identifier; never any key material).
+    #[error("required key not available: {0}")]
+    NoKey(String),
     /// EINVAL: a directory moved into its own subtree.
     #[error("cross-directory move of a directory into its own subtree")]
     Loop,
@@ -298,12 +305,33 @@ impl Error {
             Error::Range => libc::ERANGE,
             Error::Perm => libc::EPERM,
             Error::NotSupported(_) => libc::EOPNOTSUPP,
+            Error::NoKey(_) => libc::ENOKEY,
+            Error::CrossDevice => libc::EXDEV,
             Error::Loop => libc::EINVAL,
             Error::Stopped(_) => libc::EROFS,
             Error::Nxio => libc::ENXIO,
             Error::Busy | Error::InUse(_) | Error::MmpBusy { .. } => libc::EBUSY,
             Error::PartitionTable(_) => libc::EINVAL,
             Error::Nbd(_) => libc::EIO,
+        }
+    }
+}
+
+impl From<crate::crypto::CryptoError> for Error {
+    fn from(e: crate::crypto::CryptoError) -> Self {
+        use crate::crypto::CryptoError as C;
+        match e {
+            C::NoKey(k) => Error::NoKey(format!("encryption key {k}")),
+            C::NameTooLong => Error::NameTooLong,
+            C::BadNokeyName => Error::NotFound,
+            C::Corrupt(why) => Error::corrupt(Corruption::Inode, format!("encrypted data: {why}")),
+            C::InvalidContext(why) => {
+                Error::corrupt(Corruption::Xattr, format!("invalid encryption context: {why}"))
+            }
+            C::Unsupported(why) => Error::NotSupported(format!("encryption policy: {why}")),
+            C::BadKeySize(n) => Error::Invalid(format!("encryption key of {n} bytes (16 to 64 needed)")),
+            C::WrongKind(why) => Error::Invalid(format!("encryption: {why}")),
+            C::Random => Error::Io(io::Error::other("random number generator failed")),
         }
     }
 }

@@ -111,6 +111,23 @@ impl Fs {
         off: u64,
         data: &[u8],
     ) -> Result<(usize, bool)> {
+        if self.crypt_enabled && !data.is_empty() {
+            if let Some(key) = self.contents_key(ino)? {
+                return self.write_encrypted(cred, &key, ino, off, data);
+            }
+        }
+        self.write_inner_raw(cred, ino, off, data)
+    }
+
+    /// [`Fs::write`] of the bytes as they are to be stored (encrypted files: whole blocks of
+    /// ciphertext, encrypt.rs).
+    pub(crate) fn write_inner_raw(
+        &self,
+        cred: Option<&Cred>,
+        ino: u32,
+        off: u64,
+        data: &[u8],
+    ) -> Result<(usize, bool)> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         let mut after = WriteAfter::default();
         let n = self.retry_nospace(|| self.write_once(cred, &mut after, ino, off, data))?;
@@ -569,6 +586,17 @@ impl Fs {
     /// [`Error::FileTooBig`](crate::Error::FileTooBig) past the largest file;
     /// [`Error::NoSpace`](crate::Error::NoSpace); read-only and stopped filesystems.
     pub fn truncate(&self, ino: u32, size: u64) -> Result<()> {
+        if self.crypt_enabled {
+            if let Some(key) = self.contents_key(ino)? {
+                return self.truncate_encrypted(&key, ino, size);
+            }
+        }
+        self.truncate_raw(ino, size)
+    }
+
+    /// [`Fs::truncate`] of the stored bytes (the zeroed tail of a partial last block is
+    /// zeroed ciphertext: encrypted files re-encrypt it afterwards, encrypt.rs).
+    pub(crate) fn truncate_raw(&self, ino: u32, size: u64) -> Result<()> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         self.check_writable()?;
         if size > self.max_file_size() {
@@ -735,6 +763,16 @@ impl Fs {
 
     fn fallocate_once(&self, ino: u32, mode: i32, off: u64, len: u64) -> Result<()> {
         self.check_writable()?;
+        if self.crypt_enabled
+            && mode & !FALLOC_FL_KEEP_SIZE != 0
+            && crate::encrypt::is_encrypted(&self.iget(ino)?.state.lock().raw)
+        {
+            // Zeroing, punching or moving ranges of ciphertext is not done yet (the IVs
+            // follow the block numbers; partial blocks would need re-encryption).
+            return Err(Error::NotSupported(
+                "fallocate modes other than allocation on encrypted files".into(),
+            ));
+        }
         if len == 0 {
             return Err(Error::Invalid("fallocate: length 0".into()));
         }

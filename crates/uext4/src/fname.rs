@@ -7,9 +7,18 @@
 //! hashes the folded bytes, as fs/ext4/hash.c does; a name that is not valid UTF-8 keeps the
 //! plain rules.
 //!
+//! In an encrypted directory (fs/crypto/fname.c's fscrypt_setup_filename, fscrypt_match_name),
+//! with the key, the entry's name is the encrypted name and the index hashes that
+//! ciphertext; without the key, the name given is a no-key name: it matches by its
+//! ciphertext (or prefix and digest) and carries the hash to look in the index under. A
+//! new entry needs the key (ENOKEY).
+//!
 //! Entries already in a directory are hashed with [`Fs::entry_hash_bytes`], the same rule,
 //! so that an index split or a readdir cookie agrees with a lookup.
 
+use crate::crypto::NokeyName;
+use crate::encrypt::Crypt;
+use crate::error::{Error, Result};
 use crate::format::casefold::{casefold, FoldedName};
 use crate::flags::FL_CASEFOLD;
 use crate::fs::Fs;
@@ -22,6 +31,20 @@ pub(crate) struct Fname<'a> {
     usr: &'a [u8],
     /// Where the directory is casefolded: the name with its folding.
     ci: Option<FoldedName<'a>>,
+    /// Where the directory is encrypted: the name as its entries store it.
+    crypt: Option<CryptName>,
+}
+
+/// A name in an encrypted directory.
+#[derive(Debug, Clone)]
+enum CryptName {
+    /// With the key: the encrypted name, as stored.
+    Disk(Vec<u8>),
+    /// Without it: the decoded no-key name.
+    Nokey(NokeyName),
+    /// Without it, a name that is no no-key name: it matches no entry (as the kernel's
+    /// lookup finds nothing), and cannot be added (ENOKEY).
+    NoMatch,
 }
 
 impl<'a> Fname<'a> {
@@ -32,6 +55,12 @@ impl<'a> Fname<'a> {
 
     /// Whether the directory entry named `disk` is this name.
     pub(crate) fn matches(&self, disk: &[u8]) -> bool {
+        match &self.crypt {
+            Some(CryptName::Disk(d)) => return disk == &d[..],
+            Some(CryptName::Nokey(n)) => return n.matches(disk),
+            Some(CryptName::NoMatch) => return false,
+            None => {}
+        }
         match &self.ci {
             Some(f) => f.matches(disk),
             None => disk == self.usr,
@@ -40,9 +69,33 @@ impl<'a> Fname<'a> {
 
     /// The bytes the hashed index hashes for this name.
     pub(crate) fn hash_bytes(&self) -> &[u8] {
+        if let Some(CryptName::Disk(d)) = &self.crypt {
+            return d;
+        }
         match self.ci.as_ref().and_then(|f| f.folded()) {
             Some(folded) => folded,
             None => self.usr,
+        }
+    }
+
+    /// The (hash, minor hash) a no-key name carries: the index is searched under it.
+    pub(crate) fn given_hash(&self) -> Option<(u32, u32)> {
+        match &self.crypt {
+            Some(CryptName::Nokey(n)) => Some(n.dirhash()),
+            Some(CryptName::NoMatch) => Some((0, 0)),
+            _ => None,
+        }
+    }
+
+    /// The name a new entry stores: the encrypted name in an encrypted directory (ENOKEY
+    /// without the key).
+    pub(crate) fn disk_name(&self) -> Result<Cow<'_, [u8]>> {
+        match &self.crypt {
+            Some(CryptName::Disk(d)) => Ok(Cow::Borrowed(d)),
+            Some(CryptName::Nokey(_) | CryptName::NoMatch) => Err(Error::NoKey(
+                "encryption key of the directory (a name cannot be added without it)".into(),
+            )),
+            None => Ok(Cow::Borrowed(self.usr)),
         }
     }
 }
@@ -66,10 +119,32 @@ impl Fs {
     }
 
     /// `name` prepared for lookups in directory `st`.
-    pub(crate) fn fname<'a>(&self, st: &InodeState, name: &'a [u8]) -> Fname<'a> {
-        let ci = (self.is_casefolded(st) && name != b"." && name != b"..")
-            .then(|| FoldedName::new(name));
-        Fname { usr: name, ci }
+    pub(crate) fn fname<'a>(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        name: &'a [u8],
+    ) -> Result<Fname<'a>> {
+        let dots = name == b"." || name == b"..";
+        let mut crypt = None;
+        if !dots && crate::encrypt::is_encrypted(&st.raw) {
+            if self.is_casefolded(st) {
+                return Err(Error::NotSupported(
+                    "encrypted casefolded directories".into(),
+                ));
+            }
+            crypt = Some(match self.crypt(dir, st)? {
+                Crypt::Plain => None,
+                Crypt::Key(k) => Some(CryptName::Disk(k.encrypt_name(name)?)),
+                Crypt::NoKey(_) => Some(match crate::crypto::nokey_name_decode(name) {
+                    Ok(n) => CryptName::Nokey(n),
+                    Err(_) => CryptName::NoMatch,
+                }),
+            })
+            .flatten();
+        }
+        let ci = (crypt.is_none() && self.is_casefolded(st) && !dots).then(|| FoldedName::new(name));
+        Ok(Fname { usr: name, ci, crypt })
     }
 
     /// The bytes the index hashes for an entry named `name` already in directory `st`.

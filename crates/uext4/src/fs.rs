@@ -105,6 +105,11 @@ pub struct MountOptions {
     /// When reads and listings update atime (`atime.rs`). Default: never, so that tools
     /// reading an image change nothing in it; a mount asks for relatime, as mount(8) does.
     pub atime: AtimePolicy,
+    /// fscrypt master keys (raw key files' bytes): files and directories whose policy names
+    /// one of them (by v1 descriptor as the fscrypt and e4crypt tools compute it, or by v2
+    /// identifier) are read and written in the clear; others show no-key names and refuse
+    /// their contents with ENOKEY. Never printed (`Debug` shows only their count and sizes).
+    pub keys: Vec<crate::encrypt::EncryptionKey>,
 }
 
 /// When a read updates atime: the mount options noatime, relatime and strictatime, and
@@ -166,6 +171,7 @@ impl Default for MountOptions {
             region: None,
             time_clamp: None,
             atime: AtimePolicy::default(),
+            keys: Vec::new(),
         }
     }
 }
@@ -266,6 +272,13 @@ pub struct Fs {
     /// replay or on an error, is no unmount forgotten), cleared by [`Fs::crash`]: a drop
     /// without unmount warns only while it is set.
     warn_on_drop: std::sync::atomic::AtomicBool,
+    /// The master keys given at mount (encrypt.rs).
+    pub(crate) keyring: crate::crypto::Keyring,
+    /// The filesystem has the `encrypt` feature: data paths look for encrypted inodes.
+    pub(crate) crypt_enabled: bool,
+    /// Serialises writes and truncates of encrypted files (read-modify-write of whole
+    /// blocks; encrypt.rs).
+    pub(crate) crypt_write_lock: Mutex<()>,
 }
 
 /// What the open after a journal replay carries over from the one that replayed.
@@ -484,6 +497,8 @@ impl Fs {
         let (balloc, free_blocks, free_inodes) = BlockAllocator::load(&geo, &bcache)?;
 
         let max_txn = 4096usize;
+        let keyring = crate::encrypt::keyring_of(&opts.keys)?;
+        let crypt_enabled = geo.encrypt;
         let fs = Arc::new(Fs {
             dev: counted,
             io,
@@ -513,6 +528,9 @@ impl Fs {
             claim: Mutex::new(None),
             mmp: Mutex::new(mmp),
             warn_on_drop: Default::default(),
+            keyring,
+            crypt_enabled,
+            crypt_write_lock: Mutex::new(()),
         });
         if let Some(m) = &*fs.mmp.lock() {
             let weak = Arc::downgrade(&fs);
@@ -1037,6 +1055,7 @@ impl Fs {
             creating: false,
             delalloc: None,
             no_capability: false,
+            crypt: None,
         };
         self.ext_load(ino, &mut st).map_err(|e| {
             Error::corrupt(Corruption::Journal, format!("journal inode {ino}: {e}"))

@@ -75,6 +75,8 @@ pub struct Geometry {
     /// casefold is on: directories with the casefold flag compare names by their utf8-12.1
     /// folding (format/casefold.rs).
     pub casefold: bool,
+    /// The `encrypt` feature: inodes may be encrypted with fscrypt (encrypt.rs).
+    pub encrypt: bool,
     /// casefold's strict mode: names that are not valid UTF-8 are refused in casefolded
     /// directories.
     pub casefold_strict: bool,
@@ -283,6 +285,7 @@ impl Geometry {
             def_hash_version: sb.def_hash_version(),
             unsigned_hash: sb.flags() & FLAGS_UNSIGNED_HASH != 0,
             casefold: sb.has_incompat(INCOMPAT_CASEFOLD),
+            encrypt: sb.has_incompat(INCOMPAT_ENCRYPT),
             casefold_strict: sb.has_incompat(INCOMPAT_CASEFOLD)
                 && sb.encoding_flags() & ENCODING_FLAG_STRICT != 0,
             uuid: sb.uuid(),

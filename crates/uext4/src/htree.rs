@@ -273,7 +273,10 @@ impl Fs {
     ) -> Result<Option<(u32, u8, u32, usize)>> {
         let p0 = self.dir_pblk(dir, st, 0)?;
         let version = self.dir_hash_version(&self.bcache.get(p0)?.read());
-        let hash0 = self.name_hash(name.hash_bytes(), version).0;
+        let hash0 = match name.given_hash() {
+            Some((h, _)) => h,
+            None => self.name_hash(name.hash_bytes(), version).0,
+        };
         let (mut path, _) = self.dx_probe(dir, st, hash0)?;
         let nblocks = self.dir_blocks(st);
         let mut visited = 0u32;

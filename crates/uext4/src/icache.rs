@@ -33,6 +33,8 @@ pub struct InodeState {
     pub delalloc: Option<Box<Dirty>>,
     /// Known to have no `security.capability` (xattr.rs keeps it): a write skips the look.
     pub no_capability: bool,
+    /// An encrypted inode's key, derived at first use and dropped with the inode.
+    pub(crate) crypt: Option<std::sync::Arc<crate::crypto::InodeKey>>,
 }
 
 impl InodeState {

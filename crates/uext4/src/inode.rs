@@ -243,6 +243,7 @@ pub(crate) fn new_inode(
             creating,
             delalloc: None,
             no_capability: false,
+            crypt: None,
         }),
         open_count: AtomicU32::new(0),
         last_tid: AtomicU64::new(0),

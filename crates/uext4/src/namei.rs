@@ -391,6 +391,24 @@ impl Fs {
             return Err(Error::NameTooLong);
         }
         let mode = S_IFLNK | 0o777;
+        if self.crypt_enabled && self.dir_is_encrypted(dir)? {
+            // The target is encrypted with the new inode's key once its number is known.
+            // Whether it is slow is known before: the length depends on the policy only.
+            let policy = match self.crypt_of(dir)?.require()? {
+                Some(k) => k.policy,
+                None => return Err(Error::Invalid("encrypted directory without a policy".into())),
+            };
+            let bs = self.geo.block_size as usize;
+            let ct = crate::crypto::fname_encrypted_size(&policy, target.len(), bs - 3)
+                .ok_or(Error::NameTooLong)?;
+            let slow = ct + 3 > I_BLOCK_SIZE;
+            return self.new_node_crypt(dir, name, mode, owner, None, Some(target), |fs, raw| {
+                if slow {
+                    fs.init_block_map(raw);
+                }
+                Ok(())
+            });
+        }
         // A slow symlink's target is its first data block, written before the name is linked
         // (a readlink that finds the name reads the whole target; a crash leaves both or neither).
         let slow = (target.len() >= I_BLOCK_SIZE).then_some(target);
@@ -430,6 +448,22 @@ impl Fs {
         first_block: Option<&[u8]>,
         init: impl Fn(&Fs, &mut RawInode) -> Result<()>,
     ) -> Result<Attr> {
+        self.new_node_crypt(dir, name, mode, owner, first_block, None, init)
+    }
+
+    /// [`Fs::new_node`]; `link_target`: a symlink's target, to encrypt with the new inode's
+    /// key where `dir` is encrypted (`init` and `first_block` then leave the target out).
+    #[allow(clippy::too_many_arguments)]
+    fn new_node_crypt(
+        &self,
+        dir: u32,
+        name: &[u8],
+        mode: u16,
+        owner: &NewOwner<'_>,
+        first_block: Option<&[u8]>,
+        link_target: Option<&[u8]>,
+        init: impl Fn(&Fs, &mut RawInode) -> Result<()>,
+    ) -> Result<Attr> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         // A retry runs the whole creation again (`retry_nospace`).
         let attr = self.retry_nospace(|| {
@@ -443,16 +477,62 @@ impl Fs {
             check_dir_live(&d)?;
             crate::flags::may_add_entry(&d.state.lock().raw)?;
             let is_dir = mode & S_IFMT == S_IFDIR;
+            // fscrypt_prepare_new_inode: files, directories and symlinks made in an
+            // encrypted directory inherit its policy with a nonce of their own; the key
+            // must be there (ENOKEY), as the name is encrypted with it.
+            let new_ctx = if self.crypt_enabled {
+                let mut dst = d.state.lock();
+                let dir_key = self.crypt(dir, &mut dst)?.require()?.cloned();
+                match dir_key {
+                    Some(k) if matches!(mode & S_IFMT, S_IFREG | S_IFDIR | S_IFLNK) => {
+                        Some(k.policy.new_context()?)
+                    }
+                    _ => None,
+                }
+            } else {
+                None
+            };
             let new = self.new_inode_policy(&d, mode, owner)?;
             let now = self.now();
             let mut raw = self.fresh_raw_inode(new.mode, new.uid, new.gid, now);
             self.inherit_flags(&d.state.lock().raw, &mut raw);
+            if new_ctx.is_some() {
+                raw.set_flags(raw.flags() | crate::flags::FL_ENCRYPT);
+            }
             init(self, &mut raw)?;
             let mut h = self.start(credits::CREATE + new.extra_credits())?;
             let inode = self.alloc_inode(&mut h, dir, is_dir, raw)?;
             let ino = inode.ino;
             let result = (|| -> Result<()> {
                 let mut ist = inode.state.lock();
+                let mut xattrs = new.xattrs.clone();
+                if let Some(ctx) = &new_ctx {
+                    let kind = match mode & S_IFMT {
+                        S_IFREG => crate::crypto::InodeKind::Regular,
+                        S_IFDIR => crate::crypto::InodeKind::Directory,
+                        _ => crate::crypto::InodeKind::Symlink,
+                    };
+                    let key = self.keyring.inode_key(ctx, kind, ino, &self.geo.uuid)?;
+                    if let Some(t) = link_target {
+                        let disk = key.encrypt_symlink(t, self.geo.block_size as usize)?;
+                        ist.raw.set_size(disk.len() as u64 - 1);
+                        if disk.len() <= I_BLOCK_SIZE {
+                            ist.raw.i_block_mut()[..disk.len()].copy_from_slice(&disk);
+                        } else {
+                            self.write_first_block(&mut h, ino, &mut ist, &disk)?;
+                        }
+                    }
+                    ist.crypt = Some(std::sync::Arc::new(key));
+                    // The context first: in the inode, as the kernel puts it.
+                    xattrs.insert(
+                        0,
+                        crate::format::xattr::XattrEntry {
+                            index: crate::crypto::XATTR_INDEX_ENCRYPTION,
+                            name: crate::crypto::XATTR_NAME_CONTEXT.to_vec(),
+                            value: ctx.to_bytes(),
+                        },
+                    );
+                }
                 if let Some(data) = first_block {
                     self.write_first_block(&mut h, ino, &mut ist, data)?;
                 }
@@ -460,7 +540,7 @@ impl Fs {
                     self.dir_init(&mut h, ino, &mut ist, dir)?;
                 }
                 // Inherited ACLs in the create's handle, as the kernel's ext4_init_acl.
-                self.xattr_put_in(&mut h, ino, &mut ist, new.xattrs.clone())?;
+                self.xattr_put_in(&mut h, ino, &mut ist, xattrs)?;
                 self.mark_inode_dirty(&mut h, &inode, &mut ist)?;
                 // Whole now: a stale number that reaches it sees a new inode, as after reuse.
                 ist.creating = false;
@@ -570,6 +650,11 @@ impl Fs {
             let new = self.new_inode_policy(&d, mode, owner)?;
             let mut h = self.start(credits::CREATE + new.extra_credits())?;
             let now = self.now();
+            if self.crypt_enabled && crate::encrypt::is_encrypted(&dir_raw) {
+                return Err(Error::NotSupported(
+                    "O_TMPFILE in an encrypted directory".into(),
+                ));
+            }
             let inode =
                 self.new_unnamed_inode(&mut h, dir, new.mode, new.uid, new.gid, now, |fs, raw| {
                     fs.init_block_map(raw);
@@ -608,6 +693,9 @@ impl Fs {
             return Err(Error::Perm);
         }
         crate::flags::may_change(&inode.state.lock().raw)?;
+        if self.crypt_enabled {
+            self.may_link_crypt(newdir, ino)?;
+        }
         let d = self.dir_inode(newdir)?;
         let _g = d.io_lock.write();
         // The inode's io_lock too (after the directory's, as unlink takes its victim's): if the
@@ -841,7 +929,9 @@ impl Fs {
             }
             let size = st.raw.size();
             if Self::is_fast_symlink(&st.raw) {
-                return Ok(st.raw.i_block()[..size as usize].to_vec());
+                let disk = st.raw.i_block()[..size as usize].to_vec();
+                drop(st);
+                return self.symlink_shown(ino, disk);
             }
             (false, size)
         };
@@ -855,7 +945,22 @@ impl Fs {
         let mut buf = vec![0u8; size as usize];
         let n = self.read(ino, 0, &mut buf)?;
         buf.truncate(n);
-        Ok(buf)
+        self.symlink_shown(ino, buf)
+    }
+
+    /// The target a symlink shows: decrypted with its key, its no-key form without.
+    fn symlink_shown(&self, ino: u32, disk: Vec<u8>) -> Result<Vec<u8>> {
+        if !self.crypt_enabled {
+            return Ok(disk);
+        }
+        match self.crypt_of(ino)? {
+            crate::encrypt::Crypt::Plain => Ok(disk),
+            crate::encrypt::Crypt::Key(k) => Ok(k.decrypt_symlink(&disk)?),
+            crate::encrypt::Crypt::NoKey(_) => Ok(crate::crypto::nokey_name(
+                crate::crypto::symlink::symlink_ciphertext(&disk)?,
+                None,
+            )),
+        }
     }
 
     /// Calls `f` with each entry of directory `dir` from cookie `offset` on, until it returns
@@ -874,14 +979,42 @@ impl Fs {
         if st.raw.links_count() == 0 {
             return Ok(());
         }
-        self.dir_iter(dir, &mut st, offset, &mut |next, ino, kind, name| {
-            f(DirEntry {
-                ino,
-                kind,
-                name: name.to_vec(),
-                next_offset: next,
-            })
-        })?;
+        let crypt = self.crypt(dir, &mut st)?;
+        if matches!(crypt, crate::encrypt::Crypt::Plain) {
+            self.dir_iter(dir, &mut st, offset, &mut |next, ino, kind, name| {
+                f(DirEntry {
+                    ino,
+                    kind,
+                    name: name.to_vec(),
+                    next_offset: next,
+                })
+            })?;
+        } else {
+            // Names decrypted, or no-key names with the dirhash where ext4's readdir has
+            // one (its hash-tree readdir: indexed, one-block or inline directories).
+            let version = self.nokey_hash_version(dir, &mut st)?;
+            let mut failed = None;
+            self.dir_iter(dir, &mut st, offset, &mut |next, ino, kind, name| {
+                let shown = self.shown_name(&crypt, name, || {
+                    version.map(|v| self.name_hash(name, v))
+                });
+                match shown {
+                    Ok(name) => f(DirEntry {
+                        ino,
+                        kind,
+                        name,
+                        next_offset: next,
+                    }),
+                    Err(e) => {
+                        failed = Some(e);
+                        false
+                    }
+                }
+            })?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+        }
         drop(st);
         // As the kernel's iterate_dir: a listing is an access.
         self.file_accessed(&d);
@@ -915,6 +1048,13 @@ impl Fs {
     /// Opens an inode: counts it so that an unlink keeps it until the last release.
     pub fn open(&self, ino: u32) -> Result<()> {
         let inode = self.iget(ino)?;
+        if self.crypt_enabled {
+            // fscrypt_file_open: a regular file's contents need its key.
+            let mut st = inode.state.lock();
+            if st.raw.file_type() == crate::format::inode::S_IFREG {
+                self.crypt(ino, &mut st)?.require()?;
+            }
+        }
         inode.open_count.fetch_add(1, Ordering::AcqRel);
         // A last unlink that read the count before it went up has freed the inode (under its
         // state lock), or is freeing it in pieces; counted on a freed inode, the open's

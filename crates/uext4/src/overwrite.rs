@@ -23,6 +23,42 @@ impl Fs {
     /// # Errors
     /// [`Error::IsDir`](crate::Error::IsDir) for a directory; I/O and corruption errors.
     pub fn read(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize> {
+        if self.crypt_enabled {
+            let inode = self.iget_for_io(ino)?;
+            let key = {
+                let mut st = inode.state.lock();
+                if st.raw.file_type() == S_IFREG && crate::encrypt::is_encrypted(&st.raw) {
+                    let key = self.crypt(ino, &mut st)?.require()?.cloned();
+                    let size = st.raw.size();
+                    key.map(|k| (k, size))
+                } else {
+                    None
+                }
+            };
+            if let Some((key, size)) = key {
+                if off >= size || buf.is_empty() {
+                    return self.read_inner(ino, off, buf, false);
+                }
+                let len = (buf.len() as u64).min(size - off) as usize;
+                return self.read_encrypted(
+                    &key,
+                    |o, b| self.read_inner(ino, o, b, true),
+                    off,
+                    &mut buf[..len],
+                );
+            }
+        }
+        self.read_inner(ino, off, buf, false)
+    }
+
+    /// The stored bytes of whole blocks (encrypted files, encrypt.rs).
+    pub(crate) fn read_inner_whole(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize> {
+        self.read_inner(ino, off, buf, true)
+    }
+
+    /// [`Fs::read`] of the bytes as stored; `whole_blocks`: up to the end of the block that
+    /// holds the last byte, not the size (encrypted files decrypt whole blocks).
+    fn read_inner(&self, ino: u32, off: u64, buf: &mut [u8], whole_blocks: bool) -> Result<usize> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         let inode = self.iget_for_io(ino)?;
         let _g = inode.io_lock.read();
@@ -45,7 +81,10 @@ impl Fs {
             }
             // The access time, in the same hold of the lock (atime.rs).
             touched = self.atime_update_locked(&mut st);
-            let size = st.raw.size();
+            let mut size = st.raw.size();
+            if whole_blocks {
+                size = size.div_ceil(self.bs_u64()) * self.bs_u64();
+            }
             if off >= size || buf.is_empty() {
                 drop(st);
                 if touched {

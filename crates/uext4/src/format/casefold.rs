@@ -114,7 +114,7 @@ fn push_folded(c: u32, out: &mut Vec<(u32, u8)>) {
         let s = c - 0xAC00;
         out.push((0x1100 + s / 588, 0));
         out.push((0x1161 + (s % 588) / 28, 0));
-        if s % 28 != 0 {
+        if !s.is_multiple_of(28) {
             out.push((0x11A7 + s % 28, 0));
         }
         return;

@@ -155,7 +155,8 @@ pub const INCOMPAT_SUPPORTED: u32 = INCOMPAT_FILETYPE
     | INCOMPAT_INLINE_DATA
     | INCOMPAT_CSUM_SEED
     | INCOMPAT_LARGEDIR
-    | INCOMPAT_CASEFOLD;
+    | INCOMPAT_CASEFOLD
+    | INCOMPAT_ENCRYPT;
 
 /// Ro-compat features the engine maintains when writing. Anything else: open read-only.
 pub const RO_COMPAT_SUPPORTED: u32 = RO_COMPAT_SPARSE_SUPER

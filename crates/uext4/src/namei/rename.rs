@@ -146,6 +146,9 @@ impl Fs {
         nname: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
+        if self.crypt_enabled {
+            self.may_rename_crypt(odir, oname, ndir, nname, flags.exchange)?;
+        }
         let r = if flags.whiteout.is_some() {
             // The whiteout takes an inode: on ENOSPC with frees held back, retried as a create.
             self.retry_nospace(|| self.rename_inner(odir, oname, ndir, nname, flags))

@@ -1,0 +1,194 @@
+//! The cipher of each mode, keyed with an inode's derived (or per-mode) key.
+//!
+//! Every primitive comes from a maintained crate: `aes`, `xts-mode`, `cbc`, `cts`
+//! (CBC-CS3, which is the kernel's `cts(cbc(aes))`), `adiantum` with `chacha20`'s XChaCha12,
+//! `sha2` for ESSIV; HCTR2 is composed in [`super::hctr2`] from `aes` and `polyval`.
+
+use aes::cipher::{BlockCipherEncrypt, BlockModeDecrypt, BlockModeEncrypt, InnerIvInit, KeyInit};
+use aes::{Aes128, Aes256};
+use sha2::{Digest, Sha256};
+
+use super::hctr2::Hctr2;
+use super::policy::Mode;
+use super::{CryptoError, Result};
+
+type AdiantumCipher = adiantum::Cipher<chacha20::XChaCha12, Aes256>;
+
+/// A keyed cipher of one mode.
+pub(crate) enum ModeCipher {
+    /// AES-256-XTS (contents): tweak = first 16 bytes of the IV.
+    Aes256Xts(xts_mode::Xts128<Aes256>),
+    /// AES-128-CBC-ESSIV (contents): the IV is encrypted with AES-256 keyed by SHA-256(key).
+    Aes128CbcEssiv { key: Aes128, essiv: Aes256 },
+    /// AES-256-CTS-CBC (filenames).
+    Aes256Cts(Aes256),
+    /// AES-128-CTS-CBC (filenames).
+    Aes128Cts(Aes128),
+    /// Adiantum (contents and filenames): tweak = the 32-byte IV.
+    Adiantum(Box<AdiantumCipher>),
+    /// AES-256-HCTR2 (filenames): tweak = the 32-byte IV.
+    Hctr2(Box<Hctr2>),
+}
+
+impl std::fmt::Debug for ModeCipher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key schedule.
+        f.write_str(match self {
+            ModeCipher::Aes256Xts(_) => "ModeCipher(AES-256-XTS, <redacted>)",
+            ModeCipher::Aes128CbcEssiv { .. } => "ModeCipher(AES-128-CBC-ESSIV, <redacted>)",
+            ModeCipher::Aes256Cts(_) => "ModeCipher(AES-256-CTS, <redacted>)",
+            ModeCipher::Aes128Cts(_) => "ModeCipher(AES-128-CTS, <redacted>)",
+            ModeCipher::Adiantum(_) => "ModeCipher(Adiantum, <redacted>)",
+            ModeCipher::Hctr2(_) => "ModeCipher(AES-256-HCTR2, <redacted>)",
+        })
+    }
+}
+
+impl ModeCipher {
+    /// Keys `mode` with `key` (exactly `mode.key_size()` bytes).
+    pub(crate) fn new(mode: Mode, key: &[u8]) -> Result<ModeCipher> {
+        if key.len() != mode.key_size() {
+            return Err(CryptoError::BadKeySize(key.len()));
+        }
+        let bad = |_| CryptoError::BadKeySize(key.len());
+        Ok(match mode {
+            Mode::Aes256Xts => ModeCipher::Aes256Xts(xts_mode::Xts128::new(
+                Aes256::new_from_slice(&key[..32]).map_err(bad)?,
+                Aes256::new_from_slice(&key[32..]).map_err(bad)?,
+            )),
+            Mode::Aes128Cbc => {
+                let mut digest: [u8; 32] = Sha256::digest(key).into();
+                let essiv = Aes256::new(&digest.into());
+                zeroize::Zeroize::zeroize(&mut digest);
+                ModeCipher::Aes128CbcEssiv { key: Aes128::new_from_slice(key).map_err(bad)?, essiv }
+            }
+            Mode::Aes256Cts => ModeCipher::Aes256Cts(Aes256::new_from_slice(key).map_err(bad)?),
+            Mode::Aes128Cts => ModeCipher::Aes128Cts(Aes128::new_from_slice(key).map_err(bad)?),
+            Mode::Adiantum => ModeCipher::Adiantum(Box::new(AdiantumCipher::new_from_slice(key).map_err(bad)?)),
+            Mode::Aes256Hctr2 => {
+                let k: &[u8; 32] = key.try_into().map_err(|_| CryptoError::BadKeySize(key.len()))?;
+                ModeCipher::Hctr2(Box::new(Hctr2::new(k)))
+            }
+            Mode::Sm4Xts | Mode::Sm4Cts => {
+                return Err(CryptoError::Unsupported(format!("{} (no SM4 cipher here)", mode.name())))
+            }
+        })
+    }
+
+    /// Encrypts `data` in place with `iv` (32 bytes; the mode uses its IV size of them).
+    pub(crate) fn encrypt(&self, data: &mut [u8], iv: &[u8; 32]) -> Result<()> {
+        match self {
+            ModeCipher::Aes256Xts(x) => {
+                if data.len() < 16 {
+                    return Err(CryptoError::Corrupt("XTS data unit under 16 bytes"));
+                }
+                let tweak: [u8; 16] = iv[..16].try_into().expect("16 bytes");
+                x.encrypt_sector(data, tweak.into());
+            }
+            ModeCipher::Aes128CbcEssiv { key, essiv } => {
+                let (blocks, rest) = aes::Block::slice_as_chunks_mut(data);
+                if !rest.is_empty() {
+                    return Err(CryptoError::Corrupt("CBC data unit not a multiple of 16 bytes"));
+                }
+                let mut eiv: [u8; 16] = iv[..16].try_into().expect("16 bytes");
+                essiv.encrypt_block((&mut eiv).into());
+                let mut mode = cbc::Encryptor::<Aes128>::inner_iv_init(key.clone(), &eiv.into());
+                mode.encrypt_blocks(blocks);
+            }
+            ModeCipher::Aes256Cts(k) => cts_encrypt(k.clone(), data, iv)?,
+            ModeCipher::Aes128Cts(k) => cts_encrypt(k.clone(), data, iv)?,
+            ModeCipher::Adiantum(a) => {
+                adiantum_check(data)?;
+                a.encrypt(data, iv);
+            }
+            ModeCipher::Hctr2(h) => {
+                if data.len() < 16 {
+                    return Err(CryptoError::Corrupt("HCTR2 message under 16 bytes"));
+                }
+                h.encrypt(data, iv);
+            }
+        }
+        Ok(())
+    }
+
+    /// Decrypts `data` in place with `iv`.
+    pub(crate) fn decrypt(&self, data: &mut [u8], iv: &[u8; 32]) -> Result<()> {
+        match self {
+            ModeCipher::Aes256Xts(x) => {
+                if data.len() < 16 {
+                    return Err(CryptoError::Corrupt("XTS data unit under 16 bytes"));
+                }
+                let tweak: [u8; 16] = iv[..16].try_into().expect("16 bytes");
+                x.decrypt_sector(data, tweak.into());
+            }
+            ModeCipher::Aes128CbcEssiv { key, essiv } => {
+                let (blocks, rest) = aes::Block::slice_as_chunks_mut(data);
+                if !rest.is_empty() {
+                    return Err(CryptoError::Corrupt("CBC data unit not a multiple of 16 bytes"));
+                }
+                let mut eiv: [u8; 16] = iv[..16].try_into().expect("16 bytes");
+                essiv.encrypt_block((&mut eiv).into());
+                let mut mode = cbc::Decryptor::<Aes128>::inner_iv_init(key.clone(), &eiv.into());
+                mode.decrypt_blocks(blocks);
+            }
+            ModeCipher::Aes256Cts(k) => cts_decrypt(k.clone(), data, iv)?,
+            ModeCipher::Aes128Cts(k) => cts_decrypt(k.clone(), data, iv)?,
+            ModeCipher::Adiantum(a) => {
+                adiantum_check(data)?;
+                a.decrypt(data, iv);
+            }
+            ModeCipher::Hctr2(h) => {
+                if data.len() < 16 {
+                    return Err(CryptoError::Corrupt("HCTR2 message under 16 bytes"));
+                }
+                h.decrypt(data, iv);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn adiantum_check(data: &[u8]) -> Result<()> {
+    // The crate hashes at most 4 NH chunks of 1 KiB (and the kernel's data units here are
+    // at most a 4 KiB block); the message has at least one 16-byte block.
+    if data.len() < 16 || data.len() > 4096 {
+        return Err(CryptoError::Corrupt("Adiantum message outside 16..=4096 bytes"));
+    }
+    Ok(())
+}
+
+fn cts_encrypt<C>(cipher: C, data: &mut [u8], iv: &[u8; 32]) -> Result<()>
+where
+    C: BlockCipherEncrypt + aes::cipher::BlockSizeUser<BlockSize = aes::cipher::consts::U16>,
+{
+
+    use cts::Encrypt;
+    let iv16: [u8; 16] = iv[..16].try_into().expect("16 bytes");
+    if data.len() == 16 {
+        // One block: the kernel's cts(cbc(aes)) is plain CBC there (the crate's CS3 is not).
+        let (blocks, _) = aes::Block::slice_as_chunks_mut(data);
+        cbc::Encryptor::<C>::inner_iv_init(cipher, &iv16.into()).encrypt_blocks(blocks);
+        return Ok(());
+    }
+    cts::CbcCs3::<C>::inner_iv_init(cipher, &iv16.into())
+        .encrypt(data)
+        .map_err(|_| CryptoError::Corrupt("CTS message under 16 bytes"))
+}
+
+fn cts_decrypt<C>(cipher: C, data: &mut [u8], iv: &[u8; 32]) -> Result<()>
+where
+    C: aes::cipher::BlockCipherDecrypt + aes::cipher::BlockSizeUser<BlockSize = aes::cipher::consts::U16>,
+{
+
+    use cts::Decrypt;
+    let iv16: [u8; 16] = iv[..16].try_into().expect("16 bytes");
+    if data.len() == 16 {
+        let (blocks, _) = aes::Block::slice_as_chunks_mut(data);
+        cbc::Decryptor::<C>::inner_iv_init(cipher, &iv16.into()).decrypt_blocks(blocks);
+        return Ok(());
+    }
+    cts::CbcCs3::<C>::inner_iv_init(cipher, &iv16.into())
+        .decrypt(data)
+        .map_err(|_| CryptoError::Corrupt("CTS message under 16 bytes"))
+}
+

@@ -1,0 +1,388 @@
+//! The engine's side of fscrypt (the `encrypt` feature): which inodes are encrypted, their
+//! contexts and keys, and the data and name paths that go through crypto/.
+//!
+//! - An inode is encrypted when it has EXT4_ENCRYPT_FL; its context is the `c` xattr
+//!   (index 9). Its key is derived at first use from the master keys given at mount
+//!   ([`MountOptions::keys`](crate::MountOptions::keys)) and kept in its in-memory state,
+//!   so that it goes when the inode leaves the cache.
+//! - Names in an encrypted directory are stored encrypted and hashed as ciphertext
+//!   (fname.rs); without the key they are listed as no-key names and can be looked up and
+//!   removed by them.
+//! - A regular file's data is encrypted one block at a time (the data unit is the block):
+//!   its reads and writes go through [`Fs::read_encrypted`] and [`Fs::write_encrypted`],
+//!   which move whole ciphertext blocks through the plain data paths (direct, buffered,
+//!   DAX alike) and decrypt or encrypt them here. A block of zeros on the device is a
+//!   hole (or unwritten) and reads as zeros, as the kernel leaves holes unencrypted.
+
+use std::sync::Arc;
+
+use crate::crypto::{Context, InodeKey, InodeKind, Keyring, XATTR_INDEX_ENCRYPTION, XATTR_NAME_CONTEXT};
+use crate::error::{Error, Result};
+use crate::flags::FL_ENCRYPT;
+use crate::format::inode::{RawInode, S_IFDIR, S_IFLNK, S_IFREG};
+use crate::fs::Fs;
+use crate::icache::InodeState;
+
+/// A raw fscrypt master key (the bytes of a key file, 16 to 64), as given at mount. Its
+/// `Debug` shows only its length; the bytes are zeroed when it is dropped.
+#[derive(Clone)]
+pub struct EncryptionKey(zeroize::Zeroizing<Vec<u8>>);
+
+impl EncryptionKey {
+    /// A key from the raw bytes of a key file.
+    pub fn new(raw: Vec<u8>) -> EncryptionKey {
+        EncryptionKey(zeroize::Zeroizing::new(raw))
+    }
+}
+
+impl std::fmt::Debug for EncryptionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EncryptionKey(<{} bytes redacted>)", self.0.len())
+    }
+}
+
+/// The master keys of a mount as a keyring; a key of a bad size is refused by its place.
+pub(crate) fn keyring_of(keys: &[EncryptionKey]) -> Result<Keyring> {
+    let mut ring = Keyring::new();
+    for (i, k) in keys.iter().enumerate() {
+        ring.add_key(&k.0).map_err(|e| {
+            Error::Invalid(format!("encryption key {} of {}: {e}", i + 1, keys.len()))
+        })?;
+    }
+    Ok(ring)
+}
+
+/// Whether an inode is encrypted (EXT4_ENCRYPT_FL).
+pub(crate) fn is_encrypted(raw: &RawInode) -> bool {
+    raw.flags() & FL_ENCRYPT != 0
+}
+
+/// What an inode's encryption asks of an operation.
+pub(crate) enum Crypt {
+    /// Not encrypted.
+    Plain,
+    /// Encrypted, with its key.
+    Key(Arc<InodeKey>),
+    /// Encrypted, without its key: the key's public name (descriptor or identifier).
+    NoKey(String),
+}
+
+impl Crypt {
+    /// The key, or ENOKEY naming the missing one; None for plain inodes.
+    pub(crate) fn require(&self) -> Result<Option<&Arc<InodeKey>>> {
+        match self {
+            Crypt::Plain => Ok(None),
+            Crypt::Key(k) => Ok(Some(k)),
+            Crypt::NoKey(k) => Err(Error::NoKey(format!("encryption key {k}"))),
+        }
+    }
+}
+
+fn kind_of(raw: &RawInode) -> Option<InodeKind> {
+    match raw.file_type() {
+        S_IFREG => Some(InodeKind::Regular),
+        S_IFDIR => Some(InodeKind::Directory),
+        S_IFLNK => Some(InodeKind::Symlink),
+        _ => None,
+    }
+}
+
+impl Fs {
+    /// The encryption context of inode `ino` (its `c` xattr).
+    pub(crate) fn crypt_context(&self, ino: u32, raw: &RawInode) -> Result<Context> {
+        let loaded = self.xattr_load(ino, raw)?;
+        let e = loaded
+            .ibody
+            .iter()
+            .chain(loaded.block.iter())
+            .find(|e| e.index == XATTR_INDEX_ENCRYPTION && e.name == XATTR_NAME_CONTEXT)
+            .ok_or_else(|| {
+                Error::corrupt(
+                    crate::error::Corruption::Xattr,
+                    format!("inode {ino}: encrypted, but has no encryption context"),
+                )
+            })?;
+        Context::parse(&e.value).map_err(|err| {
+            Error::corrupt(crate::error::Corruption::Xattr, format!("inode {ino}: {err}"))
+        })
+    }
+
+    /// The encryption of inode `ino` (state `st`), its key derived and cached on first use.
+    pub(crate) fn crypt(&self, ino: u32, st: &mut InodeState) -> Result<Crypt> {
+        if !is_encrypted(&st.raw) {
+            return Ok(Crypt::Plain);
+        }
+        if let Some(k) = &st.crypt {
+            return Ok(Crypt::Key(k.clone()));
+        }
+        let Some(kind) = kind_of(&st.raw) else {
+            // Special files carry a context but nothing encrypted.
+            return Ok(Crypt::Plain);
+        };
+        let ctx = self.crypt_context(ino, &st.raw)?;
+        if self.keyring.lookup(&ctx.policy).is_none() {
+            return Ok(Crypt::NoKey(ctx.policy.key.to_string()));
+        }
+        let key = Arc::new(self.keyring.inode_key(&ctx, kind, ino, &self.geo.uuid)?);
+        st.crypt = Some(key.clone());
+        Ok(Crypt::Key(key))
+    }
+
+    /// The encryption of inode `ino`, by number.
+    pub(crate) fn crypt_of(&self, ino: u32) -> Result<Crypt> {
+        let inode = self.iget(ino)?;
+        let mut st = inode.state.lock();
+        self.crypt(ino, &mut st)
+    }
+
+    /// The name a directory entry shows: decrypted with the key, the kernel's no-key name
+    /// without it (with the dirhash where ext4's readdir gives one: `dirhash`).
+    pub(crate) fn shown_name(
+        &self,
+        crypt: &Crypt,
+        disk: &[u8],
+        dirhash: impl FnOnce() -> Option<(u32, u32)>,
+    ) -> Result<Vec<u8>> {
+        if disk == b"." || disk == b".." {
+            return Ok(disk.to_vec());
+        }
+        match crypt {
+            Crypt::Plain => Ok(disk.to_vec()),
+            Crypt::Key(k) => Ok(k.decrypt_name(disk)?),
+            Crypt::NoKey(_) => Ok(crate::crypto::nokey_name(disk, dirhash())),
+        }
+    }
+
+    /// Reads `buf.len()` bytes at `off` (inside the size) of an encrypted regular file:
+    /// whole blocks through the plain read path, each decrypted.
+    pub(crate) fn read_encrypted(
+        &self,
+        key: &InodeKey,
+        raw_read: impl FnOnce(u64, &mut [u8]) -> Result<usize>,
+        off: u64,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let bs = self.geo.block_size as u64;
+        let start = off / bs * bs;
+        let end = (off + buf.len() as u64).div_ceil(bs) * bs;
+        let mut blocks = vec![0u8; (end - start) as usize];
+        let n = raw_read(start, &mut blocks)?;
+        // The last block is read whole even past the size: its ciphertext covers it.
+        let _ = n;
+        for (i, chunk) in blocks.chunks_mut(bs as usize).enumerate() {
+            if chunk.iter().all(|&b| b == 0) {
+                continue; // a hole or unwritten: zeros, never encrypted
+            }
+            key.decrypt_block(start / bs + i as u64, chunk)?;
+        }
+        let at = (off - start) as usize;
+        buf.copy_from_slice(&blocks[at..at + buf.len()]);
+        Ok(buf.len())
+    }
+
+    /// The hash version ext4's readdir puts in no-key names of directory `dir`: None where
+    /// it reads linearly (no dir_index, or a linear directory of more than one block).
+    pub(crate) fn nokey_hash_version(&self, dir: u32, st: &mut InodeState) -> Result<Option<u8>> {
+        if !self.geo.dir_index {
+            return Ok(None);
+        }
+        if Self::is_inline(&st.raw) || (!Self::has_index_flag(st) && self.dir_blocks(st) == 1) {
+            let def = self.geo.def_hash_version;
+            let v = if def <= 2 && self.geo.unsigned_hash { def + 3 } else { def };
+            return Ok(Some(v));
+        }
+        if Self::has_index_flag(st) {
+            let p0 = self.dir_pblk(dir, st, 0)?;
+            let v = self.dir_hash_version(&self.bcache.get(p0)?.read());
+            return Ok(Some(v));
+        }
+        Ok(None)
+    }
+
+    /// Whether inode `ino` is encrypted.
+    pub(crate) fn dir_is_encrypted(&self, ino: u32) -> Result<bool> {
+        Ok(is_encrypted(&self.iget(ino)?.state.lock().raw))
+    }
+
+    /// fscrypt_has_permitted_context: whether inode `child` may have a name in directory
+    /// `dir` (same policy where `dir` is encrypted; special files anywhere).
+    fn permitted_in(&self, dir: u32, child: u32) -> Result<bool> {
+        let d = self.iget(dir)?;
+        let draw = d.state.lock().raw.clone();
+        if !is_encrypted(&draw) {
+            return Ok(true);
+        }
+        let c = self.iget(child)?;
+        let craw = c.state.lock().raw.clone();
+        if kind_of(&craw).is_none() {
+            return Ok(true);
+        }
+        if !is_encrypted(&craw) {
+            return Ok(false);
+        }
+        Ok(self.crypt_context(dir, &draw)?.policy == self.crypt_context(child, &craw)?.policy)
+    }
+
+    /// The key of an encrypted directory, required (ENOKEY).
+    fn require_dir_key(&self, dir: u32) -> Result<()> {
+        let d = self.iget(dir)?;
+        let mut st = d.state.lock();
+        self.crypt(dir, &mut st)?.require()?;
+        Ok(())
+    }
+
+    /// fscrypt_prepare_link: a new name for `ino` in `dir`.
+    pub(crate) fn may_link_crypt(&self, dir: u32, ino: u32) -> Result<()> {
+        self.require_dir_key(dir)?;
+        if !self.permitted_in(dir, ino)? {
+            return Err(Error::CrossDevice);
+        }
+        Ok(())
+    }
+
+    /// fscrypt_prepare_rename: both directories' keys, and the moved inodes' policies.
+    pub(crate) fn may_rename_crypt(
+        &self,
+        odir: u32,
+        oname: &[u8],
+        ndir: u32,
+        nname: &[u8],
+        exchange: bool,
+    ) -> Result<()> {
+        self.require_dir_key(odir)?;
+        self.require_dir_key(ndir)?;
+        if odir == ndir {
+            return Ok(());
+        }
+        let old = self.lookup(odir, oname)?.ino;
+        if !self.permitted_in(ndir, old)? {
+            return Err(Error::CrossDevice);
+        }
+        if exchange {
+            let new = self.lookup(ndir, nname)?.ino;
+            if !self.permitted_in(odir, new)? {
+                return Err(Error::CrossDevice);
+            }
+        }
+        Ok(())
+    }
+
+    /// The contents key of an encrypted regular file (ENOKEY without it); None for files
+    /// that are not encrypted and for anything else.
+    pub(crate) fn contents_key(&self, ino: u32) -> Result<Option<Arc<InodeKey>>> {
+        let inode = self.iget(ino)?;
+        let mut st = inode.state.lock();
+        if st.raw.file_type() != S_IFREG || !is_encrypted(&st.raw) {
+            return Ok(None);
+        }
+        Ok(self.crypt(ino, &mut st)?.require()?.cloned())
+    }
+
+    /// Plaintext of `[start, start + buf.len())`, block-aligned, of an encrypted file of
+    /// size `size`: zeros past the size.
+    fn read_plain_blocks(&self, key: &InodeKey, ino: u32, start: u64, buf: &mut [u8], size: u64) -> Result<()> {
+        buf.fill(0);
+        if start < size {
+            let n = ((size - start) as usize).min(buf.len());
+            self.read_encrypted(key, |o, b| self.read_inner_whole(ino, o, b), start, &mut buf[..n])?;
+        }
+        Ok(())
+    }
+
+    /// Writes whole blocks of plaintext at `start` encrypted, then sets the size to
+    /// `new_size` (the plain write path leaves it at the end of the last block).
+    fn write_plain_blocks(
+        &self,
+        cred: Option<&crate::cred::Cred>,
+        key: &InodeKey,
+        ino: u32,
+        start: u64,
+        mut blocks: Vec<u8>,
+        new_size: u64,
+    ) -> Result<bool> {
+        let bs = self.geo.block_size as u64;
+        for (i, chunk) in blocks.chunks_mut(bs as usize).enumerate() {
+            key.encrypt_block(start / bs + i as u64, chunk)?;
+        }
+        let mut done = 0;
+        let mut changed = false;
+        while done < blocks.len() {
+            match self.write_inner_raw(cred, ino, start + done as u64, &blocks[done..])? {
+                (0, _) => return Err(Error::NoSpace),
+                (n, c) => {
+                    done += n;
+                    changed |= c;
+                }
+            }
+        }
+        let inode = self.iget(ino)?;
+        if inode.state.lock().delalloc.is_some() {
+            // Buffered: the whole blocks go down before the size is cut inside the last.
+            let _g = inode.io_lock.write();
+            self.delalloc_writeback_locked(&inode)?;
+        }
+        let mut h = self.start(crate::transaction::credits::SETATTR)?;
+        let mut st = inode.state.lock();
+        if st.raw.size() != new_size {
+            st.raw.set_size(new_size);
+            self.mark_inode_dirty(&mut h, &inode, &mut st)?;
+        }
+        Ok(changed)
+    }
+
+    /// A write to an encrypted regular file: the blocks it touches are read and decrypted
+    /// (partial first and last), changed, encrypted and written whole.
+    pub(crate) fn write_encrypted(
+        &self,
+        cred: Option<&crate::cred::Cred>,
+        key: &InodeKey,
+        ino: u32,
+        off: u64,
+        data: &[u8],
+    ) -> Result<(usize, bool)> {
+        let _serial = self.crypt_write_lock.lock();
+        if off.saturating_add(data.len() as u64) > self.max_file_size() {
+            return Err(Error::FileTooBig);
+        }
+        let bs = self.geo.block_size as u64;
+        let size = self.getattr(ino)?.size;
+        let start = off / bs * bs;
+        let end = (off + data.len() as u64).div_ceil(bs) * bs;
+        let mut blocks = vec![0u8; (end - start) as usize];
+        // Only the partial first and last blocks need their old contents.
+        self.read_plain_blocks(key, ino, start, &mut blocks[..bs as usize], size)?;
+        let last = end - bs;
+        if last > start {
+            let at = (last - start) as usize;
+            self.read_plain_blocks(key, ino, last, &mut blocks[at..], size)?;
+        }
+        let at = (off - start) as usize;
+        blocks[at..at + data.len()].copy_from_slice(data);
+        let new_size = size.max(off + data.len() as u64);
+        let changed = self.write_plain_blocks(cred, key, ino, start, blocks, new_size)?;
+        Ok((data.len(), changed))
+    }
+
+    /// A truncate of an encrypted regular file: where the new size ends inside a block, the
+    /// rest of that block is zeroed in the plaintext and the block encrypted again (the
+    /// kernel's ext4_block_truncate_page does the same through the page cache).
+    pub(crate) fn truncate_encrypted(&self, key: &InodeKey, ino: u32, size: u64) -> Result<()> {
+        let _serial = self.crypt_write_lock.lock();
+        let bs = self.geo.block_size as u64;
+        let old = self.getattr(ino)?.size;
+        if size >= old || size.is_multiple_of(bs) {
+            return self.truncate_raw(ino, size);
+        }
+        let start = size / bs * bs;
+        let mut block = vec![0u8; bs as usize];
+        self.read_plain_blocks(key, ino, start, &mut block, old)?;
+        let hole = block.iter().all(|&b| b == 0);
+        self.truncate_raw(ino, size)?;
+        if hole {
+            return Ok(());
+        }
+        block[(size - start) as usize..].fill(0);
+        self.write_plain_blocks(None, key, ino, start, block, size)?;
+        Ok(())
+    }
+}
