@@ -310,6 +310,22 @@ pub(crate) fn image_loc(s: &str) -> Result<(Img, String)> {
     }
 }
 
+/// The fscrypt master keys given with `--key`, read once before a tool runs; every image a
+/// tool opens gets them.
+static KEYS: std::sync::OnceLock<Vec<uext4::EncryptionKey>> = std::sync::OnceLock::new();
+
+/// Reads the `--key` files (their contents never appear in an error, only their names).
+pub(crate) fn set_keys(files: &[PathBuf]) -> Result<()> {
+    let mut keys = Vec::new();
+    for f in files {
+        let raw = std::fs::read(f)
+            .with_context(|| format!("--key {}: cannot read the key file", f.display()))?;
+        keys.push(uext4::EncryptionKey::new(raw));
+    }
+    let _ = KEYS.set(keys);
+    Ok(())
+}
+
 /// Opens an image for a tool. A read-write open claims the image first (the engine's
 /// holder.rs: refused, naming the holder, while another program writes it). A read-only open
 /// never writes: a journal left to replay (a crash, a killed mount) is replayed in memory.
@@ -318,6 +334,7 @@ pub(crate) fn open(image: &Path, region: Option<Region>, read_only: bool) -> Res
         read_only,
         commit_interval_secs: 0,
         region,
+        keys: KEYS.get().cloned().unwrap_or_default(),
         ..Default::default()
     };
     open_with(image, opts)

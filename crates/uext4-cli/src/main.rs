@@ -28,6 +28,12 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// An fscrypt master key for the image tools: a raw key file (16 to 64 bytes, as fscrypt
+    /// and e4crypt take them). Repeatable. Without the key an encrypted directory lists the
+    /// kernel's no-key names and its files' contents are refused (ENOKEY). For a mount, give
+    /// `-o key=FILE`.
+    #[arg(long = "key", value_name = "FILE", global = true)]
+    keys: Vec<std::path::PathBuf>,
 }
 
 // One value, parsed once per run: its size does not matter.
@@ -184,6 +190,10 @@ fn main() -> ExitCode {
         Cmd::Stats { mountpoint } => ("stats", mount::run_stats(&mountpoint)),
         Cmd::Bench { args } => ("bench", run_bench(&args)),
         Cmd::Tool(t) => {
+            if let Err(e) = image::set_keys(&cli.keys) {
+                eprintln!("uext4: {}: {e:#}", t.name());
+                return ExitCode::from(1);
+            }
             // The image tools end quietly when their reader goes away (`uext4 cat ... | head`),
             // as other Unix tools do, instead of failing on EPIPE.
             // SAFETY: restoring a default disposition before any thread starts.
