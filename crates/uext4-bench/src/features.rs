@@ -110,7 +110,11 @@ pub fn run(dir: &Path, out: &Path, entries: usize, rounds: usize) -> Result<()> 
     let mut steps: Vec<Step> = Vec::new();
     for r in 0..rounds {
         for folded in [false, true] {
-            eprintln!("features: round {} of {rounds}, {} ...", r + 1, if folded { "casefold" } else { "plain" });
+            eprintln!(
+                "features: round {} of {rounds}, {} ...",
+                r + 1,
+                if folded { "casefold" } else { "plain" }
+            );
             for (name, us) in round(&img, entries, folded, 42 + r as u64)? {
                 match steps.iter_mut().find(|s| s.name == name) {
                     Some(s) => s.us_per_entry.push(us),
@@ -144,7 +148,12 @@ pub fn run(dir: &Path, out: &Path, entries: usize, rounds: usize) -> Result<()> 
             _ => "-".into(),
         };
         let all: Vec<String> = s.us_per_entry.iter().map(|v| format!("{v:.2}")).collect();
-        println!("| {} | {:.2} | {} | {ratio} |", s.name, s.median(), all.join(", "));
+        println!(
+            "| {} | {:.2} | {} | {ratio} |",
+            s.name,
+            s.median(),
+            all.join(", ")
+        );
     }
     std::fs::write(
         out.join("features.json"),

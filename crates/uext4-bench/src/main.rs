@@ -251,9 +251,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     if a.family == "features" {
         // In-process, no systems to set up: casefold against plain directories.
-        let dir = a.dir.clone().unwrap_or_else(|| PathBuf::from("/dev/shm/uext4-bench"));
+        let dir = a
+            .dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/dev/shm/uext4-bench"));
         let entries = if a.quick { 20_000 } else { 100_000 };
-        return features::run(&dir, &a.out, entries, a.repeat.max(if a.quick { 1 } else { 3 }));
+        return features::run(
+            &dir,
+            &a.out,
+            entries,
+            a.repeat.max(if a.quick { 1 } else { 3 }),
+        );
     }
     // SAFETY: a plain getter.
     let root = unsafe { libc::geteuid() } == 0;

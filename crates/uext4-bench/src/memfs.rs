@@ -311,7 +311,9 @@ pub(crate) fn init(i: &InitIn, want: u64, max_background: u16, out: &mut [u8]) -
 
 impl Mem {
     fn serve_op(&self, h: &InHeader, op: Op<'_>, out: &mut [u8]) -> R<usize> {
-        let entry = |out: &mut [u8], a: R<WireAttr>| a.map(|a| reply::entry(out, 0, reply::Ttl::both(TTL), &a));
+        let entry = |out: &mut [u8], a: R<WireAttr>| {
+            a.map(|a| reply::entry(out, 0, reply::Ttl::both(TTL), &a))
+        };
         let ino = h.nodeid;
         let mut st = self.st.lock();
         match op {

@@ -58,7 +58,12 @@ impl Null {
             Op::Init(i) => Ok(init(&i, 0, 16, out)),
             Op::Lookup { name } => {
                 let &i = f.0.get(name).ok_or(libc::ENOENT)?;
-                Ok(reply::entry(out, 0, reply::Ttl::both(TTL), &attr(i, f.1[&i], false)))
+                Ok(reply::entry(
+                    out,
+                    0,
+                    reply::Ttl::both(TTL),
+                    &attr(i, f.1[&i], false),
+                ))
             }
             Op::Getattr { .. } if ino == 1 => Ok(reply::attr(out, TTL, &attr(1, 4096, true))),
             Op::Getattr { .. } => {
@@ -85,7 +90,14 @@ impl Null {
                     }
                 };
                 let a = attr(i, f.1[&i], false);
-                Ok(reply::create(out, 0, reply::Ttl::both(TTL), &a, 0, open_flags(flags)))
+                Ok(reply::create(
+                    out,
+                    0,
+                    reply::Ttl::both(TTL),
+                    &a,
+                    0,
+                    open_flags(flags),
+                ))
             }
             Op::Open { flags } => Ok(reply::open(out, 0, open_flags(flags))),
             Op::Read { offset, size } => {

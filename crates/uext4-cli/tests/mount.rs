@@ -202,7 +202,14 @@ fn casefolded_directories_through_the_mount() {
     }
     let place = MountPlace::new("mt-casefold", &["mnt"]);
     let (img, mnt) = (place.img.clone(), place.point(0));
-    Cli(bin()).ok(&["mkfs", "-O", "casefold", "--size", "64M", img.to_str().unwrap()]);
+    Cli(bin()).ok(&[
+        "mkfs",
+        "-O",
+        "casefold",
+        "--size",
+        "64M",
+        img.to_str().unwrap(),
+    ]);
     uext4_mount(bin(), &img, &mnt, &[]);
     let m = mnt.display();
     let script = format!(

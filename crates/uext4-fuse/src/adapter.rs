@@ -181,7 +181,12 @@ impl Uext4Fuse {
     fn entry(&self, parent: u32, r: uext4::Result<Attr>, out: &mut [u8]) -> Reply {
         let a = r.map_err(|e| errno(&e))?;
         self.counted(&a);
-        Ok(reply::entry(out, a.generation as u64, self.ttl_in(parent), &wire_attr(&a)))
+        Ok(reply::entry(
+            out,
+            a.generation as u64,
+            self.ttl_in(parent),
+            &wire_attr(&a),
+        ))
     }
 
     /// How long the kernel may keep a name in directory `dir`. In a casefolded directory the
@@ -393,7 +398,11 @@ impl Serve for Uext4Fuse {
                     umask,
                 } => {
                     let (cred, umask) = (self.cred(h), self.umask(umask));
-                    self.entry(ino, self.fs.mknod_as(&cred, ino, name, mode, rdev, umask), out)
+                    self.entry(
+                        ino,
+                        self.fs.mknod_as(&cred, ino, name, mode, rdev, umask),
+                        out,
+                    )
                 }
                 Op::Mkdir { name, mode, umask } => {
                     let (cred, umask) = (self.cred(h), self.umask(umask));
@@ -402,9 +411,11 @@ impl Serve for Uext4Fuse {
                 }
                 Op::Unlink { name } => empty(self.fs.unlink(ino, name)),
                 Op::Rmdir { name } => empty(self.fs.rmdir(ino, name)),
-                Op::Symlink { name, target } => {
-                    self.entry(ino, self.fs.symlink_as(&self.cred(h), ino, name, target), out)
-                }
+                Op::Symlink { name, target } => self.entry(
+                    ino,
+                    self.fs.symlink_as(&self.cred(h), ino, name, target),
+                    out,
+                ),
                 Op::Rename {
                     newdir,
                     flags,

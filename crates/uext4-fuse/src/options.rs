@@ -207,7 +207,9 @@ impl Options {
                 "direct_io" => o.direct_io = true,
                 "commit" => o.commit_secs = num(v)?,
                 "key" => {
-                    let file = v.filter(|f| !f.is_empty()).ok_or("option key needs a file (key=FILE)")?;
+                    let file = v
+                        .filter(|f| !f.is_empty())
+                        .ok_or("option key needs a file (key=FILE)")?;
                     let raw = std::fs::read(file)
                         .map_err(|e| format!("option key={file}: cannot read the key file: {e}"))?;
                     o.keys.push(uext4::EncryptionKey::new(raw));

@@ -16,7 +16,9 @@
 
 use std::sync::Arc;
 
-use crate::crypto::{Context, InodeKey, InodeKind, Keyring, XATTR_INDEX_ENCRYPTION, XATTR_NAME_CONTEXT};
+use crate::crypto::{
+    Context, InodeKey, InodeKind, Keyring, XATTR_INDEX_ENCRYPTION, XATTR_NAME_CONTEXT,
+};
 use crate::error::{Error, Result};
 use crate::flags::FL_ENCRYPT;
 use crate::format::inode::{RawInode, S_IFDIR, S_IFLNK, S_IFREG};
@@ -103,7 +105,10 @@ impl Fs {
                 )
             })?;
         Context::parse(&e.value).map_err(|err| {
-            Error::corrupt(crate::error::Corruption::Xattr, format!("inode {ino}: {err}"))
+            Error::corrupt(
+                crate::error::Corruption::Xattr,
+                format!("inode {ino}: {err}"),
+            )
         })
     }
 
@@ -188,7 +193,11 @@ impl Fs {
         }
         if Self::is_inline(&st.raw) || (!Self::has_index_flag(st) && self.dir_blocks(st) == 1) {
             let def = self.geo.def_hash_version;
-            let v = if def <= 2 && self.geo.unsigned_hash { def + 3 } else { def };
+            let v = if def <= 2 && self.geo.unsigned_hash {
+                def + 3
+            } else {
+                def
+            };
             return Ok(Some(v));
         }
         if Self::has_index_flag(st) {
@@ -280,11 +289,23 @@ impl Fs {
 
     /// Plaintext of `[start, start + buf.len())`, block-aligned, of an encrypted file of
     /// size `size`: zeros past the size.
-    fn read_plain_blocks(&self, key: &InodeKey, ino: u32, start: u64, buf: &mut [u8], size: u64) -> Result<()> {
+    fn read_plain_blocks(
+        &self,
+        key: &InodeKey,
+        ino: u32,
+        start: u64,
+        buf: &mut [u8],
+        size: u64,
+    ) -> Result<()> {
         buf.fill(0);
         if start < size {
             let n = ((size - start) as usize).min(buf.len());
-            self.read_encrypted(key, |o, b| self.read_inner_whole(ino, o, b), start, &mut buf[..n])?;
+            self.read_encrypted(
+                key,
+                |o, b| self.read_inner_whole(ino, o, b),
+                start,
+                &mut buf[..n],
+            )?;
         }
         Ok(())
     }

@@ -325,11 +325,14 @@ impl From<crate::crypto::CryptoError> for Error {
             C::NameTooLong => Error::NameTooLong,
             C::BadNokeyName => Error::NotFound,
             C::Corrupt(why) => Error::corrupt(Corruption::Inode, format!("encrypted data: {why}")),
-            C::InvalidContext(why) => {
-                Error::corrupt(Corruption::Xattr, format!("invalid encryption context: {why}"))
-            }
+            C::InvalidContext(why) => Error::corrupt(
+                Corruption::Xattr,
+                format!("invalid encryption context: {why}"),
+            ),
             C::Unsupported(why) => Error::NotSupported(format!("encryption policy: {why}")),
-            C::BadKeySize(n) => Error::Invalid(format!("encryption key of {n} bytes (16 to 64 needed)")),
+            C::BadKeySize(n) => {
+                Error::Invalid(format!("encryption key of {n} bytes (16 to 64 needed)"))
+            }
             C::WrongKind(why) => Error::Invalid(format!("encryption: {why}")),
             C::Random => Error::Io(io::Error::other("random number generator failed")),
         }

@@ -19,8 +19,8 @@
 use crate::crypto::NokeyName;
 use crate::encrypt::Crypt;
 use crate::error::{Error, Result};
-use crate::format::casefold::{casefold, FoldedName};
 use crate::flags::FL_CASEFOLD;
+use crate::format::casefold::{casefold, FoldedName};
 use crate::fs::Fs;
 use crate::inode::InodeState;
 use std::borrow::Cow;
@@ -143,8 +143,13 @@ impl Fs {
             })
             .flatten();
         }
-        let ci = (crypt.is_none() && self.is_casefolded(st) && !dots).then(|| FoldedName::new(name));
-        Ok(Fname { usr: name, ci, crypt })
+        let ci =
+            (crypt.is_none() && self.is_casefolded(st) && !dots).then(|| FoldedName::new(name));
+        Ok(Fname {
+            usr: name,
+            ci,
+            crypt,
+        })
     }
 
     /// The bytes the index hashes for an entry named `name` already in directory `st`.

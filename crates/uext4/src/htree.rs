@@ -14,11 +14,11 @@
 
 use crate::dir::block::DirIterFn;
 use crate::error::{Error, Result};
+use crate::fname::Fname;
 use crate::format::dir_entry::*;
 use crate::format::features::INCOMPAT_LARGEDIR;
 use crate::format::inode::FL_INDEX;
 use crate::format::{le16, le32};
-use crate::fname::Fname;
 use crate::fs::Fs;
 use crate::inode::InodeState;
 use crate::transaction::Handle;

@@ -26,11 +26,11 @@
 
 use crate::error::{Corruption, Error, Result};
 use crate::extent_cache::ExtentCache;
+use crate::fname::Fname;
 use crate::format::dir_entry::{put_dirent, FT_DIR};
 use crate::format::inode::{RawInode, FL_INLINE_DATA, I_BLOCK_SIZE};
 use crate::format::le32;
 use crate::format::xattr::INDEX_SYSTEM;
-use crate::fname::Fname;
 use crate::fs::Fs;
 use crate::inode::InodeState;
 use crate::transaction::Handle;

@@ -396,7 +396,11 @@ impl Fs {
             // Whether it is slow is known before: the length depends on the policy only.
             let policy = match self.crypt_of(dir)?.require()? {
                 Some(k) => k.policy,
-                None => return Err(Error::Invalid("encrypted directory without a policy".into())),
+                None => {
+                    return Err(Error::Invalid(
+                        "encrypted directory without a policy".into(),
+                    ))
+                }
             };
             let bs = self.geo.block_size as usize;
             let ct = crate::crypto::fname_encrypted_size(&policy, target.len(), bs - 3)
@@ -995,9 +999,8 @@ impl Fs {
             let version = self.nokey_hash_version(dir, &mut st)?;
             let mut failed = None;
             self.dir_iter(dir, &mut st, offset, &mut |next, ino, kind, name| {
-                let shown = self.shown_name(&crypt, name, || {
-                    version.map(|v| self.name_hash(name, v))
-                });
+                let shown =
+                    self.shown_name(&crypt, name, || version.map(|v| self.name_hash(name, v)));
                 match shown {
                     Ok(name) => f(DirEntry {
                         ino,

@@ -15,13 +15,22 @@ fn seed_uuid() -> String {
     // debugfs parses the seed as a UUID and hashes with its bytes as four little-endian words.
     let b: Vec<u8> = SEED.iter().flat_map(|w| w.to_le_bytes()).collect();
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 /// Names debugfs's command parser passes through whole: no ASCII space, control, quote,
 /// backslash or comment sign.
 fn passes_parser(name: &str) -> bool {
-    !name.bytes().any(|b| b <= b' ' || b == 0x7f || b == b'"' || b == b'\\' || b == b'#')
+    !name
+        .bytes()
+        .any(|b| b <= b' ' || b == 0x7f || b == b'"' || b == b'\\' || b == b'#')
 }
 
 /// Hashes every name with debugfs in one run; returns (major, minor) per name, in order.
@@ -49,7 +58,7 @@ fn debugfs_hashes(names: &[String]) -> Vec<(u32, u32)> {
         let line = String::from_utf8_lossy(line);
         let tail = line.rsplit(" is ").next().unwrap();
         // "0x1234abcd (minor 0x5678ef01)"
-        let mut it = tail.split(|c| c == ' ' || c == ')').filter(|s| s.starts_with("0x"));
+        let mut it = tail.split([' ', ')']).filter(|s| s.starts_with("0x"));
         let major = u32::from_str_radix(&it.next().unwrap()[2..], 16).unwrap();
         let minor = u32::from_str_radix(&it.next().unwrap()[2..], 16).unwrap();
         hashes.push((major, minor));
@@ -75,7 +84,9 @@ fn every_code_point_folds_as_e2fsprogs_folds_it() {
     let mut names = Vec::new();
     let planes = (0x20u32..0x3_0000).chain(0xE_0000..0xE_1000);
     for cp in planes {
-        let Some(c) = char::from_u32(cp) else { continue };
+        let Some(c) = char::from_u32(cp) else {
+            continue;
+        };
         let name = format!("a{c}Z");
         if passes_parser(&name) {
             names.push(name);
@@ -86,14 +97,24 @@ fn every_code_point_folds_as_e2fsprogs_folds_it() {
         }
     }
     // Sequences whose order matters: marks of different classes, both ways round.
-    for s in ["a\u{301}\u{328}", "a\u{328}\u{301}", "\u{1E63}\u{323}\u{307}", "\u{3B1}\u{345}\u{301}", "\u{130}\u{301}"] {
+    for s in [
+        "a\u{301}\u{328}",
+        "a\u{328}\u{301}",
+        "\u{1E63}\u{323}\u{307}",
+        "\u{3B1}\u{345}\u{301}",
+        "\u{130}\u{301}",
+    ] {
         names.push(s.to_string());
     }
     let theirs = debugfs_hashes(&names);
     let mut wrong = Vec::new();
     for (n, t) in names.iter().zip(&theirs) {
         if ours(n) != *t {
-            wrong.push(format!("{:?} {:04X?}", n, n.chars().map(|c| c as u32).collect::<Vec<_>>()));
+            wrong.push(format!(
+                "{:?} {:04X?}",
+                n,
+                n.chars().map(|c| c as u32).collect::<Vec<_>>()
+            ));
         }
     }
     assert!(
@@ -196,7 +217,9 @@ fn a_large_casefolded_directory_matches_every_spelling_and_stays_e2fsck_clean() 
     for i in (0..n).step_by(7) {
         let spelled = other_spelling(&cf_name(i));
         assert_ne!(spelled, cf_name(i));
-        let a = fs.lookup(dir, spelled.as_bytes()).unwrap_or_else(|e| panic!("{spelled:?}: {e}"));
+        let a = fs
+            .lookup(dir, spelled.as_bytes())
+            .unwrap_or_else(|e| panic!("{spelled:?}: {e}"));
         assert_eq!(a.ino, fs.lookup(dir, cf_name(i).as_bytes()).unwrap().ino);
         assert!(matches!(
             fs.create(dir, spelled.as_bytes(), 0o644, 0, 0),
@@ -210,28 +233,51 @@ fn a_large_casefolded_directory_matches_every_spelling_and_stays_e2fsck_clean() 
     // Removals and renames under other spellings.
     let mut kept: BTreeSet<String> = (0..n).map(cf_name).collect();
     for i in (0..n).filter(|i| i % 3 == 0) {
-        fs.unlink(dir, other_spelling(&cf_name(i)).as_bytes()).unwrap();
+        fs.unlink(dir, other_spelling(&cf_name(i)).as_bytes())
+            .unwrap();
         kept.remove(&cf_name(i));
     }
     let mut moved = BTreeSet::new();
     for i in (0..n).filter(|i| i % 3 == 1 && i % 5 == 0) {
         let to = format!("Moved-{i}");
-        fs.rename(dir, other_spelling(&cf_name(i)).as_bytes(), other, to.as_bytes(), RenameFlags::default()).unwrap();
+        fs.rename(
+            dir,
+            other_spelling(&cf_name(i)).as_bytes(),
+            other,
+            to.as_bytes(),
+            RenameFlags::default(),
+        )
+        .unwrap();
         kept.remove(&cf_name(i));
         moved.insert(to);
     }
     // A name equal under folding in the target replaces it, as any existing name does.
     fs.create(other, b"target", 0o644, 0, 0).unwrap();
-    fs.rename(dir, cf_name(4).as_bytes(), other, b"TARGET", RenameFlags::default()).unwrap();
+    fs.rename(
+        dir,
+        cf_name(4).as_bytes(),
+        other,
+        b"TARGET",
+        RenameFlags::default(),
+    )
+    .unwrap();
     kept.remove(&cf_name(4));
     moved.insert("target".to_string());
-    assert_eq!(names_of(&fs, dir), kept, "readdir keeps the names as created");
+    assert_eq!(
+        names_of(&fs, dir),
+        kept,
+        "readdir keeps the names as created"
+    );
     assert_eq!(names_of(&fs, other), moved);
     fs.unmount().unwrap();
     e2fsck_clean_when(&img.0, "after uext4 filled casefolded directories");
 
     // e2fsprogs rebuilds the index with its own folding; uext4 then finds every name in it.
-    let st = Command::new("e2fsck").args(["-fyD"]).arg(&img.0).output().unwrap();
+    let st = Command::new("e2fsck")
+        .args(["-fyD"])
+        .arg(&img.0)
+        .output()
+        .unwrap();
     assert!(st.status.code().unwrap_or(8) <= 1, "e2fsck -fyD: {st:?}");
     e2fsck_clean_when(&img.0, "after e2fsck -fD");
     let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
@@ -262,8 +308,14 @@ fn strict_encoding_refuses_names_that_are_not_utf8() {
     let strict = casefold_image("cf-strict", &["-E", "encoding_flags=strict"]);
     let fs = Fs::open_path(&strict.0, MountOptions::default()).unwrap();
     let dir = cf_dir(&fs, ROOT_INO, "ci");
-    assert!(matches!(fs.create(dir, bad, 0o644, 0, 0), Err(Error::Invalid(_))));
-    assert!(matches!(fs.mkdir(dir, bad, 0o755, 0, 0), Err(Error::Invalid(_))));
+    assert!(matches!(
+        fs.create(dir, bad, 0o644, 0, 0),
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        fs.mkdir(dir, bad, 0o755, 0, 0),
+        Err(Error::Invalid(_))
+    ));
     // Outside a casefolded directory any bytes go.
     fs.create(ROOT_INO, bad, 0o644, 0, 0).unwrap();
     fs.unmount().unwrap();
@@ -292,12 +344,19 @@ fn the_casefold_flag_goes_on_empty_directories_and_passes_to_subdirectories() {
     let d = fs.mkdir(ROOT_INO, b"d", 0o755, 0, 0).unwrap().ino;
     fs.create(d, b"x", 0o644, 0, 0).unwrap();
     let f = fs.get_flags(d).unwrap();
-    assert!(matches!(fs.set_flags(d, f | FL_CASEFOLD), Err(Error::NotEmpty)));
+    assert!(matches!(
+        fs.set_flags(d, f | FL_CASEFOLD),
+        Err(Error::NotEmpty)
+    ));
     fs.unlink(d, b"x").unwrap();
     fs.set_flags(d, f | FL_CASEFOLD).unwrap();
     let sub = fs.mkdir(d, b"Sub", 0o755, 0, 0).unwrap().ino;
     let file = fs.create(d, b"File", 0o644, 0, 0).unwrap().ino;
-    assert_ne!(fs.get_flags(sub).unwrap() & FL_CASEFOLD, 0, "subdirectories inherit +F");
+    assert_ne!(
+        fs.get_flags(sub).unwrap() & FL_CASEFOLD,
+        0,
+        "subdirectories inherit +F"
+    );
     assert_eq!(fs.get_flags(file).unwrap() & FL_CASEFOLD, 0, "files do not");
     assert!(fs.folds_names(sub) && !fs.folds_names(file) && !fs.folds_names(ROOT_INO));
     // Off again only when empty.
@@ -311,7 +370,10 @@ fn the_casefold_flag_goes_on_empty_directories_and_passes_to_subdirectories() {
     let fs = Fs::open_path(&plain.0, MountOptions::default()).unwrap();
     let d = fs.mkdir(ROOT_INO, b"d", 0o755, 0, 0).unwrap().ino;
     let f = fs.get_flags(d).unwrap();
-    assert!(matches!(fs.set_flags(d, f | FL_CASEFOLD), Err(Error::NotSupported(_))));
+    assert!(matches!(
+        fs.set_flags(d, f | FL_CASEFOLD),
+        Err(Error::NotSupported(_))
+    ));
     fs.unmount().unwrap();
 }
 
@@ -341,7 +403,10 @@ fn mkfs_lays_out_casefold_as_mke2fs_does() {
         }
         mke2fs(&theirs.0, "32M", &args);
         let ours = scratch("cf-mkfs");
-        std::fs::File::create(&ours.0).unwrap().set_len(32 << 20).unwrap();
+        std::fs::File::create(&ours.0)
+            .unwrap()
+            .set_len(32 << 20)
+            .unwrap();
         let mut o = uext4::mkfs::MkfsOptions::like_mke2fs(32 << 20, Some(4096));
         o.features.casefold = true;
         o.features.casefold_strict = strict;
@@ -349,7 +414,11 @@ fn mkfs_lays_out_casefold_as_mke2fs_does() {
         uext4::mkfs::mkfs(&dev, &o).unwrap();
         drop(dev);
         assert_eq!(header(&ours.0), header(&theirs.0));
-        assert_eq!(raw_flags(&ours.0), raw_flags(&theirs.0), "encoding flags, strict={strict}");
+        assert_eq!(
+            raw_flags(&ours.0),
+            raw_flags(&theirs.0),
+            "encoding flags, strict={strict}"
+        );
         e2fsck_clean(&ours.0);
     }
 }

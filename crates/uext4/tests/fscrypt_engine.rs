@@ -12,7 +12,10 @@ use std::sync::Arc;
 use uext4::{EncryptionKey, Fs, MountOptions};
 
 fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
 }
 
 fn hex(b: &[u8]) -> String {
@@ -27,7 +30,10 @@ fn root() -> PathBuf {
 fn fixtures(tag: &str) -> Option<(PathBuf, serde_json::Value)> {
     let out = std::env::temp_dir().join(format!("uext4-fscrypt-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    let run = Command::new("python3").arg(root().join("scripts/fscrypt-fixtures.py")).arg(&out).output();
+    let run = Command::new("python3")
+        .arg(root().join("scripts/fscrypt-fixtures.py"))
+        .arg(&out)
+        .output();
     let Ok(run) = run else {
         eprintln!("SKIP: no python3");
         return None;
@@ -38,8 +44,13 @@ fn fixtures(tag: &str) -> Option<(PathBuf, serde_json::Value)> {
         let _ = std::fs::remove_dir_all(&out);
         return None;
     }
-    assert!(run.status.success(), "fixture script failed: {stdout}{}", String::from_utf8_lossy(&run.stderr));
-    let manifest = serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    assert!(
+        run.status.success(),
+        "fixture script failed: {stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let manifest =
+        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
     Some((out, manifest))
 }
 
@@ -48,7 +59,11 @@ fn key_of(out: &Path, pol: &serde_json::Value) -> EncryptionKey {
 }
 
 fn open(img: &Path, keys: Vec<EncryptionKey>, ro: bool) -> Arc<Fs> {
-    let base = if ro { MountOptions::ro() } else { MountOptions::default() };
+    let base = if ro {
+        MountOptions::ro()
+    } else {
+        MountOptions::default()
+    };
     Fs::open_path(img, MountOptions { keys, ..base }).unwrap()
 }
 
@@ -83,12 +98,18 @@ fn policies(manifest: &serde_json::Value) -> Vec<serde_json::Value> {
 }
 
 fn image_of(out: &Path, manifest: &serde_json::Value, pol: &serde_json::Value) -> PathBuf {
-    out.join(manifest["images"][pol["image"].as_str().unwrap()]["image"].as_str().unwrap())
+    out.join(
+        manifest["images"][pol["image"].as_str().unwrap()]["image"]
+            .as_str()
+            .unwrap(),
+    )
 }
 
 #[test]
 fn kernel_images_read_with_and_without_key() {
-    let Some((out, manifest)) = fixtures("read") else { return };
+    let Some((out, manifest)) = fixtures("read") else {
+        return;
+    };
     let mut checked = 0;
     for pol in policies(&manifest) {
         let name = pol["name"].as_str().unwrap();
@@ -102,7 +123,10 @@ fn kernel_images_read_with_and_without_key() {
             by_dir
                 .entry(e["parent_ino"].as_u64().unwrap() as u32)
                 .or_default()
-                .push((unhex(e["name_hex"].as_str().unwrap()), e["ino"].as_u64().unwrap() as u32));
+                .push((
+                    unhex(e["name_hex"].as_str().unwrap()),
+                    e["ino"].as_u64().unwrap() as u32,
+                ));
         }
         for (dir, want) in &by_dir {
             let mut got = listing(&fs, *dir);
@@ -115,12 +139,21 @@ fn kernel_images_read_with_and_without_key() {
             let ino = e["ino"].as_u64().unwrap() as u32;
             let parent = e["parent_ino"].as_u64().unwrap() as u32;
             let nm = unhex(e["name_hex"].as_str().unwrap());
-            assert_eq!(fs.lookup(parent, &nm).unwrap().ino, ino, "{name}: lookup {}", String::from_utf8_lossy(&nm));
+            assert_eq!(
+                fs.lookup(parent, &nm).unwrap().ino,
+                ino,
+                "{name}: lookup {}",
+                String::from_utf8_lossy(&nm)
+            );
             match e["type"].as_str().unwrap() {
                 "file" => {
                     let data = read_all(&fs, ino);
                     assert_eq!(data.len() as u64, e["size"].as_u64().unwrap());
-                    assert_eq!(hex(&Sha256::digest(&data)), e["sha256"].as_str().unwrap(), "{name}: contents of {ino}");
+                    assert_eq!(
+                        hex(&Sha256::digest(&data)),
+                        e["sha256"].as_str().unwrap(),
+                        "{name}: contents of {ino}"
+                    );
                     // Unaligned reads decrypt the same bytes.
                     if data.len() > 5000 {
                         let mut b = vec![0u8; 3000];
@@ -131,7 +164,11 @@ fn kernel_images_read_with_and_without_key() {
                     fs.release(ino).unwrap();
                 }
                 "symlink" => {
-                    assert_eq!(hex(&fs.readlink(ino).unwrap()), e["target_hex"].as_str().unwrap(), "{name}: target of {ino}");
+                    assert_eq!(
+                        hex(&fs.readlink(ino).unwrap()),
+                        e["target_hex"].as_str().unwrap(),
+                        "{name}: target of {ino}"
+                    );
                 }
                 _ => {}
             }
@@ -145,8 +182,16 @@ fn kernel_images_read_with_and_without_key() {
             let nokey = e["nokey_name_hex"].as_str().unwrap();
             let got = listing(&fs, parent);
             let found = got.iter().find(|(_, i)| *i == ino).map(|(n, _)| hex(n));
-            assert_eq!(found.as_deref(), Some(nokey), "{name}: no-key name of {ino}");
-            assert_eq!(fs.lookup(parent, &unhex(nokey)).unwrap().ino, ino, "{name}: no-key lookup of {ino}");
+            assert_eq!(
+                found.as_deref(),
+                Some(nokey),
+                "{name}: no-key name of {ino}"
+            );
+            assert_eq!(
+                fs.lookup(parent, &unhex(nokey)).unwrap().ino,
+                ino,
+                "{name}: no-key lookup of {ino}"
+            );
             assert!(fs.getattr(ino).is_ok());
             match e["type"].as_str().unwrap() {
                 "file" if e["size"].as_u64().unwrap() > 0 => {
@@ -156,7 +201,11 @@ fn kernel_images_read_with_and_without_key() {
                 }
                 "symlink" => {
                     if let Some(t) = e.get("nokey_target_hex").and_then(|t| t.as_str()) {
-                        assert_eq!(hex(&fs.readlink(ino).unwrap()), t, "{name}: no-key target of {ino}");
+                        assert_eq!(
+                            hex(&fs.readlink(ino).unwrap()),
+                            t,
+                            "{name}: no-key target of {ino}"
+                        );
                     }
                 }
                 _ => {}
@@ -166,7 +215,9 @@ fn kernel_images_read_with_and_without_key() {
         drop(fs);
         let fs = open(&img, vec![EncryptionKey::new(vec![7u8; 64])], true);
         let got = listing(&fs, dir_ino);
-        assert!(got.iter().all(|(n, _)| entries.iter().any(|e| e["nokey_name_hex"].as_str() == Some(&hex(n)))));
+        assert!(got.iter().all(|(n, _)| entries
+            .iter()
+            .any(|e| e["nokey_name_hex"].as_str() == Some(&hex(n)))));
         checked += 1;
         eprintln!("{name}: ok");
     }
@@ -180,13 +231,31 @@ fn bad_keys_are_one_line_errors() {
     std::fs::create_dir_all(&dir).unwrap();
     let img = dir.join("a.img");
     uext4::mkfs::make_image(&img, 16 << 20).unwrap();
-    let e = Fs::open_path(&img, MountOptions { keys: vec![EncryptionKey::new(vec![1u8; 5])], ..MountOptions::ro() })
-        .err()
-        .unwrap();
+    let e = Fs::open_path(
+        &img,
+        MountOptions {
+            keys: vec![EncryptionKey::new(vec![1u8; 5])],
+            ..MountOptions::ro()
+        },
+    )
+    .err()
+    .unwrap();
     let msg = e.to_string();
-    assert!(msg.contains("encryption key 1") && !msg.contains('\n'), "{msg}");
-    let dbg = format!("{:?}", MountOptions { keys: vec![EncryptionKey::new(vec![0xab; 32])], ..MountOptions::ro() });
-    assert!(!dbg.contains("171") && !dbg.to_lowercase().contains("abab"), "{dbg}");
+    assert!(
+        msg.contains("encryption key 1") && !msg.contains('\n'),
+        "{msg}"
+    );
+    let dbg = format!(
+        "{:?}",
+        MountOptions {
+            keys: vec![EncryptionKey::new(vec![0xab; 32])],
+            ..MountOptions::ro()
+        }
+    );
+    assert!(
+        !dbg.contains("171") && !dbg.to_lowercase().contains("abab"),
+        "{dbg}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -194,7 +263,9 @@ fn bad_keys_are_one_line_errors() {
 /// key; e2fsck finds nothing wrong.
 #[test]
 fn writes_read_back_by_the_kernel() {
-    let Some((out, manifest)) = fixtures("write") else { return };
+    let Some((out, manifest)) = fixtures("write") else {
+        return;
+    };
     let mut checked = 0;
     for pol in policies(&manifest) {
         let name = pol["name"].as_str().unwrap();
@@ -205,7 +276,13 @@ fn writes_read_back_by_the_kernel() {
         let mut bytes = |n: usize| (0..n).map(|_| rnd() as u8).collect::<Vec<u8>>();
         let mut want: Vec<(Vec<u8>, Vec<u8>)> = Vec::new(); // (path, contents)
         let d = fs.mkdir(dir, b"uext4-dir", 0o755, 0, 0).unwrap().ino;
-        for (fname, parent) in [(&b"u-small"[..], dir), (b"u-multi", dir), (b"u-sparse", d), (b"u-append", d), (b"u-trunc", dir)] {
+        for (fname, parent) in [
+            (&b"u-small"[..], dir),
+            (b"u-multi", dir),
+            (b"u-sparse", d),
+            (b"u-append", d),
+            (b"u-trunc", dir),
+        ] {
             let ino = fs.create(parent, fname, 0o644, 0, 0).unwrap().ino;
             let data = match fname {
                 b"u-small" => {
@@ -249,8 +326,17 @@ fn writes_read_back_by_the_kernel() {
                     b
                 }
             };
-            assert_eq!(read_all(&fs, ino), data, "{name}: uext4 reads back {}", String::from_utf8_lossy(fname));
-            let path = if parent == dir { fname.to_vec() } else { [&b"uext4-dir/"[..], fname].concat() };
+            assert_eq!(
+                read_all(&fs, ino),
+                data,
+                "{name}: uext4 reads back {}",
+                String::from_utf8_lossy(fname)
+            );
+            let path = if parent == dir {
+                fname.to_vec()
+            } else {
+                [&b"uext4-dir/"[..], fname].concat()
+            };
             want.push((path, data));
         }
         fs.symlink(dir, b"u-fast", b"u-small", 0, 0).unwrap();
@@ -263,22 +349,46 @@ fn writes_read_back_by_the_kernel() {
         let gone = fs.create(dir, b"u-gone", 0o644, 0, 0).unwrap().ino;
         fs.write_all(gone, 0, b"bye").unwrap();
         fs.unlink(dir, b"u-gone").unwrap();
-        fs.rename(dir, b"u-small", dir, b"u-renamed", Default::default()).unwrap();
-        let plain = fs.mkdir(uext4::ROOT_INO, format!("plain-{name}").as_bytes(), 0o755, 0, 0).unwrap().ino;
+        fs.rename(dir, b"u-small", dir, b"u-renamed", Default::default())
+            .unwrap();
+        let plain = fs
+            .mkdir(
+                uext4::ROOT_INO,
+                format!("plain-{name}").as_bytes(),
+                0o755,
+                0,
+                0,
+            )
+            .unwrap()
+            .ino;
         // Out of an encrypted directory and back (same policy) is allowed, as the kernel
         // allows it; an unencrypted file into one is EXDEV, by rename or link.
-        fs.rename(dir, b"u-renamed", plain, b"x", Default::default()).unwrap();
-        fs.rename(plain, b"x", dir, b"u-renamed", Default::default()).unwrap();
+        fs.rename(dir, b"u-renamed", plain, b"x", Default::default())
+            .unwrap();
+        fs.rename(plain, b"x", dir, b"u-renamed", Default::default())
+            .unwrap();
         let p = fs.create(plain, b"p", 0o644, 0, 0).unwrap().ino;
-        assert_eq!(fs.rename(plain, b"p", dir, b"p", Default::default()).unwrap_err().errno(), libc::EXDEV);
+        assert_eq!(
+            fs.rename(plain, b"p", dir, b"p", Default::default())
+                .unwrap_err()
+                .errno(),
+            libc::EXDEV
+        );
         assert_eq!(fs.link(p, dir, b"p").unwrap_err().errno(), libc::EXDEV);
         fs.unmount().unwrap();
         uext4_testkit::e2fsck_clean(&img);
 
         // Without the key: no-key names can remove, names cannot be added.
         let fs = open(&img, vec![], false);
-        assert_eq!(fs.create(dir, b"nope", 0o644, 0, 0).unwrap_err().errno(), libc::ENOKEY);
-        let target = listing(&fs, dir).into_iter().find(|(_, i)| *i == z).unwrap().0;
+        assert_eq!(
+            fs.create(dir, b"nope", 0o644, 0, 0).unwrap_err().errno(),
+            libc::ENOKEY
+        );
+        let target = listing(&fs, dir)
+            .into_iter()
+            .find(|(_, i)| *i == z)
+            .unwrap()
+            .0;
         fs.unlink(dir, &target).unwrap();
         fs.unmount().unwrap();
         uext4_testkit::e2fsck_clean(&img);
@@ -287,13 +397,23 @@ fn writes_read_back_by_the_kernel() {
         let version = pol["version"].as_u64().unwrap();
         let o = Command::new("python3")
             .arg(root().join("scripts/fscrypt-fixtures.py"))
-            .args(["--list", img.to_str().unwrap(), out.join(pol["key_file"].as_str().unwrap()).to_str().unwrap()])
+            .args([
+                "--list",
+                img.to_str().unwrap(),
+                out.join(pol["key_file"].as_str().unwrap())
+                    .to_str()
+                    .unwrap(),
+            ])
             .arg(version.to_string())
             .arg(name)
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&o.stdout).to_string();
-        assert!(o.status.success(), "{name}: --list: {stdout}{}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "{name}: --list: {stdout}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         if stdout.contains("SKIP:") {
             eprintln!("{stdout}");
             continue;
@@ -303,19 +423,44 @@ fn writes_read_back_by_the_kernel() {
             kernel
                 .iter()
                 .find(|e| unhex(e["name_hex"].as_str().unwrap()) == n)
-                .unwrap_or_else(|| panic!("{name}: the kernel has no {}", String::from_utf8_lossy(n)))
+                .unwrap_or_else(|| {
+                    panic!("{name}: the kernel has no {}", String::from_utf8_lossy(n))
+                })
         };
         for (path, data) in &want {
             let leaf = path.rsplit(|&b| b == b'/').next().unwrap();
-            let leaf: &[u8] = if leaf == b"u-small" { b"u-renamed" } else { leaf };
+            let leaf: &[u8] = if leaf == b"u-small" {
+                b"u-renamed"
+            } else {
+                leaf
+            };
             let e = by_name(leaf);
-            assert_eq!(e["size"].as_u64().unwrap(), data.len() as u64, "{name}: size of {}", String::from_utf8_lossy(leaf));
-            assert_eq!(e["sha256"].as_str().unwrap(), hex(&Sha256::digest(data)), "{name}: kernel reads {}", String::from_utf8_lossy(leaf));
+            assert_eq!(
+                e["size"].as_u64().unwrap(),
+                data.len() as u64,
+                "{name}: size of {}",
+                String::from_utf8_lossy(leaf)
+            );
+            assert_eq!(
+                e["sha256"].as_str().unwrap(),
+                hex(&Sha256::digest(data)),
+                "{name}: kernel reads {}",
+                String::from_utf8_lossy(leaf)
+            );
         }
-        assert_eq!(unhex(by_name(b"u-fast")["target_hex"].as_str().unwrap()), b"u-small");
-        assert_eq!(unhex(by_name(b"u-slow")["target_hex"].as_str().unwrap()), long.as_bytes());
+        assert_eq!(
+            unhex(by_name(b"u-fast")["target_hex"].as_str().unwrap()),
+            b"u-small"
+        );
+        assert_eq!(
+            unhex(by_name(b"u-slow")["target_hex"].as_str().unwrap()),
+            long.as_bytes()
+        );
         assert_eq!(by_name(b"uext4-dir")["type"], "dir");
-        assert!(kernel.iter().all(|e| unhex(e["name_hex"].as_str().unwrap()) != longname && e["name_hex"] != hex(b"u-gone")));
+        assert!(kernel
+            .iter()
+            .all(|e| unhex(e["name_hex"].as_str().unwrap()) != longname
+                && e["name_hex"] != hex(b"u-gone")));
         checked += 1;
         eprintln!("{name}: ok");
     }

@@ -9,8 +9,8 @@ use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use uext4::RenameFlags;
 use uext4::format::casefold::casefold;
+use uext4::RenameFlags;
 use uext4::{Error, Fs, MountOptions};
 
 #[derive(Clone, Debug)]
@@ -326,7 +326,9 @@ impl Run {
                     .unwrap_or_else(|| m.name(n));
                 // In casefolded runs, a name given in another spelling half of the time.
                 let nm = if m.fold && n % 2 == 1 {
-                    String::from_utf8(nm.clone()).map(|s| s.to_uppercase().into_bytes()).unwrap_or(nm)
+                    String::from_utf8(nm.clone())
+                        .map(|s| s.to_uppercase().into_bytes())
+                        .unwrap_or(nm)
                 } else {
                     nm
                 };

@@ -60,17 +60,27 @@ impl ModeCipher {
                 let mut digest: [u8; 32] = Sha256::digest(key).into();
                 let essiv = Aes256::new(&digest.into());
                 zeroize::Zeroize::zeroize(&mut digest);
-                ModeCipher::Aes128CbcEssiv { key: Aes128::new_from_slice(key).map_err(bad)?, essiv }
+                ModeCipher::Aes128CbcEssiv {
+                    key: Aes128::new_from_slice(key).map_err(bad)?,
+                    essiv,
+                }
             }
             Mode::Aes256Cts => ModeCipher::Aes256Cts(Aes256::new_from_slice(key).map_err(bad)?),
             Mode::Aes128Cts => ModeCipher::Aes128Cts(Aes128::new_from_slice(key).map_err(bad)?),
-            Mode::Adiantum => ModeCipher::Adiantum(Box::new(AdiantumCipher::new_from_slice(key).map_err(bad)?)),
+            Mode::Adiantum => {
+                ModeCipher::Adiantum(Box::new(AdiantumCipher::new_from_slice(key).map_err(bad)?))
+            }
             Mode::Aes256Hctr2 => {
-                let k: &[u8; 32] = key.try_into().map_err(|_| CryptoError::BadKeySize(key.len()))?;
+                let k: &[u8; 32] = key
+                    .try_into()
+                    .map_err(|_| CryptoError::BadKeySize(key.len()))?;
                 ModeCipher::Hctr2(Box::new(Hctr2::new(k)))
             }
             Mode::Sm4Xts | Mode::Sm4Cts => {
-                return Err(CryptoError::Unsupported(format!("{} (no SM4 cipher here)", mode.name())))
+                return Err(CryptoError::Unsupported(format!(
+                    "{} (no SM4 cipher here)",
+                    mode.name()
+                )))
             }
         })
     }
@@ -88,7 +98,9 @@ impl ModeCipher {
             ModeCipher::Aes128CbcEssiv { key, essiv } => {
                 let (blocks, rest) = aes::Block::slice_as_chunks_mut(data);
                 if !rest.is_empty() {
-                    return Err(CryptoError::Corrupt("CBC data unit not a multiple of 16 bytes"));
+                    return Err(CryptoError::Corrupt(
+                        "CBC data unit not a multiple of 16 bytes",
+                    ));
                 }
                 let mut eiv: [u8; 16] = iv[..16].try_into().expect("16 bytes");
                 essiv.encrypt_block((&mut eiv).into());
@@ -124,7 +136,9 @@ impl ModeCipher {
             ModeCipher::Aes128CbcEssiv { key, essiv } => {
                 let (blocks, rest) = aes::Block::slice_as_chunks_mut(data);
                 if !rest.is_empty() {
-                    return Err(CryptoError::Corrupt("CBC data unit not a multiple of 16 bytes"));
+                    return Err(CryptoError::Corrupt(
+                        "CBC data unit not a multiple of 16 bytes",
+                    ));
                 }
                 let mut eiv: [u8; 16] = iv[..16].try_into().expect("16 bytes");
                 essiv.encrypt_block((&mut eiv).into());
@@ -152,7 +166,9 @@ fn adiantum_check(data: &[u8]) -> Result<()> {
     // The crate hashes at most 4 NH chunks of 1 KiB (and the kernel's data units here are
     // at most a 4 KiB block); the message has at least one 16-byte block.
     if data.len() < 16 || data.len() > 4096 {
-        return Err(CryptoError::Corrupt("Adiantum message outside 16..=4096 bytes"));
+        return Err(CryptoError::Corrupt(
+            "Adiantum message outside 16..=4096 bytes",
+        ));
     }
     Ok(())
 }
@@ -161,7 +177,6 @@ fn cts_encrypt<C>(cipher: C, data: &mut [u8], iv: &[u8; 32]) -> Result<()>
 where
     C: BlockCipherEncrypt + aes::cipher::BlockSizeUser<BlockSize = aes::cipher::consts::U16>,
 {
-
     use cts::Encrypt;
     let iv16: [u8; 16] = iv[..16].try_into().expect("16 bytes");
     if data.len() == 16 {
@@ -177,9 +192,9 @@ where
 
 fn cts_decrypt<C>(cipher: C, data: &mut [u8], iv: &[u8; 32]) -> Result<()>
 where
-    C: aes::cipher::BlockCipherDecrypt + aes::cipher::BlockSizeUser<BlockSize = aes::cipher::consts::U16>,
+    C: aes::cipher::BlockCipherDecrypt
+        + aes::cipher::BlockSizeUser<BlockSize = aes::cipher::consts::U16>,
 {
-
     use cts::Decrypt;
     let iv16: [u8; 16] = iv[..16].try_into().expect("16 bytes");
     if data.len() == 16 {
@@ -191,4 +206,3 @@ where
         .decrypt(data)
         .map_err(|_| CryptoError::Corrupt("CTS message under 16 bytes"))
 }
-

@@ -11,7 +11,9 @@ impl InodeKey {
             return Err(CryptoError::WrongKind("contents need a regular file's key"));
         }
         if !block_len.is_power_of_two() || block_len < 512 {
-            return Err(CryptoError::Corrupt("block size not a power of two of at least 512"));
+            return Err(CryptoError::Corrupt(
+                "block size not a power of two of at least 512",
+            ));
         }
         let blkbits = block_len.trailing_zeros() as u8;
         let du_bits = self.policy.data_unit_bits(blkbits);
@@ -26,7 +28,8 @@ impl InodeKey {
     pub(crate) fn encrypt_block(&self, lblk: u64, block: &mut [u8]) -> Result<()> {
         let (du, shift) = self.data_units(block.len())?;
         for (i, unit) in block.chunks_mut(du).enumerate() {
-            self.cipher.encrypt(unit, &self.iv((lblk << shift) + i as u64))?;
+            self.cipher
+                .encrypt(unit, &self.iv((lblk << shift) + i as u64))?;
         }
         Ok(())
     }
@@ -35,7 +38,8 @@ impl InodeKey {
     pub(crate) fn decrypt_block(&self, lblk: u64, block: &mut [u8]) -> Result<()> {
         let (du, shift) = self.data_units(block.len())?;
         for (i, unit) in block.chunks_mut(du).enumerate() {
-            self.cipher.decrypt(unit, &self.iv((lblk << shift) + i as u64))?;
+            self.cipher
+                .decrypt(unit, &self.iv((lblk << shift) + i as u64))?;
         }
         Ok(())
     }

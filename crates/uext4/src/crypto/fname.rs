@@ -42,7 +42,9 @@ pub(crate) fn fname_encrypted_size(policy: &Policy, len: usize, max_len: usize) 
 impl InodeKey {
     fn names_only(&self) -> Result<()> {
         if self.kind == InodeKind::Regular {
-            return Err(CryptoError::WrongKind("names need a directory's or symlink's key"));
+            return Err(CryptoError::WrongKind(
+                "names need a directory's or symlink's key",
+            ));
         }
         Ok(())
     }
@@ -64,7 +66,8 @@ impl InodeKey {
         if name.is_empty() {
             return Err(CryptoError::Corrupt("empty name"));
         }
-        let len = fname_encrypted_size(&self.policy, name.len(), NAME_MAX).ok_or(CryptoError::NameTooLong)?;
+        let len = fname_encrypted_size(&self.policy, name.len(), NAME_MAX)
+            .ok_or(CryptoError::NameTooLong)?;
         self.encrypt_name_to(name, len)
     }
 
@@ -143,16 +146,30 @@ pub(crate) fn nokey_name(ciphertext: &[u8], dirhash: Option<(u32, u32)>) -> Vec<
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum NokeyName {
     /// The whole ciphertext name (at most 149 bytes).
-    Full { hash: u32, minor_hash: u32, ciphertext: Vec<u8> },
+    Full {
+        hash: u32,
+        minor_hash: u32,
+        ciphertext: Vec<u8>,
+    },
     /// A longer name: its first 149 bytes and the SHA-256 of the rest.
-    Digested { hash: u32, minor_hash: u32, prefix: Vec<u8>, sha256: [u8; 32] },
+    Digested {
+        hash: u32,
+        minor_hash: u32,
+        prefix: Vec<u8>,
+        sha256: [u8; 32],
+    },
 }
 
 impl NokeyName {
     /// The dirhash carried by the name (zeros where none was given).
     pub(crate) fn dirhash(&self) -> (u32, u32) {
         match self {
-            NokeyName::Full { hash, minor_hash, .. } | NokeyName::Digested { hash, minor_hash, .. } => (*hash, *minor_hash),
+            NokeyName::Full {
+                hash, minor_hash, ..
+            }
+            | NokeyName::Digested {
+                hash, minor_hash, ..
+            } => (*hash, *minor_hash),
         }
     }
 
@@ -184,8 +201,17 @@ pub(crate) fn nokey_name_decode(name: &[u8]) -> Result<NokeyName> {
     if raw.len() == NOKEY_NAME_MAX {
         let mut sha256 = [0u8; 32];
         sha256.copy_from_slice(&raw[8 + NOKEY_BYTES..]);
-        Ok(NokeyName::Digested { hash, minor_hash, prefix: raw[8..8 + NOKEY_BYTES].to_vec(), sha256 })
+        Ok(NokeyName::Digested {
+            hash,
+            minor_hash,
+            prefix: raw[8..8 + NOKEY_BYTES].to_vec(),
+            sha256,
+        })
     } else {
-        Ok(NokeyName::Full { hash, minor_hash, ciphertext: raw[8..].to_vec() })
+        Ok(NokeyName::Full {
+            hash,
+            minor_hash,
+            ciphertext: raw[8..].to_vec(),
+        })
     }
 }

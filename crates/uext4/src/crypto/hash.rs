@@ -12,10 +12,9 @@ const HTREE_EOF_32BIT: u32 = 0x7fff_ffff;
 impl InodeKey {
     /// fscrypt_fname_siphash: SipHash-2-4 of `name` with this directory's dirhash key.
     pub(crate) fn fname_siphash(&self, name: &[u8]) -> Result<u64> {
-        let key = self
-            .dirhash_key
-            .as_ref()
-            .ok_or(CryptoError::WrongKind("dirhash keys exist for v2 directories only"))?;
+        let key = self.dirhash_key.as_ref().ok_or(CryptoError::WrongKind(
+            "dirhash keys exist for v2 directories only",
+        ))?;
         Ok(siphasher::sip::SipHasher24::new_with_key(key).hash(name))
     }
 

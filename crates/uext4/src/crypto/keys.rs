@@ -17,8 +17,8 @@ use zeroize::{Zeroize, Zeroizing};
 
 use super::cipher::ModeCipher;
 use super::policy::{
-    Context, KeySpec, Mode, Policy, PolicyVersion, DESCRIPTOR_SIZE, FLAG_DIRECT_KEY, FLAG_IV_INO_LBLK_32,
-    FLAG_IV_INO_LBLK_64, IDENTIFIER_SIZE, NONCE_SIZE,
+    Context, KeySpec, Mode, Policy, PolicyVersion, DESCRIPTOR_SIZE, FLAG_DIRECT_KEY,
+    FLAG_IV_INO_LBLK_32, FLAG_IV_INO_LBLK_64, IDENTIFIER_SIZE, NONCE_SIZE,
 };
 use super::{CryptoError, Result};
 
@@ -70,11 +70,18 @@ impl MasterKey {
     }
 
     /// A master key whose v1 descriptor was chosen otherwise.
-    pub(crate) fn with_descriptor(raw: &[u8], descriptor: [u8; DESCRIPTOR_SIZE]) -> Result<MasterKey> {
+    pub(crate) fn with_descriptor(
+        raw: &[u8],
+        descriptor: [u8; DESCRIPTOR_SIZE],
+    ) -> Result<MasterKey> {
         if !(MIN_KEY_SIZE..=MAX_KEY_SIZE).contains(&raw.len()) {
             return Err(CryptoError::BadKeySize(raw.len()));
         }
-        let mut key = MasterKey { raw: Zeroizing::new(raw.to_vec()), descriptor, identifier: [0; IDENTIFIER_SIZE] };
+        let mut key = MasterKey {
+            raw: Zeroizing::new(raw.to_vec()),
+            descriptor,
+            identifier: [0; IDENTIFIER_SIZE],
+        };
         let mut id = [0u8; IDENTIFIER_SIZE];
         key.hkdf(HKDF_CONTEXT_KEY_IDENTIFIER, &[], &mut id);
         key.identifier = id;
@@ -95,7 +102,8 @@ impl MasterKey {
     pub(crate) fn hkdf(&self, context: u8, info: &[u8], out: &mut [u8]) {
         let hk = hkdf::Hkdf::<Sha512>::new(None, &self.raw);
         let prefix = [b'f', b's', b'c', b'r', b'y', b'p', b't', 0, context];
-        hk.expand_multi_info(&[&prefix, info], out).expect("fscrypt keys are far below 255 * 64 bytes");
+        hk.expand_multi_info(&[&prefix, info], out)
+            .expect("fscrypt keys are far below 255 * 64 bytes");
     }
 
     fn siphash_key(&self, context: u8, info: &[u8]) -> Zeroizing<[u8; 16]> {
@@ -137,7 +145,10 @@ impl Keyring {
 
     /// Adds a raw key (the bytes of a key file): returns its v1 descriptor (first 8 bytes
     /// of SHA-512(SHA-512(key))) and its v2 identifier.
-    pub(crate) fn add_key(&mut self, raw: &[u8]) -> Result<([u8; DESCRIPTOR_SIZE], [u8; IDENTIFIER_SIZE])> {
+    pub(crate) fn add_key(
+        &mut self,
+        raw: &[u8],
+    ) -> Result<([u8; DESCRIPTOR_SIZE], [u8; IDENTIFIER_SIZE])> {
         self.insert(MasterKey::new(raw)?)
     }
 
@@ -167,13 +178,24 @@ impl Keyring {
     pub(crate) fn lookup(&self, policy: &Policy) -> Option<&MasterKey> {
         match policy.key {
             KeySpec::Identifier(id) => self.by_identifier.get(&id),
-            KeySpec::Descriptor(d) => self.by_descriptor.get(&d).and_then(|id| self.by_identifier.get(id)),
+            KeySpec::Descriptor(d) => self
+                .by_descriptor
+                .get(&d)
+                .and_then(|id| self.by_identifier.get(id)),
         }
     }
 
     /// Derives the key of one inode (see [`InodeKey::derive`]); `NoKey` without its master key.
-    pub(crate) fn inode_key(&self, ctx: &Context, kind: InodeKind, ino: u32, fs_uuid: &[u8; 16]) -> Result<InodeKey> {
-        let mk = self.lookup(&ctx.policy).ok_or_else(|| CryptoError::NoKey(ctx.policy.key.to_string()))?;
+    pub(crate) fn inode_key(
+        &self,
+        ctx: &Context,
+        kind: InodeKind,
+        ino: u32,
+        fs_uuid: &[u8; 16],
+    ) -> Result<InodeKey> {
+        let mk = self
+            .lookup(&ctx.policy)
+            .ok_or_else(|| CryptoError::NoKey(ctx.policy.key.to_string()))?;
         InodeKey::derive(mk, ctx, kind, ino, fs_uuid)
     }
 }
@@ -223,7 +245,13 @@ impl Drop for InodeKey {
 impl InodeKey {
     /// Derives the key of inode `ino` (of `kind`) with context `ctx` from master key `mk`,
     /// as fs/crypto/keysetup.c does; `fs_uuid` is the superblock's s_uuid (IV_INO_LBLK_*).
-    pub(crate) fn derive(mk: &MasterKey, ctx: &Context, kind: InodeKind, ino: u32, fs_uuid: &[u8; 16]) -> Result<InodeKey> {
+    pub(crate) fn derive(
+        mk: &MasterKey,
+        ctx: &Context,
+        kind: InodeKind,
+        ino: u32,
+        fs_uuid: &[u8; 16],
+    ) -> Result<InodeKey> {
         let policy = ctx.policy;
         let mode = policy.mode_for(kind);
         mk.check_size(&policy, mode)?;
@@ -240,7 +268,8 @@ impl InodeKey {
                     let aes = aes::Aes128::new(&ctx.nonce.into());
                     key.copy_from_slice(&mk.raw[..ks]);
                     for block in key.chunks_mut(16) {
-                        let b: &mut [u8; 16] = block.try_into().expect("key sizes are multiples of 16");
+                        let b: &mut [u8; 16] =
+                            block.try_into().expect("key sizes are multiples of 16");
                         aes.encrypt_block(b.into());
                     }
                 }
@@ -257,7 +286,8 @@ impl InodeKey {
                     info.extend_from_slice(fs_uuid);
                     mk.hkdf(HKDF_CONTEXT_IV_INO_LBLK_32_KEY, &info, &mut key);
                     let hk = mk.siphash_key(HKDF_CONTEXT_INODE_HASH_KEY, &[]);
-                    hashed_ino = siphasher::sip::SipHasher24::new_with_key(&hk).hash(&(ino as u64).to_le_bytes()) as u32;
+                    hashed_ino = siphasher::sip::SipHasher24::new_with_key(&hk)
+                        .hash(&(ino as u64).to_le_bytes()) as u32;
                 } else {
                     mk.hkdf(HKDF_CONTEXT_PER_FILE_ENC_KEY, &ctx.nonce, &mut key);
                 }
@@ -267,7 +297,16 @@ impl InodeKey {
             }
         }
         let cipher = ModeCipher::new(mode, &key)?;
-        Ok(InodeKey { kind, mode, policy, cipher, nonce: ctx.nonce, ino, hashed_ino, dirhash_key })
+        Ok(InodeKey {
+            kind,
+            mode,
+            policy,
+            cipher,
+            nonce: ctx.nonce,
+            ino,
+            hashed_ino,
+            dirhash_key,
+        })
     }
 
     /// The IV of data unit `index` (fscrypt_generate_iv): le64 index, then for DIRECT_KEY

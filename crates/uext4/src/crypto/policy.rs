@@ -210,13 +210,20 @@ impl Policy {
     pub(crate) fn validate(&self, caps: &FsCaps) -> Result<()> {
         use Mode::*;
         let pair = (self.contents_mode, self.filenames_mode);
-        let v1_pair = matches!(pair, (Aes256Xts, Aes256Cts) | (Aes128Cbc, Aes128Cts) | (Adiantum, Adiantum));
+        let v1_pair = matches!(
+            pair,
+            (Aes256Xts, Aes256Cts) | (Aes128Cbc, Aes128Cts) | (Adiantum, Adiantum)
+        );
         let v2_pair = v1_pair || matches!(pair, (Aes256Xts, Aes256Hctr2) | (Sm4Xts, Sm4Cts));
         let unsupported = |why: String| Err(CryptoError::Unsupported(why));
         match self.version {
             PolicyVersion::V1 => {
                 if !v1_pair {
-                    return unsupported(format!("modes {}/{} in a v1 policy", self.contents_mode.name(), self.filenames_mode.name()));
+                    return unsupported(format!(
+                        "modes {}/{} in a v1 policy",
+                        self.contents_mode.name(),
+                        self.filenames_mode.name()
+                    ));
                 }
                 if self.flags & !(FLAGS_PAD_MASK | FLAG_DIRECT_KEY) != 0 {
                     return unsupported(format!("flags {:#04x} in a v1 policy", self.flags));
@@ -227,9 +234,19 @@ impl Policy {
             }
             PolicyVersion::V2 => {
                 if !v2_pair {
-                    return unsupported(format!("modes {}/{}", self.contents_mode.name(), self.filenames_mode.name()));
+                    return unsupported(format!(
+                        "modes {}/{}",
+                        self.contents_mode.name(),
+                        self.filenames_mode.name()
+                    ));
                 }
-                if self.flags & !(FLAGS_PAD_MASK | FLAG_DIRECT_KEY | FLAG_IV_INO_LBLK_64 | FLAG_IV_INO_LBLK_32) != 0 {
+                if self.flags
+                    & !(FLAGS_PAD_MASK
+                        | FLAG_DIRECT_KEY
+                        | FLAG_IV_INO_LBLK_64
+                        | FLAG_IV_INO_LBLK_32)
+                    != 0
+                {
                     return unsupported(format!("flags {:#04x}", self.flags));
                 }
                 let exclusive = [FLAG_DIRECT_KEY, FLAG_IV_INO_LBLK_64, FLAG_IV_INO_LBLK_32]
@@ -241,15 +258,22 @@ impl Policy {
                 }
                 if self.log2_data_unit_size != 0 {
                     if self.log2_data_unit_size > caps.blkbits || self.log2_data_unit_size < 9 {
-                        return unsupported(format!("log2_data_unit_size {}", self.log2_data_unit_size));
+                        return unsupported(format!(
+                            "log2_data_unit_size {}",
+                            self.log2_data_unit_size
+                        ));
                     }
-                    if self.log2_data_unit_size != caps.blkbits && self.flags & FLAG_IV_INO_LBLK_32 != 0 {
+                    if self.log2_data_unit_size != caps.blkbits
+                        && self.flags & FLAG_IV_INO_LBLK_32 != 0
+                    {
                         return unsupported("sub-block data units with IV_INO_LBLK_32".into());
                     }
                 }
                 if self.flags & (FLAG_IV_INO_LBLK_64 | FLAG_IV_INO_LBLK_32) != 0 {
                     if self.contents_mode != Aes256Xts {
-                        return unsupported("IV_INO_LBLK_* with contents mode other than AES-256-XTS".into());
+                        return unsupported(
+                            "IV_INO_LBLK_* with contents mode other than AES-256-XTS".into(),
+                        );
                     }
                     if !caps.stable_inodes {
                         return unsupported("IV_INO_LBLK_* without stable_inodes".into());
@@ -258,14 +282,18 @@ impl Policy {
                     // since the largest file has 2^32 blocks.
                     let du_bits = self.data_unit_bits(caps.blkbits);
                     if 32 + (caps.blkbits - du_bits) as u32 > 32 {
-                        return unsupported("IV_INO_LBLK_* with data units smaller than a block".into());
+                        return unsupported(
+                            "IV_INO_LBLK_* with data units smaller than a block".into(),
+                        );
                     }
                 }
             }
         }
         if self.flags & FLAG_DIRECT_KEY != 0 {
             if self.contents_mode != self.filenames_mode {
-                return unsupported("DIRECT_KEY with different contents and filenames modes".into());
+                return unsupported(
+                    "DIRECT_KEY with different contents and filenames modes".into(),
+                );
             }
             // The IV must hold the 8-byte index and the 16-byte nonce.
             if self.contents_mode.iv_size() < 24 {
@@ -279,7 +307,10 @@ impl Policy {
     pub(crate) fn new_context(&self) -> Result<Context> {
         let mut nonce = [0u8; NONCE_SIZE];
         getrandom::fill(&mut nonce).map_err(|_| CryptoError::Random)?;
-        Ok(Context { policy: *self, nonce })
+        Ok(Context {
+            policy: *self,
+            nonce,
+        })
     }
 }
 
@@ -295,7 +326,10 @@ pub(crate) struct Context {
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The nonce is no secret, but it is printed only as hex, like the key spec.
-        f.debug_struct("Context").field("policy", &self.policy).field("nonce", &hex(&self.nonce)).finish()
+        f.debug_struct("Context")
+            .field("policy", &self.policy)
+            .field("nonce", &hex(&self.nonce))
+            .finish()
     }
 }
 
@@ -315,8 +349,10 @@ impl Context {
         if raw.len() != size {
             return Err(CryptoError::InvalidContext("wrong size for its version"));
         }
-        let contents_mode = Mode::from_num(raw[1]).ok_or(CryptoError::InvalidContext("unknown contents mode"))?;
-        let filenames_mode = Mode::from_num(raw[2]).ok_or(CryptoError::InvalidContext("unknown filenames mode"))?;
+        let contents_mode =
+            Mode::from_num(raw[1]).ok_or(CryptoError::InvalidContext("unknown contents mode"))?;
+        let filenames_mode =
+            Mode::from_num(raw[2]).ok_or(CryptoError::InvalidContext("unknown filenames mode"))?;
         let flags = raw[3];
         let mut nonce = [0u8; NONCE_SIZE];
         let (log2_data_unit_size, key) = match policy_version {
@@ -337,7 +373,14 @@ impl Context {
             }
         };
         Ok(Context {
-            policy: Policy { version: policy_version, contents_mode, filenames_mode, flags, log2_data_unit_size, key },
+            policy: Policy {
+                version: policy_version,
+                contents_mode,
+                filenames_mode,
+                flags,
+                log2_data_unit_size,
+                key,
+            },
             nonce,
         })
     }

@@ -15,12 +15,15 @@ impl InodeKey {
     /// block size.
     pub(crate) fn encrypt_symlink(&self, target: &[u8], max_len: usize) -> Result<Vec<u8>> {
         if self.kind != InodeKind::Symlink {
-            return Err(CryptoError::WrongKind("symlink targets need the symlink's key"));
+            return Err(CryptoError::WrongKind(
+                "symlink targets need the symlink's key",
+            ));
         }
         if target.is_empty() || max_len < 3 {
             return Err(CryptoError::NameTooLong);
         }
-        let ct_len = fname_encrypted_size(&self.policy, target.len(), max_len - 3).ok_or(CryptoError::NameTooLong)?;
+        let ct_len = fname_encrypted_size(&self.policy, target.len(), max_len - 3)
+            .ok_or(CryptoError::NameTooLong)?;
         let ct = self.encrypt_name_to(target, ct_len)?;
         let mut out = Vec::with_capacity(ct_len + 3);
         out.extend_from_slice(&(ct_len as u16).to_le_bytes());
@@ -32,7 +35,9 @@ impl InodeKey {
     /// The target of an on-disk encrypted symlink (`disk`: its i_size bytes, or more).
     pub(crate) fn decrypt_symlink(&self, disk: &[u8]) -> Result<Vec<u8>> {
         if self.kind != InodeKind::Symlink {
-            return Err(CryptoError::WrongKind("symlink targets need the symlink's key"));
+            return Err(CryptoError::WrongKind(
+                "symlink targets need the symlink's key",
+            ));
         }
         if disk.len() < 3 {
             return Err(CryptoError::Corrupt("encrypted symlink too short"));
@@ -43,7 +48,9 @@ impl InodeKey {
         }
         let target = self.decrypt_name(&disk[2..2 + len])?;
         if target.is_empty() {
-            return Err(CryptoError::Corrupt("encrypted symlink decrypts to nothing"));
+            return Err(CryptoError::Corrupt(
+                "encrypted symlink decrypts to nothing",
+            ));
         }
         Ok(target)
     }

@@ -15,7 +15,10 @@ use super::symlink::symlink_ciphertext;
 use super::CryptoError;
 
 fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
 }
 
 /// (key, tweak, plaintext, ciphertext)
@@ -23,7 +26,9 @@ type Vector = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
 
 fn vectors(json: &str) -> Vec<Vector> {
     let v: Vec<(String, String, String, String)> = serde_json::from_str(json).unwrap();
-    v.into_iter().map(|(k, t, p, c)| (unhex(&k), unhex(&t), unhex(&p), unhex(&c))).collect()
+    v.into_iter()
+        .map(|(k, t, p, c)| (unhex(&k), unhex(&t), unhex(&p), unhex(&c)))
+        .collect()
 }
 
 #[test]
@@ -46,7 +51,9 @@ fn adiantum_known_answers_through_mode_cipher() {
     // Vectors of the Adiantum paper's XChaCha12/AES-256 set, 32-byte tweaks, including a
     // length that is no multiple of 16 (as padded filenames can be).
     use super::cipher::ModeCipher;
-    for (key, tweak, plain, cipher) in vectors(include_str!("testdata/adiantum-xchacha12-aes256.json")) {
+    for (key, tweak, plain, cipher) in
+        vectors(include_str!("testdata/adiantum-xchacha12-aes256.json"))
+    {
         let c = ModeCipher::new(Mode::Adiantum, &key).unwrap();
         let iv: [u8; 32] = tweak.as_slice().try_into().unwrap();
         let mut buf = plain.clone();
@@ -73,7 +80,10 @@ fn aes_cts_is_cbc_cs3() {
     let plain = unhex("4920776f756c64206c696b65207468652047656e6572616c20476175277320");
     let mut buf = plain.clone();
     c.encrypt(&mut buf, &[0; 32]).unwrap();
-    assert_eq!(buf, unhex("fc00783e0efdb2c1d445d4c8eff7ed2297687268d6ecccc0c07b25e25ecfe5"));
+    assert_eq!(
+        buf,
+        unhex("fc00783e0efdb2c1d445d4c8eff7ed2297687268d6ecccc0c07b25e25ecfe5")
+    );
 }
 
 #[test]
@@ -112,11 +122,18 @@ fn context_round_trip_and_validation() {
     assert_eq!(&raw[..8], &[2, 1, 4, 2, 0, 0, 0, 0]);
     assert_eq!(Context::parse(&raw).unwrap(), ctx);
     assert_ne!(p.new_context().unwrap().nonce, ctx.nonce, "fresh nonces");
-    let v1 = Policy { version: PolicyVersion::V1, key: KeySpec::Descriptor([1; 8]), ..p };
+    let v1 = Policy {
+        version: PolicyVersion::V1,
+        key: KeySpec::Descriptor([1; 8]),
+        ..p
+    };
     let raw1 = v1.new_context().unwrap().to_bytes();
     assert_eq!(raw1.len(), 28);
     assert_eq!(Context::parse(&raw1).unwrap().policy, v1);
-    assert!(matches!(Context::parse(&raw[..39]), Err(CryptoError::InvalidContext(_))));
+    assert!(matches!(
+        Context::parse(&raw[..39]),
+        Err(CryptoError::InvalidContext(_))
+    ));
     let mut bad = raw.clone();
     bad[6] = 1;
     assert!(Context::parse(&bad).is_err(), "reserved bytes");
@@ -124,39 +141,104 @@ fn context_round_trip_and_validation() {
     bad[0] = 3;
     assert!(Context::parse(&bad).is_err(), "version");
 
-    let caps = FsCaps { blkbits: 12, stable_inodes: false, casefolded: false };
+    let caps = FsCaps {
+        blkbits: 12,
+        stable_inodes: false,
+        casefolded: false,
+    };
     assert!(p.validate(&caps).is_ok());
-    assert!(v2_policy(Mode::Aes256Xts, Mode::Aes128Cts, 0).validate(&caps).is_err());
-    assert!(v2_policy(Mode::Aes256Xts, Mode::Aes256Hctr2, 0).validate(&caps).is_ok());
-    assert!(Policy { version: PolicyVersion::V1, key: KeySpec::Descriptor([0; 8]), ..v2_policy(Mode::Aes256Xts, Mode::Aes256Hctr2, 0) }
+    assert!(v2_policy(Mode::Aes256Xts, Mode::Aes128Cts, 0)
         .validate(&caps)
         .is_err());
-    assert!(v2_policy(Mode::Aes256Xts, Mode::Aes256Cts, 0x04).validate(&caps).is_err(), "DIRECT_KEY needs 32-byte IVs");
-    assert!(v2_policy(Mode::Adiantum, Mode::Adiantum, 0x04).validate(&caps).is_ok());
-    assert!(v2_policy(Mode::Aes256Xts, Mode::Aes256Cts, 0x08).validate(&caps).is_err(), "needs stable_inodes");
-    let stable = FsCaps { stable_inodes: true, ..caps };
-    assert!(v2_policy(Mode::Aes256Xts, Mode::Aes256Cts, 0x08).validate(&stable).is_ok());
-    assert!(v2_policy(Mode::Aes256Xts, Mode::Aes256Cts, 0x18).validate(&stable).is_err(), "exclusive");
-    assert!(v2_policy(Mode::Aes256Xts, Mode::Aes256Cts, 0x20).validate(&stable).is_err(), "unknown flag");
+    assert!(v2_policy(Mode::Aes256Xts, Mode::Aes256Hctr2, 0)
+        .validate(&caps)
+        .is_ok());
+    assert!(Policy {
+        version: PolicyVersion::V1,
+        key: KeySpec::Descriptor([0; 8]),
+        ..v2_policy(Mode::Aes256Xts, Mode::Aes256Hctr2, 0)
+    }
+    .validate(&caps)
+    .is_err());
+    assert!(
+        v2_policy(Mode::Aes256Xts, Mode::Aes256Cts, 0x04)
+            .validate(&caps)
+            .is_err(),
+        "DIRECT_KEY needs 32-byte IVs"
+    );
+    assert!(v2_policy(Mode::Adiantum, Mode::Adiantum, 0x04)
+        .validate(&caps)
+        .is_ok());
+    assert!(
+        v2_policy(Mode::Aes256Xts, Mode::Aes256Cts, 0x08)
+            .validate(&caps)
+            .is_err(),
+        "needs stable_inodes"
+    );
+    let stable = FsCaps {
+        stable_inodes: true,
+        ..caps
+    };
+    assert!(v2_policy(Mode::Aes256Xts, Mode::Aes256Cts, 0x08)
+        .validate(&stable)
+        .is_ok());
+    assert!(
+        v2_policy(Mode::Aes256Xts, Mode::Aes256Cts, 0x18)
+            .validate(&stable)
+            .is_err(),
+        "exclusive"
+    );
+    assert!(
+        v2_policy(Mode::Aes256Xts, Mode::Aes256Cts, 0x20)
+            .validate(&stable)
+            .is_err(),
+        "unknown flag"
+    );
 }
 
 #[test]
 fn names_pad_and_round_trip() {
     let mut ring = Keyring::new();
     let (_, id) = ring.add_key(&[0x42; 64]).unwrap();
-    for (flags, len, want) in [(0u8, 1usize, 16usize), (0, 17, 20), (1, 17, 24), (2, 17, 32), (3, 17, 32), (3, 250, 255), (0, 255, 255)] {
-        let p = Policy { key: KeySpec::Identifier(id), ..v2_policy(Mode::Aes256Xts, Mode::Aes256Cts, flags) };
+    for (flags, len, want) in [
+        (0u8, 1usize, 16usize),
+        (0, 17, 20),
+        (1, 17, 24),
+        (2, 17, 32),
+        (3, 17, 32),
+        (3, 250, 255),
+        (0, 255, 255),
+    ] {
+        let p = Policy {
+            key: KeySpec::Identifier(id),
+            ..v2_policy(Mode::Aes256Xts, Mode::Aes256Cts, flags)
+        };
         let ctx = p.new_context().unwrap();
-        let k = ring.inode_key(&ctx, InodeKind::Directory, 12, &[0; 16]).unwrap();
+        let k = ring
+            .inode_key(&ctx, InodeKind::Directory, 12, &[0; 16])
+            .unwrap();
         let name = vec![b'a'; len];
         let ct = k.encrypt_name(&name).unwrap();
         assert_eq!(ct.len(), want, "padding {} of {len}", p.padding());
         assert_eq!(k.decrypt_name(&ct).unwrap(), name);
     }
-    let p = Policy { key: KeySpec::Identifier(id), ..v2_policy(Mode::Aes256Xts, Mode::Aes256Cts, 0) };
-    let k = ring.inode_key(&p.new_context().unwrap(), InodeKind::Directory, 12, &[0; 16]).unwrap();
+    let p = Policy {
+        key: KeySpec::Identifier(id),
+        ..v2_policy(Mode::Aes256Xts, Mode::Aes256Cts, 0)
+    };
+    let k = ring
+        .inode_key(
+            &p.new_context().unwrap(),
+            InodeKind::Directory,
+            12,
+            &[0; 16],
+        )
+        .unwrap();
     assert_eq!(k.encrypt_name(&[b'a'; 256]), Err(CryptoError::NameTooLong));
-    assert!(k.encrypt_block(0, &mut [0; 4096]).is_err(), "a directory key has no contents");
+    assert!(
+        k.encrypt_block(0, &mut [0; 4096]).is_err(),
+        "a directory key has no contents"
+    );
 }
 
 #[test]
@@ -164,9 +246,18 @@ fn nokey_names_encode_and_decode() {
     let short: Vec<u8> = (0..32u8).collect();
     let n = nokey_name(&short, Some((0x1234_5678, 0x9abc_def0)));
     assert_eq!(n.len(), (40usize * 4).div_ceil(3));
-    assert!(n.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'_'));
+    assert!(n
+        .iter()
+        .all(|c| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'_'));
     let d = nokey_name_decode(&n).unwrap();
-    assert_eq!(d, NokeyName::Full { hash: 0x1234_5678, minor_hash: 0x9abc_def0, ciphertext: short.clone() });
+    assert_eq!(
+        d,
+        NokeyName::Full {
+            hash: 0x1234_5678,
+            minor_hash: 0x9abc_def0,
+            ciphertext: short.clone()
+        }
+    );
     assert!(d.matches(&short));
     let long: Vec<u8> = (0..255u32).map(|i| (i * 7) as u8).collect();
     let n = nokey_name(&long, None);
@@ -179,7 +270,10 @@ fn nokey_names_encode_and_decode() {
     other[200] ^= 1;
     assert!(!d.matches(&other));
     // The first bytes of the RFC 4648 base64url alphabet, no padding.
-    assert_eq!(nokey_name(&[0xfb; 16], None)[..12].to_vec(), b"AAAAAAAAAAD7".to_vec());
+    assert_eq!(
+        nokey_name(&[0xfb; 16], None)[..12].to_vec(),
+        b"AAAAAAAAAAD7".to_vec()
+    );
     assert!(nokey_name_decode(b"ab/c").is_err());
     assert!(nokey_name_decode(b"AAAAAAAAAAA").is_err(), "too short");
 }
@@ -190,16 +284,38 @@ fn keys_never_print() {
     let mut ring = Keyring::new();
     ring.add_key(&raw).unwrap();
     let mk = MasterKey::new(&raw).unwrap();
-    let p = Policy { key: KeySpec::Identifier(mk.identifier()), ..v2_policy(Mode::Aes256Xts, Mode::Aes256Cts, 0) };
-    let k = ring.inode_key(&p.new_context().unwrap(), InodeKind::Regular, 13, &[0; 16]).unwrap();
-    for s in [format!("{ring:?}"), format!("{mk:?}"), format!("{k:?}"), format!("{:?}", k.cipher)] {
+    let p = Policy {
+        key: KeySpec::Identifier(mk.identifier()),
+        ..v2_policy(Mode::Aes256Xts, Mode::Aes256Cts, 0)
+    };
+    let k = ring
+        .inode_key(&p.new_context().unwrap(), InodeKind::Regular, 13, &[0; 16])
+        .unwrap();
+    for s in [
+        format!("{ring:?}"),
+        format!("{mk:?}"),
+        format!("{k:?}"),
+        format!("{:?}", k.cipher),
+    ] {
         assert!(!s.contains("a5a5") && !s.contains("165, 165"), "{s}");
     }
     assert!(MasterKey::new(&[1; 15]).is_err());
     // A v2 key shorter than the mode's strength is refused for that mode.
     let short = MasterKey::new(&[3; 16]).unwrap();
-    let p = Policy { key: KeySpec::Identifier(short.identifier()), ..p };
-    assert!(matches!(InodeKey::derive(&short, &p.new_context().unwrap(), InodeKind::Regular, 1, &[0; 16]), Err(CryptoError::BadKeySize(16))));
+    let p = Policy {
+        key: KeySpec::Identifier(short.identifier()),
+        ..p
+    };
+    assert!(matches!(
+        InodeKey::derive(
+            &short,
+            &p.new_context().unwrap(),
+            InodeKind::Regular,
+            1,
+            &[0; 16]
+        ),
+        Err(CryptoError::BadKeySize(16))
+    ));
 }
 
 // ---- Against the kernel ----
@@ -234,10 +350,21 @@ impl Image {
         let sb = &bytes[1024..2048];
         let block_size = 1024usize << le32(sb, 0x18);
         let incompat = le32(sb, 0x60);
-        let desc_size = if incompat & 0x80 != 0 { le16(sb, 0xFE) as usize } else { 32 };
+        let desc_size = if incompat & 0x80 != 0 {
+            le16(sb, 0xFE) as usize
+        } else {
+            32
+        };
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&sb[0x68..0x78]);
-        Image { block_size, inode_size: le16(sb, 0x58) as usize, inodes_per_group: le32(sb, 0x28), desc_size, uuid, bytes }
+        Image {
+            block_size,
+            inode_size: le16(sb, 0x58) as usize,
+            inodes_per_group: le32(sb, 0x28),
+            desc_size,
+            uuid,
+            bytes,
+        }
     }
 
     fn block(&self, n: u64) -> &[u8] {
@@ -277,7 +404,10 @@ impl Image {
     /// Physical block of logical block `lblk` (None: a hole), walking the extent tree.
     fn bmap(&self, ino: u32, lblk: u32) -> Option<u64> {
         let raw = self.inode(ino);
-        assert!(le32(raw, 0x20) & EXT4_EXTENTS_FL != 0, "inode {ino} has no extents");
+        assert!(
+            le32(raw, 0x20) & EXT4_EXTENTS_FL != 0,
+            "inode {ino} has no extents"
+        );
         let mut node = raw[0x28..0x28 + 60].to_vec();
         loop {
             assert_eq!(le16(&node, 0), 0xF30A);
@@ -316,7 +446,12 @@ impl Image {
         if v <= 2 && le32(sb, 0x160) & 0x2 != 0 {
             v += 3;
         }
-        let seed = [le32(sb, 0xEC), le32(sb, 0xF0), le32(sb, 0xF4), le32(sb, 0xF8)];
+        let seed = [
+            le32(sb, 0xEC),
+            le32(sb, 0xF0),
+            le32(sb, 0xF4),
+            le32(sb, 0xF8),
+        ];
         crate::format::dx_hash::dirhash(name, v, &seed)
     }
 
@@ -332,7 +467,8 @@ impl Image {
     /// (inode, on-disk name, stored dirhash) of every live entry of a directory; the
     /// dirhash is stored after the name in encrypted casefolded directories.
     fn dir_entries(&self, ino: u32) -> Vec<DirEntry> {
-        let hashed = self.flags(ino) & (EXT4_CASEFOLD_FL | EXT4_ENCRYPT_FL) == EXT4_CASEFOLD_FL | EXT4_ENCRYPT_FL;
+        let hashed = self.flags(ino) & (EXT4_CASEFOLD_FL | EXT4_ENCRYPT_FL)
+            == EXT4_CASEFOLD_FL | EXT4_ENCRYPT_FL;
         let blocks = self.size(ino) as usize / self.block_size;
         let mut out = Vec::new();
         for l in 0..blocks as u32 {
@@ -361,7 +497,12 @@ fn find_xattr(entries: &[u8], value_base_adjust: usize) -> Option<Vec<u8>> {
     // or from the block start (in a block: `value_base_adjust` = 32 bytes of header).
     let mut o = 0;
     while o + 16 <= entries.len() && le32(entries, o) != 0 {
-        let (nl, idx, voff, vsize) = (entries[o] as usize, entries[o + 1], le16(entries, o + 2) as usize, le32(entries, o + 8) as usize);
+        let (nl, idx, voff, vsize) = (
+            entries[o] as usize,
+            entries[o + 1],
+            le16(entries, o + 2) as usize,
+            le32(entries, o + 8) as usize,
+        );
         let name = &entries[o + 16..o + 16 + nl];
         if idx == 9 && name == b"c" {
             let start = voff - value_base_adjust;
@@ -376,7 +517,10 @@ fn find_xattr(entries: &[u8], value_base_adjust: usize) -> Option<Vec<u8>> {
 fn kernel_made_images_decrypt_and_reencrypt() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = std::env::temp_dir().join(format!("uext4-fscrypt-{}", std::process::id()));
-    let run = Command::new("python3").arg(root.join("scripts/fscrypt-fixtures.py")).arg(&out).output();
+    let run = Command::new("python3")
+        .arg(root.join("scripts/fscrypt-fixtures.py"))
+        .arg(&out)
+        .output();
     let Ok(run) = run else {
         eprintln!("SKIP: no python3");
         return;
@@ -387,8 +531,13 @@ fn kernel_made_images_decrypt_and_reencrypt() {
         let _ = std::fs::remove_dir_all(&out);
         return;
     }
-    assert!(run.status.success(), "fixture script failed: {stdout}{}", String::from_utf8_lossy(&run.stderr));
-    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    assert!(
+        run.status.success(),
+        "fixture script failed: {stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
     let mut verified = Vec::new();
     for pol in manifest["policies"].as_array().unwrap() {
         let name = pol["name"].as_str().unwrap();
@@ -399,24 +548,43 @@ fn kernel_made_images_decrypt_and_reencrypt() {
             eprintln!("{name}: skipped by the kernel: {why}");
             continue;
         }
-        let img_name = manifest["images"][pol["image"].as_str().unwrap()]["image"].as_str().unwrap();
+        let img_name = manifest["images"][pol["image"].as_str().unwrap()]["image"]
+            .as_str()
+            .unwrap();
         let img = Image::open(&out.join(img_name));
         let raw_key = std::fs::read(out.join(pol["key_file"].as_str().unwrap())).unwrap();
         let mut ring = Keyring::new();
         let (_, id) = ring.add_key(&raw_key).unwrap();
         if let Some(kid) = pol.get("identifier") {
-            assert_eq!(super::hex(&id), kid.as_str().unwrap(), "{name}: v2 key identifier");
+            assert_eq!(
+                super::hex(&id),
+                kid.as_str().unwrap(),
+                "{name}: v2 key identifier"
+            );
         }
         let dir_ino = pol["dir_ino"].as_u64().unwrap() as u32;
         let dctx = Context::parse(&img.context(dir_ino)).unwrap();
-        assert_eq!(dctx.policy.contents_mode.num() as u64, pol["contents_mode"].as_u64().unwrap());
-        assert_eq!(dctx.policy.filenames_mode.num() as u64, pol["filenames_mode"].as_u64().unwrap());
+        assert_eq!(
+            dctx.policy.contents_mode.num() as u64,
+            pol["contents_mode"].as_u64().unwrap()
+        );
+        assert_eq!(
+            dctx.policy.filenames_mode.num() as u64,
+            pol["filenames_mode"].as_u64().unwrap()
+        );
         assert_eq!(dctx.policy.flags as u64, pol["flags"].as_u64().unwrap());
-        let caps = FsCaps { blkbits: img.block_size.trailing_zeros() as u8, stable_inodes: pol["image"] == "stable", casefolded: pol["image"] == "casefold" };
+        let caps = FsCaps {
+            blkbits: img.block_size.trailing_zeros() as u8,
+            stable_inodes: pol["image"] == "stable",
+            casefolded: pol["image"] == "casefold",
+        };
         dctx.policy.validate(&caps).unwrap();
         let key_of = |ino: u32, kind: InodeKind| {
             let ctx = Context::parse(&img.context(ino)).unwrap();
-            assert_eq!(ctx.policy, dctx.policy, "{name}: inode {ino} inherits the policy");
+            assert_eq!(
+                ctx.policy, dctx.policy,
+                "{name}: inode {ino} inherits the policy"
+            );
             ring.inode_key(&ctx, kind, ino, &img.uuid).unwrap()
         };
         let mut checked = 0;
@@ -425,27 +593,52 @@ fn kernel_made_images_decrypt_and_reencrypt() {
             let parent = e["parent_ino"].as_u64().unwrap() as u32;
             let plain = unhex(e["name_hex"].as_str().unwrap());
             let dkey = key_of(parent, InodeKind::Directory);
-            let (_, ct, stored) = img.dir_entries(parent).into_iter().find(|(i, _, _)| *i == ino).expect("entry on disk");
-            assert_eq!(dkey.decrypt_name(&ct).unwrap(), plain, "{name}: name of inode {ino}");
-            assert_eq!(dkey.encrypt_name(&plain).unwrap(), ct, "{name}: re-encrypted name of inode {ino}");
+            let (_, ct, stored) = img
+                .dir_entries(parent)
+                .into_iter()
+                .find(|(i, _, _)| *i == ino)
+                .expect("entry on disk");
+            assert_eq!(
+                dkey.decrypt_name(&ct).unwrap(),
+                plain,
+                "{name}: name of inode {ino}"
+            );
+            assert_eq!(
+                dkey.encrypt_name(&plain).unwrap(),
+                ct,
+                "{name}: re-encrypted name of inode {ino}"
+            );
             let nokey = unhex(e["nokey_name_hex"].as_str().expect("no-key name recorded"));
             // ext4 gives the dirhash (of the ciphertext, with the filesystem's hash) where
             // its readdir goes through the hash tree code: indexed or one-block directories.
-            let dx_readdir = img.flags(parent) & 0x1000 != 0 || img.size(parent) == img.block_size as u64;
+            let dx_readdir =
+                img.flags(parent) & 0x1000 != 0 || img.size(parent) == img.block_size as u64;
             let mut dirhash = dx_readdir.then(|| img.ext4_hash(&ct));
             if let Some(h) = stored {
                 // Casefolded: SipHash of the (casefolded; here lower-case ASCII) plaintext.
-                assert_eq!(dkey.ext4_dirhash(&plain).unwrap(), h, "{name}: casefold dirhash of inode {ino}");
+                assert_eq!(
+                    dkey.ext4_dirhash(&plain).unwrap(),
+                    h,
+                    "{name}: casefold dirhash of inode {ino}"
+                );
                 dirhash = Some(h);
             }
-            assert_eq!(nokey_name(&ct, dirhash), nokey, "{name}: no-key name of inode {ino}");
+            assert_eq!(
+                nokey_name(&ct, dirhash),
+                nokey,
+                "{name}: no-key name of inode {ino}"
+            );
             assert!(nokey_name_decode(&nokey).unwrap().matches(&ct));
             assert!(img.flags(ino) & EXT4_ENCRYPT_FL != 0);
             match e["type"].as_str().unwrap() {
                 "file" => {
                     let size = e["size"].as_u64().unwrap();
                     assert_eq!(img.size(ino), size);
-                    assert_eq!(img.flags(ino) & EXT4_INLINE_DATA_FL, 0, "{name}: encrypted files are never inline");
+                    assert_eq!(
+                        img.flags(ino) & EXT4_INLINE_DATA_FL,
+                        0,
+                        "{name}: encrypted files are never inline"
+                    );
                     let k = key_of(ino, InodeKind::Regular);
                     let bs = img.block_size;
                     let mut data = Vec::new();
@@ -457,14 +650,21 @@ fn kernel_made_images_decrypt_and_reencrypt() {
                                 k.decrypt_block(l, &mut b).unwrap();
                                 let mut again = b.clone();
                                 k.encrypt_block(l, &mut again).unwrap();
-                                assert_eq!(again, ct, "{name}: re-encrypted block {l} of inode {ino}");
+                                assert_eq!(
+                                    again, ct,
+                                    "{name}: re-encrypted block {l} of inode {ino}"
+                                );
                                 data.extend_from_slice(&b);
                             }
                             None => data.extend(std::iter::repeat_n(0, bs)),
                         }
                     }
                     data.truncate(size as usize);
-                    assert_eq!(super::hex(&Sha256::digest(&data)), e["sha256"].as_str().unwrap(), "{name}: contents of inode {ino}");
+                    assert_eq!(
+                        super::hex(&Sha256::digest(&data)),
+                        e["sha256"].as_str().unwrap(),
+                        "{name}: contents of inode {ino}"
+                    );
                 }
                 "symlink" => {
                     let target = unhex(e["target_hex"].as_str().unwrap());
@@ -475,12 +675,24 @@ fn kernel_made_images_decrypt_and_reencrypt() {
                         img.inode(ino)[0x28..0x28 + size].to_vec()
                     };
                     let k = key_of(ino, InodeKind::Symlink);
-                    assert_eq!(k.decrypt_symlink(&disk).unwrap(), target, "{name}: target of {ino}");
+                    assert_eq!(
+                        k.decrypt_symlink(&disk).unwrap(),
+                        target,
+                        "{name}: target of {ino}"
+                    );
                     let enc = k.encrypt_symlink(&target, img.block_size).unwrap();
-                    assert_eq!(&enc[..size], &disk[..], "{name}: re-encrypted target of {ino}");
+                    assert_eq!(
+                        &enc[..size],
+                        &disk[..],
+                        "{name}: re-encrypted target of {ino}"
+                    );
                     assert_eq!(enc.len(), size + 1, "i_size leaves out the NUL");
                     let nk = unhex(e["nokey_target_hex"].as_str().expect("no-key target"));
-                    assert_eq!(nokey_name(symlink_ciphertext(&disk).unwrap(), None), nk, "{name}: no-key target of {ino}");
+                    assert_eq!(
+                        nokey_name(symlink_ciphertext(&disk).unwrap(), None),
+                        nk,
+                        "{name}: no-key target of {ino}"
+                    );
                 }
                 _ => {}
             }
@@ -496,8 +708,8 @@ fn kernel_made_images_decrypt_and_reencrypt() {
 
 #[test]
 fn cts_single_block_is_cbc() {
-    use aes::cipher::{BlockCipherEncrypt, KeyInit};
     use super::cipher::ModeCipher;
+    use aes::cipher::{BlockCipherEncrypt, KeyInit};
     let key = [9u8; 32];
     let c = ModeCipher::new(Mode::Aes256Cts, &key).unwrap();
     let mut a = [0x61u8; 16];

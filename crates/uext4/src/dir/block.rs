@@ -7,11 +7,11 @@
 //! The caller holds the directory's `io_lock` and passes its `state` (as `st`), as in dir.rs.
 
 use crate::error::{Corruption, Error, Result};
+use crate::fname::Fname;
 use crate::format::dir_entry::*;
 use crate::format::extent::Extent;
 use crate::format::inode::RawInode;
 use crate::format::{le16, le32};
-use crate::fname::Fname;
 use crate::fs::Fs;
 use crate::inode::InodeState;
 use crate::transaction::Handle;

@@ -92,7 +92,10 @@ impl<'a> FoldedName<'a> {
 /// in lower case, whatever follows: a prefix that differs rejects the name without folding
 /// the rest, and an all-ASCII name needs no folding at all.
 fn folds_to(disk: &[u8], folded: &[u8]) -> bool {
-    let k = disk.iter().position(|b| !b.is_ascii()).unwrap_or(disk.len());
+    let k = disk
+        .iter()
+        .position(|b| !b.is_ascii())
+        .unwrap_or(disk.len());
     if folded.len() < k
         || !disk[..k]
             .iter()

@@ -75,7 +75,11 @@ pub(super) fn build_superblock(
     );
     if f.casefold {
         sb.set_encoding(ENCODING_UTF8_12_1);
-        sb.set_encoding_flags(if f.casefold_strict { ENCODING_FLAG_STRICT } else { 0 });
+        sb.set_encoding_flags(if f.casefold_strict {
+            ENCODING_FLAG_STRICT
+        } else {
+            0
+        });
     }
     sb.set_feature_ro_compat(
         flag(f.sparse_super, RO_COMPAT_SPARSE_SUPER)

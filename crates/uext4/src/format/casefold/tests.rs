@@ -68,7 +68,10 @@ fn combining_marks_are_decomposed_and_ordered() {
 #[test]
 fn hangul_syllables_decompose_to_jamo() {
     assert_eq!(fold("\u{D55C}"), "\u{1112}\u{1161}\u{11AB}");
-    assert!(same("\u{D55C}\u{AE00}", "\u{1112}\u{1161}\u{11AB}\u{1100}\u{1173}\u{11AF}"));
+    assert!(same(
+        "\u{D55C}\u{AE00}",
+        "\u{1112}\u{1161}\u{11AB}\u{1100}\u{1173}\u{11AF}"
+    ));
     // An LV syllable has no trailing consonant.
     assert_eq!(fold("\u{AC00}"), "\u{1100}\u{1161}");
 }
