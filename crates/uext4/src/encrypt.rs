@@ -16,43 +16,12 @@
 
 use std::sync::Arc;
 
-use crate::crypto::{
-    Context, InodeKey, InodeKind, Keyring, XATTR_INDEX_ENCRYPTION, XATTR_NAME_CONTEXT,
-};
+use crate::crypto::{Context, InodeKey, InodeKind, XATTR_INDEX_ENCRYPTION, XATTR_NAME_CONTEXT};
 use crate::error::{Error, Result};
 use crate::flags::FL_ENCRYPT;
 use crate::format::inode::{RawInode, S_IFDIR, S_IFLNK, S_IFREG};
 use crate::fs::Fs;
 use crate::icache::InodeState;
-
-/// A raw fscrypt master key (the bytes of a key file, 16 to 64), as given at mount. Its
-/// `Debug` shows only its length; the bytes are zeroed when it is dropped.
-#[derive(Clone)]
-pub struct EncryptionKey(zeroize::Zeroizing<Vec<u8>>);
-
-impl EncryptionKey {
-    /// A key from the raw bytes of a key file.
-    pub fn new(raw: Vec<u8>) -> EncryptionKey {
-        EncryptionKey(zeroize::Zeroizing::new(raw))
-    }
-}
-
-impl std::fmt::Debug for EncryptionKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "EncryptionKey(<{} bytes redacted>)", self.0.len())
-    }
-}
-
-/// The master keys of a mount as a keyring; a key of a bad size is refused by its place.
-pub(crate) fn keyring_of(keys: &[EncryptionKey]) -> Result<Keyring> {
-    let mut ring = Keyring::new();
-    for (i, k) in keys.iter().enumerate() {
-        ring.add_key(&k.0).map_err(|e| {
-            Error::Invalid(format!("encryption key {} of {}: {e}", i + 1, keys.len()))
-        })?;
-    }
-    Ok(ring)
-}
 
 /// Whether an inode is encrypted (EXT4_ENCRYPT_FL).
 pub(crate) fn is_encrypted(raw: &RawInode) -> bool {

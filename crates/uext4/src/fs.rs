@@ -109,7 +109,7 @@ pub struct MountOptions {
     /// one of them (by v1 descriptor as the fscrypt and e4crypt tools compute it, or by v2
     /// identifier) are read and written in the clear; others show no-key names and refuse
     /// their contents with ENOKEY. Never printed (`Debug` shows only their count and sizes).
-    pub keys: Vec<crate::encrypt::EncryptionKey>,
+    pub keys: Vec<crate::crypto::EncryptionKey>,
 }
 
 /// When a read updates atime: the mount options noatime, relatime and strictatime, and
@@ -401,20 +401,14 @@ pub fn check_features(sb: &Superblock) -> Result<Option<String>> {
             names(unknown_incompat, INCOMPAT_NAMES).join(", "),
         ));
     }
-    if sb.has_incompat(INCOMPAT_CASEFOLD) {
+    let (enc, enc_flags) = (sb.encoding(), sb.encoding_flags());
+    if sb.has_incompat(INCOMPAT_CASEFOLD)
+        && (enc != ENCODING_UTF8_12_1 || enc_flags & !ENCODING_FLAG_STRICT != 0)
+    {
         // As the kernel's ext4_sb_read_encoding: one encoding is defined, and one flag.
-        if sb.encoding() != ENCODING_UTF8_12_1 {
-            return Err(Error::Unsupported(format!(
-                "casefold with unknown filename encoding {} (only utf8-12.1, encoding 1, is defined)",
-                sb.encoding()
-            )));
-        }
-        if sb.encoding_flags() & !ENCODING_FLAG_STRICT != 0 {
-            return Err(Error::Unsupported(format!(
-                "casefold with unknown encoding flags {:#x}",
-                sb.encoding_flags()
-            )));
-        }
+        return Err(Error::Unsupported(format!(
+            "casefold with filename encoding {enc}, flags {enc_flags:#x} (defined: utf8-12.1, 1; strict, 0x1)"
+        )));
     }
     if sb.has_compat(COMPAT_HAS_JOURNAL) && sb.journal_inum() == 0 {
         return Err(Error::Unsupported(
@@ -429,6 +423,33 @@ pub fn check_features(sb: &Superblock) -> Result<Option<String>> {
         )));
     }
     Ok(None)
+}
+
+/// Why an open is read-only (an unsupported ro_compat feature, a read-only device, a replay
+/// kept in memory), setting `opts.read_only` where it must be.
+fn read_only_reason(
+    sb: &Superblock,
+    dev: &dyn BlockDevice,
+    opts: &mut MountOptions,
+    in_memory: &Option<Option<String>>,
+) -> Result<Option<String>> {
+    let mut ro_reason = check_features(sb)?;
+    if ro_reason.is_none() && dev.read_only() && !opts.read_only {
+        ro_reason = Some("the image or device is not writable".into());
+    }
+    if let Some(Some(r)) = in_memory {
+        ro_reason.get_or_insert_with(|| r.clone());
+    }
+    if ro_reason.is_some() || dev.read_only() || opts.norecovery {
+        opts.read_only = true;
+    }
+    Ok(ro_reason)
+}
+
+/// The mount's master keys as a keyring; a key of a bad size is named by its place.
+fn keyring_of(opts: &MountOptions) -> Result<crate::crypto::Keyring> {
+    crate::crypto::Keyring::of(&opts.keys)
+        .map_err(|(i, e)| Error::Invalid(format!("encryption key {i} of {}: {e}", opts.keys.len())))
 }
 
 impl Fs {
@@ -471,16 +492,7 @@ impl Fs {
     ) -> Result<Arc<Fs>> {
         let Reopen { in_memory, mmp } = reopen;
         let sb = read_superblock(&*dev)?;
-        let mut ro_reason = check_features(&sb)?;
-        if ro_reason.is_none() && dev.read_only() && !opts.read_only {
-            ro_reason = Some("the image or device is not writable".into());
-        }
-        if let Some(Some(r)) = &in_memory {
-            ro_reason.get_or_insert_with(|| r.clone());
-        }
-        if ro_reason.is_some() || dev.read_only() || opts.norecovery {
-            opts.read_only = true;
-        }
+        let ro_reason = read_only_reason(&sb, &*dev, &mut opts, &in_memory)?;
         // Multi-mount protection before anything is written (journal recovery included).
         let mmp = match mmp {
             Some(m) => Some(m),
@@ -497,7 +509,7 @@ impl Fs {
         let (balloc, free_blocks, free_inodes) = BlockAllocator::load(&geo, &bcache)?;
 
         let max_txn = 4096usize;
-        let keyring = crate::encrypt::keyring_of(&opts.keys)?;
+        let keyring = keyring_of(&opts)?;
         let crypt_enabled = geo.encrypt;
         let fs = Arc::new(Fs {
             dev: counted,

@@ -105,7 +105,7 @@ pub use acl::{chmod as acl_chmod, create_masq as acl_create_masq};
 pub use acl::{is_equivalent_to_mode as acl_is_equivalent_to_mode, mode_bits as acl_mode_bits};
 pub use attr::{SetAttr, TimeSet};
 pub use cred::{Cred, Groups};
-pub use encrypt::EncryptionKey;
+pub use crypto::EncryptionKey;
 pub use error::{Corruption, Error, Result};
 pub use extents::{FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE};
 pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};

@@ -327,3 +327,33 @@ impl InodeKey {
         iv
     }
 }
+
+/// A raw fscrypt master key (the bytes of a key file, 16 to 64), as given at mount. Its
+/// `Debug` shows only its length; the bytes are zeroed when it is dropped.
+#[derive(Clone)]
+pub struct EncryptionKey(zeroize::Zeroizing<Vec<u8>>);
+
+impl EncryptionKey {
+    /// A key from the raw bytes of a key file.
+    pub fn new(raw: Vec<u8>) -> EncryptionKey {
+        EncryptionKey(zeroize::Zeroizing::new(raw))
+    }
+}
+
+impl std::fmt::Debug for EncryptionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EncryptionKey(<{} bytes redacted>)", self.0.len())
+    }
+}
+
+impl Keyring {
+    /// The master keys of a mount as a keyring; the first key of a bad size is named by its
+    /// place (1-based) with the error.
+    pub(crate) fn of(keys: &[EncryptionKey]) -> std::result::Result<Keyring, (usize, CryptoError)> {
+        let mut ring = Keyring::new();
+        for (i, k) in keys.iter().enumerate() {
+            ring.add_key(&k.0).map_err(|e| (i + 1, e))?;
+        }
+        Ok(ring)
+    }
+}

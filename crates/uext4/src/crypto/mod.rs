@@ -49,7 +49,8 @@ mod tests;
 #[allow(unused_imports)] // the API the engine will use
 pub(crate) use fname::{fname_encrypted_size, nokey_name, nokey_name_decode, NokeyName};
 #[allow(unused_imports)]
-pub(crate) use keys::{InodeKey, InodeKind, Keyring, MasterKey};
+pub use keys::EncryptionKey;
+pub(crate) use keys::{InodeKey, InodeKind, Keyring};
 #[allow(unused_imports)]
 pub(crate) use policy::{Context, Mode, Policy, PolicyVersion};
 
