@@ -113,16 +113,15 @@ impl Fs {
         if name.is_empty() || name.len() > MAX_NAME_LEN {
             return Err(Error::NameTooLong);
         }
-        // In an encrypted directory the entry stores the encrypted name.
-        let fname = self.fname(dir, st, name)?;
-        let disk = fname.disk_name()?.into_owned();
-        let name = &disk[..];
         if self.geo.casefold_strict && self.is_casefolded(st) && !casefold::is_valid(name) {
             // ext4_add_entry: strict encoding refuses what it cannot fold.
             return Err(Error::Invalid(
                 "name is not valid UTF-8 (the filesystem's encoding is strict)".into(),
             ));
         }
+        // In an encrypted directory the entry stores the encrypted name.
+        let disk = self.disk_name(dir, st, name)?;
+        let name = &disk[..];
         self.inline_convert(h, dir, st)?;
         let (size0, flags0) = (st.raw.size(), st.raw.flags());
         let r = self.dir_add_inner(h, dir, st, name, ino, ftype);

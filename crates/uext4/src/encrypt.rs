@@ -364,9 +364,15 @@ impl Fs {
             return self.truncate_raw(ino, size);
         }
         let start = size / bs * bs;
+        // A hole (stored zeros: read_encrypted's rule) stays one; a stored block is written
+        // again, even where its plaintext is zeros, as its ciphertext's tail is about to be
+        // zeroed by the plain truncate.
         let mut block = vec![0u8; bs as usize];
-        self.read_plain_blocks(key, ino, start, &mut block, old)?;
+        self.read_inner_whole(ino, start, &mut block)?;
         let hole = block.iter().all(|&b| b == 0);
+        if !hole {
+            self.read_plain_blocks(key, ino, start, &mut block, old)?;
+        }
         self.truncate_raw(ino, size)?;
         if hole {
             return Ok(());

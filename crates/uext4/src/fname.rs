@@ -152,6 +152,23 @@ impl Fs {
         })
     }
 
+    /// The name a new entry for `name` stores in directory `st`: `name` itself, or in an
+    /// encrypted directory its encrypted form (ENOKEY without the key). Plain and casefolded
+    /// directories prepare nothing (the index folds the name once, when it hashes it).
+    pub(crate) fn disk_name<'a>(
+        &self,
+        dir: u32,
+        st: &mut InodeState,
+        name: &'a [u8],
+    ) -> Result<Cow<'a, [u8]>> {
+        if !crate::encrypt::is_encrypted(&st.raw) {
+            return Ok(Cow::Borrowed(name));
+        }
+        Ok(Cow::Owned(
+            self.fname(dir, st, name)?.disk_name()?.into_owned(),
+        ))
+    }
+
     /// The bytes the index hashes for an entry named `name` already in directory `st`.
     pub(crate) fn entry_hash_bytes<'n>(&self, st: &InodeState, name: &'n [u8]) -> Cow<'n, [u8]> {
         if self.is_casefolded(st) {

@@ -42,7 +42,7 @@ impl Fs {
                 let len = (buf.len() as u64).min(size - off) as usize;
                 return self.read_encrypted(
                     &key,
-                    |o, b| self.read_inner(ino, o, b, true),
+                    |o, b| self.read_inner_whole(ino, o, b),
                     off,
                     &mut buf[..len],
                 );

@@ -375,6 +375,7 @@ fn the_casefold_flag_goes_on_empty_directories_and_passes_to_subdirectories() {
         Err(Error::NotSupported(_))
     ));
     fs.unmount().unwrap();
+    e2fsck_clean(&plain.0);
 }
 
 #[test]

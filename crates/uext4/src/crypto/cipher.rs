@@ -87,79 +87,70 @@ impl ModeCipher {
 
     /// Encrypts `data` in place with `iv` (32 bytes; the mode uses its IV size of them).
     pub(crate) fn encrypt(&self, data: &mut [u8], iv: &[u8; 32]) -> Result<()> {
+        self.check_len(data)?;
         match self {
-            ModeCipher::Aes256Xts(x) => {
-                if data.len() < 16 {
-                    return Err(CryptoError::Corrupt("XTS data unit under 16 bytes"));
-                }
-                let tweak: [u8; 16] = iv[..16].try_into().expect("16 bytes");
-                x.encrypt_sector(data, tweak.into());
-            }
+            ModeCipher::Aes256Xts(x) => x.encrypt_sector(data, iv16(iv).into()),
             ModeCipher::Aes128CbcEssiv { key, essiv } => {
-                let (blocks, rest) = aes::Block::slice_as_chunks_mut(data);
-                if !rest.is_empty() {
-                    return Err(CryptoError::Corrupt(
-                        "CBC data unit not a multiple of 16 bytes",
-                    ));
-                }
-                let mut eiv: [u8; 16] = iv[..16].try_into().expect("16 bytes");
-                essiv.encrypt_block((&mut eiv).into());
-                let mut mode = cbc::Encryptor::<Aes128>::inner_iv_init(key.clone(), &eiv.into());
-                mode.encrypt_blocks(blocks);
+                let mut mode =
+                    cbc::Encryptor::<Aes128>::inner_iv_init(key.clone(), &essiv_iv(essiv, iv));
+                mode.encrypt_blocks(aes::Block::slice_as_chunks_mut(data).0);
             }
             ModeCipher::Aes256Cts(k) => cts_encrypt(k.clone(), data, iv)?,
             ModeCipher::Aes128Cts(k) => cts_encrypt(k.clone(), data, iv)?,
-            ModeCipher::Adiantum(a) => {
-                adiantum_check(data)?;
-                a.encrypt(data, iv);
-            }
-            ModeCipher::Hctr2(h) => {
-                if data.len() < 16 {
-                    return Err(CryptoError::Corrupt("HCTR2 message under 16 bytes"));
-                }
-                h.encrypt(data, iv);
-            }
+            ModeCipher::Adiantum(a) => a.encrypt(data, iv),
+            ModeCipher::Hctr2(h) => h.encrypt(data, iv),
         }
         Ok(())
     }
 
     /// Decrypts `data` in place with `iv`.
     pub(crate) fn decrypt(&self, data: &mut [u8], iv: &[u8; 32]) -> Result<()> {
+        self.check_len(data)?;
         match self {
-            ModeCipher::Aes256Xts(x) => {
-                if data.len() < 16 {
-                    return Err(CryptoError::Corrupt("XTS data unit under 16 bytes"));
-                }
-                let tweak: [u8; 16] = iv[..16].try_into().expect("16 bytes");
-                x.decrypt_sector(data, tweak.into());
-            }
+            ModeCipher::Aes256Xts(x) => x.decrypt_sector(data, iv16(iv).into()),
             ModeCipher::Aes128CbcEssiv { key, essiv } => {
-                let (blocks, rest) = aes::Block::slice_as_chunks_mut(data);
-                if !rest.is_empty() {
-                    return Err(CryptoError::Corrupt(
-                        "CBC data unit not a multiple of 16 bytes",
-                    ));
-                }
-                let mut eiv: [u8; 16] = iv[..16].try_into().expect("16 bytes");
-                essiv.encrypt_block((&mut eiv).into());
-                let mut mode = cbc::Decryptor::<Aes128>::inner_iv_init(key.clone(), &eiv.into());
-                mode.decrypt_blocks(blocks);
+                let mut mode =
+                    cbc::Decryptor::<Aes128>::inner_iv_init(key.clone(), &essiv_iv(essiv, iv));
+                mode.decrypt_blocks(aes::Block::slice_as_chunks_mut(data).0);
             }
             ModeCipher::Aes256Cts(k) => cts_decrypt(k.clone(), data, iv)?,
             ModeCipher::Aes128Cts(k) => cts_decrypt(k.clone(), data, iv)?,
-            ModeCipher::Adiantum(a) => {
-                adiantum_check(data)?;
-                a.decrypt(data, iv);
-            }
-            ModeCipher::Hctr2(h) => {
-                if data.len() < 16 {
-                    return Err(CryptoError::Corrupt("HCTR2 message under 16 bytes"));
-                }
-                h.decrypt(data, iv);
-            }
+            ModeCipher::Adiantum(a) => a.decrypt(data, iv),
+            ModeCipher::Hctr2(h) => h.decrypt(data, iv),
         }
         Ok(())
     }
+
+    /// The lengths each mode takes (the same both ways).
+    fn check_len(&self, data: &[u8]) -> Result<()> {
+        match self {
+            ModeCipher::Aes256Xts(_) if data.len() < 16 => {
+                Err(CryptoError::Corrupt("XTS data unit under 16 bytes"))
+            }
+            ModeCipher::Aes128CbcEssiv { .. } if data.len() % 16 != 0 => Err(CryptoError::Corrupt(
+                "CBC data unit not a multiple of 16 bytes",
+            )),
+            ModeCipher::Adiantum(_) => adiantum_check(data),
+            ModeCipher::Hctr2(_) if data.len() < 16 => {
+                Err(CryptoError::Corrupt("HCTR2 message under 16 bytes"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The first 16 bytes of an IV (the modes with a 16-byte IV).
+fn iv16(iv: &[u8; 32]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&iv[..16]);
+    out
+}
+
+/// CBC-ESSIV's IV: the IV encrypted with the key's hash.
+fn essiv_iv(essiv: &Aes256, iv: &[u8; 32]) -> aes::Block {
+    let mut eiv = aes::Block::from(iv16(iv));
+    essiv.encrypt_block(&mut eiv);
+    eiv
 }
 
 fn adiantum_check(data: &[u8]) -> Result<()> {
@@ -178,7 +169,7 @@ where
     C: BlockCipherEncrypt + aes::cipher::BlockSizeUser<BlockSize = aes::cipher::consts::U16>,
 {
     use cts::Encrypt;
-    let iv16: [u8; 16] = iv[..16].try_into().expect("16 bytes");
+    let iv16 = iv16(iv);
     if data.len() == 16 {
         // One block: the kernel's cts(cbc(aes)) is plain CBC there (the crate's CS3 is not).
         let (blocks, _) = aes::Block::slice_as_chunks_mut(data);
@@ -196,7 +187,7 @@ where
         + aes::cipher::BlockSizeUser<BlockSize = aes::cipher::consts::U16>,
 {
     use cts::Decrypt;
-    let iv16: [u8; 16] = iv[..16].try_into().expect("16 bytes");
+    let iv16 = iv16(iv);
     if data.len() == 16 {
         let (blocks, _) = aes::Block::slice_as_chunks_mut(data);
         cbc::Decryptor::<C>::inner_iv_init(cipher, &iv16.into()).decrypt_blocks(blocks);
