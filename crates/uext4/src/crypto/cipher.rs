@@ -127,9 +127,9 @@ impl ModeCipher {
             ModeCipher::Aes256Xts(_) if data.len() < 16 => {
                 Err(CryptoError::Corrupt("XTS data unit under 16 bytes"))
             }
-            ModeCipher::Aes128CbcEssiv { .. } if data.len() % 16 != 0 => Err(CryptoError::Corrupt(
-                "CBC data unit not a multiple of 16 bytes",
-            )),
+            ModeCipher::Aes128CbcEssiv { .. } if !data.len().is_multiple_of(16) => Err(
+                CryptoError::Corrupt("CBC data unit not a multiple of 16 bytes"),
+            ),
             ModeCipher::Adiantum(_) => adiantum_check(data),
             ModeCipher::Hctr2(_) if data.len() < 16 => {
                 Err(CryptoError::Corrupt("HCTR2 message under 16 bytes"))
