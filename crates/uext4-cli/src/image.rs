@@ -326,6 +326,11 @@ pub(crate) fn set_keys(files: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
+/// The `--key` keys, in the order given.
+pub(crate) fn keys() -> &'static [uext4::EncryptionKey] {
+    KEYS.get().map(Vec::as_slice).unwrap_or(&[])
+}
+
 /// Opens an image for a tool. A read-write open claims the image first (the engine's
 /// holder.rs: refused, naming the holder, while another program writes it). A read-only open
 /// never writes: a journal left to replay (a crash, a killed mount) is replayed in memory.

@@ -16,9 +16,13 @@
 
 use std::sync::Arc;
 
-use crate::crypto::{Context, InodeKey, InodeKind, XATTR_INDEX_ENCRYPTION, XATTR_NAME_CONTEXT};
+use crate::cred::Cred;
+use crate::crypto::{
+    Context, EncryptionPolicy, InodeKey, InodeKind, XATTR_INDEX_ENCRYPTION, XATTR_NAME_CONTEXT,
+};
 use crate::error::{Error, Result};
 use crate::flags::FL_ENCRYPT;
+use crate::format::features::COMPAT_STABLE_INODES;
 use crate::format::inode::{RawInode, S_IFDIR, S_IFLNK, S_IFREG};
 use crate::fs::Fs;
 use crate::icache::InodeState;
@@ -380,5 +384,131 @@ impl Fs {
         block[(size - start) as usize..].fill(0);
         self.write_plain_blocks(None, key, ino, start, block, size)?;
         Ok(())
+    }
+}
+
+/// What an inode's encryption looks like from outside (`uext4 stat`, lsattr's `E`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncryptionStatus {
+    /// The inode's policy.
+    pub policy: EncryptionPolicy,
+    /// Whether its master key was given (so names and contents read as plaintext).
+    pub key_present: bool,
+}
+
+impl Fs {
+    /// FS_IOC_GET_ENCRYPTION_POLICY_EX: the policy of inode `ino`, or None where it is not
+    /// encrypted (the kernel's ENODATA).
+    pub fn encryption_policy(&self, ino: u32) -> Result<Option<EncryptionStatus>> {
+        let inode = self.iget(ino)?;
+        let st = inode.state.lock();
+        if !is_encrypted(&st.raw) {
+            return Ok(None);
+        }
+        let policy = self.crypt_context(ino, &st.raw)?.policy;
+        Ok(Some(EncryptionStatus {
+            policy: EncryptionPolicy(policy),
+            key_present: self.keyring.lookup(&policy).is_some(),
+        }))
+    }
+
+    /// FS_IOC_GET_ENCRYPTION_NONCE: the per-file nonce of encrypted inode `ino` (ENODATA
+    /// where it is not encrypted).
+    pub fn encryption_nonce(&self, ino: u32) -> Result<[u8; crate::crypto::NONCE_SIZE]> {
+        let inode = self.iget(ino)?;
+        let st = inode.state.lock();
+        if !is_encrypted(&st.raw) {
+            return Err(Error::NoAttr);
+        }
+        Ok(self.crypt_context(ino, &st.raw)?.nonce)
+    }
+
+    /// Whether the master key of a policy is present: FS_IOC_GET_ENCRYPTION_KEY_STATUS for
+    /// the keys given at open (a v1 descriptor or a v2 identifier, as `policy` names it).
+    pub fn has_encryption_key(&self, policy: &EncryptionPolicy) -> bool {
+        self.keyring.lookup(&policy.0).is_some()
+    }
+
+    /// [`Fs::set_encryption_policy_as`] as root (the image tools).
+    pub fn set_encryption_policy(&self, ino: u32, policy: &EncryptionPolicy) -> Result<()> {
+        self.set_encryption_policy_as(&Cred::root(), ino, policy)
+    }
+
+    /// FS_IOC_SET_ENCRYPTION_POLICY for `cred`, as fscrypt_ioctl_set_policy and
+    /// ext4_set_context: on a filesystem with the `encrypt` feature (EOPNOTSUPP), by the
+    /// owner or a privileged caller (EACCES); an inode that already has this policy is left
+    /// alone and one with another is EEXIST; otherwise only an empty directory (ENOTDIR,
+    /// ENOTEMPTY), never the root (EPERM, as e2fsck wants lost+found plain), with a policy
+    /// the filesystem supports (EINVAL) and, for v2, whose key was given (ENOKEY). The
+    /// context (a fresh nonce) is stored in the inode with EXT4_ENCRYPT_FL in one handle; an
+    /// inline directory moves to a block first.
+    pub fn set_encryption_policy_as(
+        &self,
+        cred: &Cred,
+        ino: u32,
+        policy: &EncryptionPolicy,
+    ) -> Result<()> {
+        self.stats.ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.check_writable()?;
+        if !self.crypt_enabled {
+            return Err(Error::NotSupported(
+                "encryption on a filesystem without the encrypt feature".into(),
+            ));
+        }
+        let inode = self.iget(ino)?;
+        let _io = inode.io_lock.write();
+        let mut h = self.start(crate::transaction::credits::XATTR)?;
+        let mut st = inode.state.lock();
+        if st.deleted || st.raw.links_count() == 0 {
+            return Err(Error::NotFound);
+        }
+        if cred.uid != st.raw.uid() && !cred.privileged {
+            return Err(Error::Access);
+        }
+        if is_encrypted(&st.raw) {
+            return match self.crypt_context(ino, &st.raw)?.policy == policy.0 {
+                true => Ok(()),
+                false => Err(Error::Exists),
+            };
+        }
+        if !st.raw.is_dir() {
+            return Err(Error::NotDir);
+        }
+        if !self.dir_is_empty(ino, &mut st)? {
+            return Err(Error::NotEmpty);
+        }
+        if ino == crate::format::inode::ROOT_INO {
+            return Err(Error::Perm);
+        }
+        if st.raw.flags() & crate::flags::FL_DAX != 0 {
+            return Err(Error::NotSupported("encryption of a DAX directory".into()));
+        }
+        let caps = crate::crypto::policy::FsCaps {
+            blkbits: self.geo.block_size.trailing_zeros() as u8,
+            stable_inodes: self.sb.lock().has_compat(COMPAT_STABLE_INODES),
+            casefolded: st.raw.flags() & crate::flags::FL_CASEFOLD != 0,
+        };
+        policy
+            .0
+            .validate(&caps)
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        if policy.0.version == crate::crypto::PolicyVersion::V2
+            && self.keyring.lookup(&policy.0).is_none()
+        {
+            // fscrypt_verify_key_added: a v2 policy names a key that must be there.
+            return Err(Error::NoKey(format!("encryption key {}", policy.0.key)));
+        }
+        let ctx = policy.0.new_context()?;
+        let entry = crate::format::xattr::XattrEntry {
+            index: XATTR_INDEX_ENCRYPTION,
+            name: XATTR_NAME_CONTEXT.to_vec(),
+            value: ctx.to_bytes(),
+        };
+        self.xattr_put_in(&mut h, ino, &mut st, vec![entry])?;
+        let flags = st.raw.flags() | FL_ENCRYPT;
+        st.raw.set_flags(flags);
+        st.raw.set_ctime(self.now());
+        st.crypt = None;
+        self.mark_inode_dirty(&mut h, &inode, &mut st)
     }
 }

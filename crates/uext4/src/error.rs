@@ -139,6 +139,10 @@ pub enum Error {
     /// EPERM (and EACCES where the caller lacks a permission).
     #[error("operation not permitted")]
     Perm,
+    /// EACCES: the caller is neither the owner nor privileged, where the kernel says so
+    /// with EACCES rather than EPERM (inode_owner_or_capable in fscrypt's ioctls).
+    #[error("permission denied")]
+    Access,
     /// EOPNOTSUPP: the operation or flag (names it).
     #[error("operation not supported: {0}")]
     NotSupported(String),
@@ -304,6 +308,7 @@ impl Error {
             Error::NoAttr => libc::ENODATA,
             Error::Range => libc::ERANGE,
             Error::Perm => libc::EPERM,
+            Error::Access => libc::EACCES,
             Error::NotSupported(_) => libc::EOPNOTSUPP,
             Error::NoKey(_) => libc::ENOKEY,
             Error::CrossDevice => libc::EXDEV,

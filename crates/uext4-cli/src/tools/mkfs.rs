@@ -144,6 +144,7 @@ pub(crate) fn build_options(region: Option<Region>) -> Result<MountOptions> {
         inode_cache_limit: 2048,
         cache_limit_bytes: 4 << 20,
         map_tmpfs: false,
+        keys: crate::image::keys().to_vec(),
         ..Default::default()
     })
 }

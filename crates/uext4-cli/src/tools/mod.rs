@@ -1,5 +1,5 @@
 //! The image tools: mkfs, info, ls, cat, cp, mkdir, rm, mv, ln, stat, chmod, chown, touch,
-//! truncate, fstrim, chattr, lsattr, label, one file per tool or family. Paths inside an
+//! truncate, fstrim, chattr, lsattr, label, fscrypt, one file per tool or family. Paths inside an
 //! image are written IMAGE:PATH; IMAGE
 //! may be `disk.img@2` (partition 2 of a whole-disk image, GPT or MBR, numbered as fdisk and
 //! lsblk number them) or `disk.img@offset=BYTES[,size=BYTES]` (a filesystem at a byte offset,
@@ -13,6 +13,7 @@ pub mod cp;
 pub mod devtable;
 pub mod fit;
 mod fstrim;
+pub mod fscrypt;
 mod info;
 mod ls;
 pub mod mkfs;
@@ -176,6 +177,9 @@ pub enum ToolCmd {
         version: bool,
         path: String,
     },
+    /// Set and read encryption policies (fscrypt), as fscryptctl(8).
+    #[command(subcommand)]
+    Fscrypt(fscrypt::FscryptCmd),
     /// Print the filesystem label, or set it (at most 16 bytes), as e2label(8).
     Label {
         image: PathBuf,
@@ -204,6 +208,7 @@ impl ToolCmd {
             ToolCmd::Chattr { .. } => "chattr",
             ToolCmd::Lsattr { .. } => "lsattr",
             ToolCmd::Label { .. } => "label",
+            ToolCmd::Fscrypt(_) => "fscrypt",
         }
     }
 }
@@ -312,5 +317,6 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
             chattr::lsattr(&path, o)
         }
         ToolCmd::Label { image, label } => chattr::label(&image, label.as_deref()),
+        ToolCmd::Fscrypt(c) => fscrypt::run(c),
     }
 }

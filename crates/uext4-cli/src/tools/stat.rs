@@ -46,6 +46,10 @@ pub(super) fn stat(path: &str) -> Result<()> {
     println!("Modify: {}", fmt_time(a.mtime));
     println!("Change: {}", fmt_time(a.ctime));
     println!(" Birth: {}", fmt_time(a.crtime));
+    if let Some(e) = fs.encryption_policy(ino)? {
+        let key = if e.key_present { "present" } else { "absent" };
+        println!("Encrypted: {} (key {key})", e.policy);
+    }
     if let Ok(x) = fs.listxattr(ino) {
         for n in x {
             println!("xattr: {}", String::from_utf8_lossy(&n));

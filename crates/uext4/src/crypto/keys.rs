@@ -338,6 +338,11 @@ impl EncryptionKey {
     pub fn new(raw: Vec<u8>) -> EncryptionKey {
         EncryptionKey(zeroize::Zeroizing::new(raw))
     }
+
+    /// The raw bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.0
+    }
 }
 
 impl std::fmt::Debug for EncryptionKey {

@@ -1,6 +1,7 @@
 //! fscrypt: per-file encryption as the kernel's fs/crypto does it, for ext4's `encrypt` feature.
 //!
-//! Self-contained; the engine does not call it yet. One concern per file, as in fs/crypto:
+//! The ciphers and formats; the engine's side (which inodes, when) is encrypt.rs. One concern
+//! per file, as in fs/crypto:
 //! - [`policy`]: the `c` xattr (index 9, name "c"): `fscrypt_context` v1 and v2, its modes
 //!   and flags, validation, and new contexts for new inodes (fresh random nonce);
 //! - [`keys`]: master keys from raw key files ([`Keyring`]), the v1 descriptor and v2
@@ -16,7 +17,7 @@
 //! Secrets (master keys, derived keys, SipHash keys) never appear in errors, logs or
 //! `Debug` output, and are zeroed when dropped.
 //!
-//! For the engine, when it wires this in:
+//! What the engine relies on:
 //! - a new inode under an encrypted directory gets `dir_ctx.policy.new_context()` as its
 //!   `c` xattr (index 9, in the inode) and EXT4_ENCRYPT_FL; its key is
 //!   `keyring.inode_key(&ctx, kind, ino, &s_uuid)`, so the inode number must be known
@@ -53,6 +54,8 @@ pub use keys::EncryptionKey;
 pub(crate) use keys::{InodeKey, InodeKind, Keyring};
 #[allow(unused_imports)]
 pub(crate) use policy::{Context, Mode, Policy, PolicyVersion};
+pub use policy::EncryptionPolicy;
+pub(crate) use policy::NONCE_SIZE;
 
 /// The xattr index (EXT4_XATTR_INDEX_ENCRYPTION) and name of an inode's encryption context.
 pub(crate) const XATTR_INDEX_ENCRYPTION: u8 = 9;

@@ -408,3 +408,197 @@ impl Context {
         out
     }
 }
+
+/// An fscrypt policy as userspace sees it: what FS_IOC_SET_ENCRYPTION_POLICY takes and
+/// FS_IOC_GET_ENCRYPTION_POLICY_EX returns (`struct fscrypt_policy_v1` of 12 bytes, version
+/// byte 0; `struct fscrypt_policy_v2` of 24 bytes, version byte 2). Its `Display` is one
+/// line: version, modes, padding, flags and the key's public name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncryptionPolicy(pub(crate) Policy);
+
+/// The uapi version byte of a v1 policy (FSCRYPT_POLICY_V1; its context says 1).
+const UAPI_V1: u8 = 0;
+/// The uapi version byte of a v2 policy.
+const UAPI_V2: u8 = 2;
+
+impl EncryptionPolicy {
+    /// A v2 policy for `key` with the kernel's recommended modes (AES-256-XTS contents,
+    /// AES-256-CTS-CBC names) and 32-byte name padding, as `fscryptctl set_policy` makes.
+    pub fn v2(key: &super::EncryptionKey) -> std::result::Result<EncryptionPolicy, String> {
+        let k = super::keys::MasterKey::new(key.bytes()).map_err(|e| e.to_string())?;
+        Ok(EncryptionPolicy(Policy {
+            version: PolicyVersion::V2,
+            contents_mode: Mode::Aes256Xts,
+            filenames_mode: Mode::Aes256Cts,
+            flags: FLAGS_PAD_32,
+            log2_data_unit_size: 0,
+            key: KeySpec::Identifier(k.identifier()),
+        }))
+    }
+
+    /// A v1 policy for `key` under the descriptor the fscrypt and e4crypt tools compute
+    /// (the first 8 bytes of SHA-512(SHA-512(key))), with [`EncryptionPolicy::v2`]'s modes.
+    pub fn v1(key: &super::EncryptionKey) -> std::result::Result<EncryptionPolicy, String> {
+        let k = super::keys::MasterKey::new(key.bytes()).map_err(|e| e.to_string())?;
+        let mut p = Self::v2(key)?;
+        p.0.version = PolicyVersion::V1;
+        p.0.key = KeySpec::Descriptor(k.descriptor());
+        Ok(p)
+    }
+
+    /// Sets the contents and filenames modes by name: the kernel's (`AES-256-XTS`,
+    /// `AES-256-CTS-CBC`, `AES-128-CBC-ESSIV`, `AES-128-CTS-CBC`, `Adiantum`,
+    /// `AES-256-HCTR2`) or fscryptctl's short ones (`AES-256-CTS`, `AES-128-CBC`,
+    /// `AES-128-CTS`), in any case.
+    pub fn with_modes(
+        mut self,
+        contents: &str,
+        filenames: &str,
+    ) -> std::result::Result<EncryptionPolicy, String> {
+        self.0.contents_mode = mode_by_name(contents)?;
+        self.0.filenames_mode = mode_by_name(filenames)?;
+        Ok(self)
+    }
+
+    /// Sets the filename padding: 4, 8, 16 or 32 bytes.
+    pub fn with_padding(mut self, bytes: u32) -> std::result::Result<EncryptionPolicy, String> {
+        let code = match bytes {
+            4 => FLAGS_PAD_4,
+            8 => FLAGS_PAD_8,
+            16 => FLAGS_PAD_16,
+            32 => FLAGS_PAD_32,
+            _ => return Err(format!("padding {bytes} (4, 8, 16 or 32)")),
+        };
+        self.0.flags = self.0.flags & !FLAGS_PAD_MASK | code;
+        Ok(self)
+    }
+
+    /// Adds a flag by fscryptctl's name: `direct-key`, `iv-ino-lblk-64` or `iv-ino-lblk-32`.
+    pub fn with_flag(mut self, name: &str) -> std::result::Result<EncryptionPolicy, String> {
+        self.0.flags |= match name.to_ascii_lowercase().replace('_', "-").as_str() {
+            "direct-key" => FLAG_DIRECT_KEY,
+            "iv-ino-lblk-64" => FLAG_IV_INO_LBLK_64,
+            "iv-ino-lblk-32" => FLAG_IV_INO_LBLK_32,
+            _ => {
+                return Err(format!(
+                    "flag {name} (direct-key, iv-ino-lblk-64 or iv-ino-lblk-32)"
+                ))
+            }
+        };
+        Ok(self)
+    }
+
+    /// Parses the ioctl's structure (v1: 12 bytes, v2: 24 bytes; extra bytes are an error,
+    /// as the kernel copies exactly the size of the version's structure).
+    pub fn from_bytes(b: &[u8]) -> std::result::Result<EncryptionPolicy, String> {
+        let version = *b.first().ok_or("an empty encryption policy")?;
+        let (want, v) = match version {
+            UAPI_V1 => (12, PolicyVersion::V1),
+            UAPI_V2 => (24, PolicyVersion::V2),
+            n => return Err(format!("encryption policy version {n} (0 or 2)")),
+        };
+        if b.len() != want {
+            return Err(format!(
+                "an encryption policy of {} bytes ({want} for its version)",
+                b.len()
+            ));
+        }
+        let mode =
+            |n: u8| Mode::from_num(n).ok_or_else(|| format!("encryption mode number {n}"));
+        let (log2_data_unit_size, key) = match v {
+            PolicyVersion::V1 => {
+                let mut d = [0u8; DESCRIPTOR_SIZE];
+                d.copy_from_slice(&b[4..12]);
+                (0, KeySpec::Descriptor(d))
+            }
+            PolicyVersion::V2 => {
+                if b[5..8] != [0, 0, 0] {
+                    return Err("reserved bytes set in an encryption policy".into());
+                }
+                let mut id = [0u8; IDENTIFIER_SIZE];
+                id.copy_from_slice(&b[8..24]);
+                (b[4], KeySpec::Identifier(id))
+            }
+        };
+        Ok(EncryptionPolicy(Policy {
+            version: v,
+            contents_mode: mode(b[1])?,
+            filenames_mode: mode(b[2])?,
+            flags: b[3],
+            log2_data_unit_size,
+            key,
+        }))
+    }
+
+    /// The ioctl's structure.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let p = &self.0;
+        let mut out = vec![0, p.contents_mode.num(), p.filenames_mode.num(), p.flags];
+        match p.key {
+            KeySpec::Descriptor(d) => {
+                out[0] = UAPI_V1;
+                out.extend_from_slice(&d);
+            }
+            KeySpec::Identifier(id) => {
+                out[0] = UAPI_V2;
+                out.extend_from_slice(&[p.log2_data_unit_size, 0, 0, 0]);
+                out.extend_from_slice(&id);
+            }
+        }
+        out
+    }
+
+    /// 1 or 2.
+    pub fn version(&self) -> u8 {
+        match self.0.version {
+            PolicyVersion::V1 => 1,
+            PolicyVersion::V2 => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for EncryptionPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = &self.0;
+        write!(
+            f,
+            "v{} {}/{}, padding {}",
+            self.version(),
+            p.contents_mode.name(),
+            p.filenames_mode.name(),
+            p.padding()
+        )?;
+        for (bit, name) in [
+            (FLAG_DIRECT_KEY, "direct-key"),
+            (FLAG_IV_INO_LBLK_64, "iv-ino-lblk-64"),
+            (FLAG_IV_INO_LBLK_32, "iv-ino-lblk-32"),
+        ] {
+            if p.flags & bit != 0 {
+                write!(f, ", {name}")?;
+            }
+        }
+        if p.log2_data_unit_size != 0 {
+            write!(f, ", data unit {}", 1u32 << p.log2_data_unit_size)?;
+        }
+        write!(f, ", key {}", p.key)
+    }
+}
+
+/// A mode by the kernel's or fscryptctl's name.
+fn mode_by_name(name: &str) -> std::result::Result<Mode, String> {
+    let n = name.to_ascii_uppercase();
+    Ok(match n.as_str() {
+        "AES-256-XTS" => Mode::Aes256Xts,
+        "AES-256-CTS" | "AES-256-CTS-CBC" => Mode::Aes256Cts,
+        "AES-128-CBC" | "AES-128-CBC-ESSIV" => Mode::Aes128Cbc,
+        "AES-128-CTS" | "AES-128-CTS-CBC" => Mode::Aes128Cts,
+        "ADIANTUM" => Mode::Adiantum,
+        "AES-256-HCTR2" => Mode::Aes256Hctr2,
+        _ => {
+            return Err(format!(
+                "encryption mode {name} (AES-256-XTS, AES-256-CTS, AES-128-CBC, AES-128-CTS, \
+                 Adiantum or AES-256-HCTR2)"
+            ))
+        }
+    })
+}

@@ -48,6 +48,10 @@ pub struct FeatureSet {
     /// With casefold: names that are not valid UTF-8 are refused in casefolded directories
     /// (mke2fs -E encoding_flags=strict).
     pub casefold_strict: bool,
+    /// Encrypted directories possible (fscrypt policies, `uext4 fscrypt set-policy`).
+    pub encrypt: bool,
+    /// Inode numbers never change (no shrinking): what fscrypt's IV_INO_LBLK_* policies need.
+    pub stable_inodes: bool,
 }
 
 impl Default for FeatureSet {
@@ -59,7 +63,7 @@ impl Default for FeatureSet {
 /// Feature names `FeatureSet::apply` knows.
 const FEATURE_NAMES: &str = "has_journal, ext_attr, resize_inode, dir_index, filetype, extent, \
      64bit, flex_bg, sparse_super, large_file, huge_file, dir_nlink, extra_isize, metadata_csum, \
-     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold";
+     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold, encrypt, stable_inodes";
 
 impl FeatureSet {
     /// `mke2fs -t ext4` of e2fsprogs 1.47.
@@ -84,6 +88,8 @@ impl FeatureSet {
             orphan_file: false,
             casefold: false,
             casefold_strict: false,
+            encrypt: false,
+            stable_inodes: false,
         }
     }
 
@@ -136,6 +142,7 @@ impl FeatureSet {
             || self.uninit_bg
             || self.orphan_file
             || self.casefold
+            || self.encrypt
         {
             "ext4"
         } else if self.has_journal {
@@ -171,6 +178,8 @@ impl FeatureSet {
                 "metadata_csum_seed" => &mut self.metadata_csum_seed,
                 "orphan_file" => &mut self.orphan_file,
                 "casefold" => &mut self.casefold,
+                "encrypt" => &mut self.encrypt,
+                "stable_inodes" => &mut self.stable_inodes,
                 _ => {
                     return Err(Error::Unsupported(format!(
                         "mkfs feature {f:?} (uext4 mkfs knows: {FEATURE_NAMES})"

@@ -63,7 +63,8 @@ pub(super) fn build_superblock(
             | flag(f.dir_index, COMPAT_DIR_INDEX)
             | flag(jblocks > 0, COMPAT_HAS_JOURNAL)
             | flag(l.resize_inode, COMPAT_RESIZE_INODE)
-            | flag(f.orphan_file, COMPAT_ORPHAN_FILE),
+            | flag(f.orphan_file, COMPAT_ORPHAN_FILE)
+            | flag(f.stable_inodes, COMPAT_STABLE_INODES),
     );
     sb.set_feature_incompat(
         INCOMPAT_FILETYPE
@@ -71,7 +72,8 @@ pub(super) fn build_superblock(
             | flag(f.has_64bit, INCOMPAT_64BIT)
             | flag(f.flex_bg, INCOMPAT_FLEX_BG)
             | flag(f.metadata_csum && f.metadata_csum_seed, INCOMPAT_CSUM_SEED)
-            | flag(f.casefold, INCOMPAT_CASEFOLD),
+            | flag(f.casefold, INCOMPAT_CASEFOLD)
+            | flag(f.encrypt, INCOMPAT_ENCRYPT),
     );
     if f.casefold {
         sb.set_encoding(ENCODING_UTF8_12_1);
