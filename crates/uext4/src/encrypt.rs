@@ -423,10 +423,10 @@ impl Fs {
         Ok(self.crypt_context(ino, &st.raw)?.nonce)
     }
 
-    /// Whether the master key of a policy is present: FS_IOC_GET_ENCRYPTION_KEY_STATUS for
-    /// the keys given at open (a v1 descriptor or a v2 identifier, as `policy` names it).
-    pub fn has_encryption_key(&self, policy: &EncryptionPolicy) -> bool {
-        self.keyring.lookup(&policy.0).is_some()
+    /// FS_IOC_GET_ENCRYPTION_KEY_STATUS for the keys given at open: whether the master key
+    /// a key specifier names is present (8 bytes: a v1 descriptor; 16: a v2 identifier).
+    pub fn has_encryption_key(&self, spec: &[u8]) -> bool {
+        self.keyring.has_spec(spec)
     }
 
     /// [`Fs::set_encryption_policy_as`] as root (the image tools).
@@ -448,7 +448,9 @@ impl Fs {
         ino: u32,
         policy: &EncryptionPolicy,
     ) -> Result<()> {
-        self.stats.ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.stats
+            .ops
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.check_writable()?;
         if !self.crypt_enabled {
             return Err(Error::NotSupported(

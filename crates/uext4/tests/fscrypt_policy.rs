@@ -61,7 +61,11 @@ fn kernel_view(img: &Path, raw_key: &[u8], version: u8, dir: &str) -> Option<Vec
         println!("{stdout}");
         return None;
     }
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let mut lines: Vec<String> = v
         .as_array()
@@ -104,7 +108,11 @@ fn fill(fs: &Fs, d: u32, seed: u64) -> Vec<String> {
     file(sub, "inner", 5000, &mut want);
     let target = format!("/{}/t", "x".repeat(90));
     fs.symlink(d, b"link", target.as_bytes(), 0, 0).unwrap();
-    want.push(format!("{} symlink 0 {}", hex(b"link"), hex(target.as_bytes())));
+    want.push(format!(
+        "{} symlink 0 {}",
+        hex(b"link"),
+        hex(target.as_bytes())
+    ));
     want.sort();
     want
 }
@@ -150,7 +158,10 @@ fn policies_set_by_uext4_are_read_by_the_kernel() {
         // Children inherit the policy with nonces of their own.
         let sub = fs.lookup(d, b"sub").unwrap().ino;
         assert_eq!(fs.encryption_policy(sub).unwrap().unwrap().policy, policy);
-        assert_ne!(fs.encryption_nonce(sub).unwrap(), fs.encryption_nonce(d).unwrap());
+        assert_ne!(
+            fs.encryption_nonce(sub).unwrap(),
+            fs.encryption_nonce(d).unwrap()
+        );
         fs.unmount().unwrap();
         e2fsck_clean(&img.0);
         // Without the key: the policy is known, the key is not.
@@ -187,7 +198,10 @@ fn set_policy_refuses_as_the_kernel_does() {
     let errno = |r: uext4::Result<()>| r.unwrap_err().errno();
     // The root stays plain (e2fsck wants lost+found so): ENOTEMPTY while lost+found is
     // there (the emptiness check comes first, as in fscrypt_ioctl_set_policy), EPERM after.
-    assert_eq!(errno(fs.set_encryption_policy(ROOT_INO, &p)), libc::ENOTEMPTY);
+    assert_eq!(
+        errno(fs.set_encryption_policy(ROOT_INO, &p)),
+        libc::ENOTEMPTY
+    );
     fs.rmdir(ROOT_INO, b"lost+found").unwrap();
     assert_eq!(errno(fs.set_encryption_policy(ROOT_INO, &p)), libc::EPERM);
     fs.mkdir(ROOT_INO, b"lost+found", 0o700, 0, 0).unwrap();
@@ -212,7 +226,10 @@ fn set_policy_refuses_as_the_kernel_does() {
     let owner = uext4::Cred::user(1000, 1000);
     fs.set_encryption_policy_as(&owner, e, &p).unwrap();
     assert!(fs.encryption_policy(file).unwrap().is_none());
-    assert_eq!(fs.encryption_nonce(file).unwrap_err().errno(), libc::ENODATA);
+    assert_eq!(
+        fs.encryption_nonce(file).unwrap_err().errno(),
+        libc::ENODATA
+    );
     fs.unmount().unwrap();
     e2fsck_clean(&img.0);
 

@@ -304,9 +304,17 @@ impl Uext4Fuse {
     /// The ioctls the kernel's FUSE forwards that ext4 answers: the inode flags (lsattr,
     /// chattr: FS_IOC_GETFLAGS/SETFLAGS, and FS_IOC_FSGETXATTR/FSSETXATTR, which the kernel
     /// sends from its fileattr calls), FS_IOC_GETVERSION, the filesystem label
-    /// (FS_IOC_GETFSLABEL/SETFSLABEL) and FITRIM (fstrim on the mount point). The engine
-    /// applies ext4's rules (owner or privilege, CAP_LINUX_IMMUTABLE, CAP_SYS_ADMIN) with the
-    /// caller's credentials.
+    /// (FS_IOC_GETFSLABEL/SETFSLABEL), FITRIM (fstrim on the mount point), and of fscrypt's
+    /// the two whose arguments the kernel's FUSE carries whole: FS_IOC_GET_ENCRYPTION_NONCE and
+    /// FS_IOC_GET_ENCRYPTION_KEY_STATUS. The engine applies ext4's rules (owner or privilege,
+    /// CAP_LINUX_IMMUTABLE, CAP_SYS_ADMIN) with the caller's credentials.
+    ///
+    /// FUSE forwards an ioctl's argument by the size and direction its number encodes.
+    /// fscrypt's policy ioctls cannot travel so: FS_IOC_SET_ENCRYPTION_POLICY is numbered as
+    /// a read (the server would get no policy), FS_IOC_GET_ENCRYPTION_POLICY as a write (no
+    /// room for the answer), FS_IOC_GET_ENCRYPTION_POLICY_EX carries 9 bytes of a 33-byte
+    /// answer, and FS_IOC_ADD_ENCRYPTION_KEY drops the key's bytes. They are answered
+    /// EOPNOTSUPP; USAGE names the tools to use instead.
     pub(super) fn ioctl(
         &self,
         h: &InHeader,
@@ -325,6 +333,18 @@ impl Uext4Fuse {
         const GETFSLABEL: u32 = 0x8100_9431;
         const SETFSLABEL: u32 = 0x4100_9432;
         const FITRIM: u32 = 0xc018_5879;
+        const GET_ENCRYPTION_NONCE: u32 = 0x8010_661b;
+        const GET_ENCRYPTION_KEY_STATUS: u32 = 0xc080_661a;
+        // SET_ENCRYPTION_POLICY, GET_ENCRYPTION_POLICY, GET_ENCRYPTION_POLICY_EX,
+        // ADD_ENCRYPTION_KEY, REMOVE_ENCRYPTION_KEY, REMOVE_ENCRYPTION_KEY_ALL_USERS.
+        const FSCRYPT_UNCARRIED: [u32; 6] = [
+            0x800c_6613,
+            0x400c_6615,
+            0xc009_6616,
+            0xc050_6617,
+            0xc040_6618,
+            0xc040_6619,
+        ];
         const FSXATTR_LEN: usize = 28;
         const LABEL_LEN: usize = 256;
         let e = |e: uext4::Error| errno(&e);
@@ -408,6 +428,30 @@ impl Uext4Fuse {
                 r[8..16].copy_from_slice(&t.to_ne_bytes());
                 Ok(reply::ioctl(out, 0, &r))
             }
+            GET_ENCRYPTION_NONCE => {
+                want_out(16)?;
+                let n = self.fs.encryption_nonce(ino).map_err(e)?;
+                Ok(reply::ioctl(out, 0, &n))
+            }
+            GET_ENCRYPTION_KEY_STATUS => {
+                // fscrypt_get_key_status_arg: key_spec {type, reserved, u[32]} then
+                // reserved words; out: status, status_flags, user_count at 64.
+                want_out(128)?;
+                let b = data.get(..128).ok_or(libc::EINVAL)?;
+                let spec = match u32_at(b, 0) {
+                    1 => &b[8..16],
+                    2 => &b[8..24],
+                    _ => return Err(libc::EINVAL),
+                };
+                let present = self.fs.has_encryption_key(spec);
+                let mut r = [0u8; 128];
+                r[..64].copy_from_slice(&b[..64]);
+                // FSCRYPT_KEY_STATUS_PRESENT (2) or _ABSENT (1); a key given at mount was
+                // added by no user of this system.
+                r[64..68].copy_from_slice(&(if present { 2u32 } else { 1 }).to_ne_bytes());
+                Ok(reply::ioctl(out, 0, &r))
+            }
+            c if FSCRYPT_UNCARRIED.contains(&c) => Err(libc::EOPNOTSUPP),
             _ => Err(libc::ENOTTY),
         }
     }

@@ -174,6 +174,16 @@ impl Keyring {
         self.by_identifier.remove(identifier).is_some()
     }
 
+    /// Whether the key a key specifier names is here: 8 bytes are a v1 descriptor, 16 a v2
+    /// identifier.
+    pub(crate) fn has_spec(&self, spec: &[u8]) -> bool {
+        match spec.len() {
+            DESCRIPTOR_SIZE => self.by_descriptor.contains_key(spec),
+            IDENTIFIER_SIZE => self.by_identifier.contains_key(spec),
+            _ => false,
+        }
+    }
+
     /// The master key of a policy.
     pub(crate) fn lookup(&self, policy: &Policy) -> Option<&MasterKey> {
         match policy.key {

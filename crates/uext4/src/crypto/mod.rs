@@ -52,10 +52,10 @@ pub(crate) use fname::{fname_encrypted_size, nokey_name, nokey_name_decode, Noke
 #[allow(unused_imports)]
 pub use keys::EncryptionKey;
 pub(crate) use keys::{InodeKey, InodeKind, Keyring};
-#[allow(unused_imports)]
-pub(crate) use policy::{Context, Mode, Policy, PolicyVersion};
 pub use policy::EncryptionPolicy;
 pub(crate) use policy::NONCE_SIZE;
+#[allow(unused_imports)]
+pub(crate) use policy::{Context, Mode, Policy, PolicyVersion};
 
 /// The xattr index (EXT4_XATTR_INDEX_ENCRYPTION) and name of an inode's encryption context.
 pub(crate) const XATTR_INDEX_ENCRYPTION: u8 = 9;

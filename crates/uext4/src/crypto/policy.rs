@@ -503,8 +503,7 @@ impl EncryptionPolicy {
                 b.len()
             ));
         }
-        let mode =
-            |n: u8| Mode::from_num(n).ok_or_else(|| format!("encryption mode number {n}"));
+        let mode = |n: u8| Mode::from_num(n).ok_or_else(|| format!("encryption mode number {n}"));
         let (log2_data_unit_size, key) = match v {
             PolicyVersion::V1 => {
                 let mut d = [0u8; DESCRIPTOR_SIZE];
