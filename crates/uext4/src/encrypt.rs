@@ -387,6 +387,48 @@ impl Fs {
     }
 }
 
+impl Fs {
+    /// FALLOC_FL_PUNCH_HOLE and FALLOC_FL_ZERO_RANGE on an encrypted file, as ext4 allows
+    /// them (only collapse and insert are refused: they would move blocks under IVs made
+    /// for other offsets). The whole blocks inside the range go through the plain path
+    /// (freed, or made unwritten: both read as zeros); the partial blocks at its ends are
+    /// decrypted, zeroed and encrypted again, as the kernel's ext4_zero_partial_blocks does
+    /// through the page cache. A punch and a zeroing that keeps the size never reach past
+    /// the end of the file; one that does not keep it extends the file to the range's end.
+    pub(crate) fn fallocate_encrypted(
+        &self,
+        key: &InodeKey,
+        ino: u32,
+        mode: i32,
+        off: u64,
+        len: u64,
+    ) -> Result<()> {
+        use crate::file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
+        let bs = self.geo.block_size as u64;
+        let end = off.checked_add(len).ok_or(Error::FileTooBig)?;
+        let keeps_size = mode & (FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE) != 0;
+        let (inner_start, inner_end) = (off.div_ceil(bs) * bs, end / bs * bs);
+        if inner_start < inner_end {
+            // Whole blocks: freed, or freed and allocated again unwritten (never stored zeros
+            // under an encrypted file: fallocate_prealloc).
+            self.fallocate_plain(ino, mode, inner_start, inner_end - inner_start)?;
+        }
+        let edges = if inner_start < inner_end {
+            [(off, inner_start), (inner_end, end)]
+        } else {
+            [(off, end), (end, end)]
+        };
+        for (from, to) in edges {
+            let size = self.getattr(ino)?.size;
+            let to = if keeps_size { to.min(size) } else { to };
+            if from < to {
+                self.write_encrypted(None, key, ino, from, &vec![0u8; (to - from) as usize])?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What an inode's encryption looks like from outside (`uext4 stat`, lsattr's `E`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EncryptionStatus {

@@ -767,12 +767,25 @@ impl Fs {
             && mode & !FALLOC_FL_KEEP_SIZE != 0
             && crate::encrypt::is_encrypted(&self.iget(ino)?.state.lock().raw)
         {
-            // Zeroing, punching or moving ranges of ciphertext is not done yet (the IVs
-            // follow the block numbers; partial blocks would need re-encryption).
-            return Err(Error::NotSupported(
-                "fallocate modes other than allocation on encrypted files".into(),
-            ));
+            if mode & (FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_INSERT_RANGE) != 0 {
+                // ext4_fallocate: the blocks would move under IVs made for other offsets.
+                return Err(Error::NotSupported(
+                    "collapsing or inserting a range of an encrypted file".into(),
+                ));
+            }
+            if len == 0 {
+                return Err(Error::Invalid("fallocate: length 0".into()));
+            }
+            if let Some(key) = self.contents_key(ino)? {
+                return self.fallocate_encrypted(&key, ino, mode, off, len);
+            }
         }
+        self.fallocate_plain(ino, mode, off, len)
+    }
+
+    /// [`Fs::fallocate`] of the stored blocks.
+    pub(crate) fn fallocate_plain(&self, ino: u32, mode: i32, off: u64, len: u64) -> Result<()> {
+        self.check_writable()?;
         if len == 0 {
             return Err(Error::Invalid("fallocate: length 0".into()));
         }
@@ -895,12 +908,16 @@ impl Fs {
     /// Preallocates over the holes in the range (also the second half of ZERO_RANGE, which
     /// just emptied its full blocks): unwritten extents, or, where the device zeroes for
     /// free (MountOptions::prealloc_zeroed), written extents over blocks zeroed before the
-    /// extent points at them. Only blocks that start inside the file's size (after this
+    /// extent points at them (never for encrypted files). Only blocks that start inside the file's size (after this
     /// call) may be written: e2fsck wants the blocks past the size unwritten.
     fn fallocate_prealloc(&self, inode: &Inode, off: u64, end: u64, keep: bool) -> Result<()> {
         let ino = inode.ino;
         let bs = self.bs();
-        let mut zeroed = self.opts.prealloc_zeroed && self.dev.zeroes_cheaply();
+        // Not under an encrypted file: stored zeros are no ciphertext of zeros, and the
+        // kernel would decrypt them into noise.
+        let mut zeroed = self.opts.prealloc_zeroed
+            && self.dev.zeroes_cheaply()
+            && !crate::encrypt::is_encrypted(&inode.state.lock().raw);
         let first = off / bs;
         let last = (end - 1) / bs;
         let mut lblk = first;

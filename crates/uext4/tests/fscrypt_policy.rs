@@ -291,3 +291,65 @@ fn mkfs_lays_out_encrypt_as_mke2fs_does() {
         e2fsck_clean(&ours.0);
     }
 }
+
+#[test]
+fn punch_and_zero_range_on_encrypted_files_as_the_kernel() {
+    use uext4::FALLOC_FL_ZERO_RANGE;
+    use uext4::{FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
+    let img = image("pol-falloc", "encrypt");
+    let (k, raw) = key(9);
+    let fs = open(&img.0, std::slice::from_ref(&k));
+    let d = fs.mkdir(ROOT_INO, b"secret", 0o755, 0, 0).unwrap().ino;
+    fs.set_encryption_policy(d, &EncryptionPolicy::v2(&k).unwrap())
+        .unwrap();
+    let f = fs.create(d, b"f", 0o644, 0, 0).unwrap().ino;
+    let mut r = xorshift(5);
+    let mut want: Vec<u8> = (0..6 * 4096 + 500).map(|_| r() as u8).collect();
+    fs.write_all(f, 0, &want).unwrap();
+    let zero = |want: &mut Vec<u8>, from: usize, to: usize| {
+        if to > want.len() {
+            want.resize(to, 0);
+        }
+        want[from..to].fill(0);
+    };
+    // Partial blocks at both ends and whole blocks between; inside one block; past the end.
+    fs.fallocate(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 1000, 9000)
+        .unwrap();
+    zero(&mut want, 1000, 10000);
+    fs.fallocate(f, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 13000, 100)
+        .unwrap();
+    zero(&mut want, 13000, 13100);
+    fs.fallocate(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 24000, 9000)
+        .unwrap();
+    let n = want.len();
+    zero(&mut want, 24000, n);
+    fs.fallocate(f, FALLOC_FL_ZERO_RANGE, 20000, 8000).unwrap();
+    zero(&mut want, 20000, 28000);
+    assert_eq!(fs.getattr(f).unwrap().size, 28000);
+    // Plain preallocation past the end: unwritten blocks, never stored zeros (which the
+    // kernel would decrypt into noise).
+    fs.fallocate(f, 0, 28000, 8192).unwrap();
+    zero(&mut want, 28000, 36192);
+    assert_eq!(uext4_testkit::read_all(&fs, f), want);
+    assert_eq!(
+        fs.fallocate(f, FALLOC_FL_COLLAPSE_RANGE, 0, 4096)
+            .unwrap_err()
+            .errno(),
+        libc::EOPNOTSUPP
+    );
+    fs.unmount().unwrap();
+    e2fsck_clean(&img.0);
+    let fs = open(&img.0, std::slice::from_ref(&k));
+    assert_eq!(uext4_testkit::read_all(&fs, f), want);
+    fs.unmount().unwrap();
+    if is_root() && can_loop_mount() && have(&["python3"]) {
+        let got = kernel_view(&img.0, &raw, 2, "secret").unwrap();
+        let line = format!(
+            "{} file {} {}",
+            hex(b"f"),
+            want.len(),
+            hex(&Sha256::digest(&want))
+        );
+        assert_eq!(got, vec![line], "the kernel reads the same bytes");
+    }
+}
