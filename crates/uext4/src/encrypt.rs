@@ -32,6 +32,15 @@ pub(crate) fn is_encrypted(raw: &RawInode) -> bool {
     raw.flags() & FL_ENCRYPT != 0
 }
 
+/// The `c` xattr holding context `ctx`.
+pub(crate) fn context_entry(ctx: &Context) -> crate::format::xattr::XattrEntry {
+    crate::format::xattr::XattrEntry {
+        index: XATTR_INDEX_ENCRYPTION,
+        name: XATTR_NAME_CONTEXT.to_vec(),
+        value: ctx.to_bytes(),
+    }
+}
+
 /// What an inode's encryption asks of an operation.
 pub(crate) enum Crypt {
     /// Not encrypted.
@@ -543,12 +552,7 @@ impl Fs {
             return Err(Error::NoKey(format!("encryption key {}", policy.0.key)));
         }
         let ctx = policy.0.new_context()?;
-        let entry = crate::format::xattr::XattrEntry {
-            index: XATTR_INDEX_ENCRYPTION,
-            name: XATTR_NAME_CONTEXT.to_vec(),
-            value: ctx.to_bytes(),
-        };
-        self.xattr_put_in(&mut h, ino, &mut st, vec![entry])?;
+        self.xattr_put_in(&mut h, ino, &mut st, vec![context_entry(&ctx)])?;
         let flags = st.raw.flags() | FL_ENCRYPT;
         st.raw.set_flags(flags);
         st.raw.set_ctime(self.now());

@@ -528,14 +528,7 @@ impl Fs {
                     }
                     ist.crypt = Some(std::sync::Arc::new(key));
                     // The context first: in the inode, as the kernel puts it.
-                    xattrs.insert(
-                        0,
-                        crate::format::xattr::XattrEntry {
-                            index: crate::crypto::XATTR_INDEX_ENCRYPTION,
-                            name: crate::crypto::XATTR_NAME_CONTEXT.to_vec(),
-                            value: ctx.to_bytes(),
-                        },
-                    );
+                    xattrs.insert(0, crate::encrypt::context_entry(ctx));
                 }
                 if let Some(data) = first_block {
                     self.write_first_block(&mut h, ino, &mut ist, data)?;
@@ -654,21 +647,36 @@ impl Fs {
             let new = self.new_inode_policy(&d, mode, owner)?;
             let mut h = self.start(credits::CREATE + new.extra_credits())?;
             let now = self.now();
-            if self.crypt_enabled && crate::encrypt::is_encrypted(&dir_raw) {
-                return Err(Error::NotSupported(
-                    "O_TMPFILE in an encrypted directory".into(),
-                ));
-            }
+            // fscrypt_prepare_new_inode, as for a named file: the directory's policy with a
+            // nonce of its own, the key required (ENOKEY).
+            let ctx = if self.crypt_enabled && crate::encrypt::is_encrypted(&dir_raw) {
+                let dir_key = self.crypt(dir, &mut d.state.lock())?.require()?.cloned();
+                dir_key.map(|k| k.policy.new_context()).transpose()?
+            } else {
+                None
+            };
             let inode =
                 self.new_unnamed_inode(&mut h, dir, new.mode, new.uid, new.gid, now, |fs, raw| {
                     fs.init_block_map(raw);
                     fs.inherit_flags(&dir_raw, raw);
+                    if ctx.is_some() {
+                        raw.set_flags(raw.flags() | crate::flags::FL_ENCRYPT);
+                    }
                 })?;
             inode.open_count.fetch_add(1, Ordering::AcqRel);
             let mut ist = inode.state.lock();
             ist.raw.set_links_count(0);
             self.orphan_add(&mut h, &inode, &mut ist)?;
-            self.xattr_put_in(&mut h, inode.ino, &mut ist, new.xattrs.clone())?;
+            let mut xattrs = new.xattrs.clone();
+            if let Some(ctx) = &ctx {
+                let kind = crate::crypto::InodeKind::Regular;
+                let key = self
+                    .keyring
+                    .inode_key(ctx, kind, inode.ino, &self.geo.uuid)?;
+                ist.crypt = Some(std::sync::Arc::new(key));
+                xattrs.insert(0, crate::encrypt::context_entry(ctx));
+            }
+            self.xattr_put_in(&mut h, inode.ino, &mut ist, xattrs)?;
             self.mark_inode_dirty(&mut h, &inode, &mut ist)?;
             Ok(self.attr_of(inode.ino, &ist))
         })

@@ -94,7 +94,29 @@ fn mkdir_in(fs: &Fs, parent: u32, name: &[u8]) -> u32 {
         let f = fs.get_flags(d).unwrap();
         fs.set_flags(d, f | uext4::flags::FL_CASEFOLD).unwrap();
     }
+    if fs
+        .superblock()
+        .has_incompat(uext4::format::features::INCOMPAT_ENCRYPT)
+        && parent == uext4::ROOT_INO
+    {
+        // Encrypted (its subdirectories inherit the policy).
+        let p = uext4::EncryptionPolicy::v2(&crash_key()).unwrap();
+        fs.set_encryption_policy(d, &p).unwrap();
+    }
     d
+}
+
+/// The fscrypt master key of the encrypted runs, given to every open (harmless elsewhere).
+fn crash_key() -> uext4::EncryptionKey {
+    uext4::EncryptionKey::new((0u8..64).map(|i| i.wrapping_mul(29) ^ 0xa5).collect())
+}
+
+/// `o` with [`crash_key`].
+fn keyed(o: MountOptions) -> MountOptions {
+    MountOptions {
+        keys: vec![crash_key()],
+        ..o
+    }
 }
 
 fn casefolded(fs: &Fs) -> bool {
@@ -487,7 +509,7 @@ fn check_state(img: Vec<u8>, w: &Workload, at: usize, file: &Scratch) -> Vec<Str
     let mut bad = Vec::new();
     // Recover (journal replay, orphans) as a mount would, then leave the image clean.
     let dev = Arc::new(MemDevice::from_vec(img));
-    match Fs::open_dev(dev.clone(), opts::no_timer()) {
+    match Fs::open_dev(dev.clone(), keyed(opts::no_timer())) {
         Ok(fs) => {
             if let Err(e) = fs.unmount() {
                 bad.push(format!("unmount after recovery failed: {e}"));
@@ -515,7 +537,11 @@ fn check_state(img: Vec<u8>, w: &Workload, at: usize, file: &Scratch) -> Vec<Str
                 .join(" | ")
         ));
     }
-    let fs = Fs::open_dev(Arc::new(MemDevice::from_vec(img)), MountOptions::ro()).unwrap();
+    let fs = Fs::open_dev(
+        Arc::new(MemDevice::from_vec(img)),
+        keyed(MountOptions::ro()),
+    )
+    .unwrap();
     for (when, fact) in &w.acks {
         if *when > at {
             continue;
@@ -656,6 +682,13 @@ fn crash_states_recover_consistently_block_maps() {
     check_crash_states_on(false, false, 60, &["-b", "1024", "-O", "^extent,^64bit"]);
 }
 
+/// The same workloads in encrypted directories: names and contents stored encrypted, every
+/// write and truncate of a partial block re-encrypting it whole.
+#[test]
+fn crash_states_recover_consistently_encrypt() {
+    check_crash_states_on(false, false, 60, &["-O", "encrypt"]);
+}
+
 /// The same workloads with every directory casefolded (names hashed by their folding).
 #[test]
 fn crash_states_recover_consistently_casefold() {
@@ -765,7 +798,7 @@ fn check_crash_states_with(
     } else {
         RecordingDevice::new(image)
     });
-    let fs = Fs::open_dev(dev.clone(), opts::no_timer_buffered(buffered)).unwrap();
+    let fs = Fs::open_dev(dev.clone(), keyed(opts::no_timer_buffered(buffered))).unwrap();
     let w = workload(&fs, &dev, scale);
     fs.unmount().unwrap();
     drop(fs);
