@@ -177,6 +177,23 @@ impl Fs {
         Ok(None)
     }
 
+    /// fscrypt_prepare_setflags: casefolding an encrypted directory needs its key (ENOKEY)
+    /// and a v2 policy (EINVAL), whose dirhash key hashes the names.
+    pub(crate) fn crypt_prepare_casefold(&self, ino: u32, st: &mut InodeState) -> Result<()> {
+        if !is_encrypted(&st.raw) {
+            return Ok(());
+        }
+        let crypt = self.crypt(ino, st)?;
+        if let Some(k) = crypt.require()? {
+            if k.dirhash_key.is_none() {
+                return Err(Error::Invalid(
+                    "casefolding an encrypted directory needs a v2 encryption policy".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether inode `ino` is encrypted.
     pub(crate) fn dir_is_encrypted(&self, ino: u32) -> Result<bool> {
         Ok(is_encrypted(&self.iget(ino)?.state.lock().raw))

@@ -65,7 +65,7 @@ fn hash_collisions_span_leaves() {
     loop {
         let mut got = 0;
         let mut last = off;
-        fs.dir_iter(d, &mut st, off, &mut |next, _, _, nm| {
+        fs.dir_iter(d, &mut st, off, &mut |next, _, _, nm, _| {
             if got == 7 {
                 return false;
             }
