@@ -326,6 +326,11 @@ pub(crate) fn set_keys(files: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
+/// The `--key` master keys, for a tool that builds its own [`MountOptions`].
+pub(crate) fn tool_keys() -> Vec<uext4::EncryptionKey> {
+    KEYS.get().cloned().unwrap_or_default()
+}
+
 /// Opens an image for a tool. A read-write open claims the image first (the engine's
 /// holder.rs: refused, naming the holder, while another program writes it). A read-only open
 /// never writes: a journal left to replay (a crash, a killed mount) is replayed in memory.
@@ -334,7 +339,7 @@ pub(crate) fn open(image: &Path, region: Option<Region>, read_only: bool) -> Res
         read_only,
         commit_interval_secs: 0,
         region,
-        keys: KEYS.get().cloned().unwrap_or_default(),
+        keys: tool_keys(),
         ..Default::default()
     };
     open_with(image, opts)

@@ -113,9 +113,11 @@ impl Batch {
     }
 }
 
-/// Opens an image to copy into, as a build: see [`crate::tools::mkfs::build_options`].
+/// Opens an image to copy into, as a build: see [`crate::tools::mkfs::build_options`]; with
+/// the `--key` keys, as every tool's open (encrypted directories take new files then).
 pub(crate) fn open_for_copy(img: &Img) -> Result<std::sync::Arc<Fs>> {
-    let opts = crate::tools::mkfs::build_options(img.fs_region()?)?;
+    let mut opts = crate::tools::mkfs::build_options(img.fs_region()?)?;
+    opts.keys = crate::image::tool_keys();
     open_with(&img.path, opts)
 }
 
