@@ -297,7 +297,13 @@ impl Fs {
                     continue;
                 }
                 let stored = self.entry_stored_hash(st, &data, &e);
-                if !f(pos + e.rec_len as u64, e.inode, e.ftype, e.name(&data), stored) {
+                if !f(
+                    pos + e.rec_len as u64,
+                    e.inode,
+                    e.ftype,
+                    e.name(&data),
+                    stored,
+                ) {
                     return Ok(());
                 }
             }

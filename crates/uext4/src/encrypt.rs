@@ -6,7 +6,8 @@
 //!   ([`MountOptions::keys`](crate::MountOptions::keys)) and kept in its in-memory state,
 //!   so that it goes when the inode leaves the cache.
 //! - Names in an encrypted directory are stored encrypted and hashed as ciphertext
-//!   (fname.rs); without the key they are listed as no-key names and can be looked up and
+//!   (fname.rs), or in a casefolded one by the SipHash of the folded plaintext, stored in
+//!   each entry (ext4_hash_in_dirent); without the key they are listed as no-key names and can be looked up and
 //!   removed by them.
 //! - A regular file's data is encrypted one block at a time (the data unit is the block):
 //!   its reads and writes go through [`Fs::read_encrypted`] and [`Fs::write_encrypted`],

@@ -120,8 +120,10 @@ fn debugfs_count(img: &Path, path: &str) -> usize {
         .filter(|l| {
             let mut f = l.split('/');
             f.next() == Some("")
-                && f.next().is_some_and(|i| i.parse::<u32>().is_ok_and(|i| i != 0))
-                && f.next().is_some_and(|m| m.len() == 6 && m.bytes().all(|b| b.is_ascii_digit()))
+                && f.next()
+                    .is_some_and(|i| i.parse::<u32>().is_ok_and(|i| i != 0))
+                && f.next()
+                    .is_some_and(|m| m.len() == 6 && m.bytes().all(|b| b.is_ascii_digit()))
         })
         .count()
 }
@@ -156,7 +158,10 @@ fn encrypted_casefolded_directories_with_and_without_the_key() {
     }
     // Not on a non-empty directory, nor under a v1 policy.
     let fl = fs.get_flags(kfill).unwrap();
-    assert_eq!(errno(fs.set_flags(kfill, fl | CASEFOLD_FL)), libc::ENOTEMPTY);
+    assert_eq!(
+        errno(fs.set_flags(kfill, fl | CASEFOLD_FL)),
+        libc::ENOTEMPTY
+    );
     let fl = fs.get_flags(v1).unwrap();
     assert_eq!(errno(fs.set_flags(v1, fl | CASEFOLD_FL)), libc::EINVAL);
 
@@ -193,17 +198,26 @@ fn encrypted_casefolded_directories_with_and_without_the_key() {
         }
     }
     assert_eq!(fs.lookup(cf, b"STRASSE").unwrap().ino, inos["straße"]);
-    assert_eq!(fs.lookup(cf, b"file-LIGATURE").unwrap().ino, inos["ﬁle-ligature"]);
+    assert_eq!(
+        fs.lookup(cf, b"file-LIGATURE").unwrap().ino,
+        inos["ﬁle-ligature"]
+    );
     assert_eq!(errno(fs.lookup(cf, b"nothing")), libc::ENOENT);
     // A subdirectory inherits both; a symlink, a hard link, renames.
-    let sub = fs.mkdir(cf, "Sous-Dossier".as_bytes(), 0o755, 0, 0).unwrap().ino;
+    let sub = fs
+        .mkdir(cf, "Sous-Dossier".as_bytes(), 0o755, 0, 0)
+        .unwrap()
+        .ino;
     inos.insert("Sous-Dossier".into(), sub);
     names.push("Sous-Dossier".into());
     assert_eq!(
         fs.get_flags(sub).unwrap() & (CASEFOLD_FL | ENCRYPT_FL),
         CASEFOLD_FL | ENCRYPT_FL
     );
-    let inner = fs.create(sub, "Intérieur".as_bytes(), 0o644, 0, 0).unwrap().ino;
+    let inner = fs
+        .create(sub, "Intérieur".as_bytes(), 0o644, 0, 0)
+        .unwrap()
+        .ino;
     assert_eq!(fs.lookup(sub, "INTÉRIEUR".as_bytes()).unwrap().ino, inner);
     let sl = fs.symlink(cf, b"Lien", b"Hello.txt", 0, 0).unwrap().ino;
     assert_eq!(fs.readlink(sl).unwrap(), b"Hello.txt");
@@ -216,14 +230,29 @@ fn encrypted_casefolded_directories_with_and_without_the_key() {
     fs.rename(cf, b"hello.TXT", cf, b"Renamed.TXT", RenameFlags::default())
         .unwrap();
     assert_eq!(errno(fs.lookup(cf, b"Hello.txt")), libc::ENOENT);
-    assert_eq!(fs.lookup(cf, b"renamed.txt").unwrap().ino, inos["Hello.txt"]);
+    assert_eq!(
+        fs.lookup(cf, b"renamed.txt").unwrap().ino,
+        inos["Hello.txt"]
+    );
     let h = inos.remove("Hello.txt").unwrap();
     inos.insert("Renamed.TXT".into(), h);
     // Across directories: into the subdirectory and back under another case.
-    fs.rename(cf, "ÉCOLE".as_bytes(), sub, b"Moved", RenameFlags::default())
-        .unwrap();
-    fs.rename(sub, b"MOVED", cf, "école".as_bytes(), RenameFlags::default())
-        .unwrap();
+    fs.rename(
+        cf,
+        "ÉCOLE".as_bytes(),
+        sub,
+        b"Moved",
+        RenameFlags::default(),
+    )
+    .unwrap();
+    fs.rename(
+        sub,
+        b"MOVED",
+        cf,
+        "école".as_bytes(),
+        RenameFlags::default(),
+    )
+    .unwrap();
     let e = inos.remove("ÉCOLE").unwrap();
     inos.insert("école".into(), e);
     let want: BTreeMap<Vec<u8>, u32> = inos
@@ -235,16 +264,25 @@ fn encrypted_casefolded_directories_with_and_without_the_key() {
     // Several thousand names in `big`: an index of many leaves.
     let mut big_inos = Vec::new();
     for i in 0..BIG {
-        big_inos.push(fs.create(big, big_name(i).as_bytes(), 0o644, 0, 0).unwrap().ino);
+        big_inos.push(
+            fs.create(big, big_name(i).as_bytes(), 0o644, 0, 0)
+                .unwrap()
+                .ino,
+        );
     }
     assert!(fs.getattr(big).unwrap().size > 16 * 4096, "big is indexed");
     for i in (0..BIG).step_by(7) {
-        fs.unlink(big, big_name(i).to_uppercase().as_bytes()).unwrap();
+        fs.unlink(big, big_name(i).to_uppercase().as_bytes())
+            .unwrap();
     }
     let live: BTreeSet<usize> = (0..BIG).filter(|i| i % 7 != 0).collect();
     for &i in &live {
         let s = &spellings(&big_name(i))[i % 2];
-        assert_eq!(fs.lookup(big, s.as_bytes()).unwrap().ino, big_inos[i], "{s}");
+        assert_eq!(
+            fs.lookup(big, s.as_bytes()).unwrap().ino,
+            big_inos[i],
+            "{s}"
+        );
     }
     let got = listing(&fs, big);
     assert_eq!(got.len(), live.len());
@@ -283,7 +321,12 @@ fn encrypted_casefolded_directories_with_and_without_the_key() {
         fs.unlink(big, n).unwrap();
         removed.insert(*ino);
     }
-    let x_nokey = nk_cf.iter().find(|(_, i)| **i == inos["x"]).unwrap().0.clone();
+    let x_nokey = nk_cf
+        .iter()
+        .find(|(_, i)| **i == inos["x"])
+        .unwrap()
+        .0
+        .clone();
     fs.unlink(cf, &x_nokey).unwrap();
     fs.unmount().unwrap();
     e2fsck_clean_when(&img, "uext4 removed entries by no-key names");
@@ -327,7 +370,11 @@ fn encrypted_casefolded_directories_with_and_without_the_key() {
     assert_eq!(listing(&fs, cf), want_cf);
     for &i in &live {
         let s = big_name(i).to_lowercase();
-        assert_eq!(fs.lookup(big, s.as_bytes()).unwrap().ino, big_inos[i], "{s}");
+        assert_eq!(
+            fs.lookup(big, s.as_bytes()).unwrap().ino,
+            big_inos[i],
+            "{s}"
+        );
     }
     // And it still adds to the rebuilt index.
     for i in BIG..BIG + 200 {

@@ -352,8 +352,7 @@ impl Fs {
         let checked = buf.checked_for(dir);
         let mut found = None;
         self.dir_leaf_each(dir, st, (lblk, pblk), &data, checked, &mut |e| {
-            if e.inode != 0 && name.matches(e.name(&data), self.entry_stored_hash(st, &data, &e))
-            {
+            if e.inode != 0 && name.matches(e.name(&data), self.entry_stored_hash(st, &data, &e)) {
                 found = Some((e.inode, e.ftype, e.off));
             }
             found.is_none()
