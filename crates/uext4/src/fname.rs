@@ -38,6 +38,9 @@ use crate::inode::InodeState;
 use std::borrow::Cow;
 use std::sync::Arc;
 
+/// The (hash, minor hash) of a name, as `struct ext4_dir_entry_hash` stores it.
+pub(crate) type DirentHash = (u32, u32);
+
 /// Size of `struct ext4_dir_entry_hash` (hash, minor hash), stored after the name in the
 /// entries of encrypted casefolded directories.
 pub(crate) const DIRENT_HASH_SIZE: usize = 8;
@@ -267,7 +270,7 @@ impl Fs {
         dir: u32,
         st: &mut InodeState,
         name: &'a [u8],
-    ) -> Result<(Cow<'a, [u8]>, Option<(u32, u32)>)> {
+    ) -> Result<(Cow<'a, [u8]>, Option<DirentHash>)> {
         if !crate::encrypt::is_encrypted(&st.raw) {
             return Ok((Cow::Borrowed(name), None));
         }

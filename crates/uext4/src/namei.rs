@@ -999,28 +999,22 @@ impl Fs {
             // hash the entry stores (encrypted casefolded directories, linear ones too).
             let version = self.nokey_hash_version(dir, &mut st)?;
             let mut failed = None;
-            self.dir_iter(
-                dir,
-                &mut st,
-                offset,
-                &mut |next, ino, kind, name, stored| {
-                    let shown = self.shown_name(&crypt, name, || {
-                        stored.or_else(|| version.map(|v| self.name_hash(name, v)))
-                    });
-                    match shown {
-                        Ok(name) => f(DirEntry {
-                            ino,
-                            kind,
-                            name,
-                            next_offset: next,
-                        }),
-                        Err(e) => {
-                            failed = Some(e);
-                            false
-                        }
+            let mut each = |next, ino, kind, name: &[u8], stored: Option<(u32, u32)>| {
+                let hash = || stored.or_else(|| version.map(|v| self.name_hash(name, v)));
+                match self.shown_name(&crypt, name, hash) {
+                    Ok(name) => f(DirEntry {
+                        ino,
+                        kind,
+                        name,
+                        next_offset: next,
+                    }),
+                    Err(e) => {
+                        failed = Some(e);
+                        false
                     }
-                },
-            )?;
+                }
+            };
+            self.dir_iter(dir, &mut st, offset, &mut each)?;
             if let Some(e) = failed {
                 return Err(e);
             }
