@@ -35,6 +35,7 @@ recorded as skipped, with the reason.
 Prints `SKIP: why` and exits 0 where it cannot run (not root, no loop devices, no fscrypt).
 Standard library only.
 """
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -185,6 +186,23 @@ def nokey_targets(d):
     return out
 
 
+@contextlib.contextmanager
+def loop_mounted(img, prefix):
+    """IMAGE loop-mounted on a fresh directory (SKIP where it cannot be), unmounted after."""
+    mnt = tempfile.mkdtemp(prefix=prefix)
+    try:
+        r = subprocess.run(["mount", "-o", "loop", img, mnt], capture_output=True, text=True)
+        if r.returncode != 0:
+            skip("cannot loop-mount the image: " + " ".join(r.stderr.split()))
+        try:
+            yield mnt
+        finally:
+            run("umount", mnt)
+    finally:
+        subprocess.run(["umount", mnt], capture_output=True)
+        os.rmdir(mnt)
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -286,22 +304,12 @@ def list_with_key(img, key_file, version, rel):
         skip("not root")
     with open(key_file, "rb") as f:
         raw = f.read()
-    mnt = tempfile.mkdtemp(prefix="fscrypt-list-")
-    try:
-        r = subprocess.run(["mount", "-o", "loop", img, mnt], capture_output=True, text=True)
-        if r.returncode != 0:
-            skip("cannot loop-mount the image: " + " ".join(r.stderr.split()))
-        try:
-            if version == 1:
-                add_key(mnt, raw, hashlib.sha512(hashlib.sha512(raw).digest()).digest()[:8])
-            else:
-                add_key(mnt, raw)
-            print(json.dumps(listing(os.path.join(mnt, rel))))
-        finally:
-            run("umount", mnt)
-    finally:
-        subprocess.run(["umount", mnt], capture_output=True)
-        os.rmdir(mnt)
+    with loop_mounted(img, "fscrypt-list-") as mnt:
+        if version == 1:
+            add_key(mnt, raw, hashlib.sha512(hashlib.sha512(raw).digest()).digest()[:8])
+        else:
+            add_key(mnt, raw)
+        print(json.dumps(listing(os.path.join(mnt, rel))))
 
 
 def casefold_base(img, key_file):
@@ -319,32 +327,22 @@ def casefold_base(img, key_file):
     with open(key_file, "wb") as f:
         f.write(raw)
     out = {}
-    mnt = tempfile.mkdtemp(prefix="fscrypt-cf-")
-    try:
-        r = subprocess.run(["mount", "-o", "loop", img, mnt], capture_output=True, text=True)
-        if r.returncode != 0:
-            skip("cannot loop-mount an ext4 image: " + " ".join(r.stderr.split()))
-        try:
-            ident = add_key(mnt, raw)
-            out["identifier"] = ident.hex()
-            for name in ("cf", "big", "kfill"):
-                d = os.path.join(mnt, name)
-                os.mkdir(d)
-                set_policy(d, 2, MODES["AES-256-XTS"], MODES["AES-256-CTS"], PAD[16], ident)
-                out[name + "_ino"] = os.lstat(d).st_ino
-            fill(os.path.join(mnt, "kfill"))
-            desc = hashlib.sha512(hashlib.sha512(raw).digest()).digest()[:8]
-            add_key(mnt, raw, desc)
-            d = os.path.join(mnt, "v1")
+    with loop_mounted(img, "fscrypt-cf-") as mnt:
+        ident = add_key(mnt, raw)
+        out["identifier"] = ident.hex()
+        for name in ("cf", "big", "kfill"):
+            d = os.path.join(mnt, name)
             os.mkdir(d)
-            set_policy(d, 1, MODES["AES-256-XTS"], MODES["AES-256-CTS"], PAD[16], desc)
-            out["v1_ino"] = os.lstat(d).st_ino
-            out["kfill"] = listing(os.path.join(mnt, "kfill"))
-        finally:
-            run("umount", mnt)
-    finally:
-        subprocess.run(["umount", mnt], capture_output=True)
-        os.rmdir(mnt)
+            set_policy(d, 2, MODES["AES-256-XTS"], MODES["AES-256-CTS"], PAD[16], ident)
+            out[name + "_ino"] = os.lstat(d).st_ino
+        fill(os.path.join(mnt, "kfill"))
+        out["kfill"] = listing(os.path.join(mnt, "kfill"))
+        desc = hashlib.sha512(hashlib.sha512(raw).digest()).digest()[:8]
+        add_key(mnt, raw, desc)
+        d = os.path.join(mnt, "v1")
+        os.mkdir(d)
+        set_policy(d, 1, MODES["AES-256-XTS"], MODES["AES-256-CTS"], PAD[16], desc)
+        out["v1_ino"] = os.lstat(d).st_ino
     run("tune2fs", "-O", "casefold", img)
     print(json.dumps(out))
 

@@ -32,27 +32,12 @@ fn base(tag: &str) -> Option<(PathBuf, PathBuf, PathBuf, serde_json::Value)> {
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out).unwrap();
     let (img, key) = (out.join("cf.img"), out.join("cf.key"));
-    let run = Command::new("python3")
-        .arg(root().join("scripts/fscrypt-fixtures.py"))
-        .arg("--casefold-base")
-        .arg(&img)
-        .arg(&key)
-        .output();
-    let Ok(run) = run else {
-        eprintln!("SKIP: no python3");
-        return None;
-    };
-    let stdout = String::from_utf8_lossy(&run.stdout).to_string();
-    if stdout.contains("SKIP:") {
-        eprintln!("{stdout}");
+    let script = root().join("scripts/fscrypt-fixtures.py");
+    let args = ["--casefold-base".as_ref(), img.as_os_str(), key.as_os_str()];
+    let Some(stdout) = uext4_testkit::fixture_script(&script, &args) else {
         let _ = std::fs::remove_dir_all(&out);
         return None;
-    }
-    assert!(
-        run.status.success(),
-        "fixture script failed: {stdout}{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    };
     let manifest = serde_json::from_str(stdout.trim()).unwrap();
     Some((out, img, key, manifest))
 }
