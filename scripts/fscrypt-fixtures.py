@@ -5,6 +5,16 @@ without it (no-key names), for crates/uext4/src/crypto/tests.rs.
 
 Usage: fscrypt-fixtures.py OUTDIR
        fscrypt-fixtures.py --list IMAGE KEYFILE VERSION DIR
+       fscrypt-fixtures.py --casefold-base IMAGE KEYFILE
+
+The third form is for encrypted casefolded directories, which a kernel without
+CONFIG_UNICODE cannot mount: it makes IMAGE with `-O encrypt` (4 KiB blocks, 64 MiB),
+loop-mounts it, adds a fresh v2 key (written to KEYFILE), makes the empty encrypted
+directories `cf` and `big` (AES-256-XTS / AES-256-CTS, 16-byte padding), the kernel-filled
+encrypted directory `kfill` and an empty v1 directory `v1` (the same key, by descriptor),
+unmounts, and turns on `casefold` with tune2fs. It prints, as
+JSON, the identifier and the directories' inode numbers. uext4 then casefolds the empty
+directories (chattr +F needs the key) and fills them.
 
 The second form loop-mounts IMAGE, adds the raw key in KEYFILE (VERSION 1: under the
 descriptor the tools compute; 2: by identifier) and prints, as JSON, the listing of DIR
@@ -25,6 +35,7 @@ recorded as skipped, with the reason.
 Prints `SKIP: why` and exits 0 where it cannot run (not root, no loop devices, no fscrypt).
 Standard library only.
 """
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -175,6 +186,23 @@ def nokey_targets(d):
     return out
 
 
+@contextlib.contextmanager
+def loop_mounted(img, prefix):
+    """IMAGE loop-mounted on a fresh directory (SKIP where it cannot be), unmounted after."""
+    mnt = tempfile.mkdtemp(prefix=prefix)
+    try:
+        r = subprocess.run(["mount", "-o", "loop", img, mnt], capture_output=True, text=True)
+        if r.returncode != 0:
+            skip("cannot loop-mount the image: " + " ".join(r.stderr.split()))
+        try:
+            yield mnt
+        finally:
+            run("umount", mnt)
+    finally:
+        subprocess.run(["umount", mnt], capture_output=True)
+        os.rmdir(mnt)
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -276,26 +304,53 @@ def list_with_key(img, key_file, version, rel):
         skip("not root")
     with open(key_file, "rb") as f:
         raw = f.read()
-    mnt = tempfile.mkdtemp(prefix="fscrypt-list-")
-    try:
-        r = subprocess.run(["mount", "-o", "loop", img, mnt], capture_output=True, text=True)
-        if r.returncode != 0:
-            skip("cannot loop-mount the image: " + " ".join(r.stderr.split()))
-        try:
-            if version == 1:
-                add_key(mnt, raw, hashlib.sha512(hashlib.sha512(raw).digest()).digest()[:8])
-            else:
-                add_key(mnt, raw)
-            print(json.dumps(listing(os.path.join(mnt, rel))))
-        finally:
-            run("umount", mnt)
-    finally:
-        subprocess.run(["umount", mnt], capture_output=True)
-        os.rmdir(mnt)
+    with loop_mounted(img, "fscrypt-list-") as mnt:
+        if version == 1:
+            add_key(mnt, raw, hashlib.sha512(hashlib.sha512(raw).digest()).digest()[:8])
+        else:
+            add_key(mnt, raw)
+        print(json.dumps(listing(os.path.join(mnt, rel))))
+
+
+def casefold_base(img, key_file):
+    if os.geteuid() != 0:
+        skip("not root")
+    if not shutil.which("mke2fs") or not shutil.which("tune2fs") or not shutil.which("mount"):
+        skip("no mke2fs, tune2fs or mount")
+    if not os.path.exists("/sys/fs/ext4/features/encryption"):
+        skip("the kernel's ext4 has no encryption")
+    if os.path.exists(img):
+        os.remove(img)
+    run("mke2fs", "-q", "-F", "-t", "ext4", "-b", str(BLOCK), "-I", "256", "-N", "16384",
+        "-O", "encrypt", img, "64M")
+    raw = os.urandom(64)
+    with open(key_file, "wb") as f:
+        f.write(raw)
+    out = {}
+    with loop_mounted(img, "fscrypt-cf-") as mnt:
+        ident = add_key(mnt, raw)
+        out["identifier"] = ident.hex()
+        for name in ("cf", "big", "kfill"):
+            d = os.path.join(mnt, name)
+            os.mkdir(d)
+            set_policy(d, 2, MODES["AES-256-XTS"], MODES["AES-256-CTS"], PAD[16], ident)
+            out[name + "_ino"] = os.lstat(d).st_ino
+        fill(os.path.join(mnt, "kfill"))
+        out["kfill"] = listing(os.path.join(mnt, "kfill"))
+        desc = hashlib.sha512(hashlib.sha512(raw).digest()).digest()[:8]
+        add_key(mnt, raw, desc)
+        d = os.path.join(mnt, "v1")
+        os.mkdir(d)
+        set_policy(d, 1, MODES["AES-256-XTS"], MODES["AES-256-CTS"], PAD[16], desc)
+        out["v1_ino"] = os.lstat(d).st_ino
+    run("tune2fs", "-O", "casefold", img)
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--list":
+    if len(sys.argv) == 4 and sys.argv[1] == "--casefold-base":
+        casefold_base(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 6 and sys.argv[1] == "--list":
         list_with_key(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
     else:
         main()

@@ -339,7 +339,7 @@ pub(crate) fn open(image: &Path, region: Option<Region>, read_only: bool) -> Res
         read_only,
         commit_interval_secs: 0,
         region,
-        keys: KEYS.get().cloned().unwrap_or_default(),
+        keys: keys().to_vec(),
         ..Default::default()
     };
     open_with(image, opts)

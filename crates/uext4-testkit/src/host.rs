@@ -17,6 +17,28 @@ pub fn sh(cmd: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Runs a Python fixture script (`python3 SCRIPT ARGS...`): its stdout, or None where it
+/// cannot run here (no python3, or the script printed `SKIP: why`; the reason is printed).
+/// Panics with its output when it fails.
+pub fn fixture_script(script: &Path, args: &[&std::ffi::OsStr]) -> Option<String> {
+    let Ok(run) = Command::new("python3").arg(script).args(args).output() else {
+        eprintln!("SKIP: no python3");
+        return None;
+    };
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    if stdout.contains("SKIP:") {
+        eprintln!("{stdout}");
+        return None;
+    }
+    assert!(
+        run.status.success(),
+        "fixture script {} failed: {stdout}{}",
+        script.display(),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    Some(stdout)
+}
+
 /// A host path's extended attributes (not following a symlink), sorted; empty where the host
 /// has none or no support.
 pub fn xattrs(p: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {

@@ -27,7 +27,7 @@ use crate::transaction::Handle;
 
 pub(crate) mod block;
 
-pub(crate) use block::DirIterFn;
+pub(crate) use block::{DirIterFn, NewEntry};
 
 impl Fs {
     /// Whether the directory uses its index (the flag, and dir_index on the filesystem).
@@ -119,12 +119,18 @@ impl Fs {
                 "name is not valid UTF-8 (the filesystem's encoding is strict)".into(),
             ));
         }
-        // In an encrypted directory the entry stores the encrypted name.
-        let disk = self.disk_name(dir, st, name)?;
-        let name = &disk[..];
+        // In an encrypted directory the entry stores the encrypted name (and, casefolded
+        // too, the hash of the folded plaintext after it).
+        let (disk, hash) = self.disk_name(dir, st, name)?;
+        let new = NewEntry {
+            name: &disk,
+            ino,
+            ftype,
+            hash,
+        };
         self.inline_convert(h, dir, st)?;
         let (size0, flags0) = (st.raw.size(), st.raw.flags());
-        let r = self.dir_add_inner(h, dir, st, name, ino, ftype);
+        let r = self.dir_add_inner(h, dir, st, &new);
         if r.is_err() && (st.raw.size(), st.raw.flags()) != (size0, flags0) {
             // The directory grew (blocks, index) before the failure: the caller does not write
             // the inode on an error, so write it here to keep the blocks reachable.
@@ -138,12 +144,10 @@ impl Fs {
         h: &mut Handle<'_>,
         dir: u32,
         st: &mut InodeState,
-        name: &[u8],
-        ino: u32,
-        ftype: u8,
+        new: &NewEntry<'_>,
     ) -> Result<()> {
         if self.is_indexed(st) {
-            return self.dx_add(h, dir, st, name, ino, ftype);
+            return self.dx_add(h, dir, st, new);
         }
         let skip_index = Self::has_index_flag(st);
         let n = self.dir_blocks(st);
@@ -154,16 +158,16 @@ impl Fs {
             if skip_index && (lblk == 0 || self.is_dx_node(&data)) {
                 continue;
             }
-            if self.leaf_insert(dir, st, (lblk, pblk), &mut data, checked, name, ino, ftype)? {
+            if self.leaf_insert(dir, st, (lblk, pblk), (&mut data, checked), new)? {
                 return self.put_leaf(h, dir, st, pblk, &mut data);
             }
         }
         if n == 1 && self.geo.dir_index && !skip_index {
             self.make_indexed(h, dir, st)?;
-            return self.dx_add(h, dir, st, name, ino, ftype);
+            return self.dx_add(h, dir, st, new);
         }
         let (_, pblk) = self.dir_append_block(h, dir, st)?;
-        let mut data = self.pack_leaf([(name, ino, ftype)]);
+        let mut data = self.pack_leaf([*new]);
         self.put_leaf(h, dir, st, pblk, &mut data)
     }
 
@@ -276,7 +280,7 @@ impl Fs {
                         continue;
                     }
                     let nm: &[u8] = if dotdot { b".." } else { b"." };
-                    if !f(next, ino, ft, nm) {
+                    if !f(next, ino, ft, nm, None) {
                         return Ok(());
                     }
                 }
@@ -292,7 +296,14 @@ impl Fs {
                 if pos < offset || e.inode == 0 {
                     continue;
                 }
-                if !f(pos + e.rec_len as u64, e.inode, e.ftype, e.name(&data)) {
+                let stored = self.entry_stored_hash(st, &data, &e);
+                if !f(
+                    pos + e.rec_len as u64,
+                    e.inode,
+                    e.ftype,
+                    e.name(&data),
+                    stored,
+                ) {
                     return Ok(());
                 }
             }

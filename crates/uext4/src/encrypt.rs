@@ -6,7 +6,8 @@
 //!   ([`MountOptions::keys`](crate::MountOptions::keys)) and kept in its in-memory state,
 //!   so that it goes when the inode leaves the cache.
 //! - Names in an encrypted directory are stored encrypted and hashed as ciphertext
-//!   (fname.rs); without the key they are listed as no-key names and can be looked up and
+//!   (fname.rs), or in a casefolded one by the SipHash of the folded plaintext, stored in
+//!   each entry (ext4_hash_in_dirent); without the key they are listed as no-key names and can be looked up and
 //!   removed by them.
 //! - A regular file's data is encrypted one block at a time (the data unit is the block):
 //!   its reads and writes go through [`Fs::read_encrypted`] and [`Fs::write_encrypted`],
@@ -188,6 +189,23 @@ impl Fs {
             return Ok(Some(v));
         }
         Ok(None)
+    }
+
+    /// fscrypt_prepare_setflags: casefolding an encrypted directory needs its key (ENOKEY)
+    /// and a v2 policy (EINVAL), whose dirhash key hashes the names.
+    pub(crate) fn crypt_prepare_casefold(&self, ino: u32, st: &mut InodeState) -> Result<()> {
+        if !is_encrypted(&st.raw) {
+            return Ok(());
+        }
+        let crypt = self.crypt(ino, st)?;
+        if let Some(k) = crypt.require()? {
+            if k.dirhash_key.is_none() {
+                return Err(Error::Invalid(
+                    "casefolding an encrypted directory needs a v2 encryption policy".into(),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Whether inode `ino` is encrypted.

@@ -475,6 +475,9 @@ impl Fs {
             if !self.dir_is_empty(ino, st)? {
                 return Err(Error::NotEmpty);
             }
+            if new & FL_CASEFOLD != 0 {
+                self.crypt_prepare_casefold(ino, st)?;
+            }
         }
         Ok(())
     }

@@ -12,9 +12,9 @@
 //! Every function here runs with the caller holding the directory's `io_lock` and its `state`
 //! mutex (passed as `st`), as in dir.rs.
 
-use crate::dir::block::DirIterFn;
+use crate::dir::block::{DirIterFn, NewEntry};
 use crate::error::{Error, Result};
-use crate::fname::Fname;
+use crate::fname::{dirent_rec_len, Fname};
 use crate::format::dir_entry::*;
 use crate::format::features::INCOMPAT_LARGEDIR;
 use crate::format::inode::FL_INDEX;
@@ -99,7 +99,17 @@ impl Fs {
                 return Err(self.dir_err(dir, lblk, pblk, "bad htree root".into()));
             }
             let v = self.dir_hash_version(&data);
-            if !hash_version_known(v) {
+            // dx_probe: SipHash exactly where the entries store their hashes.
+            let hashed = self.hash_in_dirent(st);
+            if hashed != (v == DX_HASH_SIPHASH) && (hashed || hash_version_known(v)) {
+                let why = if hashed {
+                    "hash in dirent, but hash is not SIPHASH"
+                } else {
+                    "hash code is SIPHASH, but hash not in dirent"
+                };
+                return Err(self.dir_err(dir, lblk, pblk, why.into()));
+            }
+            if !hash_version_known(v) && !hashed {
                 return Err(self.dir_err(
                     dir,
                     lblk,
@@ -338,7 +348,8 @@ impl Fs {
         self.put_dx(h, dir, st, pblk, &mut data, lblk == 0)
     }
 
-    /// Live entries of a leaf with their hashes.
+    /// Live entries of a leaf with their hashes (the stored ones where the directory stores
+    /// them, as htree_dirblock_to_tree and dx_make_map).
     fn leaf_entries(
         &self,
         dir: u32,
@@ -349,20 +360,33 @@ impl Fs {
         version: u8,
     ) -> Result<Vec<Hashed>> {
         let mut v = Vec::new();
+        let hashed = self.hash_in_dirent(st);
         for e in self.dir_validate_block(dir, st, lblk, pblk, data)? {
             if e.inode == 0 {
                 continue;
             }
             let name = e.name(data).to_vec();
-            let (hh, mm) = self.name_hash(&self.entry_hash_bytes(st, &name), version);
+            let (hh, mm) = if hashed && !crate::fname::is_dot(&name) {
+                self.entry_stored_hash(st, data, &e).ok_or_else(|| {
+                    self.dir_err(dir, lblk, pblk, format!("no hash in entry at {}", e.off))
+                })?
+            } else {
+                self.name_hash(&self.entry_hash_bytes(st, &name), version)
+            };
             v.push((hh, mm, name, e.inode, e.ftype));
         }
         Ok(v)
     }
 
-    /// Hashed entries packed into a fresh leaf image.
-    fn pack_hashed(&self, entries: &[Hashed]) -> Vec<u8> {
-        self.pack_leaf(entries.iter().map(|e| (&e.2[..], e.3, e.4)))
+    /// Hashed entries packed into a fresh leaf image (`stored`: each keeps its hash after its
+    /// name, in an encrypted casefolded directory).
+    fn pack_hashed(&self, entries: &[Hashed], stored: bool) -> Vec<u8> {
+        self.pack_leaf(entries.iter().map(|e| NewEntry {
+            name: &e.2,
+            ino: e.3,
+            ftype: e.4,
+            hash: stored.then_some((e.0, e.1)),
+        }))
     }
 
     /// Converts a full one-block directory into an indexed one, as the kernel's make_indexed_dir:
@@ -374,11 +398,15 @@ impl Fs {
         st: &mut InodeState,
     ) -> Result<()> {
         let (p0, data) = self.dir_read(dir, st, 0)?;
+        let hashed = self.hash_in_dirent(st);
         let mut def = self.geo.def_hash_version;
         if def > DX_HASH_TEA {
             def = DX_HASH_HALF_MD4;
         }
         let version = if self.geo.unsigned_hash { def + 3 } else { def };
+        if hashed {
+            def = DX_HASH_SIPHASH;
+        }
         let all = self.leaf_entries(dir, st, 0, p0, &data, version)?;
         let (Some(dot), Some(dotdot)) = (all.first(), all.get(1)) else {
             return Err(self.dir_err(dir, 0, p0, "no \".\" and \"..\" entries".into()));
@@ -392,9 +420,9 @@ impl Fs {
         h.extend(8);
         let (l1, p1) = self.dir_append_block(h, dir, st)?;
         let (l2, p2) = self.dir_append_block(h, dir, st)?;
-        let (left, right, split_hash) = Self::split_sorted(entries);
-        self.put_leaf(h, dir, st, p1, &mut self.pack_hashed(&left))?;
-        self.put_leaf(h, dir, st, p2, &mut self.pack_hashed(&right))?;
+        let (left, right, split_hash) = Self::split_sorted(entries, hashed);
+        self.put_leaf(h, dir, st, p1, &mut self.pack_hashed(&left, hashed))?;
+        self.put_leaf(h, dir, st, p2, &mut self.pack_hashed(&right, hashed))?;
         // The root: "." and "..", dx_root_info, then the two leaves.
         let bs = self.geo.block_size as usize;
         let mut root = vec![0u8; bs];
@@ -416,17 +444,19 @@ impl Fs {
     }
 
     /// Splits hash-sorted entries into two halves by size; the second half's index hash gets
-    /// the collision bit when the split falls inside a run of equal hashes.
-    fn split_sorted(mut entries: Vec<Hashed>) -> (Vec<Hashed>, Vec<Hashed>, u32) {
-        let total: usize = entries.iter().map(|e| rec_len_for(e.2.len())).sum();
+    /// the collision bit when the split falls inside a run of equal hashes. `stored`: the
+    /// entries keep their hashes after their names.
+    fn split_sorted(mut entries: Vec<Hashed>, stored: bool) -> (Vec<Hashed>, Vec<Hashed>, u32) {
+        let size = |e: &Hashed| dirent_rec_len(e.2.len(), stored);
+        let total: usize = entries.iter().map(size).sum();
         let mut acc = 0;
         let mut at = entries.len();
         for (i, e) in entries.iter().enumerate() {
-            if acc + rec_len_for(e.2.len()) > total / 2 && i > 0 {
+            if acc + size(e) > total / 2 && i > 0 {
                 at = i;
                 break;
             }
-            acc += rec_len_for(e.2.len());
+            acc += size(e);
         }
         let at = at
             .clamp(1, entries.len().saturating_sub(1).max(1))
@@ -443,19 +473,21 @@ impl Fs {
         h: &mut Handle<'_>,
         dir: u32,
         st: &mut InodeState,
-        name: &[u8],
-        ino: u32,
-        ftype: u8,
+        new: &NewEntry<'_>,
     ) -> Result<()> {
         let p0 = self.dir_pblk(dir, st, 0)?;
         let version = self.dir_hash_version(&self.bcache.get(p0)?.read());
-        let (hash, _) = self.name_hash(&self.entry_hash_bytes(st, name), version);
+        let hashed = self.hash_in_dirent(st);
+        let (hash, _) = match new.hash {
+            Some(h) => h,
+            None => self.name_hash(&self.entry_hash_bytes(st, new.name), version),
+        };
         for _attempt in 0..8 {
             let (mut path, _) = self.dx_probe(dir, st, hash)?;
             let leaf = Self::path_leaf(&path);
             let pblk = self.dir_pblk(dir, st, leaf)?;
             let (mut data, checked) = self.leaf_copy(dir, pblk)?;
-            if self.leaf_insert(dir, st, (leaf, pblk), &mut data, checked, name, ino, ftype)? {
+            if self.leaf_insert(dir, st, (leaf, pblk), (&mut data, checked), new)? {
                 return self.put_leaf(h, dir, st, pblk, &mut data);
             }
             // Split the leaf: make room for one more index entry first.
@@ -467,9 +499,9 @@ impl Fs {
             h.extend(4);
             self.dx_make_room(h, dir, st, &mut path)?;
             let (nl, np) = self.dir_append_block(h, dir, st)?;
-            let (left, right, split_hash) = Self::split_sorted(entries);
-            self.put_leaf(h, dir, st, pblk, &mut self.pack_hashed(&left))?;
-            self.put_leaf(h, dir, st, np, &mut self.pack_hashed(&right))?;
+            let (left, right, split_hash) = Self::split_sorted(entries, hashed);
+            self.put_leaf(h, dir, st, pblk, &mut self.pack_hashed(&left, hashed))?;
+            self.put_leaf(h, dir, st, np, &mut self.pack_hashed(&right, hashed))?;
             let bottom = path.len() - 1;
             let (blblk, bnode, bpos) = &mut path[bottom];
             if bnode.entries.get(*bpos).map(|e| e.1) != Some(leaf) {
@@ -590,13 +622,13 @@ impl Fs {
     ) -> Result<()> {
         if offset < 1 {
             let (ino, ft, _) = self.root_dot(dir, st, false)?.unwrap_or((dir, FT_DIR, 0));
-            if !f(1, ino, ft, b".") {
+            if !f(1, ino, ft, b".", None) {
                 return Ok(());
             }
         }
         if offset < 2 {
             let (ino, ft, _) = self.root_dot(dir, st, true)?.unwrap_or((dir, FT_DIR, 0));
-            if !f(2, ino, ft, b"..") {
+            if !f(2, ino, ft, b"..", None) {
                 return Ok(());
             }
         }
@@ -607,6 +639,7 @@ impl Fs {
             ((offset >> 32) as u32) << 1
         };
         let (mut path, version) = self.dx_probe(dir, st, start_hash)?;
+        let stored = self.hash_in_dirent(st);
         let nblocks = self.dir_blocks(st) as u64;
         let mut visited = 0u64;
         loop {
@@ -639,7 +672,7 @@ impl Fs {
                     // before the run, so none is lost if the caller stops inside it.
                     for (k, e) in entries[i..j].iter().enumerate() {
                         let next = if i + k + 1 < j { c - 1 } else { c };
-                        if !f(next, e.3, e.4, &e.2) {
+                        if !f(next, e.3, e.4, &e.2, stored.then_some((e.0, e.1))) {
                             return Ok(());
                         }
                     }

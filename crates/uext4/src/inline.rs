@@ -137,7 +137,7 @@ impl Fs {
             b".." => Some((parent, self.geo.filetype as u8 * FT_DIR)),
             _ => entries
                 .into_iter()
-                .find(|e| name.matches(&e.name))
+                .find(|e| name.matches(&e.name, None))
                 .map(|e| (e.ino, e.ftype)),
         })
     }
@@ -157,12 +157,12 @@ impl Fs {
             (12, DIR_BLOCK_START as u64, parent, b".."),
         ];
         for (pos, next, ino, name) in dots {
-            if pos >= offset && !f(next, ino, ft, name) {
+            if pos >= offset && !f(next, ino, ft, name, None) {
                 return Ok(());
             }
         }
         for e in entries.iter().filter(|e| e.pos >= offset) {
-            if !f(e.next, e.ino, e.ftype, &e.name) {
+            if !f(e.next, e.ino, e.ftype, &e.name, None) {
                 return Ok(());
             }
         }

@@ -993,7 +993,7 @@ impl Fs {
         }
         let crypt = self.crypt(dir, &mut st)?;
         if matches!(crypt, crate::encrypt::Crypt::Plain) {
-            self.dir_iter(dir, &mut st, offset, &mut |next, ino, kind, name| {
+            self.dir_iter(dir, &mut st, offset, &mut |next, ino, kind, name, _| {
                 f(DirEntry {
                     ino,
                     kind,
@@ -1003,13 +1003,13 @@ impl Fs {
             })?;
         } else {
             // Names decrypted, or no-key names with the dirhash where ext4's readdir has
-            // one (its hash-tree readdir: indexed, one-block or inline directories).
+            // one (its hash-tree readdir: indexed, one-block or inline directories), or the
+            // hash the entry stores (encrypted casefolded directories, linear ones too).
             let version = self.nokey_hash_version(dir, &mut st)?;
             let mut failed = None;
-            self.dir_iter(dir, &mut st, offset, &mut |next, ino, kind, name| {
-                let shown =
-                    self.shown_name(&crypt, name, || version.map(|v| self.name_hash(name, v)));
-                match shown {
+            let mut each = |next, ino, kind, name: &[u8], stored: Option<(u32, u32)>| {
+                let hash = || stored.or_else(|| version.map(|v| self.name_hash(name, v)));
+                match self.shown_name(&crypt, name, hash) {
                     Ok(name) => f(DirEntry {
                         ino,
                         kind,
@@ -1021,7 +1021,8 @@ impl Fs {
                         false
                     }
                 }
-            })?;
+            };
+            self.dir_iter(dir, &mut st, offset, &mut each)?;
             if let Some(e) = failed {
                 return Err(e);
             }

@@ -30,25 +30,11 @@ fn root() -> PathBuf {
 fn fixtures(tag: &str) -> Option<(PathBuf, serde_json::Value)> {
     let out = std::env::temp_dir().join(format!("uext4-fscrypt-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    let run = Command::new("python3")
-        .arg(root().join("scripts/fscrypt-fixtures.py"))
-        .arg(&out)
-        .output();
-    let Ok(run) = run else {
-        eprintln!("SKIP: no python3");
-        return None;
-    };
-    let stdout = String::from_utf8_lossy(&run.stdout).to_string();
-    if stdout.contains("SKIP:") {
-        eprintln!("{stdout}");
+    let script = root().join("scripts/fscrypt-fixtures.py");
+    if uext4_testkit::fixture_script(&script, &[out.as_os_str()]).is_none() {
         let _ = std::fs::remove_dir_all(&out);
         return None;
     }
-    assert!(
-        run.status.success(),
-        "fixture script failed: {stdout}{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
     let manifest =
         serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
     Some((out, manifest))

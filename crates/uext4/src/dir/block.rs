@@ -7,7 +7,7 @@
 //! The caller holds the directory's `io_lock` and passes its `state` (as `st`), as in dir.rs.
 
 use crate::error::{Corruption, Error, Result};
-use crate::fname::Fname;
+use crate::fname::{dirent_rec_len, is_dot, put_stored_hash, stored_hash, Fname};
 use crate::format::dir_entry::*;
 use crate::format::extent::Extent;
 use crate::format::inode::RawInode;
@@ -27,11 +27,13 @@ pub(crate) struct Dirent {
 }
 
 impl Dirent {
-    fn used(&self) -> usize {
+    /// The bytes the entry uses (ext4_dir_rec_len; `hashed`: the directory stores hashes,
+    /// counted for every live entry as ext4_find_dest_de does, dots included).
+    fn used(&self, hashed: bool) -> usize {
         if self.inode == 0 {
             0
         } else {
-            rec_len_for(self.name_len)
+            dirent_rec_len(self.name_len, hashed)
         }
     }
     pub(crate) fn name<'a>(&self, b: &'a [u8]) -> &'a [u8] {
@@ -39,8 +41,19 @@ impl Dirent {
     }
 }
 
-/// readdir's callback: (next offset, inode, file type, name) -> continue?
-pub(crate) type DirIterFn<'a> = dyn FnMut(u64, u32, u8, &[u8]) -> bool + 'a;
+/// readdir's callback: (next offset, inode, file type, name, the hash the entry stores in an
+/// encrypted casefolded directory) -> continue?
+pub(crate) type DirIterFn<'a> = dyn FnMut(u64, u32, u8, &[u8], Option<(u32, u32)>) -> bool + 'a;
+
+/// An entry to write into a leaf: its name as stored, inode, file type, and the (hash, minor
+/// hash) it stores after the name in an encrypted casefolded directory.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NewEntry<'a> {
+    pub name: &'a [u8],
+    pub ino: u32,
+    pub ftype: u8,
+    pub hash: Option<(u32, u32)>,
+}
 
 impl Fs {
     pub(crate) fn dir_seed(&self, ino: u32, raw: &RawInode) -> u32 {
@@ -215,9 +228,38 @@ impl Fs {
         }
         let err = |why| self.dir_err(dir, lblk, pblk, why);
         if !checked {
-            self.dir_each_entry(&b[..end], &err, &mut |_| true)?;
+            let hashed = self.hash_in_dirent(st);
+            let mut short = None;
+            self.dir_each_entry(&b[..end], &err, &mut |e| {
+                // __ext4_check_dir_entry: room for the stored hash (dots excepted).
+                if hashed && e.inode != 0 && !is_dot(e.name(b)) && e.rec_len < e.used(true) {
+                    short = Some(e);
+                }
+                short.is_none()
+            })?;
+            if let Some(e) = short {
+                return Err(err(format!(
+                    "bad entry at offset {}: rec_len {} has no room for the hash after a \
+                     {}-byte name",
+                    e.off, e.rec_len, e.name_len
+                )));
+            }
         }
         self.dir_each_entry(&b[..end], &err, f)
+    }
+
+    /// The hash entry `e` of block `b` stores, where directory `st` stores them (None for
+    /// "." and "..", unused entries, and other directories).
+    pub(crate) fn entry_stored_hash(
+        &self,
+        st: &InodeState,
+        b: &[u8],
+        e: &Dirent,
+    ) -> Option<(u32, u32)> {
+        if e.inode == 0 || !self.hash_in_dirent(st) || is_dot(e.name(b)) {
+            return None;
+        }
+        stored_hash(b, e.off, e.rec_len)
     }
 
     /// Checks and returns the entries of one run of them (a leaf block up to its tail, or a
@@ -310,7 +352,7 @@ impl Fs {
         let checked = buf.checked_for(dir);
         let mut found = None;
         self.dir_leaf_each(dir, st, (lblk, pblk), &data, checked, &mut |e| {
-            if e.inode != 0 && name.matches(e.name(&data)) {
+            if e.inode != 0 && name.matches(e.name(&data), self.entry_stored_hash(st, &data, &e)) {
                 found = Some((e.inode, e.ftype, e.off));
             }
             found.is_none()
@@ -347,25 +389,24 @@ impl Fs {
     }
 
     /// Tries to put an entry into a leaf block in memory: an unused entry big enough, or the
-    /// slack after a live one. Returns false if there is no room. `checked`: the bytes are
-    /// known to match their checksum (`leaf_copy`).
-    #[allow(clippy::too_many_arguments)]
+    /// slack after a live one (ext4_find_dest_de, ext4_insert_dentry, the stored hash
+    /// included). Returns false if there is no room. `checked`: the bytes are known to match
+    /// their checksum (`leaf_copy`).
     pub(crate) fn leaf_insert(
         &self,
         dir: u32,
         st: &InodeState,
         (lblk, pblk): (u32, u64),
-        data: &mut [u8],
-        checked: bool,
-        name: &[u8],
-        ino: u32,
-        ftype: u8,
+        (data, checked): (&mut [u8], bool),
+        new: &NewEntry<'_>,
     ) -> Result<bool> {
-        let need = rec_len_for(name.len());
-        let ft = self.ft(ftype);
+        let hashed = self.hash_in_dirent(st);
+        let need = dirent_rec_len(new.name.len(), new.hash.is_some());
+        let ft = self.ft(new.ftype);
         let mut room = None;
         self.dir_leaf_each(dir, st, (lblk, pblk), data, checked, &mut |e| {
-            if (e.inode == 0 && e.rec_len >= need) || (e.inode != 0 && e.rec_len >= e.used() + need)
+            if (e.inode == 0 && e.rec_len >= need)
+                || (e.inode != 0 && e.rec_len >= e.used(hashed) + need)
             {
                 room = Some(e);
             }
@@ -374,12 +415,17 @@ impl Fs {
         let Some(e) = room else {
             return Ok(false);
         };
-        if e.inode == 0 {
-            put_dirent(data, e.off, ino, e.rec_len, name, ft);
+        let at = if e.inode == 0 {
+            put_dirent(data, e.off, new.ino, e.rec_len, new.name, ft);
+            e.off
         } else {
-            let used = e.used();
+            let used = e.used(hashed);
             set_rec_len(data, e.off, used);
-            put_dirent(data, e.off + used, ino, e.rec_len - used, name, ft);
+            put_dirent(data, e.off + used, new.ino, e.rec_len - used, new.name, ft);
+            e.off + used
+        };
+        if let Some(h) = new.hash {
+            put_stored_hash(data, at, h);
         }
         Ok(true)
     }
@@ -436,23 +482,23 @@ impl Fs {
         b
     }
 
-    /// `entries` (name, inode, type) packed into a fresh leaf image (the last one takes the
-    /// rest of the space).
-    pub(crate) fn pack_leaf<'a>(
-        &self,
-        entries: impl IntoIterator<Item = (&'a [u8], u32, u8)>,
-    ) -> Vec<u8> {
+    /// `entries` packed into a fresh leaf image (the last one takes the rest of the space),
+    /// each with its stored hash where it has one.
+    pub(crate) fn pack_leaf<'a>(&self, entries: impl IntoIterator<Item = NewEntry<'a>>) -> Vec<u8> {
         let mut b = self.empty_leaf();
         let space = self.leaf_space();
         let mut off = 0;
         let mut it = entries.into_iter().peekable();
-        while let Some((name, ino, ft)) = it.next() {
+        while let Some(e) = it.next() {
             let rl = if it.peek().is_none() {
                 space - off
             } else {
-                rec_len_for(name.len())
+                dirent_rec_len(e.name.len(), e.hash.is_some())
             };
-            put_dirent(&mut b, off, ino, rl, name, self.ft(ft));
+            put_dirent(&mut b, off, e.ino, rl, e.name, self.ft(e.ftype));
+            if let Some(h) = e.hash {
+                put_stored_hash(&mut b, off, h);
+            }
             off += rl;
         }
         b

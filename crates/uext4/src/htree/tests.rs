@@ -65,7 +65,7 @@ fn hash_collisions_span_leaves() {
     loop {
         let mut got = 0;
         let mut last = off;
-        fs.dir_iter(d, &mut st, off, &mut |next, _, _, nm| {
+        fs.dir_iter(d, &mut st, off, &mut |next, _, _, nm, _| {
             if got == 7 {
                 return false;
             }
@@ -92,18 +92,18 @@ fn hash_collisions_span_leaves() {
 fn split_by_size_with_collision_bit() {
     // Distinct hashes: the halves split by bytes, the index hash is the right's first.
     let v: Vec<Hashed> = (0..10).map(|i| e(i * 16, 4)).collect();
-    let (l, r, h) = Fs::split_sorted(v);
+    let (l, r, h) = Fs::split_sorted(v, false);
     assert_eq!((l.len(), r.len(), h), (5, 5, 80));
     // A run of one hash across the split point: the collision bit is set.
     let v: Vec<Hashed> = vec![e(2, 4), e(8, 4), e(8, 4), e(8, 4), e(8, 4), e(10, 4)];
-    let (l, r, h) = Fs::split_sorted(v);
+    let (l, r, h) = Fs::split_sorted(v, false);
     assert_eq!(l.last().unwrap().0, 8);
     assert_eq!(r.first().unwrap().0, 8);
     assert_eq!(h, 8 | 1);
     // Sizes matter: one big entry balances several small ones; never an empty half.
     let v = vec![e(2, 200), e(4, 4), e(6, 4), e(8, 4)];
-    let (l, r, h) = Fs::split_sorted(v);
+    let (l, r, h) = Fs::split_sorted(v, false);
     assert_eq!((l.len(), r.len(), h), (1, 3, 4));
-    let (l, r, _) = Fs::split_sorted(vec![e(2, 4), e(4, 200)]);
+    let (l, r, _) = Fs::split_sorted(vec![e(2, 4), e(4, 200)], false);
     assert_eq!((l.len(), r.len()), (1, 1));
 }

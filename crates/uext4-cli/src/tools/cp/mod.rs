@@ -113,7 +113,8 @@ impl Batch {
     }
 }
 
-/// Opens an image to copy into, as a build: see [`crate::tools::mkfs::build_options`].
+/// Opens an image to copy into, as a build: see [`crate::tools::mkfs::build_options`] (which
+/// carries the `--key` keys, so that encrypted directories take new files).
 pub(crate) fn open_for_copy(img: &Img) -> Result<std::sync::Arc<Fs>> {
     let opts = crate::tools::mkfs::build_options(img.fs_region()?)?;
     open_with(&img.path, opts)
