@@ -422,18 +422,17 @@ impl Fs {
     /// decrypted, zeroed and encrypted again, as the kernel's ext4_zero_partial_blocks does
     /// through the page cache. A punch and a zeroing that keeps the size never reach past
     /// the end of the file; one that does not keep it extends the file to the range's end.
+    /// `keeps_size`: the mode punches or has FALLOC_FL_KEEP_SIZE.
     pub(crate) fn fallocate_encrypted(
         &self,
         key: &InodeKey,
         ino: u32,
-        mode: i32,
+        (mode, keeps_size): (i32, bool),
         off: u64,
         len: u64,
     ) -> Result<()> {
-        use crate::file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
         let bs = self.geo.block_size as u64;
         let end = off.checked_add(len).ok_or(Error::FileTooBig)?;
-        let keeps_size = mode & (FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE) != 0;
         let (inner_start, inner_end) = (off.div_ceil(bs) * bs, end / bs * bs);
         if inner_start < inner_end {
             // Whole blocks: freed, or freed and allocated again unwritten (never stored zeros

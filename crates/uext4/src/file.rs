@@ -777,7 +777,8 @@ impl Fs {
                 return Err(Error::Invalid("fallocate: length 0".into()));
             }
             if let Some(key) = self.contents_key(ino)? {
-                return self.fallocate_encrypted(&key, ino, mode, off, len);
+                let keeps_size = mode & (FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE) != 0;
+                return self.fallocate_encrypted(&key, ino, (mode, keeps_size), off, len);
             }
         }
         self.fallocate_plain(ino, mode, off, len)
