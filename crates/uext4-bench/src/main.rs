@@ -250,7 +250,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         bail!("--repeat takes a count of 1 or more");
     }
     if a.family == "features" {
-        // In-process, no systems to set up: casefold against plain directories.
+        // In-process, no systems to set up: casefold and encryption against plain.
         let dir = a
             .dir
             .clone()
