@@ -26,16 +26,16 @@
 //! the readdir cookies of an inline directory are those block offsets ("." 0, ".." 12, then
 //! p + 20, as the kernel's): a readdir resumed after a conversion goes on at the same entry.
 
+use crate::dir::block::Dirent;
 use crate::error::{Corruption, Error, Result};
 use crate::extent_cache::ExtentCache;
 use crate::fname::Fname;
-use crate::dir::block::Dirent;
 use crate::format::dir_entry::{put_dirent, set_rec_len, FT_DIR};
 use crate::format::extent::Extent;
 use crate::format::inode::{RawInode, FL_INLINE_DATA, I_BLOCK_SIZE};
 use crate::format::xattr::put_ibody_value;
-use crate::format::{le32, put32};
 use crate::format::xattr::INDEX_SYSTEM;
+use crate::format::{le32, put32};
 use crate::fs::Fs;
 use crate::inode::InodeState;
 use crate::transaction::Handle;

@@ -358,7 +358,10 @@ impl TxnManager {
     /// commit, fsync included, fails rather than report success for changes that may build on
     /// the lost ones. What earlier commits put in the journal stays there for recovery.
     fn commit_failed(&self, tid: u64, e: Error, env: &dyn CommitEnv) -> Error {
-        self.abandon(&format!("transaction {tid} could not be committed: {e}"), env);
+        self.abandon(
+            &format!("transaction {tid} could not be committed: {e}"),
+            env,
+        );
         e
     }
 

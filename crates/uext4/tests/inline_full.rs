@@ -76,7 +76,10 @@ fn full_image(tag: &str) -> Scratch {
             NAMES.join(" ")
         ));
     }
-    assert!(inline_size(&img.0, "/d").unwrap() > 60, "d spills into system.data");
+    assert!(
+        inline_size(&img.0, "/d").unwrap() > 60,
+        "d spills into system.data"
+    );
     let acl = sh(&format!("debugfs -R 'stat /d' {} 2>&1", img.0.display()));
     assert!(!acl.contains("File ACL: 0"), "d has an xattr block:\n{acl}");
     let fs: Arc<Fs> = Fs::open_path(&img.0, MountOptions::default()).unwrap();
@@ -110,7 +113,8 @@ fn inline_removals_need_no_block() {
         fs.unlink(d, n.as_bytes()).unwrap();
     }
     assert_eq!(names(&fs, d), ["name0002", "name0004"]);
-    fs.rename(2, b"e", lf, b"e", RenameFlags::default()).unwrap();
+    fs.rename(2, b"e", lf, b"e", RenameFlags::default())
+        .unwrap();
     assert_eq!(fs.lookup(ino(lf, "e"), b"..").unwrap().ino, lf);
     fs.unlink(f, b"only").unwrap();
     fs.rmdir(2, b"f").unwrap();

@@ -292,15 +292,29 @@ fn print_on_disk(img: &Img, fs: &uext4::Fs) -> Result<()> {
     // dumpe2fs's "Filesystem state": clean or not clean, "with errors" when flagged.
     println!(
         "Filesystem state:         {}{}",
-        if sb.state() & 1 != 0 { "clean" } else { "not clean" },
-        if sb.state() & 2 != 0 { " with errors" } else { "" }
+        if sb.state() & 1 != 0 {
+            "clean"
+        } else {
+            "not clean"
+        },
+        if sb.state() & 2 != 0 {
+            " with errors"
+        } else {
+            ""
+        }
     );
     if sb.last_orphan() != 0 {
         println!("First orphan inode:       {}", sb.last_orphan());
     }
     if replayed {
-        println!("Free blocks:              {} (superblock)", sb.free_blocks_count());
-        println!("Free inodes:              {} (superblock)", sb.free_inodes_count());
+        println!(
+            "Free blocks:              {} (superblock)",
+            sb.free_blocks_count()
+        );
+        println!(
+            "Free inodes:              {} (superblock)",
+            sb.free_inodes_count()
+        );
     }
     // The journal superblock where the journal inode starts (nothing moves a journal).
     let jino = sb.journal_inum();

@@ -432,7 +432,10 @@ fn bad_superblocks_are_refused() {
     );
     let msg = e.to_string();
     assert!(msg.contains("9999") && msg.contains("corrupt"), "{msg}");
-    assert!(!msg.contains("shared") && !msg.contains("external"), "{msg}");
+    assert!(
+        !msg.contains("shared") && !msg.contains("external"),
+        "{msg}"
+    );
     assert!(matches!(
         try_sb(&|b| b.feature_incompat |= INCOMPAT_FAST_COMMIT),
         Err(Error::Unsupported(_))
