@@ -653,6 +653,29 @@ fn mounts_of(dev: Option<&str>, mountpoint: &Path) -> Vec<PathBuf> {
     }
 }
 
+/// Whether the image file refuses this process's writes: then a mount asked `-o rw` fails in
+/// one line, and any other goes read-only saying so, as the kernel's mount does with a
+/// write-protected device.
+fn write_protected(image: &Path, asked_rw: bool) -> Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(image.as_os_str().as_bytes())?;
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0 {
+        return Ok(false);
+    }
+    if asked_rw {
+        bail!(
+            "{}: cannot mount read-write (-o rw): the image is write-protected",
+            image.display()
+        );
+    }
+    eprintln!(
+        "uext4: {} is write-protected, mounting read-only",
+        image.display()
+    );
+    Ok(true)
+}
+
 fn serve_foreground(
     image: &Path,
     region: Option<uext4::blockdev::Region>,
@@ -665,24 +688,8 @@ fn serve_foreground(
     // An NBD export: nothing local to check or lock; the server decides who writes it (one
     // that exports read-only opens read-only).
     let nbd = uext4::image::is_nbd_uri(image);
-    if !opts.read_only && !nbd {
-        use std::os::unix::ffi::OsStrExt;
-        let c = std::ffi::CString::new(image.as_os_str().as_bytes())?;
-        // SAFETY: a valid NUL-terminated path.
-        if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
-            if asked_rw {
-                bail!(
-                    "{}: cannot mount read-write (-o rw): the image is write-protected",
-                    image.display()
-                );
-            }
-            // As the kernel's mount does with a write-protected device.
-            eprintln!(
-                "uext4: {} is write-protected, mounting read-only",
-                image.display()
-            );
-            opts.read_only = true;
-        }
+    if !opts.read_only && !nbd && write_protected(image, asked_rw)? {
+        opts.read_only = true;
     }
     let opts = &opts;
     let set = block_stop_signals();

@@ -50,6 +50,9 @@ pub(crate) struct InlineEntry {
     pub name: Vec<u8>,
 }
 
+/// An edit of one run of inline entries: (run, its entries, the index of the one named).
+type EntryEdit<'a> = dyn FnMut(&mut [u8], &[Dirent], usize) + 'a;
+
 /// Where an inline directory's entries start in i_block (after the parent's number).
 const DIR_IBLOCK_START: usize = 4;
 /// Where they start in the block a conversion makes: after "." and ".." (12 bytes each).
@@ -187,7 +190,7 @@ impl Fs {
         dir: u32,
         st: &mut InodeState,
         name: &[u8],
-        edit: &mut dyn FnMut(&mut [u8], &[Dirent], usize),
+        edit: &mut EntryEdit<'_>,
     ) -> Result<Option<(u32, u8)>> {
         self.check_writable()?;
         let fname = self.fname(dir, st, name)?;
