@@ -350,7 +350,19 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
     if !a.foreground {
         return daemonize(&a, &image, &mountpoint);
     }
-    serve_foreground(&image, region, &mountpoint, &opts)
+    serve_foreground(&image, region, &mountpoint, &opts, asked_rw(&options))
+}
+
+/// Whether the options ask for a read-write mount in so many words: the last of `ro` and `rw`
+/// is `rw`. Such a mount fails where the filesystem can only be read; without it, the mount
+/// goes read-only and says why.
+fn asked_rw(options: &[String]) -> bool {
+    options
+        .iter()
+        .flat_map(|o| o.split(','))
+        .map(str::trim)
+        .rfind(|o| *o == "ro" || *o == "rw")
+        == Some("rw")
 }
 
 /// One of the mounts of a uext4 server.
@@ -517,6 +529,12 @@ fn daemonize(a: &MountArgs, image: &Path, mountpoint: &Path) -> Result<()> {
             .iter()
             .any(|id| !before.contains(id))
         {
+            // The server's word that it went read-only, and why, said once here (its stderr
+            // is nobody's after this).
+            let msg = std::fs::read_to_string(&log).unwrap_or_default();
+            for l in msg.lines().filter(|l| l.contains("read-only")) {
+                eprintln!("{l}");
+            }
             let _ = std::fs::remove_file(&log);
             return Ok(());
         }
@@ -635,28 +653,43 @@ fn mounts_of(dev: Option<&str>, mountpoint: &Path) -> Vec<PathBuf> {
     }
 }
 
+/// Whether the image file refuses this process's writes: then a mount asked `-o rw` fails in
+/// one line, and any other goes read-only saying so, as the kernel's mount does with a
+/// write-protected device.
+fn write_protected(image: &Path, asked_rw: bool) -> Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(image.as_os_str().as_bytes())?;
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0 {
+        return Ok(false);
+    }
+    if asked_rw {
+        bail!(
+            "{}: cannot mount read-write (-o rw): the image is write-protected",
+            image.display()
+        );
+    }
+    eprintln!(
+        "uext4: {} is write-protected, mounting read-only",
+        image.display()
+    );
+    Ok(true)
+}
+
 fn serve_foreground(
     image: &Path,
     region: Option<uext4::blockdev::Region>,
     mountpoint: &Path,
     opts: &Options,
+    asked_rw: bool,
 ) -> Result<()> {
     let mut opts = opts.clone();
+    let asked_ro = opts.read_only;
     // An NBD export: nothing local to check or lock; the server decides who writes it (one
     // that exports read-only opens read-only).
     let nbd = uext4::image::is_nbd_uri(image);
-    if !opts.read_only && !nbd {
-        use std::os::unix::ffi::OsStrExt;
-        let c = std::ffi::CString::new(image.as_os_str().as_bytes())?;
-        // SAFETY: a valid NUL-terminated path.
-        if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
-            // As the kernel's mount does with a write-protected device.
-            eprintln!(
-                "uext4: {} is write-protected, mounting read-only",
-                image.display()
-            );
-            opts.read_only = true;
-        }
+    if !opts.read_only && !nbd && write_protected(image, asked_rw)? {
+        opts.read_only = true;
     }
     let opts = &opts;
     let set = block_stop_signals();
@@ -686,7 +719,14 @@ fn serve_foreground(
     let fs = open_for_mount(image, mount_options)?;
     let before = uext4_mounts_at(mountpoint);
     if let Some(r) = fs.read_only_reason() {
-        eprintln!("uext4: mounting read-only: {r}");
+        if asked_rw && !opts.read_only {
+            // As the kernel refuses `mount -o rw` of a filesystem with a ro_compat feature it
+            // does not know: one line naming it.
+            bail!("{}: cannot mount read-write (-o rw): {r}", image.display());
+        }
+        if !asked_ro {
+            eprintln!("uext4: {}: mounted read-only: {r}", image.display());
+        }
     }
     // A device that refuses writes (an NBD export served read-only) mounts `ro`, as a
     // write-protected image file does above.

@@ -331,6 +331,52 @@ fn read_only_mount_refuses_writes() {
     e.fsck();
 }
 
+/// An image uext4 can only read (here: quota and project, ro_compat features it does not
+/// write): `-o rw` fails in one line naming them and mounts nothing; with neither ro nor rw
+/// the mount goes read-only and says why once on stderr; with ro it says nothing.
+#[test]
+fn read_only_only_images_are_honest_about_it() {
+    if !fuse_usable("the mount tests") {
+        return;
+    }
+    let e = Env::new("ro-only");
+    sh(&format!(
+        "mke2fs -q -F -t ext4 -O quota,project {} 64M",
+        e.img.display()
+    ));
+    let mount = |opts: &[&str]| {
+        Command::new(bin())
+            .arg("mount")
+            .args(opts)
+            .arg(&e.img)
+            .arg(&e.mnt)
+            .output()
+            .unwrap()
+    };
+    let o = mount(&["-o", "rw"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("read-write") && err.contains("quota, project"),
+        "{err}"
+    );
+    assert!(!sh("cat /proc/mounts").contains(e.mnt.to_str().unwrap()));
+    let o = mount(&[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(err.matches("mounted read-only").count(), 1, "{err}");
+    assert!(err.contains("quota, project"), "{err}");
+    let werr = std::fs::write(e.mnt.join("new"), b"x").unwrap_err();
+    assert_eq!(werr.raw_os_error(), Some(libc::EROFS), "{werr}");
+    e.umount();
+    let o = mount(&["-o", "ro"]);
+    assert!(o.status.success());
+    assert_eq!(String::from_utf8_lossy(&o.stderr), "");
+    e.umount();
+    e.fsck();
+}
+
 #[test]
 fn fusermount_unmounts_and_busy_sigterm_detaches() {
     if !fuse_usable("the mount tests") {

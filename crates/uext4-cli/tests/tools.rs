@@ -871,6 +871,22 @@ fn read_only_paths_never_write_the_image() {
             dirty,
             "{info}"
         );
+        // The image as on disk, apart from the replayed view: dumpe2fs's journal start.
+        assert_eq!(
+            info.contains("(holds transactions to replay)"),
+            dirty,
+            "{info}"
+        );
+        let dump = sh(&format!("dumpe2fs -h {is} 2>/dev/null"));
+        let start = dump
+            .lines()
+            .find_map(|l| l.strip_prefix("Journal start:"))
+            .unwrap()
+            .trim();
+        assert!(
+            info.contains(&format!("Journal start:            {start}")),
+            "{info}"
+        );
         let note = String::from_utf8_lossy(&o.stderr);
         assert_eq!(note.contains("replayed in memory only"), dirty, "{note}");
         let ls = UEXT4.ok(&["ls", &at("/")]);

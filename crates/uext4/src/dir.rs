@@ -49,7 +49,7 @@ impl Fs {
     ) -> Result<Option<(u32, u8, u32, usize)>> {
         let fname = self.fname(dir, st, name)?;
         if Self::is_inline(&st.raw) {
-            // Only lookups get here: changes convert the directory first.
+            // Lookups only: removals and repoints edit the entries in place (inline.rs).
             return Ok(self
                 .inline_dir_find(dir, st, &fname)?
                 .map(|(i, t)| (i, t, 0, 0)));
@@ -181,7 +181,11 @@ impl Fs {
         if name == b"." || name == b".." {
             return Err(Error::Invalid("cannot remove \".\" or \"..\"".into()));
         }
-        self.inline_convert(h, dir, st)?;
+        if Self::is_inline(&st.raw) {
+            return self
+                .inline_dir_remove(h, dir, st, name)?
+                .ok_or(Error::NotFound);
+        }
         let Some((ino, ft, lblk, off)) = self.dir_find(dir, st, name)? else {
             return Err(Error::NotFound);
         };
@@ -209,7 +213,11 @@ impl Fs {
         ino: u32,
         ftype: u8,
     ) -> Result<(u32, u8)> {
-        self.inline_convert(h, dir, st)?;
+        if Self::is_inline(&st.raw) {
+            return self
+                .inline_dir_set(h, dir, st, name, ino, ftype)?
+                .ok_or(Error::NotFound);
+        }
         let Some((old, oft, lblk, off)) = self.dir_find(dir, st, name)? else {
             return Err(Error::NotFound);
         };

@@ -6,9 +6,11 @@
 //! or "..", no checksum tail (the inode's checksum covers them).
 //!
 //! uext4 reads inline files, symlinks and directories where they are, and makes no inline
-//! inodes itself (the kernel reads block-mapped small files as well). Before the first change
-//! to an inline inode's contents or attributes (a write, truncate, fallocate; a name added,
-//! removed or repointed in a directory; an attribute set or removed), `inline_convert` moves
+//! inodes itself (the kernel reads block-mapped small files as well). A name removed from an
+//! inline directory, or repointed by a rename (".." included), is changed where it lies, as the
+//! kernel changes it: those allocate nothing, so they work on a full filesystem. Before any
+//! other change to an inline inode's contents or attributes (a write, truncate, fallocate; a
+//! name added to a directory; an attribute set or removed), `inline_convert` moves
 //! the contents into a newly allocated block inside the changing operation's handle, as the
 //! kernel does when an inline inode outgrows its inode: a file's bytes as block 0, a
 //! directory as one leaf block with ".", ".." and its entries; the flag and "system.data" go.
@@ -24,13 +26,16 @@
 //! the readdir cookies of an inline directory are those block offsets ("." 0, ".." 12, then
 //! p + 20, as the kernel's): a readdir resumed after a conversion goes on at the same entry.
 
+use crate::dir::block::Dirent;
 use crate::error::{Corruption, Error, Result};
 use crate::extent_cache::ExtentCache;
 use crate::fname::Fname;
-use crate::format::dir_entry::{put_dirent, FT_DIR};
+use crate::format::dir_entry::{put_dirent, set_rec_len, FT_DIR};
+use crate::format::extent::Extent;
 use crate::format::inode::{RawInode, FL_INLINE_DATA, I_BLOCK_SIZE};
-use crate::format::le32;
+use crate::format::xattr::put_ibody_value;
 use crate::format::xattr::INDEX_SYSTEM;
+use crate::format::{le32, put32};
 use crate::fs::Fs;
 use crate::inode::InodeState;
 use crate::transaction::Handle;
@@ -44,6 +49,9 @@ pub(crate) struct InlineEntry {
     pub ftype: u8,
     pub name: Vec<u8>,
 }
+
+/// An edit of one run of inline entries: (run, its entries, the index of the one named).
+type EntryEdit<'a> = dyn FnMut(&mut [u8], &[Dirent], usize) + 'a;
 
 /// Where an inline directory's entries start in i_block (after the parent's number).
 const DIR_IBLOCK_START: usize = 4;
@@ -169,6 +177,108 @@ impl Fs {
         Ok(())
     }
 
+    /// Finds the live entry `name` of an inline directory and lets `edit` change the run of
+    /// entries holding it, where it lies: `edit(run, entries, i)` with `entries[i]` the entry.
+    /// The run goes back into the inode (i_block's part, or the "system.data" value rewritten
+    /// in place, the same length), which is written through `h`. Nothing is allocated or freed,
+    /// as in the kernel's ext4_delete_inline_entry and its inline ext4_find_entry + ext4_setent:
+    /// a removal or repoint never needs a block, even on a full filesystem. The entry's (inode,
+    /// file type) before the edit, or None when there is no such name (nothing changed).
+    fn inline_dir_edit(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        st: &mut InodeState,
+        name: &[u8],
+        edit: &mut EntryEdit<'_>,
+    ) -> Result<Option<(u32, u8)>> {
+        self.check_writable()?;
+        let fname = self.fname(dir, st, name)?;
+        self.inline_dir(dir, &st.raw)?; // checks every entry of both runs
+        let mut all = self.inline_bytes(dir, &st.raw)?;
+        let noerr = |why: String| Error::corrupt(Corruption::InlineData, why);
+        for (start, end) in [(DIR_IBLOCK_START, I_BLOCK_SIZE), (I_BLOCK_SIZE, all.len())] {
+            let run = &mut all[start..end];
+            let entries = self.dir_parse_entries(run, &noerr)?;
+            let Some(i) = entries.iter().position(|e| {
+                let at = e.off + crate::format::dir_entry::DIRENT_HEADER;
+                e.inode != 0 && fname.matches(&run[at..at + e.name_len])
+            }) else {
+                continue;
+            };
+            let found = (entries[i].inode, entries[i].ftype);
+            edit(run, &entries, i);
+            if start == I_BLOCK_SIZE {
+                let area = st.raw.xattr_area();
+                let ok = area.is_some_and(|r| {
+                    put_ibody_value(&mut st.raw.0[r], INDEX_SYSTEM, b"data", &all[start..end])
+                });
+                if !ok {
+                    return Err(self.fail(
+                        Error::corrupt(
+                            Corruption::InlineData,
+                            format!("directory inode {dir}: \"system.data\" is not in the inode"),
+                        ),
+                        dir,
+                        0,
+                        "inline_dir_edit",
+                    ));
+                }
+            } else {
+                st.raw.i_block_mut()[start..end].copy_from_slice(&all[start..end]);
+            }
+            self.write_inode(h, dir, &mut st.raw)?;
+            return Ok(Some(found));
+        }
+        Ok(None)
+    }
+
+    /// Removes `name` from an inline directory in place (ext4_delete_inline_entry, through
+    /// ext4_generic_delete_entry): the entry joins the one before it in its run, or, first of
+    /// its run, is marked unused. (inode, file type) of the entry removed, None if absent.
+    pub(crate) fn inline_dir_remove(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        st: &mut InodeState,
+        name: &[u8],
+    ) -> Result<Option<(u32, u8)>> {
+        self.inline_dir_edit(h, dir, st, name, &mut |run, entries, i| {
+            if i == 0 {
+                put32(run, entries[i].off, 0);
+            } else {
+                let prev = &entries[i - 1];
+                set_rec_len(run, prev.off, prev.rec_len + entries[i].rec_len);
+            }
+        })
+    }
+
+    /// Points `name` of an inline directory at `ino` (type `ftype`) in place, as a rename does
+    /// (ext4_setent; ".." is i_block's first four bytes, ext4_rename_dir_finish). The old
+    /// (inode, file type), None if absent.
+    pub(crate) fn inline_dir_set(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        st: &mut InodeState,
+        name: &[u8],
+        ino: u32,
+        ftype: u8,
+    ) -> Result<Option<(u32, u8)>> {
+        if name == b".." {
+            self.check_writable()?;
+            let old = le32(st.raw.i_block(), 0);
+            put32(st.raw.i_block_mut(), 0, ino);
+            self.write_inode(h, dir, &mut st.raw)?;
+            return Ok(Some((old, self.ft(FT_DIR))));
+        }
+        let ft = self.ft(ftype);
+        self.inline_dir_edit(h, dir, st, name, &mut |run, entries, i| {
+            put32(run, entries[i].off, ino);
+            run[entries[i].off + 7] = ft;
+        })
+    }
+
     /// The leaf block an inline directory converts to (see the module notes).
     fn inline_dir_block(&self, ino: u32, raw: &RawInode) -> Result<Vec<u8>> {
         use crate::format::dir_entry::set_rec_len;
@@ -211,6 +321,14 @@ impl Fs {
     /// Moves an inline inode's contents into a new block, within `h` (see the module notes).
     /// Does nothing for an inode that is not inline. The caller holds the inode's `io_lock`
     /// exclusively and passes its `state`; the inode is written through `h`.
+    ///
+    /// All or nothing: everything that can fail for want of space (the new block, a copy of a
+    /// shared xattr block) is done before anything the inode refers to changes, and is undone
+    /// on failure, so an error leaves the inode inline and every bitmap agreeing with it (a
+    /// full filesystem gives ENOSPC here, as the kernel's ext4_convert_inline_data does). The
+    /// attributes are laid out again last of the fallible steps; what follows cannot run out
+    /// of space, and a failure there (a corrupt extent root) abandons the transaction rather
+    /// than commit a half-converted inode.
     pub(crate) fn inline_convert(
         &self,
         h: &mut Handle<'_>,
@@ -231,8 +349,15 @@ impl Fs {
             self.inline_read(ino, &st.raw, 0, &mut b)?;
             (size > 0).then_some(b)
         };
-        // "system.data" goes; the other attributes are laid out again without it.
         let l = self.xattr_load(ino, &st.raw)?;
+        h.extend(16);
+        // 1. The block, filled: nothing refers to it yet.
+        let new = match block {
+            Some(b) => Some(self.inline_fill_new_block(h, ino, st, b)?),
+            None => None,
+        };
+        // 2. "system.data" goes; the other attributes are laid out again without it. On
+        //    failure (no room for a copy of a shared block) nothing of the inode changed.
         let old_block = l.block.clone();
         let rest: Vec<_> = l
             .ibody
@@ -240,22 +365,61 @@ impl Fs {
             .chain(l.block)
             .filter(|e| !is_system_data(e))
             .collect();
-        h.extend(12);
-        self.xattr_store(h, ino, st, rest, l.blk, &old_block)?;
+        if let Err(e) = self.xattr_store(h, ino, st, rest, l.blk, &old_block) {
+            if let Some((p, is_dir)) = new {
+                let _ = self.free_blocks(h, p, 1, is_dir);
+            }
+            return Err(e);
+        }
+        // 3. The inode maps the block instead of holding the bytes.
         st.raw.set_flags(st.raw.flags() & !FL_INLINE_DATA);
         st.raw.i_block_mut().fill(0);
         self.init_block_map(&mut st.raw);
         st.extents = Some(ExtentCache::unmapped(&st.raw));
-        match block {
-            Some(mut b) if st.raw.is_dir() => {
-                st.raw.set_size(0);
-                let (_, p) = self.dir_append_block(h, ino, st)?;
-                self.put_leaf(h, ino, st, p, &mut b)?;
+        if let Some((p, is_dir)) = new {
+            let e = Extent {
+                lblk: 0,
+                len: 1,
+                pblk: p,
+                unwritten: false,
+            };
+            if let Err(e) = self.ext_insert(h, ino, st, e) {
+                return Err(self.abandon_txn(e, ino, "inline_convert"));
             }
-            Some(b) => self.write_first_block(h, ino, st, &b)?,
-            None => {}
+            if is_dir {
+                st.raw.set_size(bs as u64);
+            }
         }
         self.write_inode(h, ino, &mut st.raw)
+    }
+
+    /// Allocates the block an inline inode converts to (near its inode table) and fills it: a
+    /// directory's leaf through `h` (metadata), a file's bytes straight to the device (data,
+    /// which reaches it before the commit that maps it). (block, is_dir). On failure nothing
+    /// is left allocated.
+    fn inline_fill_new_block(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &InodeState,
+        mut b: Vec<u8>,
+    ) -> Result<(u64, bool)> {
+        let is_dir = st.raw.is_dir();
+        let goal = self.group_desc(self.geo.ino_group(ino)).inode_table();
+        let (p, _) = self.alloc_blocks(h, goal, 1, None)?;
+        let filled = if is_dir {
+            (self.bcache.get_new(p).map(drop)).and_then(|()| self.put_leaf(h, ino, st, p, &mut b))
+        } else {
+            b.resize(self.geo.block_size as usize, 0);
+            (self.dev.write_new_at(p * self.geo.block_size as u64, &b)).map_err(Error::from)
+        };
+        match filled {
+            Ok(()) => Ok((p, is_dir)),
+            Err(e) => {
+                let _ = self.free_blocks(h, p, 1, is_dir);
+                Err(e)
+            }
+        }
     }
 
     /// `inline_convert` in a handle of its own, for file operations that start theirs later

@@ -873,7 +873,11 @@ impl Fs {
         self.delete_inode(h, inode, ist)
     }
 
-    /// Frees an inode with no links: its blocks, its xattr block, its number.
+    /// Frees an inode with no links: its blocks, its xattr block, its number. Once the first
+    /// block may be free in its bitmap, a failure (a corrupt extent tree or xattr block met
+    /// half-way) abandons the transaction (`Fs::abandon_txn`), as the kernel's ext4_error
+    /// aborts the journal: a bitmap never reaches the disk freed under an inode that still
+    /// maps the block.
     pub(crate) fn delete_inode(
         &self,
         h: &mut Handle<'_>,
@@ -885,8 +889,12 @@ impl Fs {
         if ist.orphaned {
             self.orphan_del(h, inode, ist)?;
         }
-        self.evict_blocks(h, inode, ist)?;
-        self.xattr_free_all(h, inode.ino, ist)?;
+        let freed = self
+            .evict_blocks(h, inode, ist)
+            .and_then(|()| self.xattr_free_all(h, inode.ino, ist));
+        if let Err(e) = freed {
+            return Err(self.abandon_txn(e, inode.ino, "delete_inode"));
+        }
         ist.raw.set_dtime(self.now().sec as u32);
         ist.raw.set_size(0);
         self.mark_inode_dirty(h, inode, ist)?;

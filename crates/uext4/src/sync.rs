@@ -128,6 +128,15 @@ impl Fs {
         Ok(())
     }
 
+    /// An operation on inode `ino` failed with `e` after a change it cannot undo: the running
+    /// transaction is abandoned (`TxnManager::abandon`), so the half-done change never reaches
+    /// the disk. Returns `e`.
+    pub(crate) fn abandon_txn(&self, e: Error, ino: u32, func: &str) -> Error {
+        let why = format!("{func}: inode {ino}: failed half-way, transaction abandoned: {e}");
+        self.txn.abandon(&why, self);
+        e
+    }
+
     /// Runs `op`, and once more if it ran out of space while blocks freed by transactions not
     /// yet home were held back: after committing and waiting for those to go home, so that
     /// deleting a file on a full filesystem makes its space usable at once (the kernel's

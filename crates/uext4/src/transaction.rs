@@ -358,14 +358,25 @@ impl TxnManager {
     /// commit, fsync included, fails rather than report success for changes that may build on
     /// the lost ones. What earlier commits put in the journal stays there for recovery.
     fn commit_failed(&self, tid: u64, e: Error, env: &dyn CommitEnv) -> Error {
-        let why = format!("transaction {tid} could not be committed: {e}");
-        tracing::error!("{why}");
-        let _ = self.lost.set(why.clone());
-        env.stop(&why);
-        if let Some(j) = env.journal() {
-            j.abort(&why);
-        }
+        self.abandon(
+            &format!("transaction {tid} could not be committed: {e}"),
+            env,
+        );
         e
+    }
+
+    /// The running transaction holds a change left half-done (an operation failed after a
+    /// step it cannot undo, such as a freed block): it must never commit, as the kernel
+    /// aborts its journal (jbd2_journal_abort from ext4_abort) rather than let a half-done
+    /// change reach the disk. The filesystem stops; every later commit fails with `why`; the
+    /// disk keeps what earlier commits made, consistent.
+    pub fn abandon(&self, why: &str, env: &dyn CommitEnv) {
+        tracing::error!("{why}");
+        let _ = self.lost.set(why.to_string());
+        env.stop(why);
+        if let Some(j) = env.journal() {
+            j.abort(why);
+        }
     }
 
     /// Makes a committed transaction durable: through the journal when there is one (its

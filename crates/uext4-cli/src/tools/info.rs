@@ -255,13 +255,93 @@ pub(super) fn info(arg: &Path) -> Result<()> {
             sb.last_error_block()
         );
     }
-    if fs.journal_replayed_in_memory() {
-        println!(
-            "Needs recovery:           yes (the journal was replayed in memory for this view)"
-        );
-    }
     if let Some(r) = fs.read_only_reason() {
         println!("Opens read-only:          {r}");
+    }
+    print_on_disk(&img, &fs)
+}
+
+/// The image as it is on disk, read past the engine (which may have replayed the journal in
+/// memory): the primary superblock's needs_recovery flag, state and orphan list, and the
+/// journal superblock's sequence and start, in dumpe2fs -h's terms. Above it, `info` shows
+/// what a read-only open sees; the two differ when the journal needs recovery.
+fn print_on_disk(img: &Img, fs: &uext4::Fs) -> Result<()> {
+    use uext4::format::features::INCOMPAT_RECOVER;
+    use uext4::format::superblock::{Superblock, SUPERBLOCK_SIZE};
+    let dev = open_image(&img.path, true).with_context(|| img.path.display().to_string())?;
+    let (_, dev) = img.region_in(&dev)?;
+    let mut b = vec![0u8; SUPERBLOCK_SIZE];
+    dev.read_at(1024, &mut b)
+        .with_context(|| img.path.display().to_string())?;
+    let sb = Superblock::from_bytes(&b);
+    let replayed = fs.journal_replayed_in_memory();
+    println!(
+        "On disk:                  {}",
+        if replayed {
+            "as follows; everything above is after the journal's replay in memory (what a \
+             read-only open sees; the image is not changed)"
+        } else {
+            "as above"
+        }
+    );
+    let recover = sb.feature_incompat() & INCOMPAT_RECOVER != 0;
+    println!(
+        "Needs recovery:           {}",
+        if recover { "yes" } else { "no" }
+    );
+    // dumpe2fs's "Filesystem state": clean or not clean, "with errors" when flagged.
+    println!(
+        "Filesystem state:         {}{}",
+        if sb.state() & 1 != 0 {
+            "clean"
+        } else {
+            "not clean"
+        },
+        if sb.state() & 2 != 0 {
+            " with errors"
+        } else {
+            ""
+        }
+    );
+    if sb.last_orphan() != 0 {
+        println!("First orphan inode:       {}", sb.last_orphan());
+    }
+    if replayed {
+        println!(
+            "Free blocks:              {} (superblock)",
+            sb.free_blocks_count()
+        );
+        println!(
+            "Free inodes:              {} (superblock)",
+            sb.free_inodes_count()
+        );
+    }
+    // The journal superblock where the journal inode starts (nothing moves a journal).
+    let jino = sb.journal_inum();
+    let first = (jino != 0)
+        .then(|| fs.ext_list(jino).ok())
+        .flatten()
+        .and_then(|l| l.into_iter().find(|e| e.lblk == 0));
+    if let Some(e) = first {
+        let bs = fs.geo.block_size as usize;
+        let mut jb = vec![0u8; bs];
+        dev.read_at(e.pblk * bs as u64, &mut jb)
+            .with_context(|| img.path.display().to_string())?;
+        match uext4::journal::format::JournalSuperblock::parse(&jb) {
+            Ok(js) => {
+                println!("Journal sequence:         {:#010x}", js.sequence);
+                println!(
+                    "Journal start:            {}{}",
+                    js.start,
+                    if js.start == 0 {
+                        " (empty)"
+                    } else {
+                        " (holds transactions to replay)"
+                    }
+                );
+            }
+            Err(e) => println!("Journal superblock:       {e}"),
+        }
     }
     Ok(())
 }

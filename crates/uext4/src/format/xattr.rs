@@ -277,6 +277,45 @@ pub fn parse_entries(
     Ok(out)
 }
 
+/// Overwrites, where it lies, the value of the in-inode attribute `index`.`name` in `area`
+/// (the inode's space after `i_extra_isize`, magic included) with `value` of the same length,
+/// as the kernel's ext4_write_inline_data rewrites "system.data": nothing moves. An entry whose
+/// hash is set gets the new value's hash (the kernel leaves in-inode hashes 0). False when the
+/// area holds no such attribute with a value of that length inside it (nothing written).
+pub fn put_ibody_value(area: &mut [u8], index: u8, name: &[u8], value: &[u8]) -> bool {
+    if area.len() < IBODY_HEADER_LEN + 4 || le32(area, 0) != XATTR_MAGIC {
+        return false;
+    }
+    let mut off = IBODY_HEADER_LEN;
+    while off + ENTRY_LEN <= area.len() && le32(area, off) != 0 {
+        let name_len = area[off] as usize;
+        let here = off;
+        off += ENTRY_LEN + pad4(name_len);
+        let Some(n) = area.get(here + ENTRY_LEN..here + ENTRY_LEN + name_len) else {
+            return false;
+        };
+        if area[here + 1] != index || n != name {
+            continue;
+        }
+        let start = IBODY_HEADER_LEN + le16(area, here + 2) as usize;
+        let size = le32(area, here + 8) as usize;
+        if size != value.len() || start < off || start + size > area.len() {
+            return false;
+        }
+        area[start..start + size].copy_from_slice(value);
+        if le32(area, here + 12) != 0 {
+            let e = XattrEntry {
+                index,
+                name: name.to_vec(),
+                value: value.to_vec(),
+            };
+            put32(area, here + 12, e.hash());
+        }
+        return true;
+    }
+    false
+}
+
 /// Bytes an entry list takes, terminator included.
 pub fn list_len(entries: &[XattrEntry]) -> usize {
     entries.iter().map(|e| e.cost()).sum::<usize>() + 4

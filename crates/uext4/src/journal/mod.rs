@@ -221,10 +221,18 @@ impl Journal {
             }
         }
         if sb.nr_users > 1 {
-            return Err(Error::Unsupported(format!(
-                "a journal shared by {} filesystems (external journal device)",
-                sb.nr_users
-            )));
+            // Only an external journal device is shared, and this one is the journal inode's
+            // (an external journal is refused before this): users past one mean its v2 fields
+            // are damaged, as e2fsck's e2fsck_journal_load reads it (a v2 internal journal
+            // with s_nr_users > 1 has them cleared). Corrupt, not "shared".
+            return Err(Error::corrupt(
+                Corruption::Journal,
+                format!(
+                    "journal superblock: {} users (s_nr_users) in the journal inode's \
+                     superblock, where an internal journal has one: its v2 fields are corrupt",
+                    sb.nr_users
+                ),
+            ));
         }
         if sb.feature_incompat & INCOMPAT_FAST_COMMIT != 0 {
             return Err(Error::Unsupported("journal feature fast_commit".into()));

@@ -417,10 +417,25 @@ fn bad_superblocks_are_refused() {
             ..
         })
     ));
-    assert!(matches!(
-        try_sb(&|b| b.nr_users = 2),
-        Err(Error::Unsupported(_))
-    ));
+    // A damaged user count in the journal inode's superblock is corruption, not a shared
+    // (external) journal device (e2fsck_journal_load reads it so).
+    let e = try_sb(&|b| b.nr_users = 9999).err().unwrap();
+    assert!(
+        matches!(
+            e,
+            Error::Corrupt {
+                kind: Corruption::Journal,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let msg = e.to_string();
+    assert!(msg.contains("9999") && msg.contains("corrupt"), "{msg}");
+    assert!(
+        !msg.contains("shared") && !msg.contains("external"),
+        "{msg}"
+    );
     assert!(matches!(
         try_sb(&|b| b.feature_incompat |= INCOMPAT_FAST_COMMIT),
         Err(Error::Unsupported(_))
