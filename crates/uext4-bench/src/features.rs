@@ -128,7 +128,9 @@ fn crypt_round(img: &Path, bytes: usize, encrypted: bool) -> Result<(f64, f64)> 
         fs.set_encryption_policy(dir, &p)?;
     }
     let f = fs.create(dir, b"data", 0o644, 0, 0)?.ino;
-    let piece: Vec<u8> = (0..1 << 20).map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let piece: Vec<u8> = (0..1 << 20)
+        .map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     let mib = |t: Instant| bytes as f64 / (1 << 20) as f64 / t.elapsed().as_secs_f64();
     let t = Instant::now();
     let mut off = 0;

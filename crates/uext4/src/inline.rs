@@ -202,7 +202,7 @@ impl Fs {
             let entries = self.dir_parse_entries(run, &noerr)?;
             let Some(i) = entries.iter().position(|e| {
                 let at = e.off + crate::format::dir_entry::DIRENT_HEADER;
-                e.inode != 0 && fname.matches(&run[at..at + e.name_len])
+                e.inode != 0 && fname.matches(&run[at..at + e.name_len], None)
             }) else {
                 continue;
             };
