@@ -6,6 +6,7 @@ without it (no-key names), for crates/uext4/src/crypto/tests.rs.
 Usage: fscrypt-fixtures.py OUTDIR
        fscrypt-fixtures.py --list IMAGE KEYFILE VERSION DIR
        fscrypt-fixtures.py --casefold-base IMAGE KEYFILE
+       fscrypt-fixtures.py --android IMAGE KEYFILE
 
 The third form is for encrypted casefolded directories, which a kernel without
 CONFIG_UNICODE cannot mount: it makes IMAGE with `-O encrypt` (4 KiB blocks, 64 MiB),
@@ -347,9 +348,59 @@ def casefold_base(img, key_file):
     print(json.dumps(out))
 
 
+def android_base(img, key_file):
+    """The kernel's part of an Android-like userdata image (crates/uext4/tests/android.rs):
+    `-O encrypt,stable_inodes,inline_data` (metadata_csum is mke2fs's default), 256-byte
+    inodes; `data` encrypted as Android's FBE with inline crypto (v2, AES-256-XTS/CTS,
+    IV_INO_LBLK_64, 16-byte padding) and filled; empty `media` (casefolded later by uext4)
+    and `data-ci` (encrypted, to be casefolded); small plain files and a small directory the
+    kernel stores inline. Prints JSON: the identifier, inode numbers, the listing of `data`
+    with the key and its no-key names. The caller turns casefold, quota, project and verity
+    on with tune2fs."""
+    if os.geteuid() != 0:
+        skip("not root")
+    if not shutil.which("mke2fs") or not shutil.which("tune2fs"):
+        skip("no mke2fs or tune2fs")
+    if not os.path.exists("/sys/fs/ext4/features/encryption"):
+        skip("the kernel's ext4 has no encryption")
+    if os.path.exists(img):
+        os.remove(img)
+    run("mke2fs", "-q", "-F", "-t", "ext4", "-b", str(BLOCK), "-I", "256", "-N", "16384",
+        "-O", "encrypt,stable_inodes,inline_data", img, "64M")
+    raw = os.urandom(64)
+    with open(key_file, "wb") as f:
+        f.write(raw)
+    out = {}
+    flags = PAD[16] | IV_INO_LBLK_64
+    with loop_mounted(img, "fscrypt-android-") as mnt:
+        ident = add_key(mnt, raw)
+        out["identifier"] = ident.hex()
+        for name in ("data", "data-ci"):
+            d = os.path.join(mnt, name)
+            os.mkdir(d)
+            set_policy(d, 2, MODES["AES-256-XTS"], MODES["AES-256-CTS"], flags, ident)
+            out[name.replace("-", "_") + "_ino"] = os.lstat(d).st_ino
+        fill(os.path.join(mnt, "data"))
+        out["data"] = listing(os.path.join(mnt, "data"))
+        os.mkdir(os.path.join(mnt, "media"))
+        out["media_ino"] = os.lstat(os.path.join(mnt, "media")).st_ino
+        os.mkdir(os.path.join(mnt, "system"))
+        for i in range(5):
+            with open(os.path.join(mnt, "system", "prop%d" % i), "wb") as f:
+                f.write(b"ro.build.prop%d=%s\n" % (i, b"v" * (10 * i)))
+        out["system"] = listing(os.path.join(mnt, "system"))
+    with loop_mounted(img, "fscrypt-android-") as mnt:
+        nk = nokey_listing(os.path.join(mnt, "data"))
+        for e in out["data"]:
+            e["nokey_name_hex"] = nk.get(e["ino"])
+    print(json.dumps(out))
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--casefold-base":
         casefold_base(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "--android":
+        android_base(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 6 and sys.argv[1] == "--list":
         list_with_key(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
     else:
