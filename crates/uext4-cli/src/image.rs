@@ -403,10 +403,15 @@ pub(crate) fn resolve_from(
     depth: &mut u32,
 ) -> uext4::Result<u32> {
     let mut cur = if path.starts_with('/') { 2 } else { start };
-    let comps: Vec<&str> = path
+    let mut comps: Vec<&str> = path
         .split('/')
         .filter(|c| !c.is_empty() && *c != ".")
         .collect();
+    // debugfs's `<N>`: the path starts at inode N.
+    if let Some(n) = comps.first().and_then(|c| inode_number(c)) {
+        cur = n;
+        comps.remove(0);
+    }
     for (i, c) in comps.iter().enumerate() {
         let a = fs.lookup(cur, c.as_bytes())?;
         let last = i + 1 == comps.len();
@@ -422,6 +427,11 @@ pub(crate) fn resolve_from(
         }
     }
     Ok(cur)
+}
+
+/// `<N>` (debugfs's way of naming an inode by number): N.
+pub(crate) fn inode_number(p: &str) -> Option<u32> {
+    p.strip_prefix('<')?.strip_suffix('>')?.parse().ok()
 }
 
 /// Splits "a/b/c" into the parent's inode and "c".

@@ -77,6 +77,7 @@ mod icache;
 pub mod image;
 mod inline;
 mod inode;
+mod inspect;
 mod label;
 // Public but hidden: tests/journal.rs checks the journal on its own (replay against debugfs,
 // e2fsck and the kernel); it is no API for users.
@@ -117,6 +118,7 @@ pub use format::inode::{
 pub use fs::{AtimeMode, AtimePolicy, ErrorsBehaviour, Fs, FsStats, MountOptions, StatFs};
 pub use fsync::FsyncQueue;
 pub use geometry::Geometry;
+pub use inspect::{BlockMap, BlockRun, InodeRecord, MapEntry};
 // At the root, not in `blockdev`: nbd implements `BlockDevice`, and a re-export there would
 // close an import circle.
 pub use inode::Attr;

@@ -85,8 +85,15 @@ pub enum ToolCmd {
         target: String,
         link: String,
     },
-    /// Show a file's attributes: IMAGE:PATH.
-    Stat { path: String },
+    /// Show a file's attributes, then its inode as debugfs's `stat` shows it (times raw and
+    /// decoded, dtime, flags, extents or blocks, checksum, place on disk): IMAGE:PATH, or
+    /// IMAGE:<N> for inode N, in use or not.
+    Stat {
+        /// One JSON object instead (fields in docs/USAGE.md).
+        #[arg(long)]
+        json: bool,
+        path: String,
+    },
     /// Change permissions: MODE (octal, or symbolic as u+x,go-w) IMAGE:PATH.
     Chmod {
         #[arg(short = 'R')]
@@ -248,7 +255,7 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
             target,
             link,
         } => ln(&target, &link, symbolic),
-        ToolCmd::Stat { path } => stat(&path),
+        ToolCmd::Stat { json, path } => stat(&path, json),
         ToolCmd::Fstrim {
             minimum,
             verbose,
