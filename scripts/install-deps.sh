@@ -4,7 +4,7 @@
 # fuse-overlayfs (the overlay users run over fuse2fs today, in scripts/bench-overlay.sh),
 # gdisk and fdisk (sgdisk and sfdisk make the partitioned disks of the partition tests), nbdkit
 # and qemu-utils (the NBD servers of the NBD backend's tests: nbdkit, qemu-nbd, qemu-img), and
-# pjdfstest (through cargo). Safe to run again; does nothing when all is present.
+# the Sleuth Kit (fls, istat: the examiner tests' oracle beside debugfs) and pjdfstest (through cargo). Safe to run again; does nothing when all is present.
 set -euo pipefail
 
 need=()
@@ -23,6 +23,7 @@ command -v sgdisk >/dev/null || need+=(gdisk)
 command -v sfdisk >/dev/null || need+=(fdisk)
 command -v nbdkit >/dev/null || need+=(nbdkit)
 command -v qemu-nbd >/dev/null || need+=(qemu-utils)
+command -v fls >/dev/null || need+=(sleuthkit)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then

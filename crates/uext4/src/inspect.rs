@@ -234,3 +234,160 @@ fn maps_blocks(raw: &RawInode) -> bool {
         _ => false,
     }
 }
+
+/// A directory entry as a directory's blocks hold it, live or removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawDirEntry {
+    /// The inode it names.
+    pub inode: u32,
+    /// The name's bytes.
+    pub name: Vec<u8>,
+    /// The file type byte (`FT_*`; 0 without the filetype feature).
+    pub file_type: u8,
+    /// The directory's logical block holding it (None: in the inode, inline).
+    pub lblk: Option<u64>,
+    /// Its byte offset there.
+    pub offset: usize,
+    /// A removed entry still readable in the slack of the entry before it.
+    pub removed: bool,
+}
+
+impl Fs {
+    /// The entries of a directory in the order its blocks hold them (not the hash order a
+    /// readdir of an indexed directory follows), with `.` and `..`; with `removed`, also the
+    /// entries a removal left in the slack of their neighbours, found as e2fsprogs finds them
+    /// (ext2fs_process_dir_block with DIRENT_FLAG_INCLUDE_REMOVED: a candidate counts when
+    /// the record lengths from it reach the end of the slack exactly). Works on any directory
+    /// record, deleted ones too; damage ends the walk of a block and is noted.
+    pub fn dir_entries_raw(
+        &self,
+        ino: u32,
+        raw: &RawInode,
+        removed: bool,
+    ) -> Result<(Vec<RawDirEntry>, Option<String>)> {
+        let mut out = Vec::new();
+        let mut damage = None;
+        if raw.flags() & crate::flags::FL_INLINE_DATA != 0 {
+            let ib = raw.i_block();
+            let parent = le32(ib, 0);
+            for (name, inode) in [(&b"."[..], ino), (b"..", parent)] {
+                out.push(RawDirEntry {
+                    inode,
+                    name: name.to_vec(),
+                    file_type: crate::format::dir_entry::FT_DIR,
+                    lblk: None,
+                    offset: 0,
+                    removed: false,
+                });
+            }
+            let mut area = ib[4..].to_vec();
+            if let Ok(l) = self.xattr_load(ino, raw) {
+                if let Some(e) = l.ibody.iter().find(|e| e.index == 7 && e.name == b"data") {
+                    // The two runs are parsed apart, as the kernel keeps them.
+                    scan_block(&area, None, 4, removed, &mut out, &mut damage);
+                    area = e.value.clone();
+                    scan_block(&area, None, 60, removed, &mut out, &mut damage);
+                    return Ok((out, damage));
+                }
+            }
+            scan_block(&area, None, 4, removed, &mut out, &mut damage);
+            return Ok((out, damage));
+        }
+        let map = self.block_map(raw)?;
+        let bs = self.geo.block_size as u64;
+        let indexed = raw.flags() & crate::flags::FL_INDEX != 0;
+        for r in map.runs() {
+            if r.unwritten {
+                continue;
+            }
+            for i in 0..r.len {
+                let lblk = r.lblk + i;
+                if lblk * bs >= raw.size() {
+                    break;
+                }
+                let b = self.bcache.get(r.pblk + i)?.read().to_vec();
+                // An index node holds no entries (one empty record over the block); the
+                // index root's slack after `..` holds the index, not removed entries.
+                let dx_node = indexed && lblk > 0 && le32(&b, 0) == 0 && {
+                    let rl = crate::format::dir_entry::DirEntryRef { block: &b, off: 0 };
+                    rl.rec_len() == b.len()
+                };
+                if dx_node {
+                    continue;
+                }
+                let scan_removed = removed && !(indexed && lblk == 0);
+                scan_block(&b, Some(lblk), 0, scan_removed, &mut out, &mut damage);
+            }
+        }
+        if damage.is_none() {
+            damage = map.damage;
+        }
+        Ok((out, damage))
+    }
+}
+
+/// Whether the records from `off` reach `end` exactly, each well-formed
+/// (ext2fs_validate_entry).
+fn chain_reaches(b: &[u8], mut off: usize, end: usize) -> bool {
+    while off < end {
+        if off + 8 > b.len() {
+            return false;
+        }
+        let e = crate::format::dir_entry::DirEntryRef { block: b, off };
+        let rl = e.rec_len();
+        if rl < 8 || rl % 4 != 0 || e.name_len() + 8 > rl {
+            return false;
+        }
+        off += rl;
+    }
+    off == end
+}
+
+/// The entries of one directory block (or inline run) `b`; `shift` is added to offsets (an
+/// inline run's place in the inode).
+fn scan_block(
+    b: &[u8],
+    lblk: Option<u64>,
+    shift: usize,
+    removed: bool,
+    out: &mut Vec<RawDirEntry>,
+    damage: &mut Option<String>,
+) {
+    let mut off = 0;
+    let mut next_real = 0;
+    while off + 8 <= b.len() {
+        let e = crate::format::dir_entry::DirEntryRef { block: b, off };
+        let rl = e.rec_len();
+        if off + rl > b.len() || rl < 8 || rl % 4 != 0 || e.name_len() + 8 > rl {
+            if damage.is_none() {
+                let at = lblk.map_or("inline".to_string(), |l| format!("block {l}"));
+                *damage = Some(format!("directory {at}: a bad record at offset {off}"));
+            }
+            return;
+        }
+        let is_removed = off != next_real;
+        if e.inode() != 0 && e.file_type() != crate::format::dir_entry::FT_DIR_CSUM {
+            out.push(RawDirEntry {
+                inode: e.inode(),
+                name: e.name().to_vec(),
+                file_type: e.file_type(),
+                lblk,
+                offset: off + shift,
+                removed: is_removed,
+            });
+        }
+        if next_real == off {
+            next_real += rl;
+        }
+        let size = (e.name_len() + 11) & !3;
+        if removed && rl != size {
+            let end = off + rl;
+            off += size;
+            while off < end && !chain_reaches(b, off, end) {
+                off += 4;
+            }
+            continue;
+        }
+        off += rl;
+    }
+}

@@ -118,7 +118,7 @@ pub use format::inode::{
 pub use fs::{AtimeMode, AtimePolicy, ErrorsBehaviour, Fs, FsStats, MountOptions, StatFs};
 pub use fsync::FsyncQueue;
 pub use geometry::Geometry;
-pub use inspect::{BlockMap, BlockRun, InodeRecord, MapEntry};
+pub use inspect::{BlockMap, BlockRun, InodeRecord, MapEntry, RawDirEntry};
 // At the root, not in `blockdev`: nbd implements `BlockDevice`, and a re-export there would
 // close an import circle.
 pub use inode::Attr;

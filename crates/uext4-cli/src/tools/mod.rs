@@ -11,6 +11,7 @@ mod cat;
 pub mod chattr;
 pub mod cp;
 pub mod devtable;
+mod examine;
 pub mod fit;
 pub mod fscrypt;
 mod fstrim;
@@ -46,6 +47,10 @@ pub enum ToolCmd {
     Ls {
         #[arg(short = 'l')]
         long: bool,
+        /// Also the entries a removal left readable in the directory's blocks, marked
+        /// `(deleted)`; entries in block order (read-only).
+        #[arg(long)]
+        deleted: bool,
         path: String,
     },
     /// Print a file: IMAGE:PATH.
@@ -184,6 +189,29 @@ pub enum ToolCmd {
         version: bool,
         path: String,
     },
+    /// The names of inodes, as debugfs's ncheck: IMAGE INODE... (read-only).
+    Ncheck {
+        image: PathBuf,
+        #[arg(required = true)]
+        inodes: Vec<u32>,
+    },
+    /// The inodes owning blocks, as debugfs's icheck: IMAGE BLOCK... (read-only).
+    Icheck {
+        image: PathBuf,
+        #[arg(required = true)]
+        blocks: Vec<u64>,
+    },
+    /// Every inode record, its number first, as the Sleuth Kit's `ils -e` (with --deleted,
+    /// as plain `ils`: inodes not in use that were used once): IMAGE (read-only).
+    Inodes {
+        #[arg(long)]
+        deleted: bool,
+        image: PathBuf,
+    },
+    /// The Sleuth Kit's body file (as `fls -r -m /` writes it) for every name, removed ones
+    /// too, and every deleted inode no name reaches; `mactime -b FILE` makes the timeline:
+    /// IMAGE (read-only).
+    Timeline { image: PathBuf },
     /// Set and read encryption policies (fscrypt), as fscryptctl(8).
     #[command(subcommand)]
     Fscrypt(fscrypt::FscryptCmd),
@@ -216,6 +244,10 @@ impl ToolCmd {
             ToolCmd::Lsattr { .. } => "lsattr",
             ToolCmd::Label { .. } => "label",
             ToolCmd::Fscrypt(_) => "fscrypt",
+            ToolCmd::Ncheck { .. } => "ncheck",
+            ToolCmd::Timeline { .. } => "timeline",
+            ToolCmd::Inodes { .. } => "inodes",
+            ToolCmd::Icheck { .. } => "icheck",
         }
     }
 }
@@ -224,7 +256,12 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
     match cmd {
         ToolCmd::Mkfs(a) => crate::tools::mkfs::run(a),
         ToolCmd::Info { image } => info(&image),
-        ToolCmd::Ls { long, path } => ls(&path, long),
+        ToolCmd::Ls {
+            long,
+            deleted: true,
+            path,
+        } => examine::ls_deleted(&path, long),
+        ToolCmd::Ls { long, path, .. } => ls(&path, long),
         ToolCmd::Cat { path } => cat(&path),
         ToolCmd::Cp {
             recursive,
@@ -325,5 +362,9 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
         }
         ToolCmd::Label { image, label } => chattr::label(&image, label.as_deref()),
         ToolCmd::Fscrypt(c) => fscrypt::run(c),
+        ToolCmd::Ncheck { image, inodes } => examine::ncheck(&image, &inodes),
+        ToolCmd::Timeline { image } => examine::timeline(&image),
+        ToolCmd::Inodes { deleted, image } => examine::inodes(&image, deleted),
+        ToolCmd::Icheck { image, blocks } => examine::icheck(&image, &blocks),
     }
 }
