@@ -116,7 +116,7 @@ fn unhex(s: &str) -> Vec<u8> {
 fn vm(
     tag: &str,
     script: &str,
-    disks: &[&Path],
+    disks: &[Scratch],
     inputs: &[(&str, Vec<u8>)],
 ) -> Option<BTreeMap<String, Vec<String>>> {
     let dir = Scratch::dir(&format!("kvm-{tag}"));
@@ -124,7 +124,7 @@ fn vm(
     let mut cmd = Command::new("bash");
     cmd.arg(root().join("scripts/kernel-vm.sh"));
     for d in disks {
-        cmd.arg("--disk").arg(d);
+        cmd.arg("--disk").arg(&d.0);
     }
     for (name, data) in inputs {
         std::fs::write(dir.p(name), data).unwrap();
@@ -300,8 +300,7 @@ fn casefold_uext4_to_kernel() {
         ("new", lines(&new)),
         ("gone", lines(&gone)),
     ];
-    let paths: Vec<&Path> = disks.iter().map(|d| d.0.as_path()).collect();
-    let Some(out) = vm("cf-to-kernel", &script, &paths, &inputs) else {
+    let Some(out) = vm("cf-to-kernel", &script, &disks, &inputs) else {
         return;
     };
     for ((x, strict, cf_inos, big_inos), img) in made.iter().zip(&disks) {
@@ -400,8 +399,7 @@ umount $d || exit 1
         ("big", lines(&big)),
         ("dupes", lines(&dupes)),
     ];
-    let paths: Vec<&Path> = disks.iter().map(|d| d.0.as_path()).collect();
-    let Some(out) = vm("kernel-to-cf", &script, &paths, &inputs) else {
+    let Some(out) = vm("kernel-to-cf", &script, &disks, &inputs) else {
         return;
     };
     for (x, img) in ["a", "b"].iter().zip(&disks) {
@@ -517,9 +515,11 @@ umount /mnt/b || exit 1
         ("new", lines(&new)),
         ("gone", lines(&gone)),
     ];
-    let Some(out) = vm("encrypted-casefold", script, &[&a.0, &b.0], &inputs) else {
+    let disks = [a, b];
+    let Some(out) = vm("encrypted-casefold", script, &disks, &inputs) else {
         return;
     };
+    let [a, b] = &disks;
     let sec = |s: &str| &out[s];
 
     // Disk a, made by uext4: the kernel's no-key names are uext4's, byte for byte.
