@@ -24,9 +24,9 @@
 #
 # Accelerator: KVM (`-cpu host`) when the CPU offers vmx or svm, else TCG (`-cpu max`, about
 # 12 s a boot on a 2-core host; KVM, not measured here, is far faster). A /dev/kvm without
-# vmx/svm (PVM, as on
-# this project's build hosts) boots only kernels built as PVM guests: Debian's hangs in early
-# boot there, so it is not used. UEXT4_VM_ACCEL=kvm insists on KVM, =tcg on TCG.
+# vmx/svm (PVM, as on this project's build hosts) boots only kernels built as PVM guests:
+# Debian's hangs in early boot there, so it is not used. UEXT4_VM_ACCEL=kvm insists on KVM,
+# =tcg on TCG.
 #
 # Exit status: the script's; 77 with "SKIP: why" when no VM can run here (no
 # qemu-system-x86_64, no kernel with CONFIG_UNICODE in /boot with its modules, no
