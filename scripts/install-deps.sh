@@ -3,8 +3,12 @@
 # fuse3, fio, xfsprogs (xfs_io), attr, acl and capability tools, fuse2fs (the peer in benchmarks),
 # fuse-overlayfs (the overlay users run over fuse2fs today, in scripts/bench-overlay.sh),
 # gdisk and fdisk (sgdisk and sfdisk make the partitioned disks of the partition tests), nbdkit
-# and qemu-utils (the NBD servers of the NBD backend's tests: nbdkit, qemu-nbd, qemu-img), and
-# the Sleuth Kit (fls, istat: the examiner tests' oracle beside debugfs) and pjdfstest (through cargo). Safe to run again; does nothing when all is present.
+# and qemu-utils (the NBD servers of the NBD backend's tests: nbdkit, qemu-nbd, qemu-img),
+# linux-image-amd64, qemu-system-x86 and busybox-static (the kernel VM of scripts/kernel-vm.sh,
+# an oracle with CONFIG_UNICODE and fs-verity where the host kernel has neither; installed
+# without recommends), the Sleuth Kit (fls, ils: the examiner tests' oracle beside debugfs),
+# and pjdfstest (through cargo). Safe to run again; does nothing when all
+# is present.
 set -euo pipefail
 
 need=()
@@ -24,6 +28,10 @@ command -v sfdisk >/dev/null || need+=(fdisk)
 command -v nbdkit >/dev/null || need+=(nbdkit)
 command -v qemu-nbd >/dev/null || need+=(qemu-utils)
 command -v fls >/dev/null || need+=(sleuthkit)
+vm_need=()
+command -v qemu-system-x86_64 >/dev/null || vm_need+=(qemu-system-x86)
+[ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || vm_need+=(busybox-static)
+grep -qx 'CONFIG_UNICODE=y' /boot/config-* 2>/dev/null || vm_need+=(linux-image-amd64)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
@@ -33,6 +41,17 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get install -y -qq "${need[@]}" >/dev/null
   else
     echo "missing packages (install them, or run as root with apt-get): ${need[*]}" >&2
+  fi
+fi
+
+if [ ${#vm_need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    echo "installing: ${vm_need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends "${vm_need[@]}" >/dev/null
+  else
+    echo "missing packages (the kernel VM's; install them, or run as root): ${vm_need[*]}" >&2
   fi
 fi
 

@@ -1,6 +1,8 @@
 //! Casefolding against e2fsprogs, the oracle this kernel cannot be (it has no CONFIG_UNICODE):
 //! every code point's folding, through the hash a casefolded directory stores, compared with
 //! debugfs's `dx_hash -c -e utf8`, which folds with e2fsprogs's own utf8-12.1 table.
+//! A kernel that has CONFIG_UNICODE checks casefolded directories too, in a VM:
+//! tests/kernel_vm.rs.
 
 use std::io::Write;
 use std::process::Command;

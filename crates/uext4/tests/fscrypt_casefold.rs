@@ -9,6 +9,8 @@
 //! still find every name; debugfs lists the entries as a second view. Without the key,
 //! uext4 lists no-key names carrying the stored hash, and looks up, stats and removes by
 //! them (in an indexed directory a lookup only finds a name under its right hash).
+//! Debian's kernel, which has CONFIG_UNICODE, checks such directories both ways in a VM:
+//! tests/kernel_vm.rs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
