@@ -95,6 +95,7 @@ mod super_info;
 mod sync;
 mod transaction;
 mod trim;
+mod verity;
 mod xattr;
 
 pub use acl::Umask;
@@ -129,6 +130,7 @@ pub use nbd::NbdDevice;
 pub use place::Placed;
 pub use transaction::TxnStats;
 pub use trim::Trimmed;
+pub use verity::VerityArgs;
 pub use xattr::XattrFlags;
 
 #[cfg(test)]
