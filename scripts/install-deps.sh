@@ -3,7 +3,8 @@
 # fuse3, fio, xfsprogs (xfs_io), attr, acl and capability tools, fuse2fs (the peer in benchmarks),
 # fuse-overlayfs (the overlay users run over fuse2fs today, in scripts/bench-overlay.sh),
 # gdisk and fdisk (sgdisk and sfdisk make the partitioned disks of the partition tests), nbdkit
-# and qemu-utils (the NBD servers of the NBD backend's tests: nbdkit, qemu-nbd, qemu-img), and
+# and qemu-utils (the NBD servers of the NBD backend's tests: nbdkit, qemu-nbd, qemu-img),
+# fsverity (fsverity-utils: `fsverity digest`, the oracle of the verity tests), and
 # pjdfstest (through cargo). Safe to run again; does nothing when all is present.
 set -euo pipefail
 
@@ -23,6 +24,7 @@ command -v sgdisk >/dev/null || need+=(gdisk)
 command -v sfdisk >/dev/null || need+=(fdisk)
 command -v nbdkit >/dev/null || need+=(nbdkit)
 command -v qemu-nbd >/dev/null || need+=(qemu-utils)
+command -v fsverity >/dev/null || need+=(fsverity)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then

@@ -97,7 +97,7 @@ impl Fs {
             .ok_or_else(|| bad("its size word makes no sense".into()))?;
         let mut raw = vec![0u8; len];
         self.read_mapped(inode, pos, &mut raw)?;
-        let desc = Descriptor::parse(&raw, size).map_err(|e| bad(e))?;
+        let desc = Descriptor::parse(&raw, size).map_err(bad)?;
         let params = MerkleParams::of(&desc, self.geo.block_size)
             .map_err(|e| Error::corrupt(Corruption::Inode, format!("inode {ino}: {e}")))?;
         let info = Arc::new(VerityInfo {
