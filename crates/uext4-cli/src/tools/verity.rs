@@ -36,7 +36,7 @@ pub enum VerityCmd {
 
 /// The bytes of a hex string.
 fn unhex(s: &str) -> Result<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         bail!("salt {s:?}: an odd number of hex digits");
     }
     (0..s.len())
