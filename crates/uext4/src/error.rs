@@ -190,6 +190,14 @@ pub enum Error {
     /// (nbd.rs); the text names the URI and the reason.
     #[error("{0}")]
     Nbd(String),
+    /// EIO: a verity file's data or Merkle tree does not hash to what its tree and
+    /// descriptor say (fs/verity/verify.c's verification failure); the text names the inode
+    /// and the block.
+    #[error("fs-verity: {0}")]
+    Verity(String),
+    /// EMSGSIZE: a verity salt or signature larger than the kernel allows.
+    #[error("too large: {0}")]
+    MsgSize(String),
 }
 
 /// Who holds an image that a read-write open was refused.
@@ -317,7 +325,8 @@ impl Error {
             Error::Nxio => libc::ENXIO,
             Error::Busy | Error::InUse(_) | Error::MmpBusy { .. } => libc::EBUSY,
             Error::PartitionTable(_) => libc::EINVAL,
-            Error::Nbd(_) => libc::EIO,
+            Error::Nbd(_) | Error::Verity(_) => libc::EIO,
+            Error::MsgSize(_) => libc::EMSGSIZE,
         }
     }
 }

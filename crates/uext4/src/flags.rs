@@ -241,7 +241,7 @@ pub(crate) fn may_remove_entry(raw: &RawInode) -> Result<()> {
 /// holds anyway.
 pub(crate) fn may_write(raw: &RawInode, off: u64) -> Result<bool> {
     let f = raw.flags();
-    if f & FL_IMMUTABLE != 0 || (f & FL_APPEND != 0 && off != raw.size()) {
+    if f & (FL_IMMUTABLE | FL_VERITY) != 0 || (f & FL_APPEND != 0 && off != raw.size()) {
         return Err(Error::Perm);
     }
     Ok(f & FL_SYNC != 0)
@@ -257,8 +257,11 @@ pub(crate) struct WriteAfter {
 }
 
 /// Fails with EPERM for a change of size of `raw` (immutable or append-only, as the kernel's
-/// do_truncate and ftruncate refuse).
+/// do_truncate and ftruncate refuse; verity, as fsverity_prepare_setattr).
 pub(crate) fn may_truncate(raw: &RawInode) -> Result<()> {
+    if raw.flags() & FL_VERITY != 0 {
+        return Err(Error::Perm);
+    }
     may_change(raw)
 }
 
@@ -266,7 +269,9 @@ pub(crate) fn may_truncate(raw: &RawInode) -> Result<()> {
 /// append-only one only plain allocation (vfs_fallocate).
 pub(crate) fn may_fallocate(raw: &RawInode, mode: i32) -> Result<()> {
     let f = raw.flags();
-    if f & FL_IMMUTABLE != 0 || (f & FL_APPEND != 0 && mode & !FALLOC_FL_KEEP_SIZE != 0) {
+    if f & (FL_IMMUTABLE | FL_VERITY) != 0
+        || (f & FL_APPEND != 0 && mode & !FALLOC_FL_KEEP_SIZE != 0)
+    {
         return Err(Error::Perm);
     }
     Ok(())
@@ -330,7 +335,8 @@ impl Fs {
         let inode = self.iget(ino)?;
         let f = inode.state.lock().raw.flags();
         let writing = flags & O_ACCMODE != 0 || flags & O_TRUNC != 0;
-        if writing && f & FL_IMMUTABLE != 0 {
+        // A verity file opens for reading only (fsverity_file_open).
+        if writing && f & (FL_IMMUTABLE | FL_VERITY) != 0 {
             return Err(Error::Perm);
         }
         if f & FL_APPEND != 0 && (writing && flags & O_APPEND == 0 || flags & O_TRUNC != 0) {

@@ -1068,6 +1068,7 @@ impl Fs {
             delalloc: None,
             no_capability: false,
             crypt: None,
+            verity: None,
         };
         self.ext_load(ino, &mut st).map_err(|e| {
             Error::corrupt(Corruption::Journal, format!("journal inode {ino}: {e}"))

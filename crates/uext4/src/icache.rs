@@ -35,6 +35,8 @@ pub struct InodeState {
     pub no_capability: bool,
     /// An encrypted inode's key, derived at first use and dropped with the inode.
     pub(crate) crypt: Option<std::sync::Arc<crate::crypto::InodeKey>>,
+    /// A verity file's descriptor, tree shape and verified tree blocks, read at first use.
+    pub(crate) verity: Option<std::sync::Arc<crate::format::verity::VerityInfo>>,
 }
 
 impl InodeState {

@@ -244,6 +244,7 @@ pub(crate) fn new_inode(
             delalloc: None,
             no_capability: false,
             crypt: None,
+            verity: None,
         }),
         open_count: AtomicU32::new(0),
         last_tid: AtomicU64::new(0),

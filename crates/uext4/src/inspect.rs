@@ -335,7 +335,7 @@ fn chain_reaches(b: &[u8], mut off: usize, end: usize) -> bool {
         }
         let e = crate::format::dir_entry::DirEntryRef { block: b, off };
         let rl = e.rec_len();
-        if rl < 8 || rl % 4 != 0 || e.name_len() + 8 > rl {
+        if rl < 8 || !rl.is_multiple_of(4) || e.name_len() + 8 > rl {
             return false;
         }
         off += rl;
@@ -358,7 +358,7 @@ fn scan_block(
     while off + 8 <= b.len() {
         let e = crate::format::dir_entry::DirEntryRef { block: b, off };
         let rl = e.rec_len();
-        if off + rl > b.len() || rl < 8 || rl % 4 != 0 || e.name_len() + 8 > rl {
+        if off + rl > b.len() || rl < 8 || !rl.is_multiple_of(4) || e.name_len() + 8 > rl {
             if damage.is_none() {
                 let at = lblk.map_or("inline".to_string(), |l| format!("block {l}"));
                 *damage = Some(format!("directory {at}: a bad record at offset {off}"));

@@ -96,6 +96,7 @@ mod super_info;
 mod sync;
 mod transaction;
 mod trim;
+mod verity;
 mod xattr;
 
 pub use acl::Umask;
@@ -131,6 +132,7 @@ pub use nbd::NbdDevice;
 pub use place::Placed;
 pub use transaction::TxnStats;
 pub use trim::Trimmed;
+pub use verity::VerityArgs;
 pub use xattr::XattrFlags;
 
 #[cfg(test)]

@@ -79,6 +79,12 @@ impl Fs {
                     "read of a symbolic link: use readlink".into(),
                 ));
             }
+            if st.raw.flags() & crate::flags::FL_VERITY != 0 && !whole_blocks {
+                // Checked against its Merkle tree (verity.rs).
+                drop(st);
+                drop(_g);
+                return self.read_verity(&inode, off, buf);
+            }
             // The access time, in the same hold of the lock (atime.rs).
             touched = self.atime_update_locked(&mut st);
             let mut size = st.raw.size();
@@ -138,7 +144,7 @@ impl Fs {
 
     /// Reads `buf.len()` bytes at `off` through the block mapping: holes and unwritten extents
     /// read as zeros without touching the device.
-    fn read_mapped(&self, inode: &Inode, off: u64, buf: &mut [u8]) -> Result<()> {
+    pub(crate) fn read_mapped(&self, inode: &Inode, off: u64, buf: &mut [u8]) -> Result<()> {
         let bs = self.bs_u64();
         let end = off + buf.len() as u64;
         let mut pos = off;

@@ -269,6 +269,8 @@ fn layout_matches_mke2fs() {
             "^resize_inode",
         ),
         (64 * MIB, 1024, 256, 16384, "orphan_file", "orphan_file"),
+        (64 * MIB, 4096, 256, 16384, "verity", "verity"),
+        (600 * MIB, 1024, 256, 16384, "verity", "verity"),
         (600 * MIB, 4096, 256, 16384, "orphan_file", "orphan_file"),
         (
             64 * MIB,

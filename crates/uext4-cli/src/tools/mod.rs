@@ -1,5 +1,5 @@
 //! The image tools: mkfs, info, ls, cat, cp, mkdir, rm, mv, ln, stat, chmod, chown, touch,
-//! truncate, fstrim, chattr, lsattr, label, fscrypt, one file per tool or family. Paths inside an
+//! truncate, fstrim, chattr, lsattr, label, fscrypt, verity, one file per tool or family. Paths inside an
 //! image are written IMAGE:PATH; IMAGE
 //! may be `disk.img@2` (partition 2 of a whole-disk image, GPT or MBR, numbered as fdisk and
 //! lsblk number them) or `disk.img@offset=BYTES[,size=BYTES]` (a filesystem at a byte offset,
@@ -21,6 +21,7 @@ pub mod mkfs;
 mod namespace;
 mod stat;
 pub mod tar;
+pub mod verity;
 
 use cat::cat;
 use cp::{cp, is_directory};
@@ -215,6 +216,9 @@ pub enum ToolCmd {
     /// Set and read encryption policies (fscrypt), as fscryptctl(8).
     #[command(subcommand)]
     Fscrypt(fscrypt::FscryptCmd),
+    /// Enable fs-verity on a file and measure it, as fsverity(1).
+    #[command(subcommand)]
+    Verity(verity::VerityCmd),
     /// Print the filesystem label, or set it (at most 16 bytes), as e2label(8).
     Label {
         image: PathBuf,
@@ -248,6 +252,7 @@ impl ToolCmd {
             ToolCmd::Timeline { .. } => "timeline",
             ToolCmd::Inodes { .. } => "inodes",
             ToolCmd::Icheck { .. } => "icheck",
+            ToolCmd::Verity(_) => "verity",
         }
     }
 }
@@ -366,5 +371,6 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
         ToolCmd::Timeline { image } => examine::timeline(&image),
         ToolCmd::Inodes { deleted, image } => examine::inodes(&image, deleted),
         ToolCmd::Icheck { image, blocks } => examine::icheck(&image, &blocks),
+        ToolCmd::Verity(c) => verity::run(c),
     }
 }

@@ -345,6 +345,12 @@ impl Uext4Fuse {
             0xc040_6618,
             0xc040_6619,
         ];
+        // FS_IOC_ENABLE_VERITY, FS_IOC_MEASURE_VERITY: the kernel's FUSE carries both
+        // (fuse_setup_enable_verity, fuse_setup_measure_verity); FS_IOC_READ_VERITY_METADATA
+        // points at a user buffer that a restricted FUSE ioctl cannot reach.
+        const ENABLE_VERITY: u32 = 0x4080_6685;
+        const MEASURE_VERITY: u32 = 0xc004_6686;
+        const READ_VERITY_METADATA: u32 = 0xc028_6687;
         const FSXATTR_LEN: usize = 28;
         const LABEL_LEN: usize = 256;
         let e = |e: uext4::Error| errno(&e);
@@ -451,8 +457,56 @@ impl Uext4Fuse {
                 r[64..68].copy_from_slice(&(if present { 2u32 } else { 1 }).to_ne_bytes());
                 Ok(reply::ioctl(out, 0, &r))
             }
+            ENABLE_VERITY => self.enable_verity(ino, data, out),
+            MEASURE_VERITY => self.measure_verity(ino, data, out_size, out),
+            READ_VERITY_METADATA => Err(libc::EOPNOTSUPP),
             c if FSCRYPT_UNCARRIED.contains(&c) => Err(libc::EOPNOTSUPP),
             _ => Err(libc::ENOTTY),
         }
+    }
+}
+
+impl Uext4Fuse {
+    /// FS_IOC_ENABLE_VERITY: `struct fsverity_enable_arg` (128 bytes), then the salt and the
+    /// signature its pointers named, as fuse_setup_enable_verity lays them after it.
+    fn enable_verity(&self, ino: u32, data: &[u8], out: &mut [u8]) -> Reply {
+        let arg = data.get(..128).ok_or(libc::EINVAL)?;
+        let u32_at = |o: usize| u32::from_ne_bytes(arg[o..o + 4].try_into().unwrap());
+        // version, hash_algorithm, block_size, salt_size, salt_ptr (16), sig_size (24),
+        // __reserved1 (28), sig_ptr (32), __reserved2 (40..128): fsverity_ioctl_enable's checks.
+        if u32_at(0) != 1 || u32_at(28) != 0 || arg[40..].iter().any(|&b| b != 0) {
+            return Err(libc::EINVAL);
+        }
+        let (salt_size, sig_size) = (u32_at(12) as usize, u32_at(24) as usize);
+        let rest = &data[128..];
+        if rest.len() < salt_size + sig_size {
+            return Err(libc::EINVAL);
+        }
+        let args = uext4::VerityArgs {
+            hash_algorithm: u32_at(4),
+            block_size: u32_at(8),
+            salt: rest[..salt_size].to_vec(),
+            signature: rest[salt_size..salt_size + sig_size].to_vec(),
+        };
+        self.fs.enable_verity(ino, &args).map_err(|e| errno(&e))?;
+        Ok(reply::ioctl(out, 0, &[]))
+    }
+
+    /// FS_IOC_MEASURE_VERITY: `struct fsverity_digest` (algorithm, size, digest); the
+    /// caller's size is the room it has (EOVERFLOW when short, as fsverity_ioctl_measure).
+    fn measure_verity(&self, ino: u32, data: &[u8], out_size: u32, out: &mut [u8]) -> Reply {
+        let room = data
+            .get(2..4)
+            .map(|b| u16::from_ne_bytes([b[0], b[1]]) as usize)
+            .ok_or(libc::EINVAL)?;
+        let (alg, digest) = self.fs.measure_verity(ino).map_err(|e| errno(&e))?;
+        if room < digest.len() || (out_size as usize) < 4 + digest.len() {
+            return Err(libc::EOVERFLOW);
+        }
+        let mut r = Vec::with_capacity(4 + digest.len());
+        r.extend_from_slice(&(alg.id() as u16).to_ne_bytes());
+        r.extend_from_slice(&(digest.len() as u16).to_ne_bytes());
+        r.extend_from_slice(&digest);
+        Ok(reply::ioctl(out, 0, &r))
     }
 }

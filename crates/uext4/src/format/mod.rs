@@ -19,6 +19,7 @@ pub mod inode;
 pub mod mmp;
 pub mod orphan_file;
 pub mod superblock;
+pub mod verity;
 pub mod xattr;
 
 /// Little-endian readers and writers over byte slices.

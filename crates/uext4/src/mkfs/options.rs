@@ -52,6 +52,8 @@ pub struct FeatureSet {
     pub encrypt: bool,
     /// Inode numbers never change (no shrinking): what fscrypt's IV_INO_LBLK_* policies need.
     pub stable_inodes: bool,
+    /// fs-verity files possible (`uext4 verity enable`, FS_IOC_ENABLE_VERITY).
+    pub verity: bool,
 }
 
 impl Default for FeatureSet {
@@ -63,7 +65,7 @@ impl Default for FeatureSet {
 /// Feature names `FeatureSet::apply` knows.
 const FEATURE_NAMES: &str = "has_journal, ext_attr, resize_inode, dir_index, filetype, extent, \
      64bit, flex_bg, sparse_super, large_file, huge_file, dir_nlink, extra_isize, metadata_csum, \
-     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold, encrypt, stable_inodes";
+     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold, encrypt, stable_inodes, verity";
 
 impl FeatureSet {
     /// `mke2fs -t ext4` of e2fsprogs 1.47.
@@ -90,6 +92,7 @@ impl FeatureSet {
             casefold_strict: false,
             encrypt: false,
             stable_inodes: false,
+            verity: false,
         }
     }
 
@@ -143,6 +146,7 @@ impl FeatureSet {
             || self.orphan_file
             || self.casefold
             || self.encrypt
+            || self.verity
         {
             "ext4"
         } else if self.has_journal {
@@ -180,6 +184,7 @@ impl FeatureSet {
                 "casefold" => &mut self.casefold,
                 "encrypt" => &mut self.encrypt,
                 "stable_inodes" => &mut self.stable_inodes,
+                "verity" => &mut self.verity,
                 _ => {
                     return Err(Error::Unsupported(format!(
                         "mkfs feature {f:?} (uext4 mkfs knows: {FEATURE_NAMES})"

@@ -89,6 +89,7 @@ pub(super) fn build_superblock(
             | flag(f.huge_file, RO_COMPAT_HUGE_FILE)
             | flag(f.dir_nlink, RO_COMPAT_DIR_NLINK)
             | flag(f.extra_isize, RO_COMPAT_EXTRA_ISIZE)
+            | flag(f.verity, RO_COMPAT_VERITY)
             | if f.metadata_csum {
                 RO_COMPAT_METADATA_CSUM
             } else {
