@@ -67,11 +67,13 @@ pub fn missing_here() -> Vec<String> {
 }
 
 /// Contains this process: `image` readable (and writable unless `read_only`; None for an
-/// NBD export, whose connection is open already) plus `extra` paths read-write. Where the
+/// NBD export, whose connection is open already) plus `extra` paths read-write (where files
+/// may be made). Where the
 /// kernel lacks a mechanism it says so in one line and goes on.
 pub fn contain(image: Option<&Path>, read_only: bool, extra: Vec<PathBuf>) -> Result<()> {
     let mut policy = uext4::sandbox::Policy {
         audit_only: std::env::var_os(AUDIT_ENV).is_some(),
+        host_files: !extra.is_empty(),
         write: extra,
         ..Default::default()
     };

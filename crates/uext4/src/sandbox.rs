@@ -30,6 +30,9 @@ pub struct Policy {
     /// Whether it may make new sockets (a tool that connects to an NBD server after
     /// containing itself); a mount's connections are made before.
     pub sockets: bool,
+    /// Whether it may make, remove and change files (where landlock lets it): an image tool
+    /// copying out to the host; a mount server makes none.
+    pub host_files: bool,
     /// Log the calls off the list (the kernel's audit log, `dmesg`) and let them run, instead
     /// of refusing them: for finding what a new code path needs, never for serving strangers.
     pub audit_only: bool,

@@ -144,6 +144,39 @@ const ALLOWED_X86_64: &[libc::c_long] = &[
 #[cfg(not(target_arch = "x86_64"))]
 const ALLOWED_X86_64: &[libc::c_long] = &[];
 
+/// Making and changing files where landlock allows it (an image tool copying out to the
+/// host); a mount server makes none.
+const HOST_FILES: &[libc::c_long] = &[
+    libc::SYS_mkdirat,
+    libc::SYS_unlinkat,
+    libc::SYS_symlinkat,
+    libc::SYS_linkat,
+    libc::SYS_renameat2,
+    libc::SYS_fchmod,
+    libc::SYS_fchmodat,
+    libc::SYS_fchown,
+    libc::SYS_fchownat,
+    libc::SYS_utimensat,
+    libc::SYS_copy_file_range,
+    libc::SYS_sendfile,
+];
+
+/// HOST_FILES' older forms on x86_64.
+#[cfg(target_arch = "x86_64")]
+const HOST_FILES_X86_64: &[libc::c_long] = &[
+    libc::SYS_mkdir,
+    libc::SYS_unlink,
+    libc::SYS_symlink,
+    libc::SYS_link,
+    libc::SYS_rename,
+    libc::SYS_chmod,
+    libc::SYS_chown,
+    libc::SYS_lchown,
+    libc::SYS_utimes,
+];
+#[cfg(not(target_arch = "x86_64"))]
+const HOST_FILES_X86_64: &[libc::c_long] = &[];
+
 /// New sockets, for a policy that allows them.
 const SOCKETS: &[libc::c_long] = &[libc::SYS_socket, libc::SYS_connect];
 
@@ -194,7 +227,12 @@ pub(super) fn apply(policy: &Policy) -> Result<(), SandboxError> {
     let err = |e: seccompiler::Error| SandboxError::Seccomp(e.to_string());
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     let sockets: &[libc::c_long] = if policy.sockets { SOCKETS } else { &[] };
-    for &nr in ALLOWED.iter().chain(ALLOWED_X86_64).chain(sockets) {
+    let files: [&[libc::c_long]; 2] = if policy.host_files {
+        [HOST_FILES, HOST_FILES_X86_64]
+    } else {
+        [&[], &[]]
+    };
+    for &nr in ALLOWED.iter().chain(ALLOWED_X86_64).chain(sockets).chain(files.concat().iter()) {
         rules.insert(nr, Vec::new());
     }
     for (nr, r) in conditional()? {
