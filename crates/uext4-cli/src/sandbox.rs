@@ -109,9 +109,7 @@ pub fn start_probe() -> Option<std::sync::mpsc::Sender<()>> {
         let _ = rx.recv();
         for p in what.split(',') {
             let r = match p.split_once('=') {
-                None if p == "socket" => {
-                    std::os::unix::net::UnixDatagram::unbound().map(|_| ())
-                }
+                None if p == "socket" => std::os::unix::net::UnixDatagram::unbound().map(|_| ()),
                 Some(("open", path)) => std::fs::File::open(path).map(|_| ()),
                 Some(("exec", path)) => std::process::Command::new(path).status().map(|_| ()),
                 _ => continue,

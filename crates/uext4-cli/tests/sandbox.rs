@@ -35,7 +35,11 @@ impl Env {
     fn serve(&self, opts: &[&str], env: &[(&str, &str)]) -> (Child, PathBuf) {
         let log = self.place.point(0).with_extension("log");
         let mut cmd = Command::new(bin());
-        cmd.arg("mount").arg("-f").args(opts).arg(&self.img).arg(&self.mnt);
+        cmd.arg("mount")
+            .arg("-f")
+            .args(opts)
+            .arg(&self.img)
+            .arg(&self.mnt);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -134,8 +138,16 @@ fn a_mount_is_contained_by_default_in_every_thread() {
     // umount goes through the helper that kept the right to unmount; the server then writes
     // the image back and exits.
     Cli(bin()).ok(&["umount", e.mnt.to_str().unwrap()]);
-    let fsck = Command::new("e2fsck").arg("-fn").arg(&e.img).output().unwrap();
-    assert!(fsck.status.success(), "{}", String::from_utf8_lossy(&fsck.stdout));
+    let fsck = Command::new("e2fsck")
+        .arg("-fn")
+        .arg(&e.img)
+        .output()
+        .unwrap();
+    assert!(
+        fsck.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fsck.stdout)
+    );
 }
 
 #[test]
@@ -187,7 +199,9 @@ fn nosandbox_leaves_the_server_as_it_was() {
     let (child, _log) = e.serve(&["-o", "nosandbox"], &[]);
     let pid = server_pid(&e.mnt);
     assert!(per_thread(pid, "Seccomp").iter().all(|v| v == "0"));
-    assert!(per_thread(pid, "CapEff").iter().all(|v| v != "0000000000000000"));
+    assert!(per_thread(pid, "CapEff")
+        .iter()
+        .all(|v| v != "0000000000000000"));
     write_and_read(&e.mnt);
     e.stop(child);
 }
@@ -224,14 +238,35 @@ fn the_image_tools_work_contained() {
     std::fs::write(&src, b"from the host").unwrap();
     let dst = e.mnt.with_extension("dst");
     let cli = Cli(bin());
-    cli.ok(&["--sandbox", "cp", src.to_str().unwrap(), &format!("{img}:/f")]);
-    assert_eq!(cli.ok(&["--sandbox", "cat", &format!("{img}:/f")]), "from the host");
-    cli.ok(&["--sandbox", "cp", &format!("{img}:/f"), dst.to_str().unwrap()]);
+    cli.ok(&[
+        "--sandbox",
+        "cp",
+        src.to_str().unwrap(),
+        &format!("{img}:/f"),
+    ]);
+    assert_eq!(
+        cli.ok(&["--sandbox", "cat", &format!("{img}:/f")]),
+        "from the host"
+    );
+    cli.ok(&[
+        "--sandbox",
+        "cp",
+        &format!("{img}:/f"),
+        dst.to_str().unwrap(),
+    ]);
     assert_eq!(std::fs::read(&dst).unwrap(), b"from the host");
-    assert!(cli.ok(&["--sandbox", "ls", &format!("{img}:/")]).contains('f'));
+    assert!(cli
+        .ok(&["--sandbox", "ls", &format!("{img}:/")])
+        .contains('f'));
     // Copying a tree out makes directories and sets modes and times under the named path.
     let out = e.mnt.with_extension("tree");
-    cli.ok(&["--sandbox", "cp", "-r", &format!("{img}:/"), out.to_str().unwrap()]);
+    cli.ok(&[
+        "--sandbox",
+        "cp",
+        "-r",
+        &format!("{img}:/"),
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(std::fs::read(out.join("f")).unwrap(), b"from the host");
     let _ = (std::fs::remove_file(src), std::fs::remove_file(dst));
     let _ = std::fs::remove_dir_all(out);

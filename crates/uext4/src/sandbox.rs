@@ -113,8 +113,8 @@ fn landlock_ruleset(
     missing: &mut Vec<String>,
 ) -> Result<Option<std::os::fd::OwnedFd>, SandboxError> {
     use landlock::{
-        path_beneath_rules, Access, AccessFs, AccessNet, Ruleset, RulesetAttr,
-        RulesetCreatedAttr, Scope, ABI,
+        path_beneath_rules, Access, AccessFs, AccessNet, Ruleset, RulesetAttr, RulesetCreatedAttr,
+        Scope, ABI,
     };
     let have = match landlock_abi() {
         Ok(v) => v,
@@ -144,7 +144,9 @@ fn landlock_ruleset(
         .scope(Scope::from_all(abi))
         .map_err(err)?;
     if !policy.sockets {
-        ruleset = ruleset.handle_access(AccessNet::from_all(abi)).map_err(err)?;
+        ruleset = ruleset
+            .handle_access(AccessNet::from_all(abi))
+            .map_err(err)?;
     }
     let created = ruleset
         .create()

@@ -197,7 +197,7 @@ fn conditional() -> Result<Vec<(libc::c_long, Vec<SeccompRule>)>, SandboxError> 
     use SeccompCmpOp::{Eq, Ne};
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u64;
-    let dword = |v: libc::c_ulong| v as u64;
+    let dword = u64::from;
     Ok(vec![
         // Signals to this process only (a stop request to itself, a thread's wakeup).
         (libc::SYS_kill, vec![rule(&[(0, Eq, pid)])?]),
@@ -232,7 +232,12 @@ pub(super) fn apply(policy: &Policy) -> Result<(), SandboxError> {
     } else {
         [&[], &[]]
     };
-    for &nr in ALLOWED.iter().chain(ALLOWED_X86_64).chain(sockets).chain(files.concat().iter()) {
+    for &nr in ALLOWED
+        .iter()
+        .chain(ALLOWED_X86_64)
+        .chain(sockets)
+        .chain(files.concat().iter())
+    {
         rules.insert(nr, Vec::new());
     }
     for (nr, r) in conditional()? {
