@@ -349,6 +349,7 @@ pub(crate) fn open(image: &Path, region: Option<Region>, read_only: bool) -> Res
 pub(crate) fn open_with(image: &Path, opts: MountOptions) -> Result<Arc<Fs>> {
     let read_only = opts.read_only;
     let fs = Fs::open_path(image, opts).with_context(|| image.display().to_string())?;
+    crate::sandbox::contain_tool(image, read_only)?;
     if !read_only && fs.is_read_only() {
         bail!(
             "{}: cannot be written: {}",

@@ -64,6 +64,14 @@ pub fn set_source(image: &std::path::Path) {
     let _ = SOURCE.set(image.display().to_string());
 }
 
+/// Chooses a background server's log now and connects to it (a contained server can open no
+/// socket or file later; a syslog daemon restarted meanwhile then loses its lines).
+pub fn prepare() {
+    if std::env::var_os(BACKGROUND_ENV).is_some() {
+        let _ = sink();
+    }
+}
+
 /// The system log where there is one, else the kernel's log.
 struct SystemLog;
 
@@ -82,11 +90,18 @@ fn sink() -> &'static Sink {
     SINK.get_or_init(|| {
         if std::path::Path::new("/dev/log").exists() {
             let (tx, rx) = std::sync::mpsc::sync_channel::<(i32, std::ffi::CString)>(256);
+            // Connected now (LOG_NDELAY), not at the first line.
+            // SAFETY: the identifier is a static C string that outlives every call.
+            unsafe {
+                libc::openlog(
+                    c"uext4".as_ptr(),
+                    libc::LOG_PID | libc::LOG_NDELAY,
+                    libc::LOG_DAEMON,
+                )
+            };
             let started = std::thread::Builder::new()
                 .name("uext4-syslog".into())
                 .spawn(move || {
-                    // SAFETY: the identifier is a static C string that outlives every call.
-                    unsafe { libc::openlog(c"uext4".as_ptr(), libc::LOG_PID, libc::LOG_DAEMON) };
                     for (prio, line) in rx {
                         // SAFETY: a "%s" format with one NUL-terminated string argument.
                         unsafe { libc::syslog(prio, c"%s".as_ptr(), line.as_ptr()) };

@@ -5,6 +5,7 @@ mod host;
 mod image;
 mod log;
 mod mount;
+mod sandbox;
 mod tools;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -34,6 +35,11 @@ struct Cli {
     /// `-o key=FILE`.
     #[arg(long = "key", value_name = "FILE", global = true)]
     keys: Vec<std::path::PathBuf>,
+    /// For the image tools: once the image is open, contain the process as a mount's server
+    /// is (no capabilities, no_new_privs, a seccomp allowlist, and landlock: only the image,
+    /// /proc and the host paths named on the command line stay open). See docs/SECURITY.md.
+    #[arg(long, global = true)]
+    sandbox: bool,
 }
 
 // One value, parsed once per run: its size does not matter.
@@ -60,6 +66,13 @@ enum Cmd {
     },
     #[command(flatten)]
     Tool(tools::ToolCmd),
+    /// The privileged helper of a contained mount server (sandbox.rs): unmounts its mounts
+    /// when the server asks.
+    #[command(name = "__unmounter", hide = true)]
+    Unmounter {
+        mountpoint: std::path::PathBuf,
+        dev: Option<String>,
+    },
 }
 
 /// The command line as `uext4 mount` reads it, for the forms in which other programs start a
@@ -189,7 +202,14 @@ fn main() -> ExitCode {
         ),
         Cmd::Stats { mountpoint } => ("stats", mount::run_stats(&mountpoint)),
         Cmd::Bench { args } => ("bench", run_bench(&args)),
+        Cmd::Unmounter { mountpoint, dev } => (
+            "unmount helper",
+            sandbox::run_unmounter(|| mount::unmount_all(dev.as_deref(), &mountpoint)),
+        ),
         Cmd::Tool(t) => {
+            if cli.sandbox {
+                sandbox::request_for_tools(&std::env::args_os().collect::<Vec<_>>());
+            }
             if let Err(e) = image::set_keys(&cli.keys) {
                 eprintln!("uext4: {}: {e:#}", t.name());
                 return ExitCode::from(1);

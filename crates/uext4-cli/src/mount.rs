@@ -295,6 +295,18 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
         },
         ..a
     };
+    let (options, sandbox) = match crate::sandbox::take_option(&options) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("uext4: mount: {e}");
+            std::process::exit(2);
+        }
+    };
+    if sandbox == crate::sandbox::Mode::Required {
+        if let Some(m) = crate::sandbox::missing_here().first() {
+            bail!("sandbox=required: {m}");
+        }
+    }
     let opts = match Options::parse(&options.join(",")) {
         Ok(o) => o,
         Err(e) => {
@@ -350,7 +362,13 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
     if !a.foreground {
         return daemonize(&a, &image, &mountpoint);
     }
-    serve_foreground(&image, region, &mountpoint, &opts, asked_rw(&options))
+    serve_foreground(
+        &image,
+        region,
+        &mountpoint,
+        &opts,
+        (asked_rw(&options), sandbox),
+    )
 }
 
 /// Whether the options ask for a read-write mount in so many words: the last of `ro` and `rw`
@@ -681,7 +699,7 @@ fn serve_foreground(
     region: Option<uext4::blockdev::Region>,
     mountpoint: &Path,
     opts: &Options,
-    asked_rw: bool,
+    (asked_rw, sandbox): (bool, crate::sandbox::Mode),
 ) -> Result<()> {
     let mut opts = opts.clone();
     let asked_ro = opts.read_only;
@@ -762,6 +780,8 @@ fn serve_foreground(
     // with the same number; the server serves until the last of them goes.
     let dev = ours.and_then(|id| mountinfo().into_iter().find(|m| m.id == id).map(|m| m.dev));
     let fd_mount = uext4_fuse::fd_path(mountpoint).is_some();
+    let place = (image, mountpoint, dev.as_deref());
+    let mut unmounter = contain_server(place, fs.is_read_only(), fd_mount, sandbox)?;
     // The session ends once the kernel lets go of the mount (after the last open file of a
     // detached mount is closed); the thread that waits for it wakes the loop below at once,
     // so the image is written back as soon as the mount is gone.
@@ -798,16 +818,15 @@ fn serve_foreground(
         }
         if sig > 0 {
             // Unmount every mount of this server, newest first (detached when busy); on
-            // failure keep serving until asked again.
-            let mut failed = false;
-            for m in our_mounts().iter().rev() {
-                if let Err(e) = uext4_fuse::unmount(m) {
-                    tracing::error!("unmounting {}: {e}", m.display());
-                    failed = true;
-                }
-            }
-            if !failed {
-                break;
+            // failure keep serving until asked again. A contained server has its helper do
+            // it.
+            let done = match &mut unmounter {
+                Some(u) => u.unmount(),
+                None => unmount_all(dev.as_deref(), mountpoint),
+            };
+            match done {
+                Ok(()) => break,
+                Err(e) => tracing::error!("{e:#}"),
             }
         }
         if !still_mounted() {
@@ -819,6 +838,54 @@ fn serve_foreground(
     }
     fs.unmount().context("writing the filesystem back")?;
     Ok(())
+}
+
+/// Unmounts every mount of the filesystem with device number `dev` (or `mountpoint`), newest
+/// first (detached when busy); the first error after trying them all.
+pub fn unmount_all(dev: Option<&str>, mountpoint: &Path) -> Result<()> {
+    let mut failed = None;
+    for m in mounts_of(dev, mountpoint).iter().rev() {
+        if let Err(e) = uext4_fuse::unmount(m) {
+            failed.get_or_insert(anyhow::anyhow!("unmounting {}: {e}", m.display()));
+        }
+    }
+    failed.map_or(Ok(()), Err)
+}
+
+/// Contains a mounted server (unless `-o nosandbox`): its unmount helper first (while it
+/// may still start one), then `uext4::sandbox`. `place` is the image, the mount point and the
+/// mount's device number. Where containing fails, the mount is taken down and the error
+/// returned.
+fn contain_server(
+    (image, mountpoint, dev): (&Path, &Path, Option<&str>),
+    read_only: bool,
+    fd_mount: bool,
+    mode: crate::sandbox::Mode,
+) -> Result<Option<crate::sandbox::Unmounter>> {
+    if mode == crate::sandbox::Mode::Off {
+        return Ok(None);
+    }
+    // Its stop requests and log lines need nothing it could not reach once contained.
+    crate::log::prepare();
+    let mut unmounter = if fd_mount {
+        None
+    } else {
+        Some(crate::sandbox::Unmounter::start(dev, mountpoint)?)
+    };
+    let probe = crate::sandbox::start_probe();
+    let local = (!uext4::image::is_nbd_uri(image)).then_some(image);
+    if let Err(e) = crate::sandbox::contain(local, read_only, Vec::new()) {
+        let down = match &mut unmounter {
+            Some(u) => u.unmount(),
+            None => Ok(()),
+        };
+        if let Err(d) = down {
+            tracing::error!("{d:#}");
+        }
+        return Err(e);
+    }
+    drop(probe);
+    Ok(unmounter)
 }
 
 /// Why the mount failed, with a hint at the usual cause.

@@ -92,6 +92,7 @@ mod orphan;
 mod overwrite;
 pub mod partition;
 mod place;
+pub mod sandbox;
 mod super_info;
 mod sync;
 mod transaction;
