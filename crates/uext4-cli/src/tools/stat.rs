@@ -80,6 +80,11 @@ fn live(fs: &Fs, p: &str, ino: u32) -> Result<()> {
         let key = if e.key_present { "present" } else { "absent" };
         println!("Encrypted: {} (key {key})", e.policy);
     }
+    if let Ok(x) = fs.listxattr(ino) {
+        for n in x {
+            println!("xattr: {}", String::from_utf8_lossy(&n));
+        }
+    }
     Ok(())
 }
 
