@@ -80,8 +80,14 @@ def partitioned_image(tmp_path_factory, tree):
     img = str(tmp_path_factory.mktemp("img") / "disk.img")
     with open(img, "wb") as f:
         f.truncate(70 * MIB)
-    run("sgdisk", "-q", "-n", "1:2048:0", "-t", "1:8300", img)
-    mkfs(img, tree, "-E", f"offset={2048 * 512}")
+    run("sgdisk", "-o", "-n", "1:2048:0", "-t", "1:8300", img)
+    # Made apart and copied in (mke2fs -E offset= would clear the partition table).
+    part = img + ".part"
+    mkfs(part, tree)
+    with open(part, "rb") as src, open(img, "r+b") as dst:
+        dst.seek(2048 * 512)
+        dst.write(src.read())
+    os.unlink(part)
     return img
 
 
