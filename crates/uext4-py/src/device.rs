@@ -57,9 +57,8 @@ fn copy(from: &[u8], to: &mut [u8]) -> usize {
 impl BlockDevice for PyFileDevice {
     fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         let _g = self.lock.lock();
-        Python::with_gil(|py| self.read_into(py, off, buf)).map_err(|e| {
-            io::Error::new(io::ErrorKind::UnexpectedEof, format!("file object: {e}"))
-        })
+        Python::with_gil(|py| self.read_into(py, off, buf))
+            .map_err(|e| io::Error::new(io::ErrorKind::UnexpectedEof, format!("file object: {e}")))
     }
 
     fn write_at(&self, _off: u64, _buf: &[u8]) -> io::Result<()> {

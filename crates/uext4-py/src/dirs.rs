@@ -101,7 +101,9 @@ impl DirEntry {
                     .map_or(FT_UNKNOWN, |a| ftype_of_mode(a.mode));
             }
             if e.ftype == FT_UNKNOWN {
-                return fs.getattr(e.ino).map_or(FT_UNKNOWN, |a| ftype_of_mode(a.mode));
+                return fs
+                    .getattr(e.ino)
+                    .map_or(FT_UNKNOWN, |a| ftype_of_mode(a.mode));
             }
             e.ftype
         })
@@ -167,7 +169,10 @@ impl DirEntry {
     }
 
     fn __repr__(&self) -> String {
-        format!("<uext4.DirEntry {:?}>", String::from_utf8_lossy(&self.e.name))
+        format!(
+            "<uext4.DirEntry {:?}>",
+            String::from_utf8_lossy(&self.e.name)
+        )
     }
 }
 
@@ -254,7 +259,9 @@ fn split(fs: &Fs, dir: u32, entries: Vec<Entry>) -> (Vec<Entry>, Vec<Entry>) {
                 .lookup_path(dir, &e.name, true)
                 .and_then(|i| fs.getattr(i))
                 .map_or(FT_UNKNOWN, |a| ftype_of_mode(a.mode)),
-            FT_UNKNOWN => fs.getattr(e.ino).map_or(FT_UNKNOWN, |a| ftype_of_mode(a.mode)),
+            FT_UNKNOWN => fs
+                .getattr(e.ino)
+                .map_or(FT_UNKNOWN, |a| ftype_of_mode(a.mode)),
             t => t,
         };
         if t == FT_DIR {
@@ -326,7 +333,13 @@ impl Walk {
     }
 
     /// The children of `dir` to walk: `names`, resolved, symlinks only with followlinks.
-    fn children(&self, py: Python<'_>, path: &[u8], dir: u32, names: &[Vec<u8>]) -> Vec<(Vec<u8>, u32)> {
+    fn children(
+        &self,
+        py: Python<'_>,
+        path: &[u8],
+        dir: u32,
+        names: &[Vec<u8>],
+    ) -> Vec<(Vec<u8>, u32)> {
         let (fs, follow) = (&self.fs, self.followlinks);
         py.allow_threads(|| {
             names
@@ -364,7 +377,11 @@ impl Walk {
         let d = names(dirs)?;
         let t = PyTuple::new(
             py,
-            [fsdecode(py, path, self.as_bytes)?, d.clone().into_any(), names(files)?.into_any()],
+            [
+                fsdecode(py, path, self.as_bytes)?,
+                d.clone().into_any(),
+                names(files)?.into_any(),
+            ],
         )?;
         Ok((t, d))
     }

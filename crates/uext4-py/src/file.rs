@@ -95,7 +95,11 @@ impl File {
     fn seek(&mut self, offset: i64, whence: i32) -> PyResult<u64> {
         let to = match whence {
             0 if offset >= 0 => SeekFrom::Start(offset as u64),
-            0 => return Err(PyValueError::new_err(format!("negative seek position {offset}"))),
+            0 => {
+                return Err(PyValueError::new_err(format!(
+                    "negative seek position {offset}"
+                )))
+            }
             1 => SeekFrom::Current(offset),
             2 => SeekFrom::End(offset),
             _ => return Err(PyValueError::new_err(format!("invalid whence ({whence})"))),

@@ -29,7 +29,10 @@ impl Target {
         if obj.is_instance_of::<PyInt>() {
             return Ok(Target::Ino(obj.extract()?));
         }
-        Ok(Target::Path(fsencode(obj)?, obj.is_instance_of::<PyBytes>()))
+        Ok(Target::Path(
+            fsencode(obj)?,
+            obj.is_instance_of::<PyBytes>(),
+        ))
     }
 
     fn shown(&self) -> Vec<u8> {
@@ -45,11 +48,20 @@ impl Target {
 }
 
 /// Where the filesystem lies in what was opened: partition `n`, or from byte `offset`.
-fn region_of(dev: &dyn BlockDevice, partition: Option<u32>, offset: u64) -> PyResult<Option<Region>> {
+fn region_of(
+    dev: &dyn BlockDevice,
+    partition: Option<u32>,
+    offset: u64,
+) -> PyResult<Option<Region>> {
     match (partition, offset) {
         (None, 0) => Ok(None),
-        (None, o) => Ok(Some(Region { offset: o, len: None })),
-        (Some(_), o) if o != 0 => Err(PyValueError::new_err("give a partition or an offset, not both")),
+        (None, o) => Ok(Some(Region {
+            offset: o,
+            len: None,
+        })),
+        (Some(_), o) if o != 0 => Err(PyValueError::new_err(
+            "give a partition or an offset, not both",
+        )),
         (Some(n), _) => match Table::read(dev).map_err(|e| os_error(e, None))? {
             Some(t) => Ok(Some(t.region_of(n).map_err(|e| os_error(e, None))?)),
             None => Err(PyValueError::new_err(format!(
@@ -94,7 +106,10 @@ impl Filesystem {
             None => (&b"/"[..], trimmed),
         };
         if name.is_empty() || name == b"." || name == b".." {
-            return Err(os_error(Error::Invalid("needs a file name".into()), Some(path)));
+            return Err(os_error(
+                Error::Invalid("needs a file name".into()),
+                Some(path),
+            ));
         }
         let d = py
             .allow_threads(|| fs.lookup_path(2, dir, true))
@@ -142,9 +157,9 @@ impl Filesystem {
         if let Some(keys) = keys {
             for k in keys.try_iter()? {
                 let k = k?;
-                let b = k
-                    .downcast::<PyBytes>()
-                    .map_err(|_| PyTypeError::new_err("keys are bytes (raw fscrypt master keys)"))?;
+                let b = k.downcast::<PyBytes>().map_err(|_| {
+                    PyTypeError::new_err("keys are bytes (raw fscrypt master keys)")
+                })?;
                 raw_keys.push(EncryptionKey::new(b.as_bytes().to_vec()));
             }
         }
@@ -227,7 +242,12 @@ impl Filesystem {
     /// A path's status, as os.stat (os.lstat with follow_symlinks=False); an int names an
     /// inode by number.
     #[pyo3(signature = (path, *, follow_symlinks = true))]
-    fn stat(&self, py: Python<'_>, path: &Bound<'_, PyAny>, follow_symlinks: bool) -> PyResult<StatResult> {
+    fn stat(
+        &self,
+        py: Python<'_>,
+        path: &Bound<'_, PyAny>,
+        follow_symlinks: bool,
+    ) -> PyResult<StatResult> {
         let fs = self.get()?;
         let t = Target::of(path)?;
         let ino = self.resolve(py, &fs, &t, follow_symlinks)?;
@@ -288,7 +308,11 @@ impl Filesystem {
 
     /// A directory's names (without . and ..), as os.listdir; bytes for a bytes path.
     #[pyo3(signature = (path = None))]
-    fn listdir<'py>(&self, py: Python<'py>, path: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyList>> {
+    fn listdir<'py>(
+        &self,
+        py: Python<'py>,
+        path: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
         let fs = self.get()?;
         let t = match path {
             Some(p) => Target::of(p)?,
@@ -308,7 +332,12 @@ impl Filesystem {
     /// A directory's entries, as os.scandir; with `deleted`, as its blocks hold them, the
     /// entries a removal left readable too (`DirEntry.deleted`).
     #[pyo3(signature = (path = None, *, deleted = false))]
-    fn scandir(&self, py: Python<'_>, path: Option<&Bound<'_, PyAny>>, deleted: bool) -> PyResult<ScandirIterator> {
+    fn scandir(
+        &self,
+        py: Python<'_>,
+        path: Option<&Bound<'_, PyAny>>,
+        deleted: bool,
+    ) -> PyResult<ScandirIterator> {
         let fs = self.get()?;
         let t = match path {
             Some(p) => Target::of(p)?,
@@ -346,11 +375,22 @@ impl Filesystem {
                 Vec::new()
             }
         };
-        Ok(Walk::new(fs, start, topdown, followlinks, onerror, t.as_bytes()))
+        Ok(Walk::new(
+            fs,
+            start,
+            topdown,
+            followlinks,
+            onerror,
+            t.as_bytes(),
+        ))
     }
 
     /// A symlink's target (bytes for a bytes path).
-    fn readlink<'py>(&self, py: Python<'py>, path: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn readlink<'py>(
+        &self,
+        py: Python<'py>,
+        path: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let fs = self.get()?;
         let t = Target::of(path)?;
         let ino = self.resolve(py, &fs, &t, false)?;
@@ -417,7 +457,13 @@ impl Filesystem {
     /// Writes `data` as the whole of file `path` (made with `mode` if new). Needs
     /// readonly=False.
     #[pyo3(signature = (path, data, mode = 0o644))]
-    fn write_file(&self, py: Python<'_>, path: &Bound<'_, PyAny>, data: Vec<u8>, mode: u32) -> PyResult<()> {
+    fn write_file(
+        &self,
+        py: Python<'_>,
+        path: &Bound<'_, PyAny>,
+        data: Vec<u8>,
+        mode: u32,
+    ) -> PyResult<()> {
         let (uid, gid) = caller();
         self.change(py, path, |fs, dir, name| {
             let ino = match fs.lookup(dir, name) {
@@ -426,7 +472,10 @@ impl Filesystem {
                     fs.truncate(a.ino, 0)?;
                     a.ino
                 }
-                Err(Error::NotFound) => fs.create(dir, name, 0o100000 | (mode & 0o7777), uid, gid)?.ino,
+                Err(Error::NotFound) => {
+                    fs.create(dir, name, 0o100000 | (mode & 0o7777), uid, gid)?
+                        .ino
+                }
                 Err(e) => return Err(e),
             };
             fs.write_all(ino, 0, &data)
@@ -437,14 +486,23 @@ impl Filesystem {
     #[pyo3(signature = (path, mode = 0o755))]
     fn mkdir(&self, py: Python<'_>, path: &Bound<'_, PyAny>, mode: u32) -> PyResult<()> {
         let (uid, gid) = caller();
-        self.change(py, path, |fs, dir, name| fs.mkdir(dir, name, mode & 0o7777, uid, gid).map(drop))
+        self.change(py, path, |fs, dir, name| {
+            fs.mkdir(dir, name, mode & 0o7777, uid, gid).map(drop)
+        })
     }
 
     /// Makes symlink `path` pointing at `target`. Needs readonly=False.
-    fn symlink(&self, py: Python<'_>, target: &Bound<'_, PyAny>, path: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn symlink(
+        &self,
+        py: Python<'_>,
+        target: &Bound<'_, PyAny>,
+        path: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         let (uid, gid) = caller();
         let target = fsencode(target)?;
-        self.change(py, path, |fs, dir, name| fs.symlink(dir, name, &target, uid, gid).map(drop))
+        self.change(py, path, |fs, dir, name| {
+            fs.symlink(dir, name, &target, uid, gid).map(drop)
+        })
     }
 
     /// Removes a file (not a directory: rmdir). Needs readonly=False.
@@ -463,7 +521,13 @@ impl Filesystem {
     }
 
     /// Sets an extended attribute. Needs readonly=False.
-    fn setxattr(&self, py: Python<'_>, path: &Bound<'_, PyAny>, name: &Bound<'_, PyAny>, value: Vec<u8>) -> PyResult<()> {
+    fn setxattr(
+        &self,
+        py: Python<'_>,
+        path: &Bound<'_, PyAny>,
+        name: &Bound<'_, PyAny>,
+        value: Vec<u8>,
+    ) -> PyResult<()> {
         let fs = self.get()?;
         let t = Target::of(path)?;
         let name = fsencode(name)?;
@@ -473,7 +537,13 @@ impl Filesystem {
     }
 
     fn __repr__(&self) -> String {
-        let state = if self.fs.lock().is_none() { "closed" } else if self.readonly { "read-only" } else { "read-write" };
+        let state = if self.fs.lock().is_none() {
+            "closed"
+        } else if self.readonly {
+            "read-only"
+        } else {
+            "read-write"
+        };
         format!("<uext4.Filesystem {state}>")
     }
 }

@@ -45,7 +45,11 @@ pub(crate) fn fsencode(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
 
 /// A name or path for Python: `bytes` when the caller gave bytes, else `str` (decoded as
 /// `os.fsdecode` does: bytes that are not UTF-8 become surrogate escapes).
-pub(crate) fn fsdecode<'py>(py: Python<'py>, b: &[u8], as_bytes: bool) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn fsdecode<'py>(
+    py: Python<'py>,
+    b: &[u8],
+    as_bytes: bool,
+) -> PyResult<Bound<'py, PyAny>> {
     if as_bytes {
         return Ok(PyBytes::new(py, b).into_any());
     }

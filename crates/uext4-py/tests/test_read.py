@@ -219,3 +219,10 @@ def test_scandir_and_walk(image, tree):
         errors = []
         assert list(fs.walk("/nope", onerror=errors.append)) == []
         assert isinstance(errors[0], FileNotFoundError)
+
+
+def test_typed():
+    """The wheel carries the stubs and the py.typed marker (maturin adds it with uext4.pyi)."""
+    d = os.path.dirname(uext4.__file__)
+    assert os.path.exists(os.path.join(d, "py.typed"))
+    assert os.path.exists(os.path.join(d, "__init__.pyi"))

@@ -24,7 +24,11 @@ impl Fs {
     }
 
     fn walk_path(&self, start: u32, path: &[u8], follow: bool, links: &mut u32) -> Result<u32> {
-        let mut cur = if path.first() == Some(&b'/') { 2 } else { start };
+        let mut cur = if path.first() == Some(&b'/') {
+            2
+        } else {
+            start
+        };
         let comps: Vec<&[u8]> = path
             .split(|&b| b == b'/')
             .filter(|c| !c.is_empty() && *c != b".")

@@ -39,7 +39,16 @@ fn lookup_path_follows_symlinks() {
     assert_eq!(fs.lookup_path(2, b"rel", false).unwrap(), rel);
     assert_eq!(fs.lookup_path(2, b"rel", true).unwrap(), b);
     assert_eq!(fs.lookup_path(2, b"a/b/abs", true).unwrap(), f);
-    assert!(matches!(fs.lookup_path(2, b"a/nope", true), Err(Error::NotFound)));
-    assert!(matches!(fs.lookup_path(2, b"a/b/f/x", true), Err(Error::NotDir)));
-    assert!(matches!(fs.lookup_path(2, b"loop", true), Err(Error::Invalid(_))));
+    assert!(matches!(
+        fs.lookup_path(2, b"a/nope", true),
+        Err(Error::NotFound)
+    ));
+    assert!(matches!(
+        fs.lookup_path(2, b"a/b/f/x", true),
+        Err(Error::NotDir)
+    ));
+    assert!(matches!(
+        fs.lookup_path(2, b"loop", true),
+        Err(Error::Invalid(_))
+    ));
 }
