@@ -2,8 +2,8 @@
 xattrs."""
 
 import os
-import shutil
 import subprocess
+import sys
 
 import pytest
 import uext4
@@ -69,3 +69,10 @@ def test_xattrs(tmp_path, tree):
         assert fs.getxattr("/hello.txt", b"user.big") == big.encode()
         assert fs.getxattr("/link-to-file", "trusted.t") == b"tt"
         assert fs.listxattr("/a") == []
+
+
+def test_dfvfs_adapter_example(image):
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "dfvfs_adapter.py")
+    out = subprocess.run([sys.executable, example, image, "/a"], check=True,
+                         capture_output=True, text=True).stdout
+    assert "/a/block.bin" in out and "extents=[(" in out
