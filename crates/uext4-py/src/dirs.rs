@@ -54,7 +54,7 @@ fn read_dir_raw(fs: &Fs, dir: u32) -> uext4::Result<Vec<Entry>> {
     let (entries, _damage) = fs.dir_entries_raw(dir, &rec.raw, true)?;
     Ok(entries
         .into_iter()
-        .filter(|e| !(is_dot(&e.name) && !e.removed))
+        .filter(|e| !is_dot(&e.name) || e.removed)
         .map(|e| Entry {
             ino: e.inode,
             name: e.name,
