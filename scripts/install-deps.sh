@@ -61,3 +61,14 @@ if ! command -v pjdfstest >/dev/null && [ "${UEXT4_SKIP_PJDFSTEST:-0}" != 1 ]; t
   cargo install --locked pjdfstest >/dev/null 2>&1 || cargo install pjdfstest >/dev/null 2>&1 || \
     echo "could not install pjdfstest; the POSIX suite will be skipped" >&2
 fi
+
+# maturin (the Python package's build backend, crates/uext4-py) and pytest (its tests), from
+# PyPI into the interpreter that runs scripts/python.sh; the tests themselves download nothing.
+py=${PYTHON:-python3}
+if command -v "$py" >/dev/null && "$py" -m pip --version >/dev/null 2>&1; then
+  if ! "$py" -m maturin --version >/dev/null 2>&1 || ! "$py" -m pytest --version >/dev/null 2>&1; then
+    echo "installing maturin and pytest (pip)"
+    "$py" -m pip install -q 'maturin>=1.4,<2' pytest || \
+      echo "could not install maturin and pytest; the Python package's tests will be skipped" >&2
+  fi
+fi

@@ -67,6 +67,9 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 suite "cargo tests" cargo_tests
 suite "scripts/demo.sh" env UEXT4_DEMO_KEEP=0 bash scripts/demo.sh
+# The Python package: pip-installed into a temporary venv, its pytest tests (skips without
+# pip, maturin or pytest).
+suite "python package" bash scripts/python.sh
 for s in scripts/pjdfstest.sh scripts/workloads.sh; do
   [ -f "$s" ] && suite "$s" bash "$s"
 done

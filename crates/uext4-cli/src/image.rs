@@ -393,41 +393,19 @@ pub(crate) fn finish(fs: &Fs, image: &Path, r: Result<()>) -> Result<()> {
 /// Walks `path` from the root, following symlinks in the middle (and at the end with
 /// `follow`). Returns the inode.
 pub(crate) fn resolve(fs: &Fs, path: &str, follow: bool) -> uext4::Result<u32> {
-    resolve_from(fs, 2, path, follow, &mut 0)
+    resolve_from(fs, 2, path, follow)
 }
 
-pub(crate) fn resolve_from(
-    fs: &Fs,
-    start: u32,
-    path: &str,
-    follow: bool,
-    depth: &mut u32,
-) -> uext4::Result<u32> {
-    let mut cur = if path.starts_with('/') { 2 } else { start };
-    let mut comps: Vec<&str> = path
-        .split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
-        .collect();
+/// [`resolve`] from directory `start` (the engine's `Fs::lookup_path`), where a path may
+/// also begin at an inode named by number (`<12>/name`).
+pub(crate) fn resolve_from(fs: &Fs, start: u32, path: &str, follow: bool) -> uext4::Result<u32> {
     // debugfs's `<N>`: the path starts at inode N.
-    if let Some(n) = comps.first().and_then(|c| inode_number(c)) {
-        cur = n;
-        comps.remove(0);
+    let trimmed = path.trim_start_matches('/');
+    let (first, rest) = trimmed.split_once('/').unwrap_or((trimmed, ""));
+    match inode_number(first) {
+        Some(n) => fs.lookup_path(n, rest.as_bytes(), follow),
+        None => fs.lookup_path(start, path.as_bytes(), follow),
     }
-    for (i, c) in comps.iter().enumerate() {
-        let a = fs.lookup(cur, c.as_bytes())?;
-        let last = i + 1 == comps.len();
-        if a.mode & 0o170000 == 0o120000 && (!last || follow) {
-            *depth += 1;
-            if *depth > 40 {
-                return Err(Error::Invalid("too many levels of symbolic links".into()));
-            }
-            let t = fs.readlink(a.ino)?;
-            cur = resolve_from(fs, cur, &String::from_utf8_lossy(&t), true, depth)?;
-        } else {
-            cur = a.ino;
-        }
-    }
-    Ok(cur)
 }
 
 /// `<N>` (debugfs's way of naming an inode by number): N.

@@ -92,6 +92,7 @@ mod orphan;
 mod overwrite;
 pub mod partition;
 mod place;
+mod reader;
 pub mod sandbox;
 mod super_info;
 mod sync;
@@ -131,6 +132,7 @@ pub use namei::{
 };
 pub use nbd::NbdDevice;
 pub use place::Placed;
+pub use reader::FileReader;
 pub use transaction::TxnStats;
 pub use trim::Trimmed;
 pub use verity::VerityArgs;

@@ -50,6 +50,7 @@ pub fn ftype_of(mode: u16) -> u8 {
 
 pub use rename::{RenameFlags, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
 
+mod path;
 mod rename;
 
 /// One directory entry as readdir returns it.

@@ -16,9 +16,8 @@ pub(super) fn mkdir(path: &str, parents: bool) -> Result<()> {
                     Ok(a) if a.is_dir() => a.ino,
                     Ok(a) if a.mode & 0o170000 == 0o120000 => {
                         let t = fs.readlink(a.ino)?;
-                        let ino =
-                            resolve_from(&fs, cur, &String::from_utf8_lossy(&t), true, &mut 0)
-                                .with_context(|| c.to_string())?;
+                        let ino = resolve_from(&fs, cur, &String::from_utf8_lossy(&t), true)
+                            .with_context(|| c.to_string())?;
                         if !fs.getattr(ino)?.is_dir() {
                             bail!("{c}: exists and is not a directory");
                         }
