@@ -545,13 +545,8 @@ impl<'a> Unpacker<'a> {
                 Ok(a) if a.is_dir() => a.ino,
                 Ok(a) if a.mode & 0o170000 == 0o120000 => {
                     let t = fs.readlink(a.ino)?;
-                    let ino = crate::image::resolve_from(
-                        fs,
-                        cur,
-                        &String::from_utf8_lossy(&t),
-                        true,
-                        &mut 0,
-                    )?;
+                    let ino =
+                        crate::image::resolve_from(fs, cur, &String::from_utf8_lossy(&t), true)?;
                     if !fs.getattr(ino)?.is_dir() {
                         bail!("{}: not a directory", String::from_utf8_lossy(&key));
                     }
