@@ -32,7 +32,7 @@ pub use options::{default_journal_blocks, default_orphan_file_blocks, FeatureSet
 pub use superblock::journal_superblock;
 
 use crate::blockdev::BlockDevice;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::group_desc::GdCsum;
 use alloc::Blocks;
 use superblock::{build_superblock, Identity};
@@ -81,6 +81,13 @@ pub fn make_image(path: &std::path::Path, size: u64) -> Result<()> {
 pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
     let f = &opts.features;
     f.check()?;
+    if f.inline_data && opts.inode_size as usize <= crate::format::inode::GOOD_OLD_INODE_SIZE {
+        // As mke2fs: the data past i_block needs room for attributes in the inode.
+        return Err(Error::Invalid(format!(
+            "{}-byte inodes are too small for inline_data (use -I 256)",
+            opts.inode_size
+        )));
+    }
     let l = layout(dev.size(), opts)?;
     let mut bm = Blocks::new(&l);
     let tables = tables::place_group_tables(&mut bm, &l, f.flex_bg)?;

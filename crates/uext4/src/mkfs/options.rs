@@ -54,6 +54,9 @@ pub struct FeatureSet {
     pub stable_inodes: bool,
     /// fs-verity files possible (`uext4 verity enable`, FS_IOC_ENABLE_VERITY).
     pub verity: bool,
+    /// Small files and directories may keep their data in the inode (the kernel makes them
+    /// so; mke2fs's own root and lost+found stay in blocks, as uext4 makes them).
+    pub inline_data: bool,
 }
 
 impl Default for FeatureSet {
@@ -65,7 +68,7 @@ impl Default for FeatureSet {
 /// Feature names `FeatureSet::apply` knows.
 const FEATURE_NAMES: &str = "has_journal, ext_attr, resize_inode, dir_index, filetype, extent, \
      64bit, flex_bg, sparse_super, large_file, huge_file, dir_nlink, extra_isize, metadata_csum, \
-     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold, encrypt, stable_inodes, verity";
+     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold, encrypt, stable_inodes, verity, inline_data";
 
 impl FeatureSet {
     /// `mke2fs -t ext4` of e2fsprogs 1.47.
@@ -93,6 +96,7 @@ impl FeatureSet {
             encrypt: false,
             stable_inodes: false,
             verity: false,
+            inline_data: false,
         }
     }
 
@@ -147,6 +151,7 @@ impl FeatureSet {
             || self.casefold
             || self.encrypt
             || self.verity
+            || self.inline_data
         {
             "ext4"
         } else if self.has_journal {
@@ -185,6 +190,7 @@ impl FeatureSet {
                 "encrypt" => &mut self.encrypt,
                 "stable_inodes" => &mut self.stable_inodes,
                 "verity" => &mut self.verity,
+                "inline_data" => &mut self.inline_data,
                 _ => {
                     return Err(Error::Unsupported(format!(
                         "mkfs feature {f:?} (uext4 mkfs knows: {FEATURE_NAMES})"
@@ -215,6 +221,10 @@ impl FeatureSet {
         }
         if self.orphan_file && !self.has_journal {
             return Err(Error::Invalid("orphan_file needs has_journal".into()));
+        }
+        if self.inline_data && !self.ext_attr {
+            // Inline data past i_block lives in the "system.data" attribute.
+            return Err(Error::Invalid("inline_data needs ext_attr".into()));
         }
         Ok(())
     }

@@ -73,7 +73,8 @@ pub(super) fn build_superblock(
             | flag(f.flex_bg, INCOMPAT_FLEX_BG)
             | flag(f.metadata_csum && f.metadata_csum_seed, INCOMPAT_CSUM_SEED)
             | flag(f.casefold, INCOMPAT_CASEFOLD)
-            | flag(f.encrypt, INCOMPAT_ENCRYPT),
+            | flag(f.encrypt, INCOMPAT_ENCRYPT)
+            | flag(f.inline_data, INCOMPAT_INLINE_DATA),
     );
     if f.casefold {
         sb.set_encoding(ENCODING_UTF8_12_1);
