@@ -188,6 +188,10 @@ pub(super) fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
             image_to_image::cp(src, dst, (&si, &s), (&di, &d), recursive)
         }
         (Loc::Host(_), Loc::Host(_)) => {
+            // IMAGE:PATH whose image is missing (or a directory): said as every tool says it.
+            for p in [src, dst].into_iter().filter(|p| p.contains(':')) {
+                crate::image::image_loc(p)?;
+            }
             bail!("one side of cp must be IMAGE:PATH (an existing image file)")
         }
     }
