@@ -573,7 +573,12 @@ fn daemonize(a: &MountArgs, image: &Path, mountpoint: &Path) -> Result<()> {
                 .unwrap_or("")
                 .trim_start_matches("uext4: mount: ")
                 .to_string();
-            bail!("the server exited ({st}) before the mount was ready: {line}");
+            // The server's own error is the mount's, in the words every command uses (an
+            // image that is not ext4 reads as it does from `uext4 ls`).
+            if line.is_empty() {
+                bail!("the server exited ({st}) before the mount was ready");
+            }
+            bail!("{line}");
         }
         if start.elapsed() > Duration::from_secs(30) {
             // SIGTERM first: a server that did mount takes its mount down with it.
