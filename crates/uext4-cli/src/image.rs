@@ -57,9 +57,7 @@ pub(crate) fn check_image(path: &Path, write: bool) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
             "{p}: no such image file (check the name; uext4 mkfs --size SIZE {p} makes a new one)"
         ),
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            return Err(denied("reach"))
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Err(denied("reach")),
         Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
             bail!("{p}: no such image file (a part of the path is not a directory)")
         }

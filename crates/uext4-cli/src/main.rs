@@ -238,7 +238,12 @@ fn usage_line(e: &clap::Error) -> String {
         .unwrap_or_else(|| "uext4".to_string());
     let suggested: Vec<String> = e
         .context()
-        .filter(|(k, _)| matches!(k, ContextKind::SuggestedSubcommand | ContextKind::SuggestedArg))
+        .filter(|(k, _)| {
+            matches!(
+                k,
+                ContextKind::SuggestedSubcommand | ContextKind::SuggestedArg
+            )
+        })
         .flat_map(|(_, v)| match v {
             ContextValue::String(s) => vec![s.clone()],
             ContextValue::Strings(v) => v.clone(),

@@ -21,22 +21,6 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Builds `uext4-bench` beside the `uext4` under test, as bench.rs does (a no-op when the
-/// workspace was built).
-fn build_harness_beside() {
-    let uext4 = Path::new(env!("CARGO_BIN_EXE_uext4"));
-    let profile_dir = uext4.parent().unwrap();
-    let mut c = Command::new(env!("CARGO"));
-    c.args(["build", "-q", "-p", "uext4-bench", "--target-dir"])
-        .arg(profile_dir.parent().unwrap());
-    if profile_dir.ends_with("release") {
-        c.arg("--release");
-    } else if !profile_dir.ends_with("debug") {
-        c.args(["--profile", profile_dir.file_name().unwrap().to_str().unwrap()]);
-    }
-    assert!(c.status().unwrap().success(), "building uext4-bench failed");
-}
-
 /// Runs bash with the installed completion sourced and the line `words` being completed at
 /// its last word; the candidates.
 fn complete(script: &Path, words: &[&str]) -> Vec<String> {
@@ -70,7 +54,7 @@ fn complete(script: &Path, words: &[&str]) -> Vec<String> {
 
 #[test]
 fn installs_into_a_prefix_with_man_pages_and_completions() {
-    build_harness_beside();
+    UEXT4.build_beside("uext4-bench");
     let prefix = Scratch::dir("pkg-prefix");
     let target = Path::new(env!("CARGO_BIN_EXE_uext4"))
         .parent()
@@ -160,7 +144,9 @@ fn installs_into_a_prefix_with_man_pages_and_completions() {
         assert!(pages.iter().any(|p| p == want), "{want} in {pages:?}");
     }
     assert!(
-        !pages.iter().any(|p| p.contains("__") || p == "uext4-help.1"),
+        !pages
+            .iter()
+            .any(|p| p.contains("__") || p == "uext4-help.1"),
         "{pages:?}"
     );
     if have(&["man"]) {
@@ -220,7 +206,13 @@ fn help_is_there_for_every_command() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "uext4 help mount");
     assert!(out.contains("Usage: uext4 mount"), "{out}");
-    for opt in ["transport=", "norecovery", "fakeroot", "prealloc=", "noatime"] {
+    for opt in [
+        "transport=",
+        "norecovery",
+        "fakeroot",
+        "prealloc=",
+        "noatime",
+    ] {
         assert!(out.contains(opt), "mount --help names {opt}");
     }
     // Every argument of every command has a description.
@@ -364,8 +356,7 @@ fn the_same_failure_reads_the_same_from_every_command() {
     let img = dir.0.join("private.img");
     UEXT4.ok(&["mkfs", "--size", "8M", img.to_str().unwrap()]);
     std::fs::set_permissions(&img, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .unwrap();
+    std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let as_other = |a: &[&str]| {
         if is_root() {
             Command::new("setpriv")

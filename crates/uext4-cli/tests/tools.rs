@@ -691,7 +691,8 @@ fn errors_are_one_line() {
         "a refused mkfs made no file"
     );
     UEXT4.fails(&["mkfs", "--size", "64K", short.s()]);
-    UEXT4.fails(&["mkfs", "--size", "lots", short.s()]);
+    // A size that is not one is a usage mistake: exit 2.
+    UEXT4.fails_with(&["mkfs", "--size", "lots", short.s()], 2);
     assert!(UEXT4
         .fails(&["mkfs", &short.0.join("x.img").display().to_string()])
         .contains("--size"));
@@ -1724,8 +1725,8 @@ fn fstrim_makes_holes_where_files_were() {
     assert!(trimmed >= 20 << 20, "{out}");
     let after = std::fs::metadata(&img.0).unwrap().blocks() * 512;
     assert!(after + (18 << 20) <= full, "{full} -> {after}");
-    // A bad minimum is a one-line error; the image is untouched and clean.
-    let e = UEXT4.fails(&["fstrim", "-m", "lots", img.0.to_str().unwrap()]);
+    // A bad minimum is a one-line usage error; the image is untouched and clean.
+    let e = UEXT4.fails_with(&["fstrim", "-m", "lots", img.0.to_str().unwrap()], 2);
     assert_eq!(e.trim().lines().count(), 1, "{e}");
     e2fsck_clean(&img.0);
 }
