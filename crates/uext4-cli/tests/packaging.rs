@@ -91,6 +91,23 @@ fn installs_into_a_prefix_with_man_pages_and_completions() {
     }
     let uext4 = p("bin/uext4");
 
+    // mount(8)'s helper exits as mount(8) expects: 32 for a failed mount, 1 for a usage
+    // mistake.
+    let missing = prefix.0.join("missing.img");
+    let o = Command::new(p("sbin/mount.uext4"))
+        .arg(&missing)
+        .arg(&prefix.0)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(32), "{err}");
+    assert!(err.contains("no such image file"), "{err}");
+    let o = Command::new(p("sbin/mount.fuse.uext4"))
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+
     // --version: the package version, the commit and its date.
     let v = Command::new(&uext4).arg("--version").output().unwrap();
     let v = String::from_utf8_lossy(&v.stdout).trim().to_string();
@@ -374,7 +391,7 @@ fn the_same_failure_reads_the_same_from_every_command() {
         return;
     }
     if !is_root() {
-        std::fs::set_permissions(&img, std::os::unix::fs::PermissionsExt::from_mode(0)).unwrap();
+        std::fs::set_permissions(&img, std::os::unix::fs::PermissionsExt::from_mode(0o0)).unwrap();
     }
     let w = same_words(img.to_str().unwrap(), as_other);
     assert!(

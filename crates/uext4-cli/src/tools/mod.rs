@@ -338,10 +338,11 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
         ToolCmd::Info { image } => info(&image),
         ToolCmd::Ls {
             long,
+            human,
             deleted: true,
             path,
             ..
-        } => examine::ls_deleted(&path, long),
+        } => examine::ls_deleted(&path, long, human),
         ToolCmd::Ls {
             long, human, path, ..
         } => ls(&path, long, human),
