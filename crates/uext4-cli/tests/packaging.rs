@@ -1,6 +1,7 @@
 //! uext4 as a system tool: scripts/install.sh into a scratch prefix installs the binaries, the
 //! mount helpers, man pages that `man -l` renders and completions that complete; `uext4 bench`
-//! runs the harness installed beside it; `--version` names the commit. Usage mistakes exit 2
+//! runs the harness installed beside it; `--version` names the commit; `cargo install --path`
+//! (offline, from the lock file) brings a working `uext4`, and its bench once installed too. Usage mistakes exit 2
 //! in one line (with clap's suggestion and the subcommand's help named), and a missing image,
 //! a directory given as an image, an image the user may not read and one that is not ext4
 //! read the same from every command. `man` and bash are needed for their parts (skipped with
@@ -215,6 +216,60 @@ fn installs_into_a_prefix_with_man_pages_and_completions() {
         let c = complete(&bash, &["uext4", "completions", "fi"]);
         assert_eq!(c, ["fish"], "a value");
     }
+}
+
+/// `cargo install --path crates/PACKAGE --root ROOT`, offline, from the lock file, into the
+/// target directory under test (so only the binaries are linked again).
+fn cargo_install(package: &str, root_dir: &Path, target: &Path) {
+    let o = Command::new(env!("CARGO"))
+        .args(["install", "-q", "--locked", "--offline", "--path"])
+        .arg(root().join("crates").join(package))
+        .arg("--root")
+        .arg(root_dir)
+        .arg("--target-dir")
+        .arg(target)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "cargo install {package}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn cargo_install_brings_a_working_uext4() {
+    let exe = Path::new(env!("CARGO_BIN_EXE_uext4"));
+    if !exe.parent().unwrap().ends_with("release") {
+        eprintln!("SKIP: cargo install builds the release profile; this test runs another");
+        return;
+    }
+    let target = exe.parent().unwrap().parent().unwrap();
+    let dest = Scratch::dir("pkg-cargo-install");
+    cargo_install("uext4-cli", &dest.0, target);
+    let uext4 = dest.0.join("bin/uext4");
+    let v = Command::new(&uext4).arg("--version").output().unwrap();
+    assert!(v.status.success());
+    assert!(String::from_utf8_lossy(&v.stdout).starts_with("uext4 0."));
+    // Alone, `uext4 bench` says how to get its harness.
+    let o = Command::new(&uext4)
+        .args(["bench", "--help"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cargo install --path crates/uext4-bench"),
+        "{err}"
+    );
+    // With the harness installed beside it, `uext4 bench` runs it.
+    cargo_install("uext4-bench", &dest.0, target);
+    let o = Command::new(&uext4)
+        .args(["bench", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && help.contains("--quick"), "{help}");
 }
 
 #[test]
