@@ -393,6 +393,18 @@ pub(crate) fn image_loc(s: &str) -> Result<(Img, String)> {
     }
 }
 
+/// `--quiet`: the tools show no progress bar and print no notes.
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub(crate) fn set_quiet(q: bool) {
+    QUIET.store(q, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether `--quiet` was given.
+pub(crate) fn quiet() -> bool {
+    QUIET.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The fscrypt master keys given with `--key`, read once before a tool runs; every image a
 /// tool opens gets them.
 static KEYS: std::sync::OnceLock<Vec<uext4::EncryptionKey>> = std::sync::OnceLock::new();
@@ -441,7 +453,7 @@ pub(crate) fn open_with(image: &Path, opts: MountOptions) -> Result<Arc<Fs>> {
             fs.read_only_reason().unwrap_or("read-only")
         );
     }
-    if fs.journal_replayed_in_memory() {
+    if fs.journal_replayed_in_memory() && !quiet() {
         eprintln!(
             "uext4: note: {}: the journal needs recovery; replayed in memory only (the image \
              is not changed)",

@@ -52,6 +52,10 @@ struct Cli {
     /// /proc and the host paths named on the command line stay open). See docs/SECURITY.md.
     #[arg(long, global = true)]
     sandbox: bool,
+    /// For the image tools: no progress bar and no notes (a journal replayed in memory);
+    /// errors and warnings are still said.
+    #[arg(short = 'q', long, alias = "no-progress", global = true)]
+    quiet: bool,
 }
 
 // One value, parsed once per run: its size does not matter.
@@ -349,6 +353,7 @@ fn main() -> ExitCode {
             if cli.sandbox {
                 sandbox::request_for_tools(&std::env::args_os().collect::<Vec<_>>());
             }
+            image::set_quiet(cli.quiet);
             if let Err(e) = image::set_keys(&cli.keys) {
                 eprintln!("uext4: {}: {}", t.name(), image::plain(&e));
                 return ExitCode::from(1);

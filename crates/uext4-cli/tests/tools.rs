@@ -890,6 +890,10 @@ fn read_only_paths_never_write_the_image() {
         );
         let note = String::from_utf8_lossy(&o.stderr);
         assert_eq!(note.contains("replayed in memory only"), dirty, "{note}");
+        // --quiet: no note, the same listing.
+        let q = UEXT4.run(&["--quiet", "info", &is]);
+        assert!(q.status.success() && q.stderr.is_empty(), "{q:?}");
+        assert_eq!(q.stdout, o.stdout);
         let ls = UEXT4.ok(&["ls", &at("/")]);
         assert!(ls.contains("left-behind") && ls.contains("kept"), "{ls}");
         assert!(!ls.contains("open-unlinked"), "{ls}");

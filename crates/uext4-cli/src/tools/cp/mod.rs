@@ -47,7 +47,7 @@ pub(super) struct Progress(Option<indicatif::ProgressBar>);
 impl Progress {
     fn new(total: u64) -> Progress {
         use std::io::IsTerminal;
-        if total >= 64 << 20 && std::io::stderr().is_terminal() {
+        if total >= 64 << 20 && std::io::stderr().is_terminal() && !quiet() {
             let pb = indicatif::ProgressBar::new(total);
             pb.set_style(
                 indicatif::ProgressStyle::with_template(
@@ -64,7 +64,7 @@ impl Progress {
     /// bar can be shown.
     fn for_host(src: &Path) -> Progress {
         use std::io::IsTerminal;
-        match std::io::stderr().is_terminal() {
+        match std::io::stderr().is_terminal() && !quiet() {
             true => Progress::new(host_total(src)),
             false => Progress(None),
         }
