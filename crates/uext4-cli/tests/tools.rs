@@ -1734,3 +1734,62 @@ fn fstrim_makes_holes_where_files_were() {
     assert_eq!(e.trim().lines().count(), 1, "{e}");
     e2fsck_clean(&img.0);
 }
+
+#[test]
+fn info_shows_what_dumpe2fs_h_shows() {
+    if !have(&["mke2fs", "tune2fs", "dumpe2fs"]) {
+        eprintln!("SKIP: needs mke2fs, tune2fs and dumpe2fs");
+        return;
+    }
+    let img = Scratch::new("info-history");
+    for tune in [
+        vec![
+            "-c",
+            "20",
+            "-C",
+            "5",
+            "-e",
+            "remount-ro",
+            "-o",
+            "journal_data_writeback",
+        ],
+        vec!["-c", "-1", "-e", "panic", "-o", "^acl", "-r", "77"],
+    ] {
+        let _ = std::fs::remove_file(&img.0);
+        mke2fs(&img.0, "32M", &[]);
+        let o = Command::new("tune2fs")
+            .args(&tune)
+            .arg(&img.0)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "tune2fs {tune:?}: {o:?}");
+        let info = UEXT4.ok(&["info", img.s()]);
+        let dump = Command::new("dumpe2fs")
+            .arg("-h")
+            .arg(&img.0)
+            .env("TZ", "UTC")
+            .output()
+            .unwrap();
+        let dump = String::from_utf8_lossy(&dump.stdout);
+        for field in [
+            "Default mount options:",
+            "Errors behavior:",
+            "Reserved block count:",
+            "Filesystem created:",
+            "Last mount time:",
+            "Last write time:",
+            "Mount count:",
+            "Maximum mount count:",
+            "Last checked:",
+            "Check interval:",
+        ] {
+            let line = |t: &str| {
+                t.lines()
+                    .find(|l| l.starts_with(field))
+                    .map(str::to_string)
+                    .unwrap_or_else(|| panic!("{field} missing from:\n{t}"))
+            };
+            assert_eq!(line(&info), line(&dump), "tune2fs {tune:?}");
+        }
+    }
+}
