@@ -9,27 +9,12 @@ use uext4::image::open_image;
 use uext4::partition::{identify, Contents, Table};
 use uext4::Error;
 
-/// A superblock time as dumpe2fs writes it (ctime's layout, in UTC): "Sun Nov 29 02:05:16
-/// 2026", or "n/a" for none.
+/// A superblock time as dumpe2fs writes it (ctime's layout, in UTC), or "n/a" for none.
 fn ctime(sec: i64) -> String {
     if sec == 0 {
         return "n/a".to_string();
     }
-    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let days = sec.div_euclid(86_400);
-    let (y, m, d) = super::ls::civil_from_days(days);
-    let t = sec.rem_euclid(86_400);
-    format!(
-        "{} {} {d:2} {:02}:{:02}:{:02} {y}",
-        DAYS[days.rem_euclid(7) as usize],
-        MONTHS[m as usize - 1],
-        t / 3600,
-        t / 60 % 60,
-        t % 60
-    )
+    super::stat::ctime_string(sec)
 }
 
 /// What dumpe2fs -h shows of a filesystem's settings and history: default mount options,
