@@ -7,7 +7,8 @@
 # linux-image-amd64, qemu-system-x86 and busybox-static (the kernel VM of scripts/kernel-vm.sh,
 # an oracle with CONFIG_UNICODE and fs-verity where the host kernel has neither; installed
 # without recommends), the Sleuth Kit (fls, ils: the examiner tests' oracle beside debugfs),
-# fsverity (fsverity-utils: `fsverity digest`, the oracle of the verity tests), and pjdfstest
+# fsverity (fsverity-utils: `fsverity digest`, the oracle of the verity tests), man-db (`man -l`
+# renders the installed man pages in the packaging test), and pjdfstest
 # (through cargo). Safe to run again; does nothing when all is present.
 set -euo pipefail
 
@@ -33,6 +34,7 @@ command -v qemu-system-x86_64 >/dev/null || vm_need+=(qemu-system-x86)
 [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || vm_need+=(busybox-static)
 grep -qx 'CONFIG_UNICODE=y' /boot/config-* 2>/dev/null || vm_need+=(linux-image-amd64)
 command -v fsverity >/dev/null || need+=(fsverity)
+command -v man >/dev/null || need+=(man-db)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then

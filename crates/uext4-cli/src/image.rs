@@ -10,6 +10,82 @@ use uext4::image::open_image;
 use uext4::partition::{identify, Contents, Table};
 use uext4::{Error, Fs, MountOptions};
 
+/// A mistake in how a command was called, found after clap parsed it (a size that is not
+/// one, IMAGE without `:PATH`): exit status 2, as clap's own usage errors.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// Whether `e` is a usage mistake ([`Usage`], under any context).
+pub fn is_usage(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.is::<Usage>())
+}
+
+/// An error as one line for the user: its chain joined by ": ", without the "(os error N)"
+/// that std appends to system errors (the words before it say the same).
+pub fn plain(e: &anyhow::Error) -> String {
+    let mut s = format!("{e:#}");
+    while let Some(at) = s.find(" (os error ") {
+        match s[at..].find(')') {
+            Some(end) => s.replace_range(at..at + end + 1, ""),
+            None => break,
+        }
+    }
+    s
+}
+
+/// What stops a command from using `path` as its image, in the one wording every command
+/// uses: the path, what is wrong, what to do. Missing, a directory, or not readable (with
+/// `write`, not writable) by this user; `Ok` when none of these (an NBD URI is not checked).
+pub(crate) fn check_image(path: &Path, write: bool) -> Result<()> {
+    if uext4::image::is_nbd_uri(path) {
+        return Ok(());
+    }
+    let p = path.display();
+    // Named by what this user lacks, so that one image reads the same from every command.
+    let denied = |what: &str| {
+        anyhow!("{p}: permission denied (this user may not {what} it; run as one who may, or with sudo)")
+    };
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "{p}: no such image file (check the name; uext4 mkfs --size SIZE {p} makes a new one)"
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Err(denied("reach")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+            bail!("{p}: no such image file (a part of the path is not a directory)")
+        }
+        Ok(m) if m.is_dir() => {
+            bail!("{p}: is a directory, not an image (name an image file or a block device)")
+        }
+        _ => {}
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| anyhow!("{p}: a path with a NUL byte"))?;
+    for (mode, what) in [(libc::R_OK, "read"), (libc::W_OK, "write")] {
+        if mode == libc::W_OK && !write {
+            break;
+        }
+        // SAFETY: a valid C string.
+        if unsafe { libc::access(c.as_ptr(), mode) } != 0
+            && matches!(
+                std::io::Error::last_os_error().raw_os_error(),
+                Some(libc::EACCES | libc::EPERM)
+            )
+        {
+            return Err(denied(what));
+        }
+    }
+    Ok(())
+}
+
 /// Parses a size like 4096, 64K, 64M, 2G, 1T.
 pub fn parse_size(s: &str) -> Result<u64> {
     let s = s.trim();
@@ -22,7 +98,7 @@ pub fn parse_size(s: &str) -> Result<u64> {
     };
     let n: u64 = num
         .parse()
-        .map_err(|_| anyhow!("{s:?} is not a size (like 4096, 64M, 2G)"))?;
+        .map_err(|_| Usage(format!("{s:?} is not a size (like 4096, 64M, 2G)")))?;
     n.checked_mul(mult)
         .ok_or_else(|| anyhow!("size {s:?} is too large"))
 }
@@ -67,6 +143,7 @@ impl Img {
     /// table for `IMAGE@N`, and checks the region against the file; every failure is one line
     /// naming the image.
     pub fn region(&self) -> Result<Option<Region>> {
+        check_image(&self.path, false)?;
         let dev = open_image(&self.path, true).with_context(|| self.path.display().to_string())?;
         self.region_in(&dev).map(|(r, _)| r)
     }
@@ -159,6 +236,7 @@ pub fn fs_region_of(img: &Img) -> Result<Option<Region>> {
 
 /// Opens the filesystem `img` names (see [`Img::fs_region`]).
 pub(crate) fn open_img(img: &Img, read_only: bool) -> Result<Arc<Fs>> {
+    check_image(&img.path, !read_only)?;
     let region = img.fs_region()?;
     open(&img.path, region, read_only)
 }
@@ -303,11 +381,28 @@ pub(crate) fn image_loc(s: &str) -> Result<(Img, String)> {
     match parse_loc(s)? {
         Loc::Image(i, p) => Ok((i, p)),
         Loc::Host(_) => match s.split_once(':') {
-            Some((img, _)) if !Path::new(img).exists() => bail!("{img}: no such image file"),
-            Some((img, _)) => bail!("{img}: not an image file (a directory?)"),
-            None => bail!("{s}: expected IMAGE:PATH"),
+            Some((img, _)) => {
+                check_image(Path::new(img), false)?;
+                bail!("{img}: not an image file or block device")
+            }
+            None => Err(Usage(format!(
+                "{s}: expected IMAGE:PATH (the path inside the image after a ':', as {s}:/)"
+            ))
+            .into()),
         },
     }
+}
+
+/// `--quiet`: the tools show no progress bar and print no notes.
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub(crate) fn set_quiet(q: bool) {
+    QUIET.store(q, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether `--quiet` was given.
+pub(crate) fn quiet() -> bool {
+    QUIET.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The fscrypt master keys given with `--key`, read once before a tool runs; every image a
@@ -348,6 +443,7 @@ pub(crate) fn open(image: &Path, region: Option<Region>, read_only: bool) -> Res
 /// [`open`] with the engine's options given.
 pub(crate) fn open_with(image: &Path, opts: MountOptions) -> Result<Arc<Fs>> {
     let read_only = opts.read_only;
+    check_image(image, !read_only)?;
     let fs = Fs::open_path(image, opts).with_context(|| image.display().to_string())?;
     crate::sandbox::contain_tool(image, read_only)?;
     if !read_only && fs.is_read_only() {
@@ -357,7 +453,7 @@ pub(crate) fn open_with(image: &Path, opts: MountOptions) -> Result<Arc<Fs>> {
             fs.read_only_reason().unwrap_or("read-only")
         );
     }
-    if fs.journal_replayed_in_memory() {
+    if fs.journal_replayed_in_memory() && !quiet() {
         eprintln!(
             "uext4: note: {}: the journal needs recovery; replayed in memory only (the image \
              is not changed)",

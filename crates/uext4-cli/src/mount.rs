@@ -26,10 +26,18 @@ pub struct MountArgs {
     /// default), delalloc (the engine caches allocating writes and writes them back in large
     /// runs); where the filesystem is: partition=N (of a GPT or MBR disk image; or write
     /// IMAGE@N), offset=BYTES (a multiple of 512, as fuse2fs's offset=; or write
-    /// IMAGE@offset=BYTES) with an optional size=BYTES.
+    /// IMAGE@offset=BYTES) with an optional size=BYTES; norecovery (alias noload: the
+    /// journal is not replayed; implies ro), transport=auto|uring|dev (how requests reach the
+    /// server), fakeroot (everyone is root inside, as fuse2fs's), prealloc=zeroed|unwritten
+    /// (what fallocate leaves), key=FILE (an fscrypt master key), the atime policy (relatime,
+    /// the default; strictatime, noatime, nodiratime, atime, lazytime), nosandbox and
+    /// sandbox=required (see docs/SECURITY.md). mount(8)'s generic options (nodev, nosuid,
+    /// noexec, nofail, _netdev, user, ...) are taken as mount(8) gives them.
     #[arg(short = 'o')]
     options: Vec<String>,
+    /// The image file or block device (IMAGE@N, IMAGE@offset=BYTES, an NBD URI).
     image: PathBuf,
+    /// The directory to mount it on.
     mountpoint: PathBuf,
 }
 
@@ -268,10 +276,12 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
         Ok(x) => x,
         Err(e) => {
             eprintln!("uext4: mount: {e}");
-            std::process::exit(2);
+            std::process::exit(crate::usage_status());
         }
     };
     let mut img = crate::image::image_arg(&a.image)?;
+    // Read access only: a write-protected image mounts read-only (write_protected).
+    crate::image::check_image(&img.path, false)?;
     if let Some(spec) = &spec {
         if img.within != crate::image::Within::Whole {
             let opt = if spec.starts_with("offset=") {
@@ -299,7 +309,7 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
         Ok(x) => x,
         Err(e) => {
             eprintln!("uext4: mount: {e}");
-            std::process::exit(2);
+            std::process::exit(crate::usage_status());
         }
     };
     if sandbox == crate::sandbox::Mode::Required {
@@ -312,13 +322,10 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
         Err(e) => {
             // A usage error: one line naming the option, exit status 2.
             eprintln!("uext4: mount: {e}");
-            std::process::exit(2);
+            std::process::exit(crate::usage_status());
         }
     };
     let nbd = uext4::image::is_nbd_uri(&a.image);
-    if !nbd && !a.image.exists() {
-        bail!("{}: no such image file or device", a.image.display());
-    }
     // /dev/fd/N as the mount point: a /dev/fuse descriptor the caller has mounted (checked
     // when the server starts). Otherwise a directory.
     let fd_mount = uext4_fuse::fd_path(&a.mountpoint).is_some();
@@ -566,7 +573,12 @@ fn daemonize(a: &MountArgs, image: &Path, mountpoint: &Path) -> Result<()> {
                 .unwrap_or("")
                 .trim_start_matches("uext4: mount: ")
                 .to_string();
-            bail!("the server exited ({st}) before the mount was ready: {line}");
+            // The server's own error is the mount's, in the words every command uses (an
+            // image that is not ext4 reads as it does from `uext4 ls`).
+            if line.is_empty() {
+                bail!("the server exited ({st}) before the mount was ready");
+            }
+            bail!("{line}");
         }
         if start.elapsed() > Duration::from_secs(30) {
             // SIGTERM first: a server that did mount takes its mount down with it.

@@ -1,40 +1,39 @@
 //! `uext4 bench --quick`: every available system produces numbers for every workload (never how
 //! fast), from the built-in fio jobs, and for every workload of the metadata family (a generated
 //! tree of about 1,000 entries), with a PNG chart per workload. Needs root and fio; skips with a
-//! message otherwise. `uext4 bench` runs the `uext4-bench` program beside it or on PATH, and
-//! says in one line when there is none.
+//! message otherwise. `uext4 bench` runs the `uext4-bench` program beside it (never one on
+//! PATH), and says in one line when there is none.
 
 use std::path::Path;
 use std::process::Command;
-
-/// Builds `uext4-bench` beside the `uext4` under test (cargo builds only this package's
-/// binaries for its tests; a no-op when the workspace was built).
-fn build_harness_beside() {
-    let uext4 = Path::new(env!("CARGO_BIN_EXE_uext4"));
-    let profile_dir = uext4.parent().unwrap();
-    let mut c = Command::new(env!("CARGO"));
-    c.args(["build", "-q", "-p", "uext4-bench", "--target-dir"])
-        .arg(profile_dir.parent().unwrap());
-    if profile_dir.ends_with("release") {
-        c.arg("--release");
-    }
-    assert!(c.status().unwrap().success(), "building uext4-bench failed");
-}
 
 #[test]
 fn bench_without_the_harness_says_so_in_one_line() {
     let dir = uext4_testkit::Scratch::dir("bench-alone");
     let alone = dir.p("uext4");
     std::fs::copy(env!("CARGO_BIN_EXE_uext4"), &alone).unwrap();
+    // Another build's harness on PATH is not taken for this one's.
+    let other = uext4_testkit::Scratch::dir("bench-other");
+    std::fs::write(other.p("uext4-bench"), "#!/bin/sh\necho wrong harness\n").unwrap();
+    std::fs::set_permissions(
+        other.p("uext4-bench"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let o = Command::new(&alone)
         .args(["bench", "--quick"])
-        .env("PATH", dir.s())
+        .env("PATH", format!("{}:/usr/bin:/bin", other.s()))
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("uext4-bench is not installed"), "{err}");
+    assert!(err.contains("uext4-bench is not installed beside"), "{err}");
+    assert!(
+        err.contains("cargo install --path crates/uext4-bench"),
+        "{err}"
+    );
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("wrong"));
 }
 
 #[test]
@@ -49,7 +48,7 @@ fn quick_bench_produces_numbers_for_every_system() {
         eprintln!("SKIP: bench --quick needs root and fio");
         return;
     }
-    build_harness_beside();
+    uext4_testkit::Cli(env!("CARGO_BIN_EXE_uext4")).build_beside("uext4-bench");
     let out = std::env::temp_dir().join(format!("uext4-bench-test-{}", std::process::id()));
     let dir = format!("/dev/shm/uext4-bench-test-{}", std::process::id());
     let o = Command::new(env!("CARGO_BIN_EXE_uext4"))

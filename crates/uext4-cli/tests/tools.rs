@@ -334,7 +334,7 @@ fn tree_goes_in_and_comes_back_equal() {
     assert!(st.contains("Size: 300000"), "{st}");
     if !xattrs(&src.0.join("a.txt")).is_empty() {
         let st = UEXT4.ok(&["stat", &img.at("/src/a.txt")]);
-        assert!(st.contains("xattr: user.comment"), "{st}");
+        assert!(st.contains("Extended attributes:\n  user.comment"), "{st}");
     }
     let st = UEXT4.ok(&["stat", &img.at("/src/setuid")]);
     assert!(st.contains("(4755/-rwsr-xr-x)"), "{st}");
@@ -513,7 +513,7 @@ fn namespace_commands_behave() {
         .unwrap();
     assert_eq!(c.stdout.len(), 1 << 20);
     assert!(c.stdout[..3] == *b"two" && c.stdout[3..].iter().all(|&b| b == 0));
-    UEXT4.fails(&["truncate", "-s", "12Q", &img.at("/x/hard")]);
+    UEXT4.fails_with(&["truncate", "-s", "12Q", &img.at("/x/hard")], 2);
     UEXT4.fails(&["truncate", "-s", "1", &img.at("/x")]);
     // A missing file is made, as truncate(1) makes it; with -c it is left missing, without an
     // error, as truncate(1) leaves it. Its directory must exist.
@@ -691,7 +691,8 @@ fn errors_are_one_line() {
         "a refused mkfs made no file"
     );
     UEXT4.fails(&["mkfs", "--size", "64K", short.s()]);
-    UEXT4.fails(&["mkfs", "--size", "lots", short.s()]);
+    // A size that is not one is a usage mistake: exit 2.
+    UEXT4.fails_with(&["mkfs", "--size", "lots", short.s()], 2);
     assert!(UEXT4
         .fails(&["mkfs", &short.0.join("x.img").display().to_string()])
         .contains("--size"));
@@ -889,6 +890,10 @@ fn read_only_paths_never_write_the_image() {
         );
         let note = String::from_utf8_lossy(&o.stderr);
         assert_eq!(note.contains("replayed in memory only"), dirty, "{note}");
+        // --quiet: no note, the same listing.
+        let q = UEXT4.run(&["--quiet", "info", &is]);
+        assert!(q.status.success() && q.stderr.is_empty(), "{q:?}");
+        assert_eq!(q.stdout, o.stdout);
         let ls = UEXT4.ok(&["ls", &at("/")]);
         assert!(ls.contains("left-behind") && ls.contains("kept"), "{ls}");
         assert!(!ls.contains("open-unlinked"), "{ls}");
@@ -1724,8 +1729,67 @@ fn fstrim_makes_holes_where_files_were() {
     assert!(trimmed >= 20 << 20, "{out}");
     let after = std::fs::metadata(&img.0).unwrap().blocks() * 512;
     assert!(after + (18 << 20) <= full, "{full} -> {after}");
-    // A bad minimum is a one-line error; the image is untouched and clean.
-    let e = UEXT4.fails(&["fstrim", "-m", "lots", img.0.to_str().unwrap()]);
+    // A bad minimum is a one-line usage error; the image is untouched and clean.
+    let e = UEXT4.fails_with(&["fstrim", "-m", "lots", img.0.to_str().unwrap()], 2);
     assert_eq!(e.trim().lines().count(), 1, "{e}");
     e2fsck_clean(&img.0);
+}
+
+#[test]
+fn info_shows_what_dumpe2fs_h_shows() {
+    if !have(&["mke2fs", "tune2fs", "dumpe2fs"]) {
+        eprintln!("SKIP: needs mke2fs, tune2fs and dumpe2fs");
+        return;
+    }
+    let img = Scratch::new("info-history");
+    for tune in [
+        vec![
+            "-c",
+            "20",
+            "-C",
+            "5",
+            "-e",
+            "remount-ro",
+            "-o",
+            "journal_data_writeback",
+        ],
+        vec!["-c", "-1", "-e", "panic", "-o", "^acl", "-r", "77"],
+    ] {
+        let _ = std::fs::remove_file(&img.0);
+        mke2fs(&img.0, "32M", &[]);
+        let o = Command::new("tune2fs")
+            .args(&tune)
+            .arg(&img.0)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "tune2fs {tune:?}: {o:?}");
+        let info = UEXT4.ok(&["info", img.s()]);
+        let dump = Command::new("dumpe2fs")
+            .arg("-h")
+            .arg(&img.0)
+            .env("TZ", "UTC")
+            .output()
+            .unwrap();
+        let dump = String::from_utf8_lossy(&dump.stdout);
+        for field in [
+            "Default mount options:",
+            "Errors behavior:",
+            "Reserved block count:",
+            "Filesystem created:",
+            "Last mount time:",
+            "Last write time:",
+            "Mount count:",
+            "Maximum mount count:",
+            "Last checked:",
+            "Check interval:",
+        ] {
+            let line = |t: &str| {
+                t.lines()
+                    .find(|l| l.starts_with(field))
+                    .map(str::to_string)
+                    .unwrap_or_else(|| panic!("{field} missing from:\n{t}"))
+            };
+            assert_eq!(line(&info), line(&dump), "tune2fs {tune:?}");
+        }
+    }
 }

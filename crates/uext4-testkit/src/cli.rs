@@ -8,6 +8,27 @@ use std::process::{Command, Output};
 pub struct Cli(pub &'static str);
 
 impl Cli {
+    /// Builds the binaries of the workspace package `package` (`uext4-bench`) beside this one,
+    /// with its profile: cargo builds only the tested package's binaries for its tests. A
+    /// no-op when the workspace was built.
+    pub fn build_beside(&self, package: &str) {
+        let profile_dir = std::path::Path::new(self.0).parent().unwrap();
+        let mut c = Command::new(env!("CARGO"));
+        c.args(["build", "-q", "-p", package, "--target-dir"])
+            .arg(profile_dir.parent().unwrap());
+        match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => {}
+            Some("release") => {
+                c.arg("--release");
+            }
+            Some(other) => {
+                c.args(["--profile", other]);
+            }
+            None => {}
+        }
+        assert!(c.status().unwrap().success(), "building {package} failed");
+    }
+
     /// Runs it and returns what it did.
     pub fn run(&self, args: &[&str]) -> Output {
         Command::new(self.0).args(args).output().unwrap()

@@ -340,8 +340,8 @@ pub fn inodes(image: &Path, deleted: bool) -> Result<()> {
 /// `uext4 ls --deleted IMAGE:DIR`: the directory's entries in the order its blocks hold
 /// them, removed ones still readable in their neighbours' slack marked `(deleted)` with
 /// their inode number (debugfs's `ls -d` shows the same entries in `<N>`).
-pub fn ls_deleted(path: &str, long: bool) -> Result<()> {
-    use super::ls::{fmt_date, mode_string};
+pub fn ls_deleted(path: &str, long: bool, human: bool) -> Result<()> {
+    use super::ls::{fmt_date, human_size, mode_string};
     let (img, p) = image_loc(path)?;
     let fs = open_img(&img, true)?;
     let dir = resolve(&fs, &p, true).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
@@ -365,7 +365,11 @@ pub fn ls_deleted(path: &str, long: bool) -> Result<()> {
                 r.links_count(),
                 r.uid(),
                 r.gid(),
-                r.size(),
+                if human {
+                    human_size(r.size())
+                } else {
+                    r.size().to_string()
+                },
                 &fmt_date(r.mtime().sec)[..16],
             );
         } else {

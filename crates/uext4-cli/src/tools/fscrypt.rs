@@ -28,11 +28,15 @@ pub enum FscryptCmd {
         /// Policy flags: direct-key, iv-ino-lblk-64 or iv-ino-lblk-32 (repeatable).
         #[arg(long = "flag", value_name = "FLAG")]
         flags: Vec<String>,
+        /// The empty directory: IMAGE:DIR.
         path: String,
     },
     /// Print the policy of an encrypted file or directory, and whether its key was given:
     /// IMAGE:PATH.
-    GetPolicy { path: String },
+    GetPolicy {
+        /// The file or directory: IMAGE:PATH.
+        path: String,
+    },
 }
 
 pub fn run(cmd: FscryptCmd) -> Result<()> {

@@ -9,6 +9,86 @@ use uext4::image::open_image;
 use uext4::partition::{identify, Contents, Table};
 use uext4::Error;
 
+/// A superblock time as dumpe2fs writes it (ctime's layout, in UTC), or "n/a" for none.
+fn ctime(sec: i64) -> String {
+    if sec == 0 {
+        return "n/a".to_string();
+    }
+    super::stat::ctime_string(sec)
+}
+
+/// What dumpe2fs -h shows of a filesystem's settings and history: default mount options,
+/// error behaviour, the reserve, creation, mount, write and check times and the mount count.
+fn print_history(sb: &uext4::format::superblock::Superblock) {
+    // The high bytes of the times (s_wtime_hi, s_mtime_hi, s_mkfs_time_hi, s_lastcheck_hi).
+    let hi = |off: usize| i64::from(sb.bytes()[off]) << 32;
+    let opts = sb.default_mount_opts();
+    // In e2p's order: the journal mode first, then the flags by bit.
+    let mut names: Vec<&str> = match opts & 0x0060 {
+        0x0020 => vec!["journal_data"],
+        0x0040 => vec!["journal_data_ordered"],
+        0x0060 => vec!["journal_data_writeback"],
+        _ => Vec::new(),
+    };
+    for (bit, n) in [
+        (0x0001, "debug"),
+        (0x0002, "bsdgroups"),
+        (0x0004, "user_xattr"),
+        (0x0008, "acl"),
+        (0x0010, "uid16"),
+        (0x0100, "nobarrier"),
+        (0x0200, "block_validity"),
+        (0x0400, "discard"),
+        (0x0800, "nodelalloc"),
+    ] {
+        if opts & bit != 0 {
+            names.push(n);
+        }
+    }
+    println!(
+        "Default mount options:    {}",
+        if names.is_empty() {
+            "(none)".to_string()
+        } else {
+            names.join(" ")
+        }
+    );
+    println!(
+        "Errors behavior:          {}",
+        match sb.errors() {
+            1 => "Continue".to_string(),
+            2 => "Remount read-only".to_string(),
+            3 => "Panic".to_string(),
+            n => format!("Unknown (continue) ({n})"),
+        }
+    );
+    println!("Reserved block count:     {}", sb.r_blocks_count());
+    println!("Reserved blocks uid:      {}", sb.def_resuid());
+    println!("Reserved blocks gid:      {}", sb.def_resgid());
+    println!(
+        "Filesystem created:       {}",
+        ctime(i64::from(sb.mkfs_time()) | hi(0x276))
+    );
+    println!(
+        "Last mount time:          {}",
+        ctime(i64::from(sb.mtime()) | hi(0x275))
+    );
+    println!(
+        "Last write time:          {}",
+        ctime(i64::from(sb.wtime()) | hi(0x274))
+    );
+    println!("Mount count:              {}", sb.mnt_count());
+    println!("Maximum mount count:      {}", sb.max_mnt_count() as i16);
+    println!(
+        "Last checked:             {}",
+        ctime(i64::from(sb.lastcheck()) | hi(0x277))
+    );
+    match sb.checkinterval() {
+        0 => println!("Check interval:           0 (<none>)"),
+        n => println!("Check interval:           {n} ({} days)", n / 86_400),
+    }
+}
+
 /// The superblock's identity: UUID, label, features by name, state.
 fn print_identity(sb: &uext4::format::superblock::Superblock) {
     use uext4::format::features::*;
@@ -201,6 +281,7 @@ pub(super) fn info(arg: &Path) -> Result<()> {
     if g.flex_bg_size > 1 {
         println!("Flex group size:          {}", g.flex_bg_size);
     }
+    print_history(&sb);
     if sb.has_compat(COMPAT_HAS_JOURNAL) {
         let j = fs.getattr(sb.journal_inum()).map(|a| a.size).unwrap_or(0);
         println!(

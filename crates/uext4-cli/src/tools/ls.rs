@@ -91,7 +91,36 @@ pub(super) fn escaped_name(b: &[u8]) -> String {
     out
 }
 
-pub(super) fn ls(path: &str, long: bool) -> Result<()> {
+/// A size as `ls -h` shows it: bytes below 1024, else a power of 1024 with K, M, G, T, P, E,
+/// rounded up, one decimal below 10 (1.5K, 12M, 3.1G).
+pub(super) fn human_size(n: u64) -> String {
+    if n < 1024 {
+        return n.to_string();
+    }
+    let mut unit = 0;
+    let mut div = 1u128;
+    while n as u128 >= div * 1024 && unit < 6 {
+        div *= 1024;
+        unit += 1;
+    }
+    let suffix = ["", "K", "M", "G", "T", "P", "E"][unit];
+    let n = n as u128;
+    // Tenths, rounded up; below 10 one decimal is shown, as ls does.
+    let tenths = (n * 10).div_ceil(div);
+    if tenths < 100 {
+        format!("{}.{}{suffix}", tenths / 10, tenths % 10)
+    } else {
+        let whole = n.div_ceil(div);
+        // 1023.1K rounds up to 1024K, which ls shows as 1.0M.
+        if whole >= 1024 && unit < 6 {
+            format!("1.0{}", ["", "K", "M", "G", "T", "P", "E"][unit + 1])
+        } else {
+            format!("{whole}{suffix}")
+        }
+    }
+}
+
+pub(super) fn ls(path: &str, long: bool, human: bool) -> Result<()> {
     let (img, p) = image_loc(path)?;
     let fs = open_img(&img, true)?;
     // As ls(1): with -l a symlink named as the argument is shown itself, unless it ends in '/'.
@@ -131,6 +160,8 @@ pub(super) fn ls(path: &str, long: bool) -> Result<()> {
                         (a.rdev >> 8) & 0xfff,
                         (a.rdev & 0xff) | ((a.rdev >> 12) & 0xfff00)
                     )
+                } else if human {
+                    human_size(a.size)
                 } else {
                     a.size.to_string()
                 },
@@ -173,6 +204,24 @@ pub(super) fn ls(path: &str, long: bool) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sizes_read_as_ls_h_writes_them() {
+        for (n, want) in [
+            (0, "0"),
+            (1023, "1023"),
+            (1024, "1.0K"),
+            (1536, "1.5K"),
+            (1537, "1.6K"),
+            (10 * 1024, "10K"),
+            (10 * 1024 + 1, "11K"),
+            ((1 << 20) - 1, "1.0M"),
+            (12 << 20, "12M"),
+            (3 << 30, "3.0G"),
+        ] {
+            assert_eq!(super::human_size(n), want, "{n}");
+        }
+    }
+
     #[test]
     fn names_on_a_terminal_are_escaped_as_ls_b() {
         assert_eq!(super::escaped_name(b"plain name"), "plain name");

@@ -36,6 +36,7 @@ pub struct MkfsArgs {
     /// Features to set or clear, mke2fs style: -O ^metadata_csum,metadata_csum_seed
     #[arg(short = 'O')]
     features: Option<String>,
+    /// The filesystem label (at most 16 bytes), as mke2fs -L.
     #[arg(short = 'L')]
     label: Option<String>,
     /// The filesystem's UUID (default: random, or with SOURCE_DATE_EPOCH derived from it).
@@ -76,6 +77,7 @@ pub struct MkfsArgs {
     /// Overwrite a filesystem that is already there (without it, mkfs refuses).
     #[arg(short = 'F', long)]
     force: bool,
+    /// The image file (made if missing) or block device; IMAGE@N, IMAGE@offset=BYTES.
     image: PathBuf,
 }
 
@@ -403,6 +405,9 @@ fn nbd_target(a: &MkfsArgs, img: &Img) -> Result<Target> {
 
 fn whole_target(a: &MkfsArgs) -> Result<Target> {
     let exists = a.image.exists();
+    if exists || a.image.is_symlink() {
+        crate::image::check_image(&a.image, true)?;
+    }
     let cur = if exists {
         FileDevice::open(&a.image, true)?.size()
     } else {
@@ -439,9 +444,7 @@ fn whole_target(a: &MkfsArgs) -> Result<Target> {
 /// file that is too short; a partition is never grown.
 fn region_target(a: &MkfsArgs, img: &Img) -> Result<Target> {
     let want = a.size.as_deref().map(parse_size).transpose()?;
-    if !img.path.exists() && !is_nbd_uri(&img.path) {
-        bail!("{}: no such image file", img.path.display());
-    }
+    crate::image::check_image(&img.path, true)?;
     if let (Within::Offset { offset, size }, Some(w)) = (img.within, want) {
         let end = offset
             .checked_add(size.unwrap_or(w))

@@ -43,52 +43,84 @@ pub enum ToolCmd {
     Mkfs(crate::tools::mkfs::MkfsArgs),
     /// Print a summary of the superblock and features; of a whole-disk image, its partitions
     /// (name one as IMAGE@N).
-    Info { image: PathBuf },
+    Info {
+        /// The image file or block device (IMAGE@N, IMAGE@offset=BYTES, an NBD URI).
+        image: PathBuf,
+    },
     /// List a directory: IMAGE:PATH.
+    #[command(disable_help_flag = true)]
     Ls {
+        /// Long form: mode, links, owner, group, size, modification time, name.
         #[arg(short = 'l')]
         long: bool,
+        /// With -l, sizes as 1.5K, 12M, 3.1G (powers of 1024), as ls -h.
+        #[arg(short = 'h', long = "human-readable")]
+        human: bool,
+        /// Print help (ls's -h is --human-readable, as in ls(1)).
+        #[arg(long, action = clap::ArgAction::Help)]
+        help: Option<bool>,
         /// Also the entries a removal left readable in the directory's blocks, marked
         /// `(deleted)`; entries in block order (read-only).
         #[arg(long)]
         deleted: bool,
+        /// The directory (or file) to list: IMAGE:PATH.
         path: String,
     },
     /// Print a file: IMAGE:PATH.
-    Cat { path: String },
+    Cat {
+        /// The file to print: IMAGE:PATH.
+        path: String,
+    },
     /// Copy files: SRC... DST, either side may be IMAGE:PATH (several sources go into the
     /// directory DST; `DIR/.` copies DIR's contents, as cp(1)).
     Cp {
+        /// Copy directories and what they hold (-R too).
         #[arg(short = 'r', short_alias = 'R')]
         recursive: bool,
         /// The sources are tar archives (plain, gzip or zstd; `-` is stdin), unpacked in
         /// order into the image directory DST as they say (owners, devices, xattrs, holes).
         #[arg(long = "from-tar")]
         from_tar: bool,
+        /// SRC... DST: host paths or IMAGE:PATH.
         #[arg(required = true, num_args = 2..)]
         paths: Vec<String>,
     },
-    /// Make directories: IMAGE:PATH.
+    /// Make directories: IMAGE:PATH...
     Mkdir {
+        /// Make missing parents too, and say nothing of a directory that exists.
         #[arg(short = 'p')]
         parents: bool,
-        path: String,
+        /// The directories to make: IMAGE:PATH...
+        #[arg(required = true)]
+        paths: Vec<String>,
     },
-    /// Remove files (with -r, directories): IMAGE:PATH.
+    /// Remove files (with -r, directories): IMAGE:PATH...
     Rm {
+        /// Remove directories and what they hold (-R too).
         #[arg(short = 'r', short_alias = 'R')]
         recursive: bool,
+        /// Say nothing of a file that does not exist.
         #[arg(short = 'f')]
         force: bool,
-        path: String,
+        /// The files to remove: IMAGE:PATH...
+        #[arg(required = true)]
+        paths: Vec<String>,
     },
     /// Rename or move inside one image.
-    Mv { src: String, dst: String },
+    Mv {
+        /// What to move: IMAGE:PATH.
+        src: String,
+        /// Where to: IMAGE:PATH in the same image (into it, if a directory).
+        dst: String,
+    },
     /// Make a hard link (or with -s a symbolic link) inside an image.
     Ln {
+        /// Make a symbolic link (TARGET is then its text, stored as given).
         #[arg(short = 's')]
         symbolic: bool,
+        /// What the link points to: IMAGE:PATH (with -s, any text).
         target: String,
+        /// The new link: IMAGE:PATH.
         link: String,
     },
     /// Show a file's attributes, then its inode as debugfs's `stat` shows it (times raw and
@@ -98,25 +130,34 @@ pub enum ToolCmd {
         /// One JSON object instead (fields in docs/USAGE.md).
         #[arg(long)]
         json: bool,
+        /// The file: IMAGE:PATH, or IMAGE:<N> for inode N.
         path: String,
     },
-    /// Change permissions: MODE (octal, or symbolic as u+x,go-w) IMAGE:PATH.
+    /// Change permissions: MODE (octal, or symbolic as u+x,go-w) IMAGE:PATH...
     Chmod {
+        /// Also everything below the directories named.
         #[arg(short = 'R')]
         recursive: bool,
+        /// Octal (0644) or symbolic (u+x,go-w), as chmod(1).
         #[arg(allow_hyphen_values = true)]
         mode: String,
-        path: String,
+        /// The files: IMAGE:PATH...
+        #[arg(required = true)]
+        paths: Vec<String>,
     },
-    /// Change the owner: UID[:GID] (numeric) IMAGE:PATH.
+    /// Change the owner: UID[:GID] (numeric) IMAGE:PATH...
     Chown {
+        /// Also everything below the directories named.
         #[arg(short = 'R')]
         recursive: bool,
         /// Change a symlink itself, not what it points to.
         #[arg(short = 'h', long = "no-dereference")]
         no_deref: bool,
+        /// UID, UID:GID or :GID (numbers).
         owner: String,
-        path: String,
+        /// The files: IMAGE:PATH...
+        #[arg(required = true)]
+        paths: Vec<String>,
     },
     /// Set a file's access and modification times (now, or as -d, -t or -r say); a missing
     /// file is made, as touch(1) makes it, unless -c.
@@ -139,7 +180,9 @@ pub enum ToolCmd {
         /// The times of this file (a host path or IMAGE:PATH).
         #[arg(short = 'r', long = "reference")]
         reference: Option<String>,
-        path: String,
+        /// The files: IMAGE:PATH...
+        #[arg(required = true)]
+        paths: Vec<String>,
     },
     /// Give the image's free blocks back to its storage, as fstrim(8): holes in an image
     /// file, TRIM to an NBD server.
@@ -150,25 +193,30 @@ pub enum ToolCmd {
         /// Say how many bytes were trimmed.
         #[arg(short = 'v', long = "verbose")]
         verbose: bool,
+        /// The image file or block device (IMAGE@N, IMAGE@offset=BYTES, an NBD URI).
         image: PathBuf,
     },
     /// Set a file's size: IMAGE:PATH (a missing file is made, as truncate(1) makes it;
     /// with -c it is left missing).
     Truncate {
+        /// The new size in bytes, or with a suffix: 64K, 1M, 2G.
         #[arg(short = 's')]
         size: String,
         /// Do not create a missing file (and say nothing of it).
         #[arg(short = 'c', long = "no-create")]
         no_create: bool,
+        /// The file: IMAGE:PATH.
         path: String,
     },
     /// Change inode flags, as chattr(1): MODE... (+-=[aAcCdDFijmPsStTux]) IMAGE:PATH.
     Chattr {
+        /// Also everything below the directories named.
         #[arg(short = 'R')]
         recursive: bool,
         /// Set the project id (needs the project feature).
         #[arg(short = 'p')]
         project: Option<u32>,
+        /// MODE... IMAGE:PATH: each MODE is +, - or = and flag letters (+i, -a, =e).
         #[arg(allow_hyphen_values = true, required = true, num_args = 1..)]
         args: Vec<String>,
     },
@@ -177,6 +225,7 @@ pub enum ToolCmd {
         /// The directory itself, not its entries.
         #[arg(short = 'd')]
         dir_itself: bool,
+        /// Also everything below.
         #[arg(short = 'R')]
         recursive: bool,
         /// Entries starting with '.' too.
@@ -188,31 +237,41 @@ pub enum ToolCmd {
         /// Show the generation.
         #[arg(short = 'v')]
         version: bool,
+        /// The file or directory: IMAGE:PATH.
         path: String,
     },
     /// The names of inodes, as debugfs's ncheck: IMAGE INODE... (read-only).
     Ncheck {
+        /// The image file or block device.
         image: PathBuf,
+        /// Inode numbers.
         #[arg(required = true)]
         inodes: Vec<u32>,
     },
     /// The inodes owning blocks, as debugfs's icheck: IMAGE BLOCK... (read-only).
     Icheck {
+        /// The image file or block device.
         image: PathBuf,
+        /// Block numbers.
         #[arg(required = true)]
         blocks: Vec<u64>,
     },
     /// Every inode record, its number first, as the Sleuth Kit's `ils -e` (with --deleted,
     /// as plain `ils`: inodes not in use that were used once): IMAGE (read-only).
     Inodes {
+        /// Only the inodes not in use that were used once, as plain `ils`.
         #[arg(long)]
         deleted: bool,
+        /// The image file or block device.
         image: PathBuf,
     },
     /// The Sleuth Kit's body file (as `fls -r -m /` writes it) for every name, removed ones
     /// too, and every deleted inode no name reaches; `mactime -b FILE` makes the timeline:
     /// IMAGE (read-only).
-    Timeline { image: PathBuf },
+    Timeline {
+        /// The image file or block device.
+        image: PathBuf,
+    },
     /// Set and read encryption policies (fscrypt), as fscryptctl(8).
     #[command(subcommand)]
     Fscrypt(fscrypt::FscryptCmd),
@@ -221,7 +280,9 @@ pub enum ToolCmd {
     Verity(verity::VerityCmd),
     /// Print the filesystem label, or set it (at most 16 bytes), as e2label(8).
     Label {
+        /// The image file or block device.
         image: PathBuf,
+        /// The new label (none: print the current one).
         label: Option<String>,
     },
 }
@@ -257,16 +318,34 @@ impl ToolCmd {
     }
 }
 
+/// A command of several operands, as coreutils run them: each in turn, a failure said (one
+/// line, as main says the last) and the rest still done; the last failure is the result.
+fn each(name: &str, paths: &[String], mut f: impl FnMut(&str) -> Result<()>) -> Result<()> {
+    let mut failed = None;
+    for p in paths {
+        if let Err(e) = f(p) {
+            if let Some(prev) = failed.replace(e) {
+                eprintln!("uext4: {name}: {}", crate::image::plain(&prev));
+            }
+        }
+    }
+    failed.map_or(Ok(()), Err)
+}
+
 pub fn run(cmd: ToolCmd) -> Result<()> {
     match cmd {
         ToolCmd::Mkfs(a) => crate::tools::mkfs::run(a),
         ToolCmd::Info { image } => info(&image),
         ToolCmd::Ls {
             long,
+            human,
             deleted: true,
             path,
-        } => examine::ls_deleted(&path, long),
-        ToolCmd::Ls { long, path, .. } => ls(&path, long),
+            ..
+        } => examine::ls_deleted(&path, long, human),
+        ToolCmd::Ls {
+            long, human, path, ..
+        } => ls(&path, long, human),
         ToolCmd::Cat { path } => cat(&path),
         ToolCmd::Cp {
             recursive,
@@ -285,12 +364,12 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
             }
             Ok(())
         }
-        ToolCmd::Mkdir { parents, path } => mkdir(&path, parents),
+        ToolCmd::Mkdir { parents, paths } => each("mkdir", &paths, |p| mkdir(p, parents)),
         ToolCmd::Rm {
             recursive,
             force,
-            path,
-        } => rm(&path, recursive, force),
+            paths,
+        } => each("rm", &paths, |p| rm(p, recursive, force)),
         ToolCmd::Mv { src, dst } => mv(&src, &dst),
         ToolCmd::Ln {
             symbolic,
@@ -306,14 +385,18 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
         ToolCmd::Chmod {
             recursive,
             mode,
-            path,
-        } => crate::tools::attrs::chmod(&mode, &path, recursive),
+            paths,
+        } => each("chmod", &paths, |p| {
+            crate::tools::attrs::chmod(&mode, p, recursive)
+        }),
         ToolCmd::Chown {
             recursive,
             no_deref,
             owner,
-            path,
-        } => crate::tools::attrs::chown(&owner, &path, recursive, no_deref),
+            paths,
+        } => each("chown", &paths, |p| {
+            crate::tools::attrs::chown(&owner, p, recursive, no_deref)
+        }),
         ToolCmd::Touch {
             atime,
             mtime,
@@ -321,18 +404,18 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
             date,
             stamp,
             reference,
-            path,
-        } => crate::tools::attrs::touch(
-            &crate::tools::attrs::TouchArgs {
+            paths,
+        } => {
+            let a = crate::tools::attrs::TouchArgs {
                 atime_only: atime,
                 mtime_only: mtime,
                 no_create,
                 date,
                 stamp,
                 reference,
-            },
-            &path,
-        ),
+            };
+            each("touch", &paths, |p| crate::tools::attrs::touch(&a, p))
+        }
         ToolCmd::Truncate {
             size,
             no_create,

@@ -130,7 +130,7 @@ impl Raw<'_> {
 }
 
 /// "Sun Nov 29 01:06:05 2026" (UTC), as ctime(3) writes it.
-fn ctime_string(sec: i64) -> String {
+pub(super) fn ctime_string(sec: i64) -> String {
     const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",

@@ -25,10 +25,12 @@ pub enum VerityCmd {
         /// A builtin signature (DER PKCS#7, as `fsverity sign` makes) to store with it.
         #[arg(long = "signature")]
         signature: Option<PathBuf>,
+        /// The file: IMAGE:PATH.
         path: String,
     },
     /// Print the file digest of a verity file: ALG:HEX IMAGE:PATH.
     Measure {
+        /// The files: IMAGE:PATH...
         #[arg(required = true, num_args = 1..)]
         paths: Vec<String>,
     },

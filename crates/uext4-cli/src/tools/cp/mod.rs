@@ -47,7 +47,7 @@ pub(super) struct Progress(Option<indicatif::ProgressBar>);
 impl Progress {
     fn new(total: u64) -> Progress {
         use std::io::IsTerminal;
-        if total >= 64 << 20 && std::io::stderr().is_terminal() {
+        if total >= 64 << 20 && std::io::stderr().is_terminal() && !quiet() {
             let pb = indicatif::ProgressBar::new(total);
             pb.set_style(
                 indicatif::ProgressStyle::with_template(
@@ -64,7 +64,7 @@ impl Progress {
     /// bar can be shown.
     fn for_host(src: &Path) -> Progress {
         use std::io::IsTerminal;
-        match std::io::stderr().is_terminal() {
+        match std::io::stderr().is_terminal() && !quiet() {
             true => Progress::new(host_total(src)),
             false => Progress(None),
         }
@@ -188,6 +188,10 @@ pub(super) fn cp(src: &str, dst: &str, recursive: bool) -> Result<()> {
             image_to_image::cp(src, dst, (&si, &s), (&di, &d), recursive)
         }
         (Loc::Host(_), Loc::Host(_)) => {
+            // IMAGE:PATH whose image is missing (or a directory): said as every tool says it.
+            for p in [src, dst].into_iter().filter(|p| p.contains(':')) {
+                crate::image::image_loc(p)?;
+            }
             bail!("one side of cp must be IMAGE:PATH (an existing image file)")
         }
     }
