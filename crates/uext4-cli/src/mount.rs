@@ -279,6 +279,14 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
             std::process::exit(crate::usage_status());
         }
     };
+    // The options first, as mount(8): a wrong option is a usage error whatever the image.
+    let checked = crate::sandbox::take_option(&options)
+        .map_err(|e| e.to_string())
+        .and_then(|(o, _)| Options::parse(&o.join(",")).map_err(|e| e.to_string()));
+    if let Err(e) = checked {
+        eprintln!("uext4: mount: {e}");
+        std::process::exit(crate::usage_status());
+    }
     let mut img = crate::image::image_arg(&a.image)?;
     // Read access only: a write-protected image mounts read-only (write_protected).
     crate::image::check_image(&img.path, false)?;
