@@ -289,6 +289,24 @@ fn ncheck_icheck_timeline_inodes_and_deleted_entries_agree_with_debugfs_and_the_
             );
         }
         assert_eq!(shown.lines().count(), 6, "{tag}: {shown}");
+        let v: serde_json::Value =
+            serde_json::from_str(&UEXT4.ok(&["ls", "--json", "--deleted", &format!("{i}:/dd")]))
+                .unwrap();
+        let got: Vec<(String, bool)> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap().to_string(),
+                    e["deleted"] == true,
+                )
+            })
+            .collect();
+        let want: Vec<(String, bool)> = (1..=6)
+            .map(|n| (format!("file{n}"), n == 2 || n == 5))
+            .collect();
+        assert_eq!(got, want, "{tag}: ls --json --deleted");
         assert_eq!(
             std::fs::read(&img.0).unwrap(),
             before,

@@ -63,6 +63,10 @@ pub enum ToolCmd {
         /// `(deleted)`; entries in block order (read-only).
         #[arg(long)]
         deleted: bool,
+        /// A JSON array instead: name, inode, type, deleted, mode, uid, gid, size, links,
+        /// mtime {sec, nsec}, in the order the directory's blocks hold the entries.
+        #[arg(long)]
+        json: bool,
         /// The directory (or file) to list: IMAGE:PATH.
         path: String,
     },
@@ -336,6 +340,12 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
     match cmd {
         ToolCmd::Mkfs(a) => crate::tools::mkfs::run(a),
         ToolCmd::Info { image } => info(&image),
+        ToolCmd::Ls {
+            json: true,
+            deleted,
+            path,
+            ..
+        } => examine::ls_json(&path, deleted),
         ToolCmd::Ls {
             long,
             human,
