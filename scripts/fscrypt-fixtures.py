@@ -313,7 +313,9 @@ def list_with_key(img, key_file, version, rel):
         print(json.dumps(listing(os.path.join(mnt, rel))))
 
 
-def casefold_base(img, key_file):
+def fresh_image(img, key_file, features):
+    """A new 64 MiB image at IMG with `features` (SKIP where the kernel cannot fill it), and
+    a fresh random 64-byte key written to KEY_FILE: the key's bytes."""
     if os.geteuid() != 0:
         skip("not root")
     if not shutil.which("mke2fs") or not shutil.which("tune2fs") or not shutil.which("mount"):
@@ -323,10 +325,15 @@ def casefold_base(img, key_file):
     if os.path.exists(img):
         os.remove(img)
     run("mke2fs", "-q", "-F", "-t", "ext4", "-b", str(BLOCK), "-I", "256", "-N", "16384",
-        "-O", "encrypt", img, "64M")
+        "-O", features, img, "64M")
     raw = os.urandom(64)
     with open(key_file, "wb") as f:
         f.write(raw)
+    return raw
+
+
+def casefold_base(img, key_file):
+    raw = fresh_image(img, key_file, "encrypt")
     out = {}
     with loop_mounted(img, "fscrypt-cf-") as mnt:
         ident = add_key(mnt, raw)
@@ -357,19 +364,7 @@ def android_base(img, key_file):
     kernel stores inline. Prints JSON: the identifier, inode numbers, the listing of `data`
     with the key and its no-key names. The caller turns casefold, quota, project and verity
     on with tune2fs."""
-    if os.geteuid() != 0:
-        skip("not root")
-    if not shutil.which("mke2fs") or not shutil.which("tune2fs"):
-        skip("no mke2fs or tune2fs")
-    if not os.path.exists("/sys/fs/ext4/features/encryption"):
-        skip("the kernel's ext4 has no encryption")
-    if os.path.exists(img):
-        os.remove(img)
-    run("mke2fs", "-q", "-F", "-t", "ext4", "-b", str(BLOCK), "-I", "256", "-N", "16384",
-        "-O", "encrypt,stable_inodes,inline_data", img, "64M")
-    raw = os.urandom(64)
-    with open(key_file, "wb") as f:
-        f.write(raw)
+    raw = fresh_image(img, key_file, "encrypt,stable_inodes,inline_data")
     out = {}
     flags = PAD[16] | IV_INO_LBLK_64
     with loop_mounted(img, "fscrypt-android-") as mnt:

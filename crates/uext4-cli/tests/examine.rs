@@ -129,6 +129,7 @@ fn stat_agrees_with_debugfs() {
             before,
             "{tag}: stat changed the image"
         );
+        e2fsck_clean(&img.0);
         assert!(checked > 0);
     }
 }
@@ -312,5 +313,6 @@ fn ncheck_icheck_timeline_inodes_and_deleted_entries_agree_with_debugfs_and_the_
             before,
             "{tag}: a command changed the image"
         );
+        e2fsck_clean(&img.0);
     }
 }

@@ -17,6 +17,18 @@ pub fn sh(cmd: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Lower-case hex of bytes.
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The bytes of a hex string (as `hex` writes it, or getfattr's `-e hex` without `0x`).
+pub fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
+}
+
 /// Runs a Python fixture script (`python3 SCRIPT ARGS...`): its stdout, or None where it
 /// cannot run here (no python3, or the script printed `SKIP: why`; the reason is printed).
 /// Panics with its output when it fails.

@@ -14,20 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use uext4::{EncryptionKey, Fs, MountOptions, ROOT_INO};
 use uext4_testkit::{e2fsck_clean, have, read_all, scratch};
+use uext4_testkit::{hex, unhex};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn open(img: &Path, keys: &[EncryptionKey], ro: bool) -> std::sync::Arc<Fs> {

@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use uext4::{EncryptionKey, EncryptionPolicy, Fs, MountOptions, ROOT_INO};
+use uext4_testkit::hex;
 use uext4_testkit::{can_loop_mount, e2fsck_clean, have, is_root, scratch, xorshift};
 
 fn root() -> PathBuf {
@@ -83,10 +84,6 @@ fn kernel_view(img: &Path, raw_key: &[u8], version: u8, dir: &str) -> Option<Vec
         .collect();
     lines.sort();
     Some(lines)
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Fills encrypted directory `d` and returns what the kernel's view must be.

@@ -20,6 +20,7 @@ use std::process::Command;
 use std::sync::Arc;
 use uext4::format::casefold::casefold;
 use uext4::{EncryptionKey, EncryptionPolicy, Fs, MountOptions, ROOT_INO};
+use uext4_testkit::unhex;
 use uext4_testkit::{e2fsck_clean_when, mke2fs, xorshift, Scratch};
 
 /// FS_CASEFOLD_FL, FS_INDEX_FL, FS_ENCRYPT_FL.
@@ -103,12 +104,6 @@ fn lines(names: &[String]) -> Vec<u8> {
         out.push(b'\n');
     }
     out
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
-        .collect()
 }
 
 /// Runs `script` in the VM with `disks` and input files: the output's sections

@@ -15,6 +15,7 @@ use uext4::format::verity::{
     metadata_pos, METADATA_DESCRIPTOR, METADATA_MERKLE_TREE, METADATA_SIGNATURE,
 };
 use uext4::{Fs, MountOptions, VerityArgs, ROOT_INO};
+use uext4_testkit::hex;
 
 /// A verity image of `size` (mke2fs -O verity, 4 KiB blocks unless `extra` says).
 fn verity_image(tag: &str, extra: &[&str]) -> Scratch {
@@ -33,10 +34,6 @@ fn open(img: &Path) -> std::sync::Arc<Fs> {
 fn data(len: usize, seed: u64) -> Vec<u8> {
     let mut r = xorshift(seed);
     (0..len).map(|_| r() as u8).collect()
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn alg_name(id: u32) -> &'static str {

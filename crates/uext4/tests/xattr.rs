@@ -13,6 +13,7 @@ use std::process::Command;
 use std::sync::Arc;
 use uext4::{Corruption, XattrFlags};
 use uext4::{Error, Fs, MountOptions};
+use uext4_testkit::unhex;
 
 type Xattrs = BTreeMap<Vec<u8>, Vec<u8>>;
 
@@ -30,12 +31,6 @@ fn have_attr_tools() -> bool {
         eprintln!("SKIP: getfattr/setfattr/getfacl/setfacl missing (apt-get install attr acl)");
     }
     ok
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
-        .collect()
 }
 
 /// `getfattr -d -m - -e hex` of each path: path -> (name -> value). Paths without attributes
