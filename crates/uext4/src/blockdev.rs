@@ -37,6 +37,12 @@ pub trait BlockDevice: Send + Sync {
     fn copy_new_from(&self, off: u64, src: &File, src_off: u64, len: u64) -> io::Result<u64> {
         copy::copy_through_buffer(self, off, src, src_off, len)
     }
+    /// Reads as [`read_at`](Self::read_at), but the device as it lies, past any journal
+    /// replayed in memory over it ([`OverlayDevice`]): what the examiner's tools show as "on
+    /// disk".
+    fn read_beneath_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.read_at(off, buf)
+    }
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
     /// Size in bytes.
@@ -436,6 +442,9 @@ impl OverlayDevice {
 }
 
 impl BlockDevice for OverlayDevice {
+    fn read_beneath_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.below.read_beneath_at(off, buf)
+    }
     fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         self.check_range(off, buf.len())?;
         self.below.read_at(off, buf)?;
@@ -1171,5 +1180,7 @@ impl BlockDevice for RegionDevice {
 }
 
 mod copy;
+mod counted;
+pub(crate) use counted::Counted;
 #[cfg(test)]
 mod tests;

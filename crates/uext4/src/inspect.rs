@@ -345,7 +345,7 @@ fn chain_reaches(b: &[u8], mut off: usize, end: usize) -> bool {
 
 /// The entries of one directory block (or inline run) `b`; `shift` is added to offsets (an
 /// inline run's place in the inode).
-fn scan_block(
+pub(crate) fn scan_block(
     b: &[u8],
     lblk: Option<u64>,
     shift: usize,

@@ -83,6 +83,7 @@ mod label;
 // e2fsck and the kernel); it is no API for users.
 #[doc(hidden)]
 pub mod journal;
+mod journal_history;
 mod mballoc;
 pub mod mkfs;
 mod mmp;
@@ -122,6 +123,9 @@ pub use fs::{AtimeMode, AtimePolicy, ErrorsBehaviour, Fs, FsStats, MountOptions,
 pub use fsync::FsyncQueue;
 pub use geometry::Geometry;
 pub use inspect::{BlockMap, BlockRun, InodeRecord, MapEntry, RawDirEntry};
+pub use journal_history::{
+    BlockUse, DeletedFile, JournalHistory, LoggedBlock, LoggedInode, LoggedState, LoggedTransaction,
+};
 // At the root, not in `blockdev`: nbd implements `BlockDevice`, and a re-export there would
 // close an import circle.
 pub use inode::Attr;

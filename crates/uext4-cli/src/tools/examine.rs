@@ -39,7 +39,7 @@ fn each_inode(fs: &Fs, f: &mut dyn FnMut(InodeRecord) -> Result<bool>) -> Result
 
 /// The path of directory `dir` from the root, by its `..` entries (`<N>` where the chain
 /// breaks).
-fn dir_path(fs: &Fs, dir: u32) -> String {
+pub(super) fn dir_path(fs: &Fs, dir: u32) -> String {
     let mut parts = Vec::new();
     let mut cur = dir;
     for _ in 0..4096 {

@@ -16,6 +16,7 @@ pub mod fit;
 pub mod fscrypt;
 mod fstrim;
 mod info;
+mod journal;
 mod ls;
 pub mod mkfs;
 mod namespace;
@@ -276,6 +277,36 @@ pub enum ToolCmd {
         /// The image file or block device.
         image: PathBuf,
     },
+    /// The transactions the journal's log still holds and what each logged block is, as
+    /// debugfs's `logdump -a`; or the older copies of one inode (--inode) or block (--block):
+    /// IMAGE (read-only).
+    Journal {
+        /// The image file or block device.
+        image: PathBuf,
+        /// The copies of this inode that logged inode-table blocks hold, oldest first.
+        #[arg(long, value_name = "N", conflicts_with = "block")]
+        inode: Option<u32>,
+        /// Only the transactions that logged this block.
+        #[arg(long, value_name = "BLOCK")]
+        block: Option<u64>,
+        /// One JSON object instead (docs/USAGE.md).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Deleted files brought back from older copies of their inodes in the journal, as
+    /// extundelete --restore-all: IMAGE DIR (read-only on the image; writes under DIR).
+    Recover {
+        /// The image file or block device.
+        image: PathBuf,
+        /// Where to write the files (made if missing).
+        dir: PathBuf,
+        /// Only these inodes.
+        #[arg(long = "inode", value_name = "N")]
+        inodes: Vec<u32>,
+        /// A JSON array of what was written instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
     /// Set and read encryption policies (fscrypt), as fscryptctl(8).
     #[command(subcommand)]
     Fscrypt(fscrypt::FscryptCmd),
@@ -317,6 +348,8 @@ impl ToolCmd {
             ToolCmd::Timeline { .. } => "timeline",
             ToolCmd::Inodes { .. } => "inodes",
             ToolCmd::Icheck { .. } => "icheck",
+            ToolCmd::Journal { .. } => "journal",
+            ToolCmd::Recover { .. } => "recover",
             ToolCmd::Verity(_) => "verity",
         }
     }
@@ -464,6 +497,18 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
         ToolCmd::Timeline { image } => examine::timeline(&image),
         ToolCmd::Inodes { deleted, image } => examine::inodes(&image, deleted),
         ToolCmd::Icheck { image, blocks } => examine::icheck(&image, &blocks),
+        ToolCmd::Journal {
+            image,
+            inode,
+            block,
+            json,
+        } => journal::journal(&image, journal::JournalOpts { json, inode, block }),
+        ToolCmd::Recover {
+            image,
+            dir,
+            inodes,
+            json,
+        } => journal::recover(&image, &dir, &inodes, json),
         ToolCmd::Verity(c) => verity::run(c),
     }
 }

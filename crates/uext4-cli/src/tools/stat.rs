@@ -206,7 +206,7 @@ fn map_line(map: &BlockMap) -> String {
 
 /// debugfs's `stat` layout, with what debugfs leaves implicit said outright (the record's
 /// place, whether its checksum holds, whether the bitmap has it in use).
-fn debugfs_view(fs: &Fs, rec: &InodeRecord, map: &BlockMap) {
+pub(super) fn debugfs_view(fs: &Fs, rec: &InodeRecord, map: &BlockMap) {
     let b = rec.raw.bytes();
     let r = Raw(b);
     let mode = r.u16(0);
@@ -365,7 +365,7 @@ fn system_data_len(rec: &InodeRecord, r: &Raw<'_>) -> usize {
 }
 
 /// The `--json` object: the same facts, with names that do not change (docs/USAGE.md).
-fn json_of(fs: &Fs, rec: &InodeRecord, map: &BlockMap) -> serde_json::Value {
+pub(super) fn json_of(fs: &Fs, rec: &InodeRecord, map: &BlockMap) -> serde_json::Value {
     let r = Raw(rec.raw.bytes());
     let time = |lo: usize, extra: Option<usize>| {
         let ex = extra.and_then(|o| r.extra32(o));
