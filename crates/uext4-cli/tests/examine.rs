@@ -316,3 +316,42 @@ fn ncheck_icheck_timeline_inodes_and_deleted_entries_agree_with_debugfs_and_the_
         e2fsck_clean(&img.0);
     }
 }
+
+/// `info --json` carries dumpe2fs -h's numbers under stable keys.
+#[test]
+fn info_json_agrees_with_dumpe2fs() {
+    if !have(&["mke2fs", "dumpe2fs"]) {
+        println!("SKIP: needs e2fsprogs");
+        return;
+    }
+    let img = scratch("info-json");
+    mke2fs(&img.0, "32M", &["-b", "1024", "-L", "lbl"]);
+    let v: serde_json::Value =
+        serde_json::from_str(&UEXT4.ok(&["info", "--json", img.s()])).unwrap();
+    let d = sh(&format!("dumpe2fs -h {} 2>/dev/null", img.s()));
+    let field = |name: &str| {
+        d.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .unwrap_or_else(|| panic!("no {name} in dumpe2fs"))
+            .trim()
+            .to_string()
+    };
+    for (key, name) in [
+        ("block_count", "Block count"),
+        ("free_blocks", "Free blocks"),
+        ("inode_count", "Inode count"),
+        ("free_inodes", "Free inodes"),
+        ("block_size", "Block size"),
+        ("reserved_block_count", "Reserved block count"),
+    ] {
+        assert_eq!(v[key].to_string(), field(name), "{key}");
+    }
+    assert_eq!(v["volume_name"], "lbl");
+    let ours: std::collections::BTreeSet<&str> =
+        v["features"].as_str().unwrap().split(' ').collect();
+    let theirs = field("Filesystem features");
+    let theirs: std::collections::BTreeSet<&str> = theirs.split(' ').collect();
+    assert_eq!(ours, theirs);
+    assert_eq!(v["on_disk"]["needs_recovery"], "no");
+    e2fsck_clean(&img.0);
+}

@@ -9,6 +9,78 @@ use uext4::image::open_image;
 use uext4::partition::{identify, Contents, Table};
 use uext4::Error;
 
+thread_local! {
+    /// With `--json`, info's lines are kept here instead of printed, then made one object.
+    static CAPTURE: std::cell::RefCell<Option<Vec<String>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// One line of `info`: printed, or kept for `--json`.
+fn emit(line: String) {
+    CAPTURE.with(|c| match &mut *c.borrow_mut() {
+        Some(v) => v.push(line),
+        None => println!("{line}"),
+    })
+}
+
+macro_rules! say {
+    ($($t:tt)*) => {
+        emit(format!($($t)*))
+    };
+}
+
+/// `uext4 info --json`: the same facts as one object. Each `Label: value` line becomes a key,
+/// the label in snake_case (`Free blocks` -> `free_blocks`), the value a number where it is
+/// one and a string otherwise; the lines after `On disk` go into an `on_disk` object; lines
+/// of no such form (a whole disk's partition table) go into `lines`, in order.
+pub(super) fn info_json(arg: &Path) -> Result<()> {
+    CAPTURE.with(|c| *c.borrow_mut() = Some(Vec::new()));
+    let r = info(arg);
+    let lines = CAPTURE.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    r?;
+    let mut top = serde_json::Map::new();
+    let mut on_disk = serde_json::Map::new();
+    let mut other = Vec::new();
+    let mut below = false;
+    for l in lines {
+        let Some((k, v)) = l.split_once(':').filter(|(k, _)| {
+            !k.is_empty()
+                && !k.starts_with(' ')
+                && k.len() < 26
+                && l.as_bytes().get(k.len() + 1) == Some(&b' ')
+        }) else {
+            other.push(serde_json::Value::String(l));
+            continue;
+        };
+        let key: String = k
+            .to_ascii_lowercase()
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .collect::<Vec<_>>()
+            .join("_");
+        let v = v.trim();
+        let val = v
+            .parse::<u64>()
+            .map(serde_json::Value::from)
+            .unwrap_or_else(|_| serde_json::Value::String(v.to_string()));
+        if key == "on_disk" {
+            below = true;
+            on_disk.insert("note".into(), val);
+        } else if below {
+            on_disk.insert(key, val);
+        } else {
+            top.insert(key, val);
+        }
+    }
+    if below {
+        top.insert("on_disk".into(), serde_json::Value::Object(on_disk));
+    }
+    if !other.is_empty() {
+        top.insert("lines".into(), serde_json::Value::Array(other));
+    }
+    println!("{}", serde_json::to_string_pretty(&top)?);
+    Ok(())
+}
+
 /// A superblock time as dumpe2fs writes it (ctime's layout, in UTC), or "n/a" for none.
 fn ctime(sec: i64) -> String {
     if sec == 0 {
@@ -45,7 +117,7 @@ fn print_history(sb: &uext4::format::superblock::Superblock) {
             names.push(n);
         }
     }
-    println!(
+    say!(
         "Default mount options:    {}",
         if names.is_empty() {
             "(none)".to_string()
@@ -53,7 +125,7 @@ fn print_history(sb: &uext4::format::superblock::Superblock) {
             names.join(" ")
         }
     );
-    println!(
+    say!(
         "Errors behavior:          {}",
         match sb.errors() {
             1 => "Continue".to_string(),
@@ -62,30 +134,30 @@ fn print_history(sb: &uext4::format::superblock::Superblock) {
             n => format!("Unknown (continue) ({n})"),
         }
     );
-    println!("Reserved block count:     {}", sb.r_blocks_count());
-    println!("Reserved blocks uid:      {}", sb.def_resuid());
-    println!("Reserved blocks gid:      {}", sb.def_resgid());
-    println!(
+    say!("Reserved block count:     {}", sb.r_blocks_count());
+    say!("Reserved blocks uid:      {}", sb.def_resuid());
+    say!("Reserved blocks gid:      {}", sb.def_resgid());
+    say!(
         "Filesystem created:       {}",
         ctime(i64::from(sb.mkfs_time()) | hi(0x276))
     );
-    println!(
+    say!(
         "Last mount time:          {}",
         ctime(i64::from(sb.mtime()) | hi(0x275))
     );
-    println!(
+    say!(
         "Last write time:          {}",
         ctime(i64::from(sb.wtime()) | hi(0x274))
     );
-    println!("Mount count:              {}", sb.mnt_count());
-    println!("Maximum mount count:      {}", sb.max_mnt_count() as i16);
-    println!(
+    say!("Mount count:              {}", sb.mnt_count());
+    say!("Maximum mount count:      {}", sb.max_mnt_count() as i16);
+    say!(
         "Last checked:             {}",
         ctime(i64::from(sb.lastcheck()) | hi(0x277))
     );
     match sb.checkinterval() {
-        0 => println!("Check interval:           0 (<none>)"),
-        n => println!("Check interval:           {n} ({} days)", n / 86_400),
+        0 => say!("Check interval:           0 (<none>)"),
+        n => say!("Check interval:           {n} ({} days)", n / 86_400),
     }
 }
 
@@ -99,7 +171,7 @@ fn print_identity(sb: &uext4::format::superblock::Superblock) {
             .map(|b| format!("{b:02x}"))
             .collect::<String>()
     };
-    println!(
+    say!(
         "Filesystem UUID:          {}-{}-{}-{}-{}",
         u(0..4),
         u(4..6),
@@ -107,11 +179,11 @@ fn print_identity(sb: &uext4::format::superblock::Superblock) {
         u(8..10),
         u(10..16)
     );
-    println!("Volume name:              {}", sb.volume_name());
+    say!("Volume name:              {}", sb.volume_name());
     let mut feats = names(sb.feature_compat(), COMPAT_NAMES);
     feats.extend(names(sb.feature_incompat(), INCOMPAT_NAMES));
     feats.extend(names(sb.feature_ro_compat(), RO_COMPAT_NAMES));
-    println!("Features:                 {}", feats.join(" "));
+    say!("Features:                 {}", feats.join(" "));
     if sb.has_incompat(INCOMPAT_CASEFOLD) {
         // As dumpe2fs: "utf8-12.1", and the flags when there are any.
         let name = match sb.encoding() {
@@ -119,12 +191,12 @@ fn print_identity(sb: &uext4::format::superblock::Superblock) {
             n => format!("unknown ({n})"),
         };
         let strict = sb.encoding_flags() & uext4::format::superblock::ENCODING_FLAG_STRICT != 0;
-        println!(
+        say!(
             "Character encoding:       {name}{}",
             if strict { " (strict)" } else { "" }
         );
     }
-    println!(
+    say!(
         "State:                    {}",
         if sb.state() & 1 != 0 {
             "clean"
@@ -146,35 +218,40 @@ fn info_superblock_only(img: &Img, why: &anyhow::Error) -> Result<()> {
         .with_context(|| image.display().to_string())?;
     let sb = Superblock::from_bytes(&b);
     print_identity(&sb);
-    println!("Block size:               {}", sb.block_size());
-    println!("Block count:              {}", sb.blocks_count());
-    println!(
+    say!("Block size:               {}", sb.block_size());
+    say!("Block count:              {}", sb.blocks_count());
+    say!(
         "Free blocks:              {} (superblock)",
         sb.free_blocks_count()
     );
-    println!("Inode count:              {}", sb.inodes_count());
-    println!(
+    say!("Inode count:              {}", sb.inodes_count());
+    say!(
         "Free inodes:              {} (superblock)",
         sb.free_inodes_count()
     );
-    println!("Inode size:               {}", sb.inode_size());
-    println!("Opens in uext4:           no: {}", why.root_cause());
+    say!("Inode size:               {}", sb.inode_size());
+    say!("Opens in uext4:           no: {}", why.root_cause());
     Ok(())
 }
 
 /// `info` of a whole disk: its partitions, what each holds, and how to name one.
 fn info_partitions(image: &Path, dev: &Arc<dyn BlockDevice>, t: &Table) {
     let p = image.display();
-    println!(
+    say!(
         "{p}: a whole disk with a {} partition table ({}-byte sectors), {} partition{}",
         t.scheme,
         t.sector_size,
         t.partitions.len(),
         if t.partitions.len() == 1 { "" } else { "s" }
     );
-    println!(
+    say!(
         "{:>3}  {:>14}  {:>14}  {:>10}  {:<24}  {:<16}  holds",
-        "#", "start (bytes)", "size (bytes)", "size", "type", "name"
+        "#",
+        "start (bytes)",
+        "size (bytes)",
+        "size",
+        "type",
+        "name"
     );
     let mut ext = Vec::new();
     for part in &t.partitions {
@@ -186,7 +263,7 @@ fn info_partitions(image: &Path, dev: &Arc<dyn BlockDevice>, t: &Table) {
         if !part.extended && holds.starts_with("ext") {
             ext.push(part.number);
         }
-        println!(
+        say!(
             "{:>3}  {:>14}  {:>14}  {:>10}  {:<24}  {:<16}  {holds}",
             part.number,
             part.start,
@@ -197,11 +274,11 @@ fn info_partitions(image: &Path, dev: &Arc<dyn BlockDevice>, t: &Table) {
         );
     }
     match ext.first() {
-        Some(n) => println!(
+        Some(n) => say!(
             "Name a partition as {p}@N: uext4 info {p}@{n}, uext4 ls {p}@{n}:/, \
              uext4 mount {p}@{n} MOUNTPOINT (or -o partition={n})"
         ),
-        None => println!("No partition holds ext2/3/4."),
+        None => say!("No partition holds ext2/3/4."),
     }
 }
 
@@ -254,7 +331,7 @@ pub(super) fn info(arg: &Path) -> Result<()> {
     let g = &fs.geo;
     use uext4::format::features::*;
     if let Some(r) = img.region()? {
-        println!(
+        say!(
             "Location:                 {}, {} bytes at offset {}",
             match img.within {
                 Within::Partition(n) => format!("partition {n} of {}", img.path.display()),
@@ -265,26 +342,28 @@ pub(super) fn info(arg: &Path) -> Result<()> {
         );
     }
     print_identity(&sb);
-    println!("Block size:               {}", g.block_size);
-    println!("Block count:              {}", g.blocks_count);
+    say!("Block size:               {}", g.block_size);
+    say!("Block count:              {}", g.blocks_count);
     // From the group descriptors (the superblock's counts may lag, as the kernel's do).
     let st = fs.statfs();
-    println!("Free blocks:              {}", st.blocks_free);
-    println!("Available to users:       {}", st.blocks_avail);
-    println!("Inode count:              {}", g.inodes_count);
-    println!("Free inodes:              {}", st.files_free);
-    println!("Inode size:               {}", g.inode_size);
-    println!(
+    say!("Free blocks:              {}", st.blocks_free);
+    say!("Available to users:       {}", st.blocks_avail);
+    say!("Inode count:              {}", g.inodes_count);
+    say!("Free inodes:              {}", st.files_free);
+    say!("Inode size:               {}", g.inode_size);
+    say!(
         "Groups:                   {} ({} blocks, {} inodes each)",
-        g.group_count, g.blocks_per_group, g.inodes_per_group
+        g.group_count,
+        g.blocks_per_group,
+        g.inodes_per_group
     );
     if g.flex_bg_size > 1 {
-        println!("Flex group size:          {}", g.flex_bg_size);
+        say!("Flex group size:          {}", g.flex_bg_size);
     }
     print_history(&sb);
     if sb.has_compat(COMPAT_HAS_JOURNAL) {
         let j = fs.getattr(sb.journal_inum()).map(|a| a.size).unwrap_or(0);
-        println!(
+        say!(
             "Journal:                  inode {}, {} KiB",
             sb.journal_inum(),
             j / 1024
@@ -311,7 +390,7 @@ pub(super) fn info(arg: &Path) -> Result<()> {
             if js.feature_compat & 1 != 0 {
                 f.push("checksum_v1");
             }
-            println!(
+            say!(
                 "Journal log:              {} blocks of {}, sequence {}, {}",
                 js.maxlen,
                 js.block_size,
@@ -322,14 +401,14 @@ pub(super) fn info(arg: &Path) -> Result<()> {
                     "holds transactions to replay"
                 }
             );
-            println!("Journal features:         {}", f.join(" "));
+            say!("Journal features:         {}", f.join(" "));
         }
     }
     if let Some(m) = fs.mmp_info() {
-        println!("MMP:                      {m}");
+        say!("MMP:                      {m}");
     }
     if sb.error_count() > 0 {
-        println!(
+        say!(
             "Errors recorded:          {} (last at inode {}, block {})",
             sb.error_count(),
             sb.last_error_ino(),
@@ -337,7 +416,7 @@ pub(super) fn info(arg: &Path) -> Result<()> {
         );
     }
     if let Some(r) = fs.read_only_reason() {
-        println!("Opens read-only:          {r}");
+        say!("Opens read-only:          {r}");
     }
     print_on_disk(&img, &fs)
 }
@@ -356,7 +435,7 @@ fn print_on_disk(img: &Img, fs: &uext4::Fs) -> Result<()> {
         .with_context(|| img.path.display().to_string())?;
     let sb = Superblock::from_bytes(&b);
     let replayed = fs.journal_replayed_in_memory();
-    println!(
+    say!(
         "On disk:                  {}",
         if replayed {
             "as follows; everything above is after the journal's replay in memory (what a \
@@ -366,12 +445,12 @@ fn print_on_disk(img: &Img, fs: &uext4::Fs) -> Result<()> {
         }
     );
     let recover = sb.feature_incompat() & INCOMPAT_RECOVER != 0;
-    println!(
+    say!(
         "Needs recovery:           {}",
         if recover { "yes" } else { "no" }
     );
     // dumpe2fs's "Filesystem state": clean or not clean, "with errors" when flagged.
-    println!(
+    say!(
         "Filesystem state:         {}{}",
         if sb.state() & 1 != 0 {
             "clean"
@@ -385,14 +464,14 @@ fn print_on_disk(img: &Img, fs: &uext4::Fs) -> Result<()> {
         }
     );
     if sb.last_orphan() != 0 {
-        println!("First orphan inode:       {}", sb.last_orphan());
+        say!("First orphan inode:       {}", sb.last_orphan());
     }
     if replayed {
-        println!(
+        say!(
             "Free blocks:              {} (superblock)",
             sb.free_blocks_count()
         );
-        println!(
+        say!(
             "Free inodes:              {} (superblock)",
             sb.free_inodes_count()
         );
@@ -410,8 +489,8 @@ fn print_on_disk(img: &Img, fs: &uext4::Fs) -> Result<()> {
             .with_context(|| img.path.display().to_string())?;
         match uext4::journal::format::JournalSuperblock::parse(&jb) {
             Ok(js) => {
-                println!("Journal sequence:         {:#010x}", js.sequence);
-                println!(
+                say!("Journal sequence:         {:#010x}", js.sequence);
+                say!(
                     "Journal start:            {}{}",
                     js.start,
                     if js.start == 0 {
@@ -421,7 +500,7 @@ fn print_on_disk(img: &Img, fs: &uext4::Fs) -> Result<()> {
                     }
                 );
             }
-            Err(e) => println!("Journal superblock:       {e}"),
+            Err(e) => say!("Journal superblock:       {e}"),
         }
     }
     Ok(())

@@ -45,6 +45,9 @@ pub enum ToolCmd {
     /// Print a summary of the superblock and features; of a whole-disk image, its partitions
     /// (name one as IMAGE@N).
     Info {
+        /// One JSON object instead: each line's label in snake_case as a key (docs/USAGE.md).
+        #[arg(long)]
+        json: bool,
         /// The image file or block device (IMAGE@N, IMAGE@offset=BYTES, an NBD URI).
         image: PathBuf,
     },
@@ -372,7 +375,8 @@ fn each(name: &str, paths: &[String], mut f: impl FnMut(&str) -> Result<()>) -> 
 pub fn run(cmd: ToolCmd) -> Result<()> {
     match cmd {
         ToolCmd::Mkfs(a) => crate::tools::mkfs::run(a),
-        ToolCmd::Info { image } => info(&image),
+        ToolCmd::Info { image, json: false } => info(&image),
+        ToolCmd::Info { image, json: true } => info::info_json(&image),
         ToolCmd::Ls {
             json: true,
             deleted,
