@@ -414,6 +414,47 @@ impl Filesystem {
         Ok(Inode::new(py, &rec, &map, fs.statfs().block_size))
     }
 
+    /// The transactions the journal's log still holds, checkpointed or not, by sequence:
+    /// see uext4.Transaction (`uext4 journal` prints the same).
+    fn journal(&self, py: Python<'_>) -> PyResult<Vec<crate::journal::Transaction>> {
+        let fs = self.get()?;
+        let h = py
+            .allow_threads(|| fs.journal_history())
+            .map_err(|e| os_error(e, None))?;
+        Ok(h.transactions
+            .iter()
+            .map(crate::journal::Transaction::of)
+            .collect())
+    }
+
+    /// The older copies of inode `number` that the journal's log holds, oldest first, each
+    /// as (transaction sequence, uext4.Inode as that transaction logged it).
+    fn logged_inodes(&self, py: Python<'_>, number: u32) -> PyResult<Vec<(u32, Inode)>> {
+        let fs = self.get()?;
+        let (now, copies) = py
+            .allow_threads(|| {
+                let h = fs.journal_history()?;
+                Ok((
+                    fs.inode_record(number)?,
+                    fs.logged_inode_copies(&h, number)?,
+                ))
+            })
+            .map_err(|e| os_error(e, Some(format!("<{number}>").as_bytes())))?;
+        let bs = fs.statfs().block_size;
+        let mut out = Vec::new();
+        for c in copies {
+            let rec = uext4::InodeRecord {
+                raw: c.raw,
+                checksum_ok: None,
+                allocated: false,
+                ..now.clone()
+            };
+            let map = fs.block_map(&rec.raw).unwrap_or_default();
+            out.push((c.sequence, Inode::new(py, &rec, &map, bs)));
+        }
+        Ok(out)
+    }
+
     /// An extended attribute's value ("user.x", "security.selinux", ...).
     #[pyo3(signature = (path, name, *, follow_symlinks = true))]
     fn getxattr<'py>(

@@ -16,6 +16,7 @@ mod device;
 mod dirs;
 mod file;
 mod filesystem;
+mod journal;
 mod types;
 
 /// `uext4::Error` as the `OSError` Python's own calls raise: CPython picks the subclass from
@@ -83,6 +84,8 @@ fn uext4_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dirs::DirEntry>()?;
     m.add_class::<dirs::ScandirIterator>()?;
     m.add_class::<dirs::Walk>()?;
+    m.add_class::<journal::Transaction>()?;
+    m.add_class::<journal::LoggedBlock>()?;
     // A File is a raw binary stream: io.RawIOBase's virtual subclass, so that isinstance()
     // checks and io.BufferedReader accept it.
     let raw_io = m.py().import("io")?.getattr("RawIOBase")?;
