@@ -100,6 +100,7 @@ mod sync;
 mod transaction;
 mod trim;
 mod verity;
+mod walk;
 mod xattr;
 
 pub use acl::Umask;
@@ -140,6 +141,7 @@ pub use reader::FileReader;
 pub use transaction::TxnStats;
 pub use trim::Trimmed;
 pub use verity::VerityArgs;
+pub use walk::{Walk, WalkEntry};
 pub use xattr::XattrFlags;
 
 #[cfg(test)]
