@@ -609,10 +609,7 @@ fn unsupported_features_are_named() {
     if !have(&["e2fsck"]) {
         return;
     }
-    for (feature, says) in [
-        ("ea_inode", "unsupported incompatible feature: ea_inode"),
-        ("bigalloc", "unsupported: bigalloc"),
-    ] {
+    for (feature, says) in [("bigalloc", "unsupported: bigalloc")] {
         let img = Scratch::new(&format!("unsup-{feature}"));
         let st = Command::new("mke2fs")
             .args(["-q", "-F", "-t", "ext4", "-O", feature, img.s(), "32M"])

@@ -66,6 +66,8 @@ pub struct Geometry {
     pub dir_nlink: bool,
     /// extents is on.
     pub extents: bool,
+    /// log2 of blocks per allocation cluster (bigalloc; 0 without it).
+    pub cluster_bits: u32,
     /// The directory hash seed.
     pub hash_seed: [u32; 4],
     /// The default directory hash version.
@@ -85,6 +87,11 @@ pub struct Geometry {
 }
 
 impl Geometry {
+    /// Blocks per allocation cluster (1 without bigalloc).
+    pub fn cluster_ratio(&self) -> u32 {
+        1 << self.cluster_bits
+    }
+
     /// First block of group `g`.
     pub fn group_first_block(&self, g: u32) -> u64 {
         self.first_data_block + g as u64 * self.blocks_per_group as u64
@@ -281,6 +288,7 @@ impl Geometry {
             huge_file: sb.has_ro_compat(RO_COMPAT_HUGE_FILE),
             dir_nlink: sb.has_ro_compat(RO_COMPAT_DIR_NLINK),
             extents: sb.has_incompat(INCOMPAT_EXTENTS),
+            cluster_bits: 0,
             hash_seed: sb.hash_seed(),
             def_hash_version: sb.def_hash_version(),
             unsigned_hash: sb.flags() & FLAGS_UNSIGNED_HASH != 0,

@@ -100,6 +100,7 @@ mod transaction;
 mod trim;
 mod verity;
 mod xattr;
+mod xattr_inode;
 
 pub use acl::Umask;
 // Hidden: tests/acl.rs checks the POSIX ACL rules on their own; they are no API for users.
