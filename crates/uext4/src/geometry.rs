@@ -146,7 +146,7 @@ impl Geometry {
     }
     /// Size in bytes of the part of a block bitmap that is checksummed.
     pub fn block_bitmap_csum_len(&self) -> usize {
-        self.blocks_per_group as usize / 8
+        (self.blocks_per_group >> self.cluster_bits) as usize / 8
     }
     /// How many bytes of an inode bitmap its checksum covers.
     pub fn inode_bitmap_csum_len(&self) -> usize {
@@ -170,19 +170,23 @@ impl Geometry {
             ));
         }
         let block_size = sb.block_size();
-        if sb.has_ro_compat(RO_COMPAT_BIGALLOC)
-            || sb.log_cluster_size() != sb.log_block_size()
-                && sb.rev_level() > 0
-                && sb.has_ro_compat(RO_COMPAT_BIGALLOC)
-        {
-            return Err(Error::Unsupported("bigalloc".into()));
-        }
+        let cluster_bits = crate::bigalloc::cluster_bits(sb)?;
         let blocks_count = sb.blocks_count();
         let bpg = sb.blocks_per_group();
         let ipg = sb.inodes_per_group();
-        if bpg == 0 || bpg > block_size * 8 || !bpg.is_multiple_of(8) {
+        // The block bitmap has a bit per cluster: a group is at most a bitmap block's bits of
+        // clusters.
+        let cpg = bpg >> cluster_bits;
+        if cpg == 0 || cpg > block_size * 8 || !cpg.is_multiple_of(8) {
             return bad(format!(
                 "blocks per group {bpg} is invalid for block size {block_size}"
+            ));
+        }
+        if cluster_bits > 0 && sb.clusters_per_group() != cpg {
+            return bad(format!(
+                "clusters per group {} is not blocks per group {bpg} / {} blocks a cluster",
+                sb.clusters_per_group(),
+                1u32 << cluster_bits
             ));
         }
         if ipg == 0 || ipg > block_size * 8 || !ipg.is_multiple_of(8) {
@@ -191,7 +195,8 @@ impl Geometry {
             ));
         }
         let first_data_block = sb.first_data_block() as u64;
-        if first_data_block != (block_size == 1024) as u64 {
+        // With bigalloc group 0 starts at block 0 whatever the block size (mke2fs).
+        if first_data_block != (block_size == 1024 && cluster_bits == 0) as u64 {
             return bad(format!(
                 "first data block {first_data_block} is wrong for block size {block_size}"
             ));
@@ -288,7 +293,7 @@ impl Geometry {
             huge_file: sb.has_ro_compat(RO_COMPAT_HUGE_FILE),
             dir_nlink: sb.has_ro_compat(RO_COMPAT_DIR_NLINK),
             extents: sb.has_incompat(INCOMPAT_EXTENTS),
-            cluster_bits: 0,
+            cluster_bits,
             hash_seed: sb.hash_seed(),
             def_hash_version: sb.def_hash_version(),
             unsigned_hash: sb.flags() & FLAGS_UNSIGNED_HASH != 0,

@@ -49,6 +49,7 @@ mod atime;
 mod attr;
 mod balloc;
 mod bcache;
+mod bigalloc;
 mod block_validity;
 pub mod blockdev;
 mod cache_reserve;
