@@ -609,7 +609,10 @@ fn unsupported_features_are_named() {
     if !have(&["e2fsck"]) {
         return;
     }
-    for (feature, says) in [("bigalloc", "unsupported: bigalloc")] {
+    for (feature, says) in [(
+        "journal_dev",
+        "unsupported incompatible feature: journal_dev",
+    )] {
         let img = Scratch::new(&format!("unsup-{feature}"));
         let st = Command::new("mke2fs")
             .args(["-q", "-F", "-t", "ext4", "-O", feature, img.s(), "32M"])
@@ -639,6 +642,43 @@ fn unsupported_features_are_named() {
             "{feature}: the image changed"
         );
     }
+}
+
+/// A bigalloc filesystem (allocation in clusters) opens read-only: the tools read it, and
+/// refuse changes in one line that says why, leaving it as it was.
+#[test]
+fn bigalloc_opens_read_only() {
+    if !have(&["mke2fs"]) {
+        return;
+    }
+    let img = Scratch::new("bigalloc-ro");
+    let st = Command::new("mke2fs")
+        .args(["-q", "-F", "-t", "ext4", "-O", "bigalloc", "-C", "16384"])
+        .args([img.s(), "32M"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let before = std::fs::read(&img.0).unwrap();
+    let says = "does not allocate in clusters";
+    let info = UEXT4.ok(&["info", img.s()]);
+    assert!(
+        info.contains("Opens read-only:") && info.contains(says),
+        "{info}"
+    );
+    assert!(UEXT4.ok(&["ls", &img.at("/")]).contains("lost+found"));
+    let src = Scratch::new("bigalloc-src");
+    std::fs::write(&src.0, b"data").unwrap();
+    for args in [
+        vec!["mkdir".to_string(), img.at("/d")],
+        vec!["cp".to_string(), src.s().to_string(), img.at("/h")],
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert!(UEXT4.fails(&args).contains(says), "{args:?}");
+    }
+    assert!(
+        std::fs::read(&img.0).unwrap() == before,
+        "the image changed"
+    );
 }
 
 #[test]

@@ -115,19 +115,31 @@ impl Geometry {
         }
         !self.sparse_super || crate::format::superblock::sparse_group(g)
     }
+    /// The block holding the primary superblock (byte 1024): 1 with 1 KiB blocks, else 0.
+    /// It is the first data block, except with bigalloc, where group 0 starts at block 0.
+    pub fn sb_block(&self) -> u64 {
+        (self.block_size == 1024) as u64
+    }
     /// Blocks at the start of group `g` used by the superblock, GDT and reserved GDT (as the
-    /// kernel's ext4_num_base_meta_blocks counts them).
+    /// kernel's ext4_num_base_meta_blocks counts them), and in group 0 any block before the
+    /// superblock's.
     pub fn group_overhead(&self, g: u32) -> u32 {
         let sup = self.group_has_super(g) as u32;
-        match self.first_meta_bg {
-            Some(first) if g / self.descs_per_block >= first => {
-                let i = g % self.descs_per_block;
-                sup + (i == 0 || i == 1 || i == self.descs_per_block - 1) as u32
+        let before_sb = if g == 0 {
+            (self.sb_block() - self.first_data_block) as u32
+        } else {
+            0
+        };
+        before_sb
+            + match self.first_meta_bg {
+                Some(first) if g / self.descs_per_block >= first => {
+                    let i = g % self.descs_per_block;
+                    sup + (i == 0 || i == 1 || i == self.descs_per_block - 1) as u32
+                }
+                Some(first) if sup == 1 => 1 + first + self.reserved_gdt_blocks,
+                None if sup == 1 => 1 + self.gdt_blocks + self.reserved_gdt_blocks,
+                _ => 0,
             }
-            Some(first) if sup == 1 => 1 + first + self.reserved_gdt_blocks,
-            None if sup == 1 => 1 + self.gdt_blocks + self.reserved_gdt_blocks,
-            _ => 0,
-        }
     }
     /// Block holding the descriptor of group `g` in the primary table.
     pub fn gdt_block_of(&self, g: u32) -> u64 {
@@ -137,7 +149,7 @@ impl Geometry {
                 let meta_first = n * self.descs_per_block;
                 self.group_first_block(meta_first) + self.group_has_super(meta_first) as u64
             }
-            _ => self.first_data_block + 1 + n as u64,
+            _ => self.sb_block() + 1 + n as u64,
         }
     }
     /// The group holding inode `ino`.
