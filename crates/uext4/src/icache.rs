@@ -90,6 +90,11 @@ pub struct InodeCache {
     /// which new values equal to one of them share (xattr_inode.rs). A hint only: every
     /// candidate is checked before use.
     ea_by_hash: Mutex<HashMap<u32, Vec<u32>>>,
+    /// Held (re-entrantly) from finding or making an EA inode for a value until the
+    /// references are counted, and around every drop of references: a value shared from the
+    /// cache cannot be freed by another thread's last release in between (the kernel's
+    /// mbcache entry references).
+    ea_serial: parking_lot::ReentrantMutex<()>,
 }
 
 pub(crate) struct Shard {
@@ -112,7 +117,13 @@ impl InodeCache {
                 .collect(),
             shard_limit,
             ea_by_hash: Mutex::new(HashMap::new()),
+            ea_serial: parking_lot::ReentrantMutex::new(()),
         }
+    }
+
+    /// Serialises EA inode reference changes (see `ea_serial`).
+    pub(crate) fn ea_serialize(&self) -> parking_lot::ReentrantMutexGuard<'_, ()> {
+        self.ea_serial.lock()
     }
 
     /// Remembers EA inode `ino` as holding a value with hash `hash`.

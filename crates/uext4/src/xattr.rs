@@ -450,6 +450,7 @@ impl Fs {
         let value_added = value.is_some();
         let changed = pos.is_some() || value_added;
         let mut new_ea = None;
+        let _ea = self.ea_guard();
         if let Some(value) = value {
             let mut e = XattrEntry {
                 index,
@@ -552,6 +553,7 @@ impl Fs {
         old_blk: u64,
         old_block: &[XattrEntry],
     ) -> Result<()> {
+        let _ea = self.ea_guard();
         let (in_inode, in_block) = self.xattr_layout(&st.raw, all)?;
         let old_ibody = self.xattr_load_ibody(ino, &st.raw)?;
         let mut refs = BTreeMap::new();
@@ -727,6 +729,7 @@ impl Fs {
         }
         let mut refs = BTreeMap::new();
         let mut block = Vec::new();
+        let _ea = self.ea_guard();
         if ea_inodes {
             let l = self
                 .xattr_load(ino, &st.raw)

@@ -21,7 +21,10 @@
 //! length rounded up to a cluster, per referencing entry, as e2fsck's check_blocks expects.
 //!
 //! Locking: the parent inode's `state` is held while an EA inode's is taken (EA inodes are never
-//! parents of anything, so the order cannot be reversed).
+//! parents of anything, so the order cannot be reversed). Between the two sits the inode
+//! cache's EA serialisation lock (`Fs::ea_guard`), taken re-entrantly by a change from the
+//! lookup of a shareable value until its references are counted, and by every release: no
+//! value found in the cache is freed before the reference that shares it is taken.
 
 use crate::error::{Corruption, Error, Result};
 use crate::format::features::INCOMPAT_EA_INODE;
@@ -56,6 +59,12 @@ impl Fs {
     /// Whether the filesystem keeps large values in inodes of their own.
     pub(crate) fn ea_inode_enabled(&self) -> bool {
         self.sb.lock().has_incompat(INCOMPAT_EA_INODE)
+    }
+
+    /// Held while EA inodes are found, made, shared or released (with ea_inode; None
+    /// without): see [`crate::icache::InodeCache::ea_serialize`].
+    pub(crate) fn ea_guard(&self) -> Option<parking_lot::ReentrantMutexGuard<'_, ()>> {
+        self.ea_inode_enabled().then(|| self.icache.ea_serialize())
     }
 
     /// Checks an entry's EA inode reference as the kernel's check_xattrs does before any use.

@@ -225,3 +225,61 @@ fn kernel_round_trip(img: &std::path::Path, tag: &str, want: &BTreeMap<&str, Xat
         "{tag}: only the reserved inodes and lost+found"
     );
 }
+
+/// Threads setting, replacing and removing the same few large values on their own files, and
+/// creating and removing files that hold them: the values are shared and released
+/// concurrently, and afterwards every reference count is what e2fsck counts and every file
+/// holds its last value.
+#[test]
+fn concurrent_shared_values() {
+    let img = scratch("eaconc");
+    mke2fs(&img.0, "64M", &["-O", "ea_inode"]);
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    let values: Vec<Vec<u8>> = (0..3)
+        .map(|i| value(50 + i, 9_000 + 1000 * i as usize))
+        .collect();
+    let last: Vec<Option<usize>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (fs, values) = (&fs, &values);
+                s.spawn(move || {
+                    let name = format!("t{t}");
+                    let ino = fs.create(2, name.as_bytes(), 0o644, 0, 0).unwrap().ino;
+                    let mut r = xorshift(t + 1);
+                    let mut cur = None;
+                    for i in 0..60 {
+                        let pick = (r() % 4) as usize;
+                        if pick == 3 {
+                            if cur.take().is_some() {
+                                fs.removexattr(ino, b"user.v").unwrap();
+                            }
+                        } else {
+                            fs.setxattr(ino, b"user.v", &values[pick], XattrFlags::Any)
+                                .unwrap();
+                            cur = Some(pick);
+                        }
+                        if i % 10 == 0 {
+                            let tmp = format!("tmp{t}-{i}");
+                            let k = fs.create(2, tmp.as_bytes(), 0o644, 0, 0).unwrap().ino;
+                            fs.setxattr(k, b"user.v", &values[i % 3], XattrFlags::Any)
+                                .unwrap();
+                            fs.unlink(2, tmp.as_bytes()).unwrap();
+                        }
+                    }
+                    cur
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (t, cur) in last.iter().enumerate() {
+        let ino = fs.lookup(2, format!("t{t}").as_bytes()).unwrap().ino;
+        match cur {
+            Some(i) => assert_eq!(fs.getxattr(ino, b"user.v").unwrap(), values[*i]),
+            None => assert!(matches!(fs.getxattr(ino, b"user.v"), Err(Error::NoAttr))),
+        }
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean_when(&img.0, "after concurrent changes");
+}
