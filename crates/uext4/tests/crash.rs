@@ -369,7 +369,7 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
     finish_workload(fs, dev, w)
 }
 
-/// 9. (ea_inode) Values in EA inodes: new, shared by two files, replaced, removed, and
+/// Step 9 (ea_inode): values in EA inodes, new, shared by two files, replaced, removed, and
 /// released with a removed file; each step one handle, so every crash state must show each
 /// EA inode's reference count, hash and size consistent with the entries naming it.
 fn ea_inode_workload(fs: &Fs) {

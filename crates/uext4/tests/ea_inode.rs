@@ -14,14 +14,7 @@ use uext4::{Error, Fs, MountOptions, XattrFlags};
 type Xattrs = BTreeMap<Vec<u8>, Vec<u8>>;
 
 fn ours(fs: &Fs, ino: u32) -> Xattrs {
-    fs.listxattr(ino)
-        .unwrap()
-        .into_iter()
-        .map(|n| {
-            let v = fs.getxattr(ino, &n).unwrap();
-            (n, v)
-        })
-        .collect()
+    fs_xattrs(fs, ino)
 }
 
 fn kernels(p: &std::path::Path) -> Xattrs {

@@ -562,12 +562,7 @@ impl Run {
                     Node::Dir(_) => assert!(a.is_dir()),
                 }
                 if let Some(want) = m.xattrs.get(&id) {
-                    let got: BTreeMap<Vec<u8>, Vec<u8>> = fs
-                        .listxattr(a.ino)
-                        .unwrap()
-                        .into_iter()
-                        .map(|n| (n.clone(), fs.getxattr(a.ino, &n).unwrap()))
-                        .collect();
+                    let got = uext4_testkit::fs_xattrs(fs, a.ino);
                     assert!(
                         &got == want,
                         "attributes of {:?}",
