@@ -276,3 +276,87 @@ fn concurrent_shared_values() {
     drop(fs);
     e2fsck_clean_when(&img.0, "after concurrent changes");
 }
+
+/// Damaged EA inodes are reported in one line naming the inode and what is wrong, never used:
+/// a value hash that does not match, a missing EA_INODE flag, a size that differs from the
+/// entry's, an entry naming an inode out of range.
+#[test]
+fn damaged_ea_inodes_are_reported() {
+    if !have(&["debugfs"]) {
+        return;
+    }
+    let img = scratch("eabad");
+    mke2fs(&img.0, "64M", &["-O", "ea_inode"]);
+    let (f, ea) = {
+        let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+        let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+        let before = used_inodes(&fs);
+        fs.setxattr(f, b"user.big", &value(9, 20_000), XattrFlags::Any)
+            .unwrap();
+        assert_eq!(used_inodes(&fs), before + 1);
+        fs.unmount().unwrap();
+        (f, f + 1)
+    };
+    e2fsck_clean(&img.0);
+    let pristine = std::fs::read(&img.0).unwrap();
+    for (damage, says) in [
+        (format!("sif <{ea}> atime 0x1234"), "value hash"),
+        (format!("sif <{ea}> flags 0x80000"), "EA_INODE flag"),
+        (format!("sif <{ea}> size 19999"), "holds 19999 bytes"),
+    ] {
+        std::fs::write(&img.0, &pristine).unwrap();
+        sh(&format!(
+            "debugfs -w -R '{damage}' {} 2>/dev/null",
+            img.0.display()
+        ));
+        let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
+        assert_eq!(fs.listxattr(f).unwrap(), vec![b"user.big".to_vec()]);
+        match fs.getxattr(f, b"user.big") {
+            Err(Error::Corrupt { detail, .. }) => assert!(
+                detail.contains(&format!("EA inode {ea}")) && detail.contains(says),
+                "{damage}: {detail}"
+            ),
+            other => panic!("{damage}: expected Corrupt, got {other:?}"),
+        }
+    }
+    // The entry itself naming an inode past the last: found when the attributes are read.
+    // (Written over the inode in its table, where debugfs's imap puts it; on this image
+    // without metadata_csum, so that the inode's checksum does not catch it first.)
+    let img2 = scratch("eabad2");
+    mke2fs(&img2.0, "64M", &["-O", "ea_inode,^metadata_csum"]);
+    let fs = Fs::open_path(&img2.0, MountOptions::default()).unwrap();
+    let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.setxattr(f, b"user.big", &value(9, 20_000), XattrFlags::Any)
+        .unwrap();
+    let past = fs.statfs().files as u32 + 5;
+    fs.unmount().unwrap();
+    drop(fs);
+    let imap = sh(&format!(
+        "debugfs -R 'imap <{f}>' {} 2>/dev/null",
+        img2.0.display()
+    ));
+    let words: Vec<&str> = imap.split_whitespace().collect();
+    let blk: u64 = words[words.iter().rposition(|w| *w == "block").unwrap() + 1]
+        .trim_end_matches(',')
+        .parse()
+        .unwrap();
+    let off = u64::from_str_radix(words.last().unwrap().trim_start_matches("0x"), 16).unwrap();
+    let mut bytes = std::fs::read(&img2.0).unwrap();
+    let inode = (blk * 4096 + off) as usize;
+    let needle = (f + 1).to_le_bytes();
+    // The in-inode entry: name length 3, index 1 (user), offset 0, then e_value_inum.
+    let at = inode
+        + bytes[inode..inode + 256]
+            .windows(8)
+            .position(|w| w[..4] == [3, 1, 0, 0] && w[4..] == needle)
+            .expect("the entry naming the EA inode");
+    bytes[at + 4..at + 8].copy_from_slice(&past.to_le_bytes());
+    std::fs::write(&img2.0, &bytes).unwrap();
+    let fs = Fs::open_path(&img2.0, MountOptions::ro()).unwrap();
+    match fs.listxattr(f) {
+        Err(Error::Corrupt { detail, .. }) => {
+            assert!(detail.contains("out of range"), "{detail}")
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
