@@ -661,7 +661,7 @@ fn refuses_in_one_line(
 /// refuse changes in one line that says why, leaving it as it was.
 #[test]
 fn bigalloc_opens_read_only() {
-    if !have(&["mke2fs"]) {
+    if !have(&["mke2fs", "dumpe2fs"]) {
         return;
     }
     let img = Scratch::new("bigalloc-ro");
@@ -678,6 +678,17 @@ fn bigalloc_opens_read_only() {
         info.contains("Opens read-only:") && info.contains(says),
         "{info}"
     );
+    // dumpe2fs's cluster size and free blocks (the descriptors count clusters).
+    let dumpe2fs = Command::new("dumpe2fs")
+        .args(["-h", img.s()])
+        .output()
+        .unwrap();
+    let dumpe2fs = String::from_utf8_lossy(&dumpe2fs.stdout);
+    for field in ["Cluster size:", "Free blocks:"] {
+        let line = |t: &str| t.lines().find(|l| l.starts_with(field)).map(str::to_string);
+        assert_eq!(line(&info), line(&dumpe2fs), "{field}");
+        assert!(line(&info).is_some(), "{field} in {info}");
+    }
     assert!(UEXT4.ok(&["ls", &img.at("/")]).contains("lost+found"));
     let src = Scratch::new("bigalloc-src");
     std::fs::write(&src.0, b"data").unwrap();

@@ -266,6 +266,13 @@ pub(super) fn info(arg: &Path) -> Result<()> {
     }
     print_identity(&sb);
     println!("Block size:               {}", g.block_size);
+    if g.cluster_bits > 0 {
+        // bigalloc: blocks are allocated in clusters (dumpe2fs's line).
+        println!(
+            "Cluster size:             {}",
+            g.block_size << g.cluster_bits
+        );
+    }
     println!("Block count:              {}", g.blocks_count);
     // From the group descriptors (the superblock's counts may lag, as the kernel's do).
     let st = fs.statfs();
