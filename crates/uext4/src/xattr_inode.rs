@@ -29,7 +29,9 @@
 use crate::error::{Corruption, Error, Result};
 use crate::format::features::INCOMPAT_EA_INODE;
 use crate::format::inode::{RawInode, Timestamp, FL_EA_INODE, S_IFREG};
-use crate::format::xattr::{ea_entry_hash, ea_value_hash, EaRef, XattrEntry, BLOCK_HEADER_LEN};
+use crate::format::xattr::{
+    ea_entry_hash, ea_entry_hash_signed, ea_value_hash, EaRef, XattrEntry, BLOCK_HEADER_LEN,
+};
 use crate::fs::Fs;
 use crate::icache::InodeState;
 use crate::transaction::Handle;
@@ -142,7 +144,7 @@ impl Fs {
                 "value hash {hash:#x} differs from the stored {stored_hash:#x}"
             )));
         }
-        if ea_entry_hash(&e.name, hash) != r.hash {
+        if ea_entry_hash(&e.name, hash) != r.hash && ea_entry_hash_signed(&e.name, hash) != r.hash {
             return Err(bad(format!("entry hash {:#x} does not match", r.hash)));
         }
         self.icache.ea_remember(hash, r.inum);

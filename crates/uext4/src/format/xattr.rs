@@ -163,6 +163,16 @@ pub fn ea_entry_hash(name: &[u8], value_hash: u32) -> u32 {
     .hash()
 }
 
+/// [`ea_entry_hash`] as kernels before 6.2 computed it where `char` is signed (name bytes
+/// from 0x80 sign-extended), which the kernel and e2fsck still accept.
+pub fn ea_entry_hash_signed(name: &[u8], value_hash: u32) -> u32 {
+    let mut h: u32 = 0;
+    for &c in name {
+        h = h.rotate_left(5) ^ (c as i8 as i32 as u32);
+    }
+    h.rotate_left(16) ^ value_hash
+}
+
 impl XattrEntry {
     /// Bytes of the entry itself (header and padded name).
     pub fn entry_len(&self) -> usize {

@@ -187,3 +187,26 @@ fn acl_conversions() {
     assert!(acl_from_disk(&[1, 0, 0, 0, 2, 0, 6]).is_err());
     assert!(acl_from_disk(&[2, 0, 0, 0]).is_err());
 }
+
+#[test]
+fn ea_entry_hashes() {
+    // Plain names hash alike both ways; the name's bytes, then the value hash as one word.
+    assert_eq!(
+        ea_entry_hash(b"big", 0x1234),
+        ea_entry_hash_signed(b"big", 0x1234)
+    );
+    let manual = {
+        let mut h = 0u32;
+        for &c in b"big" {
+            h = h.rotate_left(5) ^ c as u32;
+        }
+        h.rotate_left(16) ^ 0x1234
+    };
+    assert_eq!(ea_entry_hash(b"big", 0x1234), manual);
+    // A byte from 0x80 differs: sign-extended in the old form.
+    assert_ne!(ea_entry_hash(b"\xff", 7), ea_entry_hash_signed(b"\xff", 7));
+    assert_eq!(
+        ea_entry_hash_signed(b"\xff", 7),
+        0xffff_ffffu32.rotate_left(16) ^ 7
+    );
+}
