@@ -360,3 +360,40 @@ fn damaged_ea_inodes_are_reported() {
         other => panic!("expected Corrupt, got {other:?}"),
     }
 }
+
+/// A file removed while open keeps its values until its last close; after a crash in between,
+/// the next open's orphan processing releases them with it.
+#[test]
+fn open_unlinked_file_releases_its_values_after_a_crash() {
+    let img = scratch("eaorphan");
+    mke2fs(&img.0, "64M", &["-O", "ea_inode"]);
+    let base = {
+        let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+        let base = used_inodes(&fs);
+        let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+        fs.setxattr(f, b"user.a", &value(31, 30_000), XattrFlags::Any)
+            .unwrap();
+        fs.setxattr(f, b"user.b", &value(32, 8_000), XattrFlags::Any)
+            .unwrap();
+        fs.open(f).unwrap();
+        fs.unlink(2, b"f").unwrap();
+        assert_eq!(fs.getxattr(f, b"user.b").unwrap(), value(32, 8_000));
+        assert_eq!(
+            used_inodes(&fs),
+            base + 3,
+            "the file and its two EA inodes, open"
+        );
+        fs.sync().unwrap();
+        // A crash: no release, no unmount.
+        base
+    };
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    assert_eq!(
+        used_inodes(&fs),
+        base,
+        "the orphan and its EA inodes freed at open"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean_when(&img.0, "after orphan processing");
+}
