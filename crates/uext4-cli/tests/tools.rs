@@ -609,39 +609,90 @@ fn unsupported_features_are_named() {
     if !have(&["e2fsck"]) {
         return;
     }
-    for (feature, says) in [
-        ("ea_inode", "unsupported incompatible feature: ea_inode"),
-        ("bigalloc", "unsupported: bigalloc"),
-    ] {
-        let img = Scratch::new(&format!("unsup-{feature}"));
-        let st = Command::new("mke2fs")
-            .args(["-q", "-F", "-t", "ext4", "-O", feature, img.s(), "32M"])
-            .status()
-            .unwrap();
-        assert!(st.success());
-        let before = std::fs::read(&img.0).unwrap();
-        let src = Scratch::new("unsup-src");
-        std::fs::write(&src.0, b"data").unwrap();
-        let info = UEXT4.ok(&["info", img.s()]);
-        assert!(info.contains(feature), "{info}");
-        assert!(
-            info.contains(&format!("Opens in uext4:           no: {says}")),
-            "{info}"
-        );
-        assert!(info.contains("Block count:              32768"), "{info}");
-        for args in [
-            vec!["ls".to_string(), img.at("/")],
-            vec!["mkdir".to_string(), img.at("/d")],
-            vec!["cp".to_string(), src.s().to_string(), img.at("/h")],
-        ] {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            assert!(UEXT4.fails(&args).contains(says), "{args:?}");
-        }
-        assert!(
-            std::fs::read(&img.0).unwrap() == before,
-            "{feature}: the image changed"
-        );
+    // (An external journal device: ea_inode and bigalloc, once refused, now open.)
+    let (feature, says) = (
+        "journal_dev",
+        "unsupported incompatible feature: journal_dev",
+    );
+    let img = Scratch::new(&format!("unsup-{feature}"));
+    let st = Command::new("mke2fs")
+        .args(["-q", "-F", "-t", "ext4", "-O", feature, img.s(), "32M"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let before = std::fs::read(&img.0).unwrap();
+    let src = Scratch::new("unsup-src");
+    std::fs::write(&src.0, b"data").unwrap();
+    let info = UEXT4.ok(&["info", img.s()]);
+    assert!(info.contains(feature), "{info}");
+    assert!(
+        info.contains(&format!("Opens in uext4:           no: {says}")),
+        "{info}"
+    );
+    assert!(info.contains("Block count:              32768"), "{info}");
+    let ls = vec!["ls".to_string(), img.at("/")];
+    refuses_in_one_line(&img, &src, &[ls], says, &before);
+}
+
+/// `mkdir`, `cp` and the `more` commands fail on `img` saying `says`, and leave it `before`.
+fn refuses_in_one_line(
+    img: &Scratch,
+    src: &Scratch,
+    more: &[Vec<String>],
+    says: &str,
+    before: &[u8],
+) {
+    let changes = [
+        vec!["mkdir".to_string(), img.at("/d")],
+        vec!["cp".to_string(), src.s().to_string(), img.at("/h")],
+    ];
+    for args in more.iter().chain(changes.iter()) {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert!(UEXT4.fails(&args).contains(says), "{args:?}");
     }
+    assert!(
+        std::fs::read(&img.0).unwrap() == before,
+        "{}: the image changed",
+        img.s()
+    );
+}
+
+/// A bigalloc filesystem (allocation in clusters) opens read-only: the tools read it, and
+/// refuse changes in one line that says why, leaving it as it was.
+#[test]
+fn bigalloc_opens_read_only() {
+    if !have(&["mke2fs", "dumpe2fs"]) {
+        return;
+    }
+    let img = Scratch::new("bigalloc-ro");
+    let st = Command::new("mke2fs")
+        .args(["-q", "-F", "-t", "ext4", "-O", "bigalloc", "-C", "16384"])
+        .args([img.s(), "32M"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let before = std::fs::read(&img.0).unwrap();
+    let says = "does not allocate in clusters";
+    let info = UEXT4.ok(&["info", img.s()]);
+    assert!(
+        info.contains("Opens read-only:") && info.contains(says),
+        "{info}"
+    );
+    // dumpe2fs's cluster size and free blocks (the descriptors count clusters).
+    let dumpe2fs = Command::new("dumpe2fs")
+        .args(["-h", img.s()])
+        .output()
+        .unwrap();
+    let dumpe2fs = String::from_utf8_lossy(&dumpe2fs.stdout);
+    for field in ["Cluster size:", "Free blocks:"] {
+        let line = |t: &str| t.lines().find(|l| l.starts_with(field)).map(str::to_string);
+        assert_eq!(line(&info), line(&dumpe2fs), "{field}");
+        assert!(line(&info).is_some(), "{field} in {info}");
+    }
+    assert!(UEXT4.ok(&["ls", &img.at("/")]).contains("lost+found"));
+    let src = Scratch::new("bigalloc-src");
+    std::fs::write(&src.0, b"data").unwrap();
+    refuses_in_one_line(&img, &src, &[], says, &before);
 }
 
 #[test]

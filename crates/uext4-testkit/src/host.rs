@@ -107,6 +107,18 @@ pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
     }
 }
 
+/// Every extended attribute of inode `ino` of an open filesystem, by full name.
+pub fn fs_xattrs(fs: &uext4::Fs, ino: u32) -> std::collections::BTreeMap<Vec<u8>, Vec<u8>> {
+    fs.listxattr(ino)
+        .unwrap()
+        .into_iter()
+        .map(|n| {
+            let v = fs.getxattr(ino, &n).unwrap();
+            (n, v)
+        })
+        .collect()
+}
+
 /// A whole file of an open filesystem, read in as many calls as it takes.
 pub fn read_all(fs: &uext4::Fs, ino: u32) -> Vec<u8> {
     let size = fs.getattr(ino).unwrap().size as usize;

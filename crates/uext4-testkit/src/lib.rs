@@ -30,7 +30,7 @@ pub use faulty::{
     open_faulty, FaultyDevice, KernelMount, FAIL_ALL, FAIL_NONE, FAIL_READS, FAIL_SUPERBLOCK,
     PANIC_ON_WRITE,
 };
-pub use host::{fixture_script, hex, read_all, set_xattr, sh, unhex, xattrs, xorshift};
+pub use host::{fixture_script, fs_xattrs, hex, read_all, set_xattr, sh, unhex, xattrs, xorshift};
 pub use mount::{idmapped_mount, uext4_mount, umount_and_wait, wait_server_gone, MountPlace};
 pub use nbd::{free_port, NbdServer};
 pub use needs::{can_loop_mount, fuse_usable, have, is_root, overlay_usable};

@@ -196,6 +196,7 @@ impl Fs {
                             index: INDEX_POSIX_ACL_ACCESS,
                             name: Vec::new(),
                             value: acl_to_disk(&acl),
+                            ea: None,
                         });
                     }
                     if is_dir {
@@ -203,6 +204,7 @@ impl Fs {
                             index: INDEX_POSIX_ACL_DEFAULT,
                             name: Vec::new(),
                             value: acl_to_disk(&dacl),
+                            ea: None,
                         });
                     }
                 }

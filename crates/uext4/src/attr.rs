@@ -123,6 +123,7 @@ impl Fs {
                     index: INDEX_POSIX_ACL_ACCESS,
                     name: Vec::new(),
                     value: acl_to_disk(&acl),
+                    ea: None,
                 };
                 self.xattr_put_in(&mut h, ino, &mut st, vec![e])?;
             }

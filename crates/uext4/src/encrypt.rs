@@ -39,6 +39,7 @@ pub(crate) fn context_entry(ctx: &Context) -> crate::format::xattr::XattrEntry {
         index: XATTR_INDEX_ENCRYPTION,
         name: XATTR_NAME_CONTEXT.to_vec(),
         value: ctx.to_bytes(),
+        ea: None,
     }
 }
 

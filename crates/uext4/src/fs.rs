@@ -352,10 +352,7 @@ pub fn check_features(sb: &Superblock) -> Result<Option<String>> {
     }
     let unknown_ro = sb.feature_ro_compat() & !RO_COMPAT_SUPPORTED;
     if unknown_ro != 0 {
-        return Ok(Some(format!(
-            "unsupported read-only-compatible feature: {}",
-            names(unknown_ro, RO_COMPAT_NAMES).join(", ")
-        )));
+        return Ok(Some(crate::bigalloc::read_only_reason(unknown_ro)));
     }
     Ok(None)
 }
@@ -840,8 +837,8 @@ impl Fs {
 
     /// Total and free counts, for statfs.
     pub fn statfs(&self) -> StatFs {
-        let sb = self.sb.lock();
         let overhead = self.overhead_blocks();
+        let sb = self.sb.lock();
         StatFs {
             block_size: self.geo.block_size,
             blocks: self.geo.blocks_count - overhead,
@@ -867,7 +864,12 @@ impl Fs {
     /// Blocks used by the filesystem's own fixed metadata (superblocks, GDT, bitmaps, inode
     /// tables), as the kernel subtracts them in statfs.
     fn overhead_blocks(&self) -> u64 {
+        let recorded =
+            crate::bigalloc::recorded_overhead_blocks(&self.sb.lock(), self.geo.cluster_bits);
         let g = &self.geo;
+        if let Some(o) = recorded {
+            return o;
+        }
         let itb = (g.inodes_per_group as u64 * g.inode_size as u64).div_ceil(g.block_size as u64);
         let mut o = g.first_data_block;
         for grp in 0..g.group_count {

@@ -66,6 +66,8 @@ pub struct Geometry {
     pub dir_nlink: bool,
     /// extents is on.
     pub extents: bool,
+    /// log2 of blocks per allocation cluster (bigalloc; 0 without it).
+    pub cluster_bits: u32,
     /// The directory hash seed.
     pub hash_seed: [u32; 4],
     /// The default directory hash version.
@@ -85,6 +87,11 @@ pub struct Geometry {
 }
 
 impl Geometry {
+    /// Blocks per allocation cluster (1 without bigalloc).
+    pub fn cluster_ratio(&self) -> u32 {
+        1 << self.cluster_bits
+    }
+
     /// First block of group `g`.
     pub fn group_first_block(&self, g: u32) -> u64 {
         self.first_data_block + g as u64 * self.blocks_per_group as u64
@@ -108,19 +115,31 @@ impl Geometry {
         }
         !self.sparse_super || crate::format::superblock::sparse_group(g)
     }
+    /// The block holding the primary superblock (byte 1024): 1 with 1 KiB blocks, else 0.
+    /// It is the first data block, except with bigalloc, where group 0 starts at block 0.
+    pub fn sb_block(&self) -> u64 {
+        (self.block_size == 1024) as u64
+    }
     /// Blocks at the start of group `g` used by the superblock, GDT and reserved GDT (as the
-    /// kernel's ext4_num_base_meta_blocks counts them).
+    /// kernel's ext4_num_base_meta_blocks counts them), and in group 0 any block before the
+    /// superblock's.
     pub fn group_overhead(&self, g: u32) -> u32 {
         let sup = self.group_has_super(g) as u32;
-        match self.first_meta_bg {
-            Some(first) if g / self.descs_per_block >= first => {
-                let i = g % self.descs_per_block;
-                sup + (i == 0 || i == 1 || i == self.descs_per_block - 1) as u32
+        let before_sb = if g == 0 {
+            (self.sb_block() - self.first_data_block) as u32
+        } else {
+            0
+        };
+        before_sb
+            + match self.first_meta_bg {
+                Some(first) if g / self.descs_per_block >= first => {
+                    let i = g % self.descs_per_block;
+                    sup + (i == 0 || i == 1 || i == self.descs_per_block - 1) as u32
+                }
+                Some(first) if sup == 1 => 1 + first + self.reserved_gdt_blocks,
+                None if sup == 1 => 1 + self.gdt_blocks + self.reserved_gdt_blocks,
+                _ => 0,
             }
-            Some(first) if sup == 1 => 1 + first + self.reserved_gdt_blocks,
-            None if sup == 1 => 1 + self.gdt_blocks + self.reserved_gdt_blocks,
-            _ => 0,
-        }
     }
     /// Block holding the descriptor of group `g` in the primary table.
     pub fn gdt_block_of(&self, g: u32) -> u64 {
@@ -130,7 +149,7 @@ impl Geometry {
                 let meta_first = n * self.descs_per_block;
                 self.group_first_block(meta_first) + self.group_has_super(meta_first) as u64
             }
-            _ => self.first_data_block + 1 + n as u64,
+            _ => self.sb_block() + 1 + n as u64,
         }
     }
     /// The group holding inode `ino`.
@@ -139,7 +158,7 @@ impl Geometry {
     }
     /// Size in bytes of the part of a block bitmap that is checksummed.
     pub fn block_bitmap_csum_len(&self) -> usize {
-        self.blocks_per_group as usize / 8
+        (self.blocks_per_group >> self.cluster_bits) as usize / 8
     }
     /// How many bytes of an inode bitmap its checksum covers.
     pub fn inode_bitmap_csum_len(&self) -> usize {
@@ -163,19 +182,23 @@ impl Geometry {
             ));
         }
         let block_size = sb.block_size();
-        if sb.has_ro_compat(RO_COMPAT_BIGALLOC)
-            || sb.log_cluster_size() != sb.log_block_size()
-                && sb.rev_level() > 0
-                && sb.has_ro_compat(RO_COMPAT_BIGALLOC)
-        {
-            return Err(Error::Unsupported("bigalloc".into()));
-        }
+        let cluster_bits = crate::bigalloc::cluster_bits(sb)?;
         let blocks_count = sb.blocks_count();
         let bpg = sb.blocks_per_group();
         let ipg = sb.inodes_per_group();
-        if bpg == 0 || bpg > block_size * 8 || !bpg.is_multiple_of(8) {
+        // The block bitmap has a bit per cluster: a group is at most a bitmap block's bits of
+        // clusters.
+        let cpg = bpg >> cluster_bits;
+        if cpg == 0 || cpg > block_size * 8 || !cpg.is_multiple_of(8) {
             return bad(format!(
                 "blocks per group {bpg} is invalid for block size {block_size}"
+            ));
+        }
+        if cluster_bits > 0 && sb.clusters_per_group() != cpg {
+            return bad(format!(
+                "clusters per group {} is not blocks per group {bpg} / {} blocks a cluster",
+                sb.clusters_per_group(),
+                1u32 << cluster_bits
             ));
         }
         if ipg == 0 || ipg > block_size * 8 || !ipg.is_multiple_of(8) {
@@ -184,7 +207,8 @@ impl Geometry {
             ));
         }
         let first_data_block = sb.first_data_block() as u64;
-        if first_data_block != (block_size == 1024) as u64 {
+        // With bigalloc group 0 starts at block 0 whatever the block size (mke2fs).
+        if first_data_block != (block_size == 1024 && cluster_bits == 0) as u64 {
             return bad(format!(
                 "first data block {first_data_block} is wrong for block size {block_size}"
             ));
@@ -281,6 +305,7 @@ impl Geometry {
             huge_file: sb.has_ro_compat(RO_COMPAT_HUGE_FILE),
             dir_nlink: sb.has_ro_compat(RO_COMPAT_DIR_NLINK),
             extents: sb.has_incompat(INCOMPAT_EXTENTS),
+            cluster_bits,
             hash_seed: sb.hash_seed(),
             def_hash_version: sb.def_hash_version(),
             unsigned_hash: sb.flags() & FLAGS_UNSIGNED_HASH != 0,

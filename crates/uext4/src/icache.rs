@@ -86,6 +86,15 @@ const SHARDS: usize = 64;
 pub struct InodeCache {
     shards: Vec<Mutex<Shard>>,
     shard_limit: usize,
+    /// EA inodes read or made since the open, by value hash: the kernel's ea_inode mbcache,
+    /// which new values equal to one of them share (xattr_inode.rs). A hint only: every
+    /// candidate is checked before use.
+    ea_by_hash: Mutex<HashMap<u32, Vec<u32>>>,
+    /// Held (re-entrantly) from finding or making an EA inode for a value until the
+    /// references are counted, and around every drop of references: a value shared from the
+    /// cache cannot be freed by another thread's last release in between (the kernel's
+    /// mbcache entry references).
+    ea_serial: parking_lot::ReentrantMutex<()>,
 }
 
 pub(crate) struct Shard {
@@ -107,7 +116,41 @@ impl InodeCache {
                 })
                 .collect(),
             shard_limit,
+            ea_by_hash: Mutex::new(HashMap::new()),
+            ea_serial: parking_lot::ReentrantMutex::new(()),
         }
+    }
+
+    /// Serialises EA inode reference changes (see `ea_serial`).
+    pub(crate) fn ea_serialize(&self) -> parking_lot::ReentrantMutexGuard<'_, ()> {
+        self.ea_serial.lock()
+    }
+
+    /// Remembers EA inode `ino` as holding a value with hash `hash`.
+    pub(crate) fn ea_remember(&self, hash: u32, ino: u32) {
+        let mut m = self.ea_by_hash.lock();
+        let v = m.entry(hash).or_default();
+        if !v.contains(&ino) {
+            v.push(ino);
+        }
+    }
+
+    /// EA inodes remembered with value hash `hash`.
+    pub(crate) fn ea_candidates(&self, hash: u32) -> Vec<u32> {
+        self.ea_by_hash
+            .lock()
+            .get(&hash)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Forgets EA inode `ino` (freed).
+    pub(crate) fn ea_forget(&self, ino: u32) {
+        let mut m = self.ea_by_hash.lock();
+        m.retain(|_, v| {
+            v.retain(|&i| i != ino);
+            !v.is_empty()
+        });
     }
     pub(crate) fn shard(&self, ino: u32) -> &Mutex<Shard> {
         &self.shards[ino as usize % SHARDS]

@@ -49,6 +49,7 @@ mod atime;
 mod attr;
 mod balloc;
 mod bcache;
+mod bigalloc;
 mod block_validity;
 pub mod blockdev;
 mod cache_reserve;
@@ -102,6 +103,7 @@ mod trim;
 mod verity;
 mod walk;
 mod xattr;
+mod xattr_inode;
 
 pub use acl::Umask;
 // Hidden: tests/acl.rs checks the POSIX ACL rules on their own; they are no API for users.

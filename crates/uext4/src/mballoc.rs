@@ -146,7 +146,8 @@ impl BlockAllocator {
                 ));
             }
             check_desc(geo, g, &desc)?;
-            free_blocks += desc.free_blocks_count();
+            // Descriptors count free clusters.
+            free_blocks += desc.free_blocks_count() << geo.cluster_bits;
             free_inodes += desc.free_inodes_count();
             tables.push([desc.block_bitmap(), desc.inode_bitmap(), desc.inode_table()]);
             groups.push(Mutex::new(GroupState {

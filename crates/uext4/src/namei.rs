@@ -581,7 +581,13 @@ impl Fs {
 
     /// The on-disk fields of a new inode: its mode and owner, one link, every time `now`, a
     /// new generation.
-    fn fresh_raw_inode(&self, mode: u16, uid: u32, gid: u32, now: Timestamp) -> RawInode {
+    pub(crate) fn fresh_raw_inode(
+        &self,
+        mode: u16,
+        uid: u32,
+        gid: u32,
+        now: Timestamp,
+    ) -> RawInode {
         let mut raw = self.new_raw_inode();
         raw.set_mode(mode);
         raw.set_uid(uid);

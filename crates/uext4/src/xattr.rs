@@ -19,6 +19,8 @@ use crate::format::{le32, put32};
 use crate::fs::Fs;
 use crate::inode::{Inode, InodeState};
 use crate::transaction::Handle;
+use crate::xattr_inode::count_refs;
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 /// How setxattr treats an existing attribute.
@@ -95,6 +97,9 @@ impl Fs {
                 .xattr_read_block(ino, blk)
                 .map_err(|e| self.fail(e, ino, blk, "xattr_block"))?;
         }
+        for e in ibody.iter().chain(block.iter()) {
+            self.ea_check_ref(ino, e)?;
+        }
         Ok(Loaded { ibody, block, blk })
     }
 
@@ -128,8 +133,9 @@ impl Fs {
             .chain(l.block)
             .find(|e| e.index == index && e.name == short)
             .ok_or(Error::NoAttr)?;
+        let value = self.xattr_value(ino, &e)?;
         if is_acl(index) {
-            let acl = acl_from_disk(&e.value).map_err(|why| {
+            let acl = acl_from_disk(&value).map_err(|why| {
                 self.fail(
                     Error::corrupt(
                         Corruption::Xattr,
@@ -145,7 +151,7 @@ impl Fs {
             })?;
             return Ok(acl_to_vfs(&acl));
         }
-        Ok(e.value)
+        Ok(value)
     }
 
     /// The full names (with prefixes) of inode `ino`'s attributes. Entries with an index this
@@ -313,7 +319,8 @@ impl Fs {
         else {
             return Ok(None);
         };
-        acl_from_disk(&e.value).map(Some).map_err(|why| {
+        let value = self.xattr_value(ino, e)?;
+        acl_from_disk(&value).map(Some).map_err(|why| {
             self.fail(
                 Error::corrupt(Corruption::Xattr, format!("inode {ino}: POSIX ACL: {why}")),
                 ino,
@@ -401,7 +408,9 @@ impl Fs {
         self.check_writable()?;
         let inode = self.iget(ino)?;
         let _io = inode.io_lock.write();
-        let mut h = self.start(crate::transaction::credits::XATTR)?;
+        let ea_inodes = self.ea_inode_enabled();
+        let credits = crate::transaction::credits::XATTR + if ea_inodes { 16 } else { 0 };
+        let mut h = self.start(credits)?;
         let mut st = inode.state.lock();
         if st.deleted {
             return Err(Error::NotFound);
@@ -440,15 +449,29 @@ impl Fs {
         }
         let value_added = value.is_some();
         let changed = pos.is_some() || value_added;
+        let mut new_ea = None;
+        let _ea = self.ea_guard();
         if let Some(value) = value {
-            all.push(XattrEntry {
+            let mut e = XattrEntry {
                 index,
                 name: name.to_vec(),
                 value,
-            });
+                ea: None,
+            };
+            if ea_inodes && self.wants_ea_inode(&st.raw, &all, &e) {
+                e = self.ea_entry_new(&mut h, ino, &st.raw, index, name, &e.value)?;
+                new_ea = e.ea.map(|r| r.inum);
+            }
+            all.push(e);
         }
         if changed {
-            self.xattr_store(&mut h, ino, &mut st, all, l.blk, &old_block)?;
+            if let Err(e) = self.xattr_store(&mut h, ino, &mut st, all, l.blk, &old_block) {
+                if let Some(inum) = new_ea {
+                    // A new EA inode nothing came to name goes again.
+                    let _ = self.ea_refs_apply(&mut h, ino, &BTreeMap::from([(inum, 0)]));
+                }
+                return Err(e);
+            }
         }
         if value_added {
             self.ext_attr_feature_on(&mut h)?;
@@ -464,27 +487,35 @@ impl Fs {
         self.mark_inode_dirty(&mut h, &inode, &mut st)
     }
 
-    /// Lays `all` out over the inode area and the block. `old_blk`/`old_block` are the block
-    /// and its entries as read. Checks that everything fits before changing anything.
-    pub(crate) fn xattr_store(
+    /// Whether new entry `e` goes to an EA inode, as the kernel decides: a value too large for
+    /// a block at once, else one that does not fit beside the others (`rest`).
+    fn wants_ea_inode(&self, raw: &RawInode, rest: &[XattrEntry], e: &XattrEntry) -> bool {
+        if e.value.is_empty() {
+            return false;
+        }
+        if e.value_len() > crate::xattr_inode::min_large_value(self.geo.block_size as usize) {
+            return true;
+        }
+        let mut all = rest.to_vec();
+        all.push(e.clone());
+        self.xattr_layout(raw, all).is_err()
+    }
+
+    /// Splits `all` between the inode area and the block: the smallest first into the inode
+    /// while they fit, the rest into the block; each part sorted as it is stored. NoSpace when
+    /// the rest does not fit a block.
+    fn xattr_layout(
         &self,
-        h: &mut Handle<'_>,
-        ino: u32,
-        st: &mut InodeState,
+        raw: &RawInode,
         mut all: Vec<XattrEntry>,
-        old_blk: u64,
-        old_block: &[XattrEntry],
-    ) -> Result<()> {
+    ) -> Result<(Vec<XattrEntry>, Vec<XattrEntry>)> {
         let bs = self.geo.block_size as usize;
-        let area = st.raw.xattr_area();
         // Room for entries and values after the magic, less the list terminator.
-        let ibody_room = area
-            .as_ref()
+        let ibody_room = raw
+            .xattr_area()
             .map(|r| r.len().saturating_sub(IBODY_HEADER_LEN + 4))
             .unwrap_or(0);
         let block_room = bs - BLOCK_HEADER_LEN - 4;
-        // Smallest first into the inode; the first that does not fit and all after it go to
-        // the block.
         all.sort_by(|a, b| {
             a.cost()
                 .cmp(&b.cost())
@@ -505,17 +536,42 @@ impl Fs {
         }
         in_inode.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
         in_block.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+        Ok((in_inode, in_block))
+    }
+
+    /// Lays `all` out over the inode area and the block. `old_blk`/`old_block` are the block
+    /// and its entries as read. Checks that everything fits before changing anything. EA
+    /// inodes gain and lose references as their entries come and go (each in-inode entry is
+    /// one, each block one for all its entries), and the inode's i_blocks follows the values
+    /// it names (xattr_inode.rs).
+    pub(crate) fn xattr_store(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        st: &mut InodeState,
+        all: Vec<XattrEntry>,
+        old_blk: u64,
+        old_block: &[XattrEntry],
+    ) -> Result<()> {
+        let _ea = self.ea_guard();
+        let (in_inode, in_block) = self.xattr_layout(&st.raw, all)?;
+        let old_ibody = self.xattr_load_ibody(ino, &st.raw)?;
+        let mut refs = BTreeMap::new();
+        count_refs(&mut refs, &old_ibody, -1);
+        count_refs(&mut refs, &in_inode, 1);
+        let charge_before = self.ea_charge(&old_ibody) + self.ea_charge(old_block);
+        let charge_after = self.ea_charge(&in_inode) + self.ea_charge(&in_block);
 
         // The block first: allocation may fail, and then nothing has changed yet.
         if in_block.is_empty() {
             if old_blk != 0 {
-                self.xattr_release_block(h, ino, st, old_blk)?;
+                self.xattr_release_block(h, ino, st, old_blk, old_block, &mut refs)?;
             }
         } else if old_blk == 0 || in_block.as_slice() != old_block {
-            self.xattr_write_block(h, ino, st, old_blk, &in_block)?;
+            self.xattr_write_block(h, ino, st, (old_blk, old_block), &in_block, &mut refs)?;
         }
 
-        if let Some(r) = area {
+        if let Some(r) = st.raw.xattr_area() {
             let area = &mut st.raw.0[r];
             if in_inode.is_empty() {
                 area.fill(0);
@@ -524,20 +580,42 @@ impl Fs {
                 write_entries(area, IBODY_HEADER_LEN, IBODY_HEADER_LEN, &in_inode);
             }
         }
-        Ok(())
+        if charge_after != charge_before {
+            let v = st.raw.blocks_512(self.geo.block_size) + charge_after;
+            st.raw.set_blocks_512(v.saturating_sub(charge_before));
+        }
+        self.ea_refs_apply(h, ino, &refs)
+    }
+
+    /// The in-inode attributes alone, as stored now.
+    fn xattr_load_ibody(&self, ino: u32, raw: &RawInode) -> Result<Vec<XattrEntry>> {
+        match raw.xattr_area() {
+            Some(r) if le32(&raw.0[r.clone()], 0) == XATTR_MAGIC => parse_entries(
+                &raw.0[r],
+                IBODY_HEADER_LEN,
+                IBODY_HEADER_LEN,
+                &format!("inode {ino}: in-inode attributes"),
+            )
+            .map_err(|e| self.fail(e, ino, 0, "xattr_ibody")),
+            _ => Ok(Vec::new()),
+        }
     }
 
     /// Writes `entries` as this inode's block: in place when the inode is the block's only
-    /// user, else into a newly allocated block (the old one loses this inode's reference).
+    /// user, else into a newly allocated block (the old one, `old` as block number and
+    /// entries, loses this inode's reference). The block's EA inode references move with it
+    /// into `refs`.
     fn xattr_write_block(
         &self,
         h: &mut Handle<'_>,
         ino: u32,
         st: &mut InodeState,
-        old_blk: u64,
+        old: (u64, &[XattrEntry]),
         entries: &[XattrEntry],
+        refs: &mut BTreeMap<u32, i64>,
     ) -> Result<()> {
         let bs = self.geo.block_size as usize;
+        let (old_blk, old_entries) = old;
         if old_blk != 0 {
             let buf = self.bcache.get(old_blk)?;
             let mut d = buf.write();
@@ -547,6 +625,8 @@ impl Fs {
                 d.copy_from_slice(&build_block(bs, entries, old_blk, self.xattr_csum_seed()));
                 drop(d);
                 h.dirty(&buf);
+                count_refs(refs, old_entries, -1);
+                count_refs(refs, entries, 1);
                 return Ok(());
             }
         }
@@ -559,9 +639,12 @@ impl Fs {
         buf.write()
             .copy_from_slice(&build_block(bs, entries, blk, self.xattr_csum_seed()));
         h.dirty(&buf);
+        count_refs(refs, entries, 1);
         if old_blk != 0 {
             // i_blocks is unchanged: one block out, one in.
-            self.xattr_drop_ref(h, ino, old_blk)?;
+            if self.xattr_drop_ref(h, ino, old_blk)? {
+                count_refs(refs, old_entries, -1);
+            }
         } else {
             let v = st.raw.blocks_512(self.geo.block_size) + self.geo.block_size as u64 / 512;
             st.raw.set_blocks_512(v);
@@ -571,9 +654,10 @@ impl Fs {
     }
 
     /// Drops one reference to xattr block `blk`: decrements its refcount, or frees it when this
-    /// was the last. The read-modify-write happens under the buffer's lock, so two inodes
-    /// sharing the block cannot lose an update.
-    fn xattr_drop_ref(&self, h: &mut Handle<'_>, ino: u32, blk: u64) -> Result<()> {
+    /// was the last (true then: the block's EA inode references go with it). The
+    /// read-modify-write happens under the buffer's lock, so two inodes sharing the block
+    /// cannot lose an update.
+    fn xattr_drop_ref(&self, h: &mut Handle<'_>, ino: u32, blk: u64) -> Result<bool> {
         let buf = self.bcache.get(blk)?;
         let mut d = buf.write();
         if le32(&d, H_MAGIC) != XATTR_MAGIC {
@@ -597,23 +681,29 @@ impl Fs {
             }
             drop(d);
             h.dirty(&buf);
-            Ok(())
+            Ok(false)
         } else {
             drop(d);
             drop(buf);
-            self.free_blocks(h, blk, 1, true)
+            self.free_blocks(h, blk, 1, true)?;
+            Ok(true)
         }
     }
 
-    /// Releases the inode's block reference and clears i_file_acl, fixing i_blocks.
+    /// Releases the inode's block reference (`entries` as read) and clears i_file_acl, fixing
+    /// i_blocks.
     fn xattr_release_block(
         &self,
         h: &mut Handle<'_>,
         ino: u32,
         st: &mut InodeState,
         blk: u64,
+        entries: &[XattrEntry],
+        refs: &mut BTreeMap<u32, i64>,
     ) -> Result<()> {
-        self.xattr_drop_ref(h, ino, blk)?;
+        if self.xattr_drop_ref(h, ino, blk)? {
+            count_refs(refs, entries, -1);
+        }
         let v = st
             .raw
             .blocks_512(self.geo.block_size)
@@ -624,7 +714,8 @@ impl Fs {
     }
 
     /// When an inode is deleted: drops its xattr block reference (decrementing the refcount or
-    /// freeing the block) and fixes i_blocks. The in-inode area goes with the inode.
+    /// freeing the block) and fixes i_blocks; the EA inodes its entries name lose those
+    /// references (freed at zero). The in-inode area goes with the inode.
     pub(crate) fn xattr_free_all(
         &self,
         h: &mut Handle<'_>,
@@ -632,13 +723,28 @@ impl Fs {
         st: &mut InodeState,
     ) -> Result<()> {
         let blk = st.raw.file_acl();
-        if blk == 0 {
+        let ea_inodes = self.ea_inode_enabled();
+        if blk == 0 && !(ea_inodes && has_xattrs(&st.raw)) {
             return Ok(());
         }
-        self.check_block(Corruption::Xattr, blk, 1, &|| {
-            format!("inode {ino}: xattr block")
-        })
-        .map_err(|e| self.fail(e, ino, blk, "xattr_free_all"))?;
-        self.xattr_release_block(h, ino, st, blk)
+        let mut refs = BTreeMap::new();
+        let mut block = Vec::new();
+        let _ea = self.ea_guard();
+        if ea_inodes {
+            let l = self
+                .xattr_load(ino, &st.raw)
+                .map_err(|e| self.fail(e, ino, blk, "xattr_free_all"))?;
+            count_refs(&mut refs, &l.ibody, -1);
+            block = l.block;
+        } else if blk != 0 {
+            self.check_block(Corruption::Xattr, blk, 1, &|| {
+                format!("inode {ino}: xattr block")
+            })
+            .map_err(|e| self.fail(e, ino, blk, "xattr_free_all"))?;
+        }
+        if blk != 0 {
+            self.xattr_release_block(h, ino, st, blk, &block, &mut refs)?;
+        }
+        self.ea_refs_apply(h, ino, &refs)
     }
 }

@@ -22,8 +22,8 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use uext4::blockdev::{MemDevice, RecordingDevice};
-use uext4::RenameFlags;
 use uext4::{Fs, MountOptions};
+use uext4::{RenameFlags, XattrFlags};
 
 /// Data whose every 8-byte word names the file it was written to and the write's version.
 fn tagged(file: u16, version: u16, len: usize) -> Vec<u8> {
@@ -360,7 +360,33 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
         fs.fsync(d, false).unwrap();
         ack(&mut w, Fact::Absent(p(&["il", "d", "e1"])));
     }
+    if fs
+        .superblock()
+        .has_incompat(uext4::format::features::INCOMPAT_EA_INODE)
+    {
+        ea_inode_workload(fs);
+    }
     finish_workload(fs, dev, w)
+}
+
+/// Step 9 (ea_inode): values in EA inodes, new, shared by two files, replaced, removed, and
+/// released with a removed file; each step one handle, so every crash state must show each
+/// EA inode's reference count, hash and size consistent with the entries naming it.
+fn ea_inode_workload(fs: &Fs) {
+    let big = |seed: u16, n: usize| tagged(400 + seed, 0, n);
+    let a = fs.create(2, b"xa", 0o644, 0, 0).unwrap().ino;
+    let b = fs.create(2, b"xb", 0o644, 0, 0).unwrap().ino;
+    let set = |ino, name: &[u8], v: &[u8]| fs.setxattr(ino, name, v, XattrFlags::Any).unwrap();
+    for round in 0..3u16 {
+        set(a, b"user.big", &big(round, 20_000 + 1000 * round as usize));
+        set(b, b"user.big", &big(round, 20_000 + 1000 * round as usize));
+        set(a, b"user.other", &big(10 + round, 6_000));
+        fs.fsync(a, false).unwrap();
+        fs.removexattr(a, b"user.other").unwrap();
+        fs.fsync(b, false).unwrap();
+    }
+    fs.unlink(2, b"xb").unwrap();
+    fs.fsync(2, false).unwrap();
 }
 
 /// Ends a workload: a sync makes everything durable (the facts recorded without a point
@@ -693,6 +719,12 @@ fn crash_states_recover_consistently_encrypt() {
 #[test]
 fn crash_states_recover_consistently_casefold() {
     check_crash_states_on(false, false, 60, &["-O", "casefold"]);
+}
+
+/// The same workloads with the ea_inode feature, and values kept in EA inodes (step 9).
+#[test]
+fn crash_states_recover_consistently_ea_inode() {
+    check_crash_states_on(false, false, 60, &["-O", "ea_inode"]);
 }
 
 /// Inline files the kernel makes in `inline_base`, and their lengths (all inside the inode;

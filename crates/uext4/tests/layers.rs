@@ -12,6 +12,7 @@ use std::path::Path;
 /// Modules that own state and import only other state modules.
 const STATE: &[&str] = &[
     "bcache",
+    "bigalloc",
     "block_validity",
     "blockdev",
     "crypto",

@@ -273,6 +273,8 @@ fn layout_matches_mke2fs() {
         (600 * MIB, 1024, 256, 16384, "verity", "verity"),
         (64 * MIB, 4096, 256, 16384, "inline_data", "inline_data"),
         (600 * MIB, 1024, 256, 16384, "inline_data", "inline_data"),
+        (64 * MIB, 4096, 256, 16384, "ea_inode", "ea_inode"),
+        (600 * MIB, 1024, 256, 16384, "ea_inode", "ea_inode"),
         (600 * MIB, 4096, 256, 16384, "orphan_file", "orphan_file"),
         (
             64 * MIB,

@@ -29,6 +29,11 @@ struct Model {
     /// Every directory is casefolded: names match by their folding, and an entry keeps the
     /// spelling it was made with.
     fold: bool,
+    /// The run has ea_inode: `Op::Xattr` sets and removes attributes, large values in EA
+    /// inodes (elsewhere it does nothing).
+    ea_inode: bool,
+    /// Each file's attributes, by model node.
+    xattrs: BTreeMap<usize, BTreeMap<Vec<u8>, Vec<u8>>>,
 }
 
 impl Model {
@@ -120,6 +125,8 @@ enum Op {
     Rmdir(u8, u8),
     Rename(u8, u8, u8, u8, bool),
     Link(u8, u8, u8),
+    /// Sets attribute `user.x<n % 6>` of a file to a value of this many bytes (0 removes it).
+    Xattr(u8, u8, u32),
     Remount,
 }
 
@@ -166,6 +173,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (any::<u8>(), any::<u8>()).prop_map(|(d, n)| Op::Rmdir(d, n)),
         2 => (any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>(), any::<bool>()).prop_map(|(a, b, c, d, x)| Op::Rename(a, b, c, d, x)),
         1 => (any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(f, d, n)| Op::Link(f, d, n)),
+        1 => (any::<u8>(), any::<u8>(), prop_oneof![0u32..300, 3_000u32..65_537]).prop_map(|(f, n, l)| Op::Xattr(f, n, l)),
         1 => Just(Op::Remount),
     ]
 }
@@ -226,7 +234,10 @@ impl Run {
             ..opts
         };
         let fs = Fs::open_path(&src, opts.clone()).unwrap();
-        let mut m = Model::default();
+        let mut m = Model {
+            ea_inode: extra.join(",").contains("ea_inode"),
+            ..Model::default()
+        };
         if extra.join(",").contains("encrypt") {
             // The model's root is an encrypted directory: every name, file and symlink in it
             // is stored encrypted.
@@ -457,6 +468,28 @@ impl Run {
                     m.parent[src] = ddir;
                 }
             }
+            Op::Xattr(f, n, len) => {
+                let Some(id) = pick(&m.files(), f) else {
+                    return;
+                };
+                if !m.ea_inode {
+                    return;
+                }
+                let name = format!("user.x{}", n % 6).into_bytes();
+                let attrs = m.xattrs.entry(id).or_default();
+                if len == 0 {
+                    let r = fs.removexattr(m.ino[id], &name);
+                    if attrs.remove(&name).is_none() {
+                        return expect_err(r, Error::NoAttr, op);
+                    }
+                    return r.unwrap_or_else(|e| panic!("{op:?}: {e}"));
+                }
+                // Few distinct values, so that files share them.
+                let v: Vec<u8> = (0..len).map(|i| (i as u8) ^ (len % 3) as u8).collect();
+                fs.setxattr(m.ino[id], &name, &v, uext4::XattrFlags::Any)
+                    .unwrap_or_else(|e| panic!("{op:?}: {e}"));
+                attrs.insert(name, v);
+            }
             Op::Remount => self.remount(),
         }
     }
@@ -528,6 +561,14 @@ impl Run {
                     Node::Symlink(t) => assert_eq!(&fs.readlink(a.ino).unwrap(), t),
                     Node::Dir(_) => assert!(a.is_dir()),
                 }
+                if let Some(want) = m.xattrs.get(&id) {
+                    let got = uext4_testkit::fs_xattrs(fs, a.ino);
+                    assert!(
+                        &got == want,
+                        "attributes of {:?}",
+                        String::from_utf8_lossy(nm)
+                    );
+                }
             }
         }
     }
@@ -577,6 +618,12 @@ proptest! {
     }
     /// Casefolded directories: names in several spellings that fold alike, with e2fsck judging
     /// the hashes of the folded names.
+    /// Attributes with values in EA inodes, shared between files by value, replaced, removed
+    /// and released with their files; e2fsck judges the reference counts and i_blocks.
+    #[test]
+    fn random_ops_ea_inode(ops in proptest::collection::vec(op_strategy(), 1..80)) {
+        run_case(&ops, &["-O", "ea_inode"]);
+    }
     #[test]
     fn random_ops_casefold(ops in proptest::collection::vec(op_strategy(), 1..80)) {
         run_case(&ops, &["-O", "casefold"]);

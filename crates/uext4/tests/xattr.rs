@@ -68,14 +68,7 @@ fn getfattr(paths: &[&Path]) -> BTreeMap<String, Xattrs> {
 }
 
 fn ours(fs: &Fs, ino: u32) -> Xattrs {
-    fs.listxattr(ino)
-        .unwrap()
-        .into_iter()
-        .map(|n| {
-            let v = fs.getxattr(ino, &n).unwrap();
-            (n, v)
-        })
-        .collect()
+    uext4_testkit::fs_xattrs(fs, ino)
 }
 
 fn lookup_path(fs: &Fs, path: &str) -> u32 {

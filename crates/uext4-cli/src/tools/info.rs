@@ -343,6 +343,13 @@ pub(super) fn info(arg: &Path) -> Result<()> {
     }
     print_identity(&sb);
     say!("Block size:               {}", g.block_size);
+    if g.cluster_bits > 0 {
+        // bigalloc: blocks are allocated in clusters (dumpe2fs's line).
+        say!(
+            "Cluster size:             {}",
+            g.block_size << g.cluster_bits
+        );
+    }
     say!("Block count:              {}", g.blocks_count);
     // From the group descriptors (the superblock's counts may lag, as the kernel's do).
     let st = fs.statfs();

@@ -156,7 +156,8 @@ pub const INCOMPAT_SUPPORTED: u32 = INCOMPAT_FILETYPE
     | INCOMPAT_CSUM_SEED
     | INCOMPAT_LARGEDIR
     | INCOMPAT_CASEFOLD
-    | INCOMPAT_ENCRYPT;
+    | INCOMPAT_ENCRYPT
+    | INCOMPAT_EA_INODE;
 
 /// Ro-compat features the engine maintains when writing. Anything else: open read-only.
 pub const RO_COMPAT_SUPPORTED: u32 = RO_COMPAT_SPARSE_SUPER

@@ -121,14 +121,56 @@ pub fn pad4(n: usize) -> usize {
 }
 
 /// One attribute as stored: index, suffix, value (in the on-disk encoding).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct XattrEntry {
     /// The name index (`INDEX_*`): the name's prefix.
     pub index: u8,
     /// The name after its prefix.
     pub name: Vec<u8>,
-    /// The value.
+    /// The value, when it is kept in the list (empty when `ea` names an inode holding it).
     pub value: Vec<u8>,
+    /// Where the value lives in an inode of its own (the ea_inode feature), else None.
+    pub ea: Option<EaRef>,
+}
+
+/// An entry's reference to the inode holding its value (ea_inode): `e_value_inum`,
+/// `e_value_size`, and `e_hash`, which for such an entry covers the name and the value's
+/// crc32c (the EA inode's hash) rather than the value itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EaRef {
+    /// The EA inode (`e_value_inum`).
+    pub inum: u32,
+    /// The value's length (`e_value_size`), which is the EA inode's size.
+    pub size: u32,
+    /// The entry hash (`e_hash`).
+    pub hash: u32,
+}
+
+/// The kernel's value hash of an EA inode (ext4_xattr_inode_hash): crc32c of the value seeded
+/// with the filesystem's checksum seed. It is kept in the EA inode's i_atime.
+pub fn ea_value_hash(fs_seed: u32, value: &[u8]) -> u32 {
+    crc32c(fs_seed, value)
+}
+
+/// The entry hash of an attribute whose value is in an EA inode with value hash `value_hash`:
+/// the name, then the value hash as one little-endian word (ext4_xattr_set_entry).
+pub fn ea_entry_hash(name: &[u8], value_hash: u32) -> u32 {
+    XattrEntry {
+        name: name.to_vec(),
+        value: value_hash.to_le_bytes().to_vec(),
+        ..Default::default()
+    }
+    .hash()
+}
+
+/// [`ea_entry_hash`] as kernels before 6.2 computed it where `char` is signed (name bytes
+/// from 0x80 sign-extended), which the kernel and e2fsck still accept.
+pub fn ea_entry_hash_signed(name: &[u8], value_hash: u32) -> u32 {
+    let mut h: u32 = 0;
+    for &c in name {
+        h = h.rotate_left(5) ^ (c as i8 as i32 as u32);
+    }
+    h.rotate_left(16) ^ value_hash
 }
 
 impl XattrEntry {
@@ -136,9 +178,16 @@ impl XattrEntry {
     pub fn entry_len(&self) -> usize {
         ENTRY_LEN + pad4(self.name.len())
     }
-    /// Bytes of the padded value.
+    /// Bytes of the padded value in the list (none for a value in an EA inode).
     pub fn value_len(&self) -> usize {
         pad4(self.value.len())
+    }
+    /// The value's length, wherever it is kept.
+    pub fn value_size(&self) -> usize {
+        match self.ea {
+            Some(r) => r.size as usize,
+            None => self.value.len(),
+        }
     }
     /// Bytes the attribute takes in a list.
     pub fn cost(&self) -> usize {
@@ -146,7 +195,11 @@ impl XattrEntry {
     }
     /// The kernel's entry hash (ext4_xattr_hash_entry): name bytes rotated in by 5 bits, then
     /// the value's 32-bit little-endian words (zero padded) rotated in by 16.
+    /// For a value in an EA inode, the stored `e_hash`.
     pub fn hash(&self) -> u32 {
+        if let Some(r) = self.ea {
+            return r.hash;
+        }
         let mut h: u32 = 0;
         for &c in &self.name {
             h = h.rotate_left(5) ^ c as u32;
@@ -189,7 +242,8 @@ pub fn block_csum(fs_seed: u32, blk: u64, data: &[u8]) -> u32 {
 /// Parses an entry list starting at `first` in `area`; value offsets count from `base`.
 /// Everything is bounds-checked as the kernel checks it (ext4_xattr_check_entries): entries
 /// inside the area, values after the list's terminator and inside the area. A value held in an
-/// inode (ea_inode) is `Unsupported`. `what` names the place for error messages.
+/// inode (ea_inode) comes back as its reference (`XattrEntry::ea`) with an empty value: the
+/// caller checks the reference. `what` names the place for error messages.
 pub fn parse_entries(
     area: &[u8],
     first: usize,
@@ -201,6 +255,8 @@ pub fn parse_entries(
         name: std::ops::Range<usize>,
         offs: usize,
         size: usize,
+        inum: u32,
+        hash: u32,
     }
     let mut raws = Vec::new();
     let mut off = first;
@@ -232,23 +288,32 @@ pub fn parse_entries(
                 format!("{what}: attribute name at byte {off} overruns the area"),
             ));
         }
-        if inum != 0 {
-            return Err(Error::Unsupported(format!(
-                "{what}: attribute {:?} keeps its value in inode {inum} (ea_inode)",
-                String::from_utf8_lossy(&area[name.clone()])
-            )));
-        }
         raws.push(Raw {
             index,
             name,
             offs,
             size,
+            inum,
+            hash: le32(area, off + 12),
         });
         off += ENTRY_LEN + pad4(name_len);
     }
     let list_end = off + 4;
     let mut out = Vec::with_capacity(raws.len());
     for r in raws {
+        if r.inum != 0 {
+            out.push(XattrEntry {
+                index: r.index,
+                name: area[r.name].to_vec(),
+                value: Vec::new(),
+                ea: Some(EaRef {
+                    inum: r.inum,
+                    size: r.size as u32,
+                    hash: r.hash,
+                }),
+            });
+            continue;
+        }
         let value = if r.size == 0 {
             Vec::new()
         } else {
@@ -272,6 +337,7 @@ pub fn parse_entries(
             index: r.index,
             name: area[r.name].to_vec(),
             value,
+            ea: None,
         });
     }
     Ok(out)
@@ -308,6 +374,7 @@ pub fn put_ibody_value(area: &mut [u8], index: u8, name: &[u8], value: &[u8]) ->
                 index,
                 name: name.to_vec(),
                 value: value.to_vec(),
+                ea: None,
             };
             put32(area, here + 12, e.hash());
         }
@@ -339,8 +406,8 @@ pub fn write_entries(area: &mut [u8], first: usize, base: usize, entries: &[Xatt
         area[off] = e.name.len() as u8;
         area[off + 1] = e.index;
         put16(area, off + 2, offs);
-        put32(area, off + 4, 0);
-        put32(area, off + 8, e.value.len() as u32);
+        put32(area, off + 4, e.ea.map_or(0, |r| r.inum));
+        put32(area, off + 8, e.value_size() as u32);
         put32(area, off + 12, e.hash());
         area[off + ENTRY_LEN..off + ENTRY_LEN + e.name.len()].copy_from_slice(&e.name);
         off += e.entry_len();

@@ -57,6 +57,9 @@ pub struct FeatureSet {
     /// Small files and directories may keep their data in the inode (the kernel makes them
     /// so; mke2fs's own root and lost+found stay in blocks, as uext4 makes them).
     pub inline_data: bool,
+    /// Attribute values too large for the inode and one block kept in inodes of their own
+    /// (xattr_inode.rs).
+    pub ea_inode: bool,
 }
 
 impl Default for FeatureSet {
@@ -68,7 +71,7 @@ impl Default for FeatureSet {
 /// Feature names `FeatureSet::apply` knows.
 const FEATURE_NAMES: &str = "has_journal, ext_attr, resize_inode, dir_index, filetype, extent, \
      64bit, flex_bg, sparse_super, large_file, huge_file, dir_nlink, extra_isize, metadata_csum, \
-     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold, encrypt, stable_inodes, verity, inline_data";
+     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold, encrypt, stable_inodes, verity, inline_data, ea_inode";
 
 impl FeatureSet {
     /// `mke2fs -t ext4` of e2fsprogs 1.47.
@@ -97,6 +100,7 @@ impl FeatureSet {
             stable_inodes: false,
             verity: false,
             inline_data: false,
+            ea_inode: false,
         }
     }
 
@@ -152,6 +156,7 @@ impl FeatureSet {
             || self.encrypt
             || self.verity
             || self.inline_data
+            || self.ea_inode
         {
             "ext4"
         } else if self.has_journal {
@@ -191,6 +196,7 @@ impl FeatureSet {
                 "stable_inodes" => &mut self.stable_inodes,
                 "verity" => &mut self.verity,
                 "inline_data" => &mut self.inline_data,
+                "ea_inode" => &mut self.ea_inode,
                 _ => {
                     return Err(Error::Unsupported(format!(
                         "mkfs feature {f:?} (uext4 mkfs knows: {FEATURE_NAMES})"

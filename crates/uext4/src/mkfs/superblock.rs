@@ -74,7 +74,8 @@ pub(super) fn build_superblock(
             | flag(f.metadata_csum && f.metadata_csum_seed, INCOMPAT_CSUM_SEED)
             | flag(f.casefold, INCOMPAT_CASEFOLD)
             | flag(f.encrypt, INCOMPAT_ENCRYPT)
-            | flag(f.inline_data, INCOMPAT_INLINE_DATA),
+            | flag(f.inline_data, INCOMPAT_INLINE_DATA)
+            | flag(f.ea_inode, INCOMPAT_EA_INODE),
     );
     if f.casefold {
         sb.set_encoding(ENCODING_UTF8_12_1);

@@ -48,6 +48,7 @@ fn entry_hash_matches_kernel_formula() {
         index: 1,
         name: b"a".to_vec(),
         value: b"b".to_vec(),
+        ea: None,
     };
     assert_eq!(e.hash(), 0x0061_0062);
     assert_eq!(block_hash(std::slice::from_ref(&e)), 0x0061_0062);
@@ -60,11 +61,13 @@ fn entries_roundtrip_and_bounds() {
             index: 1,
             name: b"x".to_vec(),
             value: b"hello".to_vec(),
+            ea: None,
         },
         XattrEntry {
             index: 4,
             name: b"empty".to_vec(),
             value: vec![],
+            ea: None,
         },
     ];
     let blk = build_block(1024, &entries, 77, Some(0x1234));
@@ -96,13 +99,15 @@ fn entries_roundtrip_and_bounds() {
             ..
         })
     ));
-    // ea_inode values.
-    let mut bad = blk.clone();
-    put32(&mut bad, BLOCK_HEADER_LEN + 4, 12);
-    assert!(matches!(
-        parse_block(&bad, 77, None, "t"),
-        Err(Error::Unsupported(_))
-    ));
+    // An ea_inode value: the entry names its inode, size and hash, and holds no bytes.
+    let mut ea = blk.clone();
+    put32(&mut ea, BLOCK_HEADER_LEN + 4, 12);
+    let parsed = parse_block(&ea, 77, None, "t").unwrap();
+    let r = parsed[0].ea.expect("an EA inode reference");
+    assert_eq!((r.inum, r.hash), (12, le32(&ea, BLOCK_HEADER_LEN + 12)));
+    assert_eq!(r.size as usize, parsed[0].value_size());
+    assert!(parsed[0].value.is_empty());
+    assert_eq!(parsed[0].value_len(), 0);
     // No terminator: every byte non-zero.
     let garbage = vec![0xffu8; 100];
     assert!(parse_entries(&garbage, 4, 4, "t").is_err());
@@ -181,4 +186,27 @@ fn acl_conversions() {
     }
     assert!(acl_from_disk(&[1, 0, 0, 0, 2, 0, 6]).is_err());
     assert!(acl_from_disk(&[2, 0, 0, 0]).is_err());
+}
+
+#[test]
+fn ea_entry_hashes() {
+    // Plain names hash alike both ways; the name's bytes, then the value hash as one word.
+    assert_eq!(
+        ea_entry_hash(b"big", 0x1234),
+        ea_entry_hash_signed(b"big", 0x1234)
+    );
+    let manual = {
+        let mut h = 0u32;
+        for &c in b"big" {
+            h = h.rotate_left(5) ^ c as u32;
+        }
+        h.rotate_left(16) ^ 0x1234
+    };
+    assert_eq!(ea_entry_hash(b"big", 0x1234), manual);
+    // A byte from 0x80 differs: sign-extended in the old form.
+    assert_ne!(ea_entry_hash(b"\xff", 7), ea_entry_hash_signed(b"\xff", 7));
+    assert_eq!(
+        ea_entry_hash_signed(b"\xff", 7),
+        0xffff_ffffu32.rotate_left(16) ^ 7
+    );
 }
