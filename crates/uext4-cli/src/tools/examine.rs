@@ -75,11 +75,11 @@ pub(super) fn dir_path(fs: &Fs, dir: u32) -> String {
 
 /// `uext4 ncheck IMAGE INODE...`: the names of the inodes, as debugfs's `ncheck` finds them
 /// (directories in inode order, entries in block order, at most one line per inode asked).
-pub fn ncheck(image: &Path, inodes: &[u32]) -> Result<()> {
+pub fn ncheck(image: &Path, inodes: &[u32], json: bool) -> Result<()> {
     let img = image_arg(image)?;
     let fs = open_img(&img, true)?;
     let mut left = inodes.len();
-    println!("Inode\tPathname");
+    let mut found: Vec<(u32, String)> = Vec::new();
     each_inode(&fs, &mut |rec| {
         let r = &rec.raw;
         if r.links_count() == 0 || r.dtime() != 0 || !r.is_dir() {
@@ -91,7 +91,10 @@ pub fn ncheck(image: &Path, inodes: &[u32]) -> Result<()> {
             for &want in inodes.iter().filter(|&&w| w == e.inode) {
                 let p = parent.get_or_insert_with(|| dir_path(&fs, rec.ino));
                 let sep = if p.ends_with('/') { "" } else { "/" };
-                println!("{want}\t{p}{sep}{}", String::from_utf8_lossy(&e.name));
+                found.push((
+                    want,
+                    format!("{p}{sep}{}", String::from_utf8_lossy(&e.name)),
+                ));
                 left = left.saturating_sub(1);
             }
             if left == 0 {
@@ -99,13 +102,26 @@ pub fn ncheck(image: &Path, inodes: &[u32]) -> Result<()> {
             }
         }
         Ok(true)
-    })
+    })?;
+    if json {
+        let v: Vec<serde_json::Value> = found
+            .iter()
+            .map(|(i, p)| serde_json::json!({"inode": i, "path": p}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("Inode\tPathname");
+        for (i, p) in &found {
+            println!("{i}\t{p}");
+        }
+    }
+    Ok(())
 }
 
 /// `uext4 icheck IMAGE BLOCK...`: the inode each block belongs to, as debugfs's `icheck`
 /// (the first inode in table order that maps it, its xattr block or its map's blocks
 /// included).
-pub fn icheck(image: &Path, blocks: &[u64]) -> Result<()> {
+pub fn icheck(image: &Path, blocks: &[u64], json: bool) -> Result<()> {
     let img = image_arg(image)?;
     let fs = open_img(&img, true)?;
     let mut owner: Vec<u32> = vec![0; blocks.len()];
@@ -136,6 +152,15 @@ pub fn icheck(image: &Path, blocks: &[u64]) -> Result<()> {
         }
         Ok(left > 0)
     })?;
+    if json {
+        let v: Vec<serde_json::Value> = blocks
+            .iter()
+            .zip(&owner)
+            .map(|(b, &o)| serde_json::json!({"block": b, "inode": (o != 0).then_some(o)}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
     println!("Block\tInode number");
     for (b, o) in blocks.iter().zip(&owner) {
         if *o == 0 {

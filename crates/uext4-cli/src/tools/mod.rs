@@ -255,6 +255,9 @@ pub enum ToolCmd {
         /// Inode numbers.
         #[arg(required = true)]
         inodes: Vec<u32>,
+        /// A JSON array instead (docs/USAGE.md).
+        #[arg(long)]
+        json: bool,
     },
     /// The inodes owning blocks, as debugfs's icheck: IMAGE BLOCK... (read-only).
     Icheck {
@@ -263,6 +266,9 @@ pub enum ToolCmd {
         /// Block numbers.
         #[arg(required = true)]
         blocks: Vec<u64>,
+        /// A JSON array instead (docs/USAGE.md).
+        #[arg(long)]
+        json: bool,
     },
     /// Every inode record, its number first, as the Sleuth Kit's `ils -e` (with --deleted,
     /// as plain `ils`: inodes not in use that were used once): IMAGE (read-only).
@@ -497,10 +503,18 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
         }
         ToolCmd::Label { image, label } => chattr::label(&image, label.as_deref()),
         ToolCmd::Fscrypt(c) => fscrypt::run(c),
-        ToolCmd::Ncheck { image, inodes } => examine::ncheck(&image, &inodes),
+        ToolCmd::Ncheck {
+            image,
+            inodes,
+            json,
+        } => examine::ncheck(&image, &inodes, json),
         ToolCmd::Timeline { image } => examine::timeline(&image),
         ToolCmd::Inodes { deleted, image } => examine::inodes(&image, deleted),
-        ToolCmd::Icheck { image, blocks } => examine::icheck(&image, &blocks),
+        ToolCmd::Icheck {
+            image,
+            blocks,
+            json,
+        } => examine::icheck(&image, &blocks, json),
         ToolCmd::Journal {
             image,
             inode,
