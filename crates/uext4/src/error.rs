@@ -38,6 +38,8 @@ pub enum Corruption {
     /// A block number outside the filesystem or inside its own metadata (the system zone),
     /// where no structure holding it is known.
     BlockReference,
+    /// A quota file: its header, tree or entries.
+    Quota,
 }
 
 impl std::fmt::Display for Corruption {
@@ -57,6 +59,7 @@ impl std::fmt::Display for Corruption {
             Corruption::Mmp => "MMP block",
             Corruption::BlockMap => "block map",
             Corruption::BlockReference => "block reference",
+            Corruption::Quota => "quota file",
         })
     }
 }

@@ -82,6 +82,9 @@ pub struct Geometry {
     pub casefold_strict: bool,
     /// The filesystem UUID.
     pub uuid: [u8; 16],
+    /// The quota inodes (user, group, project; 0: that type is not kept) with the `quota`
+    /// feature; all 0 without it. Usage is kept in them as inodes change (quota.rs).
+    pub quota_inums: [u32; 3],
 }
 
 impl Geometry {
@@ -289,6 +292,15 @@ impl Geometry {
             casefold_strict: sb.has_incompat(INCOMPAT_CASEFOLD)
                 && sb.encoding_flags() & ENCODING_FLAG_STRICT != 0,
             uuid: sb.uuid(),
+            quota_inums: if sb.has_ro_compat(crate::format::features::RO_COMPAT_QUOTA) {
+                [
+                    sb.usr_quota_inum(),
+                    sb.grp_quota_inum(),
+                    sb.prj_quota_inum(),
+                ]
+            } else {
+                [0; 3]
+            },
         })
     }
 }

@@ -1,0 +1,266 @@
+//! Quotas (the `quota` and `project` features), against e2fsprogs: images made by `mke2fs -O
+//! quota,project` and filled by e2fsprogs read as `debugfs -R 'lq TYPE'` lists them, and every
+//! change the engine makes leaves usage that `e2fsck -fn` (which recomputes usage from the
+//! inodes and compares it with the quota files: "[QUOTA WARNING] Usage inconsistent") finds
+//! right, for users, groups and projects. Limits set here are what debugfs lists.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use uext4::flags::XFLAG_PROJINHERIT;
+use uext4::format::quota::{Dquot, QuotaType};
+use uext4::{Cred, Fs, SetAttr, ROOT_INO};
+
+/// (space bytes, inodes, block soft, block hard (KiB), inode soft, inode hard) per id.
+type Listing = BTreeMap<u32, [u64; 6]>;
+
+/// `debugfs -R 'lq TYPE'` parsed: its columns are id, space, block quota, block limit,
+/// inodes, inode quota, inode limit (space in bytes, block limits in KiB).
+fn debugfs_lq(img: &Path, t: QuotaType) -> Listing {
+    let out = Command::new("debugfs")
+        .args(["-R", &format!("lq {}", t.name())])
+        .arg(img)
+        .output()
+        .expect("debugfs must be installed (e2fsprogs)");
+    let mut m = Listing::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines().skip(1) {
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        if v.len() == 7 {
+            m.insert(v[0] as u32, [v[1], v[4], v[2], v[3], v[5], v[6]]);
+        }
+    }
+    m
+}
+
+/// The engine's entries in the same shape.
+fn engine_lq(fs: &Fs, t: QuotaType) -> Listing {
+    let r = fs.quota_report(t).unwrap().expect("the type is kept");
+    r.entries
+        .iter()
+        .map(|q| {
+            (
+                q.id,
+                [
+                    q.curspace,
+                    q.curinodes,
+                    q.bsoftlimit / 1024,
+                    q.bhardlimit / 1024,
+                    q.isoftlimit,
+                    q.ihardlimit,
+                ],
+            )
+        })
+        .collect()
+}
+
+fn quota_image(tag: &str, extra: &[&str]) -> Scratch {
+    let img = scratch(tag);
+    let mut args = vec![
+        "-O",
+        "quota,project",
+        "-E",
+        "quotatype=usrquota:grpquota:prjquota",
+        "-I",
+        "256",
+    ];
+    args.extend_from_slice(extra);
+    mke2fs(&img.0, "64M", &args);
+    img
+}
+
+fn have_tools() -> bool {
+    needs::have(&["mke2fs", "e2fsck", "debugfs"])
+}
+
+fn open_rw(img: &Path) -> Arc<Fs> {
+    Fs::open_path(img, opts::no_timer()).unwrap()
+}
+
+fn set_project(fs: &Fs, ino: u32, projid: u32, inherit: bool) {
+    let mut x = fs.get_fsxattr(ino).unwrap();
+    x.projid = projid;
+    if inherit {
+        x.xflags |= XFLAG_PROJINHERIT;
+    }
+    fs.set_fsxattr_as(&Cred::root(), ino, &x).unwrap();
+}
+
+/// Every type's listing, the engine's and debugfs's, must agree.
+fn assert_listings_agree(fs: &Fs, img: &Path, when: &str) {
+    for t in QuotaType::ALL {
+        assert_eq!(
+            engine_lq(fs, t),
+            debugfs_lq(img, t),
+            "{} quota {when}",
+            t.name()
+        );
+    }
+}
+
+#[test]
+fn images_filled_by_e2fsprogs_read_as_debugfs_lists_them() {
+    if !have_tools() || !needs::is_root() {
+        eprintln!("skipped: needs e2fsprogs and root (mke2fs -d keeps owners)");
+        return;
+    }
+    let src = Scratch::dir("quota-src");
+    for (name, uid, gid, len) in [
+        ("a", 1000, 100, 5000),
+        ("b", 1001, 100, 70000),
+        ("c", 0, 0, 1),
+    ] {
+        let p = src.p(name);
+        std::fs::write(&p, vec![7u8; len]).unwrap();
+        std::os::unix::fs::chown(&p, Some(uid), Some(gid)).unwrap();
+    }
+    std::fs::create_dir(src.p("d")).unwrap();
+    std::os::unix::fs::chown(src.p("d"), Some(1002), Some(200)).unwrap();
+    let img = quota_image("quota-read", &["-d", src.s()]);
+    // mke2fs -d (1.47) leaves the quota files as mkfs made them, and debugfs writes no
+    // usage: e2fsck -fy computes it, as it does for any image whose usage is off.
+    let sh = |args: &[&str]| Command::new(args[0]).args(&args[1..]).output().unwrap();
+    sh(&[
+        "debugfs",
+        "-w",
+        "-R",
+        "set_inode_field /b projid 5",
+        img.s(),
+    ]);
+    sh(&[
+        "debugfs",
+        "-w",
+        "-R",
+        "set_inode_field /d projid 6",
+        img.s(),
+    ]);
+    sh(&["e2fsck", "-fy", img.s()]);
+    e2fsck_clean(&img.0);
+    let fs = Fs::open_path(&img.0, opts::read_only()).unwrap();
+    assert_listings_agree(&fs, &img.0, "of an image mke2fs -d filled");
+    let users = engine_lq(&fs, QuotaType::User);
+    assert_eq!(users[&1000][1], 1, "user 1000 owns one inode");
+    assert!(users.contains_key(&1002));
+    let prj = engine_lq(&fs, QuotaType::Project);
+    assert_eq!((prj[&5][1], prj[&6][1]), (1, 1), "{prj:?}");
+}
+
+#[test]
+fn changes_keep_usage_right_for_users_groups_and_projects() {
+    if !have_tools() {
+        eprintln!("skipped: needs e2fsprogs");
+        return;
+    }
+    let img = quota_image("quota-rw", &[]);
+    let fs = open_rw(&img.0);
+    assert!(!fs.is_read_only(), "{:?}", fs.read_only_reason());
+    let d = fs.mkdir(ROOT_INO, b"proj", 0o755, 1000, 1000).unwrap().ino;
+    set_project(&fs, d, 42, true);
+    let mut files = Vec::new();
+    for i in 0..20u32 {
+        let (uid, gid) = (1000 + i % 3, 2000 + i % 2);
+        let dir = if i % 2 == 0 { d } else { ROOT_INO };
+        let f = fs
+            .create(dir, format!("f{i}").as_bytes(), 0o644, uid, gid)
+            .unwrap()
+            .ino;
+        fs.write_all(f, 0, &vec![i as u8; 1000 + 5000 * i as usize])
+            .unwrap();
+        files.push((dir, f));
+    }
+    // Ownership, group and project changes move usage between ids.
+    fs.setattr(
+        files[1].1,
+        &SetAttr {
+            uid: Some(7),
+            gid: Some(8),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    set_project(&fs, files[3].1, 43, false);
+    // Removal, truncation, symlinks, xattr blocks.
+    fs.unlink(files[0].0, b"f0").unwrap();
+    fs.truncate(files[5].1, 10).unwrap();
+    fs.symlink(d, b"long", &[b'x'; 300], 1000, 1000).unwrap();
+    fs.setxattr(
+        files[7].1,
+        b"user.big",
+        &[1u8; 3000],
+        uext4::XattrFlags::Any,
+    )
+    .unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean_when(&img.0, "after the engine's changes");
+    let fs = Fs::open_path(&img.0, opts::read_only()).unwrap();
+    assert_listings_agree(&fs, &img.0, "after the engine's changes");
+    let prj = engine_lq(&fs, QuotaType::Project);
+    assert!(prj[&42][1] >= 10, "project 42: {:?}", prj.get(&42));
+    assert_eq!(prj[&43][1], 1);
+    assert_eq!(engine_lq(&fs, QuotaType::User)[&7][1], 1);
+}
+
+#[test]
+fn many_ids_grow_the_quota_files() {
+    if !have_tools() {
+        eprintln!("skipped: needs e2fsprogs");
+        return;
+    }
+    let img = quota_image("quota-grow", &[]);
+    let fs = open_rw(&img.0);
+    // Ids spread over the tree's levels: new tree blocks, data blocks filled past one.
+    for i in 0..200u32 {
+        let id = i.wrapping_mul(0x0101_0101).wrapping_add(i * 7919);
+        let f = fs
+            .create(ROOT_INO, format!("u{i}").as_bytes(), 0o644, id, id ^ 5)
+            .unwrap()
+            .ino;
+        fs.write_all(f, 0, &[1u8; 100]).unwrap();
+        if i % 3 == 0 {
+            set_project(&fs, f, id ^ 9, false);
+        }
+    }
+    for i in (0..200u32).step_by(4) {
+        fs.unlink(ROOT_INO, format!("u{i}").as_bytes()).unwrap();
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean_when(&img.0, "after 200 ids");
+    let fs = Fs::open_path(&img.0, opts::read_only()).unwrap();
+    assert_listings_agree(&fs, &img.0, "after 200 ids");
+    assert!(engine_lq(&fs, QuotaType::User).len() >= 200);
+}
+
+#[test]
+fn limits_set_here_are_what_debugfs_lists() {
+    if !have_tools() {
+        eprintln!("skipped: needs e2fsprogs");
+        return;
+    }
+    let img = quota_image("quota-limits", &[]);
+    let fs = open_rw(&img.0);
+    let lim = Dquot {
+        bsoftlimit: 1 << 20,
+        bhardlimit: 2 << 20,
+        isoftlimit: 10,
+        ihardlimit: 20,
+        ..Default::default()
+    };
+    fs.set_dquot_limits(QuotaType::User, 1234, &lim).unwrap();
+    fs.set_dquot_limits(QuotaType::Group, 0, &lim).unwrap();
+    fs.set_dquot_limits(QuotaType::Project, 77, &lim).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean_when(&img.0, "after setting limits");
+    let lq = debugfs_lq(&img.0, QuotaType::User);
+    assert_eq!(lq[&1234], [0, 0, 1024, 2048, 10, 20]);
+    let fs = Fs::open_path(&img.0, opts::read_only()).unwrap();
+    assert_listings_agree(&fs, &img.0, "after setting limits");
+}
