@@ -157,8 +157,15 @@ fn changes_keep_usage_right_for_users_groups_and_projects() {
         eprintln!("skipped: needs e2fsprogs");
         return;
     }
-    let img = quota_image("quota-rw", &[]);
-    let fs = open_rw(&img.0);
+    for (bs, buffered) in [("4096", false), ("1024", false), ("4096", true)] {
+        changes_keep_usage_right(bs, buffered);
+    }
+}
+
+/// The changes test on one block size, with writes direct or buffered (delayed allocation).
+fn changes_keep_usage_right(bs: &str, buffered: bool) {
+    let img = quota_image("quota-rw", &["-b", bs]);
+    let fs = Fs::open_path(&img.0, opts::no_timer_buffered(buffered)).unwrap();
     assert!(!fs.is_read_only(), "{:?}", fs.read_only_reason());
     let d = fs.mkdir(ROOT_INO, b"proj", 0o755, 1000, 1000).unwrap().ino;
     set_project(&fs, d, 42, true);
@@ -189,18 +196,14 @@ fn changes_keep_usage_right_for_users_groups_and_projects() {
     fs.unlink(files[0].0, b"f0").unwrap();
     fs.truncate(files[5].1, 10).unwrap();
     fs.symlink(d, b"long", &[b'x'; 300], 1000, 1000).unwrap();
-    fs.setxattr(
-        files[7].1,
-        b"user.big",
-        &[1u8; 3000],
-        uext4::XattrFlags::Any,
-    )
-    .unwrap();
+    fs.setxattr(files[7].1, b"user.big", &[1u8; 700], uext4::XattrFlags::Any)
+        .unwrap();
     fs.unmount().unwrap();
     drop(fs);
-    e2fsck_clean_when(&img.0, "after the engine's changes");
+    let when = format!("after the engine's changes ({bs}-byte blocks, buffered {buffered})");
+    e2fsck_clean_when(&img.0, &when);
     let fs = Fs::open_path(&img.0, opts::read_only()).unwrap();
-    assert_listings_agree(&fs, &img.0, "after the engine's changes");
+    assert_listings_agree(&fs, &img.0, &when);
     let prj = engine_lq(&fs, QuotaType::Project);
     assert!(prj[&42][1] >= 10, "project 42: {:?}", prj.get(&42));
     assert_eq!(prj[&43][1], 1);

@@ -1,5 +1,5 @@
 //! The image tools: mkfs, info, ls, cat, cp, mkdir, rm, mv, ln, stat, chmod, chown, touch,
-//! truncate, fstrim, chattr, lsattr, label, fscrypt, verity, one file per tool or family. Paths inside an
+//! truncate, fstrim, chattr, lsattr, label, fscrypt, verity, quota, one file per tool or family. Paths inside an
 //! image are written IMAGE:PATH; IMAGE
 //! may be `disk.img@2` (partition 2 of a whole-disk image, GPT or MBR, numbered as fdisk and
 //! lsblk number them) or `disk.img@offset=BYTES[,size=BYTES]` (a filesystem at a byte offset,
@@ -19,6 +19,7 @@ mod info;
 mod ls;
 pub mod mkfs;
 mod namespace;
+mod quota;
 mod stat;
 pub mod tar;
 pub mod verity;
@@ -282,6 +283,9 @@ pub enum ToolCmd {
     /// Enable fs-verity on a file and measure it, as fsverity(1).
     #[command(subcommand)]
     Verity(verity::VerityCmd),
+    /// Report quota usage and limits, as repquota(8): [-ugP] IMAGE; set limits, as
+    /// setquota(8): set -u|-g|-P ID BLOCK-SOFT BLOCK-HARD INODE-SOFT INODE-HARD IMAGE.
+    Quota(quota::QuotaArgs),
     /// Print the filesystem label, or set it (at most 16 bytes), as e2label(8).
     Label {
         /// The image file or block device.
@@ -318,6 +322,7 @@ impl ToolCmd {
             ToolCmd::Inodes { .. } => "inodes",
             ToolCmd::Icheck { .. } => "icheck",
             ToolCmd::Verity(_) => "verity",
+            ToolCmd::Quota(_) => "quota",
         }
     }
 }
@@ -465,5 +470,6 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
         ToolCmd::Inodes { deleted, image } => examine::inodes(&image, deleted),
         ToolCmd::Icheck { image, blocks } => examine::icheck(&image, &blocks),
         ToolCmd::Verity(c) => verity::run(c),
+        ToolCmd::Quota(a) => quota::run(a),
     }
 }

@@ -1,0 +1,127 @@
+//! `uext4 quota` through the built binary: the report lists what `debugfs -R 'lq TYPE'`
+//! lists; `uext4 quota set` sets limits that debugfs then lists, and changes made by the
+//! other tools (`chown`, `cp`, `chattr -p`) move usage so that the image stays `e2fsck -fn`
+//! clean (e2fsck compares usage with the inodes). Bad arguments exit 2 with one line.
+
+use std::process::Command;
+use uext4_testkit::*;
+
+const UEXT4: Cli = Cli(env!("CARGO_BIN_EXE_uext4"));
+
+fn write_ok(img: &Scratch, args: &[&str]) -> String {
+    let out = UEXT4.ok(args);
+    e2fsck_clean_when(&img.0, &format!("after uext4 {args:?}"));
+    out
+}
+
+/// debugfs's `lq TYPE` lines: id, space, block soft, block hard, inodes, soft, hard.
+fn lq(img: &Scratch, t: &str) -> Vec<Vec<u64>> {
+    let out = Command::new("debugfs")
+        .args(["-R", &format!("lq {t}"), img.s()])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .skip(1)
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect()
+        })
+        .filter(|v: &Vec<u64>| v.len() == 7)
+        .collect()
+}
+
+/// The report's rows as the same numbers: id, space (bytes, from KiB), limits, inodes.
+fn report_rows(out: &str, t: &str) -> Vec<Vec<u64>> {
+    let mut rows = Vec::new();
+    let mut in_type = false;
+    for l in out.lines() {
+        if l.starts_with("*** Report for ") {
+            in_type = l.contains(&format!(" {t} quotas"));
+        } else if in_type && l.starts_with('#') {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let id = w[0][1..].parse::<u64>().unwrap();
+            // #ID, marks, used, soft, hard, [grace], used, soft, hard, [grace]
+            let rest: Vec<u64> = (2..w.len()).filter_map(|i| w[i].parse().ok()).collect();
+            rows.push(vec![
+                id, rest[0], rest[1], rest[2], rest[3], rest[4], rest[5],
+            ]);
+        }
+    }
+    rows
+}
+
+#[test]
+fn report_and_set_agree_with_debugfs() {
+    if !needs::have(&["mke2fs", "debugfs", "e2fsck"]) {
+        eprintln!("SKIP: needs e2fsprogs");
+        return;
+    }
+    let img = scratch("cli-quota");
+    mke2fs(
+        &img.0,
+        "32M",
+        &[
+            "-O",
+            "quota,project",
+            "-E",
+            "quotatype=usrquota:grpquota:prjquota",
+        ],
+    );
+    write_ok(&img, &["mkdir", &img.at("/d")]);
+    write_ok(&img, &["truncate", "-s", "0", &img.at("/d/f")]);
+    let src = Scratch::file("cli-quota-src", 0);
+    std::fs::write(&src.0, vec![3u8; 50_000]).unwrap();
+    write_ok(&img, &["cp", src.s(), &img.at("/d/g")]);
+    write_ok(&img, &["chown", "1000:2000", &img.at("/d/g")]);
+    write_ok(&img, &["chattr", "-p", "9", "+P", &img.at("/d")]);
+    write_ok(
+        &img,
+        &[
+            "quota",
+            "set",
+            "-u",
+            "1000",
+            "1M",
+            "2048",
+            "3",
+            "4",
+            img.s(),
+        ],
+    );
+    write_ok(
+        &img,
+        &["quota", "set", "-P", "9", "0", "100", "0", "0", img.s()],
+    );
+    let out = UEXT4.ok(&["quota", img.s()]);
+    for t in ["user", "group", "project"] {
+        let kib = |v: &Vec<u64>| {
+            let mut v = v.clone();
+            v[1] = v[1].div_ceil(1024);
+            v
+        };
+        let want: Vec<Vec<u64>> = lq(&img, t).iter().map(kib).collect();
+        assert_eq!(report_rows(&out, t), want, "{t} quotas:\n{out}");
+    }
+    let users = lq(&img, "user");
+    let u1000 = users
+        .iter()
+        .find(|v| v[0] == 1000)
+        .expect("user 1000 listed");
+    assert_eq!(u1000[2..], [1024, 2048, 1, 3, 4]);
+    assert!(u1000[1] >= 50_000);
+    let prj = lq(&img, "project");
+    assert!(
+        prj.iter().any(|v| v[0] == 9 && v[3] == 100 && v[4] == 1),
+        "{prj:?}"
+    );
+    // One type only; a bad call exits 2.
+    let only = UEXT4.ok(&["quota", "-g", img.s()]);
+    assert!(only.contains("group quotas") && !only.contains("user quotas"));
+    UEXT4.fails_with(&["quota", "set", "1000", "1", "1", "1", "1", img.s()], 2);
+    let plain = scratch("cli-quota-none");
+    mke2fs(&plain.0, "16M", &[]);
+    let e = UEXT4.fails(&["quota", plain.s()]);
+    assert!(e.contains("keeps no quotas"), "{e}");
+}
