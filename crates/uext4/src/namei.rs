@@ -710,6 +710,9 @@ impl Fs {
             self.may_link_crypt(newdir, ino)?;
         }
         let d = self.dir_inode(newdir)?;
+        // A copy of the directory's fields: two inodes' state locks are never held together.
+        let dir_raw = d.state.lock().raw.clone();
+        self.check_same_project(&dir_raw, &inode.state.lock().raw)?;
         let _g = d.io_lock.write();
         // The inode's io_lock too (after the directory's, as unlink takes its victim's): if the
         // new name cannot be added and the other names went meanwhile, the inode is freed

@@ -267,3 +267,125 @@ fn limits_set_here_are_what_debugfs_lists() {
     let fs = Fs::open_path(&img.0, opts::read_only()).unwrap();
     assert_listings_agree(&fs, &img.0, "after setting limits");
 }
+
+/// The errno of each of: link into the project directory, rename into it, rename within
+/// it, exchange across it, link out of it, on an image with `/p` (project 5, PROJINHERIT),
+/// `/p/in` (project 5) and `/out` (project 0).
+const MOVES: [&str; 5] = [
+    "link in",
+    "rename in",
+    "rename within",
+    "exchange",
+    "link out",
+];
+
+fn engine_moves(fs: &Fs) -> Vec<i32> {
+    let lk = |n: &str| fs.lookup(ROOT_INO, n.as_bytes()).unwrap().ino;
+    let (p, out) = (lk("p"), lk("out"));
+    let inside = fs.lookup(p, b"in").unwrap().ino;
+    let e = |r: uext4::Result<()>| r.err().map_or(0, |e| e.errno());
+    vec![
+        e(fs.link(out, p, b"l").map(|_| ())),
+        e(fs.rename(ROOT_INO, b"out", p, b"moved", Default::default())),
+        e(fs.rename(p, b"in", p, b"in2", Default::default())),
+        e(fs.rename(
+            ROOT_INO,
+            b"out",
+            p,
+            b"in2",
+            uext4::RenameFlags {
+                exchange: true,
+                ..Default::default()
+            },
+        )),
+        e(fs.link(inside, ROOT_INO, b"l2").map(|_| ())),
+    ]
+}
+
+fn kernel_moves(m: &Path) -> Vec<i32> {
+    let e = |r: std::io::Result<()>| r.err().map_or(0, |e| e.raw_os_error().unwrap());
+    let exchange = || -> std::io::Result<()> {
+        let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        let (a, b) = (c(&m.join("out")), c(&m.join("p/in2")));
+        // SAFETY: two NUL-terminated paths; renameat2 reads them only.
+        let rc =
+            unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), 2) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    vec![
+        e(std::fs::hard_link(m.join("out"), m.join("p/l"))),
+        e(std::fs::rename(m.join("out"), m.join("p/moved"))),
+        e(std::fs::rename(m.join("p/in"), m.join("p/in2"))),
+        e(exchange()),
+        e(std::fs::hard_link(m.join("p/in2"), m.join("l2"))),
+    ]
+}
+
+#[test]
+fn links_and_renames_across_projects_fail_as_the_kernels() {
+    if !have_tools() {
+        eprintln!("skipped: needs e2fsprogs");
+        return;
+    }
+    // The project feature without quota files: the host kernel (no quota v2) mounts it
+    // read-write too.
+    let img = scratch("quota-exdev");
+    mke2fs(&img.0, "32M", &["-O", "project", "-I", "256"]);
+    {
+        let fs = open_rw(&img.0);
+        let p = fs.mkdir(ROOT_INO, b"p", 0o755, 0, 0).unwrap().ino;
+        set_project(&fs, p, 5, true);
+        fs.create(p, b"in", 0o644, 0, 0).unwrap();
+        fs.create(ROOT_INO, b"out", 0o644, 0, 0).unwrap();
+        fs.unmount().unwrap();
+    }
+    let copy = scratch("quota-exdev-kernel");
+    std::fs::copy(&img.0, &copy.0).unwrap();
+    let fs = open_rw(&img.0);
+    assert_eq!(
+        fs.get_fsxattr(
+            fs.lookup(fs.lookup(ROOT_INO, b"p").unwrap().ino, b"in")
+                .unwrap()
+                .ino
+        )
+        .unwrap()
+        .projid,
+        5
+    );
+    let ours = engine_moves(&fs);
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean_when(&img.0, "after the moves");
+    let x = libc::EXDEV;
+    assert_eq!(ours, vec![x, x, 0, x, 0], "{MOVES:?}");
+    if !needs::can_loop_mount() || !kernel_mounts_project_rw(&copy.0) {
+        return;
+    }
+    let m = KernelMount::new(&copy.0);
+    let theirs = kernel_moves(&m.dir);
+    drop(m);
+    assert_eq!(ours, theirs, "engine vs kernel, for {MOVES:?}");
+    e2fsck_clean_when(&copy.0, "after the kernel's moves");
+}
+
+/// Whether the host kernel mounts an image with the project feature read-write (it needs
+/// CONFIG_QUOTA and CONFIG_QFMT_V2; without them it refuses, and the comparison is skipped).
+fn kernel_mounts_project_rw(img: &Path) -> bool {
+    let dir = Scratch::dir("quota-try-mount");
+    let ok = Command::new("mount")
+        .args(["-t", "ext4", "-o", "loop"])
+        .arg(img)
+        .arg(&dir.0)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        let _ = Command::new("umount").arg(&dir.0).status();
+    } else {
+        eprintln!("SKIP: the host kernel does not mount project images read-write (no QFMT_V2)");
+    }
+    ok
+}
