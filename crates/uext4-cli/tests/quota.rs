@@ -94,7 +94,12 @@ fn report_and_set_agree_with_debugfs() {
         &img,
         &["quota", "set", "-P", "9", "0", "100", "0", "0", img.s()],
     );
+    write_ok(&img, &["quota", "grace", "-g", "3600", "86400", img.s()]);
     let out = UEXT4.ok(&["quota", img.s()]);
+    assert!(
+        out.contains("Block grace time: 01:00; Inode grace time: 1days"),
+        "{out}"
+    );
     for t in ["user", "group", "project"] {
         let kib = |v: &Vec<u64>| {
             let mut v = v.clone();

@@ -26,8 +26,31 @@ use crate::format::quota::{
 use crate::fs::Fs;
 use crate::icache::{Inode, InodeState};
 use crate::transaction::Handle;
+use std::cell::Cell;
 use std::collections::HashSet;
 use std::sync::Arc;
+
+thread_local! {
+    /// Whether limits hold for this thread's current request: the kernel asks whether
+    /// `current` has CAP_SYS_RESOURCE (ignore_hardlimit); here the entry points that take a
+    /// caller's [`Cred`] say so for their call ([`limits_for`]). The calls without one are the
+    /// image tools' and the library's, made with root's authority: no limit holds for them.
+    static LIMITED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Limits hold for this thread while the guard lives, unless `cred` is privileged.
+pub(crate) struct LimitsFor(bool);
+
+/// Makes the limits hold for `cred` (unprivileged) until the guard is dropped.
+pub(crate) fn limits_for(cred: &crate::cred::Cred) -> LimitsFor {
+    LimitsFor(LIMITED.replace(!cred.privileged))
+}
+
+impl Drop for LimitsFor {
+    fn drop(&mut self) {
+        LIMITED.set(self.0);
+    }
+}
 
 /// What one inode counts for in the quotas: its user, group and project ids, and its space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,18 +107,78 @@ impl Fs {
         {
             return None;
         }
-        // e2fsck reads i_projid wherever i_extra_isize reaches it, feature or not.
-        let projid = if raw.0.len() > GOOD_OLD_INODE_SIZE
-            && GOOD_OLD_INODE_SIZE + raw.extra_isize() as usize >= 0x9C + 4
-        {
-            raw.projid()
-        } else {
-            0
-        };
         Some(Charge {
-            ids: [raw.uid(), raw.gid(), projid],
+            ids: ids_of(raw),
             bytes: raw.blocks_512(self.geo.block_size) * 512,
         })
+    }
+
+    /// How many of `want` new blocks inode `ino` (fields `raw`, with `pending` bytes already
+    /// promised to it and not yet counted) may take, as the kernel's ext4_mb_new_blocks asks
+    /// dquot_alloc_block for less and less: [`Error::QuotaExceeded`] when not one.
+    pub(crate) fn quota_allow_blocks(
+        &self,
+        ino: u32,
+        raw: &RawInode,
+        want: u32,
+        pending: u64,
+    ) -> Result<u32> {
+        if !self.quota_kept() || !LIMITED.get() {
+            return Ok(want);
+        }
+        let Some(c) = self.charge_of(ino, raw) else {
+            return Ok(want);
+        };
+        let bs = self.geo.block_size as u64;
+        let now = self.now().sec.max(0) as u64;
+        let mut n = want as u64;
+        for t in QuotaType::ALL {
+            let Some(q) = self.dquot(t, c.ids[t.index()])? else {
+                continue;
+            };
+            let used = q.curspace + pending;
+            // check_bdq: the hard limit, and the soft limit once its grace period is over.
+            let mut cap = |limit: u64| n = n.min(limit.saturating_sub(used) / bs);
+            if q.bhardlimit != 0 {
+                cap(q.bhardlimit);
+            }
+            if q.bsoftlimit != 0 && q.btime != 0 && now >= q.btime {
+                cap(q.bsoftlimit);
+            }
+            if n == 0 {
+                return Err(Error::QuotaExceeded(format!(
+                    "{} {}: space",
+                    t.name(),
+                    q.id
+                )));
+            }
+        }
+        Ok(n as u32)
+    }
+
+    /// Refuses a new inode with fields `raw` past an inode limit (the kernel's check_idq).
+    pub(crate) fn quota_allow_inode(&self, raw: &RawInode) -> Result<()> {
+        if !self.quota_kept() || !LIMITED.get() {
+            return Ok(());
+        }
+        let now = self.now().sec.max(0) as u64;
+        let ids = ids_of(raw);
+        for t in QuotaType::ALL {
+            let Some(q) = self.dquot(t, ids[t.index()])? else {
+                continue;
+            };
+            let after = q.curinodes + 1;
+            let over_soft =
+                q.isoftlimit != 0 && after > q.isoftlimit && q.itime != 0 && now >= q.itime;
+            if (q.ihardlimit != 0 && after > q.ihardlimit) || over_soft {
+                return Err(Error::QuotaExceeded(format!(
+                    "{} {}: inodes",
+                    t.name(),
+                    q.id
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Moves inode `ino`'s usage from what `old` counted for to what `new` counts for, in
@@ -263,6 +346,49 @@ impl Fs {
         f.put_entry(&mut h, off, &q)?;
         Ok(q)
     }
+}
+
+impl Fs {
+    /// Sets the grace periods of quota type `t` (`setquota -t`), in seconds: how long usage
+    /// may stay over a soft limit. Grace periods already running keep their end.
+    ///
+    /// # Errors
+    /// [`Error::NotSupported`] when the type is not kept; corruption and I/O errors.
+    pub fn set_quota_grace(&self, t: QuotaType, bgrace: u32, igrace: u32) -> Result<()> {
+        self.check_writable()?;
+        let Some(qino) = self.quota_inum(t) else {
+            return Err(Error::NotSupported(format!(
+                "this filesystem keeps no {} quotas",
+                t.name()
+            )));
+        };
+        let mut h = self.txn.start(4);
+        let qi = self.iget(qino)?;
+        let mut st = qi.state.lock();
+        let mut f = QuotaFile {
+            fs: self,
+            qtype: t,
+            inode: &qi,
+            st: &mut st,
+        };
+        let mut info = f.info()?;
+        info.bgrace = bgrace;
+        info.igrace = igrace;
+        f.put_info(&mut h, &info)
+    }
+}
+
+/// The user, group and project ids an inode counts for. e2fsck reads i_projid wherever
+/// i_extra_isize reaches it, feature or not.
+fn ids_of(raw: &RawInode) -> [u32; 3] {
+    let projid = if raw.0.len() > GOOD_OLD_INODE_SIZE
+        && GOOD_OLD_INODE_SIZE + raw.extra_isize() as usize >= 0x9C + 4
+    {
+        raw.projid()
+    } else {
+        0
+    };
+    [raw.uid(), raw.gid(), projid]
 }
 
 /// Starts a grace period when usage is over a soft limit and none runs, and ends it when

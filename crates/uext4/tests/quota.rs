@@ -389,3 +389,111 @@ fn kernel_mounts_project_rw(img: &Path) -> bool {
     }
     ok
 }
+
+#[test]
+fn limits_give_edquot_to_unprivileged_callers() {
+    if !have_tools() {
+        eprintln!("skipped: needs e2fsprogs");
+        return;
+    }
+    for buffered in [false, true] {
+        let img = quota_image("quota-edquot", &[]);
+        let fs = Fs::open_path(&img.0, opts::no_timer_buffered(buffered)).unwrap();
+        let user = Cred::user(1000, 1000);
+        let um = uext4::Umask::Acl(0o022);
+        let lim = Dquot {
+            bhardlimit: 100 << 10,
+            ihardlimit: 3,
+            ..Default::default()
+        };
+        fs.set_dquot_limits(QuotaType::User, 1000, &lim).unwrap();
+        let d = fs.mkdir(ROOT_INO, b"home", 0o777, 1000, 1000).unwrap().ino;
+        // The directory is one inode: two more, then EDQUOT.
+        let f = fs.create_as(&user, d, b"a", 0o644, um).unwrap().ino;
+        fs.create_as(&user, d, b"b", 0o644, um).unwrap();
+        let e = fs.create_as(&user, d, b"c", 0o644, um).unwrap_err();
+        assert_eq!(e.errno(), libc::EDQUOT, "{e}");
+        // Root makes what it likes (CAP_SYS_RESOURCE).
+        let rootf = fs.create(d, b"r", 0o644, 1000, 1000).unwrap().ino;
+        // Space: one block fits, 200 KiB more does not under 100 KiB.
+        fs.write_all_as(&user, f, 0, &[2u8; 4096]).unwrap();
+        let e = fs
+            .write_all_as(&user, f, 4096, &vec![5u8; 200 << 10])
+            .unwrap_err();
+        assert_eq!(e.errno(), libc::EDQUOT, "{e} (buffered {buffered})");
+        fs.write_all(rootf, 0, &vec![5u8; 200 << 10]).unwrap();
+        fs.commit().unwrap();
+        fs.delalloc_writeback_all().unwrap();
+        let q = fs.dquot(QuotaType::User, 1000).unwrap().unwrap();
+        assert!(q.curspace >= 200 << 10, "root's write counts: {q:?}");
+        // Over the limit: a hole cannot be filled, written blocks can be overwritten.
+        let e = fs
+            .write_all_as(&user, f, 300 << 10, &[1u8; 4096])
+            .unwrap_err();
+        assert_eq!(e.errno(), libc::EDQUOT);
+        fs.write_all_as(&user, f, 0, &[1u8; 4096]).unwrap();
+        // A soft limit's grace period starts when usage is over it; while it runs, writes
+        // go on.
+        fs.set_dquot_limits(
+            QuotaType::Group,
+            1000,
+            &Dquot {
+                bsoftlimit: 8 << 10,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let g = fs.dquot(QuotaType::Group, 1000).unwrap().unwrap();
+        assert!(
+            g.btime > 0,
+            "group 1000 is over its soft limit: the grace period runs"
+        );
+        fs.set_dquot_limits(QuotaType::User, 1000, &Dquot::default())
+            .unwrap();
+        fs.write_all_as(&user, f, 300 << 10, &[1u8; 4096]).unwrap();
+        fs.unmount().unwrap();
+        drop(fs);
+        e2fsck_clean_when(&img.0, &format!("after EDQUOT (buffered {buffered})"));
+        let fs = Fs::open_path(&img.0, opts::read_only()).unwrap();
+        assert_listings_agree(&fs, &img.0, "after EDQUOT");
+    }
+}
+
+#[test]
+fn an_expired_soft_limit_refuses() {
+    if !have_tools() {
+        eprintln!("skipped: needs e2fsprogs");
+        return;
+    }
+    let img = quota_image("quota-grace", &[]);
+    let fs = open_rw(&img.0);
+    let user = Cred::user(1000, 1000);
+    fs.set_quota_grace(QuotaType::User, 0, 0).unwrap();
+    fs.set_dquot_limits(
+        QuotaType::User,
+        1000,
+        &Dquot {
+            bsoftlimit: 16 << 10,
+            isoftlimit: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let f = fs.create(ROOT_INO, b"f", 0o666, 1000, 1000).unwrap().ino;
+    // Over the soft limit: the grace period (0 s) starts, and ends at once.
+    fs.write_all(f, 0, &[1u8; 32 << 10]).unwrap();
+    let e = fs
+        .write_all_as(&user, f, 32 << 10, &[1u8; 4096])
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EDQUOT);
+    // One inode over the soft limit starts the (0 s) grace period; the next is refused.
+    let um = uext4::Umask::Acl(0);
+    fs.create_as(&user, ROOT_INO, b"g", 0o644, um).unwrap();
+    let e = fs.create_as(&user, ROOT_INO, b"h", 0o644, um).unwrap_err();
+    assert_eq!(e.errno(), libc::EDQUOT);
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean_when(&img.0, "after the grace tests");
+    let lq = debugfs_lq(&img.0, QuotaType::User);
+    assert_eq!(lq[&1000][2], 16);
+}

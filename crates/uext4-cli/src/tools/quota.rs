@@ -72,6 +72,26 @@ pub enum QuotaCmd {
         /// The image file or block device.
         image: PathBuf,
     },
+    /// Set the grace periods of a type, as setquota -t: -u|-g|-P BLOCK-GRACE INODE-GRACE
+    /// IMAGE (seconds).
+    Grace {
+        #[command(flatten)]
+        types: Types,
+        /// How long space may stay over a soft limit (seconds).
+        block_grace: u32,
+        /// How long inodes may stay over a soft limit (seconds).
+        inode_grace: u32,
+        /// The image file or block device.
+        image: PathBuf,
+    },
+}
+
+/// The one type a changing command names.
+fn one_type(types: Types, what: &str) -> Result<QuotaType> {
+    match types.chosen()[..] {
+        [t] => Ok(t),
+        _ => Err(Usage(format!("quota {what}: give one of -u, -g, -P")).into()),
+    }
 }
 
 /// A block limit as setquota takes it: a number of KiB, or a size with a suffix; in bytes.
@@ -96,10 +116,7 @@ pub fn run(a: QuotaArgs) -> Result<()> {
             inode_hard,
             image,
         }) => {
-            let t = match types.chosen()[..] {
-                [t] => t,
-                _ => return Err(Usage("quota set: give one of -u, -g, -P".into()).into()),
-            };
+            let t = one_type(types, "set")?;
             let lim = Dquot {
                 bsoftlimit: block_limit(&block_soft)?,
                 bhardlimit: block_limit(&block_hard)?,
@@ -114,6 +131,21 @@ pub fn run(a: QuotaArgs) -> Result<()> {
                 .map(|_| ())
                 .map_err(anyhow::Error::from)
                 .with_context(|| format!("{} quota of id {id}", t.name()));
+            finish(&fs, &img.path, r)
+        }
+        Some(QuotaCmd::Grace {
+            types,
+            block_grace,
+            inode_grace,
+            image,
+        }) => {
+            let t = one_type(types, "grace")?;
+            let img = image_arg(&image)?;
+            let fs = open_img(&img, false)?;
+            let r = fs
+                .set_quota_grace(t, block_grace, inode_grace)
+                .map_err(anyhow::Error::from)
+                .with_context(|| format!("{} quota grace times", t.name()));
             finish(&fs, &img.path, r)
         }
         None => {
