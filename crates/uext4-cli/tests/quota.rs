@@ -130,3 +130,41 @@ fn report_and_set_agree_with_debugfs() {
     let e = UEXT4.fails(&["quota", plain.s()]);
     assert!(e.contains("keeps no quotas"), "{e}");
 }
+
+/// statvfs(2) of a path: (blocks, free blocks, files).
+fn statvfs(p: &std::path::Path) -> (u64, u64, u64) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path and a zeroed struct the call fills.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
+    (s.f_blocks as u64, s.f_bfree as u64, s.f_files as u64)
+}
+
+#[test]
+fn df_on_a_project_directory_of_a_mount_shows_its_quota() {
+    if !needs::have(&["mke2fs", "e2fsck"]) || !needs::fuse_usable("df of a project directory") {
+        return;
+    }
+    let place = MountPlace::new("cli-quota-df", &["m"]);
+    mke2fs(
+        &place.img,
+        "32M",
+        &["-O", "quota,project", "-E", "quotatype=prjquota"],
+    );
+    let img = place.img.to_str().unwrap();
+    UEXT4.ok(&["mkdir", &format!("{img}:/p")]);
+    UEXT4.ok(&["chattr", "-p", "4", "+P", &format!("{img}:/p")]);
+    UEXT4.ok(&["quota", "set", "-P", "4", "0", "2M", "0", "50", img]);
+    let m = place.point(0);
+    uext4_mount(UEXT4.0, &place.img, &m, &[]);
+    let (blocks, free, files) = statvfs(&m.join("p"));
+    let whole = statvfs(&m);
+    umount_and_wait(&m, &place.img);
+    e2fsck_clean(&place.img);
+    // 2 MiB of 4 KiB blocks, less the directory's block; 50 inodes.
+    assert_eq!((blocks, free, files), (512, 511, 50));
+    assert!(
+        whole.0 > 512,
+        "the root shows the whole filesystem: {whole:?}"
+    );
+}

@@ -378,6 +378,44 @@ impl Fs {
     }
 }
 
+impl Fs {
+    /// [`Fs::statfs`] as seen from inode `ino` (`df DIR`): in a directory that passes on its
+    /// project id (PROJINHERIT), the project's limits stand in for the filesystem's size and
+    /// its usage for what is taken, as the kernel's ext4_statfs_project does, so that `df`
+    /// on a project directory shows its quota.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an inode not in use; corruption and I/O errors of the quota
+    /// file.
+    pub fn statfs_of(&self, ino: u32) -> Result<crate::StatFs> {
+        let mut s = self.statfs();
+        if self.quota_inum(QuotaType::Project).is_none() {
+            return Ok(s);
+        }
+        let raw = self.iget(ino)?.state.lock().raw.clone();
+        if raw.flags() & crate::flags::FL_PROJINHERIT == 0 {
+            return Ok(s);
+        }
+        let Some(q) = self.dquot(QuotaType::Project, ids_of(&raw)[2])? else {
+            return Ok(s);
+        };
+        let min_not_zero = |a: u64, b: u64| if a == 0 || (b != 0 && b < a) { b } else { a };
+        let bs = self.geo.block_size as u64;
+        let limit = min_not_zero(q.bsoftlimit, q.bhardlimit) / bs;
+        if limit != 0 && s.blocks > limit {
+            s.blocks = limit;
+            s.blocks_free = limit.saturating_sub(q.curspace / bs);
+            s.blocks_avail = s.blocks_free;
+        }
+        let limit = min_not_zero(q.isoftlimit, q.ihardlimit);
+        if limit != 0 && s.files > limit {
+            s.files = limit;
+            s.files_free = limit.saturating_sub(q.curinodes);
+        }
+        Ok(s)
+    }
+}
+
 /// The user, group and project ids an inode counts for. e2fsck reads i_projid wherever
 /// i_extra_isize reaches it, feature or not.
 fn ids_of(raw: &RawInode) -> [u32; 3] {

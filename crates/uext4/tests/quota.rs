@@ -497,3 +497,42 @@ fn an_expired_soft_limit_refuses() {
     let lq = debugfs_lq(&img.0, QuotaType::User);
     assert_eq!(lq[&1000][2], 16);
 }
+
+#[test]
+fn statfs_of_a_project_directory_reports_its_quota() {
+    if !have_tools() {
+        eprintln!("skipped: needs e2fsprogs");
+        return;
+    }
+    let img = quota_image("quota-statfs", &[]);
+    let fs = open_rw(&img.0);
+    let p = fs.mkdir(ROOT_INO, b"p", 0o755, 0, 0).unwrap().ino;
+    set_project(&fs, p, 3, true);
+    let f = fs.create(p, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_all(f, 0, &[1u8; 40 << 10]).unwrap();
+    fs.set_dquot_limits(
+        QuotaType::Project,
+        3,
+        &Dquot {
+            bhardlimit: 1 << 20,
+            bsoftlimit: 512 << 10,
+            ihardlimit: 100,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let whole = fs.statfs();
+    let s = fs.statfs_of(p).unwrap();
+    // The smaller non-zero limit, in blocks; what the project uses is taken.
+    assert_eq!(s.blocks, 128, "{s:?}");
+    let used = fs.dquot(QuotaType::Project, 3).unwrap().unwrap();
+    assert_eq!(s.blocks_free, 128 - used.curspace / 4096);
+    assert_eq!(s.blocks_free, s.blocks_avail);
+    assert_eq!((s.files, s.files_free), (100, 100 - used.curinodes));
+    // Elsewhere (and in a directory without PROJINHERIT): the filesystem's own.
+    let o = fs.statfs_of(ROOT_INO).unwrap();
+    assert_eq!((o.blocks, o.files), (whole.blocks, whole.files));
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+}
