@@ -292,15 +292,20 @@ impl Geometry {
             casefold_strict: sb.has_incompat(INCOMPAT_CASEFOLD)
                 && sb.encoding_flags() & ENCODING_FLAG_STRICT != 0,
             uuid: sb.uuid(),
-            quota_inums: if sb.has_ro_compat(crate::format::features::RO_COMPAT_QUOTA) {
-                [
-                    sb.usr_quota_inum(),
-                    sb.grp_quota_inum(),
-                    sb.prj_quota_inum(),
-                ]
-            } else {
-                [0; 3]
-            },
+            quota_inums: quota_inums(sb),
         })
+    }
+}
+
+/// The quota inodes the superblock names, with the `quota` feature (else none).
+fn quota_inums(sb: &Superblock) -> [u32; 3] {
+    if sb.has_ro_compat(RO_COMPAT_QUOTA) {
+        [
+            sb.usr_quota_inum(),
+            sb.grp_quota_inum(),
+            sb.prj_quota_inum(),
+        ]
+    } else {
+        [0; 3]
     }
 }
