@@ -277,6 +277,113 @@ pub fn entry_offset(i: usize) -> usize {
     DATA_HEADER + i * ENTRY_SIZE
 }
 
+/// A new quota file holding `entries` (in id order), as e2fsprogs writes one
+/// (quota_file_create, then each dquot inserted in id order, lib/support/quotaio_tree.c):
+/// the file's bytes (`dqi_blocks` quota blocks) and the order in which its quota blocks are
+/// first written, which decides where mke2fs puts the filesystem blocks under them.
+pub fn build_file(t: QuotaType, entries: &[Dquot]) -> (Vec<u8>, Vec<u32>) {
+    let mut f = NewFile {
+        blocks: vec![vec![0u8; QT_BLKSIZE]],
+        order: Vec::new(),
+        info: QuotaInfo {
+            bgrace: DEFAULT_GRACE,
+            igrace: DEFAULT_GRACE,
+            flags: 0,
+            blocks: QT_TREEOFF + 1,
+            free_blk: 0,
+            free_entry: 0,
+        },
+    };
+    put_header(&mut f.blocks[0], t);
+    f.touch(0);
+    for q in entries {
+        let off = f.insert(q.id, QT_TREEOFF, 0);
+        let (n, at) = ((off / QT_BLKSIZE) as usize, off % QT_BLKSIZE);
+        q.encode(&mut f.blocks[n][at..at + ENTRY_SIZE]);
+    }
+    let info = f.info;
+    info.encode(&mut f.blocks[0]);
+    f.blocks.resize(info.blocks as usize, vec![0u8; QT_BLKSIZE]);
+    (f.blocks.concat(), f.order)
+}
+
+/// The file being built by [`build_file`].
+struct NewFile {
+    blocks: Vec<Vec<u8>>,
+    order: Vec<u32>,
+    info: QuotaInfo,
+}
+
+impl NewFile {
+    /// Block `n` is written: grows the file to hold it and notes its first write.
+    fn touch(&mut self, n: u32) {
+        if self.blocks.len() <= n as usize {
+            self.blocks.resize(n as usize + 1, vec![0u8; QT_BLKSIZE]);
+        }
+        if !self.order.contains(&n) {
+            self.order.push(n);
+        }
+    }
+
+    /// A new block at the end of the file (get_free_dqblk: nothing is freed while building).
+    fn new_block(&mut self) -> u32 {
+        let b = self.info.blocks;
+        self.info.blocks += 1;
+        self.touch(b);
+        b
+    }
+
+    /// do_insert_tree: the entry's byte offset in the file.
+    fn insert(&mut self, id: u32, blk: u32, depth: u32) -> usize {
+        let i = tree_index(id, depth);
+        let child = self.blocks.get(blk as usize).map_or(0, |b| tree_ref(b, i));
+        let (newblk, off) = if depth == QT_TREEDEPTH - 1 {
+            self.free_entry(id)
+        } else {
+            let c = if child == 0 { self.new_block() } else { child };
+            (c, self.insert(id, c, depth + 1))
+        };
+        if child == 0 {
+            self.touch(blk);
+            set_tree_ref(&mut self.blocks[blk as usize], i, newblk);
+        }
+        off
+    }
+
+    /// find_free_dqentry: a slot in the first data block with room.
+    fn free_entry(&mut self, id: u32) -> (u32, usize) {
+        let d = if self.info.free_entry != 0 {
+            self.info.free_entry
+        } else {
+            let d = self.new_block();
+            self.info.free_entry = d;
+            d
+        };
+        let mut hd = DataHeader::decode(&self.blocks[d as usize]);
+        if hd.entries as usize + 1 >= ENTRIES_PER_BLOCK {
+            // Full now: off the free-entry list (its neighbours: none while building).
+            self.info.free_entry = hd.next_free;
+            hd.next_free = 0;
+            hd.prev_free = 0;
+        }
+        hd.entries += 1;
+        self.touch(d);
+        let b = &mut self.blocks[d as usize];
+        hd.encode(b);
+        let slot = (0..ENTRIES_PER_BLOCK)
+            .find(|&s| Dquot::decode(&b[entry_offset(s)..entry_offset(s) + ENTRY_SIZE]).is_none())
+            .expect("a listed data block has a free slot");
+        // Taken, so that the next insertion does not find it free.
+        Dquot {
+            id,
+            itime: 1,
+            ..Default::default()
+        }
+        .encode(&mut b[entry_offset(slot)..entry_offset(slot) + ENTRY_SIZE]);
+        (d, d as usize * QT_BLKSIZE + entry_offset(slot))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,5 +415,25 @@ mod tests {
     fn tree_index_takes_the_high_byte_first() {
         assert_eq!(tree_index(0x0102_0304, 0), 1);
         assert_eq!(tree_index(0x0102_0304, 3), 4);
+    }
+
+    #[test]
+    fn a_new_file_is_laid_out_as_e2fsprogs_writes_it() {
+        let q = Dquot {
+            id: 0,
+            curspace: 13312,
+            curinodes: 2,
+            ..Default::default()
+        };
+        let (bytes, order) = build_file(QuotaType::User, &[q]);
+        assert_eq!(bytes.len(), 6 * QT_BLKSIZE);
+        assert_eq!(order, [0, 2, 3, 4, 5, 1]);
+        let info = QuotaInfo::decode(&bytes);
+        assert_eq!((info.blocks, info.free_blk, info.free_entry), (6, 0, 5));
+        assert_eq!(tree_ref(&bytes[QT_BLKSIZE..], 0), 2);
+        assert_eq!(
+            Dquot::decode(&bytes[5 * QT_BLKSIZE + DATA_HEADER..]),
+            Some(q)
+        );
     }
 }
