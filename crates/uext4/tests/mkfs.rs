@@ -528,6 +528,9 @@ fn kernel_orphan_in_our_orphan_file() {
     e2fsck_strict(&crashed.0, "after uext4 processed the orphan file");
 }
 
+/// Size, block size, features, quota types, and mke2fs's -E quotatype for the same.
+type QuotaCase<'a> = (u64, u32, &'a str, Option<[bool; 3]>, &'a str);
+
 /// `-O quota[,project]` (with `-E quotatype=...` through the options' `quota_types`): the
 /// layout, the quota inodes' blocks and the quota files' bytes equal mke2fs's, and the image
 /// opens read-write and stays e2fsck-clean.
@@ -539,7 +542,7 @@ fn quota_files_match_mke2fs() {
     }
     let all = Some([true, true, true]);
     let ext3q = format!("{EXT3},quota");
-    let cases: &[(u64, u32, &str, Option<[bool; 3]>, &str)] = &[
+    let cases: &[QuotaCase] = &[
         (
             64 * MIB,
             1024,
@@ -572,10 +575,9 @@ fn quota_files_match_mke2fs() {
             .unwrap()
             .set_len(size)
             .unwrap();
-        let theirs = feats;
         let mut cmd = Command::new("mke2fs");
         cmd.args(["-q", "-F", "-t", "ext4", "-I", "256", "-i", "16384"])
-            .args(["-b", &bs.to_string(), "-O", &theirs]);
+            .args(["-b", &bs.to_string(), "-O", feats]);
         if !quotatype.is_empty() {
             cmd.args(["-E", &format!("quotatype={quotatype}")]);
         }
