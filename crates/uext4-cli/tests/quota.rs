@@ -15,9 +15,10 @@ fn write_ok(img: &Scratch, args: &[&str]) -> String {
 }
 
 /// debugfs's `lq TYPE` lines: id, space, block soft, block hard, inodes, soft, hard.
-fn lq(img: &Scratch, t: &str) -> Vec<Vec<u64>> {
+fn lq(img: &std::path::Path, t: &str) -> Vec<Vec<u64>> {
     let out = Command::new("debugfs")
-        .args(["-R", &format!("lq {t}"), img.s()])
+        .args(["-R", &format!("lq {t}")])
+        .arg(img)
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout)
@@ -106,17 +107,17 @@ fn report_and_set_agree_with_debugfs() {
             v[1] = v[1].div_ceil(1024);
             v
         };
-        let want: Vec<Vec<u64>> = lq(&img, t).iter().map(kib).collect();
+        let want: Vec<Vec<u64>> = lq(&img.0, t).iter().map(kib).collect();
         assert_eq!(report_rows(&out, t), want, "{t} quotas:\n{out}");
     }
-    let users = lq(&img, "user");
+    let users = lq(&img.0, "user");
     let u1000 = users
         .iter()
         .find(|v| v[0] == 1000)
         .expect("user 1000 listed");
     assert_eq!(u1000[2..], [1024, 2048, 1, 3, 4]);
     assert!(u1000[1] >= 50_000);
-    let prj = lq(&img, "project");
+    let prj = lq(&img.0, "project");
     assert!(
         prj.iter().any(|v| v[0] == 9 && v[3] == 100 && v[4] == 1),
         "{prj:?}"
@@ -167,4 +168,46 @@ fn df_on_a_project_directory_of_a_mount_shows_its_quota() {
         whole.0 > 512,
         "the root shows the whole filesystem: {whole:?}"
     );
+}
+
+#[test]
+fn a_user_over_its_limit_gets_edquot_through_a_mount() {
+    if !needs::have(&["mke2fs", "e2fsck", "setpriv"]) || !needs::fuse_usable("EDQUOT on a mount") {
+        return;
+    }
+    let place = MountPlace::new("cli-quota-edquot", &["m"]);
+    mke2fs(&place.img, "32M", &["-O", "quota"]);
+    let img = place.img.to_str().unwrap();
+    UEXT4.ok(&["mkdir", &format!("{img}:/home")]);
+    UEXT4.ok(&["chown", "1000:1000", &format!("{img}:/home")]);
+    UEXT4.ok(&["quota", "set", "-u", "1000", "0", "64", "0", "0", img]);
+    let m = place.point(0);
+    uext4_mount(UEXT4.0, &place.img, &m, &["-o", "allow_other"]);
+    let as_user = |cmd: &str| {
+        Command::new("setpriv")
+            .args([
+                "--reuid=1000",
+                "--regid=1000",
+                "--clear-groups",
+                "sh",
+                "-c",
+                cmd,
+            ])
+            .output()
+            .unwrap()
+    };
+    let f = m.join("home/f");
+    let small = as_user(&format!("head -c 16384 /dev/zero > {}", f.display()));
+    let big = as_user(&format!("head -c 200000 /dev/zero >> {}", f.display()));
+    // Root is not limited.
+    std::fs::write(m.join("home/r"), vec![0u8; 200_000]).unwrap();
+    umount_and_wait(&m, &place.img);
+    e2fsck_clean(&place.img);
+    assert!(small.status.success(), "{small:?}");
+    let err = String::from_utf8_lossy(&big.stderr);
+    assert!(!big.status.success() && err.contains("quota"), "{err}");
+    // User 1000 stopped at its 64 KiB (its directory and what of the file fitted).
+    let users = lq(&place.img, "user");
+    let u = users.iter().find(|v| v[0] == 1000).unwrap();
+    assert!(u[1] <= 64 << 10 && u[1] >= 16384 && u[4] == 2, "{u:?}");
 }
