@@ -372,8 +372,8 @@ fn read_only_mount_refuses_writes() {
     e.fsck();
 }
 
-/// An image uext4 can only read (here: quota and project, ro_compat features it does not
-/// write): `-o rw` fails in one line naming them and mounts nothing; with neither ro nor rw
+/// An image uext4 can only read (here: the `read-only` ro_compat feature tune2fs sets, which
+/// it does not write): `-o rw` fails in one line naming them and mounts nothing; with neither ro nor rw
 /// the mount goes read-only and says why once on stderr; with ro it says nothing.
 #[test]
 fn read_only_only_images_are_honest_about_it() {
@@ -382,7 +382,7 @@ fn read_only_only_images_are_honest_about_it() {
     }
     let e = Env::new("ro-only");
     sh(&format!(
-        "mke2fs -q -F -t ext4 -O quota,project {} 64M",
+        "mke2fs -q -F -t ext4 {0} 64M && tune2fs -O read-only {0}",
         e.img.display()
     ));
     let mount = |opts: &[&str]| {
@@ -399,7 +399,7 @@ fn read_only_only_images_are_honest_about_it() {
     assert!(!o.status.success(), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(
-        err.contains("read-write") && err.contains("quota, project"),
+        err.contains("read-write") && err.contains("feature: read-only"),
         "{err}"
     );
     assert!(!sh("cat /proc/mounts").contains(e.mnt.to_str().unwrap()));
@@ -407,7 +407,7 @@ fn read_only_only_images_are_honest_about_it() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert_eq!(err.matches("mounted read-only").count(), 1, "{err}");
-    assert!(err.contains("quota, project"), "{err}");
+    assert!(err.contains("feature: read-only"), "{err}");
     let werr = std::fs::write(e.mnt.join("new"), b"x").unwrap_err();
     assert_eq!(werr.raw_os_error(), Some(libc::EROFS), "{werr}");
     e.umount();

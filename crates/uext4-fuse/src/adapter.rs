@@ -432,7 +432,7 @@ impl Serve for Uext4Fuse {
                     write_flags,
                     data,
                 } => self.write(h, ino, offset, data, write_flags, out),
-                Op::Statfs => self.statfs(out),
+                Op::Statfs => self.statfs(ino, out),
                 // The server keeps nothing per descriptor and takes no POSIX locks: FLUSH would
                 // be a round trip per close(2). FOPEN_NOFLUSH asks for none, but with
                 // writeback_cache the kernel sends it anyway (after writing the file's dirty

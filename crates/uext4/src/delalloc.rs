@@ -139,6 +139,17 @@ impl Fs {
                 }
                 let (pages, holes, maps, inner) =
                     self.new_pages(inode.ino, &mut st, first, last)?;
+                if holes > 0 {
+                    // The kernel reserves quota for delayed blocks at write time
+                    // (dquot_reserve_block): the blocks this inode's pages already promised
+                    // count as used.
+                    let promised = st.delalloc.as_ref().map_or(0, |d| d.reserved) * bs;
+                    let got =
+                        self.quota_allow_blocks(inode.ino, &st.raw, holes as u32, promised)?;
+                    if (got as u64) < holes {
+                        return Err(Error::QuotaExceeded(format!("inode {}: space", inode.ino)));
+                    }
+                }
                 // Only pages that change the mapping change the reservation.
                 let md_more = if maps == 0 {
                     0

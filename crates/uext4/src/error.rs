@@ -38,6 +38,8 @@ pub enum Corruption {
     /// A block number outside the filesystem or inside its own metadata (the system zone),
     /// where no structure holding it is known.
     BlockReference,
+    /// A quota file: its header, tree or entries.
+    Quota,
 }
 
 impl std::fmt::Display for Corruption {
@@ -57,6 +59,7 @@ impl std::fmt::Display for Corruption {
             Corruption::Mmp => "MMP block",
             Corruption::BlockMap => "block map",
             Corruption::BlockReference => "block reference",
+            Corruption::Quota => "quota file",
         })
     }
 }
@@ -198,6 +201,10 @@ pub enum Error {
     /// EMSGSIZE: a verity salt or signature larger than the kernel allows.
     #[error("too large: {0}")]
     MsgSize(String),
+    /// EDQUOT: the change would take a user, group or project past its hard limit, or past
+    /// its soft limit once the grace period is over (quota.rs).
+    #[error("disk quota exceeded: {0}")]
+    QuotaExceeded(String),
 }
 
 /// Who holds an image that a read-write open was refused.
@@ -327,6 +334,7 @@ impl Error {
             Error::PartitionTable(_) => libc::EINVAL,
             Error::Nbd(_) | Error::Verity(_) => libc::EIO,
             Error::MsgSize(_) => libc::EMSGSIZE,
+            Error::QuotaExceeded(_) => libc::EDQUOT,
         }
     }
 }

@@ -66,11 +66,13 @@ impl Fs {
     /// capability costs nothing more than `write` (the check uses the inode's mode and what
     /// is known of its attributes, under the lock the write takes anyway).
     pub fn write_as(&self, cred: &Cred, ino: u32, off: u64, data: &[u8]) -> Result<(usize, bool)> {
+        let _limits = crate::quota::limits_for(cred);
         self.write_inner(Some(cred), ino, off, data)
     }
 
     /// [`Fs::write_all`] for `cred` (as [`Fs::write_as`]): whether the mode changed.
     pub fn write_all_as(&self, cred: &Cred, ino: u32, off: u64, data: &[u8]) -> Result<bool> {
+        let _limits = crate::quota::limits_for(cred);
         let mut done = 0;
         let mut changed = false;
         while done < data.len() {
@@ -96,6 +98,7 @@ impl Fs {
         off: u64,
         len: u64,
     ) -> Result<bool> {
+        let _limits = crate::quota::limits_for(cred);
         let inode = self.iget(ino)?;
         let gid = inode.state.lock().raw.gid();
         let member = cred.in_group(gid);
@@ -450,6 +453,11 @@ impl Fs {
             MAX_INIT_LEN
         };
         let want = (hole_last - lblk + 1).min(max as u64) as u32;
+        // Writeback of buffered pages takes what their writes were allowed (delalloc.rs).
+        let want = match st.writeback_claim() {
+            None => self.quota_allow_blocks(ino, &st.raw, want, 0)?,
+            Some(_) => want,
+        };
         let goal = self.alloc_goal(ino, st, lblk)?;
         let (p, mut n) = self.alloc_blocks(h, goal, want, st.writeback_claim())?;
         let unwritten = match fill(p, n) {

@@ -509,6 +509,17 @@ impl Fs {
             .then(|| dir_raw.projid())
     }
 
+    /// Refuses a new name in directory `dir_raw` for inode `raw` (link, rename) when the
+    /// directory passes its project id on and the inode is in another project, as the
+    /// kernel's ext4_link and ext4_rename do (EXDEV: tools then copy, and the copy is
+    /// charged to the directory's project).
+    pub(crate) fn check_same_project(&self, dir_raw: &RawInode, raw: &RawInode) -> Result<()> {
+        match self.inherited_projid(dir_raw) {
+            Some(p) if p != self.projid_of(raw) => Err(Error::CrossDevice),
+            _ => Ok(()),
+        }
+    }
+
     /// Gives a new inode `raw` in directory `dir_raw` the flags and project id it inherits
     /// (the kernel's __ext4_new_inode).
     pub(crate) fn inherit_flags(&self, dir_raw: &RawInode, raw: &mut RawInode) {

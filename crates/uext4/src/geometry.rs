@@ -84,6 +84,9 @@ pub struct Geometry {
     pub casefold_strict: bool,
     /// The filesystem UUID.
     pub uuid: [u8; 16],
+    /// The quota inodes (user, group, project; 0: that type is not kept) with the `quota`
+    /// feature; all 0 without it. Usage is kept in them as inodes change (quota.rs).
+    pub quota_inums: [u32; 3],
 }
 
 impl Geometry {
@@ -314,6 +317,20 @@ impl Geometry {
             casefold_strict: sb.has_incompat(INCOMPAT_CASEFOLD)
                 && sb.encoding_flags() & ENCODING_FLAG_STRICT != 0,
             uuid: sb.uuid(),
+            quota_inums: quota_inums(sb),
         })
+    }
+}
+
+/// The quota inodes the superblock names, with the `quota` feature (else none).
+fn quota_inums(sb: &Superblock) -> [u32; 3] {
+    if sb.has_ro_compat(RO_COMPAT_QUOTA) {
+        [
+            sb.usr_quota_inum(),
+            sb.grp_quota_inum(),
+            sb.prj_quota_inum(),
+        ]
+    } else {
+        [0; 3]
     }
 }

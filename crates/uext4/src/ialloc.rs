@@ -103,6 +103,7 @@ impl Fs {
         raw: crate::format::inode::RawInode,
     ) -> Result<crate::inode::InodeRef> {
         self.check_writable()?;
+        self.quota_allow_inode(&raw)?;
         let ipg = self.geo.inodes_per_group as usize;
         let parent_group = self.geo.ino_group(parent.max(1));
         for g in self.inode_group_order(parent_group, is_dir) {

@@ -158,9 +158,19 @@ impl Fs {
         }
         let (blk, off) = self.inode_location(ino)?;
         let buf = self.bcache.get(blk)?;
-        buf.write()[off..off + raw.0.len()].copy_from_slice(&raw.0);
+        let replaced = {
+            let mut data = buf.write();
+            let slot = &mut data[off..off + raw.0.len()];
+            let old = self.quota_kept().then(|| RawInode(slot.to_vec()));
+            slot.copy_from_slice(&raw.0);
+            old
+        };
         h.dirty(&buf);
-        Ok(())
+        match replaced {
+            // Usage moves with the inode, in this handle (quota.rs).
+            Some(old) => self.quota_recharge(h, ino, &old, raw),
+            None => Ok(()),
+        }
     }
 
     /// Writes the in-memory inode through the handle and records the transaction in it.
@@ -206,7 +216,16 @@ impl Fs {
         }
         let (blk, off) = self.inode_location(ino)?;
         let buf = self.bcache.get(blk)?;
-        buf.write()[off..off + disk.0.len()].copy_from_slice(&disk.0);
+        let mut data = buf.write();
+        let slot = &mut data[off..off + disk.0.len()];
+        if self.quota_kept()
+            && self.charge_of(ino, &RawInode(slot.to_vec())) != self.charge_of(ino, &disk)
+        {
+            // Only times change lazily; usage moves in handles (quota.rs).
+            tracing::error!(ino, "an inode's quota charge changed outside a handle");
+        }
+        slot.copy_from_slice(&disk.0);
+        drop(data);
         Ok(Some(buf))
     }
 }

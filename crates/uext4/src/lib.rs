@@ -94,6 +94,7 @@ mod orphan;
 mod overwrite;
 pub mod partition;
 mod place;
+mod quota;
 mod reader;
 pub mod sandbox;
 mod super_info;
@@ -139,6 +140,7 @@ pub use namei::{
 };
 pub use nbd::NbdDevice;
 pub use place::Placed;
+pub use quota::QuotaReport;
 pub use reader::FileReader;
 pub use transaction::TxnStats;
 pub use trim::Trimmed;

@@ -88,6 +88,13 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
             opts.inode_size
         )));
     }
+    if f.project && opts.inode_size as usize <= crate::format::inode::GOOD_OLD_INODE_SIZE {
+        // As mke2fs: i_projid lies past the old inode.
+        return Err(Error::Invalid(format!(
+            "{}-byte inodes have no room for project ids (use -I 256)",
+            opts.inode_size
+        )));
+    }
     let l = layout(dev.size(), opts)?;
     let mut bm = Blocks::new(&l);
     let tables = tables::place_group_tables(&mut bm, &l, f.flex_bg)?;
@@ -124,6 +131,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
     m.write_directories(&files)?;
     m.write_resize_inode(&files)?;
     m.write_journal(&files, id.uuid, &mut sb)?;
+    m.write_quota_files(&files)?;
     m.write_orphan_file(&files)?;
     let totals = m.write_groups(&files, gd_kind)?;
     sb.set_free_blocks_count(totals.free_blocks);

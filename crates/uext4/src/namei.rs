@@ -245,6 +245,7 @@ impl Fs {
         umask: Umask,
     ) -> Result<Attr> {
         let owner = NewOwner::of(cred, umask);
+        let _limits = crate::quota::limits_for(cred);
         self.mknod_inner(dir, name, with_type(mode, S_IFREG), 0, &owner)
     }
 
@@ -299,6 +300,7 @@ impl Fs {
         rdev: u32,
         umask: Umask,
     ) -> Result<Attr> {
+        let _limits = crate::quota::limits_for(cred);
         self.mknod_inner(dir, name, mode, rdev, &NewOwner::of(cred, umask))
     }
 
@@ -347,6 +349,7 @@ impl Fs {
         mode: u32,
         umask: Umask,
     ) -> Result<Attr> {
+        let _limits = crate::quota::limits_for(cred);
         self.mkdir_inner(dir, name, mode, &NewOwner::of(cred, umask))
     }
 
@@ -375,6 +378,7 @@ impl Fs {
     /// set-group-ID `dir` (a link's mode is always 0777 and it inherits no ACL).
     pub fn symlink_as(&self, cred: &Cred, dir: u32, name: &[u8], target: &[u8]) -> Result<Attr> {
         let owner = NewOwner::of(cred, Umask::Acl(0));
+        let _limits = crate::quota::limits_for(cred);
         self.symlink_inner(dir, name, target, &owner)
     }
 
@@ -638,6 +642,7 @@ impl Fs {
     /// [`Fs::tmpfile`] for `cred`: owned as [`Fs::create_as`] owns a file, with its mode
     /// and ACL from the directory's default ACL or the umask.
     pub fn tmpfile_as(&self, cred: &Cred, dir: u32, mode: u32, umask: Umask) -> Result<Attr> {
+        let _limits = crate::quota::limits_for(cred);
         self.tmpfile_inner(dir, mode, &NewOwner::of(cred, umask))
     }
 
@@ -716,6 +721,9 @@ impl Fs {
             self.may_link_crypt(newdir, ino)?;
         }
         let d = self.dir_inode(newdir)?;
+        // A copy of the directory's fields: two inodes' state locks are never held together.
+        let dir_raw = d.state.lock().raw.clone();
+        self.check_same_project(&dir_raw, &inode.state.lock().raw)?;
         let _g = d.io_lock.write();
         // The inode's io_lock too (after the directory's, as unlink takes its victim's): if the
         // new name cannot be added and the other names went meanwhile, the inode is freed

@@ -727,6 +727,26 @@ fn crash_states_recover_consistently_ea_inode() {
     check_crash_states_on(false, false, 60, &["-O", "ea_inode"]);
 }
 
+/// The same workloads on a filesystem with user, group and project quotas: usage moves in
+/// the handle of each change, so every crash state's quota files agree with its inodes
+/// (e2fsck -fn recomputes usage and compares).
+#[test]
+fn crash_states_recover_consistently_quota() {
+    check_crash_states_on(
+        false,
+        false,
+        60,
+        &[
+            "-O",
+            "quota,project",
+            "-E",
+            "quotatype=usrquota:grpquota:prjquota",
+            "-I",
+            "256",
+        ],
+    );
+}
+
 /// Inline files the kernel makes in `inline_base`, and their lengths (all inside the inode;
 /// whole 8-byte words, as the checker reads tags by word).
 const INLINE_FILES: u16 = 4;
@@ -883,6 +903,8 @@ fn check_crash_states_with(
         " (block maps)"
     } else if mkfs.contains(&"-g") {
         " (large removals)"
+    } else if mkfs.contains(&"quota,project") {
+        " (quotas)"
     } else {
         ""
     };

@@ -529,3 +529,90 @@ fn kernel_orphan_in_our_orphan_file() {
     use_in_uext4(&crashed.0, "after a crash with an orphan");
     e2fsck_strict(&crashed.0, "after uext4 processed the orphan file");
 }
+
+/// Size, block size, features, quota types, and mke2fs's -E quotatype for the same.
+type QuotaCase<'a> = (u64, u32, &'a str, Option<[bool; 3]>, &'a str);
+
+/// `-O quota[,project]` (with `-E quotatype=...` through the options' `quota_types`): the
+/// layout, the quota inodes' blocks and the quota files' bytes equal mke2fs's, and the image
+/// opens read-write and stays e2fsck-clean.
+#[test]
+fn quota_files_match_mke2fs() {
+    if !have("mke2fs") || !have("dumpe2fs") || !have("debugfs") {
+        eprintln!("SKIP: e2fsprogs (mke2fs, dumpe2fs, debugfs) not installed");
+        return;
+    }
+    let all = Some([true, true, true]);
+    let ext3q = format!("{EXT3},quota");
+    let cases: &[QuotaCase] = &[
+        (
+            64 * MIB,
+            1024,
+            "quota,project",
+            all,
+            "usrquota:grpquota:prjquota",
+        ),
+        (
+            64 * MIB,
+            4096,
+            "quota,project",
+            all,
+            "usrquota:grpquota:prjquota",
+        ),
+        (64 * MIB, 4096, "quota", None, ""),
+        (600 * MIB, 2048, "quota,project", None, ""),
+        (
+            600 * MIB,
+            1024,
+            "quota",
+            Some([false, true, false]),
+            "grpquota",
+        ),
+        (600 * MIB, 4096, &ext3q, None, ""),
+    ];
+    for &(size, bs, feats, types, quotatype) in cases {
+        let what = format!("{} MiB, {bs}, {feats:?} {quotatype:?}", size / MIB);
+        let reference = scratch("mkfs-qref");
+        std::fs::File::create(&reference.0)
+            .unwrap()
+            .set_len(size)
+            .unwrap();
+        let mut cmd = Command::new("mke2fs");
+        cmd.args(["-q", "-F", "-t", "ext4", "-I", "256", "-i", "16384"])
+            .args(["-b", &bs.to_string(), "-O", feats]);
+        if !quotatype.is_empty() {
+            cmd.args(["-E", &format!("quotatype={quotatype}")]);
+        }
+        assert!(
+            cmd.arg(&reference.0).status().unwrap().success(),
+            "mke2fs for {what}"
+        );
+        let ours = scratch("mkfs-qours");
+        let f = std::fs::File::create(&ours.0).unwrap();
+        f.set_len(size).unwrap();
+        drop(f);
+        let dev = FileDevice::open(&ours.0, false).unwrap();
+        let mut o = MkfsOptions::default_for(size);
+        o.block_size = bs;
+        o.assume_zeroed = true;
+        o.features.apply(feats).unwrap();
+        o.features.quota_types = types;
+        mkfs(&dev, &o).unwrap_or_else(|e| panic!("mkfs {what}: {e}"));
+        drop(dev);
+        assert_same_layout(&reference.0, &ours.0, &what);
+        for ino in [3, 4, 12] {
+            for req in [format!("blocks <{ino}>"), format!("cat <{ino}>")] {
+                assert_eq!(
+                    debugfs(&reference.0, &req),
+                    debugfs(&ours.0, &req),
+                    "{what}: {req}"
+                );
+            }
+        }
+        let fs = uext4::Fs::open_path(&ours.0, Default::default()).unwrap();
+        assert!(!fs.is_read_only(), "{what}: {:?}", fs.read_only_reason());
+        fs.mkdir(uext4::ROOT_INO, b"d", 0o755, 1000, 1000).unwrap();
+        fs.unmount().unwrap();
+        e2fsck_strict(&ours.0, &format!("{what}, after a mkdir"));
+    }
+}

@@ -674,6 +674,12 @@ proptest! {
             run_case_on(&ops, &[], MountOptions::default(), true);
         }
     }
+    /// User, group and project quotas: e2fsck recomputes usage after each case and
+    /// compares it with what the engine kept in the quota files.
+    #[test]
+    fn random_ops_quota(ops in proptest::collection::vec(op_strategy(), 1..80)) {
+        run_case(&ops, &["-O", "quota,project", "-E", "quotatype=usrquota:grpquota:prjquota"]);
+    }
     #[test]
     fn random_ops_uninit_bg_no_64bit(ops in proptest::collection::vec(op_strategy(), 1..60)) {
         run_case(&ops, &["-O", "^metadata_csum,uninit_bg,^64bit,^flex_bg"]);
@@ -771,6 +777,21 @@ fn concurrent_mixed_operations_stay_consistent_many_groups() {
     concurrent_mixed_operations_on(
         MountOptions::default(),
         &["-b", "1024", "-g", "1024", "-G", "4"],
+    );
+}
+
+/// With quotas: every thread's changes edit the same quota files, each under the quota
+/// inode's lock taken inside the changed inode's.
+#[test]
+fn concurrent_mixed_operations_stay_consistent_quota() {
+    concurrent_mixed_operations_on(
+        MountOptions::default(),
+        &[
+            "-O",
+            "quota,project",
+            "-E",
+            "quotatype=usrquota:grpquota:prjquota",
+        ],
     );
 }
 

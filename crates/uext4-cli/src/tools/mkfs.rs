@@ -42,7 +42,8 @@ pub struct MkfsArgs {
     /// The filesystem's UUID (default: random, or with SOURCE_DATE_EPOCH derived from it).
     #[arg(short = 'U')]
     uuid: Option<String>,
-    /// Extended options, mke2fs style: hash_seed=UUID, root_owner[=UID:GID].
+    /// Extended options, mke2fs style: hash_seed=UUID, root_owner[=UID:GID],
+    /// quotatype=usrquota:grpquota:prjquota.
     #[arg(short = 'E')]
     extended: Option<String>,
     /// Number of inodes (as mke2fs -N).
@@ -90,6 +91,8 @@ struct Extended {
     encoding: bool,
     /// encoding_flags=strict.
     strict: bool,
+    /// quotatype=usrquota:grpquota:prjquota: which quota files (with -O quota).
+    quota_types: Option<[bool; 3]>,
 }
 
 fn parse_uuid(s: &str, what: &str) -> Result<[u8; 16]> {
@@ -124,9 +127,21 @@ fn parse_extended(list: &str) -> Result<Extended> {
                     }
                 }
             }
+            Some(("quotatype", v)) => {
+                let mut t = [false; 3];
+                for q in v.split(':').map(str::trim) {
+                    match uext4::format::quota::QuotaType::parse(q) {
+                        Some(k) => t[k.index()] = true,
+                        None => bail!(
+                            "-E quotatype={v}: unknown type {q:?} (usrquota, grpquota, prjquota)"
+                        ),
+                    }
+                }
+                e.quota_types = Some(t);
+            }
             _ => bail!(
                 "-E {opt}: unknown extended option (known: hash_seed=UUID, root_owner[=UID:GID], \
-                 encoding=utf8, encoding_flags=strict)"
+                 encoding=utf8, encoding_flags=strict, quotatype=usrquota:grpquota:prjquota)"
             ),
         }
     }
@@ -226,6 +241,11 @@ pub fn run(mut a: MkfsArgs) -> Result<()> {
         bail!("-E encoding_flags=strict needs the casefold feature (-O casefold)");
     }
     features.casefold_strict = ext.strict;
+    if let Some(t) = ext.quota_types {
+        // As mke2fs: project quotas bring the project feature.
+        features.project |= t[2];
+        features.quota_types = Some(t);
+    }
     let uuid = a.uuid.as_deref().map(|u| parse_uuid(u, "-U")).transpose()?;
     let epoch = source_date_epoch()?;
     if let Some(d) = &a.root_dir {

@@ -1,5 +1,5 @@
 //! The image tools: mkfs, info, ls, cat, cp, mkdir, rm, mv, ln, stat, chmod, chown, touch,
-//! truncate, fstrim, chattr, lsattr, label, fscrypt, verity, one file per tool or family. Paths inside an
+//! truncate, fstrim, chattr, lsattr, label, fscrypt, verity, quota, one file per tool or family. Paths inside an
 //! image are written IMAGE:PATH; IMAGE
 //! may be `disk.img@2` (partition 2 of a whole-disk image, GPT or MBR, numbered as fdisk and
 //! lsblk number them) or `disk.img@offset=BYTES[,size=BYTES]` (a filesystem at a byte offset,
@@ -20,6 +20,7 @@ mod journal;
 mod ls;
 pub mod mkfs;
 mod namespace;
+mod quota;
 mod stat;
 pub mod tar;
 pub mod verity;
@@ -322,6 +323,9 @@ pub enum ToolCmd {
     /// Enable fs-verity on a file and measure it, as fsverity(1).
     #[command(subcommand)]
     Verity(verity::VerityCmd),
+    /// Report quota usage and limits, as repquota(8): [-ugP] IMAGE; set limits, as
+    /// setquota(8): set -u|-g|-P ID BLOCK-SOFT BLOCK-HARD INODE-SOFT INODE-HARD IMAGE.
+    Quota(quota::QuotaArgs),
     /// Print the filesystem label, or set it (at most 16 bytes), as e2label(8).
     Label {
         /// The image file or block device.
@@ -360,6 +364,7 @@ impl ToolCmd {
             ToolCmd::Journal { .. } => "journal",
             ToolCmd::Recover { .. } => "recover",
             ToolCmd::Verity(_) => "verity",
+            ToolCmd::Quota(_) => "quota",
         }
     }
 }
@@ -528,5 +533,6 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
             json,
         } => journal::recover(&image, &dir, &inodes, json),
         ToolCmd::Verity(c) => verity::run(c),
+        ToolCmd::Quota(a) => quota::run(a),
     }
 }

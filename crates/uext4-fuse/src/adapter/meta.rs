@@ -224,8 +224,9 @@ impl Uext4Fuse {
         Ok(reply::open(out, 0, abi::FOPEN_CACHE_DIR | keep))
     }
 
-    pub(super) fn statfs(&self, out: &mut [u8]) -> Reply {
-        let s = self.fs.statfs();
+    /// STATFS of the node the caller named: a project directory reports its quota.
+    pub(super) fn statfs(&self, ino: u32, out: &mut [u8]) -> Reply {
+        let s = self.fs.statfs_of(ino).map_err(|e| errno(&e))?;
         let k = reply::Kstatfs {
             blocks: s.blocks,
             bfree: s.blocks_free,

@@ -18,6 +18,7 @@ pub mod htree;
 pub mod inode;
 pub mod mmp;
 pub mod orphan_file;
+pub mod quota;
 pub mod superblock;
 pub mod verity;
 pub mod xattr;

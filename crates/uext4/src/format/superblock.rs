@@ -146,10 +146,13 @@ impl Superblock {
     le_field!(last_error_ino, set_last_error_ino, u32, 0x1D0);
     le_field!(last_error_line, set_last_error_line, u32, 0x1D4);
     le_field!(last_error_block, set_last_error_block, u64, 0x1D8);
+    le_field!(usr_quota_inum, set_usr_quota_inum, u32, 0x240);
+    le_field!(grp_quota_inum, set_grp_quota_inum, u32, 0x244);
     le_field!(overhead_clusters, set_overhead_clusters, u32, 0x248);
     le_field!(backup_bg0, set_backup_bg0, u32, 0x24C);
     le_field!(backup_bg1, set_backup_bg1, u32, 0x250);
     le_field!(lpf_ino, set_lpf_ino, u32, 0x268);
+    le_field!(prj_quota_inum, set_prj_quota_inum, u32, 0x26C);
     le_field!(checksum_seed, set_checksum_seed, u32, 0x270);
     le_field!(first_error_errcode, set_first_error_errcode, u8, 0x27A);
     le_field!(last_error_errcode, set_last_error_errcode, u8, 0x27B);

@@ -1,7 +1,7 @@
 //! Step 5 of mkfs: the first inodes and their contents: the reserved inodes, the root directory
 //! (inode 2) and lost+found (inode 11), the resize inode (7: a double-indirect map whose
 //! indirect blocks are the primary reserved GDT blocks, each listing its backups), the journal
-//! (inode 8) and the orphan file (inode 12).
+//! (inode 8), the quota files (3, 4, 12) and the orphan file (inode 12).
 
 use super::layout::backup_groups;
 use super::place::{Placement, ORPHAN_INO};
@@ -204,6 +204,32 @@ impl Maker<'_> {
                 let mut b = vec![0u8; bs];
                 orphan_file::put_tail(&mut b, seed, blk);
                 self.w.put_block(blk, &b)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The quota files' inodes (regular, 0600, immutable, as e2fsprogs makes them) and
+    /// blocks.
+    pub(super) fn write_quota_files(&mut self, p: &Placement) -> Result<()> {
+        let bs = self.block_size();
+        for q in &p.quotas {
+            let mut r = self.new_inode(S_IFREG | 0o600, 1);
+            r.set_flags(r.flags() | FL_IMMUTABLE);
+            let extra = self.map_blocks(q.ino, &mut r, &q.runs, None)?;
+            let n: u64 = q.runs.iter().map(|r| r.1).sum();
+            r.set_size(q.bytes.len() as u64);
+            r.set_blocks_512((n + extra) * (bs as u64 / 512));
+            self.write_inode(q.ino, &mut r)?;
+            let mut chunks = q.bytes.chunks(bs);
+            for &(s, l) in &q.runs {
+                for blk in s..s + l {
+                    let mut b = vec![0u8; bs];
+                    if let Some(c) = chunks.next() {
+                        b[..c.len()].copy_from_slice(c);
+                    }
+                    self.w.put_block(blk, &b)?;
+                }
             }
         }
         Ok(())

@@ -60,6 +60,14 @@ pub struct FeatureSet {
     /// Attribute values too large for the inode and one block kept in inodes of their own
     /// (xattr_inode.rs).
     pub ea_inode: bool,
+    /// Quota files kept in hidden inodes (3, 4 and a new one for projects), usage updated
+    /// with every change (quota.rs).
+    pub quota: bool,
+    /// Project ids in the inodes (i_projid), for project quotas and PROJINHERIT.
+    pub project: bool,
+    /// With quota: which types get a file (user, group, project; mke2fs -E quotatype=).
+    /// None: mke2fs's default, user and group, and project with the project feature.
+    pub quota_types: Option<[bool; 3]>,
 }
 
 impl Default for FeatureSet {
@@ -71,7 +79,7 @@ impl Default for FeatureSet {
 /// Feature names `FeatureSet::apply` knows.
 const FEATURE_NAMES: &str = "has_journal, ext_attr, resize_inode, dir_index, filetype, extent, \
      64bit, flex_bg, sparse_super, large_file, huge_file, dir_nlink, extra_isize, metadata_csum, \
-     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold, encrypt, stable_inodes, verity, inline_data, ea_inode";
+     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold, encrypt, stable_inodes, verity, inline_data, ea_inode, quota, project";
 
 impl FeatureSet {
     /// `mke2fs -t ext4` of e2fsprogs 1.47.
@@ -101,6 +109,9 @@ impl FeatureSet {
             verity: false,
             inline_data: false,
             ea_inode: false,
+            quota: false,
+            project: false,
+            quota_types: None,
         }
     }
 
@@ -157,6 +168,8 @@ impl FeatureSet {
             || self.verity
             || self.inline_data
             || self.ea_inode
+            || self.quota
+            || self.project
         {
             "ext4"
         } else if self.has_journal {
@@ -197,6 +210,8 @@ impl FeatureSet {
                 "verity" => &mut self.verity,
                 "inline_data" => &mut self.inline_data,
                 "ea_inode" => &mut self.ea_inode,
+                "quota" => &mut self.quota,
+                "project" => &mut self.project,
                 _ => {
                     return Err(Error::Unsupported(format!(
                         "mkfs feature {f:?} (uext4 mkfs knows: {FEATURE_NAMES})"
@@ -228,11 +243,31 @@ impl FeatureSet {
         if self.orphan_file && !self.has_journal {
             return Err(Error::Invalid("orphan_file needs has_journal".into()));
         }
+        if self.quota && self.orphan_file {
+            return Err(Error::Unsupported(
+                "mkfs with both quota and orphan_file (not yet; tune2fs -O quota adds quotas)"
+                    .into(),
+            ));
+        }
+        if self.quota_kinds()[2] && !self.project {
+            return Err(Error::Invalid(
+                "project quotas need the project feature (-O project)".into(),
+            ));
+        }
         if self.inline_data && !self.ext_attr {
             // Inline data past i_block lives in the "system.data" attribute.
             return Err(Error::Invalid("inline_data needs ext_attr".into()));
         }
         Ok(())
+    }
+
+    /// Which quota files mkfs makes (user, group, project): none without quota.
+    pub fn quota_kinds(&self) -> [bool; 3] {
+        match (self.quota, self.quota_types) {
+            (false, _) => [false; 3],
+            (true, Some(t)) => t,
+            (true, None) => [true, true, self.project],
+        }
     }
 
     /// Group descriptors carry checksums (and groups may be left uninitialised).

@@ -10,6 +10,8 @@ use super::tables::FLEX_GROUPS;
 use super::MkfsOptions;
 use crate::error::{Error, Result};
 use crate::format::inode::GOOD_OLD_FIRST_INO;
+use crate::format::quota::{build_file, Dquot, QuotaType, QT_BLKSIZE};
+use std::collections::BTreeMap;
 
 /// The orphan file's inode (the first after lost+found).
 pub(super) const ORPHAN_INO: u32 = GOOD_OLD_FIRST_INO + 1;
@@ -22,6 +24,17 @@ pub(super) struct FileBlocks {
     pub map: Option<BlockMap>,
 }
 
+/// A quota file mkfs makes: its inode, contents and blocks (runs in logical order).
+pub(super) struct QuotaFileBlocks {
+    pub ino: u32,
+    pub bytes: Vec<u8>,
+    pub runs: Vec<(u64, u64)>,
+}
+
+/// The project quota file's inode: the first free one after lost+found, as mke2fs's
+/// ext2fs_new_inode finds it.
+pub(super) const PRJ_QUOTA_INO: u32 = GOOD_OLD_FIRST_INO + 1;
+
 /// Where the first files' blocks went.
 pub(super) struct Placement {
     pub root: u64,
@@ -29,7 +42,10 @@ pub(super) struct Placement {
     pub resize_dind: Option<u64>,
     pub journal: FileBlocks,
     pub orphan: FileBlocks,
-    /// Inodes in use in group 0: the reserved ones, lost+found and the orphan file.
+    /// The quota files, in the order mke2fs makes them (user, group, project).
+    pub quotas: Vec<QuotaFileBlocks>,
+    /// Inodes in use in group 0: the reserved ones, lost+found and the orphan file or the
+    /// project quota file.
     pub used_inodes: u32,
 }
 
@@ -44,6 +60,8 @@ pub(super) fn place_files(bm: &mut Blocks, l: &Layout, opts: &MkfsOptions) -> Re
     let f = &opts.features;
     let used_inodes = if f.orphan_file {
         ORPHAN_INO
+    } else if f.quota_kinds()[2] {
+        PRJ_QUOTA_INO
     } else {
         GOOD_OLD_FIRST_INO
     };
@@ -80,6 +98,7 @@ pub(super) fn place_files(bm: &mut Blocks, l: &Layout, opts: &MkfsOptions) -> Re
         None
     };
     let journal = place_journal(bm, l, opts)?;
+    let quotas = place_quota_files(bm, l, opts, lost_found.len() as u64)?;
     let orphan = if f.orphan_file {
         let n = default_orphan_file_blocks(l.blocks) as u64;
         alloc_file(bm, l, opts, fdb, n)?
@@ -92,8 +111,66 @@ pub(super) fn place_files(bm: &mut Blocks, l: &Layout, opts: &MkfsOptions) -> Re
         resize_dind,
         journal,
         orphan,
+        quotas,
         used_inodes,
     })
+}
+
+/// The quota files, as mke2fs's create_quota_inodes makes them after the journal: usage of
+/// the root directory (its owner's) and lost+found (root's), then each file's blocks, one
+/// filesystem block when a quota block in it is first written, at the first free block of
+/// group 0 (ext2fs_find_inode_goal for an inode with no blocks yet).
+fn place_quota_files(
+    bm: &mut Blocks,
+    l: &Layout,
+    opts: &MkfsOptions,
+    lpf_blocks: u64,
+) -> Result<Vec<QuotaFileBlocks>> {
+    let kinds = opts.features.quota_kinds();
+    let bs = l.block_size as u64;
+    let (ru, rg) = opts.root_owner;
+    let charged = [([ru, rg, 0], bs), ([0, 0, 0], lpf_blocks * bs)];
+    let mut out = Vec::new();
+    for t in QuotaType::ALL {
+        if !kinds[t.index()] {
+            continue;
+        }
+        let mut by_id: BTreeMap<u32, Dquot> = BTreeMap::new();
+        for (ids, space) in charged {
+            let id = ids[t.index()];
+            let q = by_id.entry(id).or_insert(Dquot {
+                id,
+                ..Default::default()
+            });
+            q.curspace += space;
+            q.curinodes += 1;
+        }
+        let entries: Vec<Dquot> = by_id.into_values().collect();
+        let (bytes, order) = build_file(t, &entries);
+        let mut lmap: BTreeMap<u64, u64> = BTreeMap::new();
+        for qb in order {
+            let lb = qb as u64 * QT_BLKSIZE as u64 / bs;
+            if let std::collections::btree_map::Entry::Vacant(e) = lmap.entry(lb) {
+                let b = bm.new_block(l.first_data_block).ok_or_else(too_small)?;
+                bm.mark(b, 1, true);
+                e.insert(b);
+            }
+        }
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for &b in lmap.values() {
+            match runs.last_mut() {
+                Some((s, n)) if *s + *n == b => *n += 1,
+                _ => runs.push((b, 1)),
+            }
+        }
+        let ino = match t {
+            QuotaType::User => 3,
+            QuotaType::Group => 4,
+            QuotaType::Project => PRJ_QUOTA_INO,
+        };
+        out.push(QuotaFileBlocks { ino, bytes, runs });
+    }
+    Ok(out)
 }
 
 /// The journal's size (as asked, or mke2fs's default for the size; 0 without has_journal) and

@@ -92,6 +92,8 @@ pub(super) fn build_superblock(
             | flag(f.dir_nlink, RO_COMPAT_DIR_NLINK)
             | flag(f.extra_isize, RO_COMPAT_EXTRA_ISIZE)
             | flag(f.verity, RO_COMPAT_VERITY)
+            | flag(f.quota, RO_COMPAT_QUOTA)
+            | flag(f.project, RO_COMPAT_PROJECT)
             | if f.metadata_csum {
                 RO_COMPAT_METADATA_CSUM
             } else {
@@ -158,6 +160,16 @@ pub(super) fn build_superblock(
     if jblocks > 0 {
         sb.set_journal_inum(JOURNAL_INO);
         sb.set_jnl_backup_type(1);
+    }
+    let kinds = f.quota_kinds();
+    if kinds[0] {
+        sb.set_usr_quota_inum(3);
+    }
+    if kinds[1] {
+        sb.set_grp_quota_inum(4);
+    }
+    if kinds[2] {
+        sb.set_prj_quota_inum(super::place::PRJ_QUOTA_INO);
     }
     if f.orphan_file {
         sb.set_orphan_file_inum(ORPHAN_INO);

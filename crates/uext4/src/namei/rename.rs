@@ -294,6 +294,15 @@ impl Fs {
                 return Err(Error::Loop);
             }
         }
+        // Into a directory that passes on another project: EXDEV (ext4_rename and, for an
+        // exchange, both ways as ext4_cross_rename).
+        // (Copies of the directories' fields: two inodes' state locks are never held together.)
+        let nd_raw = d.nd.state.lock().raw.clone();
+        self.check_same_project(&nd_raw, &src.state.lock().raw)?;
+        if let Some(t) = tgt.as_ref().filter(|_| flags.exchange) {
+            let od_raw = d.od.state.lock().raw.clone();
+            self.check_same_project(&od_raw, &t.state.lock().raw)?;
+        }
         Ok(Some(RenameNames {
             sino,
             sft,
