@@ -508,6 +508,20 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
         }
         ToolCmd::Label { image, label } => chattr::label(&image, label.as_deref()),
         ToolCmd::Fscrypt(c) => fscrypt::run(c),
+        c @ (ToolCmd::Ncheck { .. }
+        | ToolCmd::Timeline { .. }
+        | ToolCmd::Inodes { .. }
+        | ToolCmd::Icheck { .. }
+        | ToolCmd::Journal { .. }
+        | ToolCmd::Recover { .. }) => examine_cmd(c),
+        ToolCmd::Verity(c) => verity::run(c),
+        ToolCmd::Quota(a) => quota::run(a),
+    }
+}
+
+/// The examiner's commands (read-only, below the namespace).
+fn examine_cmd(cmd: ToolCmd) -> Result<()> {
+    match cmd {
         ToolCmd::Ncheck {
             image,
             inodes,
@@ -532,7 +546,6 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
             inodes,
             json,
         } => journal::recover(&image, &dir, &inodes, json),
-        ToolCmd::Verity(c) => verity::run(c),
-        ToolCmd::Quota(a) => quota::run(a),
+        _ => unreachable!("examine_cmd is given the examiner's commands only"),
     }
 }
