@@ -577,6 +577,8 @@ impl Fs {
                     };
                     return Fs::open_dev_again(overlay, opts, reopen);
                 }
+                // Refused before anything is written: records uext4 cannot replay yet.
+                fs.pending_fast_commits(&journal)?;
                 let report = journal.recover()?;
                 let in_memory_replay = in_memory.is_some();
                 tracing::info!(?report, in_memory_replay, "replayed the journal");

@@ -63,6 +63,7 @@ mod encrypt;
 mod error;
 mod extent_cache;
 mod extents;
+mod fast_commit;
 mod file;
 pub mod flags;
 mod fname;
