@@ -94,6 +94,7 @@ mod overwrite;
 pub mod partition;
 mod place;
 mod reader;
+mod recovery;
 pub mod sandbox;
 mod super_info;
 mod sync;

@@ -4,9 +4,11 @@
 //! replays the log, then these records, as the kernel at mount and e2fsck do.
 //!
 //! uext4 itself does full commits only: it never writes the area, and its log stops short of
-//! it (journal/mod.rs).
+//! it (journal/mod.rs). `replay.rs` applies the records; recovery.rs calls it.
 
-use crate::error::{Error, Result};
+mod replay;
+
+use crate::error::Result;
 use crate::format::fast_commit::{scan, FastCommits};
 use crate::fs::Fs;
 use crate::journal::Journal;
@@ -22,14 +24,6 @@ impl Fs {
         if journal.fast_commit_area().is_none() {
             return Ok(FastCommits::default());
         }
-        let fc = scan(&journal.read_fast_commit_area()?, tid)?;
-        if !fc.is_empty() {
-            return Err(Error::Unsupported(format!(
-                "the journal holds {} fast commit(s) of transaction {tid}, which uext4 cannot \
-                 replay yet (mount it with the kernel or run e2fsck -fy first)",
-                fc.commits
-            )));
-        }
-        Ok(fc)
+        scan(&journal.read_fast_commit_area()?, tid)
     }
 }
