@@ -1,0 +1,346 @@
+//! Fast commits written by the kernel, replayed three ways: an image made with
+//! `mke2fs -O fast_commit` is mounted by the kernel with commit=600 (so no periodic full
+//! commit happens), changed with an fsync after each change, and copied while still mounted:
+//! the copy's journal holds the log's full commits and, after them, fast commits. The tree
+//! the kernel's own replay gives (a read-write loop mount of one copy), the one e2fsck -fy
+//! gives, and the ones uext4 gives (read-only in memory, leaving the image byte for byte as it
+//! was; read-write, then e2fsck -fn clean) must be the same: names, kinds, sizes, modes, link
+//! counts, contents. Needs root, loop devices and a kernel with fast_commit; says so and skips
+//! otherwise.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Command;
+use uext4::{Fs, MountOptions};
+
+/// What is compared of each file.
+#[derive(Debug, PartialEq, Eq, Clone)]
+struct Entry {
+    mode: u32,
+    size: u64,
+    nlink: u32,
+    /// The bytes of a regular file, the target of a symlink, nothing for a directory.
+    content: Vec<u8>,
+}
+
+type Tree = BTreeMap<String, Entry>;
+
+/// The tree under a host directory (the kernel's mount).
+fn host_tree(root: &Path) -> Tree {
+    let mut t = Tree::new();
+    let mut stack = vec![(root.to_path_buf(), String::new())];
+    while let Some((dir, rel)) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let name = format!("{rel}/{}", e.file_name().to_string_lossy());
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            let content = if m.file_type().is_symlink() {
+                std::fs::read_link(e.path())
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes()
+            } else if m.is_file() {
+                std::fs::read(e.path()).unwrap()
+            } else {
+                Vec::new()
+            };
+            if m.is_dir() {
+                stack.push((e.path(), name.clone()));
+            }
+            t.insert(
+                name,
+                Entry {
+                    mode: m.mode(),
+                    size: m.size(),
+                    nlink: m.nlink() as u32,
+                    content,
+                },
+            );
+        }
+    }
+    t
+}
+
+/// The tree as uext4 reads it.
+fn uext4_tree(fs: &Fs) -> Tree {
+    let mut t = Tree::new();
+    let mut stack = vec![(fs.root_ino(), String::new())];
+    while let Some((dir, rel)) = stack.pop() {
+        let mut names = Vec::new();
+        fs.readdir(dir, 0, &mut |e| {
+            if e.name != b"." && e.name != b".." {
+                names.push((e.ino, e.name));
+            }
+            true
+        })
+        .unwrap();
+        for (ino, n) in names {
+            let name = format!("{rel}/{}", String::from_utf8_lossy(&n));
+            let a = fs.getattr(ino).unwrap();
+            let kind = a.mode as u32 & 0o170000;
+            let content = match kind {
+                0o120000 => fs.readlink(ino).unwrap(),
+                0o100000 => read_all(fs, ino),
+                _ => Vec::new(),
+            };
+            if kind == 0o040000 {
+                stack.push((ino, name.clone()));
+            }
+            t.insert(
+                name,
+                Entry {
+                    mode: a.mode as u32,
+                    size: a.size,
+                    nlink: a.nlink,
+                    content,
+                },
+            );
+        }
+    }
+    t
+}
+
+fn run(cmd: &str, args: &[&str]) -> std::process::Output {
+    let out = Command::new(cmd).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn fsync(p: &Path) {
+    std::fs::File::open(p).unwrap().sync_all().unwrap();
+}
+
+/// Frees `len` bytes at `off` of a file (fallocate PUNCH_HOLE | KEEP_SIZE).
+fn punch(p: &Path, off: i64, len: i64) {
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+    let flags = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    assert_eq!(
+        unsafe { libc::fallocate(f.as_raw_fd(), flags, off, len) },
+        0
+    );
+    f.sync_all().unwrap();
+}
+
+/// A full commit of the whole filesystem (syncfs), as a periodic commit would make.
+fn syncfs(p: &Path) {
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::File::open(p).unwrap();
+    assert_eq!(unsafe { libc::syncfs(f.as_raw_fd()) }, 0);
+}
+
+/// The changes made under the kernel, each followed by an fsync of what it changed (fast
+/// commits: create, write, append, link, unlink, rename, truncate, punch). With
+/// `new_dir_and_symlink` a directory and a symlink are made after the last full commit too;
+/// without, the directory is fully committed (syncfs) and there is no symlink: e2fsck
+/// 1.47's replay fails on both (its link replay neither sets up a new directory's "." and
+/// ".." nor takes a symlink: "Ext2 inode is not a directory"), so it is compared only then.
+fn make_changes(m: &Path, new_dir_and_symlink: bool) {
+    let w = |name: &str, data: &[u8]| {
+        std::fs::write(m.join(name), data).unwrap();
+        fsync(&m.join(name));
+    };
+    w("base", b"before the first fsync\n");
+    std::fs::create_dir(m.join("dir")).unwrap();
+    fsync(&m.join("dir"));
+    if !new_dir_and_symlink {
+        syncfs(m);
+    }
+    w("small", b"hello\n");
+    let big: Vec<u8> = (0..40 * 4096u32).map(|i| (i * 13 % 251) as u8).collect();
+    w("big", &big);
+    w("dir/inner", b"in a directory\n");
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(m.join("small"))
+            .unwrap();
+        f.write_all(&[b'a'; 9000]).unwrap();
+        f.sync_all().unwrap();
+    }
+    std::fs::hard_link(m.join("small"), m.join("small-link")).unwrap();
+    fsync(&m.join("small"));
+    w("gone", b"to be removed\n");
+    std::fs::hard_link(m.join("gone"), m.join("gone-link")).unwrap();
+    fsync(&m.join("gone"));
+    std::fs::remove_file(m.join("gone-link")).unwrap();
+    fsync(&m.join("gone"));
+    std::fs::rename(m.join("dir/inner"), m.join("dir/renamed")).unwrap();
+    fsync(&m.join("dir/renamed"));
+    punch(&m.join("big"), 8192, 16384);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.join("big"))
+        .unwrap();
+    f.set_len(100_000).unwrap();
+    f.sync_all().unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(m.join("big"))
+            .unwrap();
+        f.write_at(b"overwritten in place", 30_000).unwrap();
+        f.sync_all().unwrap();
+    }
+    if new_dir_and_symlink {
+        std::os::unix::fs::symlink("small", m.join("sym")).unwrap();
+        fsync(&m.join("small"));
+        std::fs::create_dir(m.join("dir/sub")).unwrap();
+        fsync(&m.join("dir/sub"));
+        w("dir/sub/deep", b"in a new directory\n");
+    }
+    w("last", b"the last fast commit\n");
+}
+
+/// Fast commits the image's journal holds, as debugfs's logdump lists them after the log.
+fn logdump_tails(img: &Path) -> usize {
+    let out = run("debugfs", &["-R", "logdump", &img.display().to_string()]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let Some(area) = text.split("*** Fast Commit Area ***").nth(1) else {
+        return 0;
+    };
+    area.lines().filter(|l| l.starts_with("tag TAIL")).count()
+}
+
+/// Whether the kernel, the tools and loop mounts are here; says what is missing.
+fn usable() -> bool {
+    if !can_loop_mount() || !have(&["mke2fs", "e2fsck", "debugfs", "mount", "umount"]) {
+        return false;
+    }
+    if !Path::new("/sys/fs/ext4/features/fast_commit").exists() {
+        eprintln!("SKIP: the kernel's ext4 has no fast_commit");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn kernel_fast_commits_replay_as_the_kernel_and_e2fsck_replay_them() {
+    if usable() {
+        replay_three_ways(false);
+    }
+}
+
+#[test]
+fn kernel_fast_commits_of_new_directories_and_symlinks_replay_as_the_kernel_does() {
+    if usable() {
+        replay_three_ways(true);
+    }
+}
+
+/// The scenario of the module comment; e2fsck's replay is compared unless
+/// `new_dir_and_symlink` (see `make_changes`).
+fn replay_three_ways(new_dir_and_symlink: bool) {
+    let img = scratch("fc-live");
+    mke2fs(&img.0, "64M", &["-O", "fast_commit"]);
+    let mnt = MountPlace::new(
+        if new_dir_and_symlink { "fc-dirs" } else { "fc" },
+        &["live", "kernel"],
+    );
+    let live = mnt.point(0);
+    let imgs = img.0.display().to_string();
+    run(
+        "mount",
+        &["-o", "loop,commit=600", &imgs, &live.display().to_string()],
+    );
+    make_changes(&live, new_dir_and_symlink);
+    // The copy, while the kernel still has the image mounted: what a power cut leaves.
+    let crash = scratch("fc-crash");
+    std::fs::copy(&img.0, &crash.0).unwrap();
+    run("umount", &[&live.display().to_string()]);
+    let tails = logdump_tails(&crash.0);
+    assert!(tails > 0, "the copy holds no fast commits");
+
+    // The kernel's replay.
+    let k = scratch("fc-kernel");
+    std::fs::copy(&crash.0, &k.0).unwrap();
+    let kmnt = mnt.point(1);
+    run(
+        "mount",
+        &[
+            "-o",
+            "loop",
+            &k.0.display().to_string(),
+            &kmnt.display().to_string(),
+        ],
+    );
+    let want = host_tree(&kmnt);
+    run("umount", &[&kmnt.display().to_string()]);
+    for name in [
+        "/base",
+        "/small",
+        "/small-link",
+        "/big",
+        "/gone",
+        "/last",
+        "/dir/renamed",
+    ] {
+        assert!(
+            want.contains_key(name),
+            "{name} missing after the kernel's replay: {want:?}"
+        );
+    }
+    assert!(!want.contains_key("/gone-link") && !want.contains_key("/dir/inner"));
+
+    if new_dir_and_symlink {
+        assert!(want.contains_key("/sym") && want.contains_key("/dir/sub/deep"));
+    } else {
+        replay_by_e2fsck(&crash.0, &want);
+    }
+    replay_by_uext4(&crash.0, &want);
+}
+
+/// e2fsck -fy's replay of a copy of `crash` must give `want`.
+fn replay_by_e2fsck(crash: &Path, want: &Tree) {
+    let e = scratch("fc-e2fsck");
+    std::fs::copy(crash, &e.0).unwrap();
+    let st = Command::new("e2fsck")
+        .args(["-fy", &e.0.display().to_string()])
+        .output()
+        .unwrap();
+    assert!(st.status.code().unwrap_or(8) <= 1, "e2fsck -fy: {st:?}");
+    e2fsck_clean(&e.0);
+    let fs = Fs::open_path(&e.0, MountOptions::ro()).unwrap();
+    assert_eq!(
+        &uext4_tree(&fs),
+        want,
+        "e2fsck's replay differs from the kernel's"
+    );
+}
+
+/// uext4's replays of `crash`, read-only in memory then read-write, must give `want`.
+fn replay_by_uext4(crash: &Path, want: &Tree) {
+    let before = std::fs::read(crash).unwrap();
+    let fs = Fs::open_path(crash, MountOptions::ro()).unwrap();
+    assert!(fs.journal_replayed_in_memory());
+    assert_eq!(&uext4_tree(&fs), want, "uext4's in-memory replay differs");
+    drop(fs);
+    assert!(
+        std::fs::read(crash).unwrap() == before,
+        "a read-only open changed the image"
+    );
+    // Read-write: the replay written, the image clean, the tree the same again.
+    let fs = Fs::open_path(crash, MountOptions::default()).unwrap();
+    assert_eq!(&uext4_tree(&fs), want, "uext4's read-write replay differs");
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean_when(crash, "after uext4's read-write replay");
+    let fs = Fs::open_path(crash, MountOptions::ro()).unwrap();
+    assert!(!fs.journal_replayed_in_memory());
+    assert_eq!(
+        &uext4_tree(&fs),
+        want,
+        "the replayed image reads back differently"
+    );
+}
