@@ -57,6 +57,9 @@ pub struct FeatureSet {
     /// Small files and directories may keep their data in the inode (the kernel makes them
     /// so; mke2fs's own root and lost+found stay in blocks, as uext4 makes them).
     pub inline_data: bool,
+    /// A fast-commit area after the journal's log (`fast_commit_blocks` more journal blocks,
+    /// s_num_fc_blks), for the kernel's fast commits on fsync; uext4 itself writes none.
+    pub fast_commit: bool,
 }
 
 impl Default for FeatureSet {
@@ -68,7 +71,7 @@ impl Default for FeatureSet {
 /// Feature names `FeatureSet::apply` knows.
 const FEATURE_NAMES: &str = "has_journal, ext_attr, resize_inode, dir_index, filetype, extent, \
      64bit, flex_bg, sparse_super, large_file, huge_file, dir_nlink, extra_isize, metadata_csum, \
-     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold, encrypt, stable_inodes, verity, inline_data";
+     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold, encrypt, stable_inodes, verity, inline_data, fast_commit";
 
 impl FeatureSet {
     /// `mke2fs -t ext4` of e2fsprogs 1.47.
@@ -97,6 +100,7 @@ impl FeatureSet {
             stable_inodes: false,
             verity: false,
             inline_data: false,
+            fast_commit: false,
         }
     }
 
@@ -191,6 +195,7 @@ impl FeatureSet {
                 "stable_inodes" => &mut self.stable_inodes,
                 "verity" => &mut self.verity,
                 "inline_data" => &mut self.inline_data,
+                "fast_commit" => &mut self.fast_commit,
                 _ => {
                     return Err(Error::Unsupported(format!(
                         "mkfs feature {f:?} (uext4 mkfs knows: {FEATURE_NAMES})"
@@ -218,6 +223,9 @@ impl FeatureSet {
             return Err(Error::Invalid(
                 "metadata_csum_seed needs metadata_csum".into(),
             ));
+        }
+        if self.fast_commit && !self.has_journal {
+            return Err(Error::Invalid("fast_commit needs has_journal".into()));
         }
         if self.orphan_file && !self.has_journal {
             return Err(Error::Invalid("orphan_file needs has_journal".into()));
@@ -329,6 +337,12 @@ pub fn default_journal_blocks(blocks: u64) -> u32 {
         b if b < 32768 * 1024 => 131072,
         _ => 262144,
     }
+}
+
+/// The fast-commit area's blocks with fast_commit, as ext2fs_get_journal_params sets
+/// them: a 64th of the default journal for the size (even when the journal's size is given).
+pub fn fast_commit_blocks(blocks: u64) -> u32 {
+    default_journal_blocks(blocks) / 64
 }
 
 /// mke2fs's default orphan file size in blocks (ext2fs_default_orphan_file_blocks).
