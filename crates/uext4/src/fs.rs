@@ -588,6 +588,9 @@ impl Fs {
                 let mut journal = journal;
                 let sb = fs.superblock();
                 journal.set_features(sb.has_metadata_csum(), sb.is_64bit())?;
+                if sb.has_compat(COMPAT_FAST_COMMIT) {
+                    journal.enable_fast_commit()?;
+                }
                 journal.set_time_clamp(fs.opts.time_clamp);
                 fs.txn
                     .max_blocks

@@ -346,3 +346,63 @@ fn replay_by_uext4(crash: &Path, want: &Tree) {
         "the replayed image reads back differently"
     );
 }
+
+/// The number after `"key":` in a flat JSON object.
+fn json_u64(json: &str, key: &str) -> u64 {
+    let at = json.find(&format!("\"{key}\":")).unwrap() + key.len() + 3;
+    json[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect::<String>()
+        .parse()
+        .unwrap()
+}
+
+/// uext4's own commits on a fast_commit filesystem go round the log several times and never
+/// write the fast-commit area (the journal's last s_num_fc_blks blocks, zero as mke2fs left
+/// them, and the block before it); the read-write open sets the journal's fast_commit feature
+/// as the kernel's mount does (mke2fs leaves it clear), and the image stays e2fsck-clean.
+#[test]
+fn our_log_wraps_before_the_fast_commit_area() {
+    if !have(&["mke2fs", "e2fsck"]) {
+        return;
+    }
+    let img = scratch("fc-wrap");
+    mke2fs(&img.0, "32M", &["-O", "fast_commit"]);
+    let fs = Fs::open_path(&img.0, uext4::MountOptions::default()).unwrap();
+    let (log_len, fc) = {
+        let mut b = vec![0u8; 4096];
+        fs.read(8, 0, &mut b).unwrap();
+        let js = uext4::journal::format::JournalSuperblock::parse(&b).unwrap();
+        assert_eq!(js.num_fc_blks, 16, "mke2fs's area for 32 MiB");
+        (
+            js.maxlen - js.num_fc_blks - 1,
+            js.maxlen - js.num_fc_blks + 1..js.maxlen,
+        )
+    };
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    let mut i = 0u64;
+    while json_u64(&fs.stats_json(), "log_blocks") < 3 * log_len as u64 {
+        fs.write(f, (i % 64) * 4096, &[i as u8; 4096]).unwrap();
+        fs.fsync(f, false).unwrap();
+        i += 1;
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+    let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
+    let mut b = vec![0u8; 4096];
+    fs.read(8, 0, &mut b).unwrap();
+    let js = uext4::journal::format::JournalSuperblock::parse(&b).unwrap();
+    assert!(
+        js.fc_blocks() == Some(16),
+        "the journal's fast_commit feature is set at a read-write open, as the kernel sets it"
+    );
+    for blk in fc.start - 1..fc.end {
+        fs.read(8, blk as u64 * 4096, &mut b).unwrap();
+        assert!(
+            b.iter().all(|&x| x == 0),
+            "journal block {blk} (fast-commit area {fc:?}) was written"
+        );
+    }
+}

@@ -329,6 +329,41 @@ impl Journal {
         self.time_clamp = clamp;
     }
 
+    /// Sets INCOMPAT_FAST_COMMIT in an empty journal, as the kernel does at mount of a
+    /// filesystem with the fast_commit feature (jbd2_journal_set_features): from then on the
+    /// journal's last s_num_fc_blks blocks are its fast-commit area and the log stops before
+    /// them, for uext4 and for the kernel alike. Does nothing when it is set already, or when
+    /// the area would leave too short a log (the kernel then refuses fast commits too);
+    /// refused while the log holds transactions. Returns whether the journal has the area.
+    pub fn enable_fast_commit(&mut self) -> Result<bool> {
+        let log = self.log.get_mut();
+        if self.fc.is_some() {
+            return Ok(true);
+        }
+        let mut sb = log.sb.clone();
+        if sb.blocktype != format::BT_SB_V2 {
+            return Ok(false);
+        }
+        sb.feature_incompat |= format::INCOMPAT_FAST_COMMIT;
+        let Ok((last, fc)) = log_end(&sb) else {
+            return Ok(false);
+        };
+        if log.sb.start != 0 || !log.live.is_empty() {
+            return Err(Error::Invalid(
+                "journal: features change only while the log is empty".into(),
+            ));
+        }
+        let p0 = self.map.phys(0).expect("checked at open");
+        self.dev.write_at(p0 * self.bs as u64, &sb.to_bytes())?;
+        self.dev.flush()?;
+        log.sb = sb;
+        log.head = self.first;
+        self.last = last;
+        self.fc = fc;
+        self.update_free(&self.log.lock());
+        Ok(true)
+    }
+
     pub fn set_features(&mut self, csum_v3: bool, has_64bit: bool) -> Result<()> {
         let log = self.log.get_mut();
         let mut want = log.sb.feature_incompat;
