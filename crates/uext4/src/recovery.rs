@@ -3,12 +3,11 @@
 //! again over the result. A read-only open does all of it in memory, over an
 //! `OverlayDevice`, and leaves the image as it was.
 //!
-//! Fast commits are replayed by a writable open (they go through the engine's own
-//! operations): of the image itself for a read-write open, of the overlay for a read-only
-//! one, which is then opened read-only again. On a read-write open the log is marked empty
-//! before the fast commits are replayed and committed: a crash between the two loses them
-//! (the kernel replays both before it writes anything new, and a crash in its fast-commit
-//! replay leaves the filesystem marked with errors).
+//! Fast commits are replayed by a writable open of the overlay (they go through the engine's
+//! own operations and its journal), which is then opened read-only again; a read-write open
+//! replays that way too, then writes the overlay to the image (`replay_over_overlay`), so a
+//! crash in between leaves the log and the fast commits to replay again, as the kernel's
+//! replay does.
 
 use crate::blockdev::BlockDevice;
 use crate::error::Result;
@@ -43,6 +42,9 @@ impl Fs {
         }
         // Scanned before anything is written: fast commits refused leave the image as it was.
         let fc = fs.pending_fast_commits(&journal)?;
+        if !fc.is_empty() && in_memory.is_none() {
+            return Fs::replay_over_overlay(fs, dev, journal);
+        }
         let report = journal.recover()?;
         let in_memory_replay = in_memory.is_some();
         tracing::info!(?report, in_memory_replay, "replayed the journal");
@@ -77,6 +79,74 @@ impl Fs {
             fast_commits: Some(FcPending { fc, then_read_only }),
         };
         Fs::open_dev_again(dev, writable, reopen)
+    }
+
+    /// A read-write open whose journal holds fast commits: the log and the fast commits are
+    /// replayed in memory over the device, as a read-only open replays them, then written
+    /// to it in an order a crash cannot spoil: the filesystem's blocks first (never the log,
+    /// which stays as it was), a flush, then the journal's superblock (now empty) and the
+    /// filesystem's (needs_recovery cleared). A crash before the last two leaves the log and
+    /// the fast commits to replay again. Then the image is opened read-write.
+    fn replay_over_overlay(
+        fs: Arc<Fs>,
+        dev: Arc<dyn BlockDevice>,
+        journal: Journal,
+    ) -> Result<Arc<Fs>> {
+        let bs = fs.geo.block_size as u64;
+        let jmap = journal.map().clone();
+        let jsb = jmap.phys(0).expect("checked at open");
+        drop(journal);
+        let opts = fs.opts.clone();
+        let mmp = fs.mmp.lock().take();
+        drop(fs);
+        let overlay = Arc::new(crate::blockdev::OverlayDevice::new(dev.clone()));
+        let mut ro = opts.clone();
+        ro.read_only = true;
+        let reopen = Reopen {
+            in_memory: Some(None),
+            ..Default::default()
+        };
+        drop(Fs::open_dev_again(overlay.clone(), ro, reopen)?);
+        let sb_block = SUPERBLOCK_OFFSET / bs;
+        let in_journal = |b: u64| jmap.0.iter().any(|&(_, p, n)| b >= p && b < p + n as u64);
+        let mut last = Vec::new();
+        let pages = overlay.overlaid_pages();
+        for (off, page) in &pages {
+            let off = *off;
+            // In pieces of a block, or of the page where a block is larger.
+            let step = bs.min(page.len() as u64) as usize;
+            for (i, piece) in page.chunks(step).enumerate() {
+                let at = off + (i * step) as u64;
+                let b = at / bs;
+                if b == jsb || b == sb_block {
+                    last.push((at, piece));
+                } else if !in_journal(b) {
+                    dev.write_at(at, piece)?;
+                }
+            }
+        }
+        dev.flush()?;
+        for (at, piece) in last {
+            dev.write_at(at, piece)?;
+        }
+        dev.flush()?;
+        // Opened again only once the journal is empty on the device: one that still held the
+        // log would be replayed over and over.
+        let mut raw = vec![0u8; crate::journal::format::SB_SIZE];
+        dev.read_at(jsb * bs, &mut raw)?;
+        if crate::journal::format::JournalSuperblock::parse(&raw)?.start != 0 {
+            return Err(crate::error::Error::corrupt(
+                crate::error::Corruption::Journal,
+                "the journal's superblock on the device still holds the log after the replay \
+                 was written back",
+            ));
+        }
+        let reopen = Reopen {
+            in_memory: None,
+            mmp,
+            fast_commits: None,
+        };
+        Fs::open_dev_again(dev, opts, reopen)
     }
 
     /// Replays the fast commits a recovery found, on `fs` just opened writable on `dev`; for a

@@ -300,7 +300,66 @@ fn replay_three_ways(new_dir_and_symlink: bool) {
     } else {
         replay_by_e2fsck(&crash.0, &want);
     }
+    if !new_dir_and_symlink {
+        power_cuts_during_replay(&crash.0, &want);
+    }
     replay_by_uext4(&crash.0, &want);
+}
+
+/// A read-write replay on a recording device, cut at every flush and at points between
+/// (writes after the last flush kept, or every other one kept): every state opens to `want`
+/// (the replay resumes or is done over), and a read-write open of it leaves it e2fsck-clean.
+fn power_cuts_during_replay(crash: &Path, want: &Tree) {
+    use std::sync::Arc;
+    use uext4::blockdev::{MemDevice, Record, RecordingDevice};
+    let rec = Arc::new(RecordingDevice::new(std::fs::read(crash).unwrap()));
+    let fs = Fs::open_dev(rec.clone(), MountOptions::default()).unwrap();
+    assert_eq!(&uext4_tree(&fs), want);
+    let bs = fs.statfs().block_size as u64;
+    let jsb = fs.ext_list(8).unwrap()[0].pblk * bs;
+    fs.unmount().unwrap();
+    drop(fs);
+    // The journal is marked empty only once every replayed block is on the device: a flush
+    // lies between the last other write and the first write of the journal's superblock.
+    let log = rec.log();
+    let first_jsb = log
+        .iter()
+        .position(|r| matches!(r, Record::Write { off, .. } if *off == jsb))
+        .expect("the journal's superblock is written");
+    let last_other = log[..first_jsb]
+        .iter()
+        .rposition(|r| matches!(r, Record::Write { off, .. } if *off >= 2048))
+        .expect("the replay wrote blocks");
+    assert!(
+        log[last_other..first_jsb]
+            .iter()
+            .any(|r| matches!(r, Record::Flush)),
+        "the journal was marked empty before the replayed blocks were flushed"
+    );
+    let n = rec.log_len();
+    let mut points = rec.flush_points();
+    points.extend((1..n).step_by(n.div_ceil(40).max(1)));
+    let cut = scratch("fc-cut");
+    for (k, &upto) in points.iter().enumerate() {
+        for every_other in [false, true] {
+            let img = rec.crash_image(upto, &mut |i| !every_other || i % 2 == 0);
+            let dev = Arc::new(MemDevice::from_vec(img.clone()));
+            let fs = Fs::open_dev(dev, MountOptions::ro()).unwrap();
+            assert_eq!(
+                &uext4_tree(&fs),
+                want,
+                "cut {k} at write {upto} of {n} (every other: {every_other})"
+            );
+            drop(fs);
+            if k % 4 == 0 {
+                std::fs::write(&cut.0, &img).unwrap();
+                let fs = Fs::open_path(&cut.0, MountOptions::default()).unwrap();
+                fs.unmount().unwrap();
+                drop(fs);
+                e2fsck_clean_when(&cut.0, &format!("cut at write {upto}, then opened"));
+            }
+        }
+    }
 }
 
 /// e2fsck -fy's replay of a copy of `crash` must give `want`.

@@ -306,6 +306,11 @@ impl Journal {
         self.last - self.first
     }
 
+    /// Where the journal's blocks are on the device.
+    pub fn map(&self) -> &JournalMap {
+        &self.map
+    }
+
     /// The fast-commit area (journal blocks), when the journal has one.
     pub fn fast_commit_area(&self) -> Option<std::ops::Range<u32>> {
         self.fc.clone()
