@@ -465,3 +465,99 @@ fn our_log_wraps_before_the_fast_commit_area() {
         );
     }
 }
+
+/// Fast commits written here by hand after an empty log (s_start set, no transaction):
+/// records naming inodes the filesystem does not have, or a name that is not there, are
+/// skipped; a LINK and a DEL_RANGE are replayed, read-only in memory and read-write (then
+/// e2fsck -fn clean). Needs no root.
+#[test]
+fn hand_written_fast_commits_replay_and_bad_records_are_skipped() {
+    use std::os::unix::fs::FileExt;
+    use uext4::format::fast_commit::*;
+    if !have(&["mke2fs", "e2fsck"]) {
+        return;
+    }
+    let img = scratch("fc-hand");
+    mke2fs(&img.0, "32M", &["-O", "fast_commit"]);
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write(f, 0, &[7u8; 3 * 4096]).unwrap();
+    // The journal's blocks on the device (mke2fs may lay it out in pieces).
+    let jext = fs.ext_list(8).unwrap();
+    let jphys = |l: u32| {
+        let e = jext
+            .iter()
+            .find(|e| (e.lblk..e.lblk + e.len).contains(&l))
+            .unwrap();
+        (e.pblk + (l - e.lblk) as u64) * 4096
+    };
+    fs.unmount().unwrap();
+    drop(fs);
+    // The journal: an empty log to recover (s_start = s_first, nothing there), so the fast
+    // commits must carry s_sequence.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&img.0)
+        .unwrap();
+    let mut b = vec![0u8; 4096];
+    file.read_exact_at(&mut b, jphys(0)).unwrap();
+    let mut js = uext4::journal::format::JournalSuperblock::parse(&b).unwrap();
+    let (tid, area) = (js.sequence, js.maxlen - js.num_fc_blks + 1);
+    js.start = js.first;
+    file.write_all_at(&js.to_bytes(), jphys(0)).unwrap();
+    file.write_all_at(&[0u8; 4096], jphys(js.first)).unwrap();
+    let dentry = |parent: u32, ino: u32, name: &[u8]| {
+        let mut v = parent.to_le_bytes().to_vec();
+        v.extend_from_slice(&ino.to_le_bytes());
+        v.extend_from_slice(name);
+        v
+    };
+    let mut rec = Vec::new();
+    let head: Vec<u8> = [0u32, tid].iter().flat_map(|x| x.to_le_bytes()).collect();
+    encode(&mut rec, TAG_HEAD, &head);
+    encode(&mut rec, TAG_LINK, &dentry(2, f, b"alias"));
+    encode(&mut rec, TAG_UNLINK, &dentry(2, f, b"not-there"));
+    encode(&mut rec, TAG_LINK, &dentry(2, 0, b"zero"));
+    let del: Vec<u8> = [f, 1, 1].iter().flat_map(|x| x.to_le_bytes()).collect();
+    encode(&mut rec, TAG_DEL_RANGE, &del);
+    let bogus: Vec<u8> = [9_999_999u32, 0, 5]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    encode(&mut rec, TAG_DEL_RANGE, &bogus);
+    let start = rec.len();
+    rec.extend_from_slice(&TAG_TAIL.to_le_bytes());
+    rec.extend_from_slice(&((4096 - start - TL_SIZE) as u16).to_le_bytes());
+    rec.extend_from_slice(&tid.to_le_bytes());
+    let crc = uext4::format::csum::crc32c(0, &rec[..start + TL_SIZE + 4]);
+    rec.extend_from_slice(&crc.to_le_bytes());
+    rec.resize(4096, 0);
+    file.write_all_at(&rec, jphys(area)).unwrap();
+    drop(file);
+    let check = |fs: &Fs| {
+        let a = fs.lookup(fs.root_ino(), b"alias").unwrap();
+        assert_eq!((a.ino, a.nlink), (f, 2));
+        let ext = fs.ext_list(f).unwrap();
+        assert!(
+            ext.iter().all(|e| !(e.lblk..e.lblk + e.len).contains(&1)),
+            "block 1 unmapped: {ext:?}"
+        );
+        let mut d = vec![0u8; 3 * 4096];
+        fs.read(f, 0, &mut d).unwrap();
+        assert!(d[4096..8192].iter().all(|&x| x == 0) && d[..4096].iter().all(|&x| x == 7));
+    };
+    let before = std::fs::read(&img.0).unwrap();
+    let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
+    check(&fs);
+    drop(fs);
+    assert!(
+        std::fs::read(&img.0).unwrap() == before,
+        "read-only open changed the image"
+    );
+    let fs = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    check(&fs);
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean_when(&img.0, "after the replay of hand-written fast commits");
+}

@@ -67,6 +67,7 @@ impl Fs {
         }
         for r in &fc.records {
             let done = match r {
+                r if !self.fc_names_valid_inodes(r) => Ok(false),
                 FcRecord::Inode { ino, raw } => self.fc_replay_inode(&mut rs, *ino, raw),
                 FcRecord::AddRange { ino, extent } => {
                     self.fc_replay_add_range(&mut rs, *ino, *extent)
@@ -95,10 +96,28 @@ impl Fs {
         Ok(rs.report)
     }
 
+    /// Whether every inode number a record names is one the filesystem has (a record naming
+    /// another is skipped, as the kernel's iget fails on it).
+    fn fc_names_valid_inodes(&self, r: &FcRecord) -> bool {
+        let ok = |ino: u32| ino != 0 && ino <= self.geo.inodes_count;
+        match r {
+            FcRecord::Inode { ino, .. }
+            | FcRecord::AddRange { ino, .. }
+            | FcRecord::DelRange { ino, .. } => ok(*ino),
+            FcRecord::Creat(d) | FcRecord::Link(d) | FcRecord::Unlink(d) => {
+                ok(d.ino) && ok(d.parent)
+            }
+            FcRecord::Head { .. } | FcRecord::Pad | FcRecord::Tail { .. } => true,
+        }
+    }
+
     /// Notes that a record changes `ino`; the first time, what it maps now may lose its owner.
+    /// Only an inode in use counts (the kernel clears the blocks of one its iget finds): the
+    /// stale tree of a freed inode names blocks that may belong to another file now.
     fn fc_touch(&self, rs: &mut ReplayState, ino: u32) -> Result<()> {
-        if rs.modified.insert(ino) {
-            if let Ok(raw) = self.fc_raw_inode(ino) {
+        if rs.modified.insert(ino) && self.inode_in_use(ino)? {
+            let raw = self.fc_raw_inode(ino)?;
+            if raw.links_count() > 0 {
                 rs.touched.extend(self.fc_inode_blocks(ino, &raw)?);
             }
         }
