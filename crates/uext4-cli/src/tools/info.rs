@@ -447,6 +447,13 @@ fn print_fast_commits(
         return;
     };
     let Some(area) = j.fast_commit_area() else {
+        let n = j.superblock().num_fc_blks;
+        if n != 0 {
+            println!(
+                "Journal fast commits:     {n} blocks set aside (s_num_fc_blks), an area once a \
+                 read-write mount sets the journal's fast_commit feature"
+            );
+        }
         return;
     };
     let held = match j.log_end_tid() {
