@@ -464,6 +464,71 @@ impl Fs {
         Ok(())
     }
 
+    /// Sets (`used`) or clears the bits of blocks `start..start+len` whatever their state,
+    /// keeping the group and superblock counts right: only bits that change count. The
+    /// kernel's ext4_mb_mark_bb, which fast-commit replay uses to make the bitmaps say what
+    /// the replayed inodes map (it may mark a block twice or free one never marked).
+    /// Returns how many bits changed.
+    pub(crate) fn mark_blocks(
+        &self,
+        h: &mut Handle<'_>,
+        start: u64,
+        len: u64,
+        used: bool,
+    ) -> Result<u64> {
+        if len == 0 {
+            return Ok(0);
+        }
+        self.check_block(Corruption::BlockReference, start, len, &|| {
+            "marking blocks".to_string()
+        })?;
+        let (geo, end) = (&self.geo, start + len);
+        let (mut blk, mut changed) = (start, 0u64);
+        while blk < end {
+            let g = geo.block_group(blk);
+            let gfirst = geo.group_first_block(g);
+            let gend = (gfirst + geo.blocks_in_group(g) as u64).min(end);
+            let mut st = self.balloc.groups[g as usize].lock();
+            let buf = self.block_bitmap(h, g, &mut st)?;
+            let mut n = 0u64;
+            {
+                let mut data = buf.write();
+                for b in blk..gend {
+                    let i = (b - gfirst) as usize;
+                    if test_bit(&data, i) != used {
+                        if used {
+                            set_bit(&mut data, i)
+                        } else {
+                            clear_bit(&mut data, i)
+                        }
+                        n += 1;
+                    }
+                }
+                if n > 0 && self.geo.metadata_csum {
+                    st.desc.set_block_bitmap_csum(
+                        self.geo.csum_seed,
+                        &data[..self.geo.block_bitmap_csum_len()],
+                    );
+                }
+            }
+            if n > 0 {
+                h.dirty(&buf);
+                let free = st.desc.free_blocks_count();
+                st.desc
+                    .set_free_blocks_count(if used { free - n } else { free + n });
+                self.write_group_desc(h, g, &mut st)?;
+                if used {
+                    self.sb.free_blocks.fetch_sub(n, Ordering::Relaxed);
+                } else {
+                    self.sb.free_blocks.fetch_add(n, Ordering::Relaxed);
+                }
+            }
+            changed += n;
+            blk = gend;
+        }
+        Ok(changed)
+    }
+
     /// Forgets pending frees of transactions up to `tid` (called after they commit).
     pub(crate) fn release_pending_frees(&self, tid: u64) {
         self.balloc.pending_free.release(tid);

@@ -439,6 +439,18 @@ impl OverlayDevice {
     fn check_range(&self, off: u64, len: usize) -> io::Result<()> {
         range_check(off, len, usize::try_from(self.size()).unwrap_or(usize::MAX)).map(|_| ())
     }
+
+    /// The pages held in memory, as (byte offset, bytes), in offset order: what writing the
+    /// overlay back to the device below would write.
+    pub fn overlaid_pages(&self) -> Vec<(u64, Box<[u8]>)> {
+        let pages = self.pages.read();
+        let mut v: Vec<_> = pages
+            .iter()
+            .map(|(&p, b)| (p * OVERLAY_PAGE, b.clone()))
+            .collect();
+        v.sort_unstable_by_key(|p| p.0);
+        v
+    }
 }
 
 impl BlockDevice for OverlayDevice {

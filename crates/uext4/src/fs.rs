@@ -17,7 +17,7 @@ use crate::geometry::Geometry;
 use crate::icache::{InodeCache, InodeRef, InodeState};
 use crate::mballoc::GroupState;
 use crate::mballoc::{BlockAllocator, PendingFrees};
-use crate::super_info::{encode_superblock, superblock_location, SuperInfo};
+use crate::super_info::{superblock_location, SuperInfo};
 use crate::transaction::{Handle, TxnManager};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -283,12 +283,22 @@ pub struct Fs {
 
 /// What the open after a journal replay carries over from the one that replayed.
 #[derive(Default)]
-struct Reopen {
+pub(crate) struct Reopen {
     /// Replayed into an `OverlayDevice` (a read-only open), with the first open's read-only
     /// reason.
-    in_memory: Option<Option<String>>,
+    pub(crate) in_memory: Option<Option<String>>,
     /// The MMP block, already held (a read-write open).
-    mmp: Option<crate::mmp::Mmp>,
+    pub(crate) mmp: Option<crate::mmp::Mmp>,
+    /// Fast commits to replay once open (recovery.rs).
+    pub(crate) fast_commits: Option<FcPending>,
+}
+
+/// Fast commits found by a recovery, to replay once the filesystem is open (recovery.rs).
+pub(crate) struct FcPending {
+    pub(crate) fc: crate::format::fast_commit::FastCommits,
+    /// A read-only open replays them in memory on a writable open of its overlay, then opens
+    /// the overlay again with these options and read-only reason.
+    pub(crate) then_read_only: Option<(MountOptions, Option<String>)>,
 }
 
 /// Reads and validates the superblock of a device.
@@ -417,12 +427,16 @@ impl Fs {
 
     /// `open_dev` once the device is the filesystem's own (its region), and the open again
     /// after a journal replay (`reopen`).
-    fn open_dev_again(
+    pub(crate) fn open_dev_again(
         dev: Arc<dyn BlockDevice>,
         mut opts: MountOptions,
         reopen: Reopen,
     ) -> Result<Arc<Fs>> {
-        let Reopen { in_memory, mmp } = reopen;
+        let Reopen {
+            in_memory,
+            mmp,
+            fast_commits,
+        } = reopen;
         let sb = read_superblock(&*dev)?;
         let ro_reason = read_only_reason(&sb, &*dev, &mut opts, &in_memory)?;
         // Multi-mount protection before anything is written (journal recovery included).
@@ -496,37 +510,7 @@ impl Fs {
             let needs = fs.superblock().has_incompat(INCOMPAT_RECOVER);
             let journal = fs.load_journal()?;
             if needs || journal.needs_recovery() {
-                if fs.is_read_only() && in_memory.is_none() {
-                    // Replay into memory laid over the device, which is never written.
-                    drop(journal);
-                    let opts = fs.opts.clone();
-                    let reason = fs.sb.read_only_reason().map(str::to_string);
-                    drop(fs);
-                    let overlay = Arc::new(crate::blockdev::OverlayDevice::new(dev));
-                    let reopen = Reopen {
-                        in_memory: Some(reason),
-                        mmp: None,
-                    };
-                    return Fs::open_dev_again(overlay, opts, reopen);
-                }
-                let report = journal.recover()?;
-                let in_memory_replay = in_memory.is_some();
-                tracing::info!(?report, in_memory_replay, "replayed the journal");
-                // Clear needs_recovery in the superblock as replayed (not our stale copy), then
-                // open again over the recovered image.
-                let bytes = {
-                    let mut sb = read_superblock(&*dev)?;
-                    let f = sb.feature_incompat() & !INCOMPAT_RECOVER;
-                    sb.set_feature_incompat(f);
-                    encode_superblock(&mut sb)
-                };
-                dev.write_at(SUPERBLOCK_OFFSET, &bytes)?;
-                dev.flush()?;
-                drop(journal);
-                let opts = fs.opts.clone();
-                let mmp = fs.mmp.lock().take();
-                drop(fs);
-                return Fs::open_dev_again(dev, opts, Reopen { in_memory, mmp });
+                return Fs::recover_and_reopen(fs, dev, journal, in_memory);
             }
             // Before anything is written (the journal's features below): a refused open leaves
             // the image as it was.
@@ -536,6 +520,9 @@ impl Fs {
                 let mut journal = journal;
                 let sb = fs.superblock();
                 journal.set_features(sb.has_metadata_csum(), sb.is_64bit())?;
+                if sb.has_compat(COMPAT_FAST_COMMIT) {
+                    journal.enable_fast_commit()?;
+                }
                 journal.set_time_clamp(fs.opts.time_clamp);
                 fs.txn
                     .max_blocks
@@ -561,7 +548,10 @@ impl Fs {
             }
         }
         fs.warn_on_drop.store(true, Ordering::Release);
-        Ok(fs)
+        match fast_commits {
+            Some(fc) => Fs::finish_fast_commits(fs, dev, fc),
+            None => Ok(fs),
+        }
     }
 
     /// Refuses a filesystem whose root inode is unusable, as the kernel's mount does ("get

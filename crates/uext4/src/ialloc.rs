@@ -230,6 +230,62 @@ impl Fs {
         Ok(())
     }
 
+    /// Sets (`used`) or clears inode `ino`'s bit whatever its state, keeping the group's
+    /// free and directory counts and its unused-table mark right (only a change counts): the
+    /// kernel's ext4_mark_inode_used, which fast-commit replay uses for the inodes it writes.
+    /// Returns whether the bit changed.
+    pub(crate) fn mark_inode(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        is_dir: bool,
+        used: bool,
+    ) -> Result<bool> {
+        self.inode_location(ino)?;
+        let ipg = self.geo.inodes_per_group as usize;
+        let g = self.geo.ino_group(ino);
+        let idx = ((ino - 1) % self.geo.inodes_per_group) as usize;
+        let mut st = self.balloc.groups[g as usize].lock();
+        let buf = self.inode_bitmap(h, g, &mut st)?;
+        {
+            let mut data = buf.write();
+            if test_bit(&data, idx) == used {
+                return Ok(false);
+            }
+            if used {
+                set_bit(&mut data, idx);
+            } else {
+                clear_bit(&mut data, idx);
+            }
+            if self.geo.metadata_csum {
+                st.desc.set_inode_bitmap_csum(
+                    self.geo.csum_seed,
+                    &data[..self.geo.inode_bitmap_csum_len()],
+                );
+            }
+        }
+        h.dirty(&buf);
+        if used && self.has_gd_csum() {
+            let unused = st.desc.itable_unused() as usize;
+            if idx >= ipg - unused {
+                st.desc.set_itable_unused((ipg - idx - 1) as u64);
+            }
+        }
+        let (free, dirs) = (st.desc.free_inodes_count(), st.desc.used_dirs_count());
+        if used {
+            st.desc.set_free_inodes_count(free - 1);
+            st.desc.set_used_dirs_count(dirs + is_dir as u64);
+            self.sb.free_inodes.fetch_sub(1, Ordering::Relaxed);
+        } else {
+            st.desc.set_free_inodes_count(free + 1);
+            st.desc
+                .set_used_dirs_count(dirs.saturating_sub(is_dir as u64));
+            self.sb.free_inodes.fetch_add(1, Ordering::Relaxed);
+        }
+        self.write_group_desc(h, g, &mut st)?;
+        Ok(true)
+    }
+
     /// Whether inode `ino` is marked in use (for checks and tests).
     pub fn inode_in_use(&self, ino: u32) -> Result<bool> {
         let g = self.geo.ino_group(ino);

@@ -269,6 +269,10 @@ fn layout_matches_mke2fs() {
             "^resize_inode",
         ),
         (64 * MIB, 1024, 256, 16384, "orphan_file", "orphan_file"),
+        // The journal grows by its fast-commit area (a 64th of the default log).
+        (8 * MIB, 1024, 256, 16384, "fast_commit", "fast_commit"),
+        (64 * MIB, 4096, 256, 16384, "fast_commit", "fast_commit"),
+        (5 << 30, 4096, 256, 16384, "fast_commit", "fast_commit"),
         (64 * MIB, 4096, 256, 16384, "verity", "verity"),
         (600 * MIB, 1024, 256, 16384, "verity", "verity"),
         (64 * MIB, 4096, 256, 16384, "inline_data", "inline_data"),

@@ -509,6 +509,60 @@ fn print_on_disk(img: &Img, fs: &uext4::Fs) -> Result<()> {
             }
             Err(e) => say!("Journal superblock:       {e}"),
         }
+        print_fast_commits(fs, &dev, jino);
     }
     Ok(())
+}
+
+/// The journal's fast-commit area on disk, if it has one: its size and whether it holds fast
+/// commits that recovery would replay (those of the transaction the log ends at).
+fn print_fast_commits(
+    fs: &uext4::Fs,
+    dev: &std::sync::Arc<dyn uext4::blockdev::BlockDevice>,
+    jino: u32,
+) {
+    let Ok(exts) = fs.ext_list(jino) else {
+        return;
+    };
+    let map = uext4::journal::JournalMap::new(
+        exts.iter()
+            .map(|e| (e.lblk, e.pblk, e.len))
+            .collect::<Vec<_>>(),
+    );
+    let Ok(j) = uext4::journal::Journal::open(dev.clone(), fs.geo.block_size, map) else {
+        return;
+    };
+    let Some(area) = j.fast_commit_area() else {
+        let n = j.superblock().num_fc_blks;
+        if n != 0 {
+            println!(
+                "Journal fast commits:     {n} blocks set aside (s_num_fc_blks), an area once a \
+                 read-write mount sets the journal's fast_commit feature"
+            );
+        }
+        return;
+    };
+    let held = match j.log_end_tid() {
+        Ok(None) => "none to replay (the log is empty)".to_string(),
+        Ok(Some(tid)) => match j
+            .read_fast_commit_area()
+            .and_then(|b| uext4::format::fast_commit::scan(&b, tid))
+        {
+            Ok(fc) if fc.is_empty() => format!("none of transaction {tid} to replay"),
+            Ok(fc) => format!(
+                "{} fast commit(s) of transaction {tid} to replay ({} records, {} blocks)",
+                fc.commits,
+                fc.records.len(),
+                fc.blocks
+            ),
+            Err(e) => format!("unreadable: {e}"),
+        },
+        Err(e) => format!("unreadable log: {e}"),
+    };
+    println!(
+        "Journal fast commits:     area of {} blocks (journal blocks {}..{}), {held}",
+        area.len(),
+        area.start,
+        area.end
+    );
 }

@@ -12,6 +12,7 @@ pub mod csum;
 pub mod dir_entry;
 pub mod dx_hash;
 pub mod extent;
+pub mod fast_commit;
 pub mod features;
 pub mod group_desc;
 pub mod htree;

@@ -24,8 +24,17 @@ pub const INCOMPAT_CSUM_V2: u32 = 0x8;
 pub const INCOMPAT_CSUM_V3: u32 = 0x10;
 pub const INCOMPAT_FAST_COMMIT: u32 = 0x20;
 /// The incompat features this implementation reads and writes.
-pub const INCOMPAT_KNOWN: u32 =
-    INCOMPAT_REVOKE | INCOMPAT_64BIT | INCOMPAT_ASYNC_COMMIT | INCOMPAT_CSUM_V2 | INCOMPAT_CSUM_V3;
+pub const INCOMPAT_KNOWN: u32 = INCOMPAT_REVOKE
+    | INCOMPAT_64BIT
+    | INCOMPAT_ASYNC_COMMIT
+    | INCOMPAT_CSUM_V2
+    | INCOMPAT_CSUM_V3
+    | INCOMPAT_FAST_COMMIT;
+/// Fast-commit blocks when s_num_fc_blks is 0 (jbd2.h's JBD2_DEFAULT_FAST_COMMIT_BLOCKS).
+pub const DEFAULT_FAST_COMMIT_BLOCKS: u32 = 256;
+/// The fewest log blocks a journal may have besides its fast-commit area
+/// (JBD2_MIN_JOURNAL_BLOCKS: the kernel and e2fsck refuse a smaller remainder).
+pub const MIN_JOURNAL_BLOCKS: u32 = 1024;
 
 /// s_checksum_type.
 pub const CSUM_TYPE_CRC32C: u8 = 4;
@@ -88,6 +97,8 @@ pub struct JournalSuperblock {
     pub max_transaction: u32,
     pub max_trans_data: u32,
     pub checksum_type: u8,
+    /// s_num_fc_blks (0x54): the fast-commit area's length, 0 meaning the default.
+    pub num_fc_blks: u32,
     raw: Vec<u8>,
 }
 
@@ -126,6 +137,7 @@ impl JournalSuperblock {
             max_transaction: 0,
             max_trans_data: 0,
             checksum_type: if csum_v3 { CSUM_TYPE_CRC32C } else { 0 },
+            num_fc_blks: 0,
             raw: vec![0u8; SB_SIZE],
         }
     }
@@ -170,6 +182,7 @@ impl JournalSuperblock {
             max_transaction: be32(b, 0x48),
             max_trans_data: be32(b, 0x4C),
             checksum_type: b[0x50],
+            num_fc_blks: if v2 { be32(b, 0x54) } else { 0 },
             raw: b[..SB_SIZE].to_vec(),
         };
         if sb.has_csum_v2or3() {
@@ -190,6 +203,16 @@ impl JournalSuperblock {
             }
         }
         Ok(sb)
+    }
+
+    /// The fast-commit area's length in blocks when INCOMPAT_FAST_COMMIT is set
+    /// (jbd2_journal_get_num_fc_blks: s_num_fc_blks, or the default when it is 0).
+    pub fn fc_blocks(&self) -> Option<u32> {
+        (self.feature_incompat & INCOMPAT_FAST_COMMIT != 0).then_some(if self.num_fc_blks == 0 {
+            DEFAULT_FAST_COMMIT_BLOCKS
+        } else {
+            self.num_fc_blks
+        })
     }
 
     pub fn has_csum_v2or3(&self) -> bool {
@@ -224,6 +247,7 @@ impl JournalSuperblock {
             put_be32(&mut b, 0x48, self.max_transaction);
             put_be32(&mut b, 0x4C, self.max_trans_data);
             b[0x50] = self.checksum_type;
+            put_be32(&mut b, 0x54, self.num_fc_blks);
         }
         if self.has_csum_v2or3() {
             let c = self.compute_csum(&b);

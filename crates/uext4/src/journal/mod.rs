@@ -31,7 +31,7 @@ mod revoke;
 
 use crate::blockdev::BlockDevice;
 use crate::error::{Corruption, Error, Result};
-use format::{JournalSuperblock, TagFormat, COMPAT_CHECKSUM, INCOMPAT_FAST_COMMIT, INCOMPAT_KNOWN};
+use format::{JournalSuperblock, TagFormat, COMPAT_CHECKSUM, INCOMPAT_KNOWN};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -118,6 +118,12 @@ pub struct Journal {
     map: JournalMap,
     first: u32,
     maxlen: u32,
+    /// One past the log's last block: `maxlen`, or with fast commits the start of the
+    /// fast-commit area less one (the kernel's j_last). Commits and recovery wrap here.
+    last: u32,
+    /// The fast-commit area, journal blocks `fc.start..fc.end` (the kernel's
+    /// j_fc_first..j_fc_last), when the journal has INCOMPAT_FAST_COMMIT. Never log space.
+    fc: Option<std::ops::Range<u32>>,
     fmt: TagFormat,
     /// The old whole-transaction crc32_be checksum (COMPAT_CHECKSUM).
     compat_csum: bool,
@@ -199,12 +205,13 @@ impl Journal {
                 ),
             ));
         }
-        if sb.start != 0 && (sb.start < sb.first || sb.start >= sb.maxlen) {
+        let (last, fc) = log_end(&sb)?;
+        if sb.start != 0 && (sb.start < sb.first || sb.start >= last) {
             return Err(Error::corrupt(
                 Corruption::Journal,
                 format!(
-                    "journal superblock: log start {} outside {}..{}",
-                    sb.start, sb.first, sb.maxlen
+                    "journal superblock: log start {} outside {}..{last}",
+                    sb.start, sb.first
                 ),
             ));
         }
@@ -234,9 +241,6 @@ impl Journal {
                 ),
             ));
         }
-        if sb.feature_incompat & INCOMPAT_FAST_COMMIT != 0 {
-            return Err(Error::Unsupported("journal feature fast_commit".into()));
-        }
         let unknown = sb.feature_incompat & !INCOMPAT_KNOWN;
         if unknown != 0 {
             return Err(Error::Unsupported(format!(
@@ -259,6 +263,8 @@ impl Journal {
             map,
             first: sb.first,
             maxlen: sb.maxlen,
+            last,
+            fc,
             fmt,
             compat_csum,
             seed,
@@ -295,9 +301,19 @@ impl Journal {
         self.log.lock().sb.clone()
     }
 
-    /// Log blocks, the superblock excluded.
+    /// Log blocks, the superblock and the fast-commit area excluded.
     pub fn log_len(&self) -> u32 {
-        self.maxlen - self.first
+        self.last - self.first
+    }
+
+    /// Where the journal's blocks are on the device.
+    pub fn map(&self) -> &JournalMap {
+        &self.map
+    }
+
+    /// The fast-commit area (journal blocks), when the journal has one.
+    pub fn fast_commit_area(&self) -> Option<std::ops::Range<u32>> {
+        self.fc.clone()
     }
 
     /// Blocks a transaction may use (a quarter of the log, as the kernel's default).
@@ -316,6 +332,41 @@ impl Journal {
     /// Commit blocks record no time later than `clamp` (`MountOptions::time_clamp`).
     pub fn set_time_clamp(&mut self, clamp: Option<i64>) {
         self.time_clamp = clamp;
+    }
+
+    /// Sets INCOMPAT_FAST_COMMIT in an empty journal, as the kernel does at mount of a
+    /// filesystem with the fast_commit feature (jbd2_journal_set_features): from then on the
+    /// journal's last s_num_fc_blks blocks are its fast-commit area and the log stops before
+    /// them, for uext4 and for the kernel alike. Does nothing when it is set already, or when
+    /// the area would leave too short a log (the kernel then refuses fast commits too);
+    /// refused while the log holds transactions. Returns whether the journal has the area.
+    pub fn enable_fast_commit(&mut self) -> Result<bool> {
+        let log = self.log.get_mut();
+        if self.fc.is_some() {
+            return Ok(true);
+        }
+        let mut sb = log.sb.clone();
+        if sb.blocktype != format::BT_SB_V2 {
+            return Ok(false);
+        }
+        sb.feature_incompat |= format::INCOMPAT_FAST_COMMIT;
+        let Ok((last, fc)) = log_end(&sb) else {
+            return Ok(false);
+        };
+        if log.sb.start != 0 || !log.live.is_empty() {
+            return Err(Error::Invalid(
+                "journal: features change only while the log is empty".into(),
+            ));
+        }
+        let p0 = self.map.phys(0).expect("checked at open");
+        self.dev.write_at(p0 * self.bs as u64, &sb.to_bytes())?;
+        self.dev.flush()?;
+        log.sb = sb;
+        log.head = self.first;
+        self.last = last;
+        self.fc = fc;
+        self.update_free(&self.log.lock());
+        Ok(true)
     }
 
     pub fn set_features(&mut self, csum_v3: bool, has_64bit: bool) -> Result<()> {
@@ -406,9 +457,13 @@ impl Journal {
         Ok(())
     }
 
-    /// The log block after `b`, wrapping from the end of the log to its first block.
+    /// The log block after `b`, wrapping from the end of the log to its first block. With
+    /// fast commits the log ends before the fast-commit area, as the kernel writes it
+    /// (jbd2_journal_next_log_block wraps at j_last). Some kernels' recovery wraps at the
+    /// area's end instead (recovery.c's `wrap` with j_fc_last), a mismatch with their own
+    /// writer; we follow the writer, whose logs never enter the area.
     fn next(&self, b: u32) -> u32 {
-        if b + 1 >= self.maxlen {
+        if b + 1 >= self.last {
             self.first
         } else {
             b + 1
@@ -424,6 +479,30 @@ impl Journal {
         self.dev.write_at(p0 * self.bs as u64, &sb.to_bytes())?;
         log.sb = sb;
         Ok(())
+    }
+}
+
+/// Where the log ends and the fast-commit area lies, as e2fsck's e2fsck_get_journal and the
+/// kernel's jbd2_journal_initialize_fast_commit compute them: the area is the journal's last
+/// s_num_fc_blks blocks, the log ends one block before it (j_fc_first = j_last + 1), and the
+/// log keeps at least MIN_JOURNAL_BLOCKS.
+fn log_end(sb: &JournalSuperblock) -> Result<(u32, Option<std::ops::Range<u32>>)> {
+    let Some(n) = sb.fc_blocks() else {
+        return Ok((sb.maxlen, None));
+    };
+    match sb.maxlen.checked_sub(n) {
+        Some(last) if last >= format::MIN_JOURNAL_BLOCKS && last > sb.first => {
+            Ok((last, Some(last + 1..sb.maxlen)))
+        }
+        _ => Err(Error::corrupt(
+            Corruption::Journal,
+            format!(
+                "journal superblock: a fast-commit area of {n} blocks leaves too short a log \
+                 in {} blocks (at least {} are needed)",
+                sb.maxlen,
+                format::MIN_JOURNAL_BLOCKS
+            ),
+        )),
     }
 }
 

@@ -97,6 +97,31 @@ impl Journal {
         Ok(report)
     }
 
+    /// PASS_SCAN alone: the first transaction the log does not hold whole, or None when the
+    /// log is empty (s_start = 0: nothing is replayed, and the kernel then ignores the
+    /// fast-commit area too). Fast commits are valid only when they carry this tid
+    /// (jbd2's fc_do_one_pass hands the area over with info->end_transaction).
+    pub fn log_end_tid(&self) -> Result<Option<u32>> {
+        let (start, seq) = {
+            let log = self.log.lock();
+            (log.sb.start, log.sb.sequence)
+        };
+        if start == 0 {
+            return Ok(None);
+        }
+        self.scan(start, seq).map(Some)
+    }
+
+    /// The fast-commit area's blocks in order (empty without one). The kernel writes its
+    /// fast commits there, after the last full commit, each ending on a block boundary;
+    /// what they mean is ext4's business (format::fast_commit).
+    pub fn read_fast_commit_area(&self) -> Result<Vec<Vec<u8>>> {
+        let Some(area) = self.fast_commit_area() else {
+            return Ok(Vec::new());
+        };
+        area.map(|b| self.read_jblock(b)).collect()
+    }
+
     /// PASS_SCAN: returns the first transaction that is not whole (the end of the log).
     fn scan(&self, start: u32, seq: u32) -> Result<u32> {
         let mut at = start;

@@ -182,6 +182,11 @@ impl Maker<'_> {
             uuid,
             f.metadata_csum,
             f.has_64bit,
+            if f.fast_commit {
+                super::options::fast_commit_blocks(self.l.blocks)
+            } else {
+                0
+            },
         ));
         self.w.put_block(j.runs[0].0, &blk0)
     }

@@ -68,6 +68,9 @@ pub struct FeatureSet {
     /// With quota: which types get a file (user, group, project; mke2fs -E quotatype=).
     /// None: mke2fs's default, user and group, and project with the project feature.
     pub quota_types: Option<[bool; 3]>,
+    /// A fast-commit area after the journal's log (`fast_commit_blocks` more journal blocks,
+    /// s_num_fc_blks), for the kernel's fast commits on fsync; uext4 itself writes none.
+    pub fast_commit: bool,
 }
 
 impl Default for FeatureSet {
@@ -79,7 +82,7 @@ impl Default for FeatureSet {
 /// Feature names `FeatureSet::apply` knows.
 const FEATURE_NAMES: &str = "has_journal, ext_attr, resize_inode, dir_index, filetype, extent, \
      64bit, flex_bg, sparse_super, large_file, huge_file, dir_nlink, extra_isize, metadata_csum, \
-     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold, encrypt, stable_inodes, verity, inline_data, ea_inode, quota, project";
+     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold, encrypt, stable_inodes, verity, inline_data, ea_inode, quota, project, fast_commit";
 
 impl FeatureSet {
     /// `mke2fs -t ext4` of e2fsprogs 1.47.
@@ -112,6 +115,7 @@ impl FeatureSet {
             quota: false,
             project: false,
             quota_types: None,
+            fast_commit: false,
         }
     }
 
@@ -212,6 +216,7 @@ impl FeatureSet {
                 "ea_inode" => &mut self.ea_inode,
                 "quota" => &mut self.quota,
                 "project" => &mut self.project,
+                "fast_commit" => &mut self.fast_commit,
                 _ => {
                     return Err(Error::Unsupported(format!(
                         "mkfs feature {f:?} (uext4 mkfs knows: {FEATURE_NAMES})"
@@ -239,6 +244,9 @@ impl FeatureSet {
             return Err(Error::Invalid(
                 "metadata_csum_seed needs metadata_csum".into(),
             ));
+        }
+        if self.fast_commit && !self.has_journal {
+            return Err(Error::Invalid("fast_commit needs has_journal".into()));
         }
         if self.orphan_file && !self.has_journal {
             return Err(Error::Invalid("orphan_file needs has_journal".into()));
@@ -370,6 +378,12 @@ pub fn default_journal_blocks(blocks: u64) -> u32 {
         b if b < 32768 * 1024 => 131072,
         _ => 262144,
     }
+}
+
+/// The fast-commit area's blocks with fast_commit, as ext2fs_get_journal_params sets
+/// them: a 64th of the default journal for the size (even when the journal's size is given).
+pub fn fast_commit_blocks(blocks: u64) -> u32 {
+    default_journal_blocks(blocks) / 64
 }
 
 /// mke2fs's default orphan file size in blocks (ext2fs_default_orphan_file_blocks).

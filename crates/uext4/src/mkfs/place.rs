@@ -5,7 +5,7 @@
 
 use super::alloc::{BlockMap, Blocks};
 use super::layout::Layout;
-use super::options::{default_journal_blocks, default_orphan_file_blocks};
+use super::options::{default_journal_blocks, default_orphan_file_blocks, fast_commit_blocks};
 use super::tables::FLEX_GROUPS;
 use super::MkfsOptions;
 use crate::error::{Error, Result};
@@ -199,6 +199,13 @@ fn place_journal(bm: &mut Blocks, l: &Layout, opts: &MkfsOptions) -> Result<File
     if jblocks == 0 {
         return Ok(FileBlocks::default());
     }
+    // The fast-commit area comes after the log, in the same journal inode.
+    let jblocks = jblocks
+        + if f.fast_commit {
+            fast_commit_blocks(l.blocks) as u64
+        } else {
+            0
+        };
     let free_total = l.blocks - bm.used();
     // mke2fs checks only a size it was given.
     if opts.journal_blocks.is_some() && jblocks > free_total / 2 {

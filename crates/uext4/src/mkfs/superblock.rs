@@ -64,6 +64,7 @@ pub(super) fn build_superblock(
             | flag(jblocks > 0, COMPAT_HAS_JOURNAL)
             | flag(l.resize_inode, COMPAT_RESIZE_INODE)
             | flag(f.orphan_file, COMPAT_ORPHAN_FILE)
+            | flag(f.fast_commit, COMPAT_FAST_COMMIT)
             | flag(f.stable_inodes, COMPAT_STABLE_INODES),
     );
     sb.set_feature_incompat(
@@ -236,15 +237,19 @@ fn random_bytes<const N: usize>() -> [u8; N] {
 /// journal module's [`JournalSuperblock::new_v2`](crate::journal::format::JournalSuperblock)
 /// with the filesystem as its one user (`s_users[0]` = the UUID), checksummed (crc32c from ~0
 /// over the superblock with the checksum zeroed) when `csum_v3`.
+/// `num_fc_blks` is s_num_fc_blks, the fast-commit area's length (0 without fast_commit; the
+/// journal's fast_commit feature is the kernel's to set at mount, as mke2fs leaves it).
 pub fn journal_superblock(
     block_size: u32,
     maxlen: u32,
     uuid: [u8; 16],
     csum_v3: bool,
     has_64bit: bool,
+    num_fc_blks: u32,
 ) -> Vec<u8> {
     use crate::journal::format::{put_be32, JournalSuperblock};
-    let jsb = JournalSuperblock::new_v2(block_size, maxlen, uuid, csum_v3, has_64bit);
+    let mut jsb = JournalSuperblock::new_v2(block_size, maxlen, uuid, csum_v3, has_64bit);
+    jsb.num_fc_blks = num_fc_blks;
     let mut j = jsb.to_bytes();
     j[0x100..0x110].copy_from_slice(&uuid);
     if jsb.has_csum_v2or3() {

@@ -67,7 +67,7 @@ fn feature_lists() {
 
 #[test]
 fn journal_superblock_checksum() {
-    let j = journal_superblock(4096, 1024, [7; 16], true, true);
+    let j = journal_superblock(4096, 1024, [7; 16], true, true, 0);
     assert_eq!(&j[0..4], &[0xC0, 0x3B, 0x39, 0x98]);
     let mut z = j.clone();
     z[0xFC..0x100].fill(0);
@@ -85,7 +85,7 @@ fn journal_superblock_checksum() {
         (0x12, 4, 1)
     );
     assert_eq!((p.uuid, &j[0x100..0x110]), ([7; 16], &[7u8; 16][..]));
-    let plain = journal_superblock(1024, 2048, [9; 16], false, false);
+    let plain = journal_superblock(1024, 2048, [9; 16], false, false, 0);
     let p = crate::journal::format::JournalSuperblock::parse(&plain).unwrap();
     assert_eq!((p.feature_incompat, p.checksum_type), (0, 0));
 }
