@@ -301,3 +301,122 @@ pub fn read_only_walk(img: Vec<u8>) {
     }
     assert!(dev.to_vec() == img, "a read-only open wrote to the image");
 }
+
+/// A new, empty 4 MiB ext4 image (uext4's mkfs, mke2fs's defaults for the size), made once.
+pub fn empty_image() -> &'static [u8] {
+    static S: OnceLock<Vec<u8>> = OnceLock::new();
+    S.get_or_init(|| {
+        let size = 4u64 << 20;
+        let dev = MemDevice::new(size);
+        let opts = uext4::mkfs::MkfsOptions::like_mke2fs(size, None);
+        uext4::mkfs::mkfs(&dev, &opts).expect("mkfs of the harness's empty image");
+        dev.to_vec()
+    })
+}
+
+/// A file of this process's own for an input a tool reads by path (a tar archive, a device
+/// table), on tmpfs where there is one.
+pub fn input_file(name: &str, data: &[u8]) -> PathBuf {
+    let dir = if std::path::Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let p = dir.join(format!("uext4-fuzz-{}-{name}", std::process::id()));
+    std::fs::write(&p, data).expect("writing the harness's input file");
+    p
+}
+
+/// Directories of a walked image that the write harness works in: the root and those below it.
+fn dirs_of(fs: &Fs) -> Vec<u32> {
+    let mut dirs = vec![uext4::ROOT_INO];
+    for path in [&[&b"d"[..]][..], &[b"big"], &[b"d", b"e"], &[b"lost+found"]] {
+        let mut at = uext4::ROOT_INO;
+        let mut ok = true;
+        for c in path {
+            match fs.lookup(at, c) {
+                Ok(a) => at = a.ino,
+                Err(_) => ok = false,
+            }
+        }
+        if ok {
+            dirs.push(at);
+        }
+    }
+    dirs
+}
+
+/// Names in `dir` (the first 64), to aim the operations at entries that exist.
+fn names_in(fs: &Fs, dir: u32) -> Vec<Vec<u8>> {
+    let mut v = Vec::new();
+    let _ = fs.readdir(dir, 0, &mut |e| {
+        if e.name != b"." && e.name != b".." {
+            v.push(e.name);
+        }
+        v.len() < 64
+    });
+    v
+}
+
+/// Runs the operations `u` decodes on an image opened read-write: create, mkdir, write,
+/// truncate, punch, rename, unlink, rmdir, xattrs, on entries that exist and new ones.
+pub fn operate(fs: &Fs, u: &mut Unstructured) -> AResult<()> {
+    let dirs = dirs_of(fs);
+    let n = u.int_in_range(1..=10)?;
+    for _ in 0..n {
+        let dir = *u.choose(&dirs)?;
+        let names = names_in(fs, dir);
+        let existing = |u: &mut Unstructured| -> AResult<Vec<u8>> {
+            if names.is_empty() || u.ratio(1, 4)? {
+                Ok(format!("n{}", u.int_in_range(0..=9u8)?).into_bytes())
+            } else {
+                Ok(u.choose(&names)?.clone())
+            }
+        };
+        let name = existing(u)?;
+        let ino = fs.lookup(dir, &name).map(|a| a.ino);
+        match u.int_in_range(0..=10u8)? {
+            0 => drop(fs.create(dir, &name, 0o100644, 0, 0)),
+            1 => drop(fs.mkdir(dir, &name, 0o40755, 0, 0)),
+            2 | 3 => {
+                if let Ok(ino) = ino {
+                    let off = u.int_in_range(0..=(1u64 << 20))?;
+                    let len = u.int_in_range(1..=70_000usize)?;
+                    let _ = fs.write(ino, off, &vec![0x5a; len]);
+                }
+            }
+            4 => {
+                if let Ok(ino) = ino {
+                    let _ = fs.truncate(ino, u.int_in_range(0..=(1u64 << 20))?);
+                }
+            }
+            5 => {
+                if let Ok(ino) = ino {
+                    let off = u.int_in_range(0..=(1u64 << 19))?;
+                    let len = u.int_in_range(1..=(1u64 << 18))?;
+                    let _ = fs.fallocate(ino, uext4::FALLOC_FL_PUNCH_HOLE | 1, off, len);
+                }
+            }
+            6 => {
+                let to_dir = *u.choose(&dirs)?;
+                let to = existing(u)?;
+                let _ = fs.rename(dir, &name, to_dir, &to, Default::default());
+            }
+            7 => drop(fs.unlink(dir, &name)),
+            8 => drop(fs.rmdir(dir, &name)),
+            9 => {
+                if let Ok(ino) = ino {
+                    let len = u.int_in_range(0..=1500usize)?;
+                    let _ = fs.setxattr(ino, b"user.f", &vec![7; len], uext4::XattrFlags::Any);
+                }
+            }
+            _ => {
+                if let Ok(ino) = ino {
+                    let _ = fs.removexattr(ino, b"user.small");
+                    let _ = fs.removexattr(ino, b"user.big");
+                }
+            }
+        }
+    }
+    Ok(())
+}
