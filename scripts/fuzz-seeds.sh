@@ -13,6 +13,10 @@ done
 rm -rf "$out"
 mkdir -p "$out/images" "$out/corpus"
 work=$(mktemp -d)
+# The same seeds every time (a corpus refers to its seeds by number): fixed UUIDs, hash seeds,
+# times and contents.
+export E2FSPROGS_FAKE_TIME=1700000000
+fixed="-U 6c1b0a6e-8f5e-4a36-9b3e-2f0f5d7c1a01 -E hash_seed=9d0b3c2a-1e4f-4b6a-8c7d-5e6f7a8b9c0d"
 trap 'rm -rf "$work"' EXIT
 
 # The tree every image holds: small files (inline where the image has inline_data), a file
@@ -22,7 +26,8 @@ src=$work/src
 mkdir -p "$src/d/e" "$src/big"
 echo hello > "$src/d/a"
 head -c 100 /dev/zero | tr '\0' s > "$src/tiny"
-head -c 20000 /dev/urandom > "$src/d/e/medium"
+noise() { python3 -c "import random,sys; r=random.Random($2); sys.stdout.buffer.write(bytes(r.getrandbits(8) for _ in range($1)))"; }
+noise 20000 1 > "$src/d/e/medium"
 for i in $(seq 0 23); do
   printf 'chunk %d' "$i" | dd of="$src/holes" bs=1024 seek=$((i * 3)) conv=notrunc status=none
 done
@@ -34,11 +39,13 @@ mknod "$src/chr" c 1 3 2>/dev/null || true
 setfattr -n user.small -v hi "$src/d/a" 2>/dev/null || true
 setfattr -n user.big -v "$(head -c 600 /dev/zero | tr '\0' x)" "$src/d/e/medium" 2>/dev/null || true
 
+find "$src" -exec touch -h -d @1700000000 {} +
+
 # NAME SIZE mke2fs-options...
 image() {
   local name=$1 size=$2; shift 2
   local img=$out/images/$name.img
-  mke2fs -q -F -E root_owner=0:0 -d "$src" "$@" "$img" "$size" >/dev/null
+  mke2fs -q -F -E root_owner=0:0 $fixed -d "$src" "$@" "$img" "$size" >/dev/null
   e2fsck -fyD "$img" >/dev/null 2>&1 || true
   e2fsck -fn "$img" >/dev/null 2>&1 || { echo "fuzz-seeds: $name is not clean"; exit 1; }
 }
@@ -74,8 +81,8 @@ orphans "$out/images/ext4-plain.img"
 journal() {
   local name=$1 size=$2; shift 2
   local img=$out/images/$name.img
-  mke2fs -q -F -d "$src" "$@" "$img" "$size" >/dev/null
-  head -c 1024 /dev/urandom > "$work/blk"
+  mke2fs -q -F $fixed -d "$src" "$@" "$img" "$size" >/dev/null
+  noise 1024 2 > "$work/blk"
   debugfs -w -f - "$img" >/dev/null 2>&1 <<CMDS
 jo
 jw -b 300,301,302 $work/blk
@@ -95,7 +102,7 @@ journal journal-ext3 2M -t ext3 -b 1024 -N 200
 
 # One made by uext4's own mkfs, where it is built.
 if [ -x target/release/uext4 ]; then
-  target/release/uext4 mkfs -q --size 512K --block-size 1024 --journal-size 0 -N 200 \
+  SOURCE_DATE_EPOCH=1700000000 target/release/uext4 mkfs -q -U 6c1b0a6e-8f5e-4a36-9b3e-2f0f5d7c1a01 --size 512K --block-size 1024 --journal-size 0 -N 200 \
     -d "$src" "$out/images/uext4-mkfs.img" >/dev/null 2>&1 || true
 fi
 
@@ -115,4 +122,20 @@ fi
 (cd "$src" && tar --format=ustar -cf "$c/tar/ustar.tar" d/e short)
 printf '/dev d 755 0 0 - - - - -\n/dev/tty c 666 0 0 5 0 - - -\n/dev/hda b 640 0 0 3 0 0 1 4\n' > "$c/devtable/basic"
 printf '# comment\n/etc d 700 10 10 - - - - -\n/dev/ttyS c 660 0 5 4 64 0 1 3\n' > "$c/devtable/more"
+# What an NBD server says: the fixed newstyle handshake (NBD_OPT_GO answered with the
+# export's size and flags, its block sizes, ACK), then simple replies to the harness's read,
+# read, write and flush (cookies 1 to 4); once more where the export allows several connections.
+python3 - "$c/nbd" <<'PY'
+import struct, sys
+def seed(flags):
+    b = b"NBDMAGIC" + b"IHAVEOPT" + struct.pack(">H", 3)
+    rep = lambda t, d: struct.pack(">QIII", 0x3e889045565a9, 7, t, len(d)) + d
+    b += rep(3, struct.pack(">HQH", 0, 1 << 20, flags))
+    b += rep(3, struct.pack(">HIII", 3, 512, 4096, 1 << 20))
+    b += rep(1, b"")
+    simple = lambda cookie, data=b"": struct.pack(">IIQ", 0x67446698, 0, cookie) + data
+    return b + simple(1, bytes(512)) + simple(2, bytes(8192)) + simple(3) + simple(4)
+open(sys.argv[1] + "/go", "wb").write(seed(1 | 4))
+open(sys.argv[1] + "/multi-conn", "wb").write(seed(1 | 4 | 256))
+PY
 echo "fuzz-seeds: $(ls "$out/images" | wc -l) images in $out/images"

@@ -5,10 +5,12 @@
 #   scripts/fuzz.sh TARGET [SECONDS] [ARGS]   run one (default 60 s); ARGS go to libFuzzer
 #   scripts/fuzz.sh --all SECONDS             a bounded run of every harness, one after another;
 #                                             fails if any finds a crash, hang or leak
-#   scripts/fuzz.sh --campaign SECONDS [OUT]  every harness in turn, SECONDS each, at nice 19,
-#                                             corpora kept in target/fuzz-corpus; figures per
-#                                             harness (executions, cov, ft, corpus, findings)
-#                                             appended to OUT (default target/fuzz-campaign.txt)
+#   scripts/fuzz.sh --campaign SECONDS [TARGET...]
+#                                             every harness (or those named) in turn, SECONDS
+#                                             each, at nice 19, corpora kept in
+#                                             target/fuzz-corpus; figures per harness (executions,
+#                                             cov, ft, corpus, findings) appended to
+#                                             $UEXT4_FUZZ_FIGURES (target/fuzz-campaign.txt)
 # Seeds: scripts/fuzz-seeds.sh makes them (target/fuzz-seeds) when missing. Findings (crash-*,
 # timeout-*, oom-*) land in target/fuzz-findings/TARGET.
 set -uo pipefail
@@ -29,7 +31,7 @@ build() {
   flags+=" -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table"
   flags+=" -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks"
   if ! (cd fuzz && RUSTFLAGS="$flags" CARGO_TARGET_DIR="$build_dir" \
-        cargo build --release --locked --offline --target "$host" --bins 2>&1 | tail -20); then
+        cargo build --release --locked --target "$host" --bins 2>&1 | tail -20); then
     return 3
   fi
   for t in "${targets[@]}"; do [ -x "$(bin "$t")" ] || { echo "fuzz: $t did not build"; return 3; }; done
@@ -44,14 +46,24 @@ run() {
   local t=$1 secs=$2; shift 2
   local corpus=$root/target/fuzz-corpus/$t findings=$root/target/fuzz-findings/$t
   mkdir -p "$corpus" "$findings"
-  local dict=() seed_dirs=()
+  local seed_dirs=()
   [ -d "target/fuzz-seeds/corpus/$t" ] && seed_dirs+=("$root/target/fuzz-seeds/corpus/$t")
   local log=$root/target/fuzz-findings/$t.log
+  # Input sizes: an image harness's input is a seed choice and edits (and operations), a few
+  # hundred bytes at most, used whole from the start; the others take raw bytes: a GPT with
+  # its entries, tar headers with data, an NBD handshake with replies.
+  local len
+  case $t in
+    image_read|journal_replay|image_write) len=(-max_len=384 -len_control=0) ;;
+    partition) len=(-max_len=20480) ;;
+    tar|nbd) len=(-max_len=16384) ;;
+    *) len=(-max_len=4096) ;;
+  esac
   # -timeout: one input over 10 s is a hang; -rss_limit_mb: 2 GiB is unbounded memory;
   # -malloc_limit_mb: one allocation over 512 MiB is an allocation sized by the image.
   (cd "$findings" && UEXT4_FUZZ_SEEDS=$root/target/fuzz-seeds/images \
      "$(bin "$t")" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=512 \
-     -max_len=4096 -print_final_stats=1 -artifact_prefix="$findings/" "$@" \
+     "${len[@]}" -print_final_stats=1 -artifact_prefix="$findings/" "$@" \
      "$corpus" "${seed_dirs[@]}" >"$log" 2>&1)
   local rc=$?
   local last
@@ -87,16 +99,18 @@ case ${1:-} in
     for t in "${targets[@]}"; do run "$t" "$secs" || bad=1; done
     exit $bad ;;
   --campaign)
-    secs=${2:?"--campaign SECONDS [OUT]"}
-    out=${3:-$root/target/fuzz-campaign.txt}
+    secs=${2:?"--campaign SECONDS [TARGET...]"}
+    shift 2
+    out=${UEXT4_FUZZ_FIGURES:-$root/target/fuzz-campaign.txt}
     build || exit 3
     seeds || exit 3
-    for t in "${targets[@]}"; do
+    [ $# -gt 0 ] || set -- "${targets[@]}"
+    for t in "$@"; do
       nice -n 19 "$0" --run-built "$t" "$secs"
       figures "$t" >> "$out"
     done ;;
   --run-built) run "$2" "$3" ;;
-  ""|-h|--help) sed -n '2,14p' "$0" ;;
+  ""|-h|--help) sed -n '2,17p' "$0" ;;
   *)
     t=$1 secs=${2:-60}; shift; [ $# -gt 0 ] && shift
     printf '%s\n' "${targets[@]}" | grep -qx "$t" || { echo "fuzz: no harness $t (--list)"; exit 2; }

@@ -305,6 +305,9 @@ fn read_mbr(dev: &dyn BlockDevice) -> Result<Option<Table>> {
     if read_bytes(dev, 510, 2).is_none_or(|b| b != [0x55, 0xaa]) {
         return Ok(None);
     }
+    if !check_primaries(dev)? {
+        return Ok(None);
+    }
     let mut r = DevReader {
         dev,
         base: 0,
@@ -347,6 +350,30 @@ fn read_mbr(dev: &dyn BlockDevice) -> Result<Option<Table>> {
         sector_size: 512,
         partitions,
     }))
+}
+
+/// The four primary entries, checked before `mbrman` reads them: one with sectors that starts
+/// at sector 0 lies over the table itself (refused), and a table whose entries all have a type
+/// but no sectors holds no partition (the kernel's msdos parser skips entries without
+/// sectors). `mbrman` panics on both when it guesses the table's alignment (every used entry
+/// starting at 0 leaves it no divisor), so neither reaches it. Whether an entry is in use.
+fn check_primaries(dev: &dyn BlockDevice) -> Result<bool> {
+    let Some(table) = read_bytes(dev, 446, 64) else {
+        return Ok(false);
+    };
+    let mut used = false;
+    for (i, e) in table.chunks_exact(16).enumerate() {
+        let start = u32::from_le_bytes(e[8..12].try_into().unwrap());
+        let sectors = u32::from_le_bytes(e[12..16].try_into().unwrap());
+        if e[4] != 0 && sectors != 0 && start == 0 {
+            return Err(Error::PartitionTable(format!(
+                "MBR partition {} starts at sector 0, over the partition table",
+                i + 1
+            )));
+        }
+        used |= e[4] != 0 && sectors != 0;
+    }
+    Ok(used)
 }
 
 fn gpt_type_name(guid: &impl std::fmt::Display) -> String {
