@@ -109,17 +109,16 @@ pub fn apply(fs: &Fs, table: &Path, lines: &[(usize, Line)]) -> Result<()> {
 }
 
 fn apply_line(fs: &Fs, l: &Line) -> Result<()> {
-    // The names one at a time, never gathered: a count of four billion makes nodes until the
-    // image is full (its first error), in bounded memory.
-    let names: Box<dyn Iterator<Item = (String, u32)>> = if l.count > 0
-        && matches!(l.kind, 'c' | 'b')
-    {
-        Box::new((l.start..l.count).map(|i| {
-            let minor = (l.minor as u64 + i as u64 * l.inc as u64).saturating_sub(l.start as u64);
-            (format!("{}{i}", l.name), minor as u32)
-        }))
+    let names: Vec<(String, u32)> = if l.count > 0 && matches!(l.kind, 'c' | 'b') {
+        (l.start..l.count)
+            .map(|i| {
+                let minor =
+                    (l.minor as u64 + i as u64 * l.inc as u64).saturating_sub(l.start as u64);
+                (format!("{}{i}", l.name), minor as u32)
+            })
+            .collect()
     } else {
-        Box::new(std::iter::once((l.name.clone(), l.minor)))
+        vec![(l.name.clone(), l.minor)]
     };
     for (name, minor) in names {
         let comps = clean_path(name.as_bytes())?;
