@@ -179,3 +179,46 @@ fn an_htree_that_leads_back_to_its_root_is_refused() {
     assert_eq!(n, names.len(), "an entry listed twice");
     assert!(n <= 302, "{n} entries listed");
 }
+
+/// Sizes an image gives are not allocation sizes: a symlink claiming 4 GiB, and an xattr value
+/// in a block claiming 4 GiB, are refused naming their structure (a symlink is at most a block,
+/// a value lies inside its block), before any buffer of that size.
+#[test]
+fn sizes_on_disk_do_not_size_allocations() {
+    if !have(&["debugfs"]) {
+        return;
+    }
+    let img = scratch("bounds-sizes");
+    mke2fs(&img.0, "16M", &["-O", "^metadata_csum"]);
+    let big = scratch("bounds-sizes-value");
+    std::fs::write(&big.0, vec![b'v'; 2000]).unwrap();
+    debugfs_w(
+        &img.0,
+        &format!(
+            "symlink l /{}\nwrite /dev/null g\nea_set -f {} g user.big\n",
+            "t".repeat(200),
+            big.0.display()
+        ),
+    );
+    e2fsck_clean(&img.0);
+    let l = ino_of(&img.0, "l");
+    debugfs_w(&img.0, &format!("sif <{l}> size 0xffffffff\n"));
+    let st = sh(&format!(
+        "debugfs -R 'stat g' {} 2>/dev/null",
+        img.0.display()
+    ));
+    let xblock: u64 = st
+        .split("File ACL:")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("g has no xattr block: {st}"));
+    // The block's first entry (after the 32-byte header): e_value_size at byte 8.
+    put(&img.0, xblock * 4096 + 32 + 8, &u32::MAX.to_le_bytes());
+    let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
+    let (kind, msg) = corruption(fs.readlink(l));
+    assert_eq!(kind, Corruption::Inode, "{msg}");
+    let g = fs.lookup(uext4::ROOT_INO, b"g").unwrap().ino;
+    let (kind, msg) = corruption(fs.getxattr(g, b"user.big"));
+    assert_eq!(kind, Corruption::Xattr, "{msg}");
+}
