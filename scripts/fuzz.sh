@@ -79,6 +79,8 @@ figures() {
   local t=$1 log=$root/target/fuzz-findings/$1.log
   local execs cov ft corpus
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  # A run that stopped on a finding prints no final statistics: its last status line.
+  [ -n "$execs" ] || execs=$(grep -oE '^#[0-9]+' "$log" | tail -1 | tr -d '#')
   cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
   ft=$(grep -oE 'ft: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
   corpus=$(ls "$root/target/fuzz-corpus/$t" | wc -l)
