@@ -1,7 +1,8 @@
 //! What the fuzz harnesses (fuzz/, scripts/fuzz.sh) found, each input rebuilt here so that the
 //! ordinary suite keeps it fixed. docs/FUZZING.md lists the findings.
 
-use uext4::blockdev::MemDevice;
+use std::sync::Arc;
+use uext4::blockdev::{BlockDevice, MemDevice, RegionDevice};
 use uext4::partition::{identify, Table};
 use uext4::Error;
 
@@ -47,7 +48,7 @@ fn an_mbr_entry_with_a_type_and_nothing_else_is_no_partition() {
 }
 
 /// An MBR partition with sectors that starts at sector 0 lies over the table itself: refused,
-/// naming it (mbrman panicked on it too).
+/// naming it (mbrman, which read MBRs then, panicked on it too).
 #[test]
 fn an_mbr_partition_over_the_table_is_refused() {
     let d = MemDevice::from_vec(mbr(64, &[(2, 0x83, 0, 20)]));
@@ -62,4 +63,60 @@ fn an_mbr_partition_over_the_table_is_refused() {
     assert!(matches!(Table::read(&d), Err(Error::PartitionTable(_))));
     let d = MemDevice::from_vec(mbr(64, &[(1, 0x83, 8, 8)]));
     assert_eq!(Table::read(&d).unwrap().unwrap().partitions.len(), 1);
+}
+
+/// An EBR at `sector` of `v`: its logical partition (type, first sector from the EBR) and the
+/// link to the next EBR (first sector from the extended partition's start; 0: the last).
+fn ebr(v: &mut [u8], sector: usize, sys: u8, lba: u32, n: u32, next: u32) {
+    let b = sector * 512;
+    v[b + 446 + 4] = sys;
+    v[b + 446 + 8..b + 446 + 12].copy_from_slice(&lba.to_le_bytes());
+    v[b + 446 + 12..b + 446 + 16].copy_from_slice(&n.to_le_bytes());
+    if next != 0 {
+        v[b + 462 + 4] = 0x05;
+        v[b + 462 + 8..b + 462 + 12].copy_from_slice(&next.to_le_bytes());
+        v[b + 462 + 12..b + 462 + 16].copy_from_slice(&1u32.to_le_bytes());
+    }
+    v[b + 510] = 0x55;
+    v[b + 511] = 0xaa;
+}
+
+/// partition, crash-823c1c6e: a logical partition whose first sector, counted from its EBR,
+/// passes 2^32 (0xfffffff5 from an EBR at sector 32). mbrman added the two in 32 bits: a panic
+/// with overflow checks, a wrong partition without. The MBR is read here now (partition/mbr.rs),
+/// in 64 bits: the partition is where its numbers say, past the disk, and its region is
+/// refused.
+#[test]
+fn a_logical_partition_past_2_to_the_32_sectors_is_where_it_says() {
+    let mut v = mbr(64, &[(1, 0x05, 32, 32)]);
+    ebr(&mut v, 32, 0x83, 0xffff_fff5, 10, 0);
+    let d: Arc<dyn BlockDevice> = Arc::new(MemDevice::from_vec(v));
+    let t = Table::read(&*d).unwrap().unwrap();
+    let p = t.get(5).expect("the logical partition");
+    assert_eq!(p.start, (32 + 0xffff_fff5u64) * 512);
+    assert!(RegionDevice::new(d, t.region_of(5).unwrap()).is_err());
+    // The extended partition and a good logical one beside it still read.
+    let mut v = mbr(64, &[(1, 0x05, 32, 32)]);
+    ebr(&mut v, 32, 0x83, 2, 10, 16);
+    ebr(&mut v, 48, 0x83, 2, 10, 0);
+    let t = Table::read(&MemDevice::from_vec(v)).unwrap().unwrap();
+    let starts: Vec<(u32, u64)> = t
+        .partitions
+        .iter()
+        .map(|p| (p.number, p.start / 512))
+        .collect();
+    assert_eq!(starts, [(1, 32), (5, 34), (6, 50)]);
+}
+
+/// A chain of EBRs that links back (the second EBR names the first): refused as a loop, not
+/// followed.
+#[test]
+fn an_ebr_chain_that_links_back_is_refused() {
+    let mut v = mbr(64, &[(1, 0x05, 32, 32)]);
+    ebr(&mut v, 32, 0x83, 2, 4, 16);
+    ebr(&mut v, 48, 0x83, 2, 4, 8);
+    match Table::read(&MemDevice::from_vec(v)) {
+        Err(Error::PartitionTable(m)) => assert!(m.contains("loop"), "{m}"),
+        other => panic!("expected the chain refused, got {other:?}"),
+    }
 }
