@@ -73,6 +73,21 @@ suite "python package" bash scripts/python.sh
 for s in scripts/pjdfstest.sh scripts/workloads.sh; do
   [ -f "$s" ] && suite "$s" bash "$s"
 done
+# The fuzz harnesses (fuzz/, docs/FUZZING.md): a bounded run of each, 30 s (300 s with --long),
+# from the corpus earlier runs left in target/fuzz-corpus; fails on a crash, hang or runaway
+# memory. Skips in one line where the harnesses cannot be built (scripts/fuzz.sh exits 3).
+fuzz_suite() {
+  local secs=30
+  [ $long = 1 ] && secs=300
+  bash scripts/fuzz.sh --all "${UEXT4_FUZZ_SECONDS:-$secs}"
+  local rc=$?
+  if [ $rc -eq 3 ]; then
+    echo "scripts/fuzz.sh: the fuzz harnesses cannot be built here (see above); skipped"
+    return 0
+  fi
+  return $rc
+}
+suite "scripts/fuzz.sh --all" fuzz_suite
 # fstests (xfstests) through a uext4 mount: the bounded list (tests/fstests-ci.txt), or
 # generic/quick with --long; e2fsck after every test; skips without the fstests source.
 if [ $long = 1 ]; then

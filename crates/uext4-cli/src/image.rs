@@ -396,7 +396,7 @@ pub(crate) fn image_loc(s: &str) -> Result<(Img, String)> {
 /// `--quiet`: the tools show no progress bar and print no notes.
 static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-pub(crate) fn set_quiet(q: bool) {
+pub fn set_quiet(q: bool) {
     QUIET.store(q, std::sync::atomic::Ordering::Relaxed);
 }
 
@@ -410,7 +410,7 @@ pub(crate) fn quiet() -> bool {
 static KEYS: std::sync::OnceLock<Vec<uext4::EncryptionKey>> = std::sync::OnceLock::new();
 
 /// Reads the `--key` files (their contents never appear in an error, only their names).
-pub(crate) fn set_keys(files: &[PathBuf]) -> Result<()> {
+pub fn set_keys(files: &[PathBuf]) -> Result<()> {
     let mut keys = Vec::new();
     for f in files {
         let raw = std::fs::read(f)

@@ -1,12 +1,7 @@
 //! `uext4`: mount an ext4 image through FUSE, work on images without mounting, make new ones,
 //! and benchmark against the kernel's ext4 and fuse2fs.
 
-mod host;
-mod image;
-mod log;
-mod mount;
-mod sandbox;
-mod tools;
+use uext4_cli::{image, log, mount, sandbox, tools, usage_status, MOUNT_HELPER};
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
@@ -181,21 +176,6 @@ fn run_bench(args: &[std::ffi::OsString]) -> anyhow::Result<()> {
     }
     let err = std::process::Command::new(&exe).args(args).exec();
     Err(anyhow::Error::new(err).context(exe.display().to_string()))
-}
-
-/// Whether this process was started as mount(8)'s helper (`mount.uext4`,
-/// `mount.fuse.uext4`), whose exit statuses are mount(8)'s: 32 for a failed mount, 1 for a
-/// usage mistake.
-static MOUNT_HELPER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// The exit status of a usage mistake: 2, as coreutils' and e2fsprogs' (1 from mount(8)'s
-/// helper, where 2 would read "system error").
-pub(crate) fn usage_status() -> i32 {
-    if MOUNT_HELPER.load(std::sync::atomic::Ordering::Relaxed) {
-        1
-    } else {
-        2
-    }
 }
 
 /// The exit status of a failure: 1 (32 from mount(8)'s helper, mount(8)'s "mount failure").

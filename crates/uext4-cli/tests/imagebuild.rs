@@ -355,6 +355,28 @@ fn bad_input_is_refused_and_leaves_nothing() {
     assert!(!img.exists());
 }
 
+/// Bounded work whatever a device table says: one line makes at most 65536 nodes (four
+/// billion is refused, naming the line, before the image is made), and a line within the
+/// bound on an image with fewer inodes makes nodes until the image is full and fails there.
+#[test]
+fn a_device_table_count_is_bounded() {
+    if !have(&["e2fsck"]) {
+        return;
+    }
+    let w = Scratch::dir("devtable-count");
+    let table = w.p("table");
+    let img = w.p("c.img");
+    std::fs::write(&table, "/tty c 666 0 0 4 0 0 1 4294967295\n").unwrap();
+    let e = UEXT4.fails(&["mkfs", "--size", "1M", "-D", s(&table), s(&img)]);
+    assert!(e.contains("line 1") && e.contains("more than 65536"), "{e}");
+    assert!(!img.exists(), "a failed mkfs left its image");
+    std::fs::write(&table, "/tty c 666 0 0 4 0 0 1 65536\n").unwrap();
+    let e = UEXT4.fails(&["mkfs", "--size", "1M", "-N", "32", "-D", s(&table), s(&img)]);
+    assert!(e.contains("line 1"), "{e}");
+    assert!(e.contains("no free inodes"), "{e}");
+    assert!(!img.exists(), "a failed mkfs left its image");
+}
+
 /// The value of a `uext4 stat` field such as "Uid:".
 fn stat_has(img: &Path, path: &str, want: &[&str]) {
     let st = UEXT4.ok(&["stat", &format!("{}:{path}", s(img))]);

@@ -2,7 +2,7 @@
 //! device, or a part of one, seems to hold: an ext2/3/4 filesystem, another filesystem, a
 //! disk image of another format (qcow2, VMDK, VHDX, VDI, VHD), or nothing known.
 //!
-//! The tables are parsed by the `gpt` and `mbrman` crates; this module only reads (nothing
+//! GPT is parsed by the `gpt` crate, MBR by `mbr` here; this module only reads (nothing
 //! here writes to the device). Partitions are numbered as fdisk and lsblk number them: a GPT
 //! partition by its slot in the entry array from 1, an MBR primary partition by its slot
 //! (1 to 4, gaps kept), and logical partitions from 5 in the order of their chain.
@@ -15,6 +15,8 @@
 //! let fs = Fs::open_path("disk.img".as_ref(), opts)?;
 //! # Ok::<(), uext4::Error>(())
 //! ```
+
+mod mbr;
 
 use crate::blockdev::{BlockDevice, Region, RegionDevice};
 use crate::error::{Error, Result};
@@ -302,39 +304,23 @@ fn read_gpt(dev: &dyn BlockDevice) -> Result<Option<Table>> {
 }
 
 fn read_mbr(dev: &dyn BlockDevice) -> Result<Option<Table>> {
-    if read_bytes(dev, 510, 2).is_none_or(|b| b != [0x55, 0xaa]) {
+    let Some(entries) = mbr::read(dev)? else {
         return Ok(None);
-    }
-    let mut r = DevReader {
-        dev,
-        base: 0,
-        pos: 0,
-    };
-    let mbr = match mbrman::MBR::read_from(&mut r, 512) {
-        Ok(m) => m,
-        Err(e) => {
-            return Err(Error::PartitionTable(format!(
-                "the MBR partition table is damaged: {e}"
-            )))
-        }
     };
     let mut partitions = Vec::new();
-    for (n, e) in mbr.iter() {
-        if !e.is_used() || e.sectors == 0 {
-            continue;
-        }
+    for (number, e) in entries {
         if e.sys == 0xee {
             return Err(Error::PartitionTable(
                 "a protective MBR (GPT disk) whose GPT headers are both missing".into(),
             ));
         }
         partitions.push(Partition {
-            number: n as u32,
-            start: e.starting_lba as u64 * 512,
-            len: e.sectors as u64 * 512,
+            number,
+            start: e.start * 512,
+            len: e.sectors * 512,
             type_name: mbr_type_name(e.sys),
             name: String::new(),
-            extended: e.is_extended(),
+            extended: e.extended(),
         });
     }
     // A boot signature with no partition in use is a boot sector (or a filesystem's), not a

@@ -1,0 +1,31 @@
+//! Journal replay of a mutated journal (descriptor, revoke and commit blocks, the journal
+//! superblock, the ext4 superblock's journal fields): read-only (replayed into memory: not one
+//! byte of the image written), then read-write (replayed onto the image), each followed by a
+//! walk. No panic, no hang, bounded memory.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use std::sync::Arc;
+use uext4::blockdev::MemDevice;
+use uext4::Fs;
+use uext4_fuzz::{has_mmp, journal_seeds, mutate, quiet_rw, read_only_walk, walk};
+
+fuzz_target!(|data: &[u8]| {
+    let seeds = journal_seeds();
+    let mut u = arbitrary::Unstructured::new(data);
+    let Ok(i) = u.choose_index(seeds.len()) else {
+        return;
+    };
+    let Ok(img) = mutate(&seeds[i], &mut u) else {
+        return;
+    };
+    if has_mmp(&img) {
+        return;
+    }
+    read_only_walk(img.clone());
+    let dev = Arc::new(MemDevice::from_vec(img));
+    if let Ok(fs) = Fs::open_dev(dev, quiet_rw()) {
+        let _ = walk(&fs);
+        let _ = fs.unmount();
+    }
+});
