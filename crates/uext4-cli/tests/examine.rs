@@ -355,3 +355,36 @@ fn info_json_agrees_with_dumpe2fs() {
     assert_eq!(v["on_disk"]["needs_recovery"], "no");
     e2fsck_clean(&img.0);
 }
+
+/// `inodes --json` gives the records the ils lines give (those are checked against ils above).
+#[test]
+fn inodes_json_matches_the_ils_lines() {
+    if !have(&["mke2fs"]) {
+        println!("SKIP: needs e2fsprogs");
+        return;
+    }
+    let img = scratch("inodes-json");
+    mke2fs(&img.0, "16M", &["-b", "1024"]);
+    UEXT4.ok(&["mkdir", &img.at("/d")]);
+    UEXT4.ok(&["touch", &img.at("/d/f")]);
+    let text = UEXT4.ok(&["inodes", img.s()]);
+    let v: serde_json::Value =
+        serde_json::from_str(&UEXT4.ok(&["inodes", "--json", img.s()])).unwrap();
+    let recs = v.as_array().unwrap();
+    let lines: Vec<Vec<&str>> = text
+        .lines()
+        .skip(3)
+        .map(|l| l.split('|').collect())
+        .collect();
+    assert_eq!(recs.len(), lines.len());
+    for (r, l) in recs.iter().zip(&lines) {
+        assert_eq!(r["inode"].to_string(), l[0]);
+        assert_eq!(r["allocated"], l[1] == "a");
+        assert_eq!(r["size"].to_string(), l[10]);
+        assert_eq!(r["links"].to_string(), l[9]);
+    }
+    assert!(recs
+        .iter()
+        .any(|r| r["inode"] == 2 && r["allocated"] == true));
+    e2fsck_clean(&img.0);
+}

@@ -322,11 +322,33 @@ pub fn timeline(image: &Path) -> Result<()> {
 /// `uext4 inodes IMAGE [--deleted]`: one line per inode record, its number first, as the
 /// Sleuth Kit's `ils` writes them (`ils -e` for all; with `--deleted`, as plain `ils`: the
 /// inodes not in use that were used once, their change time set).
-pub fn inodes(image: &Path, deleted: bool) -> Result<()> {
+pub fn inodes(image: &Path, deleted: bool, json: bool) -> Result<()> {
     let img = image_arg(image)?;
     let fs = open_img(&img, true)?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     use std::io::Write;
+    if json {
+        // One array, written as the scan goes (an image may hold millions of inodes).
+        let mut first = true;
+        write!(out, "[")?;
+        each_inode(&fs, &mut |rec| {
+            let r = &rec.raw;
+            if deleted && (rec.allocated || r.ctime().sec == 0) {
+                return Ok(true);
+            }
+            let v = serde_json::json!({
+                "inode": rec.ino, "allocated": rec.allocated, "uid": r.uid(), "gid": r.gid(),
+                "mode": r.mode(), "links": r.links_count(), "size": r.size(),
+                "atime": r.atime().sec, "mtime": r.mtime().sec, "ctime": r.ctime().sec,
+                "crtime": r.crtime().map(|t| t.sec), "dtime": r.dtime(),
+            });
+            write!(out, "{}\n{v}", if first { "" } else { "," })?;
+            first = false;
+            Ok(true)
+        })?;
+        writeln!(out, "\n]")?;
+        return Ok(());
+    }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

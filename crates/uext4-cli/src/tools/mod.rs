@@ -277,6 +277,9 @@ pub enum ToolCmd {
         /// Only the inodes not in use that were used once, as plain `ils`.
         #[arg(long)]
         deleted: bool,
+        /// A JSON array of the same records instead (docs/USAGE.md).
+        #[arg(long)]
+        json: bool,
         /// The image file or block device.
         image: PathBuf,
     },
@@ -528,7 +531,11 @@ fn examine_cmd(cmd: ToolCmd) -> Result<()> {
             json,
         } => examine::ncheck(&image, &inodes, json),
         ToolCmd::Timeline { image } => examine::timeline(&image),
-        ToolCmd::Inodes { deleted, image } => examine::inodes(&image, deleted),
+        ToolCmd::Inodes {
+            deleted,
+            image,
+            json,
+        } => examine::inodes(&image, deleted, json),
         ToolCmd::Icheck {
             image,
             blocks,
