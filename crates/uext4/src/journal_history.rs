@@ -68,7 +68,7 @@ pub struct LoggedTransaction {
 }
 
 /// What the log holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct JournalHistory {
     /// The journal superblock's s_first: the log's first block.
     pub first: u32,
@@ -80,6 +80,8 @@ pub struct JournalHistory {
     pub start: u32,
     /// The transactions found, by sequence.
     pub transactions: Vec<LoggedTransaction>,
+    /// Where the journal's blocks are, for reading logged copies back.
+    map: JournalMap,
 }
 
 /// What a filesystem block is used for (a logged block's meaning).
@@ -291,13 +293,13 @@ impl Fs {
             sequence: jsb.sequence,
             start: jsb.start,
             transactions: txns.into_values().collect(),
+            map: jmap,
         })
     }
 
     /// The bytes a transaction logged for a block (unescaped), as the log holds them now.
-    pub fn logged_block(&self, lb: &LoggedBlock) -> Result<Vec<u8>> {
-        let (jmap, _) = self.journal_map_and_sb()?;
-        let p = jmap.phys(lb.log_block).ok_or(Error::NotFound)?;
+    pub fn logged_block(&self, history: &JournalHistory, lb: &LoggedBlock) -> Result<Vec<u8>> {
+        let p = history.map.phys(lb.log_block).ok_or(Error::NotFound)?;
         let mut b = self.read_log_block(p)?;
         if lb.escaped {
             b[..4].copy_from_slice(&JBD2_MAGIC.to_be_bytes());
@@ -319,7 +321,7 @@ impl Fs {
                 if lb.state != LoggedState::Intact {
                     continue;
                 }
-                let b = self.logged_block(lb)?;
+                let b = self.logged_block(history, lb)?;
                 out.push(LoggedInode {
                     sequence: t.sequence,
                     commit_time: t.commit_time,
@@ -471,7 +473,7 @@ impl Fs {
                 let Some(BlockUse::InodeTable { first, .. }) = self.layout_use(lb.fs_block) else {
                     continue;
                 };
-                let b = self.logged_block(lb)?;
+                let b = self.logged_block(history, lb)?;
                 for i in 0..per_block {
                     let ino = first + i;
                     let off = (i * self.geo.inode_size) as usize;
@@ -555,7 +557,7 @@ impl Fs {
                 if self.layout_use(lb.fs_block).is_some() {
                     continue;
                 }
-                let b = self.logged_block(lb)?;
+                let b = self.logged_block(history, lb)?;
                 let (mut ents, mut damage) = (Vec::new(), None);
                 crate::inspect::scan_block(&b, Some(0), 0, true, &mut ents, &mut damage);
                 let plausible = damage.is_none()
