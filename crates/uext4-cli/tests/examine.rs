@@ -388,3 +388,48 @@ fn inodes_json_matches_the_ils_lines() {
         .any(|r| r["inode"] == 2 && r["allocated"] == true));
     e2fsck_clean(&img.0);
 }
+
+/// Every inode debugfs's `lsdel` reports (deleted, blocks still mapped: e2fsprogs's own
+/// deletion keeps them) is in `inodes --deleted --json`, with its owner, mode and size.
+/// uext4 only reads here; the image is left as debugfs's kill_file leaves it (names still
+/// pointing at the freed inodes, which e2fsck would repair), so no e2fsck verdict is asked.
+#[test]
+fn deleted_inodes_agree_with_debugfs_lsdel() {
+    if !have(&["mke2fs", "debugfs"]) {
+        println!("SKIP: needs e2fsprogs");
+        return;
+    }
+    let tree = Scratch::dir("lsdel-tree");
+    sh(&format!(
+        "cd {}; mkdir d; for i in 1 2 3; do head -c $((i*7000)) /dev/urandom > d/f$i; done",
+        tree.s()
+    ));
+    let img = scratch("lsdel");
+    mke2fs(&img.0, "16M", &["-b", "1024", "-d", tree.s()]);
+    sh(&format!(
+        "debugfs -w -R 'kill_file /d/f1' {0} && debugfs -w -R 'kill_file /d/f3' {0}",
+        img.s()
+    ));
+    let lsdel = sh(&format!("debugfs -R lsdel {} 2>/dev/null", img.s()));
+    let theirs: Vec<Vec<&str>> = lsdel
+        .lines()
+        .filter(|l| l.trim().chars().next().is_some_and(|c| c.is_ascii_digit()))
+        .filter(|l| !l.contains("deleted inodes found"))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(theirs.len(), 2, "{lsdel}");
+    let v: serde_json::Value =
+        serde_json::from_str(&UEXT4.ok(&["inodes", "--deleted", "--json", img.s()])).unwrap();
+    for t in &theirs {
+        let r = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["inode"].to_string() == t[0])
+            .unwrap_or_else(|| panic!("lsdel's inode {} missing: {v}", t[0]));
+        assert_eq!(r["uid"].to_string(), t[1]);
+        assert_eq!(format!("{:o}", r["mode"].as_u64().unwrap()), t[2]);
+        assert_eq!(r["size"].to_string(), t[3]);
+        assert_eq!(r["allocated"], false);
+    }
+}
