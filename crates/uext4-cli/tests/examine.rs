@@ -425,7 +425,7 @@ fn deleted_inodes_agree_with_debugfs_lsdel() {
             .as_array()
             .unwrap()
             .iter()
-            .find(|r| r["inode"].to_string() == t[0])
+            .find(|r| r["inode"].as_u64() == t[0].parse().ok())
             .unwrap_or_else(|| panic!("lsdel's inode {} missing: {v}", t[0]));
         assert_eq!(r["uid"].to_string(), t[1]);
         assert_eq!(format!("{:o}", r["mode"].as_u64().unwrap()), t[2]);
