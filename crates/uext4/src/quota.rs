@@ -315,36 +315,22 @@ impl Fs {
     /// # Errors
     /// [`Error::NotSupported`] when the type is not kept; corruption and I/O errors.
     pub fn set_dquot_limits(&self, t: QuotaType, id: u32, limits: &Dquot) -> Result<Dquot> {
-        self.check_writable()?;
-        let Some(qino) = self.quota_inum(t) else {
-            return Err(Error::NotSupported(format!(
-                "this filesystem keeps no {} quotas",
-                t.name()
-            )));
-        };
-        let mut h = self.txn.start(24);
-        let qi = self.iget(qino)?;
-        let mut st = qi.state.lock();
-        let mut f = QuotaFile {
-            fs: self,
-            qtype: t,
-            inode: &qi,
-            st: &mut st,
-        };
-        let info = f.info()?;
-        let off = match f.find(&info, id)? {
-            Some(o) => o,
-            None => f.insert(&mut h, id)?,
-        };
-        let mut q = f.entry(off)?;
-        q.bhardlimit = limits.bhardlimit;
-        q.bsoftlimit = limits.bsoftlimit;
-        q.ihardlimit = limits.ihardlimit;
-        q.isoftlimit = limits.isoftlimit;
-        let now = self.now().sec.max(0) as u64;
-        update_grace(&mut q, &info, now);
-        f.put_entry(&mut h, off, &q)?;
-        Ok(q)
+        self.edit_quota_file(t, 24, |f, h| {
+            let info = f.info()?;
+            let off = match f.find(&info, id)? {
+                Some(o) => o,
+                None => f.insert(h, id)?,
+            };
+            let mut q = f.entry(off)?;
+            q.bhardlimit = limits.bhardlimit;
+            q.bsoftlimit = limits.bsoftlimit;
+            q.ihardlimit = limits.ihardlimit;
+            q.isoftlimit = limits.isoftlimit;
+            let now = self.now().sec.max(0) as u64;
+            update_grace(&mut q, &info, now);
+            f.put_entry(h, off, &q)?;
+            Ok(q)
+        })
     }
 }
 
@@ -355,26 +341,12 @@ impl Fs {
     /// # Errors
     /// [`Error::NotSupported`] when the type is not kept; corruption and I/O errors.
     pub fn set_quota_grace(&self, t: QuotaType, bgrace: u32, igrace: u32) -> Result<()> {
-        self.check_writable()?;
-        let Some(qino) = self.quota_inum(t) else {
-            return Err(Error::NotSupported(format!(
-                "this filesystem keeps no {} quotas",
-                t.name()
-            )));
-        };
-        let mut h = self.txn.start(4);
-        let qi = self.iget(qino)?;
-        let mut st = qi.state.lock();
-        let mut f = QuotaFile {
-            fs: self,
-            qtype: t,
-            inode: &qi,
-            st: &mut st,
-        };
-        let mut info = f.info()?;
-        info.bgrace = bgrace;
-        info.igrace = igrace;
-        f.put_info(&mut h, &info)
+        self.edit_quota_file(t, 4, |f, h| {
+            let mut info = f.info()?;
+            info.bgrace = bgrace;
+            info.igrace = igrace;
+            f.put_info(h, &info)
+        })
     }
 }
 
@@ -749,4 +721,33 @@ fn split(off: u64) -> (u32, usize) {
         (off / QT_BLKSIZE as u64) as u32,
         (off % QT_BLKSIZE as u64) as usize,
     )
+}
+
+impl Fs {
+    /// Runs `edit` on quota type `t`'s file in a handle of `credits`, the file's inode locked:
+    /// the common start of the commands that change limits and grace periods.
+    fn edit_quota_file<R>(
+        &self,
+        t: QuotaType,
+        credits: usize,
+        edit: impl FnOnce(&mut QuotaFile<'_>, &mut crate::transaction::Handle<'_>) -> Result<R>,
+    ) -> Result<R> {
+        self.check_writable()?;
+        let Some(qino) = self.quota_inum(t) else {
+            return Err(Error::NotSupported(format!(
+                "this filesystem keeps no {} quotas",
+                t.name()
+            )));
+        };
+        let mut h = self.txn.start(credits);
+        let qi = self.iget(qino)?;
+        let mut st = qi.state.lock();
+        let mut f = QuotaFile {
+            fs: self,
+            qtype: t,
+            inode: &qi,
+            st: &mut st,
+        };
+        edit(&mut f, &mut h)
+    }
 }
