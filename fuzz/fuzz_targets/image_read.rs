@@ -3,19 +3,12 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use uext4_fuzz::{has_mmp, image_seeds, mutate, read_only_walk};
+use uext4_fuzz::{image_seeds, mutated_image, read_only_walk};
 
 fuzz_target!(|data: &[u8]| {
-    let seeds = image_seeds();
     let mut u = arbitrary::Unstructured::new(data);
-    let Ok(i) = u.choose_index(seeds.len()) else {
+    let Some(img) = mutated_image(image_seeds(), &mut u) else {
         return;
     };
-    let Ok(img) = mutate(&seeds[i], &mut u) else {
-        return;
-    };
-    if has_mmp(&img) {
-        return;
-    }
     read_only_walk(img);
 });

@@ -7,20 +7,13 @@ use libfuzzer_sys::fuzz_target;
 use std::sync::Arc;
 use uext4::blockdev::MemDevice;
 use uext4::Fs;
-use uext4_fuzz::{has_mmp, image_seeds, mutate, operate, quiet_rw, walk};
+use uext4_fuzz::{image_seeds, mutated_image, operate, quiet_rw, walk};
 
 fuzz_target!(|data: &[u8]| {
-    let seeds = image_seeds();
     let mut u = arbitrary::Unstructured::new(data);
-    let Ok(i) = u.choose_index(seeds.len()) else {
+    let Some(img) = mutated_image(image_seeds(), &mut u) else {
         return;
     };
-    let Ok(img) = mutate(&seeds[i], &mut u) else {
-        return;
-    };
-    if has_mmp(&img) {
-        return;
-    }
     let dev = Arc::new(MemDevice::from_vec(img));
     let Ok(fs) = Fs::open_dev(dev, quiet_rw()) else {
         return;

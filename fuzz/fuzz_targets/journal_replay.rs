@@ -8,20 +8,13 @@ use libfuzzer_sys::fuzz_target;
 use std::sync::Arc;
 use uext4::blockdev::MemDevice;
 use uext4::Fs;
-use uext4_fuzz::{has_mmp, journal_seeds, mutate, quiet_rw, read_only_walk, walk};
+use uext4_fuzz::{journal_seeds, mutated_image, quiet_rw, read_only_walk, walk};
 
 fuzz_target!(|data: &[u8]| {
-    let seeds = journal_seeds();
     let mut u = arbitrary::Unstructured::new(data);
-    let Ok(i) = u.choose_index(seeds.len()) else {
+    let Some(img) = mutated_image(journal_seeds(), &mut u) else {
         return;
     };
-    let Ok(img) = mutate(&seeds[i], &mut u) else {
-        return;
-    };
-    if has_mmp(&img) {
-        return;
-    }
     read_only_walk(img.clone());
     let dev = Arc::new(MemDevice::from_vec(img));
     if let Ok(fs) = Fs::open_dev(dev, quiet_rw()) {

@@ -230,6 +230,14 @@ pub fn mutate(seed: &Seed, u: &mut Unstructured) -> AResult<Vec<u8>> {
     Ok(img)
 }
 
+/// The image an input's first bytes describe: a seed of `seeds` they pick, with its edits applied; None
+/// for an input too short to say, or an image that turns on MMP (see [`has_mmp`]).
+pub fn mutated_image(seeds: &[Seed], u: &mut Unstructured) -> Option<Vec<u8>> {
+    let i = u.choose_index(seeds.len()).ok()?;
+    let img = mutate(&seeds[i], u).ok()?;
+    (!has_mmp(&img)).then_some(img)
+}
+
 /// Whether the image turns on multi-mount protection (incompat 0x100): an open then waits
 /// out the MMP interval, as the kernel does, up to minutes: not a hang worth reporting.
 pub fn has_mmp(img: &[u8]) -> bool {
