@@ -91,6 +91,43 @@ fn big_name(i: usize) -> String {
 
 const BIG: usize = 3000;
 
+/// How many of `want`'s entries e2fsck -fD dropped as duplicates, checking that `got` is
+/// `want` less those, and that each dropped entry's inode went to lost+found.
+///
+/// e2fsprogs 1.47 compares the names of an encrypted casefolded directory as if they were
+/// plaintext (e2fsck/rehash.c: `same_name` casefolds the ciphertext), so two ciphertexts
+/// that, for example, both begin with a NUL byte compare equal when they sort next to each
+/// other; e2fsck then clears one entry ("Duplicate filename entry ... Clear") and links its
+/// inode into lost+found. The kernel has no such check, and uext4 made distinct names (the
+/// listings with the key are distinct, and `listing` refuses a name listed twice). A run
+/// hits this a few times in twenty, since the nonces, and so the ciphertexts, are random.
+fn rehash_drops(
+    want: &BTreeMap<Vec<u8>, u32>,
+    got: &BTreeMap<Vec<u8>, u32>,
+    lost: &BTreeSet<u32>,
+) -> usize {
+    for (name, ino) in got {
+        assert_eq!(
+            want.get(name),
+            Some(ino),
+            "{}",
+            String::from_utf8_lossy(name)
+        );
+    }
+    let dropped: Vec<u32> = want
+        .iter()
+        .filter(|(name, _)| !got.contains_key(*name))
+        .map(|(_, ino)| *ino)
+        .collect();
+    for ino in &dropped {
+        assert!(
+            lost.contains(ino),
+            "inode {ino}: dropped, and not in lost+found"
+        );
+    }
+    dropped.len()
+}
+
 /// Live entries of `path` as debugfs `ls -p` lists them: lines `/inode/mode/...` with a
 /// nonzero inode (it also shows removed entries, with inode 0; the names, encrypted, are not
 /// checked).
@@ -339,7 +376,8 @@ fn encrypted_casefolded_directories_with_and_without_the_key() {
     assert_eq!(buf, long.as_bytes());
     fs.unmount().unwrap();
 
-    // e2fsck -fD rebuilds the index from the stored hashes; uext4 still finds every name.
+    // e2fsck -fD rebuilds the index from the stored hashes; uext4 still finds every name
+    // (less e2fsprogs' false duplicates: see `rehash_drops`).
     let copy = out.join("rehashed.img");
     std::fs::copy(&img, &copy).unwrap();
     let r = Command::new("e2fsck")
@@ -347,21 +385,30 @@ fn encrypted_casefolded_directories_with_and_without_the_key() {
         .arg(&copy)
         .output()
         .unwrap();
-    assert!(
-        r.status.code().unwrap_or(8) <= 1,
-        "e2fsck -fyD: {}",
-        String::from_utf8_lossy(&r.stdout)
-    );
+    let report = String::from_utf8_lossy(&r.stdout);
+    assert!(r.status.code().unwrap_or(8) <= 1, "e2fsck -fyD: {report}");
     e2fsck_clean_when(&copy, "e2fsck -fD");
     let fs = open(&copy, Some(&key));
-    assert_eq!(listing(&fs, cf), want_cf);
-    for &i in &live {
-        let s = big_name(i).to_lowercase();
-        assert_eq!(
-            fs.lookup(big, s.as_bytes()).unwrap().ino,
-            big_inos[i],
-            "{s}"
-        );
+    let lost = listing(&fs, fs.lookup(uext4::ROOT_INO, b"lost+found").unwrap().ino)
+        .into_values()
+        .collect::<BTreeSet<_>>();
+    let want_big: BTreeMap<Vec<u8>, u32> = live
+        .iter()
+        .map(|&i| (big_name(i).into_bytes(), big_inos[i]))
+        .collect();
+    let (got_cf, got_big) = (listing(&fs, cf), listing(&fs, big));
+    let dropped = rehash_drops(&want_cf, &got_cf, &lost) + rehash_drops(&want_big, &got_big, &lost);
+    assert_eq!(
+        dropped,
+        report.matches("Duplicate filename entry").count(),
+        "every entry e2fsck -fD dropped is one it reported: {report}"
+    );
+    if dropped > 0 {
+        eprintln!("note: e2fsck -fD dropped {dropped} entries as false duplicates");
+    }
+    for (name, ino) in &got_big {
+        let s = String::from_utf8(name.clone()).unwrap().to_lowercase();
+        assert_eq!(fs.lookup(big, s.as_bytes()).unwrap().ino, *ino, "{s}");
     }
     // And it still adds to the rebuilt index.
     for i in BIG..BIG + 200 {
