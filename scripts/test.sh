@@ -61,6 +61,13 @@ suite "build (release)" cargo build --release --workspace
 suite "cargo fmt --check" cargo fmt --all --check
 suite "cargo clippy -D warnings" cargo clippy --release --workspace --all-targets -- -D warnings
 suite "cargo doc -D warnings" env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace
+# The library without its optional parts (NBD, GPT, the mapped backend), as an embedder may
+# build it; and the published crates packaged and built from their packages as crates.io
+# would (`cargo publish --dry-run` without the upload; offline: the dependencies are the ones
+# the build above fetched).
+suite "uext4 --no-default-features" env RUSTFLAGS="-D warnings" cargo check -p uext4 --no-default-features
+suite "cargo package" cargo package --offline --allow-dirty --workspace \
+  --exclude uext4-testkit --exclude uext4-py --exclude uext4-bench
 # The mount helpers (mount -t fuse.uext4, fstab), for the overlay suite's helper test.
 if [ "$(id -u)" -eq 0 ]; then
   suite "scripts/install.sh" bash scripts/install.sh

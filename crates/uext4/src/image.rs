@@ -10,8 +10,13 @@
 //! # Ok::<(), uext4::Error>(())
 //! ```
 
-use crate::blockdev::{is_tmpfs, BlockDevice, FileDevice, MappedDevice};
+#[cfg(feature = "mapped")]
+use crate::blockdev::MappedDevice;
+use crate::blockdev::{is_tmpfs, BlockDevice, FileDevice};
+#[cfg(not(all(feature = "nbd", feature = "mapped")))]
+use crate::error::Error;
 use crate::error::Result;
+#[cfg(feature = "nbd")]
 use crate::nbd::NbdDevice;
 use std::path::Path;
 use std::sync::Arc;
@@ -24,15 +29,51 @@ pub use crate::holder::{claim_for_writing, WriterClaim};
 /// (see
 /// [`crate::Fs::open_path`] for the writer claim).
 pub fn open_image(path: &Path, read_only: bool) -> Result<Arc<dyn BlockDevice>> {
-    if let Some(uri) = path.to_str().filter(|s| crate::nbd::is_nbd_uri(s)) {
+    #[cfg(feature = "nbd")]
+    if let Some(uri) = path.to_str().filter(|s| names_nbd(s)) {
         return Ok(Arc::new(NbdDevice::open(uri, read_only)?));
+    }
+    #[cfg(not(feature = "nbd"))]
+    if is_nbd_uri(path) {
+        return Err(Error::Unsupported(format!(
+            "{}: an NBD export, and this uext4 was built without the `nbd` feature",
+            path.display()
+        )));
     }
     Ok(Arc::new(FileDevice::open(path, read_only)?))
 }
 
 /// Whether `path` is written as an NBD URI rather than a local file (see [`open_image`]).
+/// Known with or without the `nbd` feature, so that a build without it can say why it
+/// refuses one.
 pub fn is_nbd_uri(path: &Path) -> bool {
-    path.to_str().is_some_and(crate::nbd::is_nbd_uri)
+    path.to_str().is_some_and(names_nbd)
+}
+
+/// Whether `s` is written as an NBD URI (any of the NBD schemes, supported or not): it is then
+/// opened as one, never as a file.
+fn names_nbd(s: &str) -> bool {
+    let Some((scheme, _)) = s.split_once("://") else {
+        return false;
+    };
+    let scheme = scheme.to_ascii_lowercase();
+    scheme == "nbd" || scheme.starts_with("nbd+") || scheme == "nbds" || scheme.starts_with("nbds+")
+}
+
+#[cfg(test)]
+#[test]
+fn nbd_uris_are_told_from_file_names() {
+    for s in [
+        "nbd://h/x",
+        "nbd+unix:///x?socket=/s",
+        "nbds://h",
+        "NBD://h",
+    ] {
+        assert!(is_nbd_uri(Path::new(s)), "{s}");
+    }
+    for s in ["disk.img", "/tmp/nbd", "http://h/x", "nbd:/x"] {
+        assert!(!is_nbd_uri(Path::new(s)), "{s}");
+    }
 }
 
 /// Whether `path` is a file on tmpfs (where mapping the image is the faster way to reach it).
@@ -57,15 +98,25 @@ pub struct Access {
 /// is a file on tmpfs and `map_tmpfs`; else through pread/pwrite, read-only when it may not
 /// be written (the open then reports read-only).
 pub fn open_local(path: &Path, how: Access) -> Result<Arc<dyn BlockDevice>> {
-    if how.dax && !how.read_only {
-        return Ok(Arc::new(MappedDevice::open(path, how.non_temporal)?));
-    }
-    // An image on tmpfs is mapped unless that fails (not writable by us, empty): then it is
-    // opened as any other file, which reports the problem or opens it read-only.
-    if how.map_tmpfs && !how.read_only && on_tmpfs(path) {
-        if let Ok(dev) = MappedDevice::open(path, how.non_temporal) {
-            return Ok(Arc::new(dev));
+    #[cfg(feature = "mapped")]
+    {
+        if how.dax && !how.read_only {
+            return Ok(Arc::new(MappedDevice::open(path, how.non_temporal)?));
         }
+        // An image on tmpfs is mapped unless that fails (not writable by us, empty): then it
+        // is opened as any other file, which reports the problem or opens it read-only.
+        if how.map_tmpfs && !how.read_only && on_tmpfs(path) {
+            if let Ok(dev) = MappedDevice::open(path, how.non_temporal) {
+                return Ok(Arc::new(dev));
+            }
+        }
+    }
+    #[cfg(not(feature = "mapped"))]
+    if how.dax && !how.read_only {
+        return Err(Error::Unsupported(format!(
+            "{}: dax maps the image, and this uext4 was built without the `mapped` feature",
+            path.display()
+        )));
     }
     let dev = FileDevice::open(path, how.read_only).or_else(|e| {
         if e.raw_os_error() == Some(libc::EACCES) || e.raw_os_error() == Some(libc::EROFS) {

@@ -30,8 +30,19 @@
 //! - [`blockdev`]: the device trait and its backends (files, memory, mappings, regions of a
 //!   device, NBD); [`image`]: opening one by name; [`partition`]: GPT and MBR tables.
 //! - [`mkfs`]: making a new filesystem, laid out as `mke2fs` lays it out.
-//! - [`format`](mod@format): the on-disk structures (superblock, group descriptors, inodes,
-//!   ...), for tools and tests that inspect an image below the filesystem's API.
+//! - `format` (with the `format` feature): the on-disk structures (superblock, group
+//!   descriptors, inodes, ...), for tools that inspect an image below the filesystem's API.
+//!   It follows the disk, not semver.
+//!
+//! # Cargo features
+//! - `nbd` (default): the NBD client, [`NbdDevice`] and `nbd://` image names. No crate.
+//! - `gpt` (default): GPT partition tables (the `gpt` crate). MBR tables are always read.
+//! - `mapped` (default): [`blockdev::MappedDevice`], the image mapped into memory (memmap2),
+//!   behind `MountOptions::dax` and images on tmpfs.
+//! - `format`: the `format` module public.
+//!
+//! Without one of them, what it would have opened is refused with an error that names the
+//! feature.
 //!
 //! # Layers
 //! Inside, bottom to top (see DESIGN.md in the design notes): the device; `format`, on-disk
@@ -68,7 +79,13 @@ mod fast_commit;
 mod file;
 pub mod flags;
 mod fname;
+// The on-disk structures: public with the `format` feature (the uext4 command's raw views),
+// private otherwise, so that embedders' semver surface is the API above them.
+#[cfg(feature = "format")]
 pub mod format;
+#[cfg(not(feature = "format"))]
+#[allow(dead_code, unreachable_pub)]
+mod format;
 mod fs;
 mod fsync;
 mod geometry;
@@ -90,6 +107,7 @@ mod mballoc;
 pub mod mkfs;
 mod mmp;
 mod namei;
+#[cfg(feature = "nbd")]
 mod nbd;
 mod orphan;
 mod overwrite;
@@ -140,6 +158,7 @@ pub use namei::{
     DirEntry, RenameFlags, FT_BLKDEV, FT_CHRDEV, FT_DIR, FT_FIFO, FT_REG, FT_SOCK, FT_SYMLINK,
     FT_UNKNOWN, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT,
 };
+#[cfg(feature = "nbd")]
 pub use nbd::NbdDevice;
 pub use place::Placed;
 pub use quota::QuotaReport;

@@ -110,16 +110,6 @@ const MAX_OPTION_REPLY: u32 = 1 << 20;
 /// server at all, or one that serves a single client and is busy).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Whether `s` is written as an NBD URI (any of the NBD schemes, supported or not): it is then
-/// opened as one, never as a file.
-pub fn is_nbd_uri(s: &str) -> bool {
-    let Some((scheme, _)) = s.split_once("://") else {
-        return false;
-    };
-    let scheme = scheme.to_ascii_lowercase();
-    scheme == "nbd" || scheme.starts_with("nbd+") || scheme == "nbds" || scheme.starts_with("nbds+")
-}
-
 /// Where an NBD URI says to connect.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Address {
