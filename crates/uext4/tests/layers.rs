@@ -4,7 +4,8 @@
 //! (`impl Fs` blocks: namei, file, xattr, inline, orphan, dir, the extent tree's operations,
 //! writeback, ...) may use everything. A module neither list names counts as an operation
 //! module: a new state module goes into `STATE` below. It also keeps the workspace's library
-//! code in small pieces: no source file over 1,200 lines, no function over 150.
+//! code in small pieces: no source file over 1,200 lines, no function over 150. The uext4
+//! command (crates/uext4-cli) is held to no import circle among its modules and tools.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -521,4 +522,70 @@ fn no_source_file_or_function_is_too_long() {
         }
     }
     assert!(breaks.is_empty(), "too long:\n  {}", breaks.join("\n  "));
+}
+
+/// The command's modules: the top-level ones of crates/uext4-cli/src, and each tool
+/// (`tools/cp/...` -> `tools::cp`) on its own; tools/mod.rs, the dispatcher that names every
+/// tool, is left out. Each maps to the units it names through `crate::` or `crate::tools::`,
+/// and, in a tool's own file, through `super::` (its siblings).
+fn cli_module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let tools: BTreeSet<String> = std::fs::read_dir(src.join("tools"))
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            let unit = name.strip_suffix(".rs").unwrap_or(&name).to_string();
+            (unit != "mod").then_some(unit)
+        })
+        .collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for path in library_files(src) {
+        let rel = path.strip_prefix(src).unwrap();
+        let parts: Vec<&str> = rel.iter().map(|c| c.to_str().unwrap()).collect();
+        let unit = match parts.as_slice() {
+            ["tools", "mod.rs"] => continue,
+            ["tools", tool, ..] => format!("tools::{}", tool.strip_suffix(".rs").unwrap_or(tool)),
+            _ => match module_of(rel) {
+                Some(m) if m != "main" => m,
+                _ => continue,
+            },
+        };
+        let code = library_code(rel, &std::fs::read_to_string(&path).unwrap());
+        // `crate::tools::x` and a tool's `super::x` both name tool x: rewritten to a name
+        // crate_refs reads as a top-level module, marked so it is told from one.
+        let mut code = code.replace("crate::tools::", "crate::tool__");
+        if parts.len() == 2 && parts[0] == "tools" {
+            code = code.replace("super::", "crate::tool__");
+        }
+        let refs = crate_refs(&code)
+            .into_iter()
+            .filter_map(|r| match r.strip_prefix("tool__") {
+                Some(t) => tools.contains(t).then(|| format!("tools::{t}")),
+                None => (r != "tools").then_some(r),
+            });
+        let to = graph.entry(unit.clone()).or_default();
+        to.extend(refs);
+        to.remove(&unit);
+    }
+    graph
+}
+
+/// The uext4 command has no import circle either: its tools use the build pipeline and the
+/// image helpers one way.
+#[test]
+fn the_command_has_no_import_circle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../uext4-cli/src");
+    if !src.is_dir() {
+        return; // The engine alone (a packaged crate) has no neighbours to check.
+    }
+    let graph = cli_module_graph(&src);
+    assert!(
+        graph.len() > 10 && graph.contains_key("tools::cp"),
+        "{graph:?}"
+    );
+    let circles = circles(&graph);
+    assert!(
+        circles.is_empty(),
+        "import circles in the uext4 command:\n  {}",
+        circles.join("\n  ")
+    );
 }

@@ -16,7 +16,6 @@ use std::sync::Arc;
 use uext4::blockdev::{BlockDevice, FileDevice, Region, RegionDevice};
 use uext4::image::{is_nbd_uri, open_image};
 use uext4::partition::{identify, Contents};
-use uext4::MountOptions;
 
 #[derive(Args)]
 pub struct MkfsArgs {
@@ -148,36 +147,6 @@ fn parse_extended(list: &str) -> Result<Extended> {
     Ok(e)
 }
 
-/// How the engine is opened to fill an image (mkfs -d, cp into an image, cp --from-tar): with
-/// SOURCE_DATE_EPOCH clamping every time it records, and caches sized for a stream of new
-/// entries that are not read again (with the commits of `cp::Batch`, memory stays the same
-/// whatever the size of the tree). The image is written with pread/pwrite, not mapped: a
-/// mapping's touched pages would count against the builder's memory.
-pub(crate) fn build_options(region: Option<Region>) -> Result<MountOptions> {
-    Ok(MountOptions {
-        region,
-        commit_interval_secs: 0,
-        time_clamp: source_date_epoch()?,
-        inode_cache_limit: 2048,
-        cache_limit_bytes: 4 << 20,
-        map_tmpfs: false,
-        keys: crate::image::keys().to_vec(),
-        ..Default::default()
-    })
-}
-
-/// SOURCE_DATE_EPOCH, when set: seconds since the epoch.
-fn source_date_epoch() -> Result<Option<i64>> {
-    match std::env::var("SOURCE_DATE_EPOCH") {
-        Ok(v) if !v.trim().is_empty() => v
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| anyhow!("SOURCE_DATE_EPOCH={v:?} is not a number of seconds")),
-        _ => Ok(None),
-    }
-}
-
 /// A name-based UUID for what a reproducible build did not give: the same for the same
 /// epoch, label and purpose.
 fn derived_uuid(epoch: i64, label: &str, purpose: &str) -> [u8; 16] {
@@ -247,7 +216,7 @@ pub fn run(mut a: MkfsArgs) -> Result<()> {
         features.quota_types = Some(t);
     }
     let uuid = a.uuid.as_deref().map(|u| parse_uuid(u, "-U")).transpose()?;
-    let epoch = source_date_epoch()?;
+    let epoch = super::build::source_date_epoch()?;
     if let Some(d) = &a.root_dir {
         if !d.is_dir() && !crate::tools::tar::is_archive(d) {
             bail!(
@@ -325,8 +294,8 @@ fn build(
     uext4::mkfs::mkfs(&*dev, &o).with_context(|| img.name())?;
     drop(dev);
     if a.root_dir.is_some() || a.all_root || devtable.is_some() {
-        let fs =
-            uext4::Fs::open_path(&img.path, build_options(region)?).with_context(|| img.name())?;
+        let fs = uext4::Fs::open_path(&img.path, super::build::options(region)?)
+            .with_context(|| img.name())?;
         let r = match &a.root_dir {
             Some(d) if d.is_dir() => {
                 crate::tools::cp::copy_host_contents(&fs, d, fs.root_ino(), fresh)

@@ -7,6 +7,7 @@
 //! work and leaves the image clean (`Fs::unmount`), so no root and no mount are needed.
 
 pub mod attrs;
+mod build;
 mod cat;
 pub mod chattr;
 pub mod cp;

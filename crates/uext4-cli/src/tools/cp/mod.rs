@@ -113,10 +113,10 @@ impl Batch {
     }
 }
 
-/// Opens an image to copy into, as a build: see [`crate::tools::mkfs::build_options`] (which
+/// Opens an image to copy into, as a build: see [`crate::tools::build::options`] (which
 /// carries the `--key` keys, so that encrypted directories take new files).
 pub(crate) fn open_for_copy(img: &Img) -> Result<std::sync::Arc<Fs>> {
-    let opts = crate::tools::mkfs::build_options(img.fs_region()?)?;
+    let opts = crate::tools::build::options(img.fs_region()?)?;
     open_with(&img.path, opts)
 }
 
