@@ -8,7 +8,8 @@
 # an oracle with CONFIG_UNICODE and fs-verity where the host kernel has neither; installed
 # without recommends), the Sleuth Kit (fls, ils: the examiner tests' oracle beside debugfs),
 # fsverity (fsverity-utils: `fsverity digest`, the oracle of the verity tests), man-db (`man -l`
-# renders the installed man pages in the packaging test), and pjdfstest
+# renders the installed man pages in the packaging test), zsh and fish (the packaging test
+# loads their completions), and pjdfstest
 # (through cargo). Safe to run again; does nothing when all is present.
 set -euo pipefail
 
@@ -36,6 +37,8 @@ command -v qemu-system-x86_64 >/dev/null || vm_need+=(qemu-system-x86)
 grep -qx 'CONFIG_UNICODE=y' /boot/config-* 2>/dev/null || vm_need+=(linux-image-amd64)
 command -v fsverity >/dev/null || need+=(fsverity)
 command -v man >/dev/null || need+=(man-db)
+command -v zsh >/dev/null || need+=(zsh)
+command -v fish >/dev/null || need+=(fish)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then

@@ -216,6 +216,63 @@ fn installs_into_a_prefix_with_man_pages_and_completions() {
         let c = complete(&bash, &["uext4", "completions", "fi"]);
         assert_eq!(c, ["fish"], "a value");
     }
+    if have(&["fish"]) {
+        let fish = p("share/fish/vendor_completions.d/uext4.fish");
+        let complete = |line: &str| -> Vec<String> {
+            let prog = format!("source '{}'; complete -C '{line}'", fish.display());
+            let o = Command::new("fish")
+                .args(["--no-config", "-c", &prog])
+                .output()
+                .unwrap();
+            assert!(
+                o.status.success(),
+                "fish: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            // "candidate\tdescription" lines.
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(|l| l.split('\t').next().unwrap_or("").to_string())
+                .collect()
+        };
+        assert_eq!(complete("uext4 mkd"), ["mkdir"], "fish: a subcommand");
+        assert_eq!(
+            complete("uext4 mkfs --block-"),
+            ["--block-size"],
+            "fish: an option"
+        );
+    } else {
+        eprintln!("SKIP: fish completions need fish (scripts/install-deps.sh installs it)");
+    }
+    if have(&["zsh"]) {
+        // zsh parses the file, and compinit registers it as the completion of uext4.
+        let dir = p("share/zsh/site-functions");
+        let o = Command::new("zsh")
+            .arg("-n")
+            .arg(dir.join("_uext4"))
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "zsh -n: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let prog = format!(
+            "fpath=('{}' $fpath); autoload -Uz compinit; compinit -u -D; print -r -- ${{_comps[uext4]}}",
+            dir.display()
+        );
+        let o = Command::new("zsh")
+            .args(["-f", "-c", &prog])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).trim(),
+            "_uext4",
+            "zsh compinit"
+        );
+    } else {
+        eprintln!("SKIP: zsh completions need zsh (scripts/install-deps.sh installs it)");
+    }
 }
 
 /// `cargo install --path crates/PACKAGE --root ROOT`, offline, from the lock file, into the
