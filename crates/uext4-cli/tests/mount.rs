@@ -505,6 +505,23 @@ fn ordinary_user_mounts_through_fusermount3() {
         e.mnt.as_os_str(),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The user's server is contained as root's is (seccomp, no_new_privs) in every thread.
+    // (Asked as the user: without allow_other, FUSE answers nobody else, root included.)
+    let pid = as_nobody(&[
+        "getfattr".as_ref(),
+        "--only-values".as_ref(),
+        "-n".as_ref(),
+        "user.uext4.server".as_ref(),
+        e.mnt.as_os_str(),
+    ]);
+    let pid = String::from_utf8_lossy(&pid.stdout).trim().to_string();
+    assert!(pid.parse::<u32>().is_ok(), "the server's pid: {pid:?}");
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let st = std::fs::read_to_string(t.unwrap().path().join("status")).unwrap();
+        for want in ["Seccomp:\t2", "NoNewPrivs:\t1", "Uid:\t65534"] {
+            assert!(st.contains(want), "the user's server: {want:?} in\n{st}");
+        }
+    }
     let script = format!(
         "set -e; cd {}/home; echo mine > f; mkdir d; ln -s f s; test $(stat -c %u f) = 65534",
         e.mnt.display()
