@@ -1,5 +1,6 @@
 //! Bounded work whatever the image says: on-disk pointers that loop (the orphan list, extent
-//! index blocks, the hashed index) end in an error naming the structure, never a hang, and
+//! index blocks, the hashed index, EA inode references) or leave their structure (the
+//! journal's log) end in an error naming the structure, never a hang, and
 //! the reads around them stay bounded. Each image is crafted here with mke2fs, debugfs and
 //! byte edits. (Allocation caps and other bounds are in corruption.rs and
 //! fuzz_regressions.rs; docs/FUZZING.md lists them all.)
@@ -221,4 +222,120 @@ fn sizes_on_disk_do_not_size_allocations() {
     let g = fs.lookup(uext4::ROOT_INO, b"g").unwrap().ino;
     let (kind, msg) = corruption(fs.getxattr(g, b"user.big"));
     assert_eq!(kind, Corruption::Xattr, "{msg}");
+}
+
+/// The physical block of logical block `lblk` of inode `ino`, as debugfs's bmap says.
+fn bmap(img: &Path, ino: u32, lblk: u64) -> u64 {
+    let out = sh(&format!(
+        "debugfs -R 'bmap <{ino}> {lblk}' {} 2>/dev/null",
+        img.display()
+    ));
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("bmap <{ino}> {lblk}: {out:?}"))
+}
+
+/// A journal superblock whose log lies outside the journal (a log longer than the inode
+/// maps, a first log block of 0 or past the end, a start outside the log): the read-write
+/// open, which walks the log from there and wraps at its end, refuses each at once, naming
+/// the field. (Without metadata_csum, so that no checksum stands in front of the fields.)
+#[test]
+fn a_journal_superblock_whose_log_leaves_the_journal_is_refused() {
+    if !have(&["debugfs"]) {
+        return;
+    }
+    let base = scratch("bounds-jsb-base");
+    mke2fs(&base.0, "32M", &["-O", "^metadata_csum"]);
+    let jsb = bmap(&base.0, 8, 0) * 4096;
+    let blocks = std::fs::metadata(&base.0).unwrap().len() / 4096;
+    // (field offset, value, what the error names): big-endian jbd2 fields.
+    for (off, value, says) in [
+        (16u64, blocks as u32 * 2, "does not fit the journal inode"),
+        (20, 0, "first log block"),
+        (20, 1 << 30, "first log block"),
+        (28, 1 << 30, "journal superblock"),
+    ] {
+        let img = scratch("bounds-jsb");
+        std::fs::copy(&base.0, &img.0).unwrap();
+        put(&img.0, jsb + off, &value.to_be_bytes());
+        let (kind, msg) = corruption(Fs::open_path(&img.0, MountOptions::default()));
+        assert_eq!(kind, Corruption::Journal, "field at {off}: {msg}");
+        assert!(
+            msg.contains(says) && !msg.contains('\n'),
+            "field at {off}: {msg}"
+        );
+    }
+}
+
+/// Extended attribute entries whose EA inode reference leads nowhere it may: to the inode
+/// itself (a reference loop), to an ordinary file (no EA_INODE flag), past the inode table.
+/// Reading the attribute is refused as damage of the attributes, naming the inode, and the
+/// file's data still reads. (Without metadata_csum: else the inode's checksum refuses the
+/// edit first.)
+#[test]
+fn an_ea_inode_reference_that_loops_or_strays_is_refused() {
+    if !have(&["debugfs"]) {
+        return;
+    }
+    let base = scratch("bounds-ea-base");
+    mke2fs(
+        &base.0,
+        "32M",
+        &["-O", "ea_inode,^metadata_csum", "-I", "256"],
+    );
+    let value = scratch("bounds-ea-value");
+    std::fs::write(&value.0, vec![b'v'; 9000]).unwrap();
+    debugfs_w(
+        &base.0,
+        &format!("write /dev/null plain\nwrite {} f\n", value.0.display()),
+    );
+    let (f, plain) = (ino_of(&base.0, "f"), ino_of(&base.0, "plain"));
+    // (uext4 sets the value: debugfs's ea_set leaves the owner's i_blocks short of the EA
+    // inode's blocks, which e2fsck reports.)
+    let fs = Fs::open_path(&base.0, MountOptions::default()).unwrap();
+    fs.setxattr(f, b"user.big", &[b'v'; 9000], uext4::XattrFlags::Any)
+        .unwrap();
+    fs.unmount().unwrap();
+    e2fsck_clean(&base.0);
+    let fs = Fs::open_path(&base.0, MountOptions::ro()).unwrap();
+    assert_eq!(fs.getxattr(f, b"user.big").unwrap(), vec![b'v'; 9000]);
+    drop(fs);
+    // The entry (in the inode's extra space): e_value_inum 4 bytes into it; found by the
+    // EA inode number it holds now, just before the name "big".
+    let imap = sh(&format!(
+        "debugfs -R 'imap <{f}>' {} 2>/dev/null",
+        base.0.display()
+    ));
+    let nums: Vec<u64> = imap
+        .split(|c: char| !c.is_ascii_hexdigit() && c != 'x')
+        .filter_map(|w| match w.strip_prefix("0x") {
+            Some(h) => u64::from_str_radix(h, 16).ok(),
+            None => w.parse().ok(),
+        })
+        .collect();
+    // "Inode F is part of block group G\n\tlocated at block B, offset 0xOFF"
+    let at = nums[nums.len() - 2] * 4096 + nums[nums.len() - 1];
+    let raw = std::fs::read(&base.0).unwrap()[at as usize..at as usize + 256].to_vec();
+    let name = raw
+        .windows(3)
+        .position(|w| w == b"big")
+        .expect("the entry's name in the inode");
+    let inum_at = at + name as u64 - 16 + 4;
+    for (to, says) in [
+        (f, "out of range"),
+        (plain, "EA_INODE"),
+        (1 << 30, "out of range"),
+    ] {
+        let img = scratch("bounds-ea");
+        std::fs::copy(&base.0, &img.0).unwrap();
+        put(&img.0, inum_at, &to.to_le_bytes());
+        let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
+        let (kind, msg) = corruption(fs.getxattr(f, b"user.big"));
+        assert_eq!(kind, Corruption::Xattr, "EA inode {to}: {msg}");
+        assert!(
+            msg.contains(&format!("inode {f}")) && msg.contains(says),
+            "{msg}"
+        );
+        assert_eq!(read_all(&fs, f), vec![b'v'; 9000]);
+    }
 }
