@@ -5,7 +5,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use uext4::blockdev::{BlockDevice, Region, RegionDevice};
+use uext4::blockdev::{BlockDevice, Region};
 use uext4::image::open_image;
 use uext4::partition::{identify, Contents, Table};
 use uext4::{Error, Fs, MountOptions};
@@ -86,35 +86,26 @@ pub(crate) fn check_image(path: &Path, write: bool) -> Result<()> {
     Ok(())
 }
 
-/// Parses a size like 4096, 64K, 64M, 2G, 1T.
+/// Parses a size like 4096, 64K, 64M, 2G, 1T (the library's reading); a mistake is a usage
+/// one.
 pub fn parse_size(s: &str) -> Result<u64> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
-        Some('t' | 'T') => (&s[..s.len() - 1], 1 << 40),
-        _ => (s, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| Usage(format!("{s:?} is not a size (like 4096, 64M, 2G)")))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| anyhow!("size {s:?} is too large"))
+    uext4::image_name::parse_size(s).map_err(usage)
 }
 
-/// Which part of an image file holds the filesystem.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Within {
-    /// The whole file (or device).
-    Whole,
-    /// `IMAGE@N`: partition N of a whole-disk image (GPT or MBR), numbered as fdisk and lsblk
-    /// number them.
-    Partition(u32),
-    /// `IMAGE@offset=BYTES[,size=BYTES]`: a filesystem at a byte offset (a multiple of 512),
-    /// as in a container file (Apptainer's SIF); to the end of the file without `size`.
-    Offset { offset: u64, size: Option<u64> },
+/// A mistake the library found in a name (a size, what follows an `@`), as a usage mistake.
+fn usage(e: Error) -> anyhow::Error {
+    Usage(lib_message(e)).into()
 }
+
+/// The library's message for a mistake in a name, without its "invalid argument: " kind.
+fn lib_message(e: Error) -> String {
+    match e {
+        Error::Invalid(m) => m,
+        e => e.to_string(),
+    }
+}
+
+pub use uext4::Within;
 
 /// An image file, and where in it the filesystem is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -127,15 +118,14 @@ impl Img {
     /// The image as written on the command line: `disk.img`, `disk.img@2`,
     /// `disk.img@offset=1048576`.
     pub fn name(&self) -> String {
-        let p = self.path.display();
-        match self.within {
-            Within::Whole => p.to_string(),
-            Within::Partition(n) => format!("{p}@{n}"),
-            Within::Offset { offset, size: None } => format!("{p}@offset={offset}"),
-            Within::Offset {
-                offset,
-                size: Some(s),
-            } => format!("{p}@offset={offset},size={s}"),
+        self.lib().name()
+    }
+
+    /// The library's name for it.
+    fn lib(&self) -> uext4::ImageName {
+        uext4::ImageName {
+            path: self.path.clone(),
+            within: self.within,
         }
     }
 
@@ -153,27 +143,9 @@ impl Img {
         &self,
         dev: &Arc<dyn BlockDevice>,
     ) -> Result<(Option<Region>, Arc<dyn BlockDevice>)> {
-        let region = match self.within {
-            Within::Whole => return Ok((None, dev.clone())),
-            Within::Offset { offset, size } => Region { offset, len: size },
-            Within::Partition(n) => match Table::read(&**dev) {
-                Ok(Some(t)) => t
-                    .region_of(n)
-                    .map_err(|e| anyhow!("{}: {e}", self.path.display()))?,
-                Ok(None) => bail!(
-                    "{}: no partition table (neither GPT nor MBR), so no partition {n}; for a \
-                     filesystem at an offset write {}@offset=BYTES",
-                    self.path.display(),
-                    self.path.display()
-                ),
-                Err(e) => bail!("{}: {e}", self.path.display()),
-            },
-        };
-        match RegionDevice::new(dev.clone(), region) {
-            Ok(w) => Ok((Some(w.region()), Arc::new(w))),
-            Err(Error::Invalid(m)) => bail!("{}: {m}", self.name()),
-            Err(e) => bail!("{}: {e}", self.name()),
-        }
+        self.lib()
+            .region_in(dev)
+            .map_err(|e| anyhow!(lib_message(e)))
     }
 
     /// The region, once an ext2/3/4 superblock is known to be there: a partition or an offset
@@ -249,77 +221,20 @@ fn is_image_file(p: &Path) -> bool {
             .unwrap_or(false)
 }
 
-/// What follows the `@` of `IMAGE@...`.
+/// What follows the `@` of `IMAGE@...` (the library's reading).
 pub fn parse_within(spec: &str) -> Result<Within> {
-    if let Ok(n) = spec.parse::<u32>() {
-        if n == 0 {
-            bail!("partitions are numbered from 1 (as fdisk and lsblk number them)");
-        }
-        return Ok(Within::Partition(n));
-    }
-    if spec.starts_with("offset=") {
-        let (mut offset, mut size) = (None, None);
-        for part in spec.split(',') {
-            match part.split_once('=') {
-                Some(("offset", v)) => offset = Some(parse_size(v)?),
-                Some(("size", v)) => size = Some(parse_size(v)?),
-                _ => bail!("{part:?}: expected offset=BYTES or size=BYTES"),
-            }
-        }
-        let offset = offset.unwrap_or(0);
-        if size == Some(0) {
-            bail!("size=0: the region is empty");
-        }
-        return Ok(Within::Offset { offset, size });
-    }
-    bail!("after '@' give a partition number (IMAGE@2) or offset=BYTES[,size=BYTES]")
+    uext4::image_name::parse_within(spec).map_err(usage)
 }
 
 /// `IMAGE`, `IMAGE@N` or `IMAGE@offset=BYTES[,size=BYTES]`: `None` when no such file exists.
 /// A file named by the whole text wins over the `@` forms.
 fn parse_image(s: &str) -> Result<Option<Img>> {
-    if uext4::image::is_nbd_uri(Path::new(s)) {
-        return parse_nbd_image(s).map(Some);
-    }
-    if is_image_file(Path::new(s)) {
-        return Ok(Some(Img {
-            path: PathBuf::from(s),
-            within: Within::Whole,
-        }));
-    }
-    if let Some((base, spec)) = s.rsplit_once('@') {
-        if is_image_file(Path::new(base)) {
-            let within = parse_within(spec).with_context(|| s.to_string())?;
-            return Ok(Some(Img {
-                path: PathBuf::from(base),
-                within,
-            }));
-        }
-    }
-    Ok(None)
-}
-
-/// Where an NBD URI's authority (host and port) ends: after it, a ':' or '@' is ours.
-fn nbd_authority_end(s: &str) -> usize {
-    let start = s.find("://").map_or(0, |i| i + 3);
-    start + s[start..].find(['/', '?']).unwrap_or(s.len() - start)
-}
-
-/// An NBD URI as an image, with an optional `@N` or `@offset=BYTES[,size=BYTES]` at its end
-/// (after the export name and query: an '@' inside them is written `%40`).
-fn parse_nbd_image(s: &str) -> Result<Img> {
-    let auth = nbd_authority_end(s);
-    if let Some(at) = s[auth..].rfind('@').map(|i| auth + i) {
-        let within = parse_within(&s[at + 1..]).with_context(|| s.to_string())?;
-        return Ok(Img {
-            path: PathBuf::from(&s[..at]),
-            within,
-        });
-    }
-    Ok(Img {
-        path: PathBuf::from(s),
-        within: Within::Whole,
-    })
+    let n = uext4::ImageName::parse(s).map_err(usage)?;
+    let there = uext4::image::is_nbd_uri(&n.path) || is_image_file(&n.path);
+    Ok(there.then_some(Img {
+        path: n.path,
+        within: n.within,
+    }))
 }
 
 /// An image argument without a path inside it (info, mkfs, mount): the `@` forms as in
@@ -347,14 +262,15 @@ pub(crate) fn parse_loc(s: &str) -> Result<Loc> {
     // An NBD URI ends at the first ':' after its authority (a ':' in the export name or the
     // socket path is written %3A): `nbd+unix:///disk?socket=/run/x.sock:/etc`.
     if uext4::image::is_nbd_uri(Path::new(s)) {
-        let auth = nbd_authority_end(s);
+        let auth = uext4::image_name::nbd_authority_end(s);
         return match s[auth..].find(':').map(|i| auth + i) {
             Some(at) => {
                 let path = match &s[at + 1..] {
                     "" => "/".to_string(),
                     p => p.to_string(),
                 };
-                Ok(Loc::Image(parse_nbd_image(&s[..at])?, path))
+                let img = parse_image(&s[..at])?.expect("an NBD URI is an image");
+                Ok(Loc::Image(img, path))
             }
             None => bail!(
                 "{s}: expected NBD-URI:PATH (a ':' and the path inside the image after the URI)"

@@ -29,6 +29,8 @@
 //! - [`Error`] and [`Result`]: every failure, with its errno ([`Error::errno`]).
 //! - [`blockdev`]: the device trait and its backends (files, memory, mappings, regions of a
 //!   device, NBD); [`image`]: opening one by name; [`partition`]: GPT and MBR tables.
+//! - [`ImageName`]: an image as the uext4 command names one (`disk.img`, `disk.img@2` for a
+//!   partition, `disk.img@offset=1M`, NBD URIs), opened with [`ImageName::open`].
 //! - [`mkfs`]: making a new filesystem, laid out as `mke2fs` lays it out.
 //! - `format` (with the `format` feature): the on-disk structures (superblock, group
 //!   descriptors, inodes, ...), for tools that inspect an image below the filesystem's API.
@@ -94,6 +96,7 @@ mod htree;
 mod ialloc;
 mod icache;
 pub mod image;
+pub mod image_name;
 mod inline;
 mod inode;
 mod inspect;
@@ -146,6 +149,7 @@ pub use format::inode::{
 pub use fs::{AtimeMode, AtimePolicy, ErrorsBehaviour, Fs, FsStats, MountOptions, StatFs};
 pub use fsync::FsyncQueue;
 pub use geometry::Geometry;
+pub use image_name::{ImageName, Within};
 pub use inspect::{BlockMap, BlockRun, InodeRecord, MapEntry, RawDirEntry};
 pub use journal_history::{
     BlockUse, DeletedFile, JournalHistory, LoggedBlock, LoggedInode, LoggedState, LoggedTransaction,
