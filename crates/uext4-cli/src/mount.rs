@@ -30,7 +30,10 @@ pub struct MountArgs {
     /// journal is not replayed; implies ro), transport=auto|uring|dev (how requests reach the
     /// server), fakeroot (everyone is root inside, as fuse2fs's), prealloc=zeroed|unwritten
     /// (what fallocate leaves), key=FILE (an fscrypt master key), the atime policy (relatime,
-    /// the default; strictatime, noatime, nodiratime, atime, lazytime), nosandbox and
+    /// the default; strictatime, noatime, nodiratime, atime, lazytime), entry_timeout=SECONDS
+    /// and attr_timeout=SECONDS (how long the kernel keeps names and attributes; a day by
+    /// default), noopen (files opened without OPEN requests: with ro or noatime; see
+    /// docs/USAGE.md), nosandbox and
     /// sandbox=required (see docs/SECURITY.md). mount(8)'s generic options (nodev, nosuid,
     /// noexec, nofail, _netdev, user, ...) are taken as mount(8) gives them.
     #[arg(short = 'o')]
@@ -778,6 +781,15 @@ fn serve_foreground(
     } else {
         opts
     };
+    if opts.noopen && !opts.read_only {
+        // Opens are no longer asked for: none may be one the engine would refuse.
+        if let Some(ino) = fs.first_restricted_inode()? {
+            bail!(
+                "{}: -o noopen: inode {ino} is immutable, append-only or verity, whose opens for writing only OPEN can refuse (mount ro, or without noopen)",
+                image.display()
+            );
+        }
+    }
     if opts.dax {
         eprintln!("uext4: dax: the image is mapped; reads and writes are memory copies");
     } else if fs.is_mapped() {

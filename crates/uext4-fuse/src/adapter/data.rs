@@ -376,6 +376,7 @@ impl Uext4Fuse {
             }
             c if SETFLAGS.contains(&c) => {
                 let b = data.get(..4).ok_or(libc::EINVAL)?;
+                self.noopen_allows(u32_at(b, 0) & (FL_IMMUTABLE | FL_APPEND) != 0)?;
                 self.fs
                     .set_flags_as(&self.fileattr_cred(h, ino), ino, u32_at(b, 0))
                     .map_err(e)?;
@@ -396,6 +397,8 @@ impl Uext4Fuse {
             }
             FSSETXATTR => {
                 let b = data.get(..FSXATTR_LEN).ok_or(libc::EINVAL)?;
+                // FS_XFLAG_IMMUTABLE, FS_XFLAG_APPEND.
+                self.noopen_allows(u32_at(b, 0) & (0x8 | 0x10) != 0)?;
                 let x = uext4::FsXattr {
                     xflags: u32_at(b, 0),
                     extsize: u32_at(b, 4),
@@ -457,7 +460,13 @@ impl Uext4Fuse {
                 r[64..68].copy_from_slice(&(if present { 2u32 } else { 1 }).to_ne_bytes());
                 Ok(reply::ioctl(out, 0, &r))
             }
-            ENABLE_VERITY => self.enable_verity(ino, data, out),
+            ENABLE_VERITY => {
+                self.noopen_allows(true)?;
+                let before = self.fs.getattr(ino).ok();
+                let r = self.enable_verity(ino, data, out);
+                self.attrs_moved(ino, before);
+                r
+            }
             MEASURE_VERITY => self.measure_verity(ino, data, out_size, out),
             READ_VERITY_METADATA => Err(libc::EOPNOTSUPP),
             c if FSCRYPT_UNCARRIED.contains(&c) => Err(libc::EOPNOTSUPP),
@@ -467,6 +476,17 @@ impl Uext4Fuse {
 }
 
 impl Uext4Fuse {
+    /// Under `noopen`, a change that would make OPEN refuse what it no longer sees (an
+    /// immutable, append-only or verity file, `restricting`) is EOPNOTSUPP: the kernel
+    /// would open such a file for writing without asking. A read-only mount refuses
+    /// every change anyway.
+    fn noopen_allows(&self, restricting: bool) -> Result<(), i32> {
+        if restricting && self.no_open.load(Ordering::Relaxed) && !self.opts.read_only {
+            return Err(libc::EOPNOTSUPP);
+        }
+        Ok(())
+    }
+
     /// FS_IOC_ENABLE_VERITY: `struct fsverity_enable_arg` (128 bytes), then the salt and the
     /// signature its pointers named, as fuse_setup_enable_verity lays them after it.
     fn enable_verity(&self, ino: u32, data: &[u8], out: &mut [u8]) -> Reply {
