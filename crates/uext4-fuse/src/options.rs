@@ -316,7 +316,10 @@ impl Options {
             return Err("option noopen: not with writeback_cache (its opens for writing are how a nearly full image refuses cached writes)".into());
         }
         if self.direct_io {
-            return Err("option noopen: not with direct_io (only an OPEN reply can ask for uncached I/O)".into());
+            return Err(
+                "option noopen: not with direct_io (only an OPEN reply can ask for uncached I/O)"
+                    .into(),
+            );
         }
         Ok(())
     }
