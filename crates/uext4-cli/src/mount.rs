@@ -812,6 +812,9 @@ fn serve_foreground(
     // with the same number; the server serves until the last of them goes.
     let dev = ours.and_then(|id| mountinfo().into_iter().find(|m| m.id == id).map(|m| m.dev));
     let fd_mount = uext4_fuse::fd_path(mountpoint).is_some();
+    if opts.noopen && !opts.read_only && !fd_mount {
+        teach_no_open(mountpoint);
+    }
     let place = (image, mountpoint, dev.as_deref());
     let mut unmounter = contain_server(place, fs.is_read_only(), fd_mount, sandbox)?;
     // The session ends once the kernel lets go of the mount (after the last open file of a
@@ -870,6 +873,37 @@ fn serve_foreground(
     }
     fs.unmount().context("writing the filesystem back")?;
     Ok(())
+}
+
+/// Under `-o noopen`: the kernel stops sending OPEN only once an OPEN has been answered
+/// ENOSYS, and until then it sends RELEASE after every CREATE; a program that only makes
+/// files (tar) would never open one. So the server opens a file of its own mount once: a
+/// nameless one (O_TMPFILE, which the kernel makes with FUSE_TMPFILE), reopened through
+/// /proc, which is an OPEN. Where that fails (the mount's owner may not write its root, a
+/// kernel without FUSE_TMPFILE), the first open by anyone teaches the kernel instead.
+fn teach_no_open(mountpoint: &Path) {
+    let dir = match std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) {
+        Ok(d) => d,
+        Err(_) => return,
+    };
+    // SAFETY: plain system calls on a valid C string; the descriptors are ours and closed.
+    unsafe {
+        let fd = libc::open(dir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR, 0o600);
+        if fd < 0 {
+            tracing::debug!(
+                "noopen: no O_TMPFILE at the mount: {}",
+                std::io::Error::last_os_error()
+            );
+            return;
+        }
+        if let Ok(p) = std::ffi::CString::new(format!("/proc/self/fd/{fd}")) {
+            let again = libc::open(p.as_ptr(), libc::O_RDONLY);
+            if again >= 0 {
+                libc::close(again);
+            }
+        }
+        libc::close(fd);
+    }
 }
 
 /// Unmounts every mount of the filesystem with device number `dev` (or `mountpoint`), newest

@@ -341,6 +341,9 @@ fn bad_options_exit_2_with_one_line() {
         ("rw,bogus", "bogus"),
         ("threads=x", "threads"),
         ("errors=explode", "errors"),
+        ("noopen", "noatime"),
+        ("noatime,noopen,direct_io", "direct_io"),
+        ("attr_timeout=soon", "attr_timeout"),
     ] {
         let o = Command::new(bin())
             .args(["mount", "-o", opt, "no-such-image", "no-such-dir"])
@@ -2356,4 +2359,84 @@ chmod 4777 w/s; chown nobody w/s; stat -c 'chown: %A %U' w/s; check "chown, mode
         ours, kernel,
         "uext4 (left) and the kernel's ext4 (right) differ"
     );
+}
+
+/// `-o noopen`: files are opened without OPEN and closed without RELEASE (the server teaches
+/// the kernel at mount, so even a tar that only creates sends none), and everything an open
+/// used to carry still holds: data written and read back, a file removed while open stays
+/// readable until closed and is freed then (e2fsck clean), an O_TMPFILE file is freed at its
+/// close. Chattr +i and +a are refused (such a file's write opens could no longer be), and an
+/// image with such a file mounts with noopen only read-only, where the kernel refuses every
+/// write open itself.
+#[test]
+fn noopen_mounts_open_files_without_asking() {
+    if !fuse_usable("the mount tests") {
+        return;
+    }
+    let e = Env::new("noopen");
+    e.mount_with(&["-o", "noatime,noopen"]);
+    let m = e.mnt.display();
+    let requests = || {
+        let o = Command::new(bin())
+            .arg("stats")
+            .arg(&e.mnt)
+            .output()
+            .unwrap();
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        j["fuse_requests"].clone()
+    };
+    let before = requests();
+    let out = sh(&format!(
+        "set -e; cd {m}; mkdir d; for i in $(seq 50); do echo data$i > d/f$i; done; \
+         cat d/f7; for i in $(seq 50); do cat d/f$i > /dev/null; done; \
+         echo more >> d/f1; cat d/f1; \
+         exec 3< d/f2; rm d/f2; cat <&3; exec 3<&-; \
+         python3 -c 'import os; fd = os.open(\".\", os.O_TMPFILE | os.O_RDWR, 0o600); os.write(fd, b\"x\" * 100000); os.close(fd)'; \
+         chattr +d d/f3; lsattr d/f3 | cut -c1-22; \
+         chattr +i d/f4 2>&1 || true; chattr +a d/f4 2>&1 || true"
+    ));
+    assert!(out.starts_with("data7\ndata1\nmore\ndata2\n"), "{out}");
+    assert!(out.contains("------d---"), "{out}");
+    assert_eq!(
+        out.matches("Operation not supported").count(),
+        2,
+        "chattr +i/+a under noopen: {out}"
+    );
+    let after = requests();
+    let count = |j: &serde_json::Value, op: &str| j[op]["count"].as_u64().unwrap_or(0);
+    // At most the server's own open at mount, none for the 100 opens here.
+    assert!(count(&after, "OPEN") <= 1, "{after}");
+    assert_eq!(
+        count(&after, "RELEASE"),
+        count(&before, "RELEASE"),
+        "{after}"
+    );
+    assert!(count(&after, "CREATE") >= 50, "{after}");
+    e.umount();
+    e.fsck();
+    // An immutable file: refused read-write with noopen, in one line naming the inode;
+    // read-only it mounts, reads, and refuses writes.
+    e.mount();
+    sh(&format!("echo kept > {m}/i && chattr +i {m}/i"));
+    e.umount();
+    let o = Command::new(bin())
+        .args(["mount", "-o", "noatime,noopen"])
+        .arg(&e.img)
+        .arg(&e.mnt)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("immutable") && err.contains("inode "), "{err}");
+    e.mount_with(&["-o", "ro,noopen"]);
+    assert_eq!(std::fs::read(e.mnt.join("i")).unwrap(), b"kept\n");
+    let err = std::fs::OpenOptions::new()
+        .write(true)
+        .open(e.mnt.join("i"))
+        .unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    let j = requests();
+    assert_eq!(count(&j, "OPEN"), 1, "the first open only: {j}");
+    e.umount();
+    e.fsck();
 }
