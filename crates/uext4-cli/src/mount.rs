@@ -781,15 +781,7 @@ fn serve_foreground(
     } else {
         opts
     };
-    if opts.noopen && !opts.read_only {
-        // Opens are no longer asked for: none may be one the engine would refuse.
-        if let Some(ino) = fs.first_restricted_inode()? {
-            bail!(
-                "{}: -o noopen: inode {ino} is immutable, append-only or verity, whose opens for writing only OPEN can refuse (mount ro, or without noopen)",
-                image.display()
-            );
-        }
-    }
+    check_noopen(&fs, image, opts)?;
     if opts.dax {
         eprintln!("uext4: dax: the image is mapped; reads and writes are memory copies");
     } else if fs.is_mapped() {
@@ -872,6 +864,21 @@ fn serve_foreground(
         tracing::error!("serving {}: {e}", mountpoint.display());
     }
     fs.unmount().context("writing the filesystem back")?;
+    Ok(())
+}
+
+/// Under `-o noopen` read-write, opens are no longer asked for: none may be one the engine
+/// would refuse (a write open of an immutable, append-only or verity file).
+fn check_noopen(fs: &Fs, image: &Path, opts: &Options) -> Result<()> {
+    if !opts.noopen || opts.read_only {
+        return Ok(());
+    }
+    if let Some(ino) = fs.first_restricted_inode()? {
+        bail!(
+            "{}: -o noopen: inode {ino} is immutable, append-only or verity, whose opens for writing only OPEN can refuse (mount ro, or without noopen)",
+            image.display()
+        );
+    }
     Ok(())
 }
 

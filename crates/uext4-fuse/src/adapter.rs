@@ -463,9 +463,7 @@ impl Serve for Uext4Fuse {
                 // writeback_cache the kernel sends it anyway (after writing the file's dirty
                 // pages back, which it still does); ENOSYS stops it for the whole connection.
                 Op::Flush => Err(libc::ENOSYS),
-                // Without OPEN nothing counted the file's opens (`no_open`).
-                Op::Release if self.no_open.load(Ordering::Relaxed) => Ok(0),
-                Op::Release => empty(self.fs.release(ino)),
+                Op::Release => self.release(ino),
                 Op::Opendir { .. } => self.opendir(ino, out),
                 // The last close of a removed directory frees it.
                 Op::Releasedir => empty(self.fs.release(ino)),
@@ -473,12 +471,7 @@ impl Serve for Uext4Fuse {
                 Op::Setxattr { name, value, flags } => self.setxattr(h, ino, name, value, flags),
                 Op::Getxattr { name, size } => self.getxattr(ino, name, size, out),
                 Op::Listxattr { size } => self.listxattr(ino, size, out),
-                Op::Removexattr { name } => {
-                    let before = self.fs.getattr(ino).ok();
-                    let r = empty(self.fs.removexattr(ino, name));
-                    self.attrs_moved(ino, before);
-                    r
-                }
+                Op::Removexattr { name } => self.removexattr(ino, name),
                 Op::Access { mask } => self.access(h, ino, mask),
                 Op::Create {
                     name,

@@ -395,22 +395,7 @@ impl Uext4Fuse {
                 }
                 Ok(reply::ioctl(out, 0, &b))
             }
-            FSSETXATTR => {
-                let b = data.get(..FSXATTR_LEN).ok_or(libc::EINVAL)?;
-                // FS_XFLAG_IMMUTABLE, FS_XFLAG_APPEND.
-                self.noopen_allows(u32_at(b, 0) & (0x8 | 0x10) != 0)?;
-                let x = uext4::FsXattr {
-                    xflags: u32_at(b, 0),
-                    extsize: u32_at(b, 4),
-                    nextents: u32_at(b, 8),
-                    projid: u32_at(b, 12),
-                    cowextsize: u32_at(b, 16),
-                };
-                let cred = self.fileattr_cred(h, ino);
-                self.fs.set_fsxattr_as(&cred, ino, &x).map_err(e)?;
-                self.mode_changed(ino);
-                Ok(reply::ioctl(out, 0, &[]))
-            }
+            FSSETXATTR => self.fssetxattr(h, ino, data.get(..FSXATTR_LEN), out),
             GETFSLABEL => {
                 want_out(LABEL_LEN)?;
                 let mut b = [0u8; LABEL_LEN];
@@ -460,13 +445,7 @@ impl Uext4Fuse {
                 r[64..68].copy_from_slice(&(if present { 2u32 } else { 1 }).to_ne_bytes());
                 Ok(reply::ioctl(out, 0, &r))
             }
-            ENABLE_VERITY => {
-                self.noopen_allows(true)?;
-                let before = self.fs.getattr(ino).ok();
-                let r = self.enable_verity(ino, data, out);
-                self.attrs_moved(ino, before);
-                r
-            }
+            ENABLE_VERITY => self.enable_verity(ino, data, out),
             MEASURE_VERITY => self.measure_verity(ino, data, out_size, out),
             READ_VERITY_METADATA => Err(libc::EOPNOTSUPP),
             c if FSCRYPT_UNCARRIED.contains(&c) => Err(libc::EOPNOTSUPP),
@@ -487,9 +466,40 @@ impl Uext4Fuse {
         Ok(())
     }
 
+    /// FS_IOC_FSSETXATTR: `struct fsxattr` (`b`, 28 bytes): xflags, extsize, nextents,
+    /// projid, cowextsize.
+    fn fssetxattr(&self, h: &InHeader, ino: u32, b: Option<&[u8]>, out: &mut [u8]) -> Reply {
+        let b = b.ok_or(libc::EINVAL)?;
+        let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
+        // FS_XFLAG_IMMUTABLE, FS_XFLAG_APPEND.
+        self.noopen_allows(u32_at(0) & (0x8 | 0x10) != 0)?;
+        let x = uext4::FsXattr {
+            xflags: u32_at(0),
+            extsize: u32_at(4),
+            nextents: u32_at(8),
+            projid: u32_at(12),
+            cowextsize: u32_at(16),
+        };
+        let cred = self.fileattr_cred(h, ino);
+        self.fs
+            .set_fsxattr_as(&cred, ino, &x)
+            .map_err(|e| errno(&e))?;
+        self.mode_changed(ino);
+        Ok(reply::ioctl(out, 0, &[]))
+    }
+
     /// FS_IOC_ENABLE_VERITY: `struct fsverity_enable_arg` (128 bytes), then the salt and the
-    /// signature its pointers named, as fuse_setup_enable_verity lays them after it.
+    /// signature its pointers named, as fuse_setup_enable_verity lays them after it. The
+    /// Merkle tree moves the block count: the kernel is told (`attrs_moved`).
     fn enable_verity(&self, ino: u32, data: &[u8], out: &mut [u8]) -> Reply {
+        self.noopen_allows(true)?;
+        let before = self.fs.getattr(ino).ok();
+        let r = self.enable_verity_arg(ino, data, out);
+        self.attrs_moved(ino, before);
+        r
+    }
+
+    fn enable_verity_arg(&self, ino: u32, data: &[u8], out: &mut [u8]) -> Reply {
         let arg = data.get(..128).ok_or(libc::EINVAL)?;
         let u32_at = |o: usize| u32::from_ne_bytes(arg[o..o + 4].try_into().unwrap());
         // version, hash_algorithm, block_size, salt_size, salt_ptr (16), sig_size (24),

@@ -272,6 +272,23 @@ impl Uext4Fuse {
         r
     }
 
+    /// REMOVEXATTR; the attributes it may move (a freed xattr block) are dropped from the
+    /// kernel's cache (`attrs_moved`).
+    pub(super) fn removexattr(&self, ino: u32, name: &[u8]) -> Reply {
+        let before = self.fs.getattr(ino).ok();
+        let r = empty(self.fs.removexattr(ino, name));
+        self.attrs_moved(ino, before);
+        r
+    }
+
+    /// RELEASE of a file. Without OPEN (`no_open`) nothing counted the file's opens.
+    pub(super) fn release(&self, ino: u32) -> Reply {
+        if self.no_open.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
+        empty(self.fs.release(ino))
+    }
+
     /// A value, its size when asked with size 0, or ERANGE when it does not fit.
     fn sized(v: &[u8], size: u32, out: &mut [u8]) -> Reply {
         if size == 0 {
