@@ -213,7 +213,8 @@ impl Uext4Fuse {
     /// kernel updates or drops what it caches after every change it asks for (fs/fuse/dir.c
     /// `fuse_dir_changed`, `fuse_entry_unlinked`, `fuse_update_ctime`; file.c after writes,
     /// reads (atime), fallocate and copy_file_range; acl.c after an ACL change), and the
-    /// adapter tells it of the changes the engine makes beyond what was asked (`attrs_changed`).
+    /// adapter tells it of the changes the engine makes beyond what was asked (`mode_changed`,
+    /// `attrs_moved`).
     fn attr_ttl(&self) -> Duration {
         self.opts.attr_timeout()
     }
