@@ -94,7 +94,8 @@ pub struct BenchArgs {
     /// prealloc=unwritten`, fallocate makes unwritten extents as the kernel's; "dax-nt":
     /// non-temporal stores; "buffered": delayed allocation; memcpy: pwrite-1g only; fuse-mem,
     /// an in-memory FUSE server: the metadata family only, which runs on raw, fuse-mem, kernel,
-    /// fuse2fs, uext4-fuse, uext4-fuse-wbc and uext4-lib).
+    /// fuse2fs, uext4-fuse, uext4-fuse-wbc and uext4-lib); only when named: uext4-fuse-dev,
+    /// uext4-fuse-uring (one transport each) and uext4-fuse-noopen (`-o noatime,noopen`).
     #[arg(long)]
     systems: Option<String>,
     /// Job counts to sweep (default: 1,2,4,8,16; the fsync workload also 64,256).
@@ -193,6 +194,7 @@ const SYSTEMS: &[&str] = &[
     "uext4-fuse-unwritten",
     "uext4-fuse-dev",
     "uext4-fuse-uring",
+    "uext4-fuse-noopen",
     "uext4-lib",
     "uext4-lib-nodax",
     "uext4-lib-dax",
@@ -438,10 +440,10 @@ fn select_systems(
             .filter(|x| !x.is_empty())
             .collect(),
         // The two transports side by side only when asked for: otherwise uext4-fuse is one
-        // of them (io_uring when the kernel offers it).
+        // of them (io_uring when the kernel offers it). `-o noopen` too only when asked for.
         None => SYSTEMS
             .iter()
-            .filter(|s| !TRANSPORTS.contains(s))
+            .filter(|s| !TRANSPORTS.contains(s) && **s != "uext4-fuse-noopen")
             .map(|s| s.to_string())
             .collect(),
     };
@@ -469,6 +471,7 @@ fn select_systems(
             | "uext4-fuse-unwritten"
             | "uext4-fuse-dev"
             | "uext4-fuse-uring"
+            | "uext4-fuse-noopen"
             | "fuse2fs"
                 if !Path::new("/dev/fuse").exists() =>
             {

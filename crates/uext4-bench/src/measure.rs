@@ -222,6 +222,9 @@ impl Ctx {
                     "uext4-fuse-uring" => {
                         c.args(["-o", "transport=uring"]);
                     }
+                    "uext4-fuse-noopen" => {
+                        c.args(["-o", "noatime,noopen"]);
+                    }
                     _ => {}
                 }
                 // The kernel offers FUSE over io_uring only while the fuse module's switch is

@@ -56,6 +56,7 @@ pub const SYSTEMS: &[&str] = &[
     "uext4-fuse-wbc",
     "uext4-fuse-dev",
     "uext4-fuse-uring",
+    "uext4-fuse-noopen",
     "uext4-lib",
 ];
 
@@ -938,6 +939,7 @@ pub fn report(
         "uext4-fuse-wbc",
         "uext4-fuse-dev",
         "uext4-fuse-uring",
+        "uext4-fuse-noopen",
         "uext4-lib",
         "fuse-mem",
         "raw",

@@ -30,7 +30,10 @@ pub struct MountArgs {
     /// journal is not replayed; implies ro), transport=auto|uring|dev (how requests reach the
     /// server), fakeroot (everyone is root inside, as fuse2fs's), prealloc=zeroed|unwritten
     /// (what fallocate leaves), key=FILE (an fscrypt master key), the atime policy (relatime,
-    /// the default; strictatime, noatime, nodiratime, atime, lazytime), nosandbox and
+    /// the default; strictatime, noatime, nodiratime, atime, lazytime), entry_timeout=SECONDS
+    /// and attr_timeout=SECONDS (how long the kernel keeps names and attributes; a day by
+    /// default), noopen (files opened without OPEN requests: with ro or noatime; see
+    /// docs/USAGE.md), nosandbox and
     /// sandbox=required (see docs/SECURITY.md). mount(8)'s generic options (nodev, nosuid,
     /// noexec, nofail, _netdev, user, ...) are taken as mount(8) gives them.
     #[arg(short = 'o')]
@@ -778,6 +781,7 @@ fn serve_foreground(
     } else {
         opts
     };
+    check_noopen(&fs, image, opts)?;
     if opts.dax {
         eprintln!("uext4: dax: the image is mapped; reads and writes are memory copies");
     } else if fs.is_mapped() {
@@ -800,6 +804,9 @@ fn serve_foreground(
     // with the same number; the server serves until the last of them goes.
     let dev = ours.and_then(|id| mountinfo().into_iter().find(|m| m.id == id).map(|m| m.dev));
     let fd_mount = uext4_fuse::fd_path(mountpoint).is_some();
+    if opts.noopen && !opts.read_only && !fd_mount {
+        teach_no_open(mountpoint);
+    }
     let place = (image, mountpoint, dev.as_deref());
     let mut unmounter = contain_server(place, fs.is_read_only(), fd_mount, sandbox)?;
     // The session ends once the kernel lets go of the mount (after the last open file of a
@@ -858,6 +865,52 @@ fn serve_foreground(
     }
     fs.unmount().context("writing the filesystem back")?;
     Ok(())
+}
+
+/// Under `-o noopen` read-write, opens are no longer asked for: none may be one the engine
+/// would refuse (a write open of an immutable, append-only or verity file).
+fn check_noopen(fs: &Fs, image: &Path, opts: &Options) -> Result<()> {
+    if !opts.noopen || opts.read_only {
+        return Ok(());
+    }
+    if let Some(ino) = fs.first_restricted_inode()? {
+        bail!(
+            "{}: -o noopen: inode {ino} is immutable, append-only or verity, whose opens for writing only OPEN can refuse (mount ro, or without noopen)",
+            image.display()
+        );
+    }
+    Ok(())
+}
+
+/// Under `-o noopen`: the kernel stops sending OPEN only once an OPEN has been answered
+/// ENOSYS, and until then it sends RELEASE after every CREATE; a program that only makes
+/// files (tar) would never open one. So the server opens a file of its own mount once: a
+/// nameless one (O_TMPFILE, which the kernel makes with FUSE_TMPFILE), reopened through
+/// /proc, which is an OPEN. Where that fails (the mount's owner may not write its root, a
+/// kernel without FUSE_TMPFILE), the first open by anyone teaches the kernel instead.
+fn teach_no_open(mountpoint: &Path) {
+    let dir = match std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) {
+        Ok(d) => d,
+        Err(_) => return,
+    };
+    // SAFETY: plain system calls on a valid C string; the descriptors are ours and closed.
+    unsafe {
+        let fd = libc::open(dir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR, 0o600);
+        if fd < 0 {
+            tracing::debug!(
+                "noopen: no O_TMPFILE at the mount: {}",
+                std::io::Error::last_os_error()
+            );
+            return;
+        }
+        if let Ok(p) = std::ffi::CString::new(format!("/proc/self/fd/{fd}")) {
+            let again = libc::open(p.as_ptr(), libc::O_RDONLY);
+            if again >= 0 {
+                libc::close(again);
+            }
+        }
+        libc::close(fd);
+    }
 }
 
 /// Unmounts every mount of the filesystem with device number `dev` (or `mountpoint`), newest

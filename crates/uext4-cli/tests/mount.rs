@@ -122,7 +122,8 @@ fn missing_names_are_asked_for_once() {
         "for i in $(seq 200); do test ! -e {m}/d/none; done"
     ));
     let asked = lookups() - before;
-    // Once, or twice if the loop outlived the entry's one-second TTL on a loaded machine.
+    // Once (the kernel keeps the negative entry for the entry timeout, a day), or twice if
+    // memory pressure evicted it meanwhile.
     assert!(
         asked <= 2,
         "200 probes of a missing name sent {asked} LOOKUPs"
@@ -341,6 +342,9 @@ fn bad_options_exit_2_with_one_line() {
         ("rw,bogus", "bogus"),
         ("threads=x", "threads"),
         ("errors=explode", "errors"),
+        ("noopen", "noatime"),
+        ("noatime,noopen,direct_io", "direct_io"),
+        ("attr_timeout=soon", "attr_timeout"),
     ] {
         let o = Command::new(bin())
             .args(["mount", "-o", opt, "no-such-image", "no-such-dir"])
@@ -2299,4 +2303,158 @@ fn background_server_leaves_the_callers_directory() {
     b.umount();
     a.fsck();
     b.fsck();
+}
+
+/// The kernel keeps names and attributes for a day (`entry_timeout`, `attr_timeout`), so
+/// what it shows straight after a change must come from the change itself: the kernel's own
+/// updates and invalidations after the requests it sends, and the server's notifications for
+/// what the engine changed beyond them. Each check reads one attribute right after a change,
+/// with no pause, through `stat -c`, which asks statx for only the fields its format names (so
+/// an attribute the kernel did not mark stale is answered from its cache), then again after
+/// the kernel dropped its caches (the server's answer): the two must agree, on the kernel's
+/// ext4 too. Link counts, modes and whether times moved are compared with the kernel's ext4.
+#[test]
+fn the_kernels_cached_view_is_right_after_every_change() {
+    const SCRIPT: &str = r#"
+cd "$1" || exit 1
+changed() { [ "$1" != "$2" ] && echo changed || echo same; }
+# what stat shows now against what it shows once the kernel has forgotten the inode
+check() {
+    a=$(stat -c "$2" "$3"); echo 2 > /proc/sys/vm/drop_caches; b=$(stat -c "$2" "$3")
+    [ "$a" = "$b" ] && echo "$1: right" || echo "$1: cached $a, server $b"
+}
+# link counts: a directory's after mkdir, rmdir and a subdirectory moved out; a file's
+# after link, unlink and a rename over one of its names
+mkdir d d/s1 d/s2 e; stat -c 'mkdir: %h' d
+rmdir d/s1; stat -c 'rmdir: %h' d
+mv d/s2 e/; stat -c 'moved out: %h' d; stat -c 'moved in: %h' e
+touch f; stat -c 'file: %h' f; ln f g; stat -c 'link: %h' f
+rm g; stat -c 'unlink: %h' f
+echo a > x; ln f y; mv x y; stat -c 'renamed over: %h' f
+# the parent's times after a create in it, a file's ctime after chmod
+t=$(stat -c %.9Y d); touch d/n; echo "create, parent mtime: $(changed "$t" "$(stat -c %.9Y d)")"
+t=$(stat -c %.9Z f); chmod 600 f; echo "chmod, ctime: $(changed "$t" "$(stat -c %.9Z f)")"
+# names: missing, then made, then gone, then made again as another kind
+ls nope 2>/dev/null; touch nope; ls nope; rm nope; ls nope 2>/dev/null || echo "nope gone"
+mkdir nope; stat -c 'nope: %F' nope
+# atime: a read after the file changed (relatime) updates it, and stat shows it
+echo data > r; touch -a -d @1000000000 r; cat r > /dev/null
+[ "$(stat -c %X r)" -gt 1000000000 ] && echo "read: atime updated" || echo "read: atime kept"
+check "read, atime" %.9X r
+mkdir l; touch -a -d @1000000000 l; ls l > /dev/null
+[ "$(stat -c %X l)" -gt 1000000000 ] && echo "listing: atime updated" || echo "listing: atime kept"
+check "listing, atime" %.9X l
+# block counts: after writes, a truncate, fallocate, and an xattr that takes a block
+head -c 100000 /dev/zero > b; check "written, blocks" %b b
+truncate -s 4096 b; check "truncated, blocks" %b b
+fallocate -l 65536 b; check "fallocated, blocks" '%b %s' b
+touch xa; setfattr -n user.big -v "$(head -c 700 /dev/zero | tr '\0' v)" xa
+[ "$(stat -c %b xa)" -gt 0 ] && echo "xattr: takes a block"; check "xattr, blocks" %b xa
+setfattr -x user.big xa; check "xattr removed, blocks" %b xa
+# ctime after a flags change (chattr), which the kernel sends as an ioctl
+t=$(stat -c %.9Z f); chattr +d f; echo "chattr, ctime: $(changed "$t" "$(stat -c %.9Z f)")"
+touch c; t=$(stat -c %.9Z c); chattr +d c; check "chattr, ctime" %.9Z c
+# mode after an ACL that changes the group bits
+touch acl; chmod 644 acl; setfacl -m u:nobody:rwx acl; stat -c 'acl mode: %A' acl
+check "acl, mode" %A acl
+# set-user-ID taken by an ordinary user's write, and by chown
+mkdir -p w && chmod 777 w && echo data > w/s && chmod 4777 w/s
+runuser -u nobody -- sh -c 'echo more >> w/s'; stat -c 'write: %A' w/s; check "write, mode" %A w/s
+chmod 4777 w/s; chown nobody w/s; stat -c 'chown: %A %U' w/s; check "chown, mode" %A w/s
+"#;
+    let Some((kernel, ours)) = on_kernel_and_uext4(
+        "cached",
+        &["setfattr", "setfacl", "chattr", "fallocate"],
+        SCRIPT,
+    ) else {
+        return;
+    };
+    assert!(kernel.contains("rmdir: 3"), "{kernel}");
+    assert!(kernel.contains("read: atime updated"), "{kernel}");
+    assert!(kernel.contains("xattr: takes a block"), "{kernel}");
+    assert!(!kernel.contains("cached"), "{kernel}");
+    assert_eq!(
+        ours, kernel,
+        "uext4 (left) and the kernel's ext4 (right) differ"
+    );
+}
+
+/// `-o noopen`: files are opened without OPEN and closed without RELEASE (the server teaches
+/// the kernel at mount, so even a tar that only creates sends none), and everything an open
+/// used to carry still holds: data written and read back, a file removed while open stays
+/// readable until closed and is freed then (e2fsck clean), an O_TMPFILE file is freed at its
+/// close. Chattr +i and +a are refused (such a file's write opens could no longer be), and an
+/// image with such a file mounts with noopen only read-only, where the kernel refuses every
+/// write open itself.
+#[test]
+fn noopen_mounts_open_files_without_asking() {
+    if !fuse_usable("the mount tests") {
+        return;
+    }
+    let e = Env::new("noopen");
+    e.mount_with(&["-o", "noatime,noopen"]);
+    let m = e.mnt.display();
+    let requests = || {
+        let o = Command::new(bin())
+            .arg("stats")
+            .arg(&e.mnt)
+            .output()
+            .unwrap();
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        j["fuse_requests"].clone()
+    };
+    let before = requests();
+    let out = sh(&format!(
+        "set -e; cd {m}; mkdir d; for i in $(seq 50); do echo data$i > d/f$i; done; \
+         cat d/f7; for i in $(seq 50); do cat d/f$i > /dev/null; done; \
+         echo more >> d/f1; cat d/f1; \
+         exec 3< d/f2; rm d/f2; cat <&3; exec 3<&-; \
+         python3 -c 'import os; fd = os.open(\".\", os.O_TMPFILE | os.O_RDWR, 0o600); os.write(fd, b\"x\" * 100000); os.close(fd)'; \
+         chattr +d d/f3; lsattr d/f3 | cut -c1-22; \
+         chattr +i d/f4 2>&1 || true; chattr +a d/f4 2>&1 || true"
+    ));
+    assert!(out.starts_with("data7\ndata1\nmore\ndata2\n"), "{out}");
+    assert!(out.contains("------d---"), "{out}");
+    assert_eq!(
+        out.matches("Operation not supported").count(),
+        2,
+        "chattr +i/+a under noopen: {out}"
+    );
+    let after = requests();
+    let count = |j: &serde_json::Value, op: &str| j[op]["count"].as_u64().unwrap_or(0);
+    // At most the server's own open at mount, none for the 100 opens here.
+    assert!(count(&after, "OPEN") <= 1, "{after}");
+    assert_eq!(
+        count(&after, "RELEASE"),
+        count(&before, "RELEASE"),
+        "{after}"
+    );
+    assert!(count(&after, "CREATE") >= 50, "{after}");
+    e.umount();
+    e.fsck();
+    // An immutable file: refused read-write with noopen, in one line naming the inode;
+    // read-only it mounts, reads, and refuses writes.
+    e.mount();
+    sh(&format!("echo kept > {m}/i && chattr +i {m}/i"));
+    e.umount();
+    let o = Command::new(bin())
+        .args(["mount", "-o", "noatime,noopen"])
+        .arg(&e.img)
+        .arg(&e.mnt)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("immutable") && err.contains("inode "), "{err}");
+    e.mount_with(&["-o", "ro,noopen"]);
+    assert_eq!(std::fs::read(e.mnt.join("i")).unwrap(), b"kept\n");
+    let err = std::fs::OpenOptions::new()
+        .write(true)
+        .open(e.mnt.join("i"))
+        .unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    let j = requests();
+    assert_eq!(count(&j, "OPEN"), 1, "the first open only: {j}");
+    e.umount();
+    e.fsck();
 }

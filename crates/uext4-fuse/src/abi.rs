@@ -88,6 +88,7 @@ pub const FUSE_POSIX_ACL: u64 = 1 << 20;
 pub const FUSE_MAX_PAGES: u64 = 1 << 22;
 pub const FUSE_CACHE_SYMLINKS: u64 = 1 << 23;
 pub const FUSE_NO_OPENDIR_SUPPORT: u64 = 1 << 24;
+pub const FUSE_NO_OPEN_SUPPORT: u64 = 1 << 17;
 pub const FUSE_HANDLE_KILLPRIV_V2: u64 = 1 << 28;
 pub const FUSE_SETXATTR_EXT: u64 = 1 << 29;
 pub const FUSE_INIT_EXT: u64 = 1 << 30;

@@ -33,9 +33,6 @@ mod init;
 mod meta;
 mod requests;
 
-/// How long the kernel may cache attributes and entries (the engine is their only writer).
-const TTL: Duration = Duration::from_secs(1);
-
 /// A reply body's length, or an errno.
 type Reply = Result<usize, i32>;
 
@@ -64,6 +61,11 @@ pub struct Uext4Fuse {
     /// OPENDIR is answered ENOSYS, so the kernel sends no OPENDIR and RELEASEDIR at all
     /// (FUSE_NO_OPENDIR_SUPPORT): see `opendir`.
     no_opendir: AtomicBool,
+    /// `-o noopen`, and the kernel offered FUSE_NO_OPEN_SUPPORT: OPEN is answered ENOSYS, so
+    /// the kernel sends no OPEN, and no RELEASE for files (opened or created) once it has
+    /// had that answer. Nothing then counts a file's opens: an unlinked file stays while the
+    /// kernel holds its inode (the lookup pin), as a directory without OPENDIR does.
+    no_open: AtomicBool,
     /// INIT asks for FUSE_OVER_IO_URING (the session serves the ring if the kernel agrees).
     uring: bool,
     /// The engine was unmounted (FUSE_DESTROY, or the session's end).
@@ -121,6 +123,7 @@ impl Uext4Fuse {
             dont_mask: AtomicBool::new(false),
             killpriv: AtomicBool::new(false),
             no_opendir: AtomicBool::new(false),
+            no_open: AtomicBool::new(false),
             fsyncs: FsyncQueue::default(),
             uring: false,
             destroyed: AtomicBool::new(false),
@@ -194,16 +197,26 @@ impl Uext4Fuse {
     /// outlive a removal or rename made under another, and a negative entry would hide a
     /// file created under another spelling. So there names are kept for no time (every use
     /// asks again, and the kernel moves a directory's one dentry to the spelling last asked
-    /// for, never leaving it two); attributes still for `TTL`.
+    /// for, never leaving it two); attributes still for the attribute timeout.
     fn ttl_in(&self, dir: u32) -> reply::Ttl {
-        if self.fs.folds_names(dir) {
-            reply::Ttl {
-                entry: Duration::ZERO,
-                attr: TTL,
-            }
-        } else {
-            reply::Ttl::both(TTL)
+        reply::Ttl {
+            entry: if self.fs.folds_names(dir) {
+                Duration::ZERO
+            } else {
+                self.opts.entry_timeout
+            },
+            attr: self.attr_ttl(),
         }
+    }
+
+    /// How long the kernel may keep an inode's attributes (`attr_timeout`). Long: the
+    /// kernel updates or drops what it caches after every change it asks for (fs/fuse/dir.c
+    /// `fuse_dir_changed`, `fuse_entry_unlinked`, `fuse_update_ctime`; file.c after writes,
+    /// reads (atime), fallocate and copy_file_range; acl.c after an ACL change), and the
+    /// adapter tells it of the changes the engine makes beyond what was asked (`mode_changed`,
+    /// `attrs_moved`).
+    fn attr_ttl(&self) -> Duration {
+        self.opts.attr_timeout()
     }
 
     /// The request's caller as the engine sees it: root's privileges for uid 0, or anyone
@@ -278,6 +291,19 @@ impl Uext4Fuse {
     fn mode_changed(&self, ext: u32) {
         if let Some(n) = self.notifier.get() {
             let _ = n.inval_inode(to_fuse(ext), -1, 0);
+        }
+    }
+
+    /// After an engine change the kernel cannot know of, beyond what it asked for (an
+    /// extended attribute that moved the block count or, without FUSE_POSIX_ACL, the mode;
+    /// a verity tree): it drops the attributes it keeps for `ino` when any of those it uses
+    /// for stat and permission checks moved since `before`. The ctime the kernel updates (and
+    /// marks stale) itself, so an unchanged rest sends nothing.
+    fn attrs_moved(&self, ino: u32, before: Option<Attr>) {
+        let key = |a: &Attr| (a.mode, a.uid, a.gid, a.nlink, a.size, a.blocks, a.flags);
+        let after = self.fs.getattr(ino).ok();
+        if before.as_ref().map(key) != after.as_ref().map(key) {
+            self.mode_changed(ino);
         }
     }
 
@@ -438,7 +464,7 @@ impl Serve for Uext4Fuse {
                 // writeback_cache the kernel sends it anyway (after writing the file's dirty
                 // pages back, which it still does); ENOSYS stops it for the whole connection.
                 Op::Flush => Err(libc::ENOSYS),
-                Op::Release => empty(self.fs.release(ino)),
+                Op::Release => self.release(ino),
                 Op::Opendir { .. } => self.opendir(ino, out),
                 // The last close of a removed directory frees it.
                 Op::Releasedir => empty(self.fs.release(ino)),
@@ -446,7 +472,7 @@ impl Serve for Uext4Fuse {
                 Op::Setxattr { name, value, flags } => self.setxattr(h, ino, name, value, flags),
                 Op::Getxattr { name, size } => self.getxattr(ino, name, size, out),
                 Op::Listxattr { size } => self.listxattr(ino, size, out),
-                Op::Removexattr { name } => empty(self.fs.removexattr(ino, name)),
+                Op::Removexattr { name } => self.removexattr(ino, name),
                 Op::Access { mask } => self.access(h, ino, mask),
                 Op::Create {
                     name,

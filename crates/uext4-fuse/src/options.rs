@@ -1,5 +1,7 @@
 //! Mount options: the `-o` list parsed, and what it asks of the engine.
 
+use std::time::Duration;
+
 /// Mount options, as `-o` gives them.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -45,6 +47,19 @@ pub struct Options {
     /// fscrypt master keys, from `key=FILE` (repeatable): raw key files' bytes (their
     /// `Debug` shows only their sizes).
     pub keys: Vec<uext4::EncryptionKey>,
+    /// How long the kernel may keep a name (`entry_timeout=SECONDS`, as libfuse's) and an
+    /// inode's attributes (`attr_timeout=SECONDS`) without asking again. The server is the
+    /// image's only writer and tells the kernel of every change it did not make itself
+    /// (docs/DESIGN.md, "Long timeouts"), so both default to a day, as virtiofsd's
+    /// `cache=always`; under `delalloc` attributes default to a second, as background
+    /// writeback changes a file's block count unasked.
+    pub entry_timeout: Duration,
+    pub attr_timeout: Option<Duration>,
+    /// `noopen`: files are opened without an OPEN request (nor RELEASE at the last close),
+    /// FUSE_NO_OPEN_SUPPORT. Only where OPEN decides nothing: on a read-only mount, or with
+    /// `noatime` on an image without immutable, append-only or verity files (checked at
+    /// mount; such flags are then refused); not with `writeback_cache` or `direct_io`.
+    pub noopen: bool,
 }
 
 /// How requests reach the server.
@@ -87,9 +102,15 @@ impl Default for Options {
             transport: TransportKind::Auto,
             atime: uext4::AtimePolicy::RELATIME,
             keys: Vec::new(),
+            entry_timeout: LONG_TIMEOUT,
+            attr_timeout: None,
+            noopen: false,
         }
     }
 }
+
+/// The default entry and attribute timeouts.
+pub const LONG_TIMEOUT: Duration = Duration::from_secs(86_400);
 
 /// Every option name `-o` takes.
 const KNOWN: &[&str] = &[
@@ -140,6 +161,9 @@ const KNOWN: &[&str] = &[
     "errors",
     "fakeroot",
     "transport",
+    "entry_timeout",
+    "attr_timeout",
+    "noopen",
 ];
 
 impl Options {
@@ -157,11 +181,18 @@ impl Options {
                     .map_err(|_| format!("option {k}: {:?} is not a number", v.unwrap_or("")))
             };
             if !KNOWN.contains(&k) {
-                return Err(format!("unknown mount option {opt:?} (known: ro, rw, norecovery, threads=N, allow_other, default_permissions, writeback_cache, nowriteback_cache, direct_io, commit=SECONDS, key=FILE, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten, fakeroot, transport=auto|uring|dev, offset=BYTES, size=BYTES, partition=N, and the generic defaults, nodev, nosuid, noexec, noatime, relatime, strictatime, nodiratime)"));
+                return Err(format!("unknown mount option {opt:?} (known: ro, rw, norecovery, threads=N, allow_other, default_permissions, writeback_cache, nowriteback_cache, direct_io, commit=SECONDS, key=FILE, errors=remount-ro|continue|panic, dax, nodax, acl, noacl, delalloc, prealloc=zeroed|unwritten, fakeroot, transport=auto|uring|dev, entry_timeout=SECONDS, attr_timeout=SECONDS, noopen, offset=BYTES, size=BYTES, partition=N, and the generic defaults, nodev, nosuid, noexec, noatime, relatime, strictatime, nodiratime)"));
             }
             let takes_value = matches!(
                 k,
-                "threads" | "commit" | "prealloc" | "errors" | "transport" | "key"
+                "threads"
+                    | "commit"
+                    | "prealloc"
+                    | "errors"
+                    | "transport"
+                    | "key"
+                    | "entry_timeout"
+                    | "attr_timeout"
             );
             if !takes_value && v.is_some() {
                 return Err(format!("option {k} takes no value (write {k}, not {opt})"));
@@ -222,6 +253,9 @@ impl Options {
                 "acl" => o.acl = true,
                 "noacl" => o.acl = false,
                 "delalloc" => o.delalloc = true,
+                "entry_timeout" => o.entry_timeout = seconds(k, v)?,
+                "attr_timeout" => o.attr_timeout = Some(seconds(k, v)?),
+                "noopen" => o.noopen = true,
                 "fakeroot" => o.fakeroot = true,
                 "prealloc" => {
                     o.prealloc_zeroed = match v {
@@ -257,6 +291,9 @@ impl Options {
             );
         }
         o.read_only |= o.norecovery;
+        if o.noopen {
+            o.check_noopen()?;
+        }
         if o.fakeroot {
             // As fuse2fs: the server decides (everyone is root), and nothing in the image
             // can raise privileges on the host.
@@ -268,6 +305,32 @@ impl Options {
             o.nosuid = true;
         }
         Ok(o)
+    }
+
+    /// `noopen` only where OPEN decides nothing the kernel can do without: see the field.
+    fn check_noopen(&self) -> Result<(), String> {
+        if !self.read_only && self.atime.mode != uext4::AtimeMode::NoAtime {
+            return Err("option noopen: needs ro or noatime (reads that update atime must reach the server)".into());
+        }
+        if self.writeback_cache == Some(true) && !self.read_only {
+            return Err("option noopen: not with writeback_cache (its opens for writing are how a nearly full image refuses cached writes)".into());
+        }
+        if self.direct_io {
+            return Err(
+                "option noopen: not with direct_io (only an OPEN reply can ask for uncached I/O)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The attribute timeout: as asked, or the default (a second under `delalloc`).
+    pub fn attr_timeout(&self) -> Duration {
+        self.attr_timeout.unwrap_or(if self.delalloc {
+            Duration::from_secs(1)
+        } else {
+            LONG_TIMEOUT
+        })
     }
 
     pub fn mount_options(&self) -> uext4::MountOptions {
@@ -284,6 +347,17 @@ impl Options {
             keys: self.keys.clone(),
             ..Default::default()
         }
+    }
+}
+
+/// A timeout option's value: whole or fractional seconds, 0 to 10 years.
+fn seconds(k: &str, v: Option<&str>) -> Result<Duration, String> {
+    let v = v.ok_or_else(|| format!("option {k} needs a value ({k}=SECONDS)"))?;
+    match v.parse::<f64>() {
+        Ok(s) if (0.0..=315_360_000.0).contains(&s) => Ok(Duration::from_secs_f64(s)),
+        _ => Err(format!(
+            "option {k}: {v:?} is not a number of seconds from 0 to 315360000"
+        )),
     }
 }
 

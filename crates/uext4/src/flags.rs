@@ -328,6 +328,27 @@ impl Fs {
         self.fileattr_set(cred, ino, None, Some(fsx))
     }
 
+    /// The first inode in use whose flags make [`Fs::check_open`] refuse some open (immutable,
+    /// append-only, verity), if any: a front end that lets files be opened without asking
+    /// (FUSE's `noopen`) may only do so where none is. Reads every inode table in use once,
+    /// from the block cache (inodes the engine has changed since mounting are read from
+    /// memory).
+    pub fn first_restricted_inode(&self) -> Result<Option<u32>> {
+        for ino in 1..=self.geo.inodes_count {
+            if !self.inode_in_use(ino)? {
+                continue;
+            }
+            let f = match self.icache.get_cached(ino) {
+                Some(inode) => inode.state.lock().raw.flags(),
+                None => self.inode_record(ino)?.raw.flags(),
+            };
+            if f & (FL_IMMUTABLE | FL_APPEND | FL_VERITY) != 0 {
+                return Ok(Some(ino));
+            }
+        }
+        Ok(None)
+    }
+
     /// Whether a file may be opened with `open(2)` flags `flags` (the kernel's may_open and
     /// inode_permission for the flags): EPERM for writing an immutable file, and for writing
     /// an append-only one without O_APPEND or with O_TRUNC.

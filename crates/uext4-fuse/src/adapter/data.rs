@@ -376,6 +376,7 @@ impl Uext4Fuse {
             }
             c if SETFLAGS.contains(&c) => {
                 let b = data.get(..4).ok_or(libc::EINVAL)?;
+                self.noopen_allows(u32_at(b, 0) & (FL_IMMUTABLE | FL_APPEND) != 0)?;
                 self.fs
                     .set_flags_as(&self.fileattr_cred(h, ino), ino, u32_at(b, 0))
                     .map_err(e)?;
@@ -394,20 +395,7 @@ impl Uext4Fuse {
                 }
                 Ok(reply::ioctl(out, 0, &b))
             }
-            FSSETXATTR => {
-                let b = data.get(..FSXATTR_LEN).ok_or(libc::EINVAL)?;
-                let x = uext4::FsXattr {
-                    xflags: u32_at(b, 0),
-                    extsize: u32_at(b, 4),
-                    nextents: u32_at(b, 8),
-                    projid: u32_at(b, 12),
-                    cowextsize: u32_at(b, 16),
-                };
-                let cred = self.fileattr_cred(h, ino);
-                self.fs.set_fsxattr_as(&cred, ino, &x).map_err(e)?;
-                self.mode_changed(ino);
-                Ok(reply::ioctl(out, 0, &[]))
-            }
+            FSSETXATTR => self.fssetxattr(h, ino, data.get(..FSXATTR_LEN), out),
             GETFSLABEL => {
                 want_out(LABEL_LEN)?;
                 let mut b = [0u8; LABEL_LEN];
@@ -467,9 +455,51 @@ impl Uext4Fuse {
 }
 
 impl Uext4Fuse {
+    /// Under `noopen`, a change that would make OPEN refuse what it no longer sees (an
+    /// immutable, append-only or verity file, `restricting`) is EOPNOTSUPP: the kernel
+    /// would open such a file for writing without asking. A read-only mount refuses
+    /// every change anyway.
+    fn noopen_allows(&self, restricting: bool) -> Result<(), i32> {
+        if restricting && self.no_open.load(Ordering::Relaxed) && !self.opts.read_only {
+            return Err(libc::EOPNOTSUPP);
+        }
+        Ok(())
+    }
+
+    /// FS_IOC_FSSETXATTR: `struct fsxattr` (`b`, 28 bytes): xflags, extsize, nextents,
+    /// projid, cowextsize.
+    fn fssetxattr(&self, h: &InHeader, ino: u32, b: Option<&[u8]>, out: &mut [u8]) -> Reply {
+        let b = b.ok_or(libc::EINVAL)?;
+        let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
+        // FS_XFLAG_IMMUTABLE, FS_XFLAG_APPEND.
+        self.noopen_allows(u32_at(0) & (0x8 | 0x10) != 0)?;
+        let x = uext4::FsXattr {
+            xflags: u32_at(0),
+            extsize: u32_at(4),
+            nextents: u32_at(8),
+            projid: u32_at(12),
+            cowextsize: u32_at(16),
+        };
+        let cred = self.fileattr_cred(h, ino);
+        self.fs
+            .set_fsxattr_as(&cred, ino, &x)
+            .map_err(|e| errno(&e))?;
+        self.mode_changed(ino);
+        Ok(reply::ioctl(out, 0, &[]))
+    }
+
     /// FS_IOC_ENABLE_VERITY: `struct fsverity_enable_arg` (128 bytes), then the salt and the
-    /// signature its pointers named, as fuse_setup_enable_verity lays them after it.
+    /// signature its pointers named, as fuse_setup_enable_verity lays them after it. The
+    /// Merkle tree moves the block count: the kernel is told (`attrs_moved`).
     fn enable_verity(&self, ino: u32, data: &[u8], out: &mut [u8]) -> Reply {
+        self.noopen_allows(true)?;
+        let before = self.fs.getattr(ino).ok();
+        let r = self.enable_verity_arg(ino, data, out);
+        self.attrs_moved(ino, before);
+        r
+    }
+
+    fn enable_verity_arg(&self, ino: u32, data: &[u8], out: &mut [u8]) -> Reply {
         let arg = data.get(..128).ok_or(libc::EINVAL)?;
         let u32_at = |o: usize| u32::from_ne_bytes(arg[o..o + 4].try_into().unwrap());
         // version, hash_algorithm, block_size, salt_size, salt_ptr (16), sig_size (24),

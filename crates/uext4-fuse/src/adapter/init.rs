@@ -45,6 +45,11 @@ impl Uext4Fuse {
                 && self.opts.atime.mode != uext4::AtimeMode::Strict,
             Ordering::Relaxed,
         );
+        // `-o noopen` (options.rs checked that OPEN decides nothing here).
+        self.no_open.store(
+            self.opts.noopen && i.flags & abi::FUSE_NO_OPEN_SUPPORT != 0,
+            Ordering::Relaxed,
+        );
         let acl = agreed & abi::FUSE_POSIX_ACL != 0;
         self.acl_on.store(acl, Ordering::Relaxed);
         self.dont_mask

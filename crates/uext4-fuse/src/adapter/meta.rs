@@ -17,7 +17,7 @@ impl Uext4Fuse {
         match self.fs.lookup(dir, name) {
             // Kept by the kernel as a negative entry: a program that probes for files that
             // are not there (an interpreter's imports, a compiler's include path, PATH)
-            // asks once per TTL. Every change of names comes through the kernel, which
+            // asks once per entry timeout. Every change of names comes through the kernel, which
             // replaces the entry itself (but for other spellings in a casefolded directory:
             // `ttl_in`).
             Err(Error::NotFound) => Ok(reply::negative_entry(out, self.ttl_in(dir).entry)),
@@ -56,7 +56,7 @@ impl Uext4Fuse {
             return Err(libc::ENOSPC);
         }
         let a = self.fs.getattr(ino).map_err(|e| errno(&e))?;
-        Ok(reply::attr(out, TTL, &wire_attr(&a)))
+        Ok(reply::attr(out, self.attr_ttl(), &wire_attr(&a)))
     }
 
     /// STATX: the attributes and the birth time, where the inode has room for one (inodes
@@ -83,7 +83,7 @@ impl Uext4Fuse {
         let attrs_mask = FLAG_ATTRS.iter().fold(0, |acc, (_, s)| acc | s);
         Ok(reply::statx(
             out,
-            TTL,
+            self.attr_ttl(),
             &wire_attr(&a),
             mask,
             (attrs, attrs_mask),
@@ -138,7 +138,7 @@ impl Uext4Fuse {
             Err(e) => self.setattr_fallback(ino, s).ok_or_else(|| errno(&e))?,
             Ok(a) => a,
         };
-        Ok(reply::attr(out, TTL, &wire_attr(&a)))
+        Ok(reply::attr(out, self.attr_ttl(), &wire_attr(&a)))
     }
 
     pub(super) fn readlink(&self, ino: u32, out: &mut [u8]) -> Reply {
@@ -172,6 +172,10 @@ impl Uext4Fuse {
     }
 
     pub(super) fn open(&self, ino: u32, flags: u32, out: &mut [u8]) -> Reply {
+        // `-o noopen`: the kernel opens files by itself from now on (`no_open`).
+        if self.no_open.load(Ordering::Relaxed) {
+            return Err(libc::ENOSYS);
+        }
         // Immutable and append-only files: the kernel keeps no inode flags for FUSE, so its
         // may_open cannot refuse a write open of one; the engine does, as the kernel's would.
         self.fs
@@ -262,7 +266,27 @@ impl Uext4Fuse {
         } else {
             self.header_cred(h)
         };
-        empty(self.fs.setxattr_as(&cred, ino, name, value, f))
+        let before = self.fs.getattr(ino).ok();
+        let r = empty(self.fs.setxattr_as(&cred, ino, name, value, f));
+        self.attrs_moved(ino, before);
+        r
+    }
+
+    /// REMOVEXATTR; the attributes it may move (a freed xattr block) are dropped from the
+    /// kernel's cache (`attrs_moved`).
+    pub(super) fn removexattr(&self, ino: u32, name: &[u8]) -> Reply {
+        let before = self.fs.getattr(ino).ok();
+        let r = empty(self.fs.removexattr(ino, name));
+        self.attrs_moved(ino, before);
+        r
+    }
+
+    /// RELEASE of a file. Without OPEN (`no_open`) nothing counted the file's opens.
+    pub(super) fn release(&self, ino: u32) -> Reply {
+        if self.no_open.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
+        empty(self.fs.release(ino))
     }
 
     /// A value, its size when asked with size 0, or ERANGE when it does not fit.
@@ -367,7 +391,10 @@ impl Uext4Fuse {
             }
             Err(e) => return Err(errno(&e)),
         };
-        self.fs.open(a.ino).map_err(|e| errno(&e))?;
+        // Under `noopen` no RELEASE may come for it: only the lookup pin holds it.
+        if !self.no_open.load(Ordering::Relaxed) {
+            self.fs.open(a.ino).map_err(|e| errno(&e))?;
+        }
         self.opened(dir, &a, flags, out)
     }
 
@@ -387,7 +414,13 @@ impl Uext4Fuse {
             .fs
             .tmpfile_as(&cred, dir, mode, umask)
             .map_err(|e| errno(&e))?;
-        self.opened(dir, &a, flags, out)
+        let r = self.opened(dir, &a, flags, out);
+        if self.no_open.load(Ordering::Relaxed) {
+            // No RELEASE will close the engine's open: the lookup pin `opened` took keeps
+            // the nameless inode until the kernel forgets it.
+            let _ = self.fs.release(a.ino);
+        }
+        r
     }
 
     /// The reply to a CREATE or TMPFILE: the entry (a lookup the kernel now holds) and the

@@ -69,3 +69,37 @@ fn transport_option() {
     assert!(Options::parse("transport=pipe").is_err());
     assert!(Options::parse("transport").is_err());
 }
+
+#[test]
+fn timeouts_and_noopen() {
+    use std::time::Duration;
+    let o = Options::parse("").unwrap();
+    assert_eq!(
+        (o.entry_timeout, o.attr_timeout()),
+        (LONG_TIMEOUT, LONG_TIMEOUT)
+    );
+    assert_eq!(
+        Options::parse("delalloc").unwrap().attr_timeout(),
+        Duration::from_secs(1)
+    );
+    let o = Options::parse("entry_timeout=0.5,attr_timeout=0,delalloc").unwrap();
+    assert_eq!(
+        (o.entry_timeout, o.attr_timeout()),
+        (Duration::from_millis(500), Duration::ZERO)
+    );
+    for bad in [
+        "entry_timeout",
+        "entry_timeout=-1",
+        "attr_timeout=x",
+        "attr_timeout=inf",
+    ] {
+        assert!(Options::parse(bad).is_err(), "{bad}");
+    }
+    assert!(Options::parse("noopen=1").is_err());
+    assert!(Options::parse("noopen").unwrap_err().contains("noatime"));
+    assert!(Options::parse("noopen,strictatime").is_err());
+    assert!(Options::parse("noatime,noopen").unwrap().noopen);
+    assert!(Options::parse("ro,noopen").unwrap().noopen);
+    assert!(Options::parse("noatime,noopen,writeback_cache").is_err());
+    assert!(Options::parse("noatime,noopen,direct_io").is_err());
+}
