@@ -8,7 +8,7 @@
 #
 # Usage:
 #   scripts/kernel-vm.sh [--disk IMG]... [--file PATH]... [--vhost-user-fs SOCKET:TAG]...
-#                        [--timeout S] [--mem MIB] SCRIPT
+#                        [--timeout S [--kill]] [--mem MIB] SCRIPT
 #   scripts/kernel-vm.sh --check    exit 0 when a VM can boot here, else print "SKIP: why", exit 77
 #   scripts/kernel-vm.sh --build    build (or find) the cached initramfs and print its path
 #
@@ -37,7 +37,8 @@
 # Exit status: the script's; 77 with "SKIP: why" when no VM can run here (no
 # qemu-system-x86_64, no kernel with CONFIG_UNICODE in /boot with its modules, no
 # busybox-static, no rustc; with UEXT4_VM_ACCEL=kvm, no usable /dev/kvm with vmx/svm); 124
-# when it ran past the timeout (60 s, or --timeout, or UEXT4_VM_TIMEOUT);
+# when it ran past the timeout (60 s, or --timeout, or UEXT4_VM_TIMEOUT; QEMU then gets SIGTERM,
+# or with --kill SIGKILL: a monitor that dies, leaving its vhost-user back ends mid-request);
 # 125 when the VM ended without reporting a status. The guest's console (kernel log) is
 # printed to stderr on 124/125, or always with UEXT4_VM_CONSOLE=1.
 #
@@ -246,6 +247,7 @@ INIT
 }
 
 timeout_s=${UEXT4_VM_TIMEOUT:-60}
+timeout_sig=TERM
 mem=512
 disks=()
 files=()
@@ -259,6 +261,7 @@ while [ $# -gt 0 ]; do
     --file) files+=("$2"); shift 2 ;;
     --vhost-user-fs) vufs+=("$2"); shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
+    --kill) timeout_sig=KILL; shift ;;
     --mem) mem=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "kernel-vm: unknown option $1" >&2; exit 2 ;;
@@ -304,7 +307,7 @@ if [ ${#vufs[@]} -gt 0 ]; then
 fi
 
 status=0
-timeout "$timeout_s" qemu-system-x86_64 "${accel[@]}" -smp 1 -m "$mem" \
+timeout -s "$timeout_sig" "$timeout_s" qemu-system-x86_64 "${accel[@]}" -smp 1 -m "$mem" \
   -nodefaults -nographic -no-reboot -monitor none \
   -kernel "$vmlinux" -initrd "$run/initrd" \
   -append "console=ttyS0 ${UEXT4_VM_APPEND:-quiet} panic=-1 rdinit=/init mitigations=off" \
@@ -315,7 +318,7 @@ timeout "$timeout_s" qemu-system-x86_64 "${accel[@]}" -smp 1 -m "$mem" \
 cat "$run/out"
 cat "$run/err" >&2
 rc=$(tr -dc '0-9' <"$run/rc")
-if [ "$status" = 124 ]; then
+if [ "$status" = 124 ] || [ "$status" = 137 ]; then
   echo "kernel-vm: timed out after ${timeout_s}s" >&2
   rc=124
 elif [ -z "$rc" ]; then
