@@ -46,7 +46,9 @@ pub fn run_serve(a: ServeArgs) -> Result<()> {
         ..
     } = target(&a.image, &a.options, "serve")?;
     if sandbox == crate::sandbox::Mode::Required {
-        bail!("sandbox=required: `uext4 serve` is not contained yet (docs/SECURITY.md)");
+        if let Some(m) = crate::sandbox::missing_here().first() {
+            bail!("sandbox=required: {m}");
+        }
     }
     let image = if uext4::image::is_nbd_uri(&img.path) {
         img.path.clone()
@@ -77,7 +79,17 @@ pub fn run_serve(a: ServeArgs) -> Result<()> {
         image.display(),
         a.vhost_user_fs.display()
     );
+    let mut contained = sandbox == crate::sandbox::Mode::Off;
     loop {
+        if !contained && session.is_connected() {
+            contained = true;
+            if let Err(e) = contain(&image, fs.is_read_only()) {
+                session.stop();
+                let _ = session.join();
+                fs.unmount().context("writing the filesystem back")?;
+                return Err(e);
+            }
+        }
         let ts = libc::timespec {
             tv_sec: 0,
             tv_nsec: 100_000_000,
@@ -94,4 +106,17 @@ pub fn run_serve(a: ServeArgs) -> Result<()> {
     let served = session.join();
     fs.unmount().context("writing the filesystem back")?;
     served.context("vhost-user-fs")
+}
+
+/// Contains the back end as a mount's server is contained (docs/SECURITY.md), once the
+/// monitor has connected: nothing is accepted after that, and what the session still does
+/// (vhost-user messages with the guest's memory as descriptors, mapping it, eventfds, epoll,
+/// the image) is on the mount server's allowlist.
+fn contain(image: &std::path::Path, read_only: bool) -> Result<()> {
+    crate::log::prepare();
+    let probe = crate::sandbox::start_probe();
+    let local = (!uext4::image::is_nbd_uri(image)).then_some(image);
+    crate::sandbox::contain(local, read_only, Vec::new())?;
+    drop(probe);
+    Ok(())
 }

@@ -16,6 +16,8 @@
 //!   there whole.
 //! - Without a VM: bad arguments fail in one line, and SIGTERM or a monitor that connects
 //!   and goes away end the back end with a clean image.
+//! - Once the monitor connected, the back end is contained (a new socket and a host file are
+//!   refused), and the guest's whole session above runs so.
 //!
 //! The VM tests print `SKIP: ...` and pass where no VM can run (no qemu-system-x86_64 or no
 //! vhost-user-fs-pci in it, no guest kernel, no static busybox).
@@ -45,9 +47,15 @@ struct Backend {
 impl Backend {
     /// Starts serving `img` on `dir/sock` with `-o opts`, and waits until the socket listens.
     fn start(img: &Path, dir: &Scratch, opts: &str) -> Backend {
+        Backend::start_with(img, dir, opts, &[])
+    }
+
+    /// [`Backend::start`] with variables added to its environment.
+    fn start_with(img: &Path, dir: &Scratch, opts: &str, env: &[(&str, &str)]) -> Backend {
         let socket = dir.p("sock");
         let log = dir.p("serve.log");
         let mut cmd = Command::new(UEXT4.0);
+        cmd.envs(env.iter().copied());
         cmd.arg("serve").arg("--vhost-user-fs").arg(&socket);
         if !opts.is_empty() {
             cmd.args(["-o", opts]);
@@ -363,7 +371,10 @@ fn a_guest_reads_the_tree_writes_and_the_image_stays_clean() {
     let img = dir.p("fs.img");
     mke2fs(&img, "64M", &["-d", tree.to_str().unwrap()]);
     let payload = bytes(6, (2 << 20) + 5);
-    let mut b = Backend::start(&img, &dir, "");
+    // Once the monitor is connected the back end is contained as a mount's server is: a new
+    // socket and a host file are refused from then on (probes from a thread of its own).
+    let probe = [("UEXT4_SANDBOX_PROBE", "socket,open=/etc/hostname")];
+    let mut b = Backend::start_with(&img, &dir, "", &probe);
     let run = vm(
         &dir,
         &b,
@@ -387,6 +398,13 @@ fn a_guest_reads_the_tree_writes_and_the_image_stays_clean() {
     assert!(st.success(), "uext4 serve: {st}: {}", b.log_text());
     assert!(!b.socket.exists(), "the socket outlived the back end");
     e2fsck_clean_when(&img, "after the guest's session");
+    let log = b.log_text();
+    for p in ["socket", "open=/etc/hostname"] {
+        assert!(
+            log.contains(&format!("sandbox probe: {p}: refused")),
+            "{p} was not refused: {log}"
+        );
+    }
 
     let s = sections(&run.stdout);
     assert_eq!(s["sums"], host_sums(&tree.join("host")), "{}", run.stdout);
@@ -539,6 +557,10 @@ fn a_monitor_killed_mid_write_leaves_a_clean_image() {
         synced.len() >= 3,
         "the guest synced too little: {}",
         run.stdout
+    );
+    println!(
+        "{} files fsynced in the guest before the kill",
+        synced.len()
     );
     let rb = ReadBack::new(&img);
     for n in synced {

@@ -464,6 +464,12 @@ impl VirtioFs {
         self.thread.as_ref().is_none_or(|t| t.is_finished())
     }
 
+    /// Whether a monitor has connected (the socket's path is gone then: one connection is
+    /// served, and nothing is accepted after it).
+    pub fn is_connected(&self) -> bool {
+        self.stop.lock().conn.is_some()
+    }
+
     /// Ends the session: the connection is shut (queue threads finish the request they
     /// serve), or, before a monitor connected, the wait for one.
     pub fn stop(&self) {
@@ -520,12 +526,16 @@ pub fn serve_vhost_user(
         .map_err(|e| vhost_err("vhost-user back end", &e))?;
     let stop = Arc::new(Mutex::new(Stop::default()));
     let stopper = stop.clone();
+    let path = socket.to_path_buf();
     let thread = std::thread::Builder::new()
         .name("uext4-vhost-user".into())
         .spawn(move || -> io::Result<()> {
             daemon
                 .start(&mut listener)
                 .map_err(|e| vhost_err("accepting the monitor", &e))?;
+            // Nothing more is accepted: the path goes now, while this process may still
+            // remove files (a contained server may not).
+            let _ = std::fs::remove_file(&path);
             {
                 let mut s = stopper.lock();
                 if s.asked {
