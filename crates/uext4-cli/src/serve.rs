@@ -7,7 +7,8 @@
 //! transport (`uext4_fuse::virtio_fs`). It stays in the foreground, as virtiofsd does, for one
 //! connection: it ends when the monitor disconnects (the guest powered off, or the monitor
 //! died) or on SIGINT/SIGTERM/SIGHUP, and then commits everything and marks the image clean,
-//! as an unmount does.
+//! as an unmount does. Once the monitor has connected it contains itself as the mount's
+//! server does (unless `-o nosandbox`).
 
 use crate::mount::{asked_rw, block_stop_signals, open_served, target, Opened, Target};
 use anyhow::{bail, Context, Result};
