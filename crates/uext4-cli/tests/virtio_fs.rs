@@ -10,7 +10,9 @@
 //!   entries in a directory), unmounts and mounts the tag again on the same connection, and
 //!   powers off. The back end must then end by itself (exit 0), the image pass `e2fsck -fn`,
 //!   and the kernel's ext4 (a loop mount; uext4's own reader where that cannot run) read
-//!   back what the guest wrote.
+//!   back what the guest wrote. A second image, served `-o ro` to the same guest under
+//!   another tag, is read there, refuses a create and a touch, and is byte for byte
+//!   unchanged afterwards.
 //! - The monitor killed (SIGKILL) while the guest writes and fsyncs: the back end ends by
 //!   itself, the image is clean, and every file whose fsync had returned in the guest is
 //!   there whole.
@@ -60,10 +62,11 @@ impl Backend {
         if !opts.is_empty() {
             cmd.args(["-o", opts]);
         }
+        let out = std::fs::File::create(&log).unwrap();
         let child = cmd
             .arg(img)
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::File::create(&log).unwrap())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
             .spawn()
             .unwrap();
         let mut b = Backend { child, socket, log };
@@ -151,14 +154,22 @@ fn vm_usable() -> bool {
     true
 }
 
-/// Boots the guest with the back end's socket as tag [`TAG`], runs `script` with `inputs` as
+/// Boots the guest with each back end's socket as its tag, runs `script` with `inputs` as
 /// /in/NAME, and returns what it printed.
-fn vm(dir: &Scratch, b: &Backend, script: &str, inputs: &[(&str, &[u8])], extra: &[&str]) -> VmRun {
+fn vm(
+    dir: &Scratch,
+    backends: &[(&Backend, &str)],
+    script: &str,
+    inputs: &[(&str, &[u8])],
+    extra: &[&str],
+) -> VmRun {
     std::fs::write(dir.p("run.sh"), script).unwrap();
     let mut cmd = Command::new("bash");
     cmd.arg(root().join("scripts/kernel-vm.sh"));
-    cmd.arg("--vhost-user-fs")
-        .arg(format!("{}:{TAG}", b.socket.display()));
+    for (b, tag) in backends {
+        cmd.arg("--vhost-user-fs")
+            .arg(format!("{}:{tag}", b.socket.display()));
+    }
     for (name, data) in inputs {
         std::fs::write(dir.p(name), data).unwrap();
         cmd.arg("--file").arg(dir.p(name));
@@ -337,6 +348,11 @@ sync -f . && echo "syncfs ok"
 cd /
 umount /mnt/v && echo "umount ok"
 mount -t virtiofs uext4tag /mnt/v && echo "remount ok"
+mkdir -p /mnt/r
+mount -t virtiofs rotag /mnt/r && echo "ro_mount ok"
+echo "ro_read $(sha256sum < /mnt/r/host/text.txt | cut -d' ' -f1)"
+echo x 2>/dev/null > /mnt/r/new && echo "ro_write allowed" || echo "ro_write refused"
+touch /mnt/r/host/text.txt 2>/dev/null && echo "ro_touch allowed" || echo "ro_touch refused"
 echo "== after"
 (cd /mnt/v/new && sha256sum payload.bin seq.txt z.bin)
 "#;
@@ -375,9 +391,15 @@ fn a_guest_reads_the_tree_writes_and_the_image_stays_clean() {
     // socket and a host file are refused from then on (probes from a thread of its own).
     let probe = [("UEXT4_SANDBOX_PROBE", "socket,open=/etc/hostname")];
     let mut b = Backend::start_with(&img, &dir, "", &probe);
+    // A second image, served read-only beside it.
+    let ro_dir = Scratch::dir("vfs-e2e-ro");
+    let ro_img = ro_dir.p("ro.img");
+    mke2fs(&ro_img, "32M", &["-d", tree.to_str().unwrap()]);
+    let ro_before = std::fs::read(&ro_img).unwrap();
+    let mut ro = Backend::start(&ro_img, &ro_dir, "ro");
     let run = vm(
         &dir,
-        &b,
+        &[(&b, TAG), (&ro, "rotag")],
         GUEST_TREE_AND_WRITES,
         &[("payload.bin", &payload)],
         &["--timeout", "110"],
@@ -442,6 +464,9 @@ fn a_guest_reads_the_tree_writes_and_the_image_stays_clean() {
         ("syncfs", "ok"),
         ("umount", "ok"),
         ("remount", "ok"),
+        ("ro_mount", "ok"),
+        ("ro_write", "refused"),
+        ("ro_touch", "refused"),
     ];
     for (k, v) in want {
         assert_eq!(
@@ -451,6 +476,18 @@ fn a_guest_reads_the_tree_writes_and_the_image_stays_clean() {
             run.stdout
         );
     }
+    let text = host_tree()
+        .into_iter()
+        .find(|(p, _)| *p == "text.txt")
+        .unwrap()
+        .1;
+    assert_eq!(f["ro_read"], sha256_hex(&text));
+    let st = ro.wait_exit();
+    assert!(st.success(), "uext4 serve -o ro: {st}: {}", ro.log_text());
+    assert!(
+        std::fs::read(&ro_img).unwrap() == ro_before,
+        "the read-only image changed"
+    );
     let deep = host_tree()
         .into_iter()
         .find(|(p, _)| *p == "sub/dir/deep.bin")
@@ -536,7 +573,7 @@ fn a_monitor_killed_mid_write_leaves_a_clean_image() {
     // after it started (room for a slower machine's boot).
     let run = vm(
         &dir,
-        &b,
+        &[(&b, TAG)],
         GUEST_WRITES_UNTIL_KILLED,
         &[],
         &["--timeout", "40", "--kill"],
