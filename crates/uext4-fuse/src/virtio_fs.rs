@@ -566,3 +566,238 @@ pub fn serve_vhost_user(
         server,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    //! The chain handling without a monitor: descriptor chains laid out in guest memory as a
+    //! driver lays them out (virtio-queue's mock split queue), served through the device's
+    //! queue loop by a handler that answers in known ways.
+    use super::*;
+    use crate::abi::InitOut;
+    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+    use virtio_queue::desc::RawDescriptor;
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::{Address, Bytes, GuestAddress};
+
+    /// Answers INIT; LOOKUP with its name reversed; FSYNC later from another thread; READ with
+    /// 200 bytes; FORGET with nothing.
+    #[derive(Default)]
+    struct Fake {
+        later: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
+        started: AtomicBool,
+    }
+
+    impl Serve for Fake {
+        fn serve(&self, req: &RawRequest<'_>, out: &mut [u8], from: &Arc<dyn Transport>) -> Answer {
+            match req.header.opcode {
+                abi::INIT => {
+                    let o = InitOut {
+                        major: 7,
+                        minor: 31,
+                        max_write: 1 << 20,
+                        ..InitOut::default()
+                    };
+                    Answer::Reply(crate::reply::init(out, &o, 31))
+                }
+                abi::LOOKUP => {
+                    let n = req.rest.len();
+                    for (o, b) in out.iter_mut().zip(req.rest.iter().rev()) {
+                        *o = *b;
+                    }
+                    Answer::Reply(n)
+                }
+                abi::FSYNC => {
+                    let (from, unique) = (from.clone(), req.header.unique);
+                    self.later.lock().push(std::thread::spawn(move || {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        from.reply_later(unique, Ok(b"done")).unwrap();
+                    }));
+                    Answer::None
+                }
+                abi::READ => Answer::Reply(200),
+                abi::FORGET => Answer::None,
+                _ => Answer::Error(libc::ENOSYS),
+            }
+        }
+
+        fn started(&self, _link: Link) {
+            self.started.store(true, Ordering::SeqCst);
+        }
+    }
+
+    use crate::transport::RawRequest;
+
+    fn header(len: usize, opcode: u32, unique: u64) -> Vec<u8> {
+        let mut h = vec![0u8; IN_HEADER_LEN];
+        h[0..4].copy_from_slice(&(len as u32).to_ne_bytes());
+        h[4..8].copy_from_slice(&opcode.to_ne_bytes());
+        h[8..16].copy_from_slice(&unique.to_ne_bytes());
+        h
+    }
+
+    /// Descriptor chains being laid out in guest memory, each buffer 64 KiB from the last.
+    struct Layout<'a> {
+        mem: &'a GuestMemoryMmap,
+        descs: Vec<RawDescriptor>,
+        next_buf: u64,
+    }
+
+    impl Layout<'_> {
+        /// One chain: `readable` cut into descriptors at the lengths in `splits` (the rest in
+        /// one more), then writable descriptors of the lengths in `writable`, whose addresses
+        /// and lengths it returns.
+        fn chain(
+            &mut self,
+            readable: &[u8],
+            splits: &[usize],
+            writable: &[u32],
+        ) -> Vec<(u64, u32)> {
+            let first = self.descs.len();
+            let mut at: usize = 0;
+            let mut parts: Vec<(u64, u32, u16)> = Vec::new();
+            for &n in splits.iter().chain(std::iter::once(&usize::MAX)) {
+                let end = at.saturating_add(n).min(readable.len());
+                if end > at || (at == 0 && readable.is_empty()) {
+                    let addr = self.next_buf;
+                    self.mem
+                        .write_slice(&readable[at..end], GuestAddress(addr))
+                        .unwrap();
+                    parts.push((addr, (end - at) as u32, 0));
+                    self.next_buf += 0x1_0000;
+                }
+                at = end;
+            }
+            let mut outs = Vec::new();
+            for &n in writable {
+                parts.push((self.next_buf, n, VRING_DESC_F_WRITE as u16));
+                outs.push((self.next_buf, n));
+                self.next_buf += 0x1_0000;
+            }
+            let last = parts.len() - 1;
+            for (i, (addr, len, flags)) in parts.into_iter().enumerate() {
+                let (flags, next) = if i == last {
+                    (flags, 0)
+                } else {
+                    (flags | VRING_DESC_F_NEXT as u16, (first + i + 1) as u16)
+                };
+                self.descs.push(RawDescriptor::from(SplitDescriptor::new(
+                    addr, len, flags, next,
+                )));
+            }
+            outs
+        }
+    }
+
+    fn reply_at(mem: &GuestMemoryMmap, outs: &[(u64, u32)], n: usize) -> Vec<u8> {
+        let mut all = Vec::new();
+        for &(addr, len) in outs {
+            let mut b = vec![0u8; len as usize];
+            mem.read_slice(&mut b, GuestAddress(addr)).unwrap();
+            all.extend_from_slice(&b);
+        }
+        all.truncate(n);
+        all
+    }
+
+    #[test]
+    fn chains_are_served_as_requests_and_replies_go_back_into_them() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x100_0000)]).unwrap();
+        let mq = MockSplitQueue::new(&mem, 32);
+        let mut l = Layout {
+            mem: &mem,
+            descs: Vec::new(),
+            next_buf: 0x10_0000,
+        };
+        // Before INIT: refused (EIO).
+        let mut early = header(IN_HEADER_LEN + 3, abi::LOOKUP, 1);
+        early.extend_from_slice(b"ab\0");
+        let o_early = l.chain(&early, &[], &[64]);
+        // INIT, its request and reply each split over descriptors.
+        let mut init = header(IN_HEADER_LEN + 64, abi::INIT, 2);
+        init.extend_from_slice(&[7, 0, 0, 0, 31, 0, 0, 0]);
+        init.resize(IN_HEADER_LEN + 64, 0);
+        let o_init = l.chain(&init, &[20, 50], &[10, 200]);
+        // A name split mid-way, the reply over two buffers.
+        let mut lookup = header(IN_HEADER_LEN + 6, abi::LOOKUP, 3);
+        lookup.extend_from_slice(b"hello\0");
+        let o_lookup = l.chain(&lookup, &[30, 13], &[8, 100]);
+        // FORGET: nothing writable, nothing written.
+        let mut forget = header(IN_HEADER_LEN + 8, abi::FORGET, 4);
+        forget.extend_from_slice(&1u64.to_ne_bytes());
+        l.chain(&forget, &[], &[]);
+        // FSYNC, answered later from another thread.
+        let mut fsync = header(IN_HEADER_LEN + 16, abi::FSYNC, 5);
+        fsync.resize(IN_HEADER_LEN + 16, 0);
+        let o_fsync = l.chain(&fsync, &[], &[64]);
+        // A reply larger than the guest's buffers: EIO.
+        let mut read = header(IN_HEADER_LEN + 40, abi::READ, 6);
+        read.resize(IN_HEADER_LEN + 40, 0);
+        let o_read = l.chain(&read, &[], &[100]);
+        // Shorter than a header: returned untouched.
+        l.chain(&[0u8; 20], &[], &[64]);
+        mq.add_desc_chains(&l.descs, 0).unwrap();
+
+        let atomic = GuestMemoryAtomic::new(mem.clone());
+        let vring = VringMutex::new(atomic.clone(), 32).unwrap();
+        vring.set_queue_size(32);
+        vring
+            .set_queue_info(mq.desc_table_addr().0, mq.avail_addr().0, mq.used_addr().0)
+            .unwrap();
+        vring.set_queue_ready(true);
+        vring.set_enabled(true);
+        let fake = Arc::new(Fake::default());
+        let device = Device::new(fake.clone(), Config::default());
+        device.update_memory(atomic).unwrap();
+        let mut bufs = device.buffers[1].lock();
+        device.drain(&vring, &mut bufs);
+        drop(bufs);
+        for t in std::mem::take(&mut *fake.later.lock()) {
+            t.join().unwrap();
+        }
+        assert!(fake.started.load(Ordering::SeqCst));
+
+        // (head, bytes written) for each chain returned, by head.
+        let used_idx: u16 = mem.read_obj(mq.used_addr().unchecked_add(2)).unwrap();
+        assert_eq!(used_idx, 7, "every chain comes back");
+        let used: HashMap<u32, u32> = (0..used_idx)
+            .map(|i| {
+                let e = mq.used().ring().ref_at(i as usize).unwrap().load();
+                (e.id(), e.len())
+            })
+            .collect();
+        let heads: Vec<u32> = {
+            let mut h = vec![0u32];
+            for (i, d) in l.descs.iter().enumerate() {
+                if SplitDescriptor::from(*d).flags() & VRING_DESC_F_NEXT as u16 == 0
+                    && i + 1 < l.descs.len()
+                {
+                    h.push(i as u32 + 1);
+                }
+            }
+            h
+        };
+        let out_header = |o: &[(u64, u32)], n: usize| {
+            let b = reply_at(&mem, o, n);
+            let len = u32::from_ne_bytes(b[0..4].try_into().unwrap());
+            let error = i32::from_ne_bytes(b[4..8].try_into().unwrap());
+            let unique = u64::from_ne_bytes(b[8..16].try_into().unwrap());
+            (len, error, unique, b[16..].to_vec())
+        };
+        assert_eq!(used[&heads[0]], 16);
+        assert_eq!(out_header(&o_early, 16), (16, -libc::EIO, 1, vec![]));
+        let n_init = used[&heads[1]] as usize;
+        let (len, error, unique, body) = out_header(&o_init, n_init);
+        assert_eq!((len as usize, error, unique), (n_init, 0, 2));
+        assert_eq!(&body[0..8], &[7, 0, 0, 0, 31, 0, 0, 0]);
+        assert_eq!(used[&heads[2]], 16 + 6);
+        assert_eq!(out_header(&o_lookup, 22), (22, 0, 3, b"\0olleh".to_vec()));
+        assert_eq!(used[&heads[3]], 0);
+        assert_eq!(used[&heads[4]], 20);
+        assert_eq!(out_header(&o_fsync, 20), (20, 0, 5, b"done".to_vec()));
+        assert_eq!(used[&heads[5]], 16);
+        assert_eq!(out_header(&o_read, 16), (16, -libc::EIO, 6, vec![]));
+        assert_eq!(used[&heads[6]], 0);
+        assert!(device.owed.chains.lock().is_empty());
+    }
+}
