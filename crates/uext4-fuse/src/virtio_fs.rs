@@ -14,8 +14,8 @@
 //!
 //! Queues: queue 0 is the high-priority queue (the guest sends FORGET there, with no
 //! writable part to answer into), 1..=N the request queues; N is what this back end offers
-//! (the monitor's `num-request-queues` picks how many the guest sees, and Linux before 6.11
-//! uses only the first). Each queue has a thread of its own, serving its chains in order.
+//! (the monitor's `num-request-queues` picks how many the guest sees; Linux 6.1, the guest
+//! tested, uses only the first). Each queue has a thread of its own, serving its chains in order.
 //! Differences from /dev/fuse, each handled here:
 //! - no mount step: the guest's first request is INIT, answered by the handler as on
 //!   /dev/fuse; until then other requests fail (EIO), as in the /dev/fuse handshake;
