@@ -7,16 +7,22 @@
 # written here by the kernel they were designed for.
 #
 # Usage:
-#   scripts/kernel-vm.sh [--disk IMG]... [--file PATH]... [--timeout S] [--mem MIB] SCRIPT
+#   scripts/kernel-vm.sh [--disk IMG]... [--file PATH]... [--vhost-user-fs SOCKET:TAG]...
+#                        [--timeout S [--kill]] [--mem MIB] SCRIPT
 #   scripts/kernel-vm.sh --check    exit 0 when a VM can boot here, else print "SKIP: why", exit 77
 #   scripts/kernel-vm.sh --build    build (or find) the cached initramfs and print its path
 #
 # In the guest SCRIPT runs under busybox sh as root, from /, with: the disks as /dev/vda,
 # /dev/vdb, ... in the order given (raw, written in place: mount them read-only for a
-# read-only check); each --file as /in/BASENAME; an empty /mnt (mount points: mkdir under it);
+# read-only check); each --file as /in/BASENAME; each --vhost-user-fs as a virtio-fs device
+# whose back end listens on SOCKET (`uext4 serve --vhost-user-fs SOCKET IMAGE`), mounted in
+# the guest with `mount -t virtiofs TAG /mnt/...` (the guest's memory is then a shared memfd,
+# as vhost-user needs; QEMU waits for the back end's socket, so start the back end first);
+# an empty /mnt (mount points: mkdir under it);
 # `uext4-vm-helper` on PATH (scripts/kernel-vm/helper.rs: chattr flags, fscrypt add-key and
 # set-policy, fs-verity enable and measure, and name-exact bulk lookups, listings, creations
-# and removals); the modules of ext4, quota v1/v2, virtio disks and fscrypt's ciphers loaded.
+# and removals); the modules of ext4, quota v1/v2, virtio disks, virtio-fs and fscrypt's
+# ciphers loaded.
 # The script's stdout and stderr come back as this script's stdout and stderr (each over a
 # serial port of its own, byte for byte), its exit status as this script's. After it ends,
 # the guest unmounts what is still mounted under /mnt; any "EXT4-fs error", "EXT4-fs warning"
@@ -31,7 +37,8 @@
 # Exit status: the script's; 77 with "SKIP: why" when no VM can run here (no
 # qemu-system-x86_64, no kernel with CONFIG_UNICODE in /boot with its modules, no
 # busybox-static, no rustc; with UEXT4_VM_ACCEL=kvm, no usable /dev/kvm with vmx/svm); 124
-# when it ran past the timeout (60 s, or --timeout, or UEXT4_VM_TIMEOUT);
+# when it ran past the timeout (60 s, or --timeout, or UEXT4_VM_TIMEOUT; QEMU then gets SIGTERM,
+# or with --kill SIGKILL: a monitor that dies, leaving its vhost-user back ends mid-request);
 # 125 when the VM ended without reporting a status. The guest's console (kernel log) is
 # printed to stderr on 124/125, or always with UEXT4_VM_CONSOLE=1.
 #
@@ -137,7 +144,7 @@ extract_vmlinux() {
 
 # Module names the guest loads (with what modules.dep says they need first).
 WANT="ext4 virtio_blk virtio_pci crc32c_generic crc32c_intel quota_v1 quota_v2 xts cts ecb
-  sha512_generic sha256_generic aesni_intel"
+  sha512_generic sha256_generic aesni_intel virtiofs"
 
 # Prints, in load order, the modules.dep paths of $WANT and their dependencies.
 module_order() {
@@ -240,9 +247,11 @@ INIT
 }
 
 timeout_s=${UEXT4_VM_TIMEOUT:-60}
+timeout_sig=TERM
 mem=512
 disks=()
 files=()
+vufs=()
 script=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -250,7 +259,9 @@ while [ $# -gt 0 ]; do
     --build) check; build; echo "$initramfs"; exit 0 ;;
     --disk) disks+=("$2"); shift 2 ;;
     --file) files+=("$2"); shift 2 ;;
+    --vhost-user-fs) vufs+=("$2"); shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
+    --kill) timeout_sig=KILL; shift ;;
     --mem) mem=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "kernel-vm: unknown option $1" >&2; exit 2 ;;
@@ -278,19 +289,36 @@ for d in "${disks[@]}"; do
   drives+=(-drive "file=$d,format=raw,if=virtio,cache=unsafe")
 done
 
+shares=()
+if [ ${#vufs[@]} -gt 0 ]; then
+  qemu-system-x86_64 -device help 2>/dev/null | grep -q '"vhost-user-fs-pci"' ||
+    skip "this qemu-system-x86_64 has no vhost-user-fs-pci device"
+  # vhost-user maps the guest's memory in the back end: it must be a shared file.
+  shares+=(-object "memory-backend-memfd,id=mem,size=${mem}M,share=on" -numa node,memdev=mem)
+  i=0
+  for v in "${vufs[@]}"; do
+    sock=${v%:*}
+    tag=${v##*:}
+    [ "$sock" != "$v" ] && [ -n "$tag" ] || { echo "kernel-vm: --vhost-user-fs SOCKET:TAG, not $v" >&2; exit 2; }
+    [ -S "$sock" ] || { echo "kernel-vm: no vhost-user socket $sock" >&2; exit 2; }
+    shares+=(-chardev "socket,id=vufs$i,path=$sock" -device "vhost-user-fs-pci,chardev=vufs$i,tag=$tag")
+    i=$((i + 1))
+  done
+fi
+
 status=0
-timeout "$timeout_s" qemu-system-x86_64 "${accel[@]}" -smp 1 -m "$mem" \
+timeout -s "$timeout_sig" "$timeout_s" qemu-system-x86_64 "${accel[@]}" -smp 1 -m "$mem" \
   -nodefaults -nographic -no-reboot -monitor none \
   -kernel "$vmlinux" -initrd "$run/initrd" \
   -append "console=ttyS0 ${UEXT4_VM_APPEND:-quiet} panic=-1 rdinit=/init mitigations=off" \
   -serial "file:$run/console" -serial "file:$run/out" -serial "file:$run/err" \
   -serial "file:$run/rc" \
-  "${drives[@]}" </dev/null >"$run/qemu.log" 2>&1 || status=$?
+  "${drives[@]}" "${shares[@]}" </dev/null >"$run/qemu.log" 2>&1 || status=$?
 
 cat "$run/out"
 cat "$run/err" >&2
 rc=$(tr -dc '0-9' <"$run/rc")
-if [ "$status" = 124 ]; then
+if [ "$status" = 124 ] || [ "$status" = 137 ]; then
   echo "kernel-vm: timed out after ${timeout_s}s" >&2
   rc=124
 elif [ -z "$rc" ]; then

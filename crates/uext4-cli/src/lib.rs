@@ -9,6 +9,7 @@ pub mod image;
 pub mod log;
 pub mod mount;
 pub mod sandbox;
+pub mod serve;
 pub mod tools;
 
 /// Whether this process was started as mount(8)'s helper (`mount.uext4`,

@@ -1,7 +1,7 @@
 //! `uext4`: mount an ext4 image through FUSE, work on images without mounting, make new ones,
 //! and benchmark against the kernel's ext4 and fuse2fs.
 
-use uext4_cli::{image, log, mount, sandbox, tools, usage_status, MOUNT_HELPER};
+use uext4_cli::{image, log, mount, sandbox, serve, tools, usage_status, MOUNT_HELPER};
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
@@ -59,6 +59,9 @@ struct Cli {
 enum Cmd {
     /// Mount an image or block device through FUSE.
     Mount(mount::MountArgs),
+    /// Serve an image to a virtual machine as a vhost-user-fs (virtio-fs) back end, until the
+    /// machine's monitor disconnects.
+    Serve(serve::ServeArgs),
     /// Unmount a uext4 mount and wait until its server has written the image back.
     Umount {
         /// The directory the image is mounted on.
@@ -315,6 +318,7 @@ fn main() -> ExitCode {
     });
     let (name, result) = match cli.cmd {
         Cmd::Mount(a) => ("mount", mount::run_mount(a)),
+        Cmd::Serve(a) => ("serve", serve::run_serve(a)),
         Cmd::Umount {
             mountpoint,
             timeout,

@@ -273,24 +273,33 @@ fn take_region_options(options: &[String]) -> Result<(Vec<String>, Option<String
     Ok((rest, spec))
 }
 
-pub fn run_mount(a: MountArgs) -> Result<()> {
-    // Where the filesystem is: IMAGE@N or IMAGE@offset=BYTES, or -o partition=N / offset=BYTES.
-    let (options, spec) = match take_region_options(&a.options) {
-        Ok(x) => x,
-        Err(e) => {
-            eprintln!("uext4: mount: {e}");
-            std::process::exit(crate::usage_status());
-        }
-    };
-    // The options first, as mount(8): a wrong option is a usage error whatever the image.
-    let checked = crate::sandbox::take_option(&options)
-        .map_err(|e| e.to_string())
-        .and_then(|(o, _)| Options::parse(&o.join(",")).map_err(|e| e.to_string()));
-    if let Err(e) = checked {
-        eprintln!("uext4: mount: {e}");
+/// Where the filesystem is and how to serve it, read from IMAGE and the `-o` list as
+/// `uext4 mount` and `uext4 serve` read them.
+pub(crate) struct Target {
+    /// The image, and where in it the filesystem lies.
+    pub img: crate::image::Img,
+    pub region: Option<uext4::blockdev::Region>,
+    /// The options as given, less partition=/offset=/size= (which `img` holds).
+    pub listed: Vec<String>,
+    /// `listed` less the sandbox options.
+    pub options: Vec<String>,
+    pub sandbox: crate::sandbox::Mode,
+    pub opts: Options,
+}
+
+/// Reads IMAGE (IMAGE@N, IMAGE@offset=BYTES, an NBD URI) and the `-o` list for command
+/// `cmd`. A wrong option is a usage error whatever the image, as for mount(8): one line, then
+/// exit status 2.
+pub(crate) fn target(image: &Path, options: &[String], cmd: &str) -> Result<Target> {
+    let usage = |e: &dyn std::fmt::Display| -> ! {
+        eprintln!("uext4: {cmd}: {e}");
         std::process::exit(crate::usage_status());
-    }
-    let mut img = crate::image::image_arg(&a.image)?;
+    };
+    // Where the filesystem is: IMAGE@N or IMAGE@offset=BYTES, or -o partition=N / offset=BYTES.
+    let (listed, spec) = take_region_options(options).unwrap_or_else(|e| usage(&e));
+    let (options, sandbox) = crate::sandbox::take_option(&listed).unwrap_or_else(|e| usage(&e));
+    let opts = Options::parse(&options.join(",")).unwrap_or_else(|e| usage(&e));
+    let mut img = crate::image::image_arg(image)?;
     // Read access only: a write-protected image mounts read-only (write_protected).
     crate::image::check_image(&img.path, false)?;
     if let Some(spec) = &spec {
@@ -302,40 +311,44 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
             };
             bail!(
                 "{}: the image names its partition or offset already; drop -o {opt}",
-                a.image.display()
+                image.display()
             );
         }
         img.within = crate::image::parse_within(spec).with_context(|| format!("-o {spec}"))?;
     }
     let region = crate::image::fs_region_of(&img)?;
+    Ok(Target {
+        img,
+        region,
+        listed,
+        options,
+        sandbox,
+        opts,
+    })
+}
+
+pub fn run_mount(a: MountArgs) -> Result<()> {
+    let Target {
+        img,
+        region,
+        listed,
+        options,
+        sandbox,
+        opts,
+    } = target(&a.image, &a.options, "mount")?;
     let a = MountArgs {
         image: img.path.clone(),
         options: match region_option(&img) {
-            Some(o) => options.iter().cloned().chain([o]).collect(),
-            None => options.clone(),
+            Some(o) => listed.iter().cloned().chain([o]).collect(),
+            None => listed.clone(),
         },
         ..a
-    };
-    let (options, sandbox) = match crate::sandbox::take_option(&options) {
-        Ok(x) => x,
-        Err(e) => {
-            eprintln!("uext4: mount: {e}");
-            std::process::exit(crate::usage_status());
-        }
     };
     if sandbox == crate::sandbox::Mode::Required {
         if let Some(m) = crate::sandbox::missing_here().first() {
             bail!("sandbox=required: {m}");
         }
     }
-    let opts = match Options::parse(&options.join(",")) {
-        Ok(o) => o,
-        Err(e) => {
-            // A usage error: one line naming the option, exit status 2.
-            eprintln!("uext4: mount: {e}");
-            std::process::exit(crate::usage_status());
-        }
-    };
     let nbd = uext4::image::is_nbd_uri(&a.image);
     // /dev/fd/N as the mount point: a /dev/fuse descriptor the caller has mounted (checked
     // when the server starts). Otherwise a directory.
@@ -392,7 +405,7 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
 /// Whether the options ask for a read-write mount in so many words: the last of `ro` and `rw`
 /// is `rw`. Such a mount fails where the filesystem can only be read; without it, the mount
 /// goes read-only and says why.
-fn asked_rw(options: &[String]) -> bool {
+pub(crate) fn asked_rw(options: &[String]) -> bool {
     options
         .iter()
         .flat_map(|o| o.split(','))
@@ -667,7 +680,7 @@ fn fuse_mounted(image: &Path) -> bool {
 
 /// Blocks the stop signals in every thread to come; the caller waits for them. SIGUSR1: the
 /// session has ended (raised by the thread that waits for it).
-fn block_stop_signals() -> libc::sigset_t {
+pub(crate) fn block_stop_signals() -> libc::sigset_t {
     // SAFETY: plain signal-mask manipulation on the current thread before threads start.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -717,13 +730,25 @@ fn write_protected(image: &Path, asked_rw: bool) -> Result<bool> {
     Ok(true)
 }
 
-fn serve_foreground(
+/// An image opened for a server (`mount`, `serve`).
+pub(crate) struct Opened {
+    pub fs: std::sync::Arc<Fs>,
+    /// The options it is served with: `ro` where the image or device refuses writes.
+    pub opts: Options,
+    /// A read-only server's shared lock on the image, held while it serves.
+    pub lock: Option<std::fs::File>,
+}
+
+/// Opens the image for a server: read-only where it is write-protected (refused when
+/// `asked_rw`), or where the filesystem can only be read (said unless `ro` was asked), with
+/// errors=panic's hook in place. The caller has blocked the stop signals
+/// ([`block_stop_signals`]) first: the engine starts threads.
+pub(crate) fn open_served(
     image: &Path,
     region: Option<uext4::blockdev::Region>,
-    mountpoint: &Path,
     opts: &Options,
-    (asked_rw, sandbox): (bool, crate::sandbox::Mode),
-) -> Result<()> {
+    asked_rw: bool,
+) -> Result<Opened> {
     let mut opts = opts.clone();
     let asked_ro = opts.read_only;
     // An NBD export: nothing local to check or lock; the server decides who writes it (one
@@ -732,8 +757,6 @@ fn serve_foreground(
     if !opts.read_only && !nbd && write_protected(image, asked_rw)? {
         opts.read_only = true;
     }
-    let opts = &opts;
-    let set = block_stop_signals();
     if opts.errors == uext4::ErrorsBehaviour::Panic {
         // errors=panic stops the whole server at the first corruption (the engine panics in
         // the request's thread; without this the other threads would go on serving). The
@@ -748,7 +771,7 @@ fn serve_foreground(
     crate::log::set_source(image);
     // A read-write open claims the image for as long as the filesystem lives; a read-only
     // mount holds a shared lock until the process exits.
-    let _lock = if opts.read_only && !nbd {
+    let lock = if opts.read_only && !nbd {
         Some(lock_shared(image)?)
     } else {
         None
@@ -758,7 +781,6 @@ fn serve_foreground(
         ..opts.mount_options()
     };
     let fs = open_for_mount(image, mount_options)?;
-    let before = uext4_mounts_at(mountpoint);
     if let Some(r) = fs.read_only_reason() {
         if asked_rw && !opts.read_only {
             // As the kernel refuses `mount -o rw` of a filesystem with a ro_compat feature it
@@ -771,17 +793,26 @@ fn serve_foreground(
     }
     // A device that refuses writes (an NBD export served read-only) mounts `ro`, as a
     // write-protected image file does above.
-    let ro_opts;
-    let opts = if fs.is_read_only() && !opts.read_only {
-        ro_opts = Options {
-            read_only: true,
-            ..opts.clone()
-        };
-        &ro_opts
-    } else {
-        opts
-    };
-    check_noopen(&fs, image, opts)?;
+    opts.read_only |= fs.is_read_only();
+    check_noopen(&fs, image, &opts)?;
+    Ok(Opened { fs, opts, lock })
+}
+
+fn serve_foreground(
+    image: &Path,
+    region: Option<uext4::blockdev::Region>,
+    mountpoint: &Path,
+    opts: &Options,
+    (asked_rw, sandbox): (bool, crate::sandbox::Mode),
+) -> Result<()> {
+    let set = block_stop_signals();
+    let Opened {
+        fs,
+        opts,
+        lock: _lock,
+    } = open_served(image, region, opts, asked_rw)?;
+    let opts = &opts;
+    let before = uext4_mounts_at(mountpoint);
     if opts.dax {
         eprintln!("uext4: dax: the image is mapped; reads and writes are memory copies");
     } else if fs.is_mapped() {

@@ -36,6 +36,10 @@ mod requests;
 /// A reply body's length, or an errno.
 type Reply = Result<usize, i32>;
 
+/// The longest a guest's kernel may keep names and attributes (see `attr_ttl`): what it
+/// cannot be told of changes within this.
+const GUEST_TTL: Duration = Duration::from_secs(1);
+
 /// The FUSE filesystem.
 pub struct Uext4Fuse {
     fs: Arc<Fs>,
@@ -68,6 +72,9 @@ pub struct Uext4Fuse {
     no_open: AtomicBool,
     /// INIT asks for FUSE_OVER_IO_URING (the session serves the ring if the kernel agrees).
     uring: bool,
+    /// The callers are a virtual machine's processes (virtio-fs): their process ids mean
+    /// nothing here, so nothing is read from this host's /proc (see [`Self::for_guest`]).
+    guest: bool,
     /// The engine was unmounted (FUSE_DESTROY, or the session's end).
     destroyed: AtomicBool,
     /// Tells the kernel about changes it did not ask for (set once the session exists).
@@ -126,6 +133,7 @@ impl Uext4Fuse {
             no_open: AtomicBool::new(false),
             fsyncs: FsyncQueue::default(),
             uring: false,
+            guest: false,
             destroyed: AtomicBool::new(false),
             notifier: OnceLock::new(),
             requests: requests::RequestStats::new(),
@@ -136,6 +144,38 @@ impl Uext4Fuse {
     pub fn with_uring(mut self, yes: bool) -> Self {
         self.uring = yes;
         self
+    }
+
+    /// Serves a virtual machine's kernel (virtio-fs) rather than this host's:
+    /// - a caller is the ids in the request's header and nothing more: its process id names
+    ///   a process of the guest, so neither its supplementary groups nor its privilege are
+    ///   looked up in this host's /proc (the guest's kernel checks permissions itself under
+    ///   default_permissions, and decides group membership there); FUSE_ALLOW_IDMAP, which
+    ///   leaves the ids out of most requests, is not asked for;
+    /// - FUSE_DESTROY (the guest unmounted the tag) commits and drops the guest's lookup
+    ///   counts but keeps the engine open: the guest may mount the tag again on the same
+    ///   connection, with a new INIT. The engine is unmounted when the connection ends.
+    pub fn for_guest(mut self, yes: bool) -> Self {
+        self.guest = yes;
+        self
+    }
+
+    /// FUSE_DESTROY: the kernel let go of the mount. On a host, the engine is unmounted; for
+    /// a guest ([`Self::for_guest`]) everything is committed and the kernel's lookup counts
+    /// dropped (it sends no FORGET after DESTROY), so unlinked inodes it held are freed.
+    fn destroy_request(&self) -> Reply {
+        if !self.guest {
+            self.destroy();
+            return Ok(0);
+        }
+        let held: Vec<u32> = self.lookups.lock().drain().map(|(ino, _)| ino).collect();
+        for ino in held {
+            self.fs.pin_ino(ino, false);
+            if let Err(e) = self.fs.forgotten(ino) {
+                tracing::error!(ino, "freeing a forgotten unlinked inode: {e}");
+            }
+        }
+        empty(self.fs.sync())
     }
 
     /// Commits everything and marks the image clean, once: on FUSE_DESTROY, or when the
@@ -202,6 +242,8 @@ impl Uext4Fuse {
         reply::Ttl {
             entry: if self.fs.folds_names(dir) {
                 Duration::ZERO
+            } else if self.guest {
+                self.opts.entry_timeout.min(GUEST_TTL)
             } else {
                 self.opts.entry_timeout
             },
@@ -215,8 +257,16 @@ impl Uext4Fuse {
     /// reads (atime), fallocate and copy_file_range; acl.c after an ACL change), and the
     /// adapter tells it of the changes the engine makes beyond what was asked (`mode_changed`,
     /// `attrs_moved`).
+    ///
+    /// A guest (virtio-fs) is told of nothing: no notification queue (neither Linux nor
+    /// QEMU has VIRTIO_FS_F_NOTIFICATION), so there both timeouts are at most `GUEST_TTL`.
     fn attr_ttl(&self) -> Duration {
-        self.opts.attr_timeout()
+        let t = self.opts.attr_timeout();
+        if self.guest {
+            t.min(GUEST_TTL)
+        } else {
+            t
+        }
     }
 
     /// The request's caller as the engine sees it: root's privileges for uid 0, or anyone
@@ -231,7 +281,8 @@ impl Uext4Fuse {
     /// as the host sees them. A caller that cannot be read (gone, or a request the kernel
     /// sends on no process's behalf) is unprivileged and in no group.
     fn cred(&self, h: &InHeader) -> Cred {
-        if h.uid != abi::FUSE_INVALID_UIDGID && h.gid != abi::FUSE_INVALID_UIDGID {
+        let known = h.uid != abi::FUSE_INVALID_UIDGID && h.gid != abi::FUSE_INVALID_UIDGID;
+        if known || self.guest {
             return self.header_cred(h);
         }
         let mut c = Cred::of_process(h.pid).unwrap_or(Cred {
@@ -252,7 +303,12 @@ impl Uext4Fuse {
         Cred {
             uid: h.uid,
             gid: h.gid,
-            groups: Groups::OfProcess(h.pid),
+            // A guest's process is not this host's: its groups are the guest kernel's to know.
+            groups: if self.guest {
+                Groups::List(Vec::new())
+            } else {
+                Groups::OfProcess(h.pid)
+            },
             privileged: self.opts.fakeroot || h.uid == 0,
         }
     }
@@ -387,10 +443,7 @@ impl Serve for Uext4Fuse {
             let ino = to_ext(h.nodeid);
             let r = match op {
                 Op::Init(i) => self.init(&i, out),
-                Op::Destroy => {
-                    self.destroy();
-                    Ok(0)
-                }
+                Op::Destroy => self.destroy_request(),
                 Op::Forget { nlookup } => {
                     self.forget(h.nodeid, nlookup);
                     return Answer::None;

@@ -5,7 +5,9 @@
 //! - [`options`]: the `-o` list and what it asks of the engine;
 //! - [`transport`]: what a transport hands the handler and takes back; [`abi`], [`request`],
 //!   [`reply`]: the wire format, decoded and encoded;
-//! - `dev` and [`dev_uring`]: the two transports; [`notify`]: messages to the kernel unasked;
+//! - `dev`, [`dev_uring`] and [`virtio_fs`]: the three transports (/dev/fuse, FUSE over
+//!   io_uring, and virtqueues from a virtual machine's kernel, as a vhost-user-fs back end);
+//!   [`notify`]: messages to the kernel unasked;
 //! - `adapter`: each request to one engine call and its reply, with the caller's credentials;
 //!   every rule about files (ACLs, modes, set-ID bits, ownership, group commit of fsyncs)
 //!   is the engine's;
@@ -33,6 +35,7 @@ pub mod reply;
 pub mod request;
 mod session;
 pub mod transport;
+pub mod virtio_fs;
 
 pub use adapter::Uext4Fuse;
 pub use convert::errno;
@@ -40,6 +43,7 @@ pub use dev::Agreed;
 pub use mount::{bind_mount, fd_path, unmount};
 pub use options::{Options, TransportKind};
 pub use session::{asks_uring, serve, serve_with, Served};
+pub use virtio_fs::{serve_vhost_user, VirtioFs};
 
 /// The virtual attribute on the mount's root that `uext4 stats` reads.
 pub const STATS_XATTR: &[u8] = b"user.uext4.stats";

@@ -194,7 +194,7 @@ fn handshake(dev: &Arc<OwnedFd>, server: &dyn Serve) -> io::Result<Agreed> {
 /// What the transports need from `struct fuse_init_out`, read as the kernel reads it
 /// (fs/fuse/inode.c, process_init_reply): flags2 only with FUSE_INIT_EXT, max_pages only with
 /// FUSE_MAX_PAGES, at least 4 KiB of write.
-fn parse_init_out(b: &[u8]) -> Option<Agreed> {
+pub(crate) fn parse_init_out(b: &[u8]) -> Option<Agreed> {
     // Up to max_write at least.
     if b.len() < 24 {
         return None;

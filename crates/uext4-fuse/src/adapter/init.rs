@@ -160,7 +160,9 @@ impl Uext4Fuse {
         // The kernel allows them only where it checks permissions itself (default_permissions,
         // or the ACLs that turn it on), and then sends no caller ids outside creates: see
         // `cred`.
-        if self.opts.default_permissions || self.opts.acl {
+        // Not for a guest: a request without ids would need the caller's /proc entry, which is
+        // the guest's.
+        if (self.opts.default_permissions || self.opts.acl) && !self.guest {
             w |= FUSE_ALLOW_IDMAP;
         }
         if self.uring {
