@@ -33,7 +33,8 @@ pub struct MountArgs {
     /// the default; strictatime, noatime, nodiratime, atime, lazytime), entry_timeout=SECONDS
     /// and attr_timeout=SECONDS (how long the kernel keeps names and attributes; a day by
     /// default), noopen (files opened without OPEN requests: with ro or noatime; see
-    /// docs/USAGE.md), nosandbox and
+    /// docs/USAGE.md), usrquota (or quota), grpquota and prjquota (quota limits enforced, as the
+    /// kernel's; usage is kept without them), nosandbox and
     /// sandbox=required (see docs/SECURITY.md). mount(8)'s generic options (nodev, nosuid,
     /// noexec, nofail, _netdev, user, ...) are taken as mount(8) gives them.
     #[arg(short = 'o')]

@@ -157,7 +157,7 @@ fn df_on_a_project_directory_of_a_mount_shows_its_quota() {
     UEXT4.ok(&["chattr", "-p", "4", "+P", &format!("{img}:/p")]);
     UEXT4.ok(&["quota", "set", "-P", "4", "0", "2M", "0", "50", img]);
     let m = place.point(0);
-    uext4_mount(UEXT4.0, &place.img, &m, &[]);
+    uext4_mount(UEXT4.0, &place.img, &m, &["-o", "prjquota"]);
     let (blocks, free, files) = statvfs(&m.join("p"));
     let whole = statvfs(&m);
     umount_and_wait(&m, &place.img);
@@ -182,7 +182,7 @@ fn a_user_over_its_limit_gets_edquot_through_a_mount() {
     UEXT4.ok(&["chown", "1000:1000", &format!("{img}:/home")]);
     UEXT4.ok(&["quota", "set", "-u", "1000", "0", "64", "0", "0", img]);
     let m = place.point(0);
-    uext4_mount(UEXT4.0, &place.img, &m, &["-o", "allow_other"]);
+    uext4_mount(UEXT4.0, &place.img, &m, &["-o", "allow_other,usrquota"]);
     let as_user = |cmd: &str| {
         Command::new("setpriv")
             .args([

@@ -23,6 +23,10 @@ pub struct Options {
     pub map_tmpfs: bool,
     /// POSIX ACLs enforced by the kernel and inherited from default ACLs (FUSE_POSIX_ACL).
     pub acl: bool,
+    /// Quota limits enforced, per type (user, group, project): `usrquota` (or `quota`),
+    /// `grpquota`, `prjquota`, as the kernel's ext4 takes them; `noquota` none. Usage is kept
+    /// on images with quota files either way.
+    pub quota_limits: [bool; 3],
     /// The engine's buffered mode (delayed allocation): writes that allocate are cached and
     /// written back in large runs at fsync, every commit interval and at unmount.
     pub delalloc: bool,
@@ -93,6 +97,7 @@ impl Default for Options {
             dax: false,
             map_tmpfs: true,
             acl: true,
+            quota_limits: [false; 3],
             delalloc: false,
             prealloc_zeroed: true,
             nodev: false,
@@ -164,6 +169,11 @@ const KNOWN: &[&str] = &[
     "entry_timeout",
     "attr_timeout",
     "noopen",
+    "quota",
+    "usrquota",
+    "grpquota",
+    "prjquota",
+    "noquota",
 ];
 
 impl Options {
@@ -256,6 +266,10 @@ impl Options {
                 "entry_timeout" => o.entry_timeout = seconds(k, v)?,
                 "attr_timeout" => o.attr_timeout = Some(seconds(k, v)?),
                 "noopen" => o.noopen = true,
+                "quota" | "usrquota" => o.quota_limits[0] = true,
+                "grpquota" => o.quota_limits[1] = true,
+                "prjquota" => o.quota_limits[2] = true,
+                "noquota" => o.quota_limits = [false; 3],
                 "fakeroot" => o.fakeroot = true,
                 "prealloc" => {
                     o.prealloc_zeroed = match v {
@@ -345,6 +359,7 @@ impl Options {
             prealloc_zeroed: self.prealloc_zeroed,
             atime: self.atime,
             keys: self.keys.clone(),
+            quota_limits: self.quota_limits,
             ..Default::default()
         }
     }

@@ -110,6 +110,13 @@ pub struct MountOptions {
     /// identifier) are read and written in the clear; others show no-key names and refuse
     /// their contents with ENOKEY. Never printed (`Debug` shows only their count and sizes).
     pub keys: Vec<crate::crypto::EncryptionKey>,
+    /// Which quota limits hold, per type in the kernel's order (user, group, project): the
+    /// `usrquota`, `grpquota` and `prjquota` mount options. Usage is kept whatever this says,
+    /// wherever the image has quota files; without the option for a type its limits are not
+    /// enforced (no EDQUOT) and a project's limit is not what statfs reports for its
+    /// directories, as the kernel's ext4 enables quota limits (ext4_enable_quotas). Default:
+    /// none, as a mount without the options.
+    pub quota_limits: [bool; 3],
 }
 
 /// When a read updates atime: the mount options noatime, relatime and strictatime, and
@@ -172,6 +179,7 @@ impl Default for MountOptions {
             time_clamp: None,
             atime: AtimePolicy::default(),
             keys: Vec::new(),
+            quota_limits: [false; 3],
         }
     }
 }

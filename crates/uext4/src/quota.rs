@@ -93,6 +93,13 @@ impl Fs {
         self.geo.quota_inums != [0; 3]
     }
 
+    /// The quota types whose limits hold (`MountOptions::quota_limits`).
+    fn quota_limited(&self) -> impl Iterator<Item = QuotaType> + '_ {
+        QuotaType::ALL
+            .into_iter()
+            .filter(|t| self.opts.quota_limits[t.index()])
+    }
+
     /// The quota inode of type `t`, if that type is kept.
     pub fn quota_inum(&self, t: QuotaType) -> Option<u32> {
         Some(self.geo.quota_inums[t.index()]).filter(|&i| i != 0)
@@ -132,7 +139,7 @@ impl Fs {
         let bs = self.geo.block_size as u64;
         let now = self.now().sec.max(0) as u64;
         let mut n = want as u64;
-        for t in QuotaType::ALL {
+        for t in self.quota_limited() {
             let Some(q) = self.dquot(t, c.ids[t.index()])? else {
                 continue;
             };
@@ -163,7 +170,7 @@ impl Fs {
         }
         let now = self.now().sec.max(0) as u64;
         let ids = ids_of(raw);
-        for t in QuotaType::ALL {
+        for t in self.quota_limited() {
             let Some(q) = self.dquot(t, ids[t.index()])? else {
                 continue;
             };
@@ -361,7 +368,9 @@ impl Fs {
     /// file.
     pub fn statfs_of(&self, ino: u32) -> Result<crate::StatFs> {
         let mut s = self.statfs();
-        if self.quota_inum(QuotaType::Project).is_none() {
+        if self.quota_inum(QuotaType::Project).is_none()
+            || !self.opts.quota_limits[QuotaType::Project.index()]
+        {
             return Ok(s);
         }
         let raw = self.iget(ino)?.state.lock().raw.clone();

@@ -83,6 +83,16 @@ fn open_rw(img: &Path) -> Arc<Fs> {
     Fs::open_path(img, opts::no_timer()).unwrap()
 }
 
+/// Read-write, with the limits of the types in `limits` enforced (usrquota, grpquota,
+/// prjquota).
+fn open_limited(img: &Path, limits: [bool; 3], buffered: bool) -> Arc<Fs> {
+    let o = uext4::MountOptions {
+        quota_limits: limits,
+        ..opts::no_timer_buffered(buffered)
+    };
+    Fs::open_path(img, o).unwrap()
+}
+
 fn set_project(fs: &Fs, ino: u32, projid: u32, inherit: bool) {
     let mut x = fs.get_fsxattr(ino).unwrap();
     x.projid = projid;
@@ -398,7 +408,7 @@ fn limits_give_edquot_to_unprivileged_callers() {
     }
     for buffered in [false, true] {
         let img = quota_image("quota-edquot", &[]);
-        let fs = Fs::open_path(&img.0, opts::no_timer_buffered(buffered)).unwrap();
+        let fs = open_limited(&img.0, [true; 3], buffered);
         let user = Cred::user(1000, 1000);
         let um = uext4::Umask::Acl(0o022);
         let lim = Dquot {
@@ -466,7 +476,7 @@ fn an_expired_soft_limit_refuses() {
         return;
     }
     let img = quota_image("quota-grace", &[]);
-    let fs = open_rw(&img.0);
+    let fs = open_limited(&img.0, [true; 3], false);
     let user = Cred::user(1000, 1000);
     fs.set_quota_grace(QuotaType::User, 0, 0).unwrap();
     fs.set_dquot_limits(
@@ -505,7 +515,7 @@ fn statfs_of_a_project_directory_reports_its_quota() {
         return;
     }
     let img = quota_image("quota-statfs", &[]);
-    let fs = open_rw(&img.0);
+    let fs = open_limited(&img.0, [false, false, true], false);
     let p = fs.mkdir(ROOT_INO, b"p", 0o755, 0, 0).unwrap().ino;
     set_project(&fs, p, 3, true);
     let f = fs.create(p, b"f", 0o644, 0, 0).unwrap().ino;
@@ -532,6 +542,53 @@ fn statfs_of_a_project_directory_reports_its_quota() {
     // Elsewhere (and in a directory without PROJINHERIT): the filesystem's own.
     let o = fs.statfs_of(ROOT_INO).unwrap();
     assert_eq!((o.blocks, o.files), (whole.blocks, whole.files));
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+}
+
+/// Usage is kept on every open, but limits hold only for the types the mount asks for
+/// (usrquota, grpquota, prjquota), as the kernel's ext4_enable_quotas enables them: without
+/// usrquota a user past its inode limit still creates, with it the next create is EDQUOT;
+/// grpquota alone leaves the user's limit alone; without prjquota `df` on a project
+/// directory shows the whole filesystem.
+#[test]
+fn limits_hold_only_with_the_mount_options() {
+    if !have_tools() {
+        eprintln!("skipped: needs e2fsprogs");
+        return;
+    }
+    let img = quota_image("quota-mopt", &[]);
+    let user = Cred::user(1000, 1000);
+    let um = uext4::Umask::Acl(0o022);
+    let fs = open_rw(&img.0);
+    let lim = Dquot {
+        ihardlimit: 2,
+        ..Default::default()
+    };
+    fs.set_dquot_limits(QuotaType::User, 1000, &lim).unwrap();
+    fs.set_dquot_limits(QuotaType::Project, 3, &lim).unwrap();
+    let d = fs.mkdir(ROOT_INO, b"home", 0o777, 1000, 1000).unwrap().ino;
+    set_project(&fs, d, 3, true);
+    for n in [&b"a"[..], b"b", b"c"] {
+        fs.create_as(&user, d, n, 0o644, um).unwrap();
+    }
+    assert_eq!(
+        fs.dquot(QuotaType::User, 1000).unwrap().unwrap().curinodes,
+        4
+    );
+    assert_eq!(fs.statfs_of(d).unwrap().files, fs.statfs().files);
+    fs.unmount().unwrap();
+    let fs = open_limited(&img.0, [false, true, false], false);
+    fs.create_as(&user, d, b"d", 0o644, um).unwrap();
+    fs.unmount().unwrap();
+    let fs = open_limited(&img.0, [true, false, false], false);
+    let e = fs.create_as(&user, d, b"e", 0o644, um).unwrap_err();
+    assert_eq!(e.errno(), libc::EDQUOT, "{e}");
+    fs.unmount().unwrap();
+    let fs = open_limited(&img.0, [false, false, true], false);
+    assert_eq!(fs.statfs_of(d).unwrap().files, 2);
+    assert_listings_agree(&fs, &img.0, "after the mount options");
     fs.unmount().unwrap();
     drop(fs);
     e2fsck_clean(&img.0);

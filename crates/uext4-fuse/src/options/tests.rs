@@ -103,3 +103,13 @@ fn timeouts_and_noopen() {
     assert!(Options::parse("noatime,noopen,writeback_cache").is_err());
     assert!(Options::parse("noatime,noopen,direct_io").is_err());
 }
+
+#[test]
+fn quota_limit_options() {
+    let limits = |s: &str| Options::parse(s).unwrap().mount_options().quota_limits;
+    assert_eq!(limits(""), [false; 3]);
+    assert_eq!(limits("usrquota"), [true, false, false]);
+    assert_eq!(limits("quota,prjquota"), [true, false, true]);
+    assert_eq!(limits("grpquota"), [false, true, false]);
+    assert_eq!(limits("usrquota,grpquota,prjquota,noquota"), [false; 3]);
+}
