@@ -99,7 +99,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
     let mut bm = Blocks::new(&l);
     let tables = tables::place_group_tables(&mut bm, &l, f.flex_bg)?;
     // From here on with bigalloc the bitmap counts clusters, as mke2fs's does.
-    bm.to_clusters(l.cluster_bits);
+    bm.count_clusters(l.cluster_bits);
     // Everything so far is fixed overhead, and so is the journal (in clusters, as
     // s_overhead_clusters; blocks without bigalloc).
     let overhead = bm.used() >> l.cluster_bits;

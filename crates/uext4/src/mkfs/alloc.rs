@@ -14,7 +14,7 @@ pub(super) struct Blocks {
     bpg: u64,
     /// Groups whose blocks were allocated into (their BLOCK_UNINIT flag goes).
     pub(super) touched: Vec<bool>,
-    /// log2 of blocks per cluster once the bitmap counts clusters (`to_clusters`): a block
+    /// log2 of blocks per cluster once the bitmap counts clusters (`count_clusters`): a block
     /// marked then marks its whole cluster. 0 while the tables are placed block by block.
     cluster_bits: u32,
 }
@@ -70,7 +70,7 @@ impl Blocks {
     /// From here on the bitmap counts clusters, as mke2fs converts its block-grained bitmap
     /// once the group tables are placed (ext2fs_convert_subcluster_bitmap): a cluster holding
     /// any used block is used whole, and the searches give cluster-aligned blocks.
-    pub(super) fn to_clusters(&mut self, cluster_bits: u32) {
+    pub(super) fn count_clusters(&mut self, cluster_bits: u32) {
         self.cluster_bits = cluster_bits;
         let ratio = 1u64 << cluster_bits;
         for c in (0..self.total).step_by(ratio as usize) {
