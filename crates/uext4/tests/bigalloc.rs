@@ -413,3 +413,43 @@ fn uext4_writes_bigalloc_as_the_kernel() {
         );
     }
 }
+
+/// What uext4 does not do on bigalloc is refused in one line: buffered mode (its
+/// reservations count blocks, not clusters), and COLLAPSE_RANGE of less than a cluster (EINVAL,
+/// as the kernel); a collapse of whole clusters works and leaves the image clean.
+#[test]
+fn bigalloc_refusals_are_clear() {
+    let img = scratch("ba-refuse");
+    mke2fs(
+        &img.0,
+        "32M",
+        &["-b", "4096", "-O", "bigalloc", "-C", "16384"],
+    );
+    let err = Fs::open_path(
+        &img.0,
+        MountOptions {
+            buffered: true,
+            ..opts::no_timer()
+        },
+    )
+    .err()
+    .expect("buffered mode on bigalloc must be refused")
+    .to_string();
+    assert!(err.contains("bigalloc") && !err.contains('\n'), "{err}");
+    let fs = Fs::open_path(&img.0, opts::no_timer()).unwrap();
+    let f = fs.create(2, b"f", 0o644, 0, 0).unwrap().ino;
+    let data = bytes(1, 40 * 4096);
+    fs.write(f, 0, &data).unwrap();
+    let e = fs
+        .fallocate(f, uext4::FALLOC_FL_COLLAPSE_RANGE, 4096, 4096)
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    fs.fallocate(f, uext4::FALLOC_FL_COLLAPSE_RANGE, 16384, 16384)
+        .unwrap();
+    let mut want = data[..16384].to_vec();
+    want.extend_from_slice(&data[32768..]);
+    assert!(read_all(&fs, f) == want, "collapse of a whole cluster");
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean_when(&img.0, "after a collapse of a whole cluster");
+}
