@@ -218,16 +218,18 @@ impl Fs {
             Some(_) => u64::MAX,
             None => self.unreserved_blocks(),
         };
+        let geo = &self.geo;
+        let cb = geo.cluster_bits;
+        // Counted in bitmap bits (clusters) from here on: only whole clusters of room count.
+        let room = room >> cb;
         if room == 0 {
             return Err(Error::NoSpace);
         }
-        let geo = &self.geo;
-        let cb = geo.cluster_bits;
         // A run never spans groups here: asking for more than a group holds would only make
-        // the first pass look at every group in vain (callers loop for the rest). Counted in
-        // bitmap bits (clusters) from here on.
-        let want = (want.max(1).min(room.min(u32::MAX as u64) as u32) as u64)
+        // the first pass look at every group in vain (callers loop for the rest).
+        let want = (want.max(1) as u64)
             .div_ceil(1 << cb)
+            .min(room)
             .min((geo.blocks_per_group >> cb) as u64) as u32;
         let goal = if goal < geo.first_data_block || goal >= geo.blocks_count {
             geo.first_data_block
