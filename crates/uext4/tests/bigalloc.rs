@@ -453,3 +453,63 @@ fn bigalloc_refusals_are_clear() {
     drop(fs);
     e2fsck_clean_when(&img.0, "after a collapse of a whole cluster");
 }
+
+/// Filling a bigalloc filesystem to the last cluster (small files, each a cluster, then one
+/// large file) ends in a clean "no space" with the image e2fsck-clean, and removing
+/// everything gives every cluster back.
+#[test]
+fn bigalloc_fills_and_empties() {
+    let img = scratch("ba-full");
+    mke2fs(
+        &img.0,
+        "16M",
+        &["-b", "1024", "-O", "bigalloc", "-C", "4096", "-N", "2048"],
+    );
+    let fs = Fs::open_path(&img.0, opts::no_timer()).unwrap();
+    let empty = fs.statfs().blocks_free;
+    let d = fs.mkdir(2, b"d", 0o755, 0, 0).unwrap().ino;
+    let mut small = 0;
+    for i in 0..1500 {
+        let f = fs
+            .create(d, format!("s{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap()
+            .ino;
+        fs.write(f, 0, b"x").unwrap();
+        small += 1;
+    }
+    let big = fs.create(2, b"big", 0o644, 0, 0).unwrap().ino;
+    let chunk = bytes(7, 1 << 20);
+    let mut off = 0u64;
+    loop {
+        match fs.write(big, off, &chunk) {
+            Ok(n) => off += n as u64,
+            Err(e) => {
+                assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+                break;
+            }
+        }
+    }
+    assert!(
+        fs.statfs().blocks_free < 4,
+        "full: {:?}",
+        fs.statfs().blocks_free
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean_when(&img.0, "full");
+    let fs = Fs::open_path(&img.0, opts::no_timer()).unwrap();
+    assert!(
+        read_all(&fs, big)[..chunk.len().min(off as usize)]
+            == chunk[..chunk.len().min(off as usize)]
+    );
+    fs.unlink(2, b"big").unwrap();
+    for i in 0..small {
+        fs.unlink(d, format!("s{i}").as_bytes()).unwrap();
+    }
+    fs.rmdir(2, b"d").unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean_when(&img.0, "emptied");
+    let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
+    assert_eq!(fs.statfs().blocks_free, empty, "every cluster given back");
+}
