@@ -141,16 +141,17 @@ impl Fs {
     fn validate_block_bitmap(&self, g: u32, blk: u64, data: &[u8]) -> Result<()> {
         let first = self.geo.group_first_block(g);
         let n = self.geo.blocks_in_group(g) as u64;
+        let units = self.geo.clusters_in_group(g);
         let bad = {
             let zone = self.balloc.system_zone.read();
             let found = zone
                 .within(first, first + n)
-                .find(|&(s, e)| (s..e).any(|b| !test_bit(data, (b - first) as usize)));
+                .find(|&(s, e)| (s..e).any(|b| !test_bit(data, self.geo.bitmap_bit(g, b))));
             found
         };
         let what = match bad {
             Some((s, e)) => format!("marks system blocks {s}..{e} free"),
-            None if (n as usize..data.len() * 8).any(|i| !test_bit(data, i)) => {
+            None if (units..data.len() * 8).any(|i| !test_bit(data, i)) => {
                 "has free bits past the group's last block".to_string()
             }
             None => return Ok(()),
@@ -176,14 +177,14 @@ impl Fs {
         let geo = &self.geo;
         let first = geo.group_first_block(g);
         let n = geo.blocks_in_group(g) as u64;
-        for i in 0..geo.group_overhead(g) as usize {
-            set_bit(data, i);
+        for i in 0..geo.group_overhead(g) as u64 {
+            set_bit(data, (i >> geo.cluster_bits) as usize);
         }
         let itb =
             (geo.inodes_per_group as u64 * geo.inode_size as u64).div_ceil(geo.block_size as u64);
         let mut mark = |b: u64, len: u64| {
             for x in b.max(first)..(b + len).min(first + n) {
-                set_bit(data, (x - first) as usize);
+                set_bit(data, geo.bitmap_bit(g, x));
             }
         };
         for &[block_bitmap, inode_bitmap, inode_table] in &self.balloc.tables {
@@ -191,12 +192,16 @@ impl Fs {
             mark(inode_bitmap, 1);
             mark(inode_table, itb);
         }
-        for i in n as usize..data.len() * 8 {
+        for i in geo.clusters_in_group(g)..data.len() * 8 {
             set_bit(data, i);
         }
     }
 
     /// Allocates up to `want` contiguous blocks near `goal`. Returns (first block, count).
+    /// With bigalloc the bitmap's bits are clusters and whole clusters are taken: the run
+    /// starts on a cluster and its length is a multiple of the cluster (`want` rounded up),
+    /// so a caller mapping a file's blocks goes through `alloc_for` (extents/cluster.rs),
+    /// which puts each logical block at its own offset in its cluster.
     /// `claim`: the reservation of the buffered writeback the blocks are for, which they may
     /// use and are taken out of; without one, buffered writes' reservations are kept.
     /// Running out of space is returned (`Error::NoSpace`): committing to free what pending
@@ -213,16 +218,19 @@ impl Fs {
             Some(_) => u64::MAX,
             None => self.unreserved_blocks(),
         };
+        let geo = &self.geo;
+        let cb = geo.cluster_bits;
+        // Counted in bitmap bits (clusters) from here on: only whole clusters of room count.
+        let room = room >> cb;
         if room == 0 {
             return Err(Error::NoSpace);
         }
-        let geo = &self.geo;
         // A run never spans groups here: asking for more than a group holds would only make
         // the first pass look at every group in vain (callers loop for the rest).
-        let want = want
-            .max(1)
-            .min(room.min(u32::MAX as u64) as u32)
-            .min(geo.blocks_per_group);
+        let want = (want.max(1) as u64)
+            .div_ceil(1 << cb)
+            .min(room)
+            .min((geo.blocks_per_group >> cb) as u64) as u32;
         let goal = if goal < geo.first_data_block || goal >= geo.blocks_count {
             geo.first_data_block
         } else {
@@ -253,12 +261,12 @@ impl Fs {
                     continue;
                 }
                 let from = if g == start_group && i == 0 {
-                    (goal - geo.group_first_block(g)) as usize
+                    geo.bitmap_bit(g, goal)
                 } else {
                     0
                 };
                 let buf = self.block_bitmap(h, g, &mut st)?;
-                let limit = geo.blocks_in_group(g) as usize;
+                let limit = geo.clusters_in_group(g);
                 let found = {
                     let data = buf.read();
                     self.search_run(g, &data, from, want as usize, limit, pass == 1)
@@ -276,7 +284,7 @@ impl Fs {
             if let Some((g, off, len)) = best.take() {
                 let mut st = self.balloc.groups[g as usize].lock();
                 let buf = self.block_bitmap(h, g, &mut st)?;
-                let limit = geo.blocks_in_group(g) as usize;
+                let limit = geo.clusters_in_group(g);
                 let Some((off, len)) = off
                     .map(|o| (o, len))
                     .or_else(|| self.search_run(g, &buf.read(), 0, want as usize, limit, false))
@@ -284,11 +292,10 @@ impl Fs {
                     continue;
                 };
                 // Re-check under the lock: another thread may have taken it meanwhile.
-                let at = geo.group_first_block(g) + off as u64;
-                let mut still =
-                    zero_run(&buf.read(), off, len, geo.blocks_in_group(g) as usize) as u64;
-                if let Some((s, _)) = self.balloc.pending_overlap(at, still) {
-                    still = s.saturating_sub(at);
+                let at = geo.group_first_block(g) + ((off as u64) << cb);
+                let mut still = zero_run(&buf.read(), off, len, limit) as u64;
+                if let Some((s, _)) = self.balloc.pending_overlap(at, still << cb) {
+                    still = s.saturating_sub(at) >> cb;
                 }
                 if still > 0 {
                     return self.take_run(h, g, &mut st, &buf, off, still as usize, claim);
@@ -298,8 +305,9 @@ impl Fs {
         Err(Error::NoSpace)
     }
 
-    /// Finds a free run in one bitmap: the first of `want` blocks from `from` (then from the
-    /// group's start); or with `any`, the first free run at all. Returns (offset, length).
+    /// Finds a free run in one bitmap: the first of `want` bits (blocks, or clusters with
+    /// bigalloc) from bit `from` (then from the group's start); or with `any`, the first free
+    /// run at all. Returns (bit, length in bits).
     fn search_run(
         &self,
         g: u32,
@@ -310,23 +318,24 @@ impl Fs {
         any: bool,
     ) -> Option<(usize, usize)> {
         let base = self.geo.group_first_block(g);
+        let cb = self.geo.cluster_bits;
         let from = from.min(limit);
         let mut best: Option<(usize, usize)> = None;
         for (lo, hi) in [(from, limit), (0, from)] {
             let mut pos = lo;
             while let Some(z) = find_zero(b, pos, hi) {
                 let mut len = zero_run(b, z, want, limit);
-                let at = base + z as u64;
-                if let Some((s, e)) = self.balloc.pending_overlap(at, len as u64) {
+                let at = base + ((z as u64) << cb);
+                if let Some((s, e)) = self.balloc.pending_overlap(at, (len as u64) << cb) {
                     if s <= at {
                         // z is free in the bitmap but freed by an uncommitted transaction:
                         // jump past that whole range (not block by block: a deleted 1 GiB
                         // file is one range of 262,144 blocks).
-                        pos = ((e - base) as usize).max(z + 1);
+                        pos = (((e - base) >> cb) as usize).max(z + 1);
                         continue;
                     }
                     // Keep only the prefix that no uncommitted free covers.
-                    len = (s - at) as usize;
+                    len = ((s - at) >> cb) as usize;
                 }
                 if len >= want || (any && len > 0) {
                     return Some((z, len));
@@ -353,15 +362,18 @@ impl Fs {
     ) -> Result<(u64, u32)> {
         // A run a damaged bitmap showed free over the filesystem's own blocks is refused
         // before anything is written there (the kernel's ext4_mb_mark_diskspace_used check).
-        let at = self.geo.group_first_block(g) + off as u64;
-        if let Some((s, e)) = self.balloc.system_zone.read().overlap(at, at + len as u64) {
+        // `off` and `len` count bits: clusters with bigalloc.
+        let cb = self.geo.cluster_bits;
+        let at = self.geo.group_first_block(g) + ((off as u64) << cb);
+        let blocks = (len as u64) << cb;
+        if let Some((s, e)) = self.balloc.system_zone.read().overlap(at, at + blocks) {
             return Err(self.fail(
                 Error::corrupt(
                     Corruption::BlockBitmap,
                     format!(
                         "group {g}: the block bitmap shows blocks {at}..{} free, which hold the \
                          filesystem's own structures (blocks {s}..{e})",
-                        at + len as u64
+                        at + blocks
                     ),
                 ),
                 0,
@@ -386,11 +398,11 @@ impl Fs {
         let v = st.desc.free_blocks_count() - len as u64;
         st.desc.set_free_blocks_count(v);
         self.write_group_desc(h, g, st)?;
-        self.sb.free_blocks.fetch_sub(len as u64, Ordering::Relaxed);
+        self.sb.free_blocks.fetch_sub(blocks, Ordering::Relaxed);
         if let Some(c) = claim {
-            c.take(len as u64);
+            c.take(blocks);
         }
-        Ok((self.geo.group_first_block(g) + off as u64, len as u32))
+        Ok((at, blocks as u32))
     }
 
     /// Frees `len` blocks from `start`. With `metadata`, they were metadata blocks: dropped from
@@ -409,11 +421,16 @@ impl Fs {
             "freeing blocks".to_string()
         })?;
         let end = start + len;
+        // With bigalloc the bits are clusters: the whole clusters holding the range are freed
+        // (their callers know no other block of them is in use: `free_for`).
+        let (cstart, cend) = self.cluster_span(start, end);
         // Before any bit is cleared: the moment a bit is clear (and its group lock released)
         // another thread may look for free blocks, and it must find these held back until this
         // transaction is home. Done after, an allocation in between took a block that is still
         // in use, and the forget and revoke below then dropped its new owner's buffer.
-        self.balloc.pending_free.insert(start, len, h.tid());
+        self.balloc
+            .pending_free
+            .insert(cstart, cend - cstart, h.tid());
         if metadata {
             for b in start..end {
                 self.bcache.forget(b);
@@ -421,18 +438,19 @@ impl Fs {
             }
         }
         let geo = &self.geo;
-        let mut blk = start;
-        while blk < end {
+        let mut blk = cstart;
+        while blk < cend {
             let g = geo.block_group(blk);
-            let gfirst = geo.group_first_block(g);
-            let gend = (gfirst + geo.blocks_in_group(g) as u64).min(end);
+            let gend = self.group_span_end(g).min(cend);
             let mut st = self.balloc.groups[g as usize].lock();
             let buf = self.block_bitmap(h, g, &mut st)?;
+            let bits = geo.bitmap_bit(g, blk)..geo.bitmap_bit(g, gend - 1) + 1;
+            let n = bits.len() as u64;
             {
                 let mut data = buf.write();
-                for b in blk..gend {
-                    let i = (b - gfirst) as usize;
+                for i in bits {
                     if !test_bit(&data, i) {
+                        let b = geo.group_first_block(g) + ((i as u64) << geo.cluster_bits);
                         drop(data);
                         return Err(self.fail(
                             Error::corrupt(
@@ -454,11 +472,13 @@ impl Fs {
                 }
             }
             h.dirty(&buf);
-            let v = st.desc.free_blocks_count() + (gend - blk);
+            let v = st.desc.free_blocks_count() + n;
             st.desc.set_free_blocks_count(v);
             self.write_group_desc(h, g, &mut st)?;
             drop(st);
-            self.sb.free_blocks.fetch_add(gend - blk, Ordering::Relaxed);
+            self.sb
+                .free_blocks
+                .fetch_add(n << geo.cluster_bits, Ordering::Relaxed);
             blk = gend;
         }
         Ok(())
@@ -482,19 +502,18 @@ impl Fs {
         self.check_block(Corruption::BlockReference, start, len, &|| {
             "marking blocks".to_string()
         })?;
-        let (geo, end) = (&self.geo, start + len);
-        let (mut blk, mut changed) = (start, 0u64);
-        while blk < end {
+        let geo = &self.geo;
+        let (cstart, cend) = self.cluster_span(start, start + len);
+        let (mut blk, mut changed) = (cstart, 0u64);
+        while blk < cend {
             let g = geo.block_group(blk);
-            let gfirst = geo.group_first_block(g);
-            let gend = (gfirst + geo.blocks_in_group(g) as u64).min(end);
+            let gend = self.group_span_end(g).min(cend);
             let mut st = self.balloc.groups[g as usize].lock();
             let buf = self.block_bitmap(h, g, &mut st)?;
             let mut n = 0u64;
             {
                 let mut data = buf.write();
-                for b in blk..gend {
-                    let i = (b - gfirst) as usize;
+                for i in geo.bitmap_bit(g, blk)..geo.bitmap_bit(g, gend - 1) + 1 {
                     if test_bit(&data, i) != used {
                         if used {
                             set_bit(&mut data, i)
@@ -517,16 +536,30 @@ impl Fs {
                 st.desc
                     .set_free_blocks_count(if used { free - n } else { free + n });
                 self.write_group_desc(h, g, &mut st)?;
+                let blocks = n << geo.cluster_bits;
                 if used {
-                    self.sb.free_blocks.fetch_sub(n, Ordering::Relaxed);
+                    self.sb.free_blocks.fetch_sub(blocks, Ordering::Relaxed);
                 } else {
-                    self.sb.free_blocks.fetch_add(n, Ordering::Relaxed);
+                    self.sb.free_blocks.fetch_add(blocks, Ordering::Relaxed);
                 }
             }
-            changed += n;
+            changed += n << geo.cluster_bits;
             blk = gend;
         }
         Ok(changed)
+    }
+
+    /// The blocks of the clusters holding `[start, end)`: the range itself without bigalloc.
+    pub(crate) fn cluster_span(&self, start: u64, end: u64) -> (u64, u64) {
+        let mask = (1u64 << self.geo.cluster_bits) - 1;
+        (start & !mask, (end + mask) & !mask)
+    }
+
+    /// Where group `g`'s last bitmap bit's cluster ends (its last block's end without
+    /// bigalloc).
+    fn group_span_end(&self, g: u32) -> u64 {
+        let geo = &self.geo;
+        geo.group_first_block(g) + ((geo.clusters_in_group(g) as u64) << geo.cluster_bits)
     }
 
     /// Forgets pending frees of transactions up to `tid` (called after they commit).
@@ -541,13 +574,10 @@ impl Fs {
         if self.uninit_block_bitmap(&st) {
             let mut data = vec![0u8; self.geo.block_size as usize];
             self.init_block_bitmap(g, &mut data);
-            return Ok(test_bit(
-                &data,
-                (blk - self.geo.group_first_block(g)) as usize,
-            ));
+            return Ok(test_bit(&data, self.geo.bitmap_bit(g, blk)));
         }
         let buf = self.read_block_bitmap(g, &st)?;
-        let r = test_bit(&buf.read(), (blk - self.geo.group_first_block(g)) as usize);
+        let r = test_bit(&buf.read(), self.geo.bitmap_bit(g, blk));
         Ok(r)
     }
 }

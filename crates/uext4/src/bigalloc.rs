@@ -3,14 +3,27 @@
 //! With bigalloc the block bitmap has one bit per cluster, the group descriptors' free counts
 //! are in clusters (the superblock's free count stays in blocks), each group holds
 //! `s_clusters_per_group` clusters, group 0 starts at block 0 whatever the block size, and
-//! extents still map blocks. This module holds the cluster arithmetic. uext4 reads such
-//! filesystems; it does not allocate in clusters yet, so they open read-only (the reason
-//! below): block allocation, freeing and the kernel's partial-cluster accounting at truncate
-//! and punch (extents.c's ext4_ext_rm_leaf) are not implemented.
+//! extents still map blocks. This module holds the cluster arithmetic and the checks at open.
+//! The allocator (balloc.rs) takes and frees whole clusters; which cluster a file's block
+//! lives in, when a partly used cluster is freed and how i_blocks counts clusters is the
+//! block map's (extents/cluster.rs).
 
 use crate::error::{Corruption, Error, Result};
 use crate::format::features::{names, INCOMPAT_EXTENTS, RO_COMPAT_BIGALLOC, RO_COMPAT_NAMES};
 use crate::format::superblock::Superblock;
+
+/// Refuses buffered mode (`-o delalloc`) for a read-write open of a bigalloc filesystem: its
+/// reservations count a block per cached page, where a page over a hole may need a whole
+/// cluster (the kernel's delalloc reserves clusters, ext4_da_reserve_space); reserving too
+/// little would let a writeback find no space for data already accepted.
+pub fn check_options(sb: &Superblock, read_only: bool, buffered: bool) -> Result<()> {
+    if sb.has_ro_compat(RO_COMPAT_BIGALLOC) && buffered && !read_only {
+        return Err(Error::Unsupported(
+            "buffered mode (delalloc) on a bigalloc filesystem; mount without it".into(),
+        ));
+    }
+    Ok(())
+}
 
 /// The kernel's EXT4_MAX_CLUSTER_LOG_SIZE: clusters of at most 1 GiB.
 const MAX_CLUSTER_LOG_SIZE: u32 = 30;
@@ -52,12 +65,8 @@ pub fn recorded_overhead_blocks(sb: &Superblock, cluster_bits: u32) -> Option<u6
 /// Why a filesystem with read-only-compatible features uext4 does not maintain (`unknown`)
 /// opens read-only.
 pub fn read_only_reason(unknown: u32) -> String {
-    let mut why = format!(
+    format!(
         "unsupported read-only-compatible feature: {}",
         names(unknown, RO_COMPAT_NAMES).join(", ")
-    );
-    if unknown & RO_COMPAT_BIGALLOC != 0 {
-        why.push_str(" (uext4 reads bigalloc filesystems but does not allocate in clusters)");
-    }
-    why
+    )
 }

@@ -459,22 +459,17 @@ impl Fs {
             Some(_) => want,
         };
         let goal = self.alloc_goal(ino, st, lblk)?;
-        let (p, mut n) = self.alloc_blocks(h, goal, want, st.writeback_claim())?;
+        let (p, mut n) = self.alloc_for(h, ino, st, lblk as u32, want, goal, true)?;
         let unwritten = match fill(p, n) {
             Ok(fell_back) => unwritten || fell_back,
             Err(e) => {
-                let _ = self.free_blocks(h, p, n as u64, false);
+                let _ = self.free_for(h, ino, st, lblk, p, n as u64, false);
                 return Err(e);
             }
         };
         if unwritten && n > MAX_UNWRITTEN_LEN {
             // Allocated for a written extent, one block longer than an unwritten one may be.
-            let _ = self.free_blocks(
-                h,
-                p + MAX_UNWRITTEN_LEN as u64,
-                (n - MAX_UNWRITTEN_LEN) as u64,
-                false,
-            );
+            let _ = self.free_tail(h, p, n, MAX_UNWRITTEN_LEN);
             n = MAX_UNWRITTEN_LEN;
         }
         let ext = Extent {
@@ -484,7 +479,7 @@ impl Fs {
             unwritten,
         };
         if let Err(e) = self.ext_insert(h, ino, st, ext) {
-            let _ = self.free_blocks(h, p, n as u64, false);
+            let _ = self.free_for(h, ino, st, lblk, p, n as u64, false);
             return Err(e);
         }
         Ok(n)

@@ -104,6 +104,15 @@ impl Geometry {
         let first = self.group_first_block(g);
         (self.blocks_count - first).min(self.blocks_per_group as u64) as u32
     }
+    /// Bits of group `g`'s block bitmap that stand for its blocks: one per cluster (the last
+    /// may be partly past the end of the filesystem), one per block without bigalloc.
+    pub fn clusters_in_group(&self, g: u32) -> usize {
+        (self.blocks_in_group(g) as usize).div_ceil(self.cluster_ratio() as usize)
+    }
+    /// The block bitmap bit of block `blk` in its group `g` (its cluster's index there).
+    pub fn bitmap_bit(&self, g: u32, blk: u64) -> usize {
+        ((blk - self.group_first_block(g)) >> self.cluster_bits) as usize
+    }
     /// The group holding block `blk`.
     pub fn block_group(&self, blk: u64) -> u32 {
         ((blk - self.first_data_block) / self.blocks_per_group as u64) as u32

@@ -98,8 +98,11 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
     let l = layout(dev.size(), opts)?;
     let mut bm = Blocks::new(&l);
     let tables = tables::place_group_tables(&mut bm, &l, f.flex_bg)?;
-    // Everything so far is fixed overhead, and so is the journal.
-    let overhead = bm.used();
+    // From here on with bigalloc the bitmap counts clusters, as mke2fs's does.
+    bm.count_clusters(l.cluster_bits);
+    // Everything so far is fixed overhead, and so is the journal (in clusters, as
+    // s_overhead_clusters; blocks without bigalloc).
+    let overhead = bm.used() >> l.cluster_bits;
     let files = place::place_files(&mut bm, &l, opts)?;
     let id = Identity::new(opts);
     let mut sb = build_superblock(
@@ -107,7 +110,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         opts,
         &id,
         files.journal.blocks,
-        overhead + files.journal.blocks,
+        overhead + files.journal.blocks.div_ceil(l.cluster_ratio()),
     );
     let csum_seed = sb.csum_seed();
     let gd_kind = if f.metadata_csum {

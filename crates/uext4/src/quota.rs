@@ -702,7 +702,7 @@ impl QuotaFile<'_> {
                 e.pblk + e.len as u64
             });
             h.extend(4);
-            let (p, _) = fs.alloc_blocks(h, goal, 1, None)?;
+            let (p, _) = fs.alloc_for(h, ino, self.st, lblk, 1, goal, false)?;
             let e = crate::format::extent::Extent {
                 lblk,
                 len: 1,
@@ -710,7 +710,7 @@ impl QuotaFile<'_> {
                 unwritten: false,
             };
             if let Err(err) = fs.ext_insert(h, ino, self.st, e) {
-                let _ = fs.free_blocks(h, p, 1, true);
+                let _ = fs.free_for(h, ino, self.st, lblk as u64, p, 1, true);
                 return Err(err);
             }
             let buf = fs.bcache.get_new(p)?;

@@ -65,11 +65,17 @@ impl Fs {
         if first >= end {
             return Ok(done);
         }
+        // Bitmap bits are clusters with bigalloc: only whole free clusters inside the range
+        // are discarded.
+        let (cb, ratio) = (geo.cluster_bits, geo.cluster_ratio() as u64);
         for g in geo.block_group(first)..=geo.block_group(end - 1) {
             let gfirst = geo.group_first_block(g);
-            let n = geo.blocks_in_group(g) as usize;
-            let from = (first.max(gfirst) - gfirst) as usize;
-            let to = ((end.min(gfirst + n as u64)) - gfirst) as usize;
+            let n = geo.blocks_in_group(g) as u64;
+            let from = (first.max(gfirst) - gfirst).div_ceil(ratio) as usize;
+            let to = ((end.min(gfirst + n) - gfirst) >> cb) as usize;
+            if from >= to {
+                continue;
+            }
             let st = self.balloc.groups[g as usize].lock();
             let bitmap = if self.uninit_block_bitmap(&st) {
                 let mut data = vec![0u8; bs as usize];
@@ -82,8 +88,8 @@ impl Fs {
             while let Some(z) = find_zero(&bitmap, pos, to) {
                 let run = zero_run(&bitmap, z, to - z, to);
                 pos = z + run.max(1);
-                let mut at = gfirst + z as u64;
-                let run_end = at + run as u64;
+                let mut at = gfirst + ((z as u64) << cb);
+                let run_end = at + ((run as u64) << cb);
                 // Split the run around blocks freed by transactions not yet home.
                 while at < run_end {
                     match self.balloc.pending_overlap(at, run_end - at) {

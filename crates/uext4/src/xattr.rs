@@ -646,7 +646,8 @@ impl Fs {
                 count_refs(refs, old_entries, -1);
             }
         } else {
-            let v = st.raw.blocks_512(self.geo.block_size) + self.geo.block_size as u64 / 512;
+            // With bigalloc an xattr block takes (and counts) a cluster.
+            let v = st.raw.blocks_512(self.geo.block_size) + self.cluster_sectors();
             st.raw.set_blocks_512(v);
         }
         st.raw.set_file_acl(blk);
@@ -707,7 +708,7 @@ impl Fs {
         let v = st
             .raw
             .blocks_512(self.geo.block_size)
-            .saturating_sub(self.geo.block_size as u64 / 512);
+            .saturating_sub(self.cluster_sectors());
         st.raw.set_blocks_512(v);
         st.raw.set_file_acl(0);
         Ok(())

@@ -775,6 +775,15 @@ fn crash_states_recover_consistently_verity() {
     check_crash_states_on(false, false, 60, &["-O", "verity"]);
 }
 
+/// The same workloads on a bigalloc filesystem (clusters of 16 KiB on 4 KiB blocks): every
+/// allocation takes a cluster, blocks of one logical cluster share it, and a cluster is freed
+/// only with its last block, each in the handle of its change; e2fsck -fn checks every
+/// crash state's cluster bitmaps, free counts and i_blocks.
+#[test]
+fn crash_states_recover_consistently_bigalloc() {
+    check_crash_states_on(false, false, 60, &["-O", "bigalloc", "-C", "16384"]);
+}
+
 /// Inline files the kernel makes in `inline_base`, and their lengths (all inside the inode;
 /// whole 8-byte words, as the checker reads tags by word).
 const INLINE_FILES: u16 = 4;

@@ -357,6 +357,64 @@ fn assert_same_layout(reference: &Path, ours: &Path, what: &str) {
     }
 }
 
+/// bigalloc (`-O bigalloc -C N`): groups of a bitmap block's bits of clusters, group 0 from
+/// block 0, the tables placed block by block and everything after them (root, lost+found,
+/// the resize inode's block, the journal) in whole clusters, free counts in clusters and
+/// s_overhead_clusters, as mke2fs 1.47 makes them; then uext4 and the kernel write to it.
+#[test]
+fn bigalloc_layout_matches_mke2fs() {
+    if !have("mke2fs") || !have("dumpe2fs") || !have("debugfs") {
+        eprintln!("SKIP: e2fsprogs (mke2fs, dumpe2fs, debugfs) not installed");
+        return;
+    }
+    let cases: &[(u64, u32, u32, u32)] = &[
+        (64 * MIB, 1024, 16384, 16384),
+        (64 * MIB, 1024, 4096, 4096),
+        (300 * MIB, 1024, 4096, 4096),
+        (64 * MIB, 4096, 16384, 16384),
+        (600 * MIB, 4096, 65536, 65536),
+        (3 << 30, 4096, 16384, 16384),
+        (600 * MIB, 4096, 8192, 16384),
+    ];
+    for &(size, bs, cluster, ratio) in cases {
+        let what = format!("{} MiB, {bs}, cluster {cluster}", size / MIB);
+        let reference = scratch("mkfs-ref");
+        std::fs::File::create(&reference.0)
+            .unwrap()
+            .set_len(size)
+            .unwrap();
+        let st = Command::new("mke2fs")
+            .args(["-q", "-F", "-t", "ext4", "-O", "bigalloc"])
+            .args(["-C", &cluster.to_string(), "-i", &ratio.to_string()])
+            .args(["-b", &bs.to_string()])
+            .arg(&reference.0)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mke2fs for {what}");
+        let ours = scratch("mkfs-ours");
+        std::fs::File::create(&ours.0)
+            .unwrap()
+            .set_len(size)
+            .unwrap();
+        let dev = FileDevice::open(&ours.0, false).unwrap();
+        let mut o = MkfsOptions::default_for(size);
+        o.block_size = bs;
+        o.inode_ratio = ratio;
+        o.assume_zeroed = true;
+        o.features.apply("bigalloc").unwrap();
+        o.cluster_size = Some(cluster);
+        mkfs(&dev, &o).unwrap_or_else(|e| panic!("{what}: {e}"));
+        drop(dev);
+        assert_same_layout(&reference.0, &ours.0, &what);
+        use_in_uext4(&ours.0, &what);
+        e2fsck_strict(&ours.0, &format!("{what}, after uext4 wrote"));
+        if can_loop_mount() {
+            use_in_kernel(&ours.0, &what);
+            e2fsck_strict(&ours.0, &format!("{what}, after the kernel wrote"));
+        }
+    }
+}
+
 /// With no options, block size and inode count follow mke2fs's usage types (floppy below
 /// 3 MiB, small below 512 MiB, default above), as plain `mke2fs -t ext4` picks them.
 #[test]

@@ -680,6 +680,16 @@ proptest! {
     fn random_ops_quota(ops in proptest::collection::vec(op_strategy(), 1..80)) {
         run_case(&ops, &["-O", "quota,project", "-E", "quotatype=usrquota:grpquota:prjquota"]);
     }
+    /// bigalloc, clusters of 16 KiB: writes, truncates and punches into the middle of
+    /// clusters, each cluster freed with its last block (e2fsck after each case).
+    #[test]
+    fn random_ops_bigalloc(ops in proptest::collection::vec(op_strategy(), 1..80)) {
+        run_case(&ops, &["-O", "bigalloc", "-C", "16384"]);
+    }
+    #[test]
+    fn random_ops_bigalloc_1k(ops in proptest::collection::vec(op_strategy(), 1..60)) {
+        run_case(&ops, &["-b", "1024", "-O", "bigalloc", "-C", "4096"]);
+    }
     #[test]
     fn random_ops_uninit_bg_no_64bit(ops in proptest::collection::vec(op_strategy(), 1..60)) {
         run_case(&ops, &["-O", "^metadata_csum,uninit_bg,^64bit,^flex_bg"]);

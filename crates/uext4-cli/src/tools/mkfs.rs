@@ -51,6 +51,9 @@ pub struct MkfsArgs {
     /// Bytes per inode (as mke2fs -i; default by size, as mke2fs).
     #[arg(short = 'i')]
     inode_ratio: Option<u32>,
+    /// Cluster size with -O bigalloc, like 16K or 65536 (as mke2fs -C; default 16 blocks).
+    #[arg(short = 'C')]
+    cluster_size: Option<String>,
     /// Inode size in bytes (as mke2fs -I: 128, 256, ... up to the block size).
     #[arg(short = 'I')]
     inode_size: Option<u16>,
@@ -171,6 +174,17 @@ fn sizing(a: &MkfsArgs, size: u64, features: &uext4::mkfs::FeatureSet) -> uext4:
         o.reserved_percent = m;
     }
     o.features = features.clone();
+    // Checked in `run`.
+    o.cluster_size = a
+        .cluster_size
+        .as_deref()
+        .and_then(|c| crate::image::parse_size(c).ok())
+        .map(|c| c.min(u32::MAX as u64) as u32);
+    if features.bigalloc && a.inode_ratio.is_none() {
+        // As mke2fs: its default bytes per inode are at least a cluster (a -i given stays).
+        let cluster = o.cluster_size.unwrap_or(o.block_size.saturating_mul(16));
+        o.inode_ratio = o.inode_ratio.max(cluster);
+    }
     o
 }
 
@@ -214,6 +228,12 @@ pub fn run(mut a: MkfsArgs) -> Result<()> {
         // As mke2fs: project quotas bring the project feature.
         features.project |= t[2];
         features.quota_types = Some(t);
+    }
+    if let Some(c) = &a.cluster_size {
+        crate::image::parse_size(c).with_context(|| format!("-C {c}"))?;
+        if !features.bigalloc {
+            bail!("-C {c}: a cluster size needs the bigalloc feature (-O bigalloc)");
+        }
     }
     let uuid = a.uuid.as_deref().map(|u| parse_uuid(u, "-U")).transpose()?;
     let epoch = super::build::source_date_epoch()?;

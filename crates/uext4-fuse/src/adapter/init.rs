@@ -119,7 +119,8 @@ impl Uext4Fuse {
             mem_kib * 1024 / 100 * ratio.min(100)
         };
         let bytes = 2 * threshold / 100 + (8 << 20);
-        bytes.div_ceil(self.fs.geo.block_size as u64)
+        // With bigalloc each cached block over a hole may take a whole cluster.
+        bytes.div_ceil(self.fs.geo.block_size as u64) << self.fs.geo.cluster_bits
     }
 
     /// The capabilities this server asks for.

@@ -451,7 +451,7 @@ impl Fs {
             None => self.group_desc(self.geo.ino_group(dir)).inode_table(),
         };
         h.extend(4);
-        let (p, _) = self.alloc_blocks(h, goal, 1, None)?;
+        let (p, _) = self.alloc_for(h, dir, st, lblk, 1, goal, false)?;
         if let Err(e) = self.ext_insert(
             h,
             dir,
@@ -463,7 +463,7 @@ impl Fs {
                 unwritten: false,
             },
         ) {
-            let _ = self.free_blocks(h, p, 1, true);
+            let _ = self.free_for(h, dir, st, lblk as u64, p, 1, true);
             return Err(e);
         }
         st.raw

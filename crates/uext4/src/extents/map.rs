@@ -324,8 +324,9 @@ impl Fs {
         } else {
             self.geo.group_first_block(self.geo.ino_group(ino))
         };
+        // With bigalloc a map block takes a cluster of its own.
         let (b, _) = self.alloc_blocks(h, goal, 1, st.writeback_claim())?;
-        let v = st.raw.blocks_512(self.geo.block_size) + self.sectors_per_block();
+        let v = st.raw.blocks_512(self.geo.block_size) + self.cluster_sectors();
         st.raw.set_blocks_512(v);
         h.extend(4);
         Ok(b)
@@ -341,7 +342,7 @@ impl Fs {
         let v = st
             .raw
             .blocks_512(self.geo.block_size)
-            .saturating_sub(self.sectors_per_block());
+            .saturating_sub(self.cluster_sectors());
         st.raw.set_blocks_512(v);
         Ok(())
     }

@@ -8,9 +8,12 @@
 //!   state the inode holds, and imports no filesystem operations.
 //! - `tree`: the extent tree, loaded into the cache and edited one leaf at a time.
 //! - `indirect`: the indirect block map of ext2/ext3 files, loaded into the same cache.
+//! - `cluster`: bigalloc's rules for which cluster a file's block lives in, and when a
+//!   cluster is freed and counted.
 //! - `map`: the one dispatch point. Callers ask it (`Fs::ext_map`, `ext_insert`,
 //!   `ext_remove`, ...) and it picks the tree or the indirect map for the inode.
 
+mod cluster;
 mod indirect;
 mod map;
 mod tree;

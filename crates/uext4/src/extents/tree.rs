@@ -335,7 +335,7 @@ impl Fs {
                 && a.pblk + a.len as u64 == b.pblk
                 && a.len + b.len <= max
         };
-        let delta = e.len as u64 * self.sectors_per_block();
+        let delta = self.charge_for(cache, &e) * self.sectors_per_block();
         match (
             left.filter(|l| joins(l, &e)),
             right.filter(|r| joins(&e, r)),
@@ -408,9 +408,9 @@ impl Fs {
                 });
             }
             self.leaf_edit(h, ino, st, x.lblk, Some(x.lblk), keep)?;
-            let freed = cut_hi - cut_lo;
             let journaled = Self::journaled_data(&st.raw);
-            self.free_blocks(h, x.pblk + (cut_lo - x.lblk as u64), freed, journaled)?;
+            let p = x.pblk + (cut_lo - x.lblk as u64);
+            let freed = self.free_for(h, ino, st, cut_lo, p, cut_hi - cut_lo, journaled)?;
             let b = st
                 .raw
                 .blocks_512(self.geo.block_size)

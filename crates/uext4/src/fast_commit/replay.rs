@@ -52,6 +52,15 @@ struct ReplayState {
 impl Fs {
     /// Replays `fc` (the scan's whole fast commits) on this writable filesystem and commits.
     pub(crate) fn replay_fast_commits(&self, fc: &FastCommits) -> Result<FcReplayReport> {
+        if self.geo.cluster_bits > 0 && !fc.records.is_empty() {
+            // The bitmap pass below marks and clears single blocks and counts i_blocks in
+            // blocks; with clusters that could free a cluster another block still uses.
+            return Err(Error::Unsupported(
+                "replaying fast commits on a bigalloc filesystem (run e2fsck -fy, which \
+                 replays them)"
+                    .into(),
+            ));
+        }
         let mut rs = ReplayState::default();
         // The runs ADD_RANGE records map are held first, so that no block the replay
         // allocates (a tree node, a directory block) lands on one a later record maps (the

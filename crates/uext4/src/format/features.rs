@@ -170,7 +170,8 @@ pub const RO_COMPAT_SUPPORTED: u32 = RO_COMPAT_SPARSE_SUPER
     | RO_COMPAT_ORPHAN_PRESENT
     | RO_COMPAT_VERITY
     | RO_COMPAT_QUOTA
-    | RO_COMPAT_PROJECT;
+    | RO_COMPAT_PROJECT
+    | RO_COMPAT_BIGALLOC;
 
 /// Names of the bits set in `flags`, with unknown bits as hex.
 pub fn names(flags: u32, table: &[(u32, &str)]) -> Vec<String> {

@@ -14,6 +14,9 @@ pub(super) struct Blocks {
     bpg: u64,
     /// Groups whose blocks were allocated into (their BLOCK_UNINIT flag goes).
     pub(super) touched: Vec<bool>,
+    /// log2 of blocks per cluster once the bitmap counts clusters (`count_clusters`): a block
+    /// marked then marks its whole cluster. 0 while the tables are placed block by block.
+    cluster_bits: u32,
 }
 
 impl Blocks {
@@ -28,13 +31,14 @@ impl Blocks {
             fdb: l.first_data_block,
             bpg: l.blocks_per_group as u64,
             touched: vec![false; l.groups as usize],
+            cluster_bits: 0,
         };
-        if l.first_data_block == 1 {
+        if l.block_size == 1024 {
             bm.set(0);
         }
         for g in 0..l.groups {
             if l.has_super(g) {
-                bm.mark(l.group_first(g), l.super_blocks(), false);
+                bm.mark(l.super_at(g), l.super_blocks(), false);
             }
         }
         bm.touched[l.groups as usize - 1] = true;
@@ -57,7 +61,23 @@ impl Blocks {
         self.bits[(b / 64) as usize] & (1 << (b % 64)) != 0
     }
     pub(super) fn set(&mut self, b: u64) {
-        self.bits[(b / 64) as usize] |= 1 << (b % 64);
+        let mask = (1u64 << self.cluster_bits) - 1;
+        for x in b & !mask..((b | mask) + 1).min(self.total) {
+            self.bits[(x / 64) as usize] |= 1 << (x % 64);
+        }
+    }
+
+    /// From here on the bitmap counts clusters, as mke2fs converts its block-grained bitmap
+    /// once the group tables are placed (ext2fs_convert_subcluster_bitmap): a cluster holding
+    /// any used block is used whole, and the searches give cluster-aligned blocks.
+    pub(super) fn count_clusters(&mut self, cluster_bits: u32) {
+        self.cluster_bits = cluster_bits;
+        let ratio = 1u64 << cluster_bits;
+        for c in (0..self.total).step_by(ratio as usize) {
+            if (c..(c + ratio).min(self.total)).any(|b| self.test(b)) {
+                self.set(c);
+            }
+        }
     }
     pub(super) fn group_of(&self, b: u64) -> u32 {
         ((b.max(self.fdb) - self.fdb) / self.bpg) as u32
@@ -105,7 +125,8 @@ impl Blocks {
             self.fdb
         } else {
             goal
-        };
+        } >> self.cluster_bits
+            << self.cluster_bits;
         (goal..self.total)
             .chain(self.fdb..goal)
             .find(|&b| !self.test(b))

@@ -53,11 +53,14 @@ impl Maker<'_> {
         let bs = self.block_size();
         let sectors = bs as u64 / 512;
         let mut root = self.new_inode(S_IFDIR | 0o755, 3);
+        // With bigalloc i_blocks counts whole clusters.
+        let ratio = self.l.cluster_ratio();
+        let clusters = |blocks: u64| blocks.div_ceil(ratio) * ratio;
         root.set_uid(self.opts.root_owner.0);
         root.set_gid(self.opts.root_owner.1);
         self.map_blocks(ROOT_INO, &mut root, &[(p.root, 1)], None)?;
         root.set_size(bs as u64);
-        root.set_blocks_512(sectors);
+        root.set_blocks_512(clusters(1) * sectors);
         self.write_inode(ROOT_INO, &mut root)?;
 
         let lpf_ino = GOOD_OLD_FIRST_INO;
@@ -72,7 +75,7 @@ impl Maker<'_> {
         let extra = self.map_blocks(lpf_ino, &mut lpf, &runs, None)?;
         let n = p.lost_found.len() as u64;
         lpf.set_size(n * bs as u64);
-        lpf.set_blocks_512((n + extra) * sectors);
+        lpf.set_blocks_512((clusters(n) + extra * ratio) * sectors);
         self.write_inode(lpf_ino, &mut lpf)?;
 
         let space = bs
@@ -121,7 +124,9 @@ impl Maker<'_> {
         let mut r = self.new_inode(S_IFREG | 0o600, 1);
         let mut dbuf = vec![0u8; bs];
         let mut nblocks = 1u64;
-        let sb_blk = self.l.first_data_block;
+        // As ext2fs_create_resize_inode: the primary superblock's block, and each backup
+        // that far into its group.
+        let sb_blk = self.l.super_at(0);
         for k in 0..rsv {
             let grp_blk = sb_blk + 1 + gdtb + k;
             let slot = ((gdtb + k) % apb) as usize;
@@ -138,7 +143,8 @@ impl Maker<'_> {
         self.w.put_block(dind, &dbuf)?;
         put32(r.i_block_mut(), 4 * 13, dind as u32);
         r.set_size((apb * apb + apb + 12) * bs as u64);
-        r.set_blocks_512(nblocks * (bs as u64 / 512));
+        // Each block counts as a cluster with bigalloc (ext2fs_iblk_add_blocks).
+        r.set_blocks_512(nblocks * self.l.cluster_ratio() * (bs as u64 / 512));
         self.write_inode(RESIZE_INO, &mut r)?;
         if !self.opts.assume_zeroed {
             for &g in &backups {
@@ -164,7 +170,8 @@ impl Maker<'_> {
         let mut r = self.new_inode(S_IFREG | 0o600, 1);
         let extra = self.map_blocks(JOURNAL_INO, &mut r, &j.runs, j.map.as_ref())?;
         r.set_size(j.blocks * bs as u64);
-        r.set_blocks_512((j.blocks + extra) * (bs as u64 / 512));
+        let ratio = self.l.cluster_ratio();
+        r.set_blocks_512((j.blocks.div_ceil(ratio) + extra) * ratio * (bs as u64 / 512));
         let mut ib60 = [0u8; I_BLOCK_SIZE];
         ib60.copy_from_slice(r.i_block());
         sb.set_jnl_blocks(&ib60, r.size_high(), r.size_lo());

@@ -30,7 +30,8 @@ impl Maker<'_> {
         for g in 0..self.l.groups {
             let in_use = if g == 0 { p.used_inodes } else { 0 };
             let (d, free) = self.write_group(g, in_use, gd_kind)?;
-            t.free_blocks += free;
+            // The superblock counts blocks, the descriptors clusters.
+            t.free_blocks += free << self.l.cluster_bits;
             t.free_inodes += (self.l.inodes_per_group - in_use) as u64;
             let off = g as usize * ds;
             t.table[off..off + ds].copy_from_slice(d.as_bytes());
@@ -39,26 +40,31 @@ impl Maker<'_> {
     }
 
     /// Writes group `g`'s bitmaps (`in_use` inodes taken) and returns its descriptor and free
-    /// blocks.
+    /// blocks (clusters with bigalloc: the block bitmap has a bit per cluster).
     fn write_group(&mut self, g: u32, in_use: u32, gd_kind: GdCsum) -> Result<(GroupDesc, u64)> {
         let f = &self.opts.features;
         let gd_csum = f.gd_csum();
         let bs = self.block_size();
-        let (bpg, ipg) = (self.l.blocks_per_group, self.l.inodes_per_group);
+        let cb = self.l.cluster_bits;
+        let (cpg, ipg) = (self.l.blocks_per_group >> cb, self.l.inodes_per_group);
         let first = self.l.group_first(g);
-        let n = self.l.group_last(g) - first + 1;
+        let n = (self.l.group_last(g) - first + 1) >> cb;
         let mut bmp = vec![0u8; bs];
         let mut used_n = 0u64;
         // A group may stay BLOCK_UNINIT only if the kernel would rebuild its bitmap exactly:
         // its superblock copy, descriptors, reserved GDT and own tables.
         let mut plain = true;
+        let sb_at = self.l.super_at(g);
         for i in 0..n {
-            let b = first + i;
-            if self.bm.test(b) {
+            let c = first + (i << cb);
+            if self.bm.test(c) {
                 bmp[(i / 8) as usize] |= 1 << (i % 8);
                 used_n += 1;
-                let fixed = self.l.has_super(g) && i < self.l.super_blocks();
-                if !fixed && !self.tables.owns(&self.l, g, b) {
+                let mine = |b: u64| {
+                    (self.l.has_super(g) && b >= first && b < sb_at + self.l.super_blocks())
+                        || self.tables.owns(&self.l, g, b)
+                };
+                if !(c..c + (1 << cb)).any(mine) {
                     plain = false;
                 }
             }
@@ -103,7 +109,7 @@ impl Maker<'_> {
         }
         if f.metadata_csum {
             if !block_uninit {
-                d.set_block_bitmap_csum(self.csum_seed, &bmp[..bpg as usize / 8]);
+                d.set_block_bitmap_csum(self.csum_seed, &bmp[..cpg as usize / 8]);
             }
             if !inode_uninit {
                 d.set_inode_bitmap_csum(self.csum_seed, &ibmp[..ipg as usize / 8]);

@@ -66,6 +66,8 @@ pub struct Layout {
     pub r_blocks: u64,
     /// Superblock copies only in groups 0, 1 and powers of 3, 5 and 7 (sparse_super).
     pub sparse_super: bool,
+    /// log2 of blocks per cluster (bigalloc; 0 without it).
+    pub cluster_bits: u32,
 }
 
 impl Layout {
@@ -84,6 +86,22 @@ impl Layout {
         (self.group_first(g) + self.blocks_per_group as u64 - 1).min(self.blocks - 1)
     }
 
+    /// The block holding group `g`'s superblock copy: its first, except the primary
+    /// superblock, at byte 1024, which is block 1 with 1 KiB blocks even where group 0 starts
+    /// at block 0 (bigalloc).
+    pub fn super_at(&self, g: u32) -> u64 {
+        if g == 0 {
+            (self.block_size == 1024) as u64
+        } else {
+            self.group_first(g)
+        }
+    }
+
+    /// Blocks per cluster (1 without bigalloc).
+    pub fn cluster_ratio(&self) -> u64 {
+        1 << self.cluster_bits
+    }
+
     /// Blocks of each superblock copy with its descriptor table and reserved GDT blocks.
     pub fn super_blocks(&self) -> u64 {
         1 + self.desc_blocks as u64 + self.reserved_gdt_blocks as u64
@@ -97,19 +115,28 @@ pub fn layout(dev_size: u64, opts: &MkfsOptions) -> Result<Layout> {
     let bs = opts.block_size;
     let bs64 = bs as u64;
     let isz = opts.inode_size as u32;
-    let fdb: u64 = (bs == 1024) as u64;
+    let cb = cluster_bits(opts)?;
+    // With bigalloc group 0 starts at block 0 and the count is whole clusters
+    // (ext2fs_initialize).
+    let fdb: u64 = (bs == 1024 && cb == 0) as u64;
+    // mke2fs counts inodes and reserved blocks on the size asked; ext2fs_initialize then
+    // drops a partial cluster at the end.
+    let inode_ratio = opts.inode_ratio as u64;
+    let asked_blocks = param_blocks;
+    let param_blocks = param_blocks >> cb << cb;
     let desc_size: u32 = if f.has_64bit { 64 } else { 32 };
     let descs_per_block = bs / desc_size;
     // mke2fs: inodes for the requested size (or as asked), and the reserved share (as
     // doubles, as mke2fs).
     let mut inodes_count: u64 = opts
         .inodes
-        .unwrap_or(param_blocks * bs64 / opts.inode_ratio as u64)
+        .unwrap_or(asked_blocks * bs64 / inode_ratio)
         .min(u32::MAX as u64);
-    let param_r = (opts.reserved_percent * param_blocks as f64 / 100.0) as u64;
+    let param_r = (opts.reserved_percent * asked_blocks as f64 / 100.0) as u64;
     let mut blocks = param_blocks;
     let mut r_blocks = param_r;
-    let mut bpg = bs * 8;
+    // With bigalloc a group is a bitmap block's bits of clusters.
+    let mut bpg = (bs * 8) << cb;
     let has_super = |g: u32| !f.sparse_super || sparse_group(g);
     for _ in 0..64 {
         if blocks <= fdb {
@@ -124,7 +151,7 @@ pub fn layout(dev_size: u64, opts: &MkfsOptions) -> Result<Layout> {
         inodes_count = inodes_count.max(GOOD_OLD_FIRST_INO as u64 + 1);
         let ipg_wanted = inodes_count.div_ceil(groups as u64);
         if ipg_wanted > bs64 * 8 {
-            if bpg >= 256 {
+            if bpg >= 256 && cb == 0 {
                 bpg -= 8;
                 blocks = param_blocks;
                 continue;
@@ -187,11 +214,35 @@ pub fn layout(dev_size: u64, opts: &MkfsOptions) -> Result<Layout> {
             resize_inode,
             r_blocks,
             sparse_super: f.sparse_super,
+            cluster_bits: cb,
         });
     }
     Err(Error::Invalid(format!(
         "{size} bytes is too small for a filesystem"
     )))
+}
+
+/// log2 of blocks per cluster: 0 without bigalloc, else from the cluster size asked (16
+/// blocks by default, as mke2fs's profile).
+fn cluster_bits(opts: &MkfsOptions) -> Result<u32> {
+    if !opts.features.bigalloc {
+        return Ok(0);
+    }
+    let bs = opts.block_size;
+    let c = opts.cluster_size.unwrap_or(bs * 16);
+    if !c.is_power_of_two() || c < bs || c > 1 << 30 {
+        return Err(Error::Invalid(format!(
+            "cluster size {c}: a power of two from the block size ({bs}) to 1 GiB"
+        )));
+    }
+    let cb = (c / bs).trailing_zeros();
+    if ((bs as u64 * 8) << cb) >= 1 << 32 {
+        return Err(Error::Invalid(format!(
+            "cluster size {c}: a group of {} clusters would hold 2^32 blocks or more",
+            bs * 8
+        )));
+    }
+    Ok(cb)
 }
 
 /// Checks the sizes asked for; returns the filesystem's size in bytes and in blocks.

@@ -71,6 +71,8 @@ pub struct FeatureSet {
     /// A fast-commit area after the journal's log (`fast_commit_blocks` more journal blocks,
     /// s_num_fc_blks), for the kernel's fast commits on fsync; uext4 itself writes none.
     pub fast_commit: bool,
+    /// Allocation in clusters of several blocks (`MkfsOptions::cluster_size`, mke2fs -C).
+    pub bigalloc: bool,
 }
 
 impl Default for FeatureSet {
@@ -82,7 +84,7 @@ impl Default for FeatureSet {
 /// Feature names `FeatureSet::apply` knows.
 const FEATURE_NAMES: &str = "has_journal, ext_attr, resize_inode, dir_index, filetype, extent, \
      64bit, flex_bg, sparse_super, large_file, huge_file, dir_nlink, extra_isize, metadata_csum, \
-     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold, encrypt, stable_inodes, verity, inline_data, ea_inode, quota, project, fast_commit";
+     uninit_bg (gdt_csum), metadata_csum_seed, orphan_file, casefold, encrypt, stable_inodes, verity, inline_data, ea_inode, quota, project, fast_commit, bigalloc";
 
 impl FeatureSet {
     /// `mke2fs -t ext4` of e2fsprogs 1.47.
@@ -116,6 +118,7 @@ impl FeatureSet {
             project: false,
             quota_types: None,
             fast_commit: false,
+            bigalloc: false,
         }
     }
 
@@ -174,6 +177,7 @@ impl FeatureSet {
             || self.ea_inode
             || self.quota
             || self.project
+            || self.bigalloc
         {
             "ext4"
         } else if self.has_journal {
@@ -217,6 +221,7 @@ impl FeatureSet {
                 "quota" => &mut self.quota,
                 "project" => &mut self.project,
                 "fast_commit" => &mut self.fast_commit,
+                "bigalloc" => &mut self.bigalloc,
                 _ => {
                     return Err(Error::Unsupported(format!(
                         "mkfs feature {f:?} (uext4 mkfs knows: {FEATURE_NAMES})"
@@ -260,6 +265,18 @@ impl FeatureSet {
         if self.quota_kinds()[2] && !self.project {
             return Err(Error::Invalid(
                 "project quotas need the project feature (-O project)".into(),
+            ));
+        }
+        if self.bigalloc && !self.extents {
+            return Err(Error::Invalid(
+                "bigalloc needs the extent feature (as mke2fs)".into(),
+            ));
+        }
+        if self.bigalloc && (self.quota || self.orphan_file || self.inline_data) {
+            return Err(Error::Unsupported(
+                "mkfs with bigalloc and quota, orphan_file or inline_data (not yet; mke2fs \
+                 makes them)"
+                    .into(),
             ));
         }
         if self.inline_data && !self.ext_attr {
@@ -316,6 +333,9 @@ pub struct MkfsOptions {
     pub root_owner: (u32, u32),
     /// The features.
     pub features: FeatureSet,
+    /// With bigalloc: bytes per cluster, a power of two from the block size to 1 GiB
+    /// (mke2fs -C); None: 16 blocks, mke2fs's default. Ignored without bigalloc.
+    pub cluster_size: Option<u32>,
     /// The device reads as zeros already (a new sparse file): skip zeroing inode tables, the
     /// journal and the backup reserved GDT blocks.
     pub assume_zeroed: bool,
@@ -339,6 +359,7 @@ impl MkfsOptions {
             reserved_percent: 5.0,
             root_owner: (0, 0),
             features: FeatureSet::ext4(),
+            cluster_size: None,
             assume_zeroed: false,
         }
     }

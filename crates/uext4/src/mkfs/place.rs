@@ -81,10 +81,15 @@ pub(super) fn place_files(bm: &mut Blocks, l: &Layout, opts: &MkfsOptions) -> Re
         // block: it ends one block short of the count above.
         lpf_n -= 1;
     }
-    let mut lost_found = Vec::new();
+    let mut lost_found: Vec<u64> = Vec::new();
     let mut goal = root;
-    for _ in 0..lpf_n {
-        let b = bm.new_block(goal).ok_or_else(too_small)?;
+    for i in 0..lpf_n {
+        // With bigalloc a block inside a logical cluster already mapped takes its place in
+        // that cluster (ext2fs_bmap2's implied cluster allocation).
+        let b = match lost_found.last() {
+            Some(&prev) if i % l.cluster_ratio() != 0 => prev + 1,
+            _ => bm.new_block(goal).ok_or_else(too_small)?,
+        };
         bm.mark(b, 1, true);
         lost_found.push(b);
         goal = b;

@@ -95,6 +95,7 @@ pub(super) fn build_superblock(
             | flag(f.verity, RO_COMPAT_VERITY)
             | flag(f.quota, RO_COMPAT_QUOTA)
             | flag(f.project, RO_COMPAT_PROJECT)
+            | flag(f.bigalloc, RO_COMPAT_BIGALLOC)
             | if f.metadata_csum {
                 RO_COMPAT_METADATA_CSUM
             } else {
@@ -107,9 +108,9 @@ pub(super) fn build_superblock(
     sb.set_first_data_block(l.first_data_block as u32);
     let log = l.block_size.trailing_zeros() - 10;
     sb.set_log_block_size(log);
-    sb.set_log_cluster_size(log);
+    sb.set_log_cluster_size(log + l.cluster_bits);
     sb.set_blocks_per_group(l.blocks_per_group);
-    sb.set_clusters_per_group(l.blocks_per_group);
+    sb.set_clusters_per_group(l.blocks_per_group >> l.cluster_bits);
     sb.set_inodes_per_group(l.inodes_per_group);
     sb.set_mtime(0);
     sb.set_wtime(id.now.sec as u32);
@@ -202,11 +203,7 @@ impl Maker<'_> {
                 b[..1024].copy_from_slice(s.bytes());
                 self.w.put_block(self.l.group_first(g), &b)?;
             }
-            let gdt_at = if g == 0 {
-                self.l.first_data_block + 1
-            } else {
-                self.l.group_first(g) + 1
-            };
+            let gdt_at = self.l.super_at(g) + 1;
             self.w.put_block(gdt_at, table)?;
         }
         Ok(())

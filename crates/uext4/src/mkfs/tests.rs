@@ -45,7 +45,15 @@ fn feature_lists() {
     assert!(!f.metadata_csum && !f.resize_inode && f.orphan_file && f.uninit_bg);
     assert!(f.clone().apply("^extent").is_err(), "64bit needs extents");
     assert!(f.clone().apply("^extent,^64bit").is_ok());
-    assert!(f.clone().apply("bigalloc").is_err());
+    assert!(
+        f.clone().apply("bigalloc").is_err(),
+        "bigalloc with orphan_file is not made yet"
+    );
+    assert!(FeatureSet::ext4().apply("bigalloc").is_ok());
+    assert!(
+        FeatureSet::ext3().apply("bigalloc").is_err(),
+        "bigalloc needs extents"
+    );
     // The presets are mke2fs.conf's: ext3 is ext4 less its own features, ext2 that less
     // the journal.
     let mut ext3 = FeatureSet::ext4();

@@ -69,10 +69,13 @@ impl Fs {
                     "inode {ino}: COLLAPSE_RANGE and INSERT_RANGE need an extent tree"
                 )));
             }
-            if !(off | len).is_multiple_of(bs) {
-                return Err(Error::Invalid(
-                    "COLLAPSE_RANGE and INSERT_RANGE take block-aligned ranges".into(),
-                ));
+            // With bigalloc the kernel asks for whole clusters (ext4_collapse_range), which
+            // keeps every block at its offset in its cluster.
+            if !(off | len).is_multiple_of(bs << self.geo.cluster_bits) {
+                return Err(Error::Invalid(format!(
+                    "COLLAPSE_RANGE and INSERT_RANGE take ranges aligned to {} bytes",
+                    bs << self.geo.cluster_bits
+                )));
             }
             let size = st.raw.size();
             if collapse && end >= size {
