@@ -166,7 +166,7 @@ pub use namei::{
 pub use nbd::NbdDevice;
 pub use place::Placed;
 pub use quota::QuotaReport;
-pub use reader::FileReader;
+pub use reader::{FileHandle, FileReader};
 pub use transaction::TxnStats;
 pub use trim::Trimmed;
 pub use verity::VerityArgs;

@@ -1,5 +1,6 @@
-//! A file's contents as `std::io::Read + Seek`, for embedders that want a file handle rather
-//! than reads at offsets (the Python package's file objects; anything that takes a reader).
+//! A file's contents as `std::io::Read + Seek` (and `Write`, opened for writing), for
+//! embedders that want a file handle rather than reads and writes at offsets (the Python
+//! package's file objects; anything that takes a reader or a writer).
 //!
 //! ```no_run
 //! use std::io::Read;
@@ -12,34 +13,55 @@
 
 use crate::error::{Error, Result};
 use crate::fs::Fs;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::sync::Arc;
 
-/// An open file, read from a position that reads and seeks move. Holds the inode open (as an
-/// open file descriptor does: unlinked meanwhile, it is freed only when the reader is dropped).
-pub struct FileReader {
+/// An open file, read (and written, if opened for writing) at a position that reads, writes
+/// and seeks move. Holds the inode open (as an open file descriptor does: unlinked meanwhile,
+/// it is freed only when the handle is dropped).
+pub struct FileHandle {
     fs: Arc<Fs>,
     ino: u32,
     pos: u64,
+    writable: bool,
 }
+
+/// A [`FileHandle`] opened for reading ([`Fs::open_reader`]).
+pub type FileReader = FileHandle;
 
 impl Fs {
     /// Opens inode `ino` for reading. A directory is refused ([`Error::IsDir`]); an encrypted
     /// file needs its key, as for [`Fs::open`].
     pub fn open_reader(self: &Arc<Self>, ino: u32) -> Result<FileReader> {
+        self.open_handle(ino, false)
+    }
+
+    /// Opens inode `ino` for reading and writing, at position 0 (as `O_RDWR`, with root's
+    /// rights: an immutable or append-only file, or one with verity, refuses its writes as
+    /// [`Fs::write`] refuses them). A directory is refused ([`Error::IsDir`]), and so is a
+    /// read-only filesystem ([`Error::ReadOnly`]).
+    pub fn open_writer(self: &Arc<Self>, ino: u32) -> Result<FileHandle> {
+        if self.is_read_only() {
+            return Err(Error::ReadOnly(String::new()));
+        }
+        self.open_handle(ino, true)
+    }
+
+    fn open_handle(self: &Arc<Self>, ino: u32, writable: bool) -> Result<FileHandle> {
         if self.getattr(ino)?.is_dir() {
             return Err(Error::IsDir);
         }
         self.open(ino)?;
-        Ok(FileReader {
+        Ok(FileHandle {
             fs: self.clone(),
             ino,
             pos: 0,
+            writable,
         })
     }
 }
 
-impl FileReader {
+impl FileHandle {
     /// The inode read.
     pub fn ino(&self) -> u32 {
         self.ino
@@ -55,9 +77,28 @@ impl FileReader {
         Ok(self.len()? == 0)
     }
 
-    /// The position the next read starts at.
+    /// The position the next read or write starts at.
     pub fn position(&self) -> u64 {
         self.pos
+    }
+
+    /// Makes what was written durable, as fsync(2) ([`Fs::fsync`]).
+    pub fn sync_all(&self) -> Result<()> {
+        self.fs.fsync(self.ino, false)
+    }
+
+    /// Cuts or extends the file to `size` bytes, as `File::set_len` (opened for writing).
+    pub fn set_len(&self, size: u64) -> Result<()> {
+        self.check_writable()?;
+        self.fs.truncate(self.ino, size)
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(Error::Invalid("the file was opened for reading only".into()))
+        }
     }
 }
 
@@ -69,7 +110,7 @@ fn io_error(e: Error) -> io::Error {
     )
 }
 
-impl Read for FileReader {
+impl Read for FileHandle {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.fs.read(self.ino, self.pos, buf).map_err(io_error)?;
         self.pos += n as u64;
@@ -77,7 +118,22 @@ impl Read for FileReader {
     }
 }
 
-impl Seek for FileReader {
+/// Writes at the position, then moves it; the bytes are in the filesystem at once (the
+/// engine has no per-handle buffer), durable after [`FileHandle::sync_all`].
+impl Write for FileHandle {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.check_writable().map_err(io_error)?;
+        let n = self.fs.write(self.ino, self.pos, buf).map_err(io_error)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Seek for FileHandle {
     fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
         let (base, delta) = match to {
             SeekFrom::Start(p) => {
@@ -100,7 +156,7 @@ impl Seek for FileReader {
     }
 }
 
-impl Drop for FileReader {
+impl Drop for FileHandle {
     fn drop(&mut self) {
         let _ = self.fs.release(self.ino);
     }
@@ -134,5 +190,22 @@ mod tests {
         assert!(r.seek(SeekFrom::Current(-1)).is_err());
         assert_eq!(r.len().unwrap(), 5000);
         assert!(matches!(fs.open_reader(2), Err(Error::IsDir)));
+        // Not opened for writing: writes refused, nothing changed.
+        assert!(r.write(b"x").is_err());
+        drop(r);
+        // A writer writes at its position and seeks as the reader does.
+        let mut w = fs.open_writer(ino).unwrap();
+        w.seek(SeekFrom::Start(4998)).unwrap();
+        w.write_all(b"abcd").unwrap();
+        assert_eq!(w.position(), 5002);
+        w.set_len(5001).unwrap();
+        w.sync_all().unwrap();
+        let mut back = Vec::new();
+        w.seek(SeekFrom::Start(0)).unwrap();
+        w.read_to_end(&mut back).unwrap();
+        assert_eq!(back[..4998], data[..4998]);
+        assert_eq!(&back[4998..], b"abc");
+        drop(w);
+        fs.unmount().unwrap();
     }
 }
