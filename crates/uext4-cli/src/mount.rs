@@ -899,10 +899,24 @@ fn serve_foreground(
     Ok(())
 }
 
-/// Under `-o noopen` read-write, opens are no longer asked for: none may be one the engine
-/// would refuse (a write open of an immutable, append-only or verity file).
+/// Under `-o noopen` opens are no longer asked for: none may be one the engine would refuse.
+/// On an image with the encrypt feature, an encrypted file's open fails without its key
+/// (ENOKEY, as the kernel's fscrypt_file_open); read-write, a write open of an immutable,
+/// append-only or verity file fails.
 fn check_noopen(fs: &Fs, image: &Path, opts: &Options) -> Result<()> {
-    if !opts.noopen || opts.read_only {
+    if !opts.noopen {
+        return Ok(());
+    }
+    if fs
+        .superblock()
+        .has_incompat(uext4::format::features::INCOMPAT_ENCRYPT)
+    {
+        bail!(
+            "{}: -o noopen: the image has the encrypt feature, and only OPEN can refuse an encrypted file without its key (mount without noopen)",
+            image.display()
+        );
+    }
+    if opts.read_only {
         return Ok(());
     }
     if let Some(ino) = fs.first_restricted_inode()? {

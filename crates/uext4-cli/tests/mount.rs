@@ -2457,6 +2457,22 @@ fn noopen_mounts_open_files_without_asking() {
     assert_eq!(count(&j, "OPEN"), 1, "the first open only: {j}");
     e.umount();
     e.fsck();
+    // An image that may hold encrypted files: refused even read-only, as only OPEN can
+    // refuse an encrypted file without its key (ENOKEY), as the kernel's ext4 does.
+    sh(&format!(
+        "tune2fs -O encrypt {} >/dev/null",
+        e.img.display()
+    ));
+    let o = Command::new(bin())
+        .args(["mount", "-o", "ro,noopen"])
+        .arg(&e.img)
+        .arg(&e.mnt)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("encrypt") && err.lines().count() == 1, "{err}");
+    e.fsck();
 }
 
 /// bigalloc through the mount, on an image `uext4 mkfs -O bigalloc -C 16K` made: a shell

@@ -97,7 +97,9 @@ impl FileHandle {
         if self.writable {
             Ok(())
         } else {
-            Err(Error::Invalid("the file was opened for reading only".into()))
+            Err(Error::Invalid(
+                "the file was opened for reading only".into(),
+            ))
         }
     }
 }
