@@ -30,8 +30,17 @@ build() {
   local flags="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4"
   flags+=" -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table"
   flags+=" -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks"
-  if ! (cd fuzz && RUSTFLAGS="$flags" CARGO_TARGET_DIR="$build_dir" \
-        cargo build --release --locked --target "$host" --bins 2>&1 | tail -20); then
+  local log rc=0
+  log=$(cd fuzz && RUSTFLAGS="$flags" CARGO_TARGET_DIR="$build_dir" \
+        cargo build --release --locked --target "$host" --bins 2>&1) || rc=$?
+  printf '%s\n' "$log" | tail -20
+  if [ $rc -ne 0 ]; then
+    # A lock file that no longer matches the manifests is the project's mistake, not this
+    # machine's: a failure, not a skip.
+    if grep -q "cannot update the lock file" <<<"$log"; then
+      echo "fuzz: fuzz/Cargo.lock does not match the manifests (run cargo tree in fuzz/ and commit it)"
+      return 1
+    fi
     return 3
   fi
   for t in "${targets[@]}"; do [ -x "$(bin "$t")" ] || { echo "fuzz: $t did not build"; return 3; }; done
@@ -95,7 +104,7 @@ case ${1:-} in
   --build) build ;;
   --all)
     secs=${2:?"--all SECONDS"}
-    build || exit 3
+    build || exit $?
     seeds || exit 3
     bad=0
     for t in "${targets[@]}"; do run "$t" "$secs" || bad=1; done
@@ -104,7 +113,7 @@ case ${1:-} in
     secs=${2:?"--campaign SECONDS [TARGET...]"}
     shift 2
     out=${UEXT4_FUZZ_FIGURES:-$root/target/fuzz-campaign.txt}
-    build || exit 3
+    build || exit $?
     seeds || exit 3
     [ $# -gt 0 ] || set -- "${targets[@]}"
     for t in "$@"; do
@@ -116,7 +125,7 @@ case ${1:-} in
   *)
     t=$1 secs=${2:-60}; shift; [ $# -gt 0 ] && shift
     printf '%s\n' "${targets[@]}" | grep -qx "$t" || { echo "fuzz: no harness $t (--list)"; exit 2; }
-    build || exit 3
+    build || exit $?
     seeds || exit 3
     run "$t" "$secs" "$@" ;;
 esac
