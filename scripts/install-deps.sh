@@ -9,7 +9,8 @@
 # without recommends), the Sleuth Kit (fls, ils: the examiner tests' oracle beside debugfs),
 # fsverity (fsverity-utils: `fsverity digest`, the oracle of the verity tests), man-db (`man -l`
 # renders the installed man pages in the packaging test), zsh and fish (the packaging test
-# loads their completions), and pjdfstest
+# loads their completions), git, make, gcc and python3-venv (the tools the real-tools
+# benchmark family runs, `uext4 bench --family tools`), and pjdfstest
 # (through cargo). Safe to run again; does nothing when all is present.
 set -euo pipefail
 
@@ -39,6 +40,10 @@ command -v fsverity >/dev/null || need+=(fsverity)
 command -v man >/dev/null || need+=(man-db)
 command -v zsh >/dev/null || need+=(zsh)
 command -v fish >/dev/null || need+=(fish)
+command -v git >/dev/null || need+=(git)
+command -v make >/dev/null || need+=(make)
+command -v cc >/dev/null || need+=(gcc)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then

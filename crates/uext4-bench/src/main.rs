@@ -14,6 +14,7 @@ mod memfs;
 mod meta;
 mod null;
 mod report;
+mod tools;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser};
@@ -321,12 +322,34 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let mut meta_out = MetaOutcome::default();
-    if let Some(tree) = &tree {
+    let tools_inputs = match &tree {
+        Some(tree)
+            if meta_workloads
+                .iter()
+                .any(|w| tools::WORKLOADS.contains(&w.as_str())) =>
+        {
+            if let Some(m) = tools::missing() {
+                bail!("{m}");
+            }
+            say(
+                &pb,
+                "tools family: making the repository and the wheels".into(),
+            );
+            Some(tools::Inputs::make(&ctx.base, tree, a.quick)?)
+        }
+        _ => None,
+    };
+    let input = match (&tree, &tools_inputs) {
+        (_, Some(t)) => Some(MetaInput::Tools(t)),
+        (Some(t), None) => Some(MetaInput::Tree(t)),
+        _ => None,
+    };
+    if let Some(input) = input {
         say(
             &pb,
-            format!("metadata tree: {}, {}", tree.source, tree.summary()),
+            format!("metadata-shaped family on {}", input.describe()),
         );
-        meta_out = run_meta(&ctx, &pb, tree, &meta_workloads, &meta_plan);
+        meta_out = run_meta(&ctx, &pb, input, &meta_workloads, &meta_plan);
     }
     let mut records = meta_out.records;
     records.extend(run_data(&ctx, &pb, &plan, a.journal_size));
@@ -342,14 +365,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     clean_up(&ctx.base, base_existed);
-    write_outputs(
-        &a,
-        &records,
-        &workloads,
-        &skipped,
-        tree.as_ref(),
-        count_note,
-    )?;
+    write_outputs(&a, &records, &workloads, &skipped, input, count_note)?;
     if !meta_out.errors.is_empty() {
         bail!("metadata family: {}", meta_out.errors.join("; "));
     }
@@ -387,13 +403,19 @@ fn uext4_exe() -> Result<PathBuf> {
 /// The workloads asked for (by --workload, or --family): (the data family's, the metadata
 /// family's).
 fn select_workloads(a: &BenchArgs) -> Result<(Vec<String>, Vec<String>)> {
-    let all_workloads: Vec<&str> = WORKLOADS.iter().chain(meta::WORKLOADS).copied().collect();
+    let all_workloads: Vec<&str> = WORKLOADS
+        .iter()
+        .chain(meta::WORKLOADS)
+        .chain(tools::WORKLOADS)
+        .copied()
+        .collect();
     let requested: Vec<String> = if a.workloads.is_empty() {
         let fams: &[&[&str]] = match a.family.as_str() {
             "data" => &[WORKLOADS],
             "metadata" => &[meta::WORKLOADS],
+            "tools" => &[tools::WORKLOADS],
             "all" => &[WORKLOADS, meta::WORKLOADS],
-            f => bail!("unknown family {f:?} (known: data, metadata, features, all)"),
+            f => bail!("unknown family {f:?} (known: data, metadata, tools, features, all)"),
         };
         fams.iter()
             .flat_map(|f| f.iter())
@@ -421,9 +443,19 @@ fn select_workloads(a: &BenchArgs) -> Result<(Vec<String>, Vec<String>)> {
         .collect();
     let meta_workloads: Vec<String> = requested
         .iter()
-        .filter(|w| meta::WORKLOADS.contains(&w.as_str()))
+        .filter(|w| meta::WORKLOADS.contains(&w.as_str()) || tools::WORKLOADS.contains(&w.as_str()))
         .cloned()
         .collect();
+    // Both run on one image per system, each family from the start: one of them at a time.
+    if meta_workloads
+        .iter()
+        .any(|w| tools::WORKLOADS.contains(&w.as_str()))
+        && meta_workloads
+            .iter()
+            .any(|w| meta::WORKLOADS.contains(&w.as_str()))
+    {
+        bail!("the metadata and tools families run one at a time (two runs of uext4 bench)");
+    }
     Ok((workloads, meta_workloads))
 }
 
@@ -587,7 +619,14 @@ fn meta_plan(
     } else {
         systems
             .iter()
+            // The tools need a mount: not the in-process engine.
             .filter(|s| meta::SYSTEMS.contains(&s.as_str()))
+            .filter(|s| {
+                *s != "uext4-lib"
+                    || !meta_workloads
+                        .iter()
+                        .any(|w| tools::WORKLOADS.contains(&w.as_str()))
+            })
             .cloned()
             .collect()
     };
@@ -627,7 +666,7 @@ struct MetaOutcome {
 fn run_meta(
     ctx: &Ctx,
     pb: &indicatif::ProgressBar,
-    tree: &meta::Tree,
+    input: MetaInput,
     meta_workloads: &[String],
     meta_plan: &[(String, bool)],
 ) -> MetaOutcome {
@@ -638,7 +677,7 @@ fn run_meta(
             if *count { " (counting requests)" } else { "" }
         ));
         let rs = ctx
-            .measure_meta(s, tree, meta_workloads, *count)
+            .measure_meta(s, input, meta_workloads, *count)
             .unwrap_or_else(|e| {
                 let note = one_line(&format!("error: {e:#}"));
                 meta_workloads
@@ -768,7 +807,7 @@ fn write_outputs(
     records: &[Record],
     workloads: &[String],
     skipped: &[String],
-    tree: Option<&meta::Tree>,
+    input: Option<MetaInput>,
     count_note: Option<String>,
 ) -> Result<()> {
     let runtime = if a.quick { 1 } else { a.runtime };
@@ -790,12 +829,19 @@ fn write_outputs(
     } else {
         report::report(&data, skipped, runtime, a.repeat, &a.out)
     };
-    if let Some(tree) = &tree {
+    if let Some(input) = input {
+        let intro = match input {
+            MetaInput::Tree(tree) => meta::intro(
+                &format!("{}: {}", tree.source, tree.summary()),
+                meta::pkg_count(a.quick),
+            ),
+            MetaInput::Tools(t) => tools::intro(t),
+        };
         report.push_str(&meta::report(
             records,
-            &format!("{}: {}", tree.source, tree.summary()),
+            input.workloads(),
+            &intro,
             a.repeat,
-            meta::pkg_count(a.quick),
             count_note.as_deref(),
         ));
     }
@@ -807,6 +853,30 @@ fn write_outputs(
         a.out.display()
     );
     Ok(())
+}
+
+/// What the one-image-per-system families run on: the metadata family's tree, or the tools
+/// family's repository and wheels.
+#[derive(Clone, Copy)]
+enum MetaInput<'a> {
+    Tree(&'a meta::Tree),
+    Tools(&'a tools::Inputs),
+}
+
+impl MetaInput<'_> {
+    fn describe(&self) -> String {
+        match self {
+            MetaInput::Tree(t) => format!("{}, {}", t.source, t.summary()),
+            MetaInput::Tools(t) => t.summary.clone(),
+        }
+    }
+
+    fn workloads(&self) -> &'static [&'static str] {
+        match self {
+            MetaInput::Tree(_) => meta::WORKLOADS,
+            MetaInput::Tools(_) => tools::WORKLOADS,
+        }
+    }
 }
 
 /// One measurement in the plan: workload, journal size (None: the default), system, jobs.
@@ -911,42 +981,43 @@ impl Ctx {
     fn measure_meta(
         &self,
         system: &str,
-        tree: &meta::Tree,
+        input: MetaInput,
         selected: &[String],
         count: bool,
     ) -> Result<Vec<Record>> {
-        let (timed, fsck_result, journal_mib, stats) = if system == "uext4-lib" {
-            let img = self.base.join("uext4-lib.img");
-            let journal_mib = self.mke2fs(&img, self.journal_mib, self.meta_mib)?;
-            let fs = uext4::Fs::open_path(&img, uext4::MountOptions::default())
-                .map_err(|e| anyhow!("{}: {e}", img.display()))?;
-            let r = meta::run_family(&meta::Lib { fs: &fs }, tree, selected, self.quick, None);
-            let stats = serde_json::from_str(&fs.stats_json()).ok();
-            let u = fs.unmount();
-            drop(fs);
-            let timed = r?;
-            u.map_err(|e| anyhow!("unmount: {e}"))?;
-            let f = fsck(&img);
-            let _ = std::fs::remove_file(&img);
-            (timed, f, journal_mib, stats)
-        } else {
-            let m = self.setup(system, "metadata", 1, self.journal_mib)?;
-            let ops = meta::Posix::new(&m.dir);
-            let mut counter = if count {
-                Some(meta::PerfCounter::new(&m.dir, &self.base)?)
+        let (timed, fsck_result, journal_mib, stats) =
+            if let (MetaInput::Tree(tree), "uext4-lib") = (input, system) {
+                let img = self.base.join("uext4-lib.img");
+                let journal_mib = self.mke2fs(&img, self.journal_mib, self.meta_mib)?;
+                let fs = uext4::Fs::open_path(&img, uext4::MountOptions::default())
+                    .map_err(|e| anyhow!("{}: {e}", img.display()))?;
+                let r = meta::run_family(&meta::Lib { fs: &fs }, tree, selected, self.quick, None);
+                let stats = serde_json::from_str(&fs.stats_json()).ok();
+                let u = fs.unmount();
+                drop(fs);
+                let timed = r?;
+                u.map_err(|e| anyhow!("unmount: {e}"))?;
+                let f = fsck(&img);
+                let _ = std::fs::remove_file(&img);
+                (timed, f, journal_mib, stats)
             } else {
-                None
+                let m = self.setup(system, "metadata", 1, self.journal_mib)?;
+                let ops = meta::Posix::new(&m.dir);
+                let mut counter = if count {
+                    Some(meta::PerfCounter::new(&m.dir, &self.base)?)
+                } else {
+                    None
+                };
+                let counter = counter.as_mut().map(|c| c as &mut dyn meta::Counter);
+                let r = match input {
+                    MetaInput::Tree(tree) => {
+                        meta::run_family(&ops, tree, selected, self.quick, counter)
+                    }
+                    MetaInput::Tools(t) => tools::run_family(&m.dir, t, selected, counter),
+                };
+                let (stats, f, journal_mib) = self.take_down(system, m);
+                (r?, f, journal_mib, stats)
             };
-            let r = meta::run_family(
-                &ops,
-                tree,
-                selected,
-                self.quick,
-                counter.as_mut().map(|c| c as &mut dyn meta::Counter),
-            );
-            let (stats, f, journal_mib) = self.take_down(system, m);
-            (r?, f, journal_mib, stats)
-        };
         let n = timed.len();
         Ok(timed
             .into_iter()

@@ -811,6 +811,15 @@ pub trait Counter {
     fn stop(&mut self) -> Result<BTreeMap<String, u64>>;
 }
 
+/// A family's workloads up to the last one `selected` (each needs the ones before it).
+pub fn up_to_last<'a>(family: &'a [&'a str], selected: &[String]) -> &'a [&'a str] {
+    let last = family
+        .iter()
+        .rposition(|w| selected.iter().any(|s| s == w))
+        .unwrap_or(0);
+    &family[..=last]
+}
+
 /// Runs the family on `ops`: every workload in order (each needs the ones before it), and
 /// returns those in `selected`. `counter`, when given, counts each one's FUSE requests.
 pub fn run_family(
@@ -820,14 +829,10 @@ pub fn run_family(
     quick: bool,
     mut counter: Option<&mut dyn Counter>,
 ) -> Result<Vec<Timed>> {
-    let last = WORKLOADS
-        .iter()
-        .rposition(|w| selected.iter().any(|s| s == w))
-        .unwrap_or(0);
     let mut out = Vec::new();
     let mut unpacked = None;
     let mut buf = Vec::with_capacity(1 << 20);
-    for &w in &WORKLOADS[..=last] {
+    for &w in up_to_last(WORKLOADS, selected) {
         if let Some(c) = counter.as_mut() {
             c.start()?;
         }
@@ -901,31 +906,39 @@ fn table_header<T: std::fmt::Display>(s: &mut String, cols: impl Iterator<Item =
     s.push('\n');
 }
 
-pub fn report(
-    records: &[super::Record],
-    tree: &str,
-    repeat: usize,
-    pkg: usize,
-    count_note: Option<&str>,
-) -> String {
-    let rs: Vec<&super::Record> = records
-        .iter()
-        .filter(|r| r.seconds.is_some() || WORKLOADS.contains(&r.workload.as_str()))
-        .collect();
-    let mut s = String::new();
-    s.push_str(&format!(
+/// The metadata family's introduction to its table.
+pub fn intro(tree: &str, pkg: usize) -> String {
+    format!(
         "## Metadata workloads (seconds, lower is better)\n\nTree: {tree}. One fresh image per \
          system; the workloads run in this order, single-threaded, each timed apart: untar \
          (+ syncfs), stat-walk, read-all, cp-a (within the mount), pkg-install ({pkg} files: \
          temp file, fsync, rename over, chmod, chown, utimes), rm-rf (+ syncfs). raw is a \
          tmpfs folder (the storage's ceiling), fuse-mem an in-memory FUSE server (the \
-         transport's ceiling).{}\n\n",
-        if repeat > 1 {
-            format!(" Each cell is the median of {repeat} runs, the systems rotated every round.")
-        } else {
-            String::new()
-        }
-    ));
+         transport's ceiling)."
+    )
+}
+
+/// A one-image-per-system family's section of the report (this family's, or the tools
+/// family's: `family` its workloads, `intro` its heading and paragraph).
+pub fn report(
+    records: &[super::Record],
+    family: &[&str],
+    intro: &str,
+    repeat: usize,
+    count_note: Option<&str>,
+) -> String {
+    let rs: Vec<&super::Record> = records
+        .iter()
+        .filter(|r| family.contains(&r.workload.as_str()))
+        .collect();
+    let mut s = String::new();
+    s.push_str(intro);
+    if repeat > 1 {
+        s.push_str(&format!(
+            " Each cell is the median of {repeat} runs, the systems rotated every round."
+        ));
+    }
+    s.push_str("\n\n");
     let mut systems: Vec<&str> = SYSTEMS
         .iter()
         .copied()
@@ -945,7 +958,7 @@ pub fn report(
         "raw",
     ];
     systems.sort_by_key(|s| order.iter().position(|o| o == s).unwrap_or(order.len()));
-    let workloads: Vec<&str> = WORKLOADS
+    let workloads: Vec<&str> = family
         .iter()
         .copied()
         .filter(|w| rs.iter().any(|r| r.workload == *w))

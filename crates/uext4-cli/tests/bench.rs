@@ -48,24 +48,7 @@ fn quick_bench_produces_numbers_for_every_system() {
         eprintln!("SKIP: bench --quick needs root and fio");
         return;
     }
-    uext4_testkit::Cli(env!("CARGO_BIN_EXE_uext4")).build_beside("uext4-bench");
-    let out = std::env::temp_dir().join(format!("uext4-bench-test-{}", std::process::id()));
-    let dir = format!("/dev/shm/uext4-bench-test-{}", std::process::id());
-    let o = Command::new(env!("CARGO_BIN_EXE_uext4"))
-        .args(["bench", "--quick", "--dir", &dir])
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(
-        o.status.success(),
-        "bench --quick failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
+    let (out, json) = bench("test", &["--quick"]);
     let recs = json.as_array().unwrap();
     for w in [
         "overwrite-4k",
@@ -213,4 +196,83 @@ fn quick_bench_produces_numbers_for_every_system() {
         .unwrap()
         .contains("(overwrite-4k.png)"));
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// `uext4 bench --family tools --quick` on uext4's mount: git, python3's venv and pip, make
+/// and the C compiler each did their step (the harness checks every step's result: the
+/// commit checked out, an empty `git status`, every module imported, the program's output),
+/// every step has seconds, and e2fsck is clean after. Needs root, /dev/fuse and the tools.
+#[test]
+fn tools_family_runs_real_tools_on_the_mount() {
+    let root = unsafe { libc::geteuid() } == 0;
+    let tools = Command::new("sh")
+        .args([
+            "-c",
+            "command -v git && command -v make && command -v cc && python3 -c 'import venv, ensurepip'",
+        ])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !root || !tools || !Path::new("/dev/fuse").exists() {
+        eprintln!(
+            "SKIP: bench --family tools needs root, /dev/fuse, git, make, cc and python3-venv"
+        );
+        return;
+    }
+    let (out, json) = bench(
+        "tools",
+        &["--family", "tools", "--quick", "--systems", "uext4-fuse"],
+    );
+    let recs = json.as_array().unwrap();
+    for w in [
+        "git-clone",
+        "git-checkout",
+        "git-status",
+        "venv",
+        "pip-install",
+        "py-import",
+        "cc-build",
+        "rm-tree",
+    ] {
+        let r = recs
+            .iter()
+            .find(|r| r["workload"] == w && r["system"] == "uext4-fuse")
+            .unwrap_or_else(|| panic!("no record for {w}"));
+        assert!(
+            r["seconds"].as_f64().unwrap_or(0.0) > 0.0,
+            "{w}: {}",
+            r["note"]
+        );
+        assert!(r["entries"].as_u64().unwrap_or(0) > 0, "{w}: no entries");
+        assert_eq!(r["fsck"], "clean", "{w}: e2fsck after the run");
+    }
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("## Real tools"), "{report}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// Runs `uext4 bench ARGS` (the harness built beside it) in a folder of its own under
+/// /dev/shm, and asserts it succeeded; returns its output folder and results.json.
+fn bench(name: &str, args: &[&str]) -> (std::path::PathBuf, serde_json::Value) {
+    uext4_testkit::Cli(env!("CARGO_BIN_EXE_uext4")).build_beside("uext4-bench");
+    let pid = std::process::id();
+    let out = std::env::temp_dir().join(format!("uext4-bench-{name}-{pid}"));
+    let dir = format!("/dev/shm/uext4-bench-{name}-{pid}");
+    let o = Command::new(env!("CARGO_BIN_EXE_uext4"))
+        .arg("bench")
+        .args(args)
+        .args(["--dir", &dir])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        o.status.success(),
+        "bench {args:?} failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let json = serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
+    (out, json)
 }
