@@ -36,6 +36,10 @@ impl Fs {
                 }
             };
             if let Some((key, size)) = key {
+                if self.is_verity(ino)? {
+                    // Decrypted, then checked against its tree (verity.rs).
+                    return self.read_verity(&inode, off, buf);
+                }
                 if off >= size || buf.is_empty() {
                     return self.read_inner(ino, off, buf, false);
                 }

@@ -4,8 +4,12 @@
 //! metadata (fs/verity/read_metadata.c). The on-disk structures are in format/verity.rs.
 //!
 //! Verity files are read-only: writes, truncates and write opens fail with EPERM (flags.rs).
-//! An encrypted verity file, whose tree is encrypted too, is refused (EOPNOTSUPP).
+//! In an encrypted file the Merkle tree, the descriptor and its size word are encrypted as
+//! its data are, block by block with the file's contents key (ext4 reads and writes them
+//! through the page cache, which fscrypt en- and decrypts by logical block); the hashes are
+//! of the plaintext. Without the key such a file is ENOKEY, as its data are.
 
+use crate::crypto::InodeKey;
 use crate::error::{Corruption, Error, Result};
 use crate::flags::{FL_APPEND, FL_VERITY};
 use crate::format::features::RO_COMPAT_VERITY;
@@ -57,16 +61,13 @@ impl Fs {
     /// ext4_get_verity_descriptor_location).
     pub(crate) fn verity_info(&self, inode: &Inode) -> Result<Arc<VerityInfo>> {
         let ino = inode.ino;
+        if let Some(v) = &inode.state.lock().verity {
+            return Ok(v.clone());
+        }
+        let key = self.contents_key(ino)?;
+        let key = key.as_deref();
         let (size, map_end) = {
             let mut st = inode.state.lock();
-            if let Some(v) = &st.verity {
-                return Ok(v.clone());
-            }
-            if crate::encrypt::is_encrypted(&st.raw) {
-                return Err(Error::NotSupported(format!(
-                    "inode {ino}: verity on an encrypted file (its Merkle tree is encrypted)"
-                )));
-            }
             if Self::is_inline(&st.raw) || Self::uses_blockmap(&st.raw) {
                 return Err(Error::corrupt(
                     Corruption::Inode,
@@ -90,13 +91,13 @@ impl Fs {
         let map_end = map_end.ok_or_else(|| bad("it has no extents".into()))?;
         let mut word = [0u8; 4];
         if map_end >= 4 {
-            self.read_mapped(inode, map_end - 4, &mut word)?;
+            self.read_plain(inode, key, map_end - 4, &mut word)?;
         }
         let bs = self.geo.block_size as u64;
         let (pos, len) = descriptor_location(size, map_end, u32::from_le_bytes(word), bs)
             .ok_or_else(|| bad("its size word makes no sense".into()))?;
         let mut raw = vec![0u8; len];
-        self.read_mapped(inode, pos, &mut raw)?;
+        self.read_plain(inode, key, pos, &mut raw)?;
         let desc = Descriptor::parse(&raw, size).map_err(bad)?;
         let params = MerkleParams::of(&desc, self.geo.block_size)
             .map_err(|e| Error::corrupt(Corruption::Inode, format!("inode {ino}: {e}")))?;
@@ -115,6 +116,8 @@ impl Fs {
     /// (fsverity_verify_blocks); a mismatch is EIO naming the inode and the block.
     pub(crate) fn read_verity(&self, inode: &Inode, off: u64, buf: &mut [u8]) -> Result<usize> {
         let info = self.verity_info(inode)?;
+        let key = self.contents_key(inode.ino)?;
+        let key = key.as_deref();
         let _g = inode.io_lock.read();
         let (size, touched) = {
             let mut st = inode.state.lock();
@@ -132,9 +135,9 @@ impl Fs {
         let start = off / bs * bs;
         let end = (off + len as u64).next_multiple_of(bs).min(size);
         let mut data = vec![0u8; (end - start) as usize];
-        self.read_mapped(inode, start, &mut data)?;
+        self.read_plain(inode, key, start, &mut data)?;
         for (i, block) in data.chunks(bs as usize).enumerate() {
-            self.verify_data_block(inode, &info, start / bs + i as u64, block)?;
+            self.verify_data_block(inode, key, &info, start / bs + i as u64, block)?;
         }
         let at = (off - start) as usize;
         buf[..len].copy_from_slice(&data[at..at + len]);
@@ -150,6 +153,7 @@ impl Fs {
     fn verify_data_block(
         &self,
         inode: &Inode,
+        key: Option<&InodeKey>,
         info: &VerityInfo,
         index: u64,
         data: &[u8],
@@ -169,7 +173,7 @@ impl Fs {
         let base = metadata_pos(p.data_size);
         for &(level, blk, off) in path.iter().rev() {
             let mut block = vec![0u8; p.block_size];
-            self.read_mapped(inode, base + (blk << p.log_blocksize), &mut block)?;
+            self.read_plain(inode, key, base + (blk << p.log_blocksize), &mut block)?;
             if p.hash_block(&block) != want {
                 return Err(Error::Verity(format!(
                     "inode {}: Merkle tree block {blk} (level {level}) does not match the hash \
@@ -233,7 +237,9 @@ impl Fs {
                     return Ok(Vec::new());
                 }
                 let mut b = vec![0u8; (end - off) as usize];
-                self.read_mapped(&inode, metadata_pos(info.params.data_size) + off, &mut b)?;
+                let key = self.contents_key(ino)?;
+                let pos = metadata_pos(info.params.data_size) + off;
+                self.read_plain(&inode, key.as_deref(), pos, &mut b)?;
                 Ok(b)
             }
             METADATA_DESCRIPTOR => Ok(slice(&info.desc.core_bytes(0))),
@@ -254,8 +260,9 @@ impl Fs {
     /// EINVAL for a block size that is not a power of two or that the kernel refuses, an
     /// unknown algorithm or a file that is not regular (EISDIR for a directory); EMSGSIZE for
     /// a salt over 32 bytes or a signature over 16128; EEXIST when verity is already on;
-    /// EPERM for an append-only file; EOPNOTSUPP without the `verity` feature, for an
-    /// encrypted file or one with an indirect block map; EROFS; ENOSPC.
+    /// EPERM for an append-only file; EOPNOTSUPP without the `verity` feature or for a file
+    /// with an indirect block map; ENOKEY for an encrypted file without its key; EROFS;
+    /// ENOSPC.
     pub fn enable_verity(&self, ino: u32, args: &VerityArgs) -> Result<()> {
         if !args.block_size.is_power_of_two() {
             return Err(Error::Invalid(format!(
@@ -301,15 +308,12 @@ impl Fs {
             if r.flags() & FL_VERITY != 0 {
                 return Err(Error::Exists);
             }
-            if crate::encrypt::is_encrypted(r) {
-                return Err(Error::NotSupported(
-                    "verity on an encrypted file (uext4 does not encrypt Merkle trees)".into(),
-                ));
-            }
         }
+        // ENOKEY before anything changes.
+        let key = self.contents_key(ino)?;
         let _g = inode.io_lock.write();
         let (params, times) = self.begin_enable_verity(&inode, args)?;
-        let built = self.build_verity(&inode, &params, args);
+        let built = self.build_verity(&inode, key.as_deref(), &params, args);
         self.end_enable_verity(&inode, built.as_ref().ok(), times)?;
         built.map(drop)
     }
@@ -379,6 +383,7 @@ impl Fs {
     fn build_verity(
         &self,
         inode: &Inode,
+        key: Option<&InodeKey>,
         params: &MerkleParams,
         args: &VerityArgs,
     ) -> Result<Descriptor> {
@@ -394,7 +399,8 @@ impl Fs {
         };
         let write_run = |run: &mut (u64, Vec<u8>)| -> Result<()> {
             if !run.1.is_empty() {
-                self.write_past_eof(inode, base + (run.0 << params.log_blocksize), &run.1)?;
+                let at = base + (run.0 << params.log_blocksize);
+                self.write_past_eof(inode, key, at, &run.1)?;
                 run.1.clear();
             }
             Ok(())
@@ -415,7 +421,7 @@ impl Fs {
         let mut pos = 0;
         while pos < size {
             let n = (size - pos).min(CHUNK as u64) as usize;
-            self.read_mapped(inode, pos, &mut chunk[..n])?;
+            self.read_plain(inode, key, pos, &mut chunk[..n])?;
             for block in chunk[..n].chunks(bs) {
                 builder.push_data(block, &mut out)?;
             }
@@ -439,19 +445,58 @@ impl Fs {
         let fs_bs = self.geo.block_size as u64;
         let (desc_pos, size_pos) =
             descriptor_layout(size, params.tree_size, bytes.len() as u64, fs_bs);
-        self.write_past_eof(inode, desc_pos, &bytes)?;
-        self.write_past_eof(inode, size_pos, &(bytes.len() as u32).to_le_bytes())?;
+        self.write_past_eof(inode, key, desc_pos, &bytes)?;
+        let word = (bytes.len() as u32).to_le_bytes();
+        self.write_past_eof(inode, key, size_pos, &word)?;
         Ok(desc)
     }
 
+    /// The file's bytes at `off`, inside or past its end, as its reader sees them: the
+    /// stored bytes, or with `key` the plaintext of its encrypted blocks (a hole reads as
+    /// zeros, never decrypted).
+    fn read_plain(
+        &self,
+        inode: &Inode,
+        key: Option<&InodeKey>,
+        off: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let Some(key) = key else {
+            return self.read_mapped(inode, off, buf);
+        };
+        let raw = |at: u64, b: &mut [u8]| self.read_mapped(inode, at, b).map(|()| b.len());
+        self.read_encrypted(key, raw, off, buf).map(drop)
+    }
+
     /// Writes `data` at `off`, past the end of the file, leaving its size (ext4's
-    /// pagecache_write). The caller holds the io_lock exclusively.
-    fn write_past_eof(&self, inode: &Inode, off: u64, data: &[u8]) -> Result<()> {
+    /// pagecache_write); with `key`, the blocks it touches are read, changed and written
+    /// back whole, encrypted (the descriptor and its size word share a block). The caller
+    /// holds the io_lock exclusively.
+    fn write_past_eof(
+        &self,
+        inode: &Inode,
+        key: Option<&InodeKey>,
+        off: u64,
+        data: &[u8],
+    ) -> Result<()> {
         if off + data.len() as u64 > self.max_file_size() {
             return Err(Error::FileTooBig);
         }
         let size = inode.state.lock().raw.size();
-        self.write_new_blocks_locked(inode, off, data, size)
+        let Some(key) = key else {
+            return self.write_new_blocks_locked(inode, off, data, size);
+        };
+        let bs = self.geo.block_size as u64;
+        let start = off / bs * bs;
+        let end = (off + data.len() as u64).div_ceil(bs) * bs;
+        let mut blocks = vec![0u8; (end - start) as usize];
+        self.read_plain(inode, Some(key), start, &mut blocks)?;
+        let at = (off - start) as usize;
+        blocks[at..at + data.len()].copy_from_slice(data);
+        for (i, block) in blocks.chunks_mut(bs as usize).enumerate() {
+            key.encrypt_block(start / bs + i as u64, block)?;
+        }
+        self.write_new_blocks_locked(inode, start, &blocks, size)
     }
 
     /// ext4_end_enable_verity: on success the flag set and the inode taken off the orphan list

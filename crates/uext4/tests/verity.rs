@@ -404,3 +404,89 @@ fn buffered_data_preallocated_tails_and_a_crash_after_enabling() {
     fs.unmount().unwrap();
     e2fsck_clean_when(&img.0, "after a crash following an enable");
 }
+
+/// Verity on an encrypted file (mke2fs -O verity,encrypt; a v2 policy on its directory), as
+/// the kernel keeps it: the Merkle tree, the descriptor and its size word are encrypted past
+/// the end like the data, the hashes are of the plaintext. The digest, and the tree and
+/// descriptor read back through FS_IOC_READ_VERITY_METADATA, are what fsverity-utils computes
+/// from the plaintext, before and after a reopen; no block of the image holds the tree's
+/// plaintext; without the key the file is ENOKEY; a changed data block is EIO; e2fsck is
+/// clean. tests/kernel_vm.rs checks the same files against the kernel's fs-verity.
+#[test]
+fn verity_on_encrypted_files_keeps_the_tree_encrypted() {
+    if !have(&["fsverity"]) {
+        return;
+    }
+    let img = verity_image("verity-encrypted", &["-O", "encrypt"]);
+    let key = uext4::EncryptionKey::new(data(64, 0x6b6579));
+    let with_key = || {
+        let o = MountOptions {
+            keys: vec![key.clone()],
+            ..opts::no_timer()
+        };
+        Fs::open_path(&img.0, o).unwrap()
+    };
+    let fs = with_key();
+    let dir = fs.mkdir(ROOT_INO, b"sealed", 0o755, 0, 0).unwrap().ino;
+    let policy = uext4::EncryptionPolicy::v2(&key).unwrap();
+    fs.set_encryption_policy(dir, &policy).unwrap();
+    // 300 blocks and a part: two level-0 tree blocks, a short last data block.
+    let bytes = data(300 * 4096 + 1234, 9);
+    let ino = fs.create(dir, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_all(ino, 0, &bytes).unwrap();
+    let scratch = Scratch::dir("verity-encrypted-digest");
+    for (alg, bs) in [(1, 4096), (2, 1024)] {
+        let name = format!("f{alg}");
+        let ino = fs.create(dir, name.as_bytes(), 0o644, 0, 0).unwrap().ino;
+        fs.write_all(ino, 0, &bytes).unwrap();
+        let a = args(alg, bs, b"salt");
+        fs.enable_verity(ino, &a).unwrap();
+        let (want, tree, desc) = fsverity_digest(&scratch.0, &bytes, &a);
+        assert_eq!(hex(&fs.measure_verity(ino).unwrap().1), want, "{name}");
+        let got = fs
+            .read_verity_metadata(ino, METADATA_MERKLE_TREE, 0, 1 << 30)
+            .unwrap();
+        assert_eq!(got, tree, "{name}: the tree, decrypted");
+        let got = fs
+            .read_verity_metadata(ino, METADATA_DESCRIPTOR, 0, 1 << 20)
+            .unwrap();
+        assert_eq!(got, desc, "{name}: the descriptor, decrypted");
+        assert_eq!(uext4_testkit::read_all(&fs, ino), bytes);
+    }
+    let a = VerityArgs::default();
+    fs.enable_verity(ino, &a).unwrap();
+    let (want, tree, _) = fsverity_digest(&scratch.0, &bytes, &a);
+    let data_at = byte_of(&fs, ino, 7 * 4096 + 10);
+    fs.unmount().unwrap();
+    e2fsck_clean_when(&img.0, "after enabling verity on encrypted files");
+    // The tree's plaintext is nowhere on disk (its first 64 bytes, a hash, at any offset).
+    let image = std::fs::read(&img.0).unwrap();
+    assert!(
+        !image.windows(64).any(|w| w == &tree[..64]),
+        "the Merkle tree is stored in plaintext"
+    );
+    drop(image);
+    let fs = with_key();
+    let f = fs.lookup(dir, b"f").unwrap().ino;
+    assert_eq!(hex(&fs.measure_verity(f).unwrap().1), want);
+    assert_eq!(uext4_testkit::read_all(&fs, f), bytes);
+    fs.unmount().unwrap();
+    let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
+    let mut b = vec![0u8; 16];
+    let e = fs.read(ino, 0, &mut b).expect_err("read without the key");
+    assert_eq!(e.errno(), libc::ENOKEY, "{e}");
+    drop(fs);
+    flip(&img.0, data_at, 3);
+    let fs = Fs::open_path(
+        &img.0,
+        MountOptions {
+            keys: vec![key.clone()],
+            ..MountOptions::ro()
+        },
+    )
+    .unwrap();
+    let e = fs.read(ino, 7 * 4096, &mut b).expect_err("a changed block");
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    assert_eq!(fs.read(ino, 0, &mut b).unwrap(), 16);
+    assert_eq!(b, bytes[..16]);
+}
