@@ -4,7 +4,7 @@
 //! (inode 8), the quota files (3, 4, 12) and the orphan file (inode 12).
 
 use super::layout::backup_groups;
-use super::place::{Placement, ORPHAN_INO};
+use super::place::{orphan_ino, Placement};
 use super::superblock::journal_superblock;
 use super::writer::Maker;
 use crate::error::Result;
@@ -205,12 +205,13 @@ impl Maker<'_> {
             return Ok(());
         }
         let bs = self.block_size();
+        let ino = orphan_ino(&self.opts.features);
         let mut r = self.new_inode(S_IFREG | 0o600, 1);
-        let extra = self.map_blocks(ORPHAN_INO, &mut r, &o.runs, o.map.as_ref())?;
+        let extra = self.map_blocks(ino, &mut r, &o.runs, o.map.as_ref())?;
         r.set_size(o.blocks * bs as u64);
         r.set_blocks_512((o.blocks + extra) * (bs as u64 / 512));
-        self.write_inode(ORPHAN_INO, &mut r)?;
-        let seed = self.inode_seed(ORPHAN_INO);
+        self.write_inode(ino, &mut r)?;
+        let seed = self.inode_seed(ino);
         for &(s, l) in &o.runs {
             for blk in s..s + l {
                 let mut b = vec![0u8; bs];
@@ -229,7 +230,15 @@ impl Maker<'_> {
             let mut r = self.new_inode(S_IFREG | 0o600, 1);
             r.set_flags(r.flags() | FL_IMMUTABLE);
             let extra = self.map_blocks(q.ino, &mut r, &q.runs, None)?;
-            let n: u64 = q.runs.iter().map(|r| r.1).sum();
+            // Whole clusters with bigalloc (the blocks of one share it).
+            let ratio = self.l.cluster_ratio();
+            let clusters: std::collections::BTreeSet<u64> = q
+                .runs
+                .iter()
+                .flat_map(|&(s, l)| s..s + l)
+                .map(|b| b / ratio)
+                .collect();
+            let n = clusters.len() as u64 * ratio;
             r.set_size(q.bytes.len() as u64);
             r.set_blocks_512((n + extra) * (bs as u64 / 512));
             self.write_inode(q.ino, &mut r)?;

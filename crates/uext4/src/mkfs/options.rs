@@ -256,12 +256,6 @@ impl FeatureSet {
         if self.orphan_file && !self.has_journal {
             return Err(Error::Invalid("orphan_file needs has_journal".into()));
         }
-        if self.quota && self.orphan_file {
-            return Err(Error::Unsupported(
-                "mkfs with both quota and orphan_file (not yet; tune2fs -O quota adds quotas)"
-                    .into(),
-            ));
-        }
         if self.quota_kinds()[2] && !self.project {
             return Err(Error::Invalid(
                 "project quotas need the project feature (-O project)".into(),
@@ -272,11 +266,9 @@ impl FeatureSet {
                 "bigalloc needs the extent feature (as mke2fs)".into(),
             ));
         }
-        if self.bigalloc && (self.quota || self.orphan_file || self.inline_data) {
+        if self.bigalloc && self.inline_data {
             return Err(Error::Unsupported(
-                "mkfs with bigalloc and quota, orphan_file or inline_data (not yet; mke2fs \
-                 makes them)"
-                    .into(),
+                "mkfs with bigalloc and inline_data (not yet; mke2fs makes them)".into(),
             ));
         }
         if self.inline_data && !self.ext_attr {

@@ -13,8 +13,15 @@ use crate::format::inode::GOOD_OLD_FIRST_INO;
 use crate::format::quota::{build_file, Dquot, QuotaType, QT_BLKSIZE};
 use std::collections::BTreeMap;
 
-/// The orphan file's inode (the first after lost+found).
-pub(super) const ORPHAN_INO: u32 = GOOD_OLD_FIRST_INO + 1;
+/// The orphan file's inode: the first free one after lost+found, once the quota files are
+/// made (mke2fs makes them first; the project quota file takes the first).
+pub(super) fn orphan_ino(f: &super::FeatureSet) -> u32 {
+    if f.quota_kinds()[2] {
+        PRJ_QUOTA_INO + 1
+    } else {
+        GOOD_OLD_FIRST_INO + 1
+    }
+}
 
 /// The blocks of a file: its data as runs, and its block map when files have no extents.
 #[derive(Default)]
@@ -59,7 +66,7 @@ pub(super) fn too_small() -> Error {
 pub(super) fn place_files(bm: &mut Blocks, l: &Layout, opts: &MkfsOptions) -> Result<Placement> {
     let f = &opts.features;
     let used_inodes = if f.orphan_file {
-        ORPHAN_INO
+        orphan_ino(f)
     } else if f.quota_kinds()[2] {
         PRJ_QUOTA_INO
     } else {
@@ -134,7 +141,10 @@ fn place_quota_files(
     let kinds = opts.features.quota_kinds();
     let bs = l.block_size as u64;
     let (ru, rg) = opts.root_owner;
-    let charged = [([ru, rg, 0], bs), ([0, 0, 0], lpf_blocks * bs)];
+    // Space is charged in whole clusters with bigalloc, as i_blocks counts it.
+    let ratio = l.cluster_ratio();
+    let space = |blocks: u64| blocks.div_ceil(ratio) * ratio * bs;
+    let charged = [([ru, rg, 0], space(1)), ([0, 0, 0], space(lpf_blocks))];
     let mut out = Vec::new();
     for t in QuotaType::ALL {
         if !kinds[t.index()] {
@@ -155,11 +165,18 @@ fn place_quota_files(
         let mut lmap: BTreeMap<u64, u64> = BTreeMap::new();
         for qb in order {
             let lb = qb as u64 * QT_BLKSIZE as u64 / bs;
-            if let std::collections::btree_map::Entry::Vacant(e) = lmap.entry(lb) {
-                let b = bm.new_block(l.first_data_block).ok_or_else(too_small)?;
-                bm.mark(b, 1, true);
-                e.insert(b);
+            if lmap.contains_key(&lb) {
+                continue;
             }
+            // With bigalloc a block whose logical cluster is mapped goes into the same
+            // physical cluster (ext2fs_bmap2's implied cluster allocation).
+            let sibling = lmap.iter().find(|(k, _)| **k / ratio == lb / ratio);
+            let b = match sibling {
+                Some((&k, &p)) => p - k % ratio + lb % ratio,
+                None => bm.new_block(l.first_data_block).ok_or_else(too_small)?,
+            };
+            bm.mark(b, 1, true);
+            lmap.insert(lb, b);
         }
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for &b in lmap.values() {

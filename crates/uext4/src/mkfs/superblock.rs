@@ -3,7 +3,6 @@
 //! the groups sparse_super keeps them in. Also the journal's own superblock.
 
 use super::layout::Layout;
-use super::place::ORPHAN_INO;
 use super::tables::FLEX_GROUPS;
 use super::writer::Maker;
 use super::MkfsOptions;
@@ -174,7 +173,7 @@ pub(super) fn build_superblock(
         sb.set_prj_quota_inum(super::place::PRJ_QUOTA_INO);
     }
     if f.orphan_file {
-        sb.set_orphan_file_inum(ORPHAN_INO);
+        sb.set_orphan_file_inum(super::place::orphan_ino(f));
     }
     sb.set_overhead_clusters(overhead as u32);
     sb
