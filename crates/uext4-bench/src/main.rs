@@ -8,12 +8,14 @@
 
 mod chart;
 mod features;
+mod guest;
 mod loadgen;
 mod measure;
 mod memfs;
 mod meta;
 mod null;
 mod report;
+mod virtio_fs;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser};
@@ -74,7 +76,10 @@ pub struct BenchArgs {
     /// tree unpacked, walked, read, copied, updated as a package manager does, and removed, on
     /// kernel, fuse2fs, uext4-fuse, uext4-fuse-wbc, uext4-lib, raw and fuse-mem), features
     /// (in-process: lookups in a 100,000-entry casefolded directory against a plain one,
-    /// --repeat rounds, at least 3), or all (data and metadata).
+    /// --repeat rounds, at least 3), virtio-fs (in a guest booted by scripts/kernel-vm.sh: the
+    /// metadata family and data workloads over `uext4 serve --vhost-user-fs` against the
+    /// guest's own ext4 on virtio-blk; skipped, with a line saying why, where no guest can
+    /// boot), or all (data and metadata).
     #[arg(long, default_value = "all")]
     family: String,
     /// The metadata family's tree: a folder or an uncompressed tarball, read into memory first
@@ -136,6 +141,18 @@ pub struct BenchArgs {
     /// (crates/uext4-bench/src/workloads, compiled into the binary).
     #[arg(long)]
     workloads_dir: Option<PathBuf>,
+    /// virtio-fs family: the metadata tree's entries, generated in the guest (500 with --quick).
+    #[arg(long, default_value_t = 2000)]
+    guest_entries: usize,
+    /// virtio-fs family: MiB written and read back by the data workloads (16 with --quick).
+    #[arg(long, default_value_t = 128)]
+    guest_mib: usize,
+    /// virtio-fs family: `-o` options for `uext4 serve` (threads=N: request queues offered).
+    #[arg(long)]
+    serve_options: Option<String>,
+    /// Internal, in the guest: run the virtio-fs family's workloads on DIR, printed as LABEL.
+    #[arg(long, hide = true, value_name = "LABEL=DIR")]
+    vm_guest: Vec<String>,
     /// Internal: serve the do-nothing FUSE filesystem at this mount point (used by fuse-null).
     #[arg(long, hide = true)]
     serve_null: Option<PathBuf>,
@@ -250,6 +267,38 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     if a.repeat == 0 {
         bail!("--repeat takes a count of 1 or more");
+    }
+    if !a.vm_guest.is_empty() {
+        return guest::run(&guest::Plan {
+            dirs: a
+                .vm_guest
+                .iter()
+                .map(|d| guest::parse_dir(d))
+                .collect::<Result<_>>()?,
+            entries: a.guest_entries,
+            mib: a.guest_mib,
+            quick: a.quick,
+        });
+    }
+    if a.family == "virtio-fs" {
+        let base = a
+            .dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("uext4-bench"));
+        let (entries, mib) = if a.quick {
+            (a.guest_entries.min(500), a.guest_mib.min(16))
+        } else {
+            (a.guest_entries, a.guest_mib)
+        };
+        return virtio_fs::run(&virtio_fs::Args {
+            base: &base,
+            out: &a.out,
+            uext4: &uext4_exe()?,
+            entries,
+            mib,
+            quick: a.quick,
+            serve_opts: a.serve_options.as_deref(),
+        });
     }
     if a.family == "features" {
         // In-process, no systems to set up: casefold and encryption against plain.
@@ -393,7 +442,7 @@ fn select_workloads(a: &BenchArgs) -> Result<(Vec<String>, Vec<String>)> {
             "data" => &[WORKLOADS],
             "metadata" => &[meta::WORKLOADS],
             "all" => &[WORKLOADS, meta::WORKLOADS],
-            f => bail!("unknown family {f:?} (known: data, metadata, features, all)"),
+            f => bail!("unknown family {f:?} (known: data, metadata, features, virtio-fs, all)"),
         };
         fams.iter()
             .flat_map(|f| f.iter())
