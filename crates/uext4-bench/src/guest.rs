@@ -5,11 +5,13 @@
 //!
 //!     uext4-vm LABEL WORKLOAD SECONDS ENTRIES
 //!     uext4-vm-req LABEL WORKLOAD OPCODE COUNT US_EACH
+//!     uext4-vm-irq LABEL WORKLOAD QUEUE INTERRUPTS
 //!
-//! The second kind only where the folder is a uext4 mount: the server's request counters
+//! The last two kinds only where the folder is a uext4 mount: the server's request counters
 //! (`user.uext4.stats` of the mount's root, as `uext4 stats` reads them) before and after
 //! each workload, so that the round trips each one cost, and the server's time for each, come
-//! back with the seconds.
+//! back with the seconds; and the guest's interrupts from the virtio-fs queues (hiprio, the
+//! FORGETs' queue, and requests, summed over the request queues), from /proc/interrupts.
 //!
 //! The data workloads, after the metadata family:
 //! - `fsync-4k`: 200 files, each 4 KiB written and fsynced (a commit each);
@@ -76,6 +78,9 @@ fn emit(label: &str, w: &str, secs: f64, n: u64, req: Option<&BTreeMap<String, u
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "uext4-vm {label} {w} {secs:.6} {n}");
     for (op, c) in req.into_iter().flatten() {
+        if let Some(q) = op.strip_prefix("irq:") {
+            let _ = writeln!(out, "uext4-vm-irq {label} {w} {q} {c}");
+        }
         // Counts and microseconds travel as "OPCODE" and "OPCODE.us" (see `Stats::stop`).
         if let Some(name) = op.strip_suffix(".us") {
             let count = req.and_then(|r| r.get(name)).copied().unwrap_or(0);
@@ -145,10 +150,36 @@ fn sync_and_drop_caches() -> Result<()> {
     std::fs::write("/proc/sys/vm/drop_caches", "3").context("dropping the guest's caches")
 }
 
-/// The server's request counters, read from the mount's root (`user.uext4.stats`).
+/// The guest's interrupts from virtio-fs queues so far: (hiprio, requests.N summed). The
+/// lines of /proc/interrupts end with the queue's name ("virtio0-hiprio",
+/// "virtio0-requests.0"), after a count per CPU.
+fn interrupts() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/interrupts").unwrap_or_default();
+    let mut n = (0, 0);
+    for l in text.lines() {
+        let Some(name) = l.split_whitespace().last() else {
+            continue;
+        };
+        let count: u64 = l
+            .split_whitespace()
+            .skip(1)
+            .map_while(|w| w.parse::<u64>().ok())
+            .sum();
+        if name.ends_with("-hiprio") {
+            n.0 += count;
+        } else if name.contains("-requests.") {
+            n.1 += count;
+        }
+    }
+    n
+}
+
+/// The server's request counters, read from the mount's root (`user.uext4.stats`), and the
+/// guest's interrupts.
 struct Stats {
     root: std::ffi::CString,
     before: BTreeMap<String, (u64, f64)>,
+    irq: (u64, u64),
 }
 
 impl Stats {
@@ -159,6 +190,7 @@ impl Stats {
         let s = Stats {
             root,
             before: BTreeMap::new(),
+            irq: (0, 0),
         };
         s.read().ok().map(|_| s)
     }
@@ -195,11 +227,13 @@ impl Stats {
 impl meta::Counter for Stats {
     fn start(&mut self) -> Result<()> {
         self.before = self.read()?;
+        self.irq = interrupts();
         Ok(())
     }
 
     /// Each opcode's count, and its microseconds in all under "OPCODE.us"; "total" counts
-    /// them all. The attribute's own GETXATTR (one at each end) is left out.
+    /// them all; "irq:hiprio" and "irq:requests" the guest's interrupts. The attribute's own
+    /// GETXATTR (one at each end) is left out.
     fn stop(&mut self) -> Result<BTreeMap<String, u64>> {
         let after = self.read()?;
         let mut out = BTreeMap::new();
@@ -217,6 +251,9 @@ impl meta::Counter for Stats {
             }
         }
         out.insert("total".into(), total);
+        let irq = interrupts();
+        out.insert("irq:hiprio".into(), irq.0.saturating_sub(self.irq.0));
+        out.insert("irq:requests".into(), irq.1.saturating_sub(self.irq.1));
         Ok(out)
     }
 }

@@ -119,6 +119,8 @@ impl Drop for Backend {
 struct Results {
     secs: BTreeMap<(String, String), (f64, u64)>,
     requests: BTreeMap<(String, String), Vec<(String, u64, f64)>>,
+    /// The guest's interrupts from the virtio-fs queues: (hiprio, requests).
+    irq: BTreeMap<(String, String), (u64, u64)>,
 }
 
 fn parse(out: &str) -> Results {
@@ -137,6 +139,17 @@ fn parse(out: &str) -> Results {
                         .entry((label.to_string(), wl.to_string()))
                         .or_default()
                         .push((op.to_string(), c, us));
+                }
+            }
+            ["uext4-vm-irq", label, wl, q, n] => {
+                let e = r
+                    .irq
+                    .entry((label.to_string(), wl.to_string()))
+                    .or_default();
+                match (*q, n.parse()) {
+                    ("hiprio", Ok(n)) => e.0 = n,
+                    ("requests", Ok(n)) => e.1 = n,
+                    _ => {}
                 }
             }
             _ => {}
@@ -330,7 +343,7 @@ fn report(a: &Args, r: &Results, fsck: &[String]) -> String {
          virtio-blk: below 1, virtio-fs is faster. Under TCG only the ratios mean anything.\n",
         a.entries, a.mib
     );
-    s.push_str("| workload | virtio-fs | virtio-blk | ratio | requests / entry | server us / request |\n|---|---|---|---|---|---|\n");
+    s.push_str("| workload | virtio-fs | virtio-blk | ratio | requests / entry | server us / request | guest interrupts (hiprio, requests) |\n|---|---|---|---|---|---|---|\n");
     for w in crate::meta::WORKLOADS.iter().chain(guest::DATA) {
         let get = |l: &str| r.secs.get(&(l.to_string(), w.to_string())).copied();
         let (v, b) = (get(VFS), get(BLK));
@@ -351,9 +364,13 @@ fn report(a: &Args, r: &Results, fsck: &[String]) -> String {
         } else {
             "-".into()
         };
+        let irq = r
+            .irq
+            .get(&(VFS.to_string(), w.to_string()))
+            .map_or("-".into(), |(h, q)| format!("{h}, {q}"));
         let _ = writeln!(
             s,
-            "| {w} | {} | {} | {ratio} | {per} | {each} |",
+            "| {w} | {} | {} | {ratio} | {per} | {each} | {irq} |",
             cell(v),
             cell(b)
         );
@@ -382,6 +399,7 @@ mod tests {
     fn the_guests_lines_are_parsed_and_the_rest_ignored() {
         let out = "kernel noise\nuext4-vm virtio-fs untar 1.5 100\n\
                    uext4-vm-req virtio-fs untar CREATE 90 12.4\n\
+                   uext4-vm-irq virtio-fs untar hiprio 3\nuext4-vm-irq virtio-fs untar requests 250\n\
                    uext4-vm virtio-blk untar 0.5 100\nuext4-vm bad\n";
         let r = parse(out);
         assert_eq!(r.secs.len(), 2);
@@ -401,7 +419,7 @@ mod tests {
         };
         let rep = report(&a, &r, &["virtio-fs clean".into()]);
         assert!(
-            rep.contains("| untar | 1.500 | 0.500 | 3.00 | 0.9 | 12.4 |"),
+            rep.contains("| untar | 1.500 | 0.500 | 3.00 | 0.9 | 12.4 | 3, 250 |"),
             "{rep}"
         );
         assert!(rep.contains("- untar: CREATE 90 (12 us)"), "{rep}");
