@@ -187,9 +187,12 @@ pub fn run(a: &Args) -> Result<()> {
         .secs
         .iter()
         .map(|((label, w), (s, n))| {
-            let req = res.requests.get(&(label.clone(), w.clone()));
+            let key = (label.clone(), w.clone());
+            let req = res.requests.get(&key);
+            let irq = res.irq.get(&key);
             serde_json::json!({
                 "system": label, "workload": w, "seconds": s, "entries": n,
+                "guest_interrupts": irq.map(|(h, q)| serde_json::json!({"hiprio": h, "requests": q})),
                 "requests": req.map(|v| v.iter().map(|(op, c, us)| {
                     serde_json::json!({"opcode": op, "count": c, "us_each": us})
                 }).collect::<Vec<_>>()),
