@@ -113,12 +113,17 @@ impl Drop for Backend {
     }
 }
 
+/// A side and workload: ("virtio-fs" or "virtio-blk", "untar").
+type Key = (String, String);
+/// A request kind's (opcode, count, server microseconds each).
+type Served = (String, u64, f64);
+
 /// The guest's lines: (label, workload) to (seconds, entries), and to the requests by opcode
 /// (count, server microseconds each).
 #[derive(Default)]
 struct Results {
     secs: BTreeMap<(String, String), (f64, u64)>,
-    requests: BTreeMap<(String, String), Vec<(String, u64, f64)>>,
+    requests: BTreeMap<Key, Vec<Served>>,
     /// The guest's interrupts from the virtio-fs queues: (hiprio, requests).
     irq: BTreeMap<(String, String), (u64, u64)>,
 }
@@ -382,7 +387,7 @@ fn report(a: &Args, r: &Results, fsck: &[String]) -> String {
     for w in crate::meta::WORKLOADS.iter().chain(guest::DATA) {
         if let Some(q) = r.requests.get(&(VFS.to_string(), w.to_string())) {
             let mut q = q.clone();
-            q.sort_by(|x, y| y.1.cmp(&x.1));
+            q.sort_by_key(|x| std::cmp::Reverse(x.1));
             let parts: Vec<String> = q
                 .iter()
                 .map(|(op, c, us)| format!("{op} {c} ({us:.0} us)"))
