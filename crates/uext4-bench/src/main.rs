@@ -268,37 +268,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.repeat == 0 {
         bail!("--repeat takes a count of 1 or more");
     }
-    if !a.vm_guest.is_empty() {
-        return guest::run(&guest::Plan {
-            dirs: a
-                .vm_guest
-                .iter()
-                .map(|d| guest::parse_dir(d))
-                .collect::<Result<_>>()?,
-            entries: a.guest_entries,
-            mib: a.guest_mib,
-            quick: a.quick,
-        });
-    }
-    if a.family == "virtio-fs" {
-        let base = a
-            .dir
-            .clone()
-            .unwrap_or_else(|| std::env::temp_dir().join("uext4-bench"));
-        let (entries, mib) = if a.quick {
-            (a.guest_entries.min(500), a.guest_mib.min(16))
-        } else {
-            (a.guest_entries, a.guest_mib)
-        };
-        return virtio_fs::run(&virtio_fs::Args {
-            base: &base,
-            out: &a.out,
-            uext4: &uext4_exe()?,
-            entries,
-            mib,
-            quick: a.quick,
-            serve_opts: a.serve_options.as_deref(),
-        });
+    if !a.vm_guest.is_empty() || a.family == "virtio-fs" {
+        return virtio_fs::from_args(&a);
     }
     if a.family == "features" {
         // In-process, no systems to set up: casefold and encryption against plain.

@@ -37,6 +37,41 @@ pub struct Args<'a> {
     pub serve_opts: Option<&'a str>,
 }
 
+/// `--vm-guest` (this binary inside the guest: guest.rs) or `--family virtio-fs` (the host's
+/// side, here).
+pub fn from_args(a: &crate::BenchArgs) -> Result<()> {
+    if !a.vm_guest.is_empty() {
+        return guest::run(&guest::Plan {
+            dirs: a
+                .vm_guest
+                .iter()
+                .map(|d| guest::parse_dir(d))
+                .collect::<Result<_>>()?,
+            entries: a.guest_entries,
+            mib: a.guest_mib,
+            quick: a.quick,
+        });
+    }
+    let base = a
+        .dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join("uext4-bench"));
+    let (entries, mib) = if a.quick {
+        (a.guest_entries.min(500), a.guest_mib.min(16))
+    } else {
+        (a.guest_entries, a.guest_mib)
+    };
+    run(&Args {
+        base: &base,
+        out: &a.out,
+        uext4: &crate::uext4_exe()?,
+        entries,
+        mib,
+        quick: a.quick,
+        serve_opts: a.serve_options.as_deref(),
+    })
+}
+
 /// scripts/kernel-vm.sh: UEXT4_KERNEL_VM, else the source tree this binary was built from.
 fn kernel_vm() -> PathBuf {
     std::env::var_os("UEXT4_KERNEL_VM")
