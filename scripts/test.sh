@@ -106,6 +106,8 @@ fi
 suite "scripts/pjdfstest.sh on ext3" env UEXT4_PJDFSTEST_FS=ext3 bash scripts/pjdfstest.sh
 suite "scripts/pjdfstest.sh over NBD" env UEXT4_PJDFSTEST_NBD=1 bash scripts/pjdfstest.sh
 suite "scripts/pjdfstest.sh over io_uring" env UEXT4_MOUNT_OPTS=transport=uring bash scripts/pjdfstest.sh
+# The same suite inside a guest over virtio-fs (uext4 serve; skips without QEMU or a guest kernel).
+suite "scripts/virtio-fs-pjdfstest.sh" bash scripts/virtio-fs-pjdfstest.sh
 
 echo
 [ ${#failures[@]} -gt 0 ] && printf 'failed suite: %s\n' "${failures[@]}"

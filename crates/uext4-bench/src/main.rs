@@ -8,6 +8,7 @@
 
 mod chart;
 mod features;
+mod guest;
 mod loadgen;
 mod measure;
 mod memfs;
@@ -15,6 +16,7 @@ mod meta;
 mod null;
 mod report;
 mod tools;
+mod virtio_fs;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser};
@@ -75,7 +77,10 @@ pub struct BenchArgs {
     /// tree unpacked, walked, read, copied, updated as a package manager does, and removed, on
     /// kernel, fuse2fs, uext4-fuse, uext4-fuse-wbc, uext4-lib, raw and fuse-mem), features
     /// (in-process: lookups in a 100,000-entry casefolded directory against a plain one,
-    /// --repeat rounds, at least 3), or all (data and metadata).
+    /// --repeat rounds, at least 3), virtio-fs (in a guest booted by scripts/kernel-vm.sh: the
+    /// metadata family and data workloads over `uext4 serve --vhost-user-fs` against the
+    /// guest's own ext4 on virtio-blk; skipped, with a line saying why, where no guest can
+    /// boot), or all (data and metadata).
     #[arg(long, default_value = "all")]
     family: String,
     /// The metadata family's tree: a folder or an uncompressed tarball, read into memory first
@@ -137,6 +142,18 @@ pub struct BenchArgs {
     /// (crates/uext4-bench/src/workloads, compiled into the binary).
     #[arg(long)]
     workloads_dir: Option<PathBuf>,
+    /// virtio-fs family: the metadata tree's entries, generated in the guest (500 with --quick).
+    #[arg(long, default_value_t = 2000)]
+    guest_entries: usize,
+    /// virtio-fs family: MiB written and read back by the data workloads (16 with --quick).
+    #[arg(long, default_value_t = 128)]
+    guest_mib: usize,
+    /// virtio-fs family: `-o` options for `uext4 serve` (threads=N: request queues offered).
+    #[arg(long)]
+    serve_options: Option<String>,
+    /// Internal, in the guest: run the virtio-fs family's workloads on DIR, printed as LABEL.
+    #[arg(long, hide = true, value_name = "LABEL=DIR")]
+    vm_guest: Vec<String>,
     /// Internal: serve the do-nothing FUSE filesystem at this mount point (used by fuse-null).
     #[arg(long, hide = true)]
     serve_null: Option<PathBuf>,
@@ -251,6 +268,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     if a.repeat == 0 {
         bail!("--repeat takes a count of 1 or more");
+    }
+    if !a.vm_guest.is_empty() || a.family == "virtio-fs" {
+        return virtio_fs::from_args(&a);
     }
     if a.family == "features" {
         // In-process, no systems to set up: casefold and encryption against plain.
@@ -415,7 +435,9 @@ fn select_workloads(a: &BenchArgs) -> Result<(Vec<String>, Vec<String>)> {
             "metadata" => &[meta::WORKLOADS],
             "tools" => &[tools::WORKLOADS],
             "all" => &[WORKLOADS, meta::WORKLOADS],
-            f => bail!("unknown family {f:?} (known: data, metadata, tools, features, all)"),
+            f => bail!(
+                "unknown family {f:?} (known: data, metadata, tools, features, virtio-fs, all)"
+            ),
         };
         fams.iter()
             .flat_map(|f| f.iter())

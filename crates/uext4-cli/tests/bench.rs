@@ -2,7 +2,9 @@
 //! fast), from the built-in fio jobs, and for every workload of the metadata family (a generated
 //! tree of about 1,000 entries), with a PNG chart per workload. Needs root and fio; skips with a
 //! message otherwise. `uext4 bench` runs the `uext4-bench` program beside it (never one on
-//! PATH), and says in one line when there is none.
+//! PATH), and says in one line when there is none. `--family virtio-fs --quick` boots a guest
+//! (scripts/kernel-vm.sh, about a minute under TCG) and gives numbers for every workload on
+//! both sides, or says in one line why it cannot.
 
 use std::path::Path;
 use std::process::Command;
@@ -275,4 +277,91 @@ fn bench(name: &str, args: &[&str]) -> (std::path::PathBuf, serde_json::Value) {
     );
     let json = serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
     (out, json)
+}
+
+#[test]
+fn virtio_fs_family_runs_in_a_guest_or_says_why() {
+    uext4_testkit::Cli(env!("CARGO_BIN_EXE_uext4")).build_beside("uext4-bench");
+    let out = uext4_testkit::Scratch::dir("bench-vfs-out");
+    let dir = uext4_testkit::Scratch::dir("bench-vfs-dir");
+    let o = Command::new(env!("CARGO_BIN_EXE_uext4"))
+        .args([
+            "bench",
+            "--family",
+            "virtio-fs",
+            "--quick",
+            "--dir",
+            dir.s(),
+        ])
+        .args(["--out", out.s()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    if let Some(l) = stdout
+        .lines()
+        .find(|l| l.starts_with("virtio-fs family skipped: "))
+    {
+        eprintln!("SKIP: {l}");
+        assert_eq!(stdout.trim().lines().count(), 1, "{stdout}");
+        return;
+    }
+    // Each image clean after the guest (uext4's and the guest's own ext4's).
+    assert!(
+        stdout.contains("e2fsck -fn after the guest: virtio-fs clean, virtio-blk clean."),
+        "{stdout}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.p("virtio-fs.json")).unwrap()).unwrap();
+    let rows = v.as_array().unwrap();
+    let row = |sys: &str, w: &str| {
+        rows.iter()
+            .find(|r| r["system"] == sys && r["workload"] == w)
+            .unwrap_or_else(|| panic!("no {sys} {w} in {v}"))
+    };
+    let workloads = [
+        "untar",
+        "stat-walk",
+        "read-all",
+        "cp-a",
+        "pkg-install",
+        "rm-rf",
+        "fsync-4k",
+        "seq-write",
+        "seq-read",
+    ];
+    for w in workloads {
+        for sys in ["virtio-fs", "virtio-blk"] {
+            let r = row(sys, w);
+            assert!(r["seconds"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["entries"].as_u64().unwrap() > 0, "{r}");
+        }
+        // Only uext4's side has server counters: the guest's ext4 has none.
+        assert!(row("virtio-blk", w)["requests"].is_null());
+        assert!(row("virtio-fs", w)["requests"].is_array());
+    }
+    let count = |w: &str, op: &str| -> u64 {
+        row("virtio-fs", w)["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["opcode"] == op)
+            .and_then(|q| q["count"].as_u64())
+            .unwrap_or(0)
+    };
+    // The removal reached uext4 as UNLINKs, one per file at least, and the guest forgot
+    // the inodes on the high-priority queue; their chains came back in batches, so the
+    // guest took far fewer interrupts from that queue than it sent FORGETs.
+    let rm = row("virtio-fs", "rm-rf");
+    let unlinks = count("rm-rf", "UNLINK");
+    let forgets = count("rm-rf", "FORGET");
+    assert!(unlinks >= rm["entries"].as_u64().unwrap() / 2, "{rm}");
+    assert!(forgets >= unlinks, "{rm}");
+    let hiprio = rm["guest_interrupts"]["hiprio"].as_u64().unwrap();
+    assert!(
+        hiprio <= forgets / 2,
+        "{hiprio} interrupts for {forgets} FORGETs: {rm}"
+    );
+    assert_eq!(count("seq-write", "FSYNC"), 1, "{v}");
 }

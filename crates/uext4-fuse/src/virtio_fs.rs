@@ -16,6 +16,9 @@
 //! writable part to answer into), 1..=N the request queues; N is what this back end offers
 //! (the monitor's `num-request-queues` picks how many the guest sees; Linux 6.1, the guest
 //! tested, uses only the first). Each queue has a thread of its own, serving its chains in order.
+//! A FORGET on the high-priority queue is served at once but its chain goes back to the guest
+//! later, with others (see [`FORGET_DELAY`]): the guest's driver only frees the buffer, and
+//! one interrupt for many FORGETs instead of one each is what makes a removal cheaper.
 //! Differences from /dev/fuse, each handled here:
 //! - no mount step: the guest's first request is INIT, answered by the handler as on
 //!   /dev/fuse; until then other requests fail (EIO), as in the /dev/fuse handshake;
@@ -50,6 +53,18 @@ use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::EventNotifier;
 use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag};
+use vmm_sys_util::timerfd::TimerFd;
+
+/// How long a served FORGET's chain may wait before it goes back to the guest, with the
+/// others served meanwhile (sooner when half the ring is waiting). The guest's driver
+/// (Linux's virtio_fs_hiprio_done_work) does nothing with a returned FORGET but free it,
+/// yet returning each at once costs the guest an interrupt and a work item per removed
+/// inode: in an `rm -r` of 2,000 files under TCG, a third of the guest's virtio-fs
+/// interrupts. Held, the engine's state is unchanged (the FORGET itself is served on
+/// arrival); only the guest's buffers come back later. The guest waits for them only when
+/// its high-priority ring is full (it retries a jiffy later; half the ring returns the
+/// batch before that) and at unmount (it drains the queues: at most this long).
+pub const FORGET_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// What the back end offers the monitor.
 #[derive(Clone, Copy, Debug)]
@@ -110,6 +125,8 @@ impl Notify for NoNotificationQueue {
 struct Buffers {
     request: Vec<u8>,
     reply: Vec<u8>,
+    /// The thread serves the high-priority queue (queue 0): its FORGETs' chains are held.
+    hiprio: bool,
 }
 
 /// The vhost-user-fs device: what the queue threads share.
@@ -129,6 +146,12 @@ struct Device {
     started: Once,
     /// Per queue thread.
     buffers: Vec<Mutex<Buffers>>,
+    /// The high-priority queue's chains whose FORGET was served, not yet given back (see
+    /// [`FORGET_DELAY`]); only its thread touches them.
+    held: Mutex<Vec<u16>>,
+    /// Fires [`FORGET_DELAY`] after a chain was held, in the high-priority queue's thread
+    /// ([`Device::forget_timer_event`]); None where no timer could be made (chains then go back at once).
+    forget_timer: Option<Mutex<TimerFd>>,
 }
 
 /// Until INIT says otherwise, as in the /dev/fuse handshake.
@@ -142,10 +165,11 @@ impl Device {
     fn new(server: Arc<dyn Serve>, cfg: Config) -> Device {
         let owed = Arc::new(Owed::default());
         let buffers = (0..=cfg.request_queues)
-            .map(|_| {
+            .map(|q| {
                 Mutex::new(Buffers {
                     request: vec![0; BEFORE_INIT.read_buf_len()],
                     reply: vec![0; BEFORE_INIT.out_buf_len()],
+                    hiprio: q == 0,
                 })
             })
             .collect();
@@ -159,6 +183,54 @@ impl Device {
             agreed: RwLock::new(None),
             started: Once::new(),
             buffers,
+            held: Mutex::new(Vec::new()),
+            forget_timer: TimerFd::new().ok().map(Mutex::new),
+        }
+    }
+
+    /// The epoll event of [`Device::forget_timer`] (above the queues and the exit event).
+    fn forget_timer_event(&self) -> u16 {
+        self.num_queues() as u16 + 1
+    }
+
+    /// After the high-priority queue was drained: gives the held chains back when half its
+    /// ring is held, else makes sure the timer will.
+    fn settle_forgets(&self, vring: &VringMutex) {
+        let n = self.held.lock().len();
+        let Some(timer) = &self.forget_timer else {
+            return;
+        };
+        if n == 0 {
+            return;
+        }
+        let size = vring.get_ref().get_queue().size() as usize;
+        if n >= (size / 2).max(1) {
+            self.give_back_forgets(vring);
+            return;
+        }
+        let mut t = timer.lock();
+        if !t.is_armed().unwrap_or(false) {
+            if let Err(e) = t.reset(FORGET_DELAY, None) {
+                drop(t);
+                tracing::warn!("virtio-fs: arming the FORGET timer: {e}");
+                self.give_back_forgets(vring);
+            }
+        }
+    }
+
+    /// Gives every held chain back, telling the guest once.
+    fn give_back_forgets(&self, vring: &VringMutex) {
+        let held = std::mem::take(&mut *self.held.lock());
+        if held.is_empty() {
+            return;
+        }
+        for head in held {
+            if let Err(e) = vring.add_used(head, 0) {
+                tracing::error!("virtio-fs: returning a FORGET to the guest: used ring: {e}");
+            }
+        }
+        if vring.needs_notification().unwrap_or(true) {
+            log_failure(vring.signal_used_queue());
         }
     }
 
@@ -246,6 +318,10 @@ impl Device {
             self.init_answered(answer, &bufs.reply);
         }
         let body = match answer {
+            // A FORGET's chain on the high-priority queue waits for others (FORGET_DELAY).
+            _ if no_reply && bufs.hiprio && self.forget_timer.is_some() => {
+                return self.held.lock().push(head)
+            }
             _ if no_reply => return log_failure(give_back(vring, head, 0)),
             // Kept: answered through `Owed` (perhaps already).
             Answer::None => return,
@@ -418,6 +494,14 @@ impl VhostUserBackend for Device {
                 "virtio-fs: unexpected event {evset:?}"
             )));
         }
+        if device_event == self.forget_timer_event() {
+            // Only the high-priority queue's thread listens to the timer: its one vring.
+            if let (Some(t), Some(vring)) = (&self.forget_timer, vrings.first()) {
+                let _ = t.lock().wait();
+                self.give_back_forgets(vring);
+            }
+            return Ok(());
+        }
         // This thread's queues, of which it has one: `device_event` is its index among them.
         let (Some(vring), Some(bufs)) = (
             vrings.get(device_event as usize),
@@ -428,18 +512,22 @@ impl VhostUserBackend for Device {
         let mut bufs = bufs.lock();
         if !self.event_idx.load(Ordering::Relaxed) {
             self.drain(vring, &mut bufs);
-            return Ok(());
-        }
-        // With event indexes, the guest is told not to kick while the queue is being
-        // drained; chains it adds meanwhile are found when kicks are enabled again.
-        loop {
-            let _ = vring.disable_notification();
-            self.drain(vring, &mut bufs);
-            match vring.enable_notification() {
-                Ok(true) => continue,
-                _ => return Ok(()),
+        } else {
+            // With event indexes, the guest is told not to kick while the queue is being
+            // drained; chains it adds meanwhile are found when kicks are enabled again.
+            loop {
+                let _ = vring.disable_notification();
+                self.drain(vring, &mut bufs);
+                match vring.enable_notification() {
+                    Ok(true) => continue,
+                    _ => break,
+                }
             }
         }
+        if bufs.hiprio {
+            self.settle_forgets(vring);
+        }
+        Ok(())
     }
 }
 
@@ -522,8 +610,22 @@ pub fn serve_vhost_user(
         Listener::new(socket, true).map_err(|e| vhost_err(&socket.display().to_string(), &e))?;
     let device = Arc::new(Device::new(server.clone(), cfg));
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-    let mut daemon = VhostUserDaemon::new("uext4-vhost-user".into(), device, mem)
+    let mut daemon = VhostUserDaemon::new("uext4-vhost-user".into(), device.clone(), mem)
         .map_err(|e| vhost_err("vhost-user back end", &e))?;
+    if let Some(t) = &device.forget_timer {
+        // The high-priority queue's thread (the first) gives held FORGETs back when it fires.
+        use std::os::fd::AsRawFd;
+        let handlers = daemon.get_epoll_handlers();
+        let h = handlers
+            .first()
+            .ok_or_else(|| io::Error::other("vhost-user back end: no queue thread"))?;
+        h.register_listener(
+            t.lock().as_raw_fd(),
+            EventSet::IN,
+            u64::from(device.forget_timer_event()),
+        )
+        .map_err(|e| vhost_err("the FORGET timer", &e))?;
+    }
     let stop = Arc::new(Mutex::new(Stop::default()));
     let stopper = stop.clone();
     let path = socket.to_path_buf();
@@ -580,12 +682,30 @@ mod tests {
     use virtio_queue::mock::MockSplitQueue;
     use vm_memory::{Address, Bytes, GuestAddress};
 
-    /// Answers INIT; LOOKUP with its name reversed; FSYNC later from another thread; READ with
-    /// 200 bytes; FORGET with nothing.
+    /// Answers INIT; LOOKUP with its name reversed (a name starting "meet" only once another
+    /// such LOOKUP is being served too, ETIMEDOUT after 10 s alone); FSYNC later from another
+    /// thread; READ with 200 bytes; FORGET with nothing.
     #[derive(Default)]
     struct Fake {
         later: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
         started: AtomicBool,
+        /// The "meet" LOOKUPs that arrived, and their wake-up.
+        met: std::sync::Mutex<usize>,
+        meeting: std::sync::Condvar,
+    }
+
+    impl Fake {
+        /// Waits until a second "meet" arrives: whether it did within 10 s.
+        fn meet(&self) -> bool {
+            let mut n = self.met.lock().unwrap();
+            *n += 1;
+            self.meeting.notify_all();
+            let (n, _) = self
+                .meeting
+                .wait_timeout_while(n, std::time::Duration::from_secs(10), |n| *n < 2)
+                .unwrap();
+            *n >= 2
+        }
     }
 
     impl Serve for Fake {
@@ -601,6 +721,9 @@ mod tests {
                     Answer::Reply(crate::reply::init(out, &o, 31))
                 }
                 abi::LOOKUP => {
+                    if req.rest.starts_with(b"meet") && !self.meet() {
+                        return Answer::Error(libc::ETIMEDOUT);
+                    }
                     let n = req.rest.len();
                     for (o, b) in out.iter_mut().zip(req.rest.iter().rev()) {
                         *o = *b;
@@ -799,5 +922,153 @@ mod tests {
         assert_eq!(out_header(&o_read, 16), (16, -libc::EIO, 6, vec![]));
         assert_eq!(used[&heads[6]], 0);
         assert!(device.owed.chains.lock().is_empty());
+    }
+
+    /// Two request queues (`num-request-queues=2`): each served by its own thread, a request
+    /// on one is answered while a request on the other is still being served (the handler
+    /// holds each "meet" until the other arrives), and each reply lands in its own queue's
+    /// chain.
+    #[test]
+    fn two_request_queues_are_served_at_once() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x100_0000)]).unwrap();
+        let q1 = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        let q2 = MockSplitQueue::create(&mem, GuestAddress(0x8000), 16);
+        let mut l1 = Layout {
+            mem: &mem,
+            descs: Vec::new(),
+            next_buf: 0x10_0000,
+        };
+        let mut init = header(IN_HEADER_LEN + 64, abi::INIT, 1);
+        init.extend_from_slice(&[7, 0, 0, 0, 31, 0, 0, 0]);
+        init.resize(IN_HEADER_LEN + 64, 0);
+        l1.chain(&init, &[], &[200]);
+        let mut a = header(IN_HEADER_LEN + 6, abi::LOOKUP, 2);
+        a.extend_from_slice(b"meetA\0");
+        let o_a = l1.chain(&a, &[], &[64]);
+        q1.add_desc_chains(&l1.descs, 0).unwrap();
+        let mut l2 = Layout {
+            mem: &mem,
+            descs: Vec::new(),
+            next_buf: 0x80_0000,
+        };
+        let mut b = header(IN_HEADER_LEN + 6, abi::LOOKUP, 3);
+        b.extend_from_slice(b"meetB\0");
+        let o_b = l2.chain(&b, &[], &[64]);
+        q2.add_desc_chains(&l2.descs, 0).unwrap();
+
+        let atomic = GuestMemoryAtomic::new(mem.clone());
+        let vring = |q: &MockSplitQueue<GuestMemoryMmap>| {
+            let v = VringMutex::new(atomic.clone(), 16).unwrap();
+            v.set_queue_size(16);
+            v.set_queue_info(q.desc_table_addr().0, q.avail_addr().0, q.used_addr().0)
+                .unwrap();
+            v.set_queue_ready(true);
+            v.set_enabled(true);
+            v
+        };
+        let (v1, v2) = (vring(&q1), vring(&q2));
+        let fake = Arc::new(Fake::default());
+        let cfg = Config {
+            request_queues: 2,
+            ..Config::default()
+        };
+        let device = Arc::new(Device::new(fake.clone(), cfg));
+        assert_eq!(device.num_queues(), 3);
+        assert_eq!(device.queues_per_thread(), vec![1, 2, 4]);
+        device.update_memory(atomic.clone()).unwrap();
+        // As the daemon's threads do: each queue drained by its own thread, with its buffers.
+        let t1 = {
+            let (d, v) = (device.clone(), v1.clone());
+            std::thread::spawn(move || d.drain(&v, &mut d.buffers[1].lock()))
+        };
+        // Queue 2's request after INIT was answered on queue 1 (before it, EIO).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !fake.started.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        let t2 = {
+            let (d, v) = (device.clone(), v2.clone());
+            std::thread::spawn(move || d.drain(&v, &mut d.buffers[2].lock()))
+        };
+        t1.join().unwrap();
+        t2.join().unwrap();
+        let used = |q: &MockSplitQueue<GuestMemoryMmap>| -> u16 {
+            mem.read_obj(q.used_addr().unchecked_add(2)).unwrap()
+        };
+        assert_eq!(
+            (used(&q1), used(&q2)),
+            (2, 1),
+            "every chain back to its queue"
+        );
+        let reply = |o: &[(u64, u32)]| {
+            let b = reply_at(&mem, o, 22);
+            let error = i32::from_ne_bytes(b[4..8].try_into().unwrap());
+            let unique = u64::from_ne_bytes(b[8..16].try_into().unwrap());
+            (error, unique, b[16..].to_vec())
+        };
+        // Neither waited for the other to finish: each met the other mid-request.
+        assert_eq!(reply(&o_a), (0, 2, b"\0Ateem".to_vec()));
+        assert_eq!(reply(&o_b), (0, 3, b"\0Bteem".to_vec()));
+        assert!(device.owed.chains.lock().is_empty());
+    }
+
+    /// FORGETs on the high-priority queue: served at once, their chains given back together,
+    /// when the timer fires, or at once when half the ring is held.
+    #[test]
+    fn forgets_chains_go_back_in_batches() {
+        // `n` FORGETs on a ring of 16, drained once by the high-priority queue's thread:
+        // (chains given back, chains held), then after the timer's event.
+        fn forgets(n: u64) -> ((u16, usize), Option<(u16, usize)>) {
+            let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x100_0000)]).unwrap();
+            let mq = MockSplitQueue::new(&mem, 16);
+            let mut l = Layout {
+                mem: &mem,
+                descs: Vec::new(),
+                next_buf: 0x10_0000,
+            };
+            for unique in 1..=n {
+                let mut forget = header(IN_HEADER_LEN + 8, abi::FORGET, unique);
+                forget.extend_from_slice(&1u64.to_ne_bytes());
+                l.chain(&forget, &[], &[]);
+            }
+            mq.add_desc_chains(&l.descs, 0).unwrap();
+            let atomic = GuestMemoryAtomic::new(mem.clone());
+            let vring = VringMutex::new(atomic.clone(), 16).unwrap();
+            vring.set_queue_size(16);
+            vring
+                .set_queue_info(mq.desc_table_addr().0, mq.avail_addr().0, mq.used_addr().0)
+                .unwrap();
+            vring.set_queue_ready(true);
+            vring.set_enabled(true);
+            let device = Device::new(Arc::new(Fake::default()), Config::default());
+            device.update_memory(atomic).unwrap();
+            *device.agreed.write() = Some(BEFORE_INIT);
+            let used = || -> u16 { mem.read_obj(mq.used_addr().unchecked_add(2)).unwrap() };
+            let mut bufs = device.buffers[0].lock();
+            device.drain(&vring, &mut bufs);
+            drop(bufs);
+            device.settle_forgets(&vring);
+            let first = (used(), device.held.lock().len());
+            let timer = device.forget_timer.as_ref().expect("a timerfd");
+            if !timer.lock().is_armed().unwrap() {
+                return (first, None);
+            }
+            // The timer fires: what was held goes back.
+            assert!(timer.lock().wait().unwrap() >= 1);
+            device.give_back_forgets(&vring);
+            for i in 0..used() {
+                let e = mq.used().ring().ref_at(i as usize).unwrap().load();
+                assert_eq!(e.len(), 0, "nothing written into a FORGET");
+            }
+            let after = (used(), device.held.lock().len());
+            (first, Some(after))
+        }
+        assert_eq!(forgets(3), ((0, 3), Some((3, 0))), "held until the timer");
+        assert_eq!(forgets(7), ((0, 7), Some((7, 0))));
+        assert_eq!(
+            forgets(8),
+            ((8, 0), None),
+            "half the ring: at once, no timer"
+        );
     }
 }
