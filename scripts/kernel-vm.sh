@@ -20,9 +20,9 @@
 # as vhost-user needs; QEMU waits for the back end's socket, so start the back end first);
 # an empty /mnt (mount points: mkdir under it);
 # `uext4-vm-helper` on PATH (scripts/kernel-vm/helper.rs: chattr flags, fscrypt add-key and
-# set-policy, fs-verity enable and measure, and name-exact bulk lookups, listings, creations
-# and removals); the modules of ext4, quota v1/v2, virtio disks, virtio-fs and fscrypt's
-# ciphers loaded.
+# set-policy, fs-verity enable and measure, quotactl's Q_GETQUOTA, project ids, writes as
+# another user, and name-exact bulk lookups, listings, creations and removals); the modules
+# of ext4, quota v1/v2, virtio disks, virtio-fs and fscrypt's ciphers loaded.
 # The script's stdout and stderr come back as this script's stdout and stderr (each over a
 # serial port of its own, byte for byte), its exit status as this script's. After it ends,
 # the guest unmounts what is still mounted under /mnt; any "EXT4-fs error", "EXT4-fs warning"

@@ -17,6 +17,11 @@
 //!   set-policy DIR IDHEX [PAD] FS_IOC_SET_ENCRYPTION_POLICY v2, AES-256-XTS/CTS, padding PAD (32)
 //!   enable-verity FILE [BS]    FS_IOC_ENABLE_VERITY, SHA-256, block size BS (4096)
 //!   measure-verity FILE        FS_IOC_MEASURE_VERITY: print "sha256:HEX"
+//!   getquota DEV usr|grp|prj ID  quotactl Q_GETQUOTA: print "curspace curinodes bhardlimit
+//!                              bsoftlimit ihardlimit isoftlimit" (space in bytes, limits in
+//!                              1 KiB blocks and inodes, as struct if_dqblk holds them)
+//!   setproj PATH ID            FS_IOC_FSSETXATTR: set the project id (PROJINHERIT on a directory)
+//!   as UID GID PATH BYTES      write BYTES bytes to the new file PATH as UID:GID: "0" or "-ERRNO"
 
 use std::ffi::CString;
 use std::io::{BufRead, Write};
@@ -27,6 +32,9 @@ use std::path::{Path, PathBuf};
 extern "C" {
     fn ioctl(fd: i32, req: u64, ...) -> i32;
     fn open(path: *const i8, flags: i32, ...) -> i32;
+    fn quotactl(cmd: i32, special: *const i8, id: i32, addr: *mut u8) -> i32;
+    fn setresgid(r: u32, e: u32, s: u32) -> i32;
+    fn setresuid(r: u32, e: u32, s: u32) -> i32;
     fn close(fd: i32) -> i32;
 }
 
@@ -37,6 +45,11 @@ const FS_IOC_ADD_ENCRYPTION_KEY: u64 = 0xc050_6617;
 const FS_IOC_ENABLE_VERITY: u64 = 0x4080_6685;
 const FS_IOC_MEASURE_VERITY: u64 = 0xc004_6686;
 const FS_CASEFOLD_FL: u32 = 0x4000_0000;
+const FS_IOC_FSGETXATTR: u64 = 0x801c_581f;
+const FS_IOC_FSSETXATTR: u64 = 0x401c_5820;
+const FS_XFLAG_PROJINHERIT: u32 = 0x200;
+/// Q_GETQUOTA (quotactl's QCMD(Q_GETQUOTA, type) = Q_GETQUOTA << 8 | type).
+const Q_GETQUOTA: i32 = 0x80_0007;
 const O_RDONLY: i32 = 0;
 const O_NONBLOCK: i32 = 0o4000;
 
@@ -178,6 +191,61 @@ fn measure_verity(file: &str) {
     println!("{name}:{}", hex(&d[4..4 + n]));
 }
 
+fn getquota(dev: &str, kind: &str, id: &str) {
+    let t = match kind {
+        "usr" => 0,
+        "grp" => 1,
+        "prj" => 2,
+        _ => die("quota type: usr, grp or prj"),
+    };
+    let id: i32 = id.parse().unwrap_or_else(|_| die("bad id"));
+    // struct if_dqblk: bhardlimit, bsoftlimit, curspace, ihardlimit, isoftlimit, curinodes,
+    // btime, itime (u64 each), valid (u32), padding.
+    let mut q = [0u64; 9];
+    let c = CString::new(dev).unwrap();
+    if unsafe { quotactl((Q_GETQUOTA << 8) | t, c.as_ptr(), id, q.as_mut_ptr() as *mut u8) } != 0 {
+        die(&format!("quotactl Q_GETQUOTA {kind} {id}: errno {}", errno()));
+    }
+    println!("{} {} {} {} {} {}", q[2], q[5], q[0], q[1], q[3], q[4]);
+}
+
+fn setproj(path: &str, id: &str) {
+    let id: u32 = id.parse().unwrap_or_else(|_| die("bad project id"));
+    // struct fsxattr: xflags, extsize, nextents, projid, cowextsize, pad[8].
+    let mut x = [0u8; 28];
+    let f = Fd::open(path);
+    f.ioctl(FS_IOC_FSGETXATTR, x.as_mut_ptr(), "FS_IOC_FSGETXATTR");
+    x[12..16].copy_from_slice(&id.to_ne_bytes());
+    if std::fs::metadata(path).map(|m| m.is_dir()).unwrap_or(false) {
+        let fl = u32::from_ne_bytes([x[0], x[1], x[2], x[3]]) | FS_XFLAG_PROJINHERIT;
+        x[0..4].copy_from_slice(&fl.to_ne_bytes());
+    }
+    f.ioctl(FS_IOC_FSSETXATTR, x.as_mut_ptr(), "FS_IOC_FSSETXATTR");
+}
+
+/// Writes `bytes` bytes to the new file `path` as `uid`:`gid` (this process takes those ids
+/// and ends; the calling shell stays root): "0", or "-ERRNO" of the first failure (EDQUOT
+/// past a limit).
+fn write_as(uid: &str, gid: &str, path: &str, bytes: &str) {
+    let (uid, gid): (u32, u32) = (uid.parse().unwrap_or_else(|_| die("uid")), gid.parse().unwrap_or_else(|_| die("gid")));
+    let n: usize = bytes.parse().unwrap_or_else(|_| die("bytes"));
+    if unsafe { setresgid(gid, gid, gid) } != 0 || unsafe { setresuid(uid, uid, uid) } != 0 {
+        die(&format!("setresuid: errno {}", errno()));
+    }
+    let r = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .and_then(|mut f| {
+            f.write_all(&vec![0x5a; n])?;
+            f.sync_all()
+        });
+    match r {
+        Ok(()) => println!("0"),
+        Err(e) => println!("-{}", err_of(&e)),
+    }
+}
+
 fn each(dir: &str, file: &str, mut f: impl FnMut(PathBuf, &[u8]) -> Result<String, i32>) {
     let out = std::io::stdout();
     let mut out = std::io::BufWriter::new(out.lock());
@@ -221,6 +289,9 @@ fn main() {
         "set-policy" => set_policy(arg(1), arg(2), a.get(3).map_or(32, |s| s.parse().unwrap_or_else(|_| die("bad padding")))),
         "enable-verity" => enable_verity(arg(1), a.get(2).map_or(4096, |s| s.parse().unwrap_or_else(|_| die("bad block size")))),
         "measure-verity" => measure_verity(arg(1)),
+        "getquota" => getquota(arg(1), arg(2), arg(3)),
+        "setproj" => setproj(arg(1), arg(2)),
+        "as" => write_as(arg(1), arg(2), arg(3), arg(4)),
         c => die(&format!("unknown command {c}")),
     }
 }

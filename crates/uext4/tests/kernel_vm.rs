@@ -13,6 +13,8 @@
 //! - fs-verity both ways (CONFIG_FS_VERITY), on a plain file and on one in an encrypted
 //!   directory, whose Merkle tree is encrypted with its data: each side measures and reads
 //!   (verified) what the other enabled.
+//! - Quotas (quota_v2, which this host lacks): the kernel's quotactl reports the usage and
+//!   limits uext4 kept, enforces them, and uext4 reads the usage the kernel left.
 //!
 //! Every image is checked with `e2fsck -fn` after each side wrote it. The VM skips (with its
 //! reason) where it cannot run: no qemu, no kernel with CONFIG_UNICODE, no static busybox.
@@ -707,4 +709,111 @@ umount /mnt/b || exit 1
         "the kernel's encrypted tree, decrypted and checked"
     );
     fs.unmount().unwrap();
+}
+
+/// Quota usage and limits against the kernel's quota_v2 (the host has no CONFIG_QFMT_V2):
+/// uext4 charges files to user 1000, group 2000 and project 7 (a PROJINHERIT directory) and
+/// sets limits; the kernel's quotactl reports the same usage and limits. The kernel then
+/// writes as user 1000: within the limits, past the user's hard limit, past the project's
+/// (EDQUOT each); e2fsck agrees with the usage it left, and uext4 reads the same numbers as
+/// the kernel's quotactl.
+#[test]
+fn quota_usage_and_limits_both_ways() {
+    use uext4::format::quota::{Dquot, QuotaType};
+    let img = Scratch::new("kvm-quota-img");
+    let qt = "quotatype=usrquota:grpquota:prjquota";
+    mke2fs(
+        &img.0,
+        "64M",
+        &["-O", "quota,project", "-E", qt, "-I", "256"],
+    );
+    let fs = open(&img.0, None);
+    let u = fs.mkdir(ROOT_INO, b"u", 0o777, 1000, 2000).unwrap().ino;
+    for (name, n) in [("a", 100_000), ("b", 1), ("c", 70_000)] {
+        let f = fs
+            .create(u, name.as_bytes(), 0o644, 1000, 2000)
+            .unwrap()
+            .ino;
+        fs.write_all(f, 0, &vec![7u8; n]).unwrap();
+    }
+    let p = fs.mkdir(ROOT_INO, b"p", 0o777, 0, 0).unwrap().ino;
+    let fsx = uext4::FsXattr {
+        xflags: uext4::flags::XFLAG_PROJINHERIT,
+        projid: 7,
+        ..Default::default()
+    };
+    fs.set_fsxattr_as(&uext4::Cred::root(), p, &fsx).unwrap();
+    let f = fs.create(p, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_all(f, 0, &[9u8; 50_000]).unwrap();
+    let limits = |bhard: u64, ihard: u64| Dquot {
+        bhardlimit: bhard,
+        bsoftlimit: bhard / 2,
+        ihardlimit: ihard,
+        isoftlimit: ihard / 2,
+        ..Default::default()
+    };
+    fs.set_dquot_limits(QuotaType::User, 1000, &limits(1 << 20, 10))
+        .unwrap();
+    fs.set_dquot_limits(QuotaType::Project, 7, &limits(200 << 10, 0))
+        .unwrap();
+    let kinds = [
+        (QuotaType::User, 1000),
+        (QuotaType::Group, 2000),
+        (QuotaType::Project, 7),
+    ];
+    // As the helper prints struct if_dqblk: space in bytes, limits in 1 KiB blocks.
+    let ours = |fs: &Fs| -> Vec<String> {
+        kinds
+            .iter()
+            .map(|&(t, id)| {
+                let q = fs.dquot(t, id).unwrap().unwrap_or_default();
+                format!(
+                    "{} {} {} {} {} {}",
+                    q.curspace,
+                    q.curinodes,
+                    q.bhardlimit / 1024,
+                    q.bsoftlimit / 1024,
+                    q.ihardlimit,
+                    q.isoftlimit
+                )
+            })
+            .collect()
+    };
+    let before = ours(&fs);
+    fs.unmount().unwrap();
+    e2fsck_clean_when(&img.0, "uext4 charged files and set limits");
+    let script = "h=uext4-vm-helper; mkdir -p /mnt/a
+mount -t ext4 -o usrquota,grpquota,prjquota /dev/vda /mnt/a || exit 1
+q() { $h getquota /dev/vda usr 1000; $h getquota /dev/vda grp 2000; $h getquota /dev/vda prj 7; }
+echo '== before'; q
+echo '== writes'
+$h as 1000 2000 /mnt/a/u/g1 200000
+$h as 1000 2000 /mnt/a/u/g2 2000000
+$h as 1000 2000 /mnt/a/p/g3 300000
+sync
+echo '== after'; q
+umount /mnt/a || exit 1
+";
+    let disks = [img];
+    let Some(out) = vm("quota", script, &disks, &[]) else {
+        return;
+    };
+    let [img] = &disks;
+    assert_eq!(
+        out["before"], before,
+        "the kernel reads uext4's usage and limits"
+    );
+    assert_eq!(
+        out["writes"],
+        ["0", "-122", "-122"],
+        "within the limits; past the user's hard limit; past the project's (EDQUOT)"
+    );
+    e2fsck_clean_when(&img.0, "the kernel wrote under uext4's limits");
+    let fs = Fs::open_path(&img.0, MountOptions::ro()).unwrap();
+    assert_eq!(
+        ours(&fs),
+        out["after"],
+        "uext4 reads the usage the kernel left"
+    );
+    assert_ne!(out["after"], out["before"]);
 }
