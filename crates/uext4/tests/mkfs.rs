@@ -386,6 +386,8 @@ fn bigalloc_layout_matches_mke2fs() {
         ),
         (300 * MIB, 1024, 4096, 4096, "bigalloc,quota"),
         (64 * MIB, 1024, 16384, 16384, "bigalloc,orphan_file"),
+        (64 * MIB, 4096, 16384, 16384, "bigalloc,inline_data"),
+        (300 * MIB, 1024, 4096, 4096, "bigalloc,inline_data,quota"),
     ];
     for &(size, bs, cluster, ratio, feats) in cases {
         let what = format!("{} MiB, {bs}, cluster {cluster}, {feats}", size / MIB);

@@ -266,11 +266,6 @@ impl FeatureSet {
                 "bigalloc needs the extent feature (as mke2fs)".into(),
             ));
         }
-        if self.bigalloc && self.inline_data {
-            return Err(Error::Unsupported(
-                "mkfs with bigalloc and inline_data (not yet; mke2fs makes them)".into(),
-            ));
-        }
         if self.inline_data && !self.ext_attr {
             // Inline data past i_block lives in the "system.data" attribute.
             return Err(Error::Invalid("inline_data needs ext_attr".into()));
