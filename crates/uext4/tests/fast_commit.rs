@@ -417,10 +417,11 @@ fn json_u64(json: &str, key: &str) -> u64 {
         .unwrap()
 }
 
-/// uext4's own commits on a fast_commit filesystem go round the log several times and never
-/// write the fast-commit area (the journal's last s_num_fc_blks blocks, zero as mke2fs left
-/// them, and the block before it); the read-write open sets the journal's fast_commit feature
-/// as the kernel's mount does (mke2fs leaves it clear), and the image stays e2fsck-clean.
+/// uext4's own full commits on a fast_commit filesystem (fast commits turned off) go round
+/// the log several times and never write the fast-commit area (the journal's last
+/// s_num_fc_blks blocks, zero as mke2fs left them, and the block before it); the read-write
+/// open sets the journal's fast_commit feature as the kernel's mount does (mke2fs leaves it
+/// clear), and the image stays e2fsck-clean.
 #[test]
 fn our_log_wraps_before_the_fast_commit_area() {
     if !have(&["mke2fs", "e2fsck"]) {
@@ -428,7 +429,11 @@ fn our_log_wraps_before_the_fast_commit_area() {
     }
     let img = scratch("fc-wrap");
     mke2fs(&img.0, "32M", &["-O", "fast_commit"]);
-    let fs = Fs::open_path(&img.0, uext4::MountOptions::default()).unwrap();
+    let opts = MountOptions {
+        fast_commit: false,
+        ..MountOptions::default()
+    };
+    let fs = Fs::open_path(&img.0, opts).unwrap();
     let (log_len, fc) = {
         let mut b = vec![0u8; 4096];
         fs.read(8, 0, &mut b).unwrap();
@@ -560,4 +565,97 @@ fn hand_written_fast_commits_replay_and_bad_records_are_skipped() {
     fs.unmount().unwrap();
     drop(fs);
     e2fsck_clean_when(&img.0, "after the replay of hand-written fast commits");
+}
+
+/// uext4's own fast commits: on an image with fast_commit, files are changed and fsynced
+/// after a full commit (appends, a write far past the end, overwrites in place, many small
+/// appends); every fsync is answered by a fast commit (no full commit after the setup), and
+/// the device as it is then (a power cut: nothing more reaches it) is replayed by the
+/// kernel, by e2fsck -fy and by uext4 to the tree uext4 showed before the cut.
+#[test]
+fn our_fast_commits_replay_as_the_kernel_and_e2fsck_replay_them() {
+    use std::sync::Arc;
+    use uext4::blockdev::RecordingDevice;
+    if !usable() {
+        return;
+    }
+    let img = scratch("fc-ours");
+    mke2fs(&img.0, "64M", &["-O", "fast_commit"]);
+    let rec = Arc::new(RecordingDevice::new(std::fs::read(&img.0).unwrap()));
+    let opts = MountOptions {
+        commit_interval_secs: 0,
+        ..MountOptions::default()
+    };
+    let fs = Fs::open_dev(rec.clone(), opts).unwrap();
+    let want = fast_commit_workload(&fs);
+    let crash = scratch("fc-ours-crash");
+    std::fs::write(&crash.0, rec.crash_image(rec.log_len(), &mut |_| true)).unwrap();
+    fs.crash();
+    let tails = logdump_tails(&crash.0);
+    assert!(tails >= 4, "debugfs sees {tails} fast commits");
+
+    let k = scratch("fc-ours-kernel");
+    std::fs::copy(&crash.0, &k.0).unwrap();
+    let mnt = MountPlace::new("fc-ours", &["kernel"]);
+    let kmnt = mnt.point(0);
+    let (ks, km) = (k.0.display().to_string(), kmnt.display().to_string());
+    run("mount", &["-o", "loop", &ks, &km]);
+    let kernel = host_tree(&kmnt);
+    run("umount", &[&km]);
+    assert_eq!(
+        kernel, want,
+        "the kernel's replay of uext4's fast commits differs"
+    );
+    e2fsck_clean_when(&k.0, "after the kernel replayed uext4's fast commits");
+    replay_by_e2fsck(&crash.0, &want);
+    replay_by_uext4(&crash.0, &want);
+}
+
+/// The changes of `our_fast_commits_replay_as_the_kernel_and_e2fsck_replay_them`: a full
+/// commit of the starting tree, then fsyncs that must all be fast commits. Returns the tree.
+fn fast_commit_workload(fs: &Fs) -> Tree {
+    let root = fs.root_ino();
+    let mk = |dir: u32, name: &[u8], data: &[u8]| {
+        let f = fs.create(dir, name, 0o644, 0, 0).unwrap().ino;
+        fs.write(f, 0, data).unwrap();
+        f
+    };
+    let a = mk(root, b"a", b"first line\n");
+    let b = mk(root, b"b", &[b'b'; 8 * 4096]);
+    let big = mk(root, b"big", &[7u8; 40 * 4096]);
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let f = mk(d, b"f", b"in d\n");
+    let log = mk(root, b"log", b"");
+    fs.commit().unwrap();
+    let before = fs
+        .txn_stats()
+        .commits
+        .load(std::sync::atomic::Ordering::Relaxed);
+    fs.write(a, 11, &[b'a'; 9000]).unwrap();
+    fs.fsync(a, false).unwrap();
+    fs.write(b, 4096 + 10, b"overwritten in place").unwrap();
+    fs.fsync(b, false).unwrap();
+    fs.write(big, 200 * 4096 + 5, b"far past the end").unwrap();
+    fs.fsync(big, true).unwrap();
+    fs.write(f, 5, &[b'f'; 5000]).unwrap();
+    fs.fsync(f, false).unwrap();
+    for i in 0..40u64 {
+        let line = format!("line {i} of the log, fsynced on its own\n");
+        let at = fs.getattr(log).unwrap().size;
+        fs.write(log, at, line.repeat(1 + (i as usize % 7) * 20).as_bytes())
+            .unwrap();
+        fs.fsync(log, i % 2 == 0).unwrap();
+    }
+    // Each fast commit ends on a block boundary, so the 15 blocks of this area hold 15;
+    // the fsync that finds it full commits in full (as the kernel's), which empties it.
+    let t = fs.txn_stats();
+    let l = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let (fast, full) = (l(&t.fast_commits), l(&t.commits) - before);
+    assert_eq!(fast + full, 44, "one commit per fsync");
+    assert_eq!(full, l(&t.fast_commit_fallbacks));
+    assert!(
+        full <= 44 / 15,
+        "{full} full commits: only a full area may cause one"
+    );
+    uext4_tree(fs)
 }
