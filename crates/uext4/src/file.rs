@@ -668,6 +668,10 @@ impl Fs {
         if st.orphaned && st.raw.links_count() > 0 {
             self.orphan_del(&mut h, &inode, &mut st)?;
         }
+        // A fast commit unmaps everything past the new end (DEL_RANGE to the last block, as
+        // the kernel's ext4_fc_track_range for a truncate), or logs the new size only.
+        let cut = (size < old).then_some((first, u32::MAX - 1));
+        self.fc_track(&mut h, ino, &st, cut);
         self.mark_inode_dirty(&mut h, &inode, &mut st)?;
         inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
         Ok(())

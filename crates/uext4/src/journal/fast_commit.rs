@@ -3,6 +3,14 @@
 //! hold is ext4's business (format::fast_commit); the journal only places them after those
 //! already written for the running transaction, and forgets them at its full commit (the
 //! kernel's j_fc_off = 0): records of a transaction the log holds whole are never replayed.
+//!
+//! Each fast commit is followed by a zeroed block, and the area's last block is never used
+//! for records. The kernel's recovery (and e2fsck's, the same recovery.c) reads area blocks
+//! until its scan says stop, and its loop runs to j_fc_last = s_maxlen inclusive, one past
+//! the journal: an area whose every block held good records of the transaction would make
+//! it read that block and fail ("JBD2: corrupted journal superblock"), and a stale block of
+//! an older fast commit without its TAIL would make it read on. A zero block stops its scan
+//! (tag 0, after a good TAIL).
 
 use super::Journal;
 use crate::error::{Error, Result};
@@ -49,7 +57,8 @@ impl Journal {
         Some(FcSlot {
             tid,
             first,
-            room: len.saturating_sub(first),
+            // The block after the fast commit is its zeroed guard.
+            room: len.saturating_sub(first + 1),
         })
     }
 
@@ -69,8 +78,10 @@ impl Journal {
             )));
         }
         self.dev.flush()?;
-        for (i, b) in fc.blocks.iter().enumerate() {
-            let p = self.phys(area.start + fc.slot.first + i as u32)?;
+        let guard = vec![0u8; self.bs as usize];
+        let at = area.start + fc.slot.first;
+        for (i, b) in fc.blocks.iter().chain([&guard]).enumerate() {
+            let p = self.phys(at + i as u32)?;
             self.dev.write_at(p * self.bs as u64, b)?;
         }
         self.dev.flush()?;
