@@ -796,7 +796,7 @@ fn fast_commit_workload(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workloa
             // A truncate to a block boundary: no partial block is zeroed in place before
             // the new size is durable.
             2 | 3 => {
-                let len = data.len() * 2 / 3 & !4095;
+                let len = (data.len() * 2 / 3) & !4095;
                 fs.truncate(*ino, len as u64).unwrap();
                 data.truncate(len);
             }
