@@ -644,6 +644,11 @@ fn report_e2fsck_replay(crash: &Path, want: &Tree) {
 /// The changes of `our_fast_commits_replay_as_the_kernel_replays_them`: a full
 /// commit of the starting tree, then fsyncs that must all be fast commits. Returns the tree.
 fn fast_commit_workload(fs: &Fs) -> Tree {
+    fast_commit_workload_marked(fs, &|| {})
+}
+
+/// `fast_commit_workload`, calling `setup_done` after the setup's full commit.
+fn fast_commit_workload_marked(fs: &Fs, setup_done: &dyn Fn()) -> Tree {
     let root = fs.root_ino();
     let mk = |dir: u32, name: &[u8], data: &[u8]| {
         let f = fs.create(dir, name, 0o644, 0, 0).unwrap().ino;
@@ -657,6 +662,7 @@ fn fast_commit_workload(fs: &Fs) -> Tree {
     let f = mk(d, b"f", b"in d\n");
     let log = mk(root, b"log", b"");
     fs.commit().unwrap();
+    setup_done();
     let l = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     let t = fs.txn_stats();
     let before = l(&t.commits);
@@ -698,4 +704,60 @@ fn fast_commit_workload(fs: &Fs) -> Tree {
     assert_eq!(l(&t.fast_commits), fast + 7);
     assert_eq!(l(&t.commits), before + full + 1);
     uext4_tree(fs)
+}
+
+/// The kernel as the oracle of power cuts during uext4's fast commits: the workload of
+/// `our_fast_commits_replay_as_the_kernel_replays_them` on a recording device, cut at its
+/// flush points after the setup's full commit (every third one); in each state uext4's
+/// replay (read-only, in memory) and the kernel's (loop mount) give the same tree, and the
+/// image is e2fsck-clean after the kernel's replay and unmount.
+#[test]
+fn power_cuts_during_our_fast_commits_replay_as_the_kernel_replays_them() {
+    use std::sync::Arc;
+    use uext4::blockdev::{MemDevice, RecordingDevice};
+    if !usable() {
+        return;
+    }
+    let img = scratch("fc-cuts");
+    mke2fs(&img.0, "64M", &["-O", "fast_commit"]);
+    let rec = Arc::new(RecordingDevice::new(std::fs::read(&img.0).unwrap()));
+    let opts = MountOptions {
+        commit_interval_secs: 0,
+        ..MountOptions::default()
+    };
+    let fs = Fs::open_dev(rec.clone(), opts).unwrap();
+    let setup_done = std::sync::atomic::AtomicUsize::new(0);
+    fast_commit_workload_marked(&fs, &|| {
+        setup_done.store(rec.log_len(), std::sync::atomic::Ordering::Relaxed)
+    });
+    fs.crash();
+    let from = setup_done.load(std::sync::atomic::Ordering::Relaxed);
+    let points: Vec<usize> = rec
+        .flush_points()
+        .into_iter()
+        .filter(|&p| p >= from)
+        .step_by(3)
+        .collect();
+    assert!(points.len() >= 10, "only {} cut points", points.len());
+    let mnt = MountPlace::new("fc-cuts", &["kernel"]);
+    let km = mnt.point(0).display().to_string();
+    let cut = scratch("fc-cut-state");
+    let cs = cut.0.display().to_string();
+    for &at in &points {
+        let state = rec.crash_image(at, &mut |_| true);
+        let dev = Arc::new(MemDevice::from_vec(state.clone()));
+        let ours = uext4_tree(&Fs::open_dev(dev, MountOptions::ro()).unwrap());
+        std::fs::write(&cut.0, &state).unwrap();
+        run("mount", &["-o", "loop", &cs, &km]);
+        let kernel = host_tree(Path::new(&km));
+        run("umount", &[&km]);
+        assert_eq!(
+            ours, kernel,
+            "cut at write {at}: uext4's replay differs from the kernel's"
+        );
+        e2fsck_clean_when(
+            &cut.0,
+            &format!("cut at write {at}, replayed by the kernel"),
+        );
+    }
 }
