@@ -62,6 +62,21 @@ pub struct FcTrack {
     /// Inodes to log, each with the logical blocks `(first, last)` whose mapping changed
     /// (None: only the inode's fields did).
     pub inodes: BTreeMap<u32, Option<(u32, u32)>>,
+    /// Directory entries made, in order (the kernel's s_fc_dentry_q).
+    pub dentries: Vec<FcDentry>,
+}
+
+/// A directory entry change a fast commit records (format::fast_commit's dentry tags).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FcDentry {
+    /// The record's tag: TAG_CREAT for a new inode's first name.
+    pub tag: u16,
+    /// The directory.
+    pub parent: u32,
+    /// The inode named.
+    pub ino: u32,
+    /// The name.
+    pub name: Vec<u8>,
 }
 
 impl FcTrack {
@@ -232,6 +247,19 @@ impl Handle<'_> {
             }
         }
     }
+    /// Declares that this handle made directory entry `d` (with `fc_eligible` for its inode).
+    pub fn fc_dentry(&mut self, d: FcDentry) {
+        match &mut self.fc {
+            HandleFc::Ineligible(_) => {}
+            HandleFc::Eligible(t) => t.dentries.push(d),
+            f @ HandleFc::Undeclared => {
+                *f = HandleFc::Eligible(FcTrack {
+                    dentries: vec![d],
+                    ..FcTrack::default()
+                })
+            }
+        }
+    }
     /// Declares a change fast commits cannot describe: the running transaction must commit
     /// in full (the kernel's ext4_fc_mark_ineligible). Sticks, whatever is declared after.
     pub fn fc_ineligible(&mut self, why: &'static str) {
@@ -286,6 +314,7 @@ impl Drop for Handle<'_> {
                     for (ino, range) in t.inodes {
                         r.fc.add(ino, range);
                     }
+                    r.fc.dentries.extend(t.dentries);
                 }
                 HandleFc::Ineligible(why) => r.fc.ineligible = Some(why),
                 HandleFc::Undeclared if changed => {
@@ -350,10 +379,10 @@ pub trait FastCommitEnv {
     /// Whether a fast commit can be written now (the journal has an area, and its log on
     /// disk is one recovery reads: the kernel's "at least one full commit" rule).
     fn fc_ready(&self) -> bool;
-    /// With the barrier held: the records for `inodes` (as `FcTrack::inodes`), in the
+    /// With the barrier held: the records for `track` (its inodes and entries), in the
     /// area's blocks, or None when they cannot be fast-committed (an inode of a kind the
     /// records do not describe, more records than the area has room for).
-    fn fc_prepare(&self, inodes: &BTreeMap<u32, Option<(u32, u32)>>) -> Result<Option<FcBlocks>>;
+    fn fc_prepare(&self, track: &FcTrack) -> Result<Option<FcBlocks>>;
     /// Makes the data durable, then writes the blocks and makes them durable.
     fn fc_write(&self, p: FcBlocks) -> Result<()>;
     /// Makes the data durable (nothing new to record).
@@ -438,27 +467,27 @@ impl TxnManager {
         }
         let prepared = {
             let _barrier = self.barrier.write();
-            let inodes = {
+            let track = {
                 let mut r = self.running.lock();
                 if r.fc.ineligible.is_some() || !r.revoked.is_empty() {
                     let why = r.fc.ineligible.unwrap_or("revoked blocks");
                     tracing::debug!(why, "no fast commit: the transaction commits in full");
                     return Ok(false);
                 }
-                let mut inodes = std::mem::take(&mut r.fc.inodes);
+                let mut track = std::mem::take(&mut r.fc);
                 // Lazy timestamps are not declared by a handle: each fast commit carries them.
                 for &ino in &r.lazy_inodes {
-                    inodes.entry(ino).or_insert(None);
+                    track.inodes.entry(ino).or_insert(None);
                 }
-                inodes
+                track
             };
-            if inodes.is_empty() {
+            if track.inodes.is_empty() && track.dentries.is_empty() {
                 // Every declared change is in the area already: only the data must be durable.
                 drop(_barrier);
                 fc.fc_flush()?;
                 return Ok(true);
             }
-            match fc.fc_prepare(&inodes) {
+            match fc.fc_prepare(&track) {
                 Ok(Some(p)) => p,
                 Ok(None) => {
                     self.running.lock().fc.ineligible = Some("records the area cannot take");

@@ -753,10 +753,10 @@ fn crash_states_recover_consistently_fast_commit() {
     )
 }
 
-/// Fast commits: files written and fsynced (full commits: their creation is not eligible),
-/// then appends, overwrites in place, truncates down and up, each fsynced (fast commits,
+/// Fast commits: files written and fsynced, then appends, overwrites in place, truncates
+/// down and up, each fsynced, and now and then a new file written and fsynced (fast commits,
 /// until the area is full), with now and then a file created and not fsynced (the next
-/// fsync commits in full) and a full commit of everything.
+/// fsync also carries it, a CREAT) and a full commit of everything.
 fn fast_commit_workload(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
     let mut w = Workload {
         acks: Vec::new(),
@@ -808,6 +808,17 @@ fn fast_commit_workload(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workloa
         }
         fs.fsync(*ino, k % 2 == 0).unwrap();
         ack(&mut w, Fact::Equals(path.clone(), data.clone()));
+        if k % 7 == 3 {
+            // A new file, written and fsynced: a CREAT record after its INODE.
+            let name = format!("new{k}");
+            let path = p(&[&name]);
+            let data = tagged(600 + k, 0, 3000 + 1024 * (k as usize % 4));
+            let n = fs.create(2, name.as_bytes(), 0o644, 0, 0).unwrap().ino;
+            fs.write(n, 0, &data).unwrap();
+            fs.fsync(n, false).unwrap();
+            w.owner.insert(path.clone(), 600 + k);
+            ack(&mut w, Fact::Equals(path, data));
+        }
         if k % 11 == 0 {
             let name = format!("unsynced{k}");
             fs.create(2, name.as_bytes(), 0o644, 0, 0).unwrap();

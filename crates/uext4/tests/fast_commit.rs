@@ -595,8 +595,8 @@ fn our_fast_commits_replay_as_the_kernel_replays_them() {
     fs.crash();
     assert_eq!(
         logdump_tails(&crash.0),
-        7,
-        "debugfs sees the last seven fast commits"
+        9,
+        "debugfs sees the last nine fast commits"
     );
 
     let k = scratch("fc-ours-kernel");
@@ -680,7 +680,7 @@ fn fast_commit_workload_marked(fs: &Fs, setup_done: &dyn Fn()) -> Tree {
     assert_eq!(fast + full, 40, "one commit per fsync");
     assert_eq!(full, l(&t.fast_commit_fallbacks));
     assert_eq!(full, 40 / 15, "only a full area may cause a full commit");
-    // After a full commit, seven fast commits, all in the area after the crash.
+    // After a full commit, nine fast commits, all in the area after the crash.
     fs.commit().unwrap();
     fs.write(a, 11, &[b'a'; 9000]).unwrap();
     fs.fsync(a, false).unwrap();
@@ -701,7 +701,12 @@ fn fast_commit_workload_marked(fs: &Fs, setup_done: &dyn Fn()) -> Tree {
     };
     fs.setattr(a, &chmod).unwrap();
     fs.fsync(a, false).unwrap();
-    assert_eq!(l(&t.fast_commits), fast + 7);
+    // New files (CREAT after their INODE), one in the root and one in d, with data.
+    let n1 = mk(root, b"new1", b"created, then fsynced\n");
+    fs.fsync(n1, false).unwrap();
+    let n2 = mk(d, b"new2", &[b'n'; 3 * 4096 + 17]);
+    fs.fsync(n2, true).unwrap();
+    assert_eq!(l(&t.fast_commits), fast + 9);
     assert_eq!(l(&t.commits), before + full + 1);
     uext4_tree(fs)
 }

@@ -19,15 +19,15 @@
 use crate::error::Result;
 use crate::format::extent::Extent;
 use crate::format::fast_commit::{
-    FcEncoder, ADD_RANGE_SIZE, DEL_RANGE_SIZE, TAG_ADD_RANGE, TAG_DEL_RANGE, TAG_INODE,
+    FcEncoder, ADD_RANGE_SIZE, DEL_RANGE_SIZE, DENTRY_INFO_SIZE, TAG_ADD_RANGE, TAG_CREAT,
+    TAG_DEL_RANGE, TAG_INODE,
 };
 use crate::format::features::COMPAT_FAST_COMMIT;
 use crate::format::inode::{FL_EA_INODE, FL_EXTENTS, FL_INLINE_DATA, GOOD_OLD_INODE_SIZE};
 use crate::fs::Fs;
 use crate::inode::InodeState;
 use crate::journal::FcBlocks;
-use crate::transaction::{FastCommitEnv, Handle};
-use std::collections::BTreeMap;
+use crate::transaction::{FastCommitEnv, FcDentry, FcTrack, Handle};
 
 /// EXT4_JOURNAL_DATA_FL: data through the journal (the kernel's EXT4_FC_REASON_JOURNAL_FLAG_CHANGE
 /// family: never fast-committed).
@@ -66,6 +66,31 @@ impl Fs {
     ) {
         match Self::fc_describable(st) {
             Ok(()) => h.fc_eligible(ino, range),
+            Err(why) => h.fc_ineligible(why),
+        }
+    }
+
+    /// Declares in `h` the new regular file `ino` named `name` in `dir` (a CREAT record
+    /// after its INODE), or that the create is not one fast commits describe. `st` is the
+    /// new inode's state, whole.
+    pub(crate) fn fc_track_create(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        name: &[u8],
+        ino: u32,
+        st: &InodeState,
+    ) {
+        match Self::fc_describable(st) {
+            Ok(()) => {
+                h.fc_eligible(ino, None);
+                h.fc_dentry(FcDentry {
+                    tag: TAG_CREAT,
+                    parent: dir,
+                    ino,
+                    name: name.to_vec(),
+                });
+            }
             Err(why) => h.fc_ineligible(why),
         }
     }
@@ -163,7 +188,7 @@ impl FastCommitEnv for Fs {
         self.journal.get().and_then(|j| j.fc_slot()).is_some()
     }
 
-    fn fc_prepare(&self, inodes: &BTreeMap<u32, Option<(u32, u32)>>) -> Result<Option<FcBlocks>> {
+    fn fc_prepare(&self, track: &FcTrack) -> Result<Option<FcBlocks>> {
         let Some(slot) = self.journal.get().and_then(|j| j.fc_slot()) else {
             return Ok(None);
         };
@@ -171,7 +196,29 @@ impl FastCommitEnv for Fs {
         if slot.first == 0 {
             enc.head(slot.tid);
         }
-        for (&ino, &range) in inodes {
+        // Entries first, in order; a new inode's INODE record before its CREAT, so that
+        // replay makes the inode, then names it (ext4_fc_write_dentries).
+        for d in &track.dentries {
+            if d.tag == TAG_CREAT {
+                let inode = match self.iget(d.ino) {
+                    Ok(i) => i,
+                    Err(crate::error::Error::NotFound) => return Ok(None),
+                    Err(e) => return Err(e),
+                };
+                let st = inode.state.lock();
+                if Self::fc_describable(&st).is_err() || !self.fc_add_inode(&mut enc, d.ino, &st) {
+                    return Ok(None);
+                }
+            }
+            let mut v = Vec::with_capacity(DENTRY_INFO_SIZE + d.name.len());
+            v.extend_from_slice(&d.parent.to_le_bytes());
+            v.extend_from_slice(&d.ino.to_le_bytes());
+            v.extend_from_slice(&d.name);
+            if !enc.add(d.tag, &v) {
+                return Ok(None);
+            }
+        }
+        for (&ino, &range) in &track.inodes {
             let inode = match self.iget(ino) {
                 Ok(i) => i,
                 Err(crate::error::Error::NotFound) => return Ok(None),
