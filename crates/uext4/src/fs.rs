@@ -547,6 +547,9 @@ impl Fs {
                     pending_free: fs.balloc.pending_free.clone(),
                 }))?;
                 let _ = fs.journal.set(journal);
+                if fs.fc_enabled() {
+                    fs.txn.start_fc_tracking();
+                }
             }
         } else {
             fs.check_root()?;

@@ -139,6 +139,9 @@ pub struct TxnManager {
     /// running transaction and are not on disk): every later commit fails with it, so no
     /// fsync reports success for changes that may depend on the lost ones.
     pub(crate) lost: std::sync::OnceLock<String>,
+    /// Handles' fast-commit declarations are collected (`start_fc_tracking`): only where
+    /// fsync may write fast commits, so that other filesystems pay nothing for them.
+    fc_tracking: std::sync::atomic::AtomicBool,
     pub stats: TxnStats,
 }
 
@@ -156,6 +159,7 @@ impl TxnManager {
             running_tid: AtomicU64::new(first_tid),
             max_blocks: std::sync::atomic::AtomicUsize::new(max_blocks.max(16)),
             lost: std::sync::OnceLock::new(),
+            fc_tracking: std::sync::atomic::AtomicBool::new(false),
             stats: TxnStats::default(),
         }
     }
@@ -207,6 +211,14 @@ impl TxnManager {
         }
     }
 
+    /// From now on handles' fast-commit declarations are collected. The running
+    /// transaction, whose earlier changes nobody declared, must commit in full.
+    pub fn start_fc_tracking(&self) {
+        let mut r = self.running.lock();
+        r.fc.ineligible = Some("changes made before fast commits were tracked");
+        self.fc_tracking.store(true, Ordering::Release);
+    }
+
     /// Records that inode `ino` changed only in memory; it is written at the next commit.
     pub fn dirty_inode_lazily(&self, ino: u32) -> u64 {
         let mut r = self.running.lock();
@@ -237,6 +249,9 @@ impl Handle<'_> {
     /// when the mapping did not change). The caller has checked that the inode is one fast
     /// commits describe (fast_commit/commit.rs).
     pub fn fc_eligible(&mut self, ino: u32, range: Option<(u32, u32)>) {
+        if !self.mgr.fc_tracking.load(Ordering::Relaxed) {
+            return;
+        }
         match &mut self.fc {
             HandleFc::Ineligible(_) => {}
             HandleFc::Eligible(t) => t.add(ino, range),
@@ -247,8 +262,15 @@ impl Handle<'_> {
             }
         }
     }
+    /// Whether fast-commit declarations are collected (`TxnManager::start_fc_tracking`).
+    pub fn fc_tracked(&self) -> bool {
+        self.mgr.fc_tracking.load(Ordering::Relaxed)
+    }
     /// Declares that this handle made directory entry `d` (with `fc_eligible` for its inode).
     pub fn fc_dentry(&mut self, d: FcDentry) {
+        if !self.mgr.fc_tracking.load(Ordering::Relaxed) {
+            return;
+        }
         match &mut self.fc {
             HandleFc::Ineligible(_) => {}
             HandleFc::Eligible(t) => t.dentries.push(d),
@@ -308,7 +330,7 @@ impl Drop for Handle<'_> {
             r.blocks.remove(&blk);
             r.revoked.insert(blk);
         }
-        if r.fc.ineligible.is_none() {
+        if r.fc.ineligible.is_none() && self.mgr.fc_tracking.load(Ordering::Relaxed) {
             match std::mem::take(&mut self.fc) {
                 HandleFc::Eligible(t) => {
                     for (ino, range) in t.inodes {

@@ -81,6 +81,9 @@ impl Fs {
         ino: u32,
         st: &InodeState,
     ) {
+        if !h.fc_tracked() {
+            return;
+        }
         match Self::fc_describable(st) {
             Ok(()) => {
                 h.fc_eligible(ino, None);
