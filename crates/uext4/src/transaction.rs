@@ -64,6 +64,11 @@ pub struct FcTrack {
     pub inodes: BTreeMap<u32, Option<(u32, u32)>>,
     /// Directory entries made, in order (the kernel's s_fc_dentry_q).
     pub dentries: Vec<FcDentry>,
+    /// Filled for a fast commit only: the running transaction's lazy inodes (a timestamp
+    /// changed, no handle) not among `inodes`. Those records describe are logged; others
+    /// (a directory's atime) are left to the next full commit, as the kernel's
+    /// ext4_fc_track_inode leaves directories out.
+    pub lazy: Vec<u32>,
 }
 
 /// A directory entry change a fast commit records (format::fast_commit's dentry tags).
@@ -498,12 +503,16 @@ impl TxnManager {
                 }
                 let mut track = std::mem::take(&mut r.fc);
                 // Lazy timestamps are not declared by a handle: each fast commit carries them.
-                for &ino in &r.lazy_inodes {
-                    track.inodes.entry(ino).or_insert(None);
-                }
+                track.lazy = r
+                    .lazy_inodes
+                    .iter()
+                    .copied()
+                    .filter(|i| !track.inodes.contains_key(i))
+                    .collect();
+                track.lazy.sort_unstable();
                 track
             };
-            if track.inodes.is_empty() && track.dentries.is_empty() {
+            if track.inodes.is_empty() && track.dentries.is_empty() && track.lazy.is_empty() {
                 // Every declared change is in the area already: only the data must be durable.
                 drop(_barrier);
                 fc.fc_flush()?;

@@ -240,6 +240,18 @@ impl FastCommitEnv for Fs {
                 return Ok(None);
             }
         }
+        for &ino in &track.lazy {
+            let Ok(inode) = self.iget(ino) else {
+                continue;
+            };
+            let st = inode.state.lock();
+            if Self::fc_describable(&st).is_ok() && !self.fc_add_inode(&mut enc, ino, &st) {
+                return Ok(None);
+            }
+        }
+        if enc.blocks() > slot.room as usize {
+            return Ok(None);
+        }
         enc.tail(slot.tid);
         let blocks = enc.finish();
         if blocks.len() > slot.room as usize {
