@@ -755,8 +755,8 @@ fn crash_states_recover_consistently_fast_commit() {
 
 /// Fast commits: files written and fsynced, then appends, overwrites in place, truncates
 /// down and up, each fsynced, and now and then a new file written and fsynced (fast commits,
-/// until the area is full), with now and then a file created and not fsynced (the next
-/// fsync also carries it, a CREAT) and a full commit of everything.
+/// until the area is full), with now and then a file and a directory made and not fsynced
+/// (the directory makes the next fsync a full commit) and a full commit of everything.
 fn fast_commit_workload(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
     let mut w = Workload {
         acks: Vec::new(),
@@ -820,8 +820,12 @@ fn fast_commit_workload(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workloa
             ack(&mut w, Fact::Equals(path, data));
         }
         if k % 11 == 0 {
+            // Not fsynced: a new file (a CREAT in the next fast commit), and a directory
+            // (not eligible: the next fsync commits in full).
             let name = format!("unsynced{k}");
             fs.create(2, name.as_bytes(), 0o644, 0, 0).unwrap();
+            let name = format!("dir{k}");
+            fs.mkdir(2, name.as_bytes(), 0o755, 0, 0).unwrap();
         }
         if k % 17 == 0 {
             fs.commit().unwrap();
