@@ -33,6 +33,9 @@ pub struct Options {
     /// `prealloc=zeroed` (default) or `prealloc=unwritten`: see
     /// `uext4::MountOptions::prealloc_zeroed`.
     pub prealloc_zeroed: bool,
+    /// fsync writes fast commits where the image has the fast_commit feature (default);
+    /// `nofast_commit` turns them off (`uext4::MountOptions::fast_commit`).
+    pub fast_commit: bool,
     /// nodev, nosuid, noexec (the generic mount flags, passed to the kernel). By default root's
     /// mounts allow device nodes and set-ID bits, and everyone's allow execution.
     pub nodev: bool,
@@ -100,6 +103,7 @@ impl Default for Options {
             quota_limits: [false; 3],
             delalloc: false,
             prealloc_zeroed: true,
+            fast_commit: true,
             nodev: false,
             nosuid: false,
             noexec: false,
@@ -163,6 +167,8 @@ const KNOWN: &[&str] = &[
     "noacl",
     "delalloc",
     "prealloc",
+    "fast_commit",
+    "nofast_commit",
     "errors",
     "fakeroot",
     "transport",
@@ -270,6 +276,8 @@ impl Options {
                 "grpquota" => o.quota_limits[1] = true,
                 "prjquota" => o.quota_limits[2] = true,
                 "noquota" => o.quota_limits = [false; 3],
+                "fast_commit" => o.fast_commit = true,
+                "nofast_commit" => o.fast_commit = false,
                 "fakeroot" => o.fakeroot = true,
                 "prealloc" => {
                     o.prealloc_zeroed = match v {
@@ -360,6 +368,7 @@ impl Options {
             atime: self.atime,
             keys: self.keys.clone(),
             quota_limits: self.quota_limits,
+            fast_commit: self.fast_commit,
             ..Default::default()
         }
     }

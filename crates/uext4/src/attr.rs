@@ -156,6 +156,9 @@ impl Fs {
         } else if changed {
             st.raw.set_ctime(now);
         }
+        // Fields of the inode only (an ACL or capability changed with them has made the
+        // transaction ineligible already).
+        self.fc_track(&mut h, ino, &st, None);
         self.mark_inode_dirty(&mut h, &inode, &mut st)?;
         Ok(self.attr_of(ino, &st))
     }

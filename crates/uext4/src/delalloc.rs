@@ -427,6 +427,7 @@ impl Fs {
                         drop(st);
                         let mut h = self.start(crate::transaction::credits::SETATTR)?;
                         let mut st = inode.state.lock();
+                        self.fc_track(&mut h, inode.ino, &st, None);
                         self.mark_inode_dirty(&mut h, inode, &mut st)?;
                         inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
                     }

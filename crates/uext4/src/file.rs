@@ -296,6 +296,7 @@ impl Fs {
                     let mut h = self.start(credits::SETATTR)?;
                     let mut st = inode.state.lock();
                     check_live(&st)?;
+                    self.fc_track(&mut h, inode.ino, &st, None);
                     self.finish_write_step(&mut h, inode, &mut st, done, new_size)
                 })();
                 match sized {
@@ -340,6 +341,7 @@ impl Fs {
             let mut h = self.start(credits::WRITE_PER_EXTENT + 4)?;
             let mut st = inode.state.lock();
             check_live(&st)?;
+            let step_first = lblk as u32;
             let upto = match self.ext_map(ino, &mut st, lblk as u32)? {
                 Some(e) => {
                     // Preallocated: write the data (zeroing what the write does not cover in
@@ -362,6 +364,7 @@ impl Fs {
                     end.min(lblk * bs)
                 }
             };
+            self.fc_track(&mut h, ino, &st, Some((step_first, (lblk - 1) as u32)));
             self.finish_write_step(&mut h, inode, &mut st, upto, new_size)?;
             *done = upto;
             need_final = upto < end;
@@ -373,6 +376,7 @@ impl Fs {
         let mut h = self.start(credits::SETATTR)?;
         let mut st = inode.state.lock();
         check_live(&st)?;
+        self.fc_track(&mut h, ino, &st, None);
         self.finish_write_step(&mut h, inode, &mut st, end, new_size)
     }
 
@@ -664,6 +668,10 @@ impl Fs {
         if st.orphaned && st.raw.links_count() > 0 {
             self.orphan_del(&mut h, &inode, &mut st)?;
         }
+        // A fast commit unmaps everything past the new end (DEL_RANGE to the last block, as
+        // the kernel's ext4_fc_track_range for a truncate), or logs the new size only.
+        let cut = (size < old).then_some((first, u32::MAX - 1));
+        self.fc_track(&mut h, ino, &st, cut);
         self.mark_inode_dirty(&mut h, &inode, &mut st)?;
         inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
         Ok(())
@@ -1037,7 +1045,8 @@ impl Fs {
                 "\"device_flushes\":{},\"user_bytes_read\":{},\"user_bytes_written\":{},\"zeroed_bytes\":{},",
                 "\"device_bytes_per_user_byte\":{:.3},\"free_blocks\":{},\"free_inodes\":{},",
                 "\"delalloc_bytes\":{},\"delalloc_writeback_runs\":{},\"checkpoints\":{},",
-                "\"log_space_waits\":{},\"unjournaled_commits\":{},\"cached_inodes\":{}}}"
+                "\"log_space_waits\":{},\"unjournaled_commits\":{},\"cached_inodes\":{},",
+                "\"fast_commits\":{},\"fast_commit_blocks\":{},\"fast_commit_fallbacks\":{}}}"
             ),
             l(&s.ops),
             l(&s.overwrites),
@@ -1066,6 +1075,9 @@ impl Fs {
                 .map_or(0, |j| j.checkpoint_waits.load(Ordering::Relaxed)),
             l(&t.unjournaled_commits),
             self.icache.len(),
+            l(&t.fast_commits),
+            l(&t.fast_commit_blocks),
+            l(&t.fast_commit_fallbacks),
         )
     }
 

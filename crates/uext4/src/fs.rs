@@ -117,6 +117,10 @@ pub struct MountOptions {
     /// directories, as the kernel's ext4 enables quota limits (ext4_enable_quotas). Default:
     /// none, as a mount without the options.
     pub quota_limits: [bool; 3],
+    /// fsync writes fast commits where the image has the fast_commit feature and the change
+    /// fits them (fast_commit/commit.rs), else a full commit. On by default, as the kernel
+    /// (which has no option to turn them off); `nofast_commit` (mount) turns them off.
+    pub fast_commit: bool,
 }
 
 /// When a read updates atime: the mount options noatime, relatime and strictatime, and
@@ -180,6 +184,7 @@ impl Default for MountOptions {
             atime: AtimePolicy::default(),
             keys: Vec::new(),
             quota_limits: [false; 3],
+            fast_commit: true,
         }
     }
 }
@@ -542,6 +547,9 @@ impl Fs {
                     pending_free: fs.balloc.pending_free.clone(),
                 }))?;
                 let _ = fs.journal.set(journal);
+                if fs.fc_enabled() {
+                    fs.txn.start_fc_tracking();
+                }
             }
         } else {
             fs.check_root()?;

@@ -40,7 +40,12 @@ impl Fs {
             return Ok(results);
         }
         if need > self.txn.committed_tid() {
-            self.commit_upto(need)?;
+            if self.fc_enabled() {
+                // A fast commit where the changes fit one (fast_commit/commit.rs).
+                self.txn.fast_commit_upto(need, self, self)?;
+            } else {
+                self.commit_upto(need)?;
+            }
         } else {
             self.txn
                 .stats

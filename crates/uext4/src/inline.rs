@@ -338,6 +338,8 @@ impl Fs {
         if !Self::is_inline(&st.raw) {
             return Ok(());
         }
+        // The inline bytes leave the in-inode xattr area, which no INODE record carries.
+        h.fc_ineligible("an inline file converted to blocks");
         self.check_writable()?;
         let bs = self.geo.block_size as usize;
         // The new block's contents, read before anything changes.

@@ -546,6 +546,8 @@ impl Fs {
                 self.mark_inode_dirty(&mut h, &inode, &mut ist)?;
                 // Whole now: a stale number that reaches it sees a new inode, as after reuse.
                 ist.creating = false;
+                // A new regular file is a CREAT record (anything else commits in full).
+                self.fc_track_create(&mut h, dir, name, ino, &ist);
                 drop(ist);
                 let mut dst = d.state.lock();
                 self.dir_add(&mut h, dir, &mut dst, name, ino, ftype_of(mode))?;
@@ -558,6 +560,7 @@ impl Fs {
                 Ok(())
             })();
             if let Err(e) = result {
+                h.fc_ineligible("a create undone after an error");
                 self.discard_new_inode(&mut h, &inode, is_dir)?;
                 return Err(e);
             }

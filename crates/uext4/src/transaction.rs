@@ -18,9 +18,9 @@
 use crate::bcache::{Buffer, BufferCache};
 use crate::blockdev::BlockDevice;
 use crate::error::{Error, Result};
-use crate::journal::Journal;
+use crate::journal::{FcBlocks, Journal};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -41,6 +41,71 @@ pub struct TxnStats {
     /// atomic: a crash during one needs e2fsck). Large removals and allocations are split
     /// into handles that fit, so this stays 0; it is counted to show it.
     pub unjournaled_commits: AtomicU64,
+    /// fsyncs answered by a fast commit (fast_commit/commit.rs) instead of a full one.
+    pub fast_commits: AtomicU64,
+    /// Blocks of the journal's fast-commit area those wrote.
+    pub fast_commit_blocks: AtomicU64,
+    /// fsyncs on a filesystem with fast commits that needed a full commit: the transaction
+    /// held an ineligible change, or its records did not fit the area.
+    pub fast_commit_fallbacks: AtomicU64,
+}
+
+/// What a fast commit must carry of the running transaction (the kernel's per-inode
+/// i_fc_lblk_start/len and its ext4_fc_mark_ineligible): the changes that handles declared
+/// eligible since the last full or fast commit. A handle that changed metadata without
+/// declaring its change makes the whole transaction ineligible until it commits in full, so
+/// that a change no record describes can never be left out of a fast commit.
+#[derive(Default, Debug)]
+pub struct FcTrack {
+    /// Why the transaction cannot be fast-committed (the first reason).
+    pub ineligible: Option<&'static str>,
+    /// Inodes to log, each with the logical blocks `(first, last)` whose mapping changed
+    /// (None: only the inode's fields did).
+    pub inodes: BTreeMap<u32, Option<(u32, u32)>>,
+    /// Directory entries made, in order (the kernel's s_fc_dentry_q).
+    pub dentries: Vec<FcDentry>,
+    /// Filled for a fast commit only: the running transaction's lazy inodes (a timestamp
+    /// changed, no handle) not among `inodes`. Those records describe are logged; others
+    /// (a directory's atime) are left to the next full commit, as the kernel's
+    /// ext4_fc_track_inode leaves directories out.
+    pub lazy: Vec<u32>,
+}
+
+/// A directory entry change a fast commit records (format::fast_commit's dentry tags).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FcDentry {
+    /// The record's tag: TAG_CREAT for a new inode's first name.
+    pub tag: u16,
+    /// The directory.
+    pub parent: u32,
+    /// The inode named.
+    pub ino: u32,
+    /// The name.
+    pub name: Vec<u8>,
+}
+
+impl FcTrack {
+    /// Adds inode `ino`, widening its range by `range`.
+    pub fn add(&mut self, ino: u32, range: Option<(u32, u32)>) {
+        let e = self.inodes.entry(ino).or_insert(None);
+        *e = match (*e, range) {
+            (Some((a, b)), Some((c, d))) => Some((a.min(c), b.max(d))),
+            (x, None) => x,
+            (None, y) => y,
+        };
+    }
+}
+
+/// A handle's declaration for fast commits.
+#[derive(Default, Debug)]
+enum HandleFc {
+    /// Nothing declared: if the handle changes metadata, the transaction is ineligible.
+    #[default]
+    Undeclared,
+    /// Its changes are described by these inodes' records.
+    Eligible(FcTrack),
+    /// It made a change fast commits cannot describe.
+    Ineligible(&'static str),
 }
 
 /// What a running transaction collects.
@@ -53,6 +118,8 @@ pub struct RunningTxn {
     pub revoked: HashSet<u64>,
     /// Inodes whose in-memory copy is newer than their inode-table block (lazy timestamps).
     pub lazy_inodes: HashSet<u32>,
+    /// What a fast commit would have to write (fast_commit/commit.rs).
+    pub fc: FcTrack,
 }
 
 pub struct TxnManager {
@@ -77,6 +144,9 @@ pub struct TxnManager {
     /// running transaction and are not on disk): every later commit fails with it, so no
     /// fsync reports success for changes that may depend on the lost ones.
     pub(crate) lost: std::sync::OnceLock<String>,
+    /// Handles' fast-commit declarations are collected (`start_fc_tracking`): only where
+    /// fsync may write fast commits, so that other filesystems pay nothing for them.
+    fc_tracking: std::sync::atomic::AtomicBool,
     pub stats: TxnStats,
 }
 
@@ -94,6 +164,7 @@ impl TxnManager {
             running_tid: AtomicU64::new(first_tid),
             max_blocks: std::sync::atomic::AtomicUsize::new(max_blocks.max(16)),
             lost: std::sync::OnceLock::new(),
+            fc_tracking: std::sync::atomic::AtomicBool::new(false),
             stats: TxnStats::default(),
         }
     }
@@ -141,7 +212,16 @@ impl TxnManager {
             blocks: Vec::new(),
             revoked: Vec::new(),
             credits,
+            fc: HandleFc::Undeclared,
         }
+    }
+
+    /// From now on handles' fast-commit declarations are collected. The running
+    /// transaction, whose earlier changes nobody declared, must commit in full.
+    pub fn start_fc_tracking(&self) {
+        let mut r = self.running.lock();
+        r.fc.ineligible = Some("changes made before fast commits were tracked");
+        self.fc_tracking.store(true, Ordering::Release);
     }
 
     /// Records that inode `ino` changed only in memory; it is written at the next commit.
@@ -165,9 +245,55 @@ pub struct Handle<'a> {
     blocks: Vec<Arc<Buffer>>,
     revoked: Vec<u64>,
     credits: usize,
+    fc: HandleFc,
 }
 
 impl Handle<'_> {
+    /// Declares that this handle's change to inode `ino` is described by a fast commit of
+    /// the inode's fields and of the mapping of logical blocks `range` (first, last; None
+    /// when the mapping did not change). The caller has checked that the inode is one fast
+    /// commits describe (fast_commit/commit.rs).
+    pub fn fc_eligible(&mut self, ino: u32, range: Option<(u32, u32)>) {
+        if !self.mgr.fc_tracking.load(Ordering::Relaxed) {
+            return;
+        }
+        match &mut self.fc {
+            HandleFc::Ineligible(_) => {}
+            HandleFc::Eligible(t) => t.add(ino, range),
+            f @ HandleFc::Undeclared => {
+                let mut t = FcTrack::default();
+                t.add(ino, range);
+                *f = HandleFc::Eligible(t);
+            }
+        }
+    }
+    /// Whether fast-commit declarations are collected (`TxnManager::start_fc_tracking`).
+    pub fn fc_tracked(&self) -> bool {
+        self.mgr.fc_tracking.load(Ordering::Relaxed)
+    }
+    /// Declares that this handle made directory entry `d` (with `fc_eligible` for its inode).
+    pub fn fc_dentry(&mut self, d: FcDentry) {
+        if !self.mgr.fc_tracking.load(Ordering::Relaxed) {
+            return;
+        }
+        match &mut self.fc {
+            HandleFc::Ineligible(_) => {}
+            HandleFc::Eligible(t) => t.dentries.push(d),
+            f @ HandleFc::Undeclared => {
+                *f = HandleFc::Eligible(FcTrack {
+                    dentries: vec![d],
+                    ..FcTrack::default()
+                })
+            }
+        }
+    }
+    /// Declares a change fast commits cannot describe: the running transaction must commit
+    /// in full (the kernel's ext4_fc_mark_ineligible). Sticks, whatever is declared after.
+    pub fn fc_ineligible(&mut self, why: &'static str) {
+        if !matches!(self.fc, HandleFc::Ineligible(_)) {
+            self.fc = HandleFc::Ineligible(why);
+        }
+    }
     /// The transaction this handle belongs to.
     pub fn tid(&self) -> u64 {
         self.tid
@@ -200,6 +326,7 @@ impl Drop for Handle<'_> {
     fn drop(&mut self) {
         let mut r = self.mgr.running.lock();
         debug_assert_eq!(r.tid, self.tid);
+        let changed = !self.blocks.is_empty() || !self.revoked.is_empty();
         for b in self.blocks.drain(..) {
             r.revoked.remove(&b.blk);
             r.blocks.insert(b.blk, b);
@@ -207,6 +334,21 @@ impl Drop for Handle<'_> {
         for blk in self.revoked.drain(..) {
             r.blocks.remove(&blk);
             r.revoked.insert(blk);
+        }
+        if r.fc.ineligible.is_none() && self.mgr.fc_tracking.load(Ordering::Relaxed) {
+            match std::mem::take(&mut self.fc) {
+                HandleFc::Eligible(t) => {
+                    for (ino, range) in t.inodes {
+                        r.fc.add(ino, range);
+                    }
+                    r.fc.dentries.extend(t.dentries);
+                }
+                HandleFc::Ineligible(why) => r.fc.ineligible = Some(why),
+                HandleFc::Undeclared if changed => {
+                    r.fc.ineligible = Some("a change fast commits do not describe")
+                }
+                HandleFc::Undeclared => {}
+            }
         }
     }
 }
@@ -259,6 +401,21 @@ pub trait CommitEnv {
     fn stop(&self, why: &str);
 }
 
+/// What a fast commit needs from the filesystem (fast_commit/commit.rs).
+pub trait FastCommitEnv {
+    /// Whether a fast commit can be written now (the journal has an area, and its log on
+    /// disk is one recovery reads: the kernel's "at least one full commit" rule).
+    fn fc_ready(&self) -> bool;
+    /// With the barrier held: the records for `track` (its inodes and entries), in the
+    /// area's blocks, or None when they cannot be fast-committed (an inode of a kind the
+    /// records do not describe, more records than the area has room for).
+    fn fc_prepare(&self, track: &FcTrack) -> Result<Option<FcBlocks>>;
+    /// Makes the data durable, then writes the blocks and makes them durable.
+    fn fc_write(&self, p: FcBlocks) -> Result<()>;
+    /// Makes the data durable (nothing new to record).
+    fn fc_flush(&self) -> Result<()>;
+}
+
 impl TxnManager {
     /// Commits if transaction `tid` (or an earlier one) is not yet committed: snapshots the
     /// running transaction's blocks (with the barrier held, so no handle is half-way through
@@ -284,6 +441,105 @@ impl TxnManager {
             }
             self.wait_commit_released(seen);
         }
+    }
+
+    /// As `commit_upto`, for an fsync on a filesystem that writes fast commits: with the
+    /// commit lock held (so no full commit runs meanwhile, and the journal's next tid is the
+    /// running transaction's), the running transaction's declared changes are written as a
+    /// fast commit instead, unless it is ineligible (the kernel's ext4_fc_commit falls back
+    /// to jbd2_complete_transaction the same way).
+    pub fn fast_commit_upto(
+        &self,
+        tid: u64,
+        env: &dyn CommitEnv,
+        fc: &dyn FastCommitEnv,
+    ) -> Result<()> {
+        loop {
+            if self.committed_tid() >= tid {
+                self.stats
+                    .fsync_already_committed
+                    .fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            let seen = self.commit_gen.load(Ordering::Acquire);
+            if let Some(guard) = self.commit_lock.try_lock() {
+                let mut held = CommitLockGuard {
+                    guard: Some(guard),
+                    txn: self,
+                };
+                let committed = held.guard.as_mut().expect("held until dropped");
+                if **committed < tid && self.lost.get().is_none() && !env.read_only() {
+                    match self.try_fast_commit(fc) {
+                        Ok(true) => return Ok(()),
+                        Ok(false) => {}
+                        Err(e) => tracing::warn!("fast commit failed, committing in full: {e}"),
+                    }
+                    self.stats
+                        .fast_commit_fallbacks
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                return self.commit_locked(committed, tid, env);
+            }
+            self.wait_commit_released(seen);
+        }
+    }
+
+    /// One fast commit, commit lock held: takes the declared changes out of the running
+    /// transaction (barrier held, so no handle is half-way), has `fc` encode them, then write
+    /// them. Returns false when the transaction must commit in full; the changes taken out
+    /// are then marked ineligible, so that the full commit is what covers them.
+    fn try_fast_commit(&self, fc: &dyn FastCommitEnv) -> Result<bool> {
+        if !fc.fc_ready() {
+            return Ok(false);
+        }
+        let prepared = {
+            let _barrier = self.barrier.write();
+            let track = {
+                let mut r = self.running.lock();
+                if r.fc.ineligible.is_some() || !r.revoked.is_empty() {
+                    let why = r.fc.ineligible.unwrap_or("revoked blocks");
+                    tracing::debug!(why, "no fast commit: the transaction commits in full");
+                    return Ok(false);
+                }
+                let mut track = std::mem::take(&mut r.fc);
+                // Lazy timestamps are not declared by a handle: each fast commit carries them.
+                track.lazy = r
+                    .lazy_inodes
+                    .iter()
+                    .copied()
+                    .filter(|i| !track.inodes.contains_key(i))
+                    .collect();
+                track.lazy.sort_unstable();
+                track
+            };
+            if track.inodes.is_empty() && track.dentries.is_empty() && track.lazy.is_empty() {
+                // Every declared change is in the area already: only the data must be durable.
+                drop(_barrier);
+                fc.fc_flush()?;
+                return Ok(true);
+            }
+            match fc.fc_prepare(&track) {
+                Ok(Some(p)) => p,
+                Ok(None) => {
+                    self.running.lock().fc.ineligible = Some("records the area cannot take");
+                    return Ok(false);
+                }
+                Err(e) => {
+                    self.running.lock().fc.ineligible = Some("records that failed to encode");
+                    return Err(e);
+                }
+            }
+        };
+        let n = prepared.blocks.len() as u64;
+        if let Err(e) = fc.fc_write(prepared) {
+            self.running.lock().fc.ineligible = Some("a fast commit that failed to write");
+            return Err(e);
+        }
+        self.stats.fast_commits.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .fast_commit_blocks
+            .fetch_add(n, Ordering::Relaxed);
+        Ok(true)
     }
 
     /// `commit_upto` with the commit lock held (`committed`: the last committed tid).

@@ -553,6 +553,9 @@ impl Fs {
         old_blk: u64,
         old_block: &[XattrEntry],
     ) -> Result<()> {
+        // The in-inode area and xattr blocks are in no fast-commit record (the kernel's
+        // EXT4_FC_REASON_XATTR).
+        h.fc_ineligible("an extended attribute change");
         let _ea = self.ea_guard();
         let (in_inode, in_block) = self.xattr_layout(&st.raw, all)?;
         let old_ibody = self.xattr_load_ibody(ino, &st.raw)?;
@@ -728,6 +731,7 @@ impl Fs {
         if blk == 0 && !(ea_inodes && has_xattrs(&st.raw)) {
             return Ok(());
         }
+        h.fc_ineligible("an extended attribute change");
         let mut refs = BTreeMap::new();
         let mut block = Vec::new();
         let _ea = self.ea_guard();

@@ -30,6 +30,15 @@ fn options_parse_and_reject() {
     );
     assert!(Options::parse("prealloc=zeroed").unwrap().prealloc_zeroed);
     assert!(Options::parse("prealloc").is_err());
+    assert!(Options::default().mount_options().fast_commit);
+    let o = Options::parse("nofast_commit").unwrap().mount_options();
+    assert!(!o.fast_commit);
+    assert!(
+        Options::parse("nofast_commit,fast_commit")
+            .unwrap()
+            .fast_commit
+    );
+    assert!(Options::parse("fast_commit=off").is_err());
 }
 
 #[test]

@@ -3,9 +3,10 @@
 //! of a full jbd2 commit. After a crash they follow the log's last full commit; recovery
 //! replays the log, then these records, as the kernel at mount and e2fsck do.
 //!
-//! uext4 itself does full commits only: it never writes the area, and its log stops short of
-//! it (journal/mod.rs). `replay.rs` applies the records; recovery.rs calls it.
+//! uext4 writes them too, for fsyncs whose changes fit them (`commit.rs`; its own log stops
+//! short of the area: journal/mod.rs). `replay.rs` applies the records; recovery.rs calls it.
 
+mod commit;
 mod replay;
 
 use crate::error::Result;

@@ -308,6 +308,100 @@ fn scan_record(
     Ok(Step::Continue)
 }
 
+/// Writes fast commits as the kernel's ext4_fc_add_tlv, ext4_fc_reserve_space and
+/// ext4_fc_write_tail lay them out, the inverse of `scan`: records one after another in a
+/// block, each leaving room after it for a further record header and one byte; one that
+/// does not fit is preceded by a PAD of zeros to the block's last byte and starts the next
+/// block; a TAIL ends each fast commit, its value running to its block's end, its crc32c
+/// (seeded 0) over every byte from the previous TAIL to its own tid.
+pub struct FcEncoder {
+    bs: usize,
+    done: Vec<Vec<u8>>,
+    cur: Vec<u8>,
+    crc: u32,
+}
+
+impl FcEncoder {
+    /// An encoder for blocks of `bs` bytes.
+    pub fn new(bs: usize) -> Self {
+        FcEncoder {
+            bs,
+            done: Vec::new(),
+            cur: Vec::with_capacity(bs),
+            crc: 0,
+        }
+    }
+
+    /// Makes room for a record of `total` bytes (header included) in the current block,
+    /// padding it and starting the next if it does not fit. False if no block can hold it.
+    fn reserve(&mut self, total: usize) -> bool {
+        if total + TL_SIZE + 2 > self.bs {
+            return false;
+        }
+        let off = self.cur.len();
+        if self.bs - off - 1 > total + TL_SIZE {
+            return true;
+        }
+        let pad = self.bs - off - 1 - TL_SIZE;
+        let start = self.cur.len();
+        encode(&mut self.cur, TAG_PAD, &vec![0u8; pad]);
+        self.crc = crc32c(self.crc, &self.cur[start..]);
+        self.cur.resize(self.bs, 0);
+        self.done.push(std::mem::replace(
+            &mut self.cur,
+            Vec::with_capacity(self.bs),
+        ));
+        true
+    }
+
+    /// Adds one record. False (nothing added) if its value is too long for a block.
+    pub fn add(&mut self, tag: u16, value: &[u8]) -> bool {
+        if !self.reserve(TL_SIZE + value.len()) {
+            return false;
+        }
+        let start = self.cur.len();
+        encode(&mut self.cur, tag, value);
+        self.crc = crc32c(self.crc, &self.cur[start..]);
+        true
+    }
+
+    /// Adds HEAD: the first fast commit of transaction `tid`.
+    pub fn head(&mut self, tid: u32) {
+        let mut v = [0u8; HEAD_SIZE];
+        v[..4].copy_from_slice(&SUPPORTED_FEATURES.to_le_bytes());
+        v[4..].copy_from_slice(&tid.to_le_bytes());
+        self.add(TAG_HEAD, &v);
+    }
+
+    /// Ends a fast commit of transaction `tid` with its TAIL, closing the block.
+    pub fn tail(&mut self, tid: u32) {
+        self.reserve(TL_SIZE + TAIL_SIZE);
+        let start = self.cur.len();
+        let len = (self.bs - start - TL_SIZE) as u16;
+        self.cur.extend_from_slice(&TAG_TAIL.to_le_bytes());
+        self.cur.extend_from_slice(&len.to_le_bytes());
+        self.cur.extend_from_slice(&tid.to_le_bytes());
+        let crc = crc32c(self.crc, &self.cur[start..]);
+        self.cur.extend_from_slice(&crc.to_le_bytes());
+        self.cur.resize(self.bs, 0);
+        self.crc = 0;
+        self.done.push(std::mem::replace(
+            &mut self.cur,
+            Vec::with_capacity(self.bs),
+        ));
+    }
+
+    /// Whole blocks so far (a fast commit ended with `tail` is all in them).
+    pub fn blocks(&self) -> usize {
+        self.done.len() + usize::from(!self.cur.is_empty())
+    }
+
+    /// The blocks written; anything after the last TAIL is dropped.
+    pub fn finish(self) -> Vec<Vec<u8>> {
+        self.done
+    }
+}
+
 /// Encodes one record (tag, length, value) at the end of `out`.
 pub fn encode(out: &mut Vec<u8>, tag: u16, value: &[u8]) {
     out.extend_from_slice(&tag.to_le_bytes());

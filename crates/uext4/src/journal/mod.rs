@@ -11,7 +11,8 @@
 //!   has written them home (`checkpointed`); the journal superblock's s_start/s_sequence is moved
 //!   lazily, only before the log would overwrite a block the on-disk superblock still claims;
 //! - `recovery.rs`: the kernel's three passes (scan, revoke, replay);
-//! - `revoke.rs`: revoke records (the table of recovery, the blocks of commit).
+//! - `revoke.rs`: revoke records (the table of recovery, the blocks of commit);
+//! - `fast_commit.rs`: where ext4's fast commits go in the area after the log.
 //!
 //! Recovery follows the kernel's fs/jbd2/recovery.c and e2fsck: after a replay the superblock
 //! says s_start = 0 and s_sequence = (the first transaction not replayed) + 1, so that no
@@ -26,6 +27,7 @@ pub mod format;
 
 mod checkpoint;
 mod commit;
+mod fast_commit;
 mod recovery;
 mod revoke;
 
@@ -38,6 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use checkpoint::CheckpointHooks;
+pub use fast_commit::{FcBlocks, FcSlot};
 pub use format::JBD2_MAGIC;
 
 /// Where the journal's blocks are: runs of (journal block, device block, length).
@@ -124,6 +127,11 @@ pub struct Journal {
     /// The fast-commit area, journal blocks `fc.start..fc.end` (the kernel's
     /// j_fc_first..j_fc_last), when the journal has INCOMPAT_FAST_COMMIT. Never log space.
     fc: Option<std::ops::Range<u32>>,
+    /// The transaction whose fast commits the area holds, and the area blocks they take
+    /// (fast_commit.rs); stale once the log holds that transaction whole.
+    fc_used: Mutex<(u32, u32)>,
+    /// Blocks written to the fast-commit area.
+    pub fc_blocks_written: AtomicU64,
     fmt: TagFormat,
     /// The old whole-transaction crc32_be checksum (COMPAT_CHECKSUM).
     compat_csum: bool,
@@ -265,6 +273,8 @@ impl Journal {
             maxlen: sb.maxlen,
             last,
             fc,
+            fc_used: Mutex::new((0, 0)),
+            fc_blocks_written: AtomicU64::new(0),
             fmt,
             compat_csum,
             seed,

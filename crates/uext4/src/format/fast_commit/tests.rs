@@ -136,3 +136,51 @@ fn records_decode_by_tag_and_length() {
     assert_eq!(decode(0, &[]), None);
     assert_eq!(decode(10, &[0; 8]), None);
 }
+
+/// The encoder's blocks scan back to exactly its records, across PADs and several fast
+/// commits; the same blocks under another tid replay nothing; a torn second fast commit (its
+/// last block lost) leaves the first.
+#[test]
+fn encoded_fast_commits_scan_back_whole() {
+    let mut e = FcEncoder::new(BS);
+    e.head(7);
+    let mut want = vec![FcRecord::Head {
+        features: 0,
+        tid: 7,
+    }];
+    for i in 0..9u32 {
+        let (tag, v) = inode(100 + i);
+        assert!(e.add(tag, &v));
+        want.push(decode(tag, &v).unwrap());
+    }
+    e.tail(7);
+    let first = e.blocks();
+    assert!(
+        first >= 2,
+        "nine 168-byte records need a PAD and a second block"
+    );
+    for i in 0..3u32 {
+        let (tag, v) = del_range(5, i * 10, 10);
+        assert!(e.add(tag, &v));
+    }
+    e.tail(7);
+    let blocks = e.finish();
+    assert_eq!(blocks.len(), first + 1);
+    assert!(blocks.iter().all(|b| b.len() == BS));
+    let got = scan(&blocks, 7).unwrap();
+    assert_eq!(got.commits, 2);
+    assert_eq!(got.blocks as usize, blocks.len());
+    let kept: Vec<FcRecord> = got
+        .records
+        .iter()
+        .filter(|r| !matches!(r, FcRecord::Pad | FcRecord::Tail { .. }))
+        .cloned()
+        .collect();
+    assert_eq!(&kept[..want.len()], &want[..]);
+    assert_eq!(kept.len(), want.len() + 3);
+    assert!(scan(&blocks, 8).unwrap().is_empty());
+    let torn = scan(&blocks[..first], 7).unwrap();
+    assert_eq!(torn.commits, 1);
+    let mut too_long = FcEncoder::new(BS);
+    assert!(!too_long.add(TAG_INODE, &vec![0u8; BS]));
+}
