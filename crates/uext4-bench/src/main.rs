@@ -24,6 +24,7 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use tools::MetaInput;
 
 /// `uext4 bench` runs this binary with its own arguments; it is a program of its own so that
 /// the user binary carries neither the harness nor its chart drawing.
@@ -875,30 +876,6 @@ fn write_outputs(
         a.out.display()
     );
     Ok(())
-}
-
-/// What the one-image-per-system families run on: the metadata family's tree, or the tools
-/// family's repository and wheels.
-#[derive(Clone, Copy)]
-enum MetaInput<'a> {
-    Tree(&'a meta::Tree),
-    Tools(&'a tools::Inputs),
-}
-
-impl MetaInput<'_> {
-    fn describe(&self) -> String {
-        match self {
-            MetaInput::Tree(t) => format!("{}, {}", t.source, t.summary()),
-            MetaInput::Tools(t) => t.summary.clone(),
-        }
-    }
-
-    fn workloads(&self) -> &'static [&'static str] {
-        match self {
-            MetaInput::Tree(_) => meta::WORKLOADS,
-            MetaInput::Tools(_) => tools::WORKLOADS,
-        }
-    }
 }
 
 /// One measurement in the plan: workload, journal size (None: the default), system, jobs.

@@ -367,6 +367,30 @@ fn count_entries(root: &Path) -> Result<u64> {
     Ok(n)
 }
 
+/// What the one-image-per-system families run on: the metadata family's tree, or the tools
+/// family's repository and wheels.
+#[derive(Clone, Copy)]
+pub(crate) enum MetaInput<'a> {
+    Tree(&'a meta::Tree),
+    Tools(&'a Inputs),
+}
+
+impl MetaInput<'_> {
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            MetaInput::Tree(t) => format!("{}, {}", t.source, t.summary()),
+            MetaInput::Tools(t) => t.summary.clone(),
+        }
+    }
+
+    pub(crate) fn workloads(&self) -> &'static [&'static str] {
+        match self {
+            MetaInput::Tree(_) => meta::WORKLOADS,
+            MetaInput::Tools(_) => WORKLOADS,
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The repository
 
