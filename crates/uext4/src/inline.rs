@@ -71,7 +71,7 @@ impl Fs {
     }
 
     /// An inline inode's contents: i_block's 60 bytes, then the "system.data" value.
-    fn inline_bytes(&self, ino: u32, raw: &RawInode) -> Result<Vec<u8>> {
+    pub(crate) fn inline_bytes(&self, ino: u32, raw: &RawInode) -> Result<Vec<u8>> {
         let mut all = raw.i_block().to_vec();
         let l = self.xattr_load(ino, raw)?;
         if let Some(e) = l.ibody.into_iter().find(is_system_data) {
@@ -424,9 +424,14 @@ impl Fs {
 
     /// `inline_convert` in a handle of its own, for file operations that start theirs later
     /// (write, truncate, fallocate). The caller holds the inode's `io_lock` exclusively.
+    /// Ends `may_inline` (ext4_convert_inline_data): the file maps blocks from now on.
     pub(crate) fn inline_convert_file(&self, inode: &crate::inode::Inode) -> Result<()> {
-        if !Self::is_inline(&inode.state.lock().raw) {
-            return Ok(());
+        {
+            let mut st = inode.state.lock();
+            st.may_inline = false;
+            if !Self::is_inline(&st.raw) {
+                return Ok(());
+            }
         }
         let mut h = self.start(crate::transaction::credits::WRITE_PER_EXTENT + 16)?;
         let mut st = inode.state.lock();
