@@ -5,13 +5,14 @@
 //! and its entries in the next 56 and in "system.data": two separate runs of entries, no "."
 //! or "..", no checksum tail (the inode's checksum covers them).
 //!
-//! uext4 reads inline files, symlinks and directories where they are, and makes no inline
-//! inodes itself (the kernel reads block-mapped small files as well). A name removed from an
+//! uext4 reads inline files, symlinks and directories where they are, and makes and grows
+//! inline files and directories as the kernel does (inline_write.rs). A name removed from an
 //! inline directory, or repointed by a rename (".." included), is changed where it lies, as the
-//! kernel changes it: those allocate nothing, so they work on a full filesystem. Before any
-//! other change to an inline inode's contents or attributes (a write, truncate, fallocate; a
-//! name added to a directory; an attribute set or removed), `inline_convert` moves
-//! the contents into a newly allocated block inside the changing operation's handle, as the
+//! kernel changes it: those allocate nothing, so they work on a full filesystem. Attributes
+//! set or removed leave the inode inline ("system.data" keeps its place in the inode: xattr.rs's
+//! layout pins it). When a change outgrows the inode (a write or truncate past what it holds,
+//! any fallocate, verity, a name that fits neither run), `inline_convert` moves the contents
+//! into a newly allocated block inside the changing operation's handle, as the
 //! kernel does when an inline inode outgrows its inode: a file's bytes as block 0, a
 //! directory as one leaf block with ".", ".." and its entries; the flag and "system.data" go.
 //! The data reaches the device before the commit that maps it (the block is new), so a crash

@@ -44,9 +44,7 @@ use crate::format::dir_entry::{put_dirent, set_rec_len};
 use crate::format::features::INCOMPAT_INLINE_DATA;
 use crate::format::inode::{RawInode, FL_EXTENTS, FL_INLINE_DATA, I_BLOCK_SIZE, S_IFREG};
 use crate::format::put32;
-use crate::format::xattr::{
-    list_len, write_entries, XattrEntry, IBODY_HEADER_LEN, INDEX_SYSTEM, XATTR_MAGIC,
-};
+use crate::format::xattr::{list_len, write_ibody, XattrEntry, IBODY_HEADER_LEN, INDEX_SYSTEM};
 use crate::fs::Fs;
 use crate::inode::{Inode, InodeState};
 use crate::transaction::{credits, Handle};
@@ -146,16 +144,7 @@ impl Fs {
         if IBODY_HEADER_LEN + list_len(&entries) > area.len() {
             return Err(Error::NoSpace);
         }
-        let a = &mut raw.0[area];
-        put32(a, 0, XATTR_MAGIC);
-        write_entries(a, IBODY_HEADER_LEN, IBODY_HEADER_LEN, &entries);
-        // "system.data" (last) with no hash, as the kernel leaves it: its writes change the
-        // value in place without one (ext4_write_inline_data), so any hash would go stale.
-        let at: usize = entries[..entries.len() - 1]
-            .iter()
-            .map(|e| e.entry_len())
-            .sum();
-        put32(a, IBODY_HEADER_LEN + at + 12, 0);
+        write_ibody(&mut raw.0[area], &entries);
         let n = bytes.len().min(I_BLOCK_SIZE);
         let ib = raw.i_block_mut();
         ib.fill(0);

@@ -309,3 +309,92 @@ fn inline_dirs_match_kernel() {
     drop(fs);
     e2fsck_clean_when(&k.0, "after uext4 added names to the kernel's directories");
 }
+
+/// Whether debugfs shows an xattr block for `path`.
+fn has_xattr_block(img: &Path, path: &str) -> bool {
+    let out = sh(&format!("debugfs -R 'stat {path}' {} 2>&1", img.display()));
+    !out.contains("File ACL: 0")
+}
+
+/// Attributes set on inline inodes keep them inline, as the kernel's ext4_xattr_set does:
+/// "system.data" stays in the inode, a new attribute goes beside it where it fits and to an
+/// xattr block where not; a later write still goes inline. The same inodes as the kernel's,
+/// and each reads the other's attributes.
+#[test]
+fn inline_xattrs_match_kernel() {
+    if !can_loop_mount() {
+        return;
+    }
+    let (u, k) = twins("inl-xattr", &["-O", "metadata_csum"]);
+    // (name, bytes written first, attribute value, bytes appended after)
+    let cases: [(&str, usize, usize, usize); 5] = [
+        ("small", 10, 3, 0),
+        ("full", 120, 20, 0),
+        ("big-attr", 10, 50, 5),
+        ("grow-after", 10, 8, 90),
+        ("past-after", 10, 8, 200),
+    ];
+    let value = |n: usize| vec![b'v'; n];
+    {
+        let fs: Arc<Fs> = Fs::open_path(&u.0, MountOptions::default()).unwrap();
+        for (i, &(name, first, attr, more)) in cases.iter().enumerate() {
+            let ino = fs.create(2, name.as_bytes(), 0o644, 0, 0).unwrap().ino;
+            fs.write_all(ino, 0, &bytes(i, first)).unwrap();
+            fs.setxattr(ino, b"user.a", &value(attr), uext4::XattrFlags::Any)
+                .unwrap();
+            if more > 0 {
+                fs.write_all(ino, first as u64, &bytes(i + 50, more))
+                    .unwrap();
+            }
+        }
+        let d = fs.mkdir(2, b"dir", 0o755, 0, 0).unwrap().ino;
+        fs.create(d, b"x", 0o644, 0, 0).unwrap();
+        fs.setxattr(d, b"user.d", b"1234", uext4::XattrFlags::Any)
+            .unwrap();
+        fs.create(d, b"y", 0o644, 0, 0).unwrap();
+        fs.unmount().unwrap();
+    }
+    e2fsck_clean_when(&u.0, "after uext4 set attributes on inline inodes");
+    {
+        let m = KernelMount::new(&k.0);
+        for (i, &(name, first, attr, more)) in cases.iter().enumerate() {
+            let p = m.dir.join(name);
+            std::fs::write(&p, bytes(i, first)).unwrap();
+            assert!(set_xattr(&p, "user.a", &value(attr)));
+            if more > 0 {
+                use std::io::Write;
+                let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+                f.write_all(&bytes(i + 50, more)).unwrap();
+            }
+        }
+        std::fs::create_dir(m.dir.join("dir")).unwrap();
+        std::fs::File::create(m.dir.join("dir/x")).unwrap();
+        assert!(set_xattr(&m.dir.join("dir"), "user.d", b"1234"));
+        std::fs::File::create(m.dir.join("dir/y")).unwrap();
+    }
+    e2fsck_clean(&k.0);
+    let mut inline = 0;
+    for name in cases.iter().map(|c| c.0).chain(["dir"]) {
+        let (us, ks) = (shape(&u.0, name), shape(&k.0, name));
+        assert_eq!(us, ks, "{name}: uext4's inode (left) and the kernel's");
+        let (ub, kb) = (has_xattr_block(&u.0, name), has_xattr_block(&k.0, name));
+        assert_eq!(
+            ub, kb,
+            "{name}: xattr block, uext4's (left) and the kernel's"
+        );
+        inline += us.2.is_some() as usize;
+    }
+    assert!(inline >= 5, "all but past-after stay inline ({inline})");
+    let m = KernelMount::new(&u.0);
+    for (i, &(name, first, attr, more)) in cases.iter().enumerate() {
+        let p = m.dir.join(name);
+        let mut want = bytes(i, first);
+        want.extend_from_slice(&bytes(i + 50, more));
+        assert_eq!(std::fs::read(&p).unwrap(), want, "the kernel reads {name}");
+        assert_eq!(xattrs(&p), [(b"user.a".to_vec(), value(attr))]);
+    }
+    assert_eq!(
+        xattrs(&m.dir.join("dir")),
+        [(b"user.d".to_vec(), b"1234".to_vec())]
+    );
+}
