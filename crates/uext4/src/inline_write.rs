@@ -158,6 +158,16 @@ impl Fs {
         self.inline_bytes(ino, raw)
     }
 
+    /// Whether a first write of `size` bytes to this new, empty file would keep it inline.
+    pub(crate) fn inline_would_hold(&self, inode: &Inode, size: u64) -> Result<bool> {
+        let st = inode.state.lock();
+        if !st.may_inline || st.raw.size() != 0 || Self::is_inline(&st.raw) {
+            return Ok(false);
+        }
+        let max = self.inline_max_value(inode.ino, &st.raw)?;
+        Ok(max.is_some_and(|v| size <= (I_BLOCK_SIZE + v) as u64))
+    }
+
     /// A write of `data` at `off` to an inline file, or to a new empty one that may go
     /// inline, the caller holding `io_lock` exclusively (see the module notes). True when
     /// written inline (size and times set, in a handle of its own); false when the caller must
