@@ -679,6 +679,7 @@ impl Fs {
                 })?;
             inode.open_count.fetch_add(1, Ordering::AcqRel);
             let mut ist = inode.state.lock();
+            ist.may_inline = self.may_inline_new(&ist.raw);
             ist.raw.set_links_count(0);
             self.orphan_add(&mut h, &inode, &mut ist)?;
             let mut xattrs = new.xattrs.clone();

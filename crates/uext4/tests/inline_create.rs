@@ -398,3 +398,25 @@ fn inline_xattrs_match_kernel() {
         [(b"user.d".to_vec(), b"1234".to_vec())]
     );
 }
+
+/// An O_TMPFILE file goes inline too (the kernel's ext4_tmpfile makes it with ext4_new_inode,
+/// EXT4_STATE_MAY_INLINE_DATA set): written, then linked in, it is inline on disk, e2fsck is
+/// clean and the kernel reads it (with loop devices).
+#[test]
+fn inline_tmpfile_then_linked() {
+    let img = scratch("inl-tmpfile");
+    mke2fs(&img.0, "16M", &["-O", "inline_data", "-I", "256"]);
+    let fs: Arc<Fs> = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    let ino = fs.tmpfile(2, 0o644, 0, 0).unwrap().ino;
+    fs.write_all(ino, 0, &bytes(1, 50)).unwrap();
+    fs.link(ino, 2, b"t").unwrap();
+    fs.release(ino).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+    assert_eq!(shape(&img.0, "t").2, Some(60));
+    if can_loop_mount() {
+        let m = KernelMount::new(&img.0);
+        assert_eq!(std::fs::read(m.dir.join("t")).unwrap(), bytes(1, 50));
+    }
+}
