@@ -74,8 +74,12 @@ impl Fs {
     /// An inline inode's contents: i_block's 60 bytes, then the "system.data" value.
     pub(crate) fn inline_bytes(&self, ino: u32, raw: &RawInode) -> Result<Vec<u8>> {
         let mut all = raw.i_block().to_vec();
-        let l = self.xattr_load(ino, raw)?;
-        if let Some(e) = l.ibody.into_iter().find(is_system_data) {
+        // Only ever in the inode (the kernel reads it nowhere else): no xattr block read.
+        if let Some(e) = self
+            .xattr_load_ibody(ino, raw)?
+            .into_iter()
+            .find(is_system_data)
+        {
             all.extend_from_slice(&e.value);
         }
         Ok(all)

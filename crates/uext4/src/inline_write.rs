@@ -114,8 +114,7 @@ impl Fs {
             return Ok(None);
         };
         let others: usize = self
-            .xattr_load(ino, raw)?
-            .ibody
+            .xattr_load_ibody(ino, raw)?
             .iter()
             .filter(|e| !is_data(e))
             .map(|e| e.cost())
@@ -132,8 +131,7 @@ impl Fs {
     fn inline_store(&self, ino: u32, raw: &mut RawInode, bytes: &[u8]) -> Result<()> {
         let value = bytes.get(I_BLOCK_SIZE..).unwrap_or(&[]).to_vec();
         let mut entries: Vec<XattrEntry> = self
-            .xattr_load(ino, raw)?
-            .ibody
+            .xattr_load_ibody(ino, raw)?
             .into_iter()
             .filter(|e| !is_data(e))
             .collect();
@@ -151,11 +149,6 @@ impl Fs {
         ib[..n].copy_from_slice(&bytes[..n]);
         raw.set_flags((raw.flags() | FL_INLINE_DATA) & !FL_EXTENTS);
         Ok(())
-    }
-
-    /// An inline inode's contents as stored: i_block, then the whole "system.data" value.
-    fn inline_all(&self, ino: u32, raw: &RawInode) -> Result<Vec<u8>> {
-        self.inline_bytes(ino, raw)
     }
 
     /// Whether a first write of `size` bytes to this new, empty file would keep it inline.
@@ -203,7 +196,7 @@ impl Fs {
         crate::file::check_live(&st)?;
         let size = st.raw.size();
         let mut bytes = if Self::is_inline(&st.raw) {
-            self.inline_all(inode.ino, &st.raw)?
+            self.inline_bytes(inode.ino, &st.raw)?
         } else {
             Vec::new()
         };
@@ -237,7 +230,7 @@ impl Fs {
             }
             crate::file::check_live(&st)?;
             crate::flags::may_truncate(&st.raw)?;
-            let cap = self.inline_all(inode.ino, &st.raw)?.len();
+            let cap = self.inline_bytes(inode.ino, &st.raw)?.len();
             if size > cap as u64 {
                 drop(st);
                 self.inline_convert_file(inode)?;
@@ -248,7 +241,7 @@ impl Fs {
         let mut st = inode.state.lock();
         crate::file::check_live(&st)?;
         let old = st.raw.size();
-        let mut bytes = self.inline_all(inode.ino, &st.raw)?;
+        let mut bytes = self.inline_bytes(inode.ino, &st.raw)?;
         if size < old {
             bytes.truncate((size as usize).max(I_BLOCK_SIZE));
         }
@@ -309,7 +302,7 @@ impl Fs {
         new: &NewEntry<'_>,
     ) -> Result<bool> {
         self.inline_dir(dir, &st.raw)?; // checks every entry of both runs
-        let mut all = self.inline_all(dir, &st.raw)?;
+        let mut all = self.inline_bytes(dir, &st.raw)?;
         let ft = self.ft(new.ftype);
         let noerr = |why: String| Error::corrupt(Corruption::InlineData, why);
         let first = self.dir_parse_entries(&all[DIR_START..I_BLOCK_SIZE], &noerr)?;

@@ -582,7 +582,7 @@ impl Fs {
     }
 
     /// The in-inode attributes alone, as stored now.
-    fn xattr_load_ibody(&self, ino: u32, raw: &RawInode) -> Result<Vec<XattrEntry>> {
+    pub(crate) fn xattr_load_ibody(&self, ino: u32, raw: &RawInode) -> Result<Vec<XattrEntry>> {
         match raw.xattr_area() {
             Some(r) if le32(&raw.0[r.clone()], 0) == XATTR_MAGIC => parse_entries(
                 &raw.0[r],
