@@ -420,3 +420,54 @@ fn inline_tmpfile_then_linked() {
         assert_eq!(std::fs::read(m.dir.join("t")).unwrap(), bytes(1, 50));
     }
 }
+
+/// No encrypted inode goes inline, as the kernel's ext4_set_context makes it so: a policy set
+/// on an empty inline directory moves it to a block first, and the files and directories made
+/// in it (which inherit the policy) start block-mapped. e2fsck is clean.
+#[test]
+fn encrypted_inodes_never_go_inline() {
+    let img = scratch("inl-encrypt");
+    mke2fs(&img.0, "16M", &["-O", "inline_data,encrypt", "-I", "256"]);
+    let raw: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+    let key = uext4::EncryptionKey::new(raw);
+    let opts = MountOptions {
+        keys: vec![key.clone()],
+        ..MountOptions::default()
+    };
+    let fs: Arc<Fs> = Fs::open_path(&img.0, opts).unwrap();
+    let d = fs.mkdir(2, b"secret", 0o755, 0, 0).unwrap().ino;
+    let plain = fs.mkdir(2, b"plain", 0o755, 0, 0).unwrap().ino;
+    fs.set_encryption_policy(d, &uext4::EncryptionPolicy::v2(&key).unwrap())
+        .unwrap();
+    let f = fs.create(d, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_all(f, 0, b"ten bytes!").unwrap();
+    fs.mkdir(d, b"sub", 0o755, 0, 0).unwrap();
+    let g = fs.create(plain, b"g", 0o644, 0, 0).unwrap().ino;
+    fs.write_all(g, 0, b"ten bytes!").unwrap();
+    assert_eq!(read_all(&fs, f), b"ten bytes!");
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+    assert_eq!(
+        shape(&img.0, "secret").2,
+        None,
+        "the policy converted secret"
+    );
+    assert_eq!(shape(&img.0, "plain").2, Some(60));
+    assert_eq!(shape(&img.0, "plain/g").2, Some(60));
+    // The encrypted names: the only entry of each kind under secret, by inode number.
+    let ls = sh(&format!(
+        "debugfs -R 'ls -l secret' {} 2>&1",
+        img.0.display()
+    ));
+    let inos: Vec<String> = ls
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.parse::<u32>().is_ok_and(|n| n > 11 && n != d))
+        .map(|n| format!("<{n}>"))
+        .collect();
+    assert_eq!(inos.len(), 2, "{ls}");
+    for i in inos {
+        assert_eq!(shape(&img.0, &i).2, None, "{i} under secret is not inline");
+    }
+}
