@@ -471,3 +471,34 @@ fn encrypted_inodes_never_go_inline() {
         assert_eq!(shape(&img.0, &i).2, None, "{i} under secret is not inline");
     }
 }
+
+/// Quotas count inline files and directories as the kernel does: an inode each and no block
+/// (e2fsck recomputes usage and compares it with the quota files), through creation, growth,
+/// conversion and removal.
+#[test]
+fn inline_inodes_in_quota_usage() {
+    let img = scratch("inl-quota");
+    mke2fs(
+        &img.0,
+        "16M",
+        &["-O", "inline_data,quota,project", "-I", "256"],
+    );
+    let fs: Arc<Fs> = Fs::open_path(&img.0, MountOptions::default()).unwrap();
+    let d = fs.mkdir(2, b"d", 0o755, 1000, 1000).unwrap().ino;
+    for (i, n) in [1usize, 60, 100, 128, 129, 4000].into_iter().enumerate() {
+        let f = fs
+            .create(d, format!("f{i}").as_bytes(), 0o644, 1000, 1000)
+            .unwrap()
+            .ino;
+        fs.write_all(f, 0, &bytes(i, n)).unwrap();
+    }
+    let f0 = fs.lookup(d, b"f0").unwrap().ino;
+    fs.write_all(f0, 1, &bytes(9, 300)).unwrap(); // converts
+    fs.unlink(d, b"f1").unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    e2fsck_clean(&img.0);
+    assert_eq!(shape(&img.0, "d").2, Some(128));
+    assert_eq!(shape(&img.0, "d/f2").2, Some(100));
+    assert_eq!(shape(&img.0, "d/f0").2, None);
+}
