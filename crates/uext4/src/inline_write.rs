@@ -172,11 +172,13 @@ impl Fs {
             let inline = Self::is_inline(&st.raw);
             // Empty and mapping nothing (every path that maps a block ends `may_inline`; the
             // extent root is checked all the same).
-            let fresh = st.may_inline
-                && st.raw.size() == 0
-                && st.raw.file_type() == S_IFREG
-                && st.raw.flags() & FL_EXTENTS != 0
-                && crate::format::le16(st.raw.i_block(), 2) == 0;
+            let unmapped = if st.raw.flags() & FL_EXTENTS != 0 {
+                crate::format::le16(st.raw.i_block(), 2) == 0
+            } else {
+                st.raw.i_block().iter().all(|&b| b == 0) // a block map's pointers
+            };
+            let fresh =
+                st.may_inline && st.raw.size() == 0 && st.raw.file_type() == S_IFREG && unmapped;
             if !inline && !fresh {
                 st.may_inline = false;
                 return Ok(false);

@@ -199,6 +199,16 @@ fn inline_files_match_kernel_1k() {
     files_match_kernel("inl-files-1k", &["-b", "1024", "-O", "^metadata_csum"]);
 }
 
+/// The same without extents (block maps): the kernel keeps these inline too, and converts to
+/// a block map.
+#[test]
+fn inline_files_match_kernel_blockmap() {
+    if !can_loop_mount() {
+        return;
+    }
+    files_match_kernel("inl-files-bmap", &["-b", "4096", "-O", "^extent,^64bit"]);
+}
+
 /// Names for directory `n`: short ones, and in "long" one 59-byte name.
 fn dir_names(n: usize) -> Vec<String> {
     (1..=n).map(|i| format!("n{i}")).collect()
@@ -213,7 +223,20 @@ fn inline_dirs_match_kernel() {
     if !can_loop_mount() {
         return;
     }
-    let (u, k) = twins("inl-dirs", &["-O", "metadata_csum"]);
+    dirs_match_kernel("inl-dirs", &["-O", "metadata_csum"]);
+}
+
+/// The same without extents: a directory that outgrows its inode converts to a block map.
+#[test]
+fn inline_dirs_match_kernel_blockmap() {
+    if !can_loop_mount() {
+        return;
+    }
+    dirs_match_kernel("inl-dirs-bmap", &["-O", "^extent,^64bit"]);
+}
+
+fn dirs_match_kernel(tag: &str, extra: &[&str]) {
+    let (u, k) = twins(tag, extra);
     let long = "l".repeat(59);
     let mut cases: Vec<(String, Vec<String>)> =
         (0..=12).map(|n| (format!("d{n}"), dir_names(n))).collect();
