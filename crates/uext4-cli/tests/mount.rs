@@ -2543,3 +2543,50 @@ fn bigalloc_through_the_mount() {
     assert_eq!(back, sums, "the kernel reads uext4's files back");
     e2fsck_clean(&img);
 }
+
+/// "Size of inline data" of `path` as debugfs reports it; None when the inode is not inline.
+fn inline_data_size(img: &Path, path: &str) -> Option<u32> {
+    sh(&format!("debugfs -R 'stat {path}' {} 2>&1", img.display()))
+        .lines()
+        .find_map(|l| l.strip_prefix("Size of inline data: "))
+        .map(|v| v.trim().parse().unwrap())
+}
+
+/// inline_data through the mount: files and directories made by shell commands are kept in
+/// their inodes while they fit, as the kernel's ext4 keeps them (a 6-byte and a 100-byte
+/// file, an appended one, a directory of two names), and move to a block when they outgrow
+/// them (129 bytes, a directory of twelve 8-byte names); listings stay right across the
+/// conversion, and the image is e2fsck-clean with debugfs showing each inline size.
+#[test]
+fn inline_data_through_the_mount() {
+    if !fuse_usable("the mount tests") {
+        return;
+    }
+    let place = MountPlace::new("mt-inline", &["mnt"]);
+    let (img, mnt) = (place.img.clone(), place.point(0));
+    let i = img.to_str().unwrap();
+    Cli(bin()).ok(&["mkfs", "-O", "inline_data", "-I", "256", "--size", "64M", i]);
+    uext4_mount(bin(), &img, &mnt, &[]);
+    let m = mnt.display();
+    sh(&format!(
+        "set -e; cd {m}; echo hello > a; head -c 100 /dev/zero | tr '\\0' b > b; \
+         head -c 129 /dev/zero | tr '\\0' c > c; printf x > d; printf yz >> d; \
+         mkdir small big; touch small/1 small/2; \
+         for n in $(seq -w 1 12); do touch big/name00$n; test $(ls big | wc -l) = $((10#$n)); done; \
+         test \"$(cat a)\" = hello; test \"$(cat d)\" = xyz; test $(wc -c < c) = 129"
+    ));
+    umount_and_wait(&mnt, &img);
+    e2fsck_clean(&img);
+    assert_eq!(inline_data_size(&img, "a"), Some(60));
+    assert_eq!(inline_data_size(&img, "b"), Some(100));
+    assert_eq!(inline_data_size(&img, "c"), None, "129 bytes do not fit");
+    assert_eq!(inline_data_size(&img, "d"), Some(60));
+    assert_eq!(inline_data_size(&img, "small"), Some(60));
+    assert_eq!(
+        inline_data_size(&img, "big"),
+        None,
+        "twelve names do not fit"
+    );
+    let names = sh(&format!("debugfs -R 'ls -l big' {i} 2>/dev/null"));
+    assert_eq!(names.matches("name00").count(), 12, "{names}");
+}

@@ -93,6 +93,9 @@ impl Fs {
         st: &mut InodeState,
         parent: u32,
     ) -> Result<()> {
+        if self.inline_dir_create(dir, st, parent)? {
+            return Ok(());
+        }
         let (_, p) = self.dir_append_block(h, dir, st)?;
         let mut b = vec![0u8; self.geo.block_size as usize];
         let ft = self.ft(FT_DIR);
@@ -128,6 +131,9 @@ impl Fs {
             ftype,
             hash,
         };
+        if Self::is_inline(&st.raw) && self.inline_dir_add(h, dir, st, &new)? {
+            return Ok(());
+        }
         self.inline_convert(h, dir, st)?;
         let (size0, flags0) = (st.raw.size(), st.raw.flags());
         let r = self.dir_add_inner(h, dir, st, &new);

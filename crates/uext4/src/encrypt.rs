@@ -570,6 +570,10 @@ impl Fs {
             return Err(Error::NoKey(format!("encryption key {}", policy.0.key)));
         }
         let ctx = policy.0.new_context()?;
+        // ext4_set_context: an inline directory (empty here) moves to a block first, and no
+        // encrypted inode goes inline (EXT4_STATE_MAY_INLINE_DATA ends).
+        self.inline_convert(&mut h, ino, &mut st)?;
+        st.may_inline = false;
         self.xattr_put_in(&mut h, ino, &mut st, vec![context_entry(&ctx)])?;
         let flags = st.raw.flags() | FL_ENCRYPT;
         st.raw.set_flags(flags);

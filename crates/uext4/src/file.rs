@@ -228,7 +228,12 @@ impl Fs {
             return Ok(data.len());
         }
         let _g = inode.io_lock.write();
-        self.inline_convert_file(&inode)?;
+        if self.inline_write(&inode, off, data)? {
+            self.stats
+                .user_bytes_written
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            return Ok(data.len());
+        }
         if self.buffered() && self.delalloc_write(&inode, off, data)? {
             self.touch_lazily(&inode);
             self.stats
@@ -611,7 +616,9 @@ impl Fs {
         }
         let inode = self.iget(ino)?;
         let _g = inode.io_lock.write();
-        self.inline_convert_file(&inode)?;
+        if self.inline_truncate(&inode, size)? {
+            return Ok(());
+        }
         let mut mem_size = None;
         if inode.state.lock().delalloc.is_some() {
             // Buffered data past the new size is dropped; the rest goes down first, never

@@ -1013,6 +1013,7 @@ impl Fs {
             no_capability: false,
             crypt: None,
             verity: None,
+            may_inline: false,
         };
         self.ext_load(ino, &mut st).map_err(|e| {
             Error::corrupt(Corruption::Journal, format!("journal inode {ino}: {e}"))

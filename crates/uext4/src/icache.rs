@@ -37,6 +37,9 @@ pub struct InodeState {
     pub(crate) crypt: Option<std::sync::Arc<crate::crypto::InodeKey>>,
     /// A verity file's descriptor, tree shape and verified tree blocks, read at first use.
     pub(crate) verity: Option<std::sync::Arc<crate::format::verity::VerityInfo>>,
+    /// The kernel's EXT4_STATE_MAY_INLINE_DATA: a new inode that may still go inline
+    /// (inline_write.rs).
+    pub(crate) may_inline: bool,
 }
 
 impl InodeState {

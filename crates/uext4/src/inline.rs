@@ -5,13 +5,14 @@
 //! and its entries in the next 56 and in "system.data": two separate runs of entries, no "."
 //! or "..", no checksum tail (the inode's checksum covers them).
 //!
-//! uext4 reads inline files, symlinks and directories where they are, and makes no inline
-//! inodes itself (the kernel reads block-mapped small files as well). A name removed from an
+//! uext4 reads inline files, symlinks and directories where they are, and makes and grows
+//! inline files and directories as the kernel does (inline_write.rs). A name removed from an
 //! inline directory, or repointed by a rename (".." included), is changed where it lies, as the
-//! kernel changes it: those allocate nothing, so they work on a full filesystem. Before any
-//! other change to an inline inode's contents or attributes (a write, truncate, fallocate; a
-//! name added to a directory; an attribute set or removed), `inline_convert` moves
-//! the contents into a newly allocated block inside the changing operation's handle, as the
+//! kernel changes it: those allocate nothing, so they work on a full filesystem. Attributes
+//! set or removed leave the inode inline ("system.data" keeps its place in the inode: xattr.rs's
+//! layout pins it). When a change outgrows the inode (a write or truncate past what it holds,
+//! any fallocate, verity, a name that fits neither run), `inline_convert` moves the contents
+//! into a newly allocated block inside the changing operation's handle, as the
 //! kernel does when an inline inode outgrows its inode: a file's bytes as block 0, a
 //! directory as one leaf block with ".", ".." and its entries; the flag and "system.data" go.
 //! The data reaches the device before the commit that maps it (the block is new), so a crash
@@ -71,10 +72,14 @@ impl Fs {
     }
 
     /// An inline inode's contents: i_block's 60 bytes, then the "system.data" value.
-    fn inline_bytes(&self, ino: u32, raw: &RawInode) -> Result<Vec<u8>> {
+    pub(crate) fn inline_bytes(&self, ino: u32, raw: &RawInode) -> Result<Vec<u8>> {
         let mut all = raw.i_block().to_vec();
-        let l = self.xattr_load(ino, raw)?;
-        if let Some(e) = l.ibody.into_iter().find(is_system_data) {
+        // Only ever in the inode (the kernel reads it nowhere else): no xattr block read.
+        if let Some(e) = self
+            .xattr_load_ibody(ino, raw)?
+            .into_iter()
+            .find(is_system_data)
+        {
             all.extend_from_slice(&e.value);
         }
         Ok(all)
@@ -426,9 +431,14 @@ impl Fs {
 
     /// `inline_convert` in a handle of its own, for file operations that start theirs later
     /// (write, truncate, fallocate). The caller holds the inode's `io_lock` exclusively.
+    /// Ends `may_inline` (ext4_convert_inline_data): the file maps blocks from now on.
     pub(crate) fn inline_convert_file(&self, inode: &crate::inode::Inode) -> Result<()> {
-        if !Self::is_inline(&inode.state.lock().raw) {
-            return Ok(());
+        {
+            let mut st = inode.state.lock();
+            st.may_inline = false;
+            if !Self::is_inline(&st.raw) {
+                return Ok(());
+            }
         }
         let mut h = self.start(crate::transaction::credits::WRITE_PER_EXTENT + 16)?;
         let mut st = inode.state.lock();

@@ -264,6 +264,7 @@ pub(crate) fn new_inode(
             no_capability: false,
             crypt: None,
             verity: None,
+            may_inline: false,
         }),
         open_count: AtomicU32::new(0),
         last_tid: AtomicU64::new(0),

@@ -98,6 +98,7 @@ mod icache;
 pub mod image;
 pub mod image_name;
 mod inline;
+mod inline_write;
 mod inode;
 mod inspect;
 mod label;

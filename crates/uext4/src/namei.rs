@@ -538,11 +538,13 @@ impl Fs {
                 if let Some(data) = first_block {
                     self.write_first_block(&mut h, ino, &mut ist, data)?;
                 }
+                ist.may_inline = self.may_inline_new(&ist.raw);
+                // Inherited ACLs in the create's handle, as the kernel's ext4_init_acl, before
+                // the directory's first block or inline data (ext4_init_new_dir).
+                self.xattr_put_in(&mut h, ino, &mut ist, xattrs)?;
                 if is_dir {
                     self.dir_init(&mut h, ino, &mut ist, dir)?;
                 }
-                // Inherited ACLs in the create's handle, as the kernel's ext4_init_acl.
-                self.xattr_put_in(&mut h, ino, &mut ist, xattrs)?;
                 self.mark_inode_dirty(&mut h, &inode, &mut ist)?;
                 // Whole now: a stale number that reaches it sees a new inode, as after reuse.
                 ist.creating = false;
@@ -680,6 +682,7 @@ impl Fs {
                 })?;
             inode.open_count.fetch_add(1, Ordering::AcqRel);
             let mut ist = inode.state.lock();
+            ist.may_inline = self.may_inline_new(&ist.raw);
             ist.raw.set_links_count(0);
             self.orphan_add(&mut h, &inode, &mut ist)?;
             let mut xattrs = new.xattrs.clone();

@@ -42,7 +42,8 @@ impl Fs {
     /// must write every piece with [`Fs::fill_placed`] before the next commit (module docs).
     ///
     /// # Errors
-    /// [`Error::Invalid`] for a file that is not regular or not empty;
+    /// [`Error::Invalid`] for a file that is not regular or not empty, or that a write of
+    /// `size` bytes would keep inline (inline_data: write it instead);
     /// [`Error::FileTooBig`], [`Error::NoSpace`] and what a write reports. After an error the
     /// file is empty again (the blocks placed before it are freed), and the caller writes the
     /// whole file the ordinary way ([`Fs::write_all`]) instead.
@@ -65,6 +66,13 @@ impl Fs {
     fn place_blocks(&self, ino: u32, size: u64, began: &mut bool) -> Result<Vec<Placed>> {
         let inode = self.iget(ino)?;
         let _g = inode.io_lock.write();
+        if self.inline_would_hold(&inode, size)? {
+            // A new file this small goes inline (inline_write.rs), as mke2fs -d and the kernel
+            // keep it: the caller writes it (the documented fallback of an error here).
+            return Err(Error::Invalid(
+                "a new file this small is kept inline".into(),
+            ));
+        }
         self.inline_convert_file(&inode)?;
         {
             let st = inode.state.lock();

@@ -278,14 +278,10 @@ impl Fs {
             return Ok(false);
         }
         let is_cap = |e: &XattrEntry| e.index == INDEX_SECURITY && e.name == CAPABILITY;
-        let mut l = self.xattr_load(ino, &st.raw)?;
+        let l = self.xattr_load(ino, &st.raw)?;
         if !l.ibody.iter().chain(l.block.iter()).any(is_cap) {
             st.no_capability = true;
             return Ok(false);
-        }
-        if Self::is_inline(&st.raw) {
-            self.inline_convert(h, ino, st)?;
-            l = self.xattr_load(ino, &st.raw)?;
         }
         let old_block = l.block.clone();
         let all: Vec<XattrEntry> = l
@@ -342,11 +338,7 @@ impl Fs {
         if entries.is_empty() {
             return Ok(());
         }
-        let mut l = self.xattr_load(ino, &st.raw)?;
-        if Self::is_inline(&st.raw) {
-            self.inline_convert(h, ino, st)?;
-            l = self.xattr_load(ino, &st.raw)?;
-        }
+        let l = self.xattr_load(ino, &st.raw)?;
         let old_block = l.block.clone();
         let mut all: Vec<XattrEntry> = l
             .ibody
@@ -424,7 +416,7 @@ impl Fs {
                 "a default ACL can only be set on a directory".into(),
             ));
         }
-        let mut l = self.xattr_load(ino, &st.raw)?;
+        let l = self.xattr_load(ino, &st.raw)?;
         let exists = l
             .ibody
             .iter()
@@ -434,12 +426,6 @@ impl Fs {
             (true, true, XattrFlags::Create) => return Err(Error::Exists),
             (false, _, XattrFlags::Replace) => return Err(Error::NoAttr),
             _ => {}
-        }
-        if Self::is_inline(&st.raw) && (exists || value.is_some()) {
-            // An inline inode's "system.data" must stay in the inode: its contents move to a
-            // block first (inline.rs), and the attributes are laid out without it.
-            self.inline_convert(&mut h, ino, &mut st)?;
-            l = self.xattr_load(ino, &st.raw)?;
         }
         let old_block = l.block.clone();
         let mut all: Vec<XattrEntry> = l.ibody.into_iter().chain(l.block).collect();
@@ -507,7 +493,7 @@ impl Fs {
     fn xattr_layout(
         &self,
         raw: &RawInode,
-        mut all: Vec<XattrEntry>,
+        all: Vec<XattrEntry>,
     ) -> Result<(Vec<XattrEntry>, Vec<XattrEntry>)> {
         let bs = self.geo.block_size as usize;
         // Room for entries and values after the magic, less the list terminator.
@@ -516,12 +502,20 @@ impl Fs {
             .map(|r| r.len().saturating_sub(IBODY_HEADER_LEN + 4))
             .unwrap_or(0);
         let block_room = bs - BLOCK_HEADER_LEN - 4;
+        // An inline inode's "system.data" stays in the inode whatever else moves (the kernel
+        // reads it nowhere else): it takes its room first.
+        let (pinned, mut all): (Vec<_>, Vec<_>) = all
+            .into_iter()
+            .partition(|e| e.index == INDEX_SYSTEM && e.name == b"data");
+        let mut used: usize = pinned.iter().map(|e| e.cost()).sum();
+        if used > ibody_room {
+            return Err(Error::NoSpace);
+        }
         all.sort_by(|a, b| {
             a.cost()
                 .cmp(&b.cost())
                 .then(a.sort_key().cmp(&b.sort_key()))
         });
-        let mut used = 0;
         let split = all
             .iter()
             .position(|e| {
@@ -530,7 +524,8 @@ impl Fs {
             })
             .unwrap_or(all.len());
         let mut in_block = all.split_off(split);
-        let mut in_inode = all;
+        let mut in_inode = pinned;
+        in_inode.extend(all);
         if in_block.iter().map(|e| e.cost()).sum::<usize>() > block_room {
             return Err(Error::NoSpace);
         }
@@ -579,8 +574,7 @@ impl Fs {
             if in_inode.is_empty() {
                 area.fill(0);
             } else {
-                put32(area, 0, XATTR_MAGIC);
-                write_entries(area, IBODY_HEADER_LEN, IBODY_HEADER_LEN, &in_inode);
+                write_ibody(area, &in_inode);
             }
         }
         if charge_after != charge_before {
@@ -591,7 +585,7 @@ impl Fs {
     }
 
     /// The in-inode attributes alone, as stored now.
-    fn xattr_load_ibody(&self, ino: u32, raw: &RawInode) -> Result<Vec<XattrEntry>> {
+    pub(crate) fn xattr_load_ibody(&self, ino: u32, raw: &RawInode) -> Result<Vec<XattrEntry>> {
         match raw.xattr_area() {
             Some(r) if le32(&raw.0[r.clone()], 0) == XATTR_MAGIC => parse_entries(
                 &raw.0[r],

@@ -359,6 +359,38 @@ fn run_workloads(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
         fs.unlink(d, b"e1").unwrap();
         fs.fsync(d, false).unwrap();
         ack(&mut w, Fact::Absent(p(&["il", "d", "e1"])));
+        // uext4's own inline inodes: a new directory that grows through i_block and
+        // "system.data" to a block as names come (36 bytes each: one fits i_block, nine the
+        // attribute of a 512-byte inode, the eleventh converts), and new files of 24 to 128
+        // bytes written inline (8-byte multiples: the checker reads tags by word), then
+        // appended to within what the inode holds or past it (a conversion), or cut: each
+        // step one handle.
+        let nd = mkdir_in(fs, il, b"new");
+        for k in 0..14u16 {
+            let name = format!("new-inline-name-{k:02}-{}", "x".repeat(9));
+            let path = p(&["il", "new", &name]);
+            w.owner.insert(path.clone(), 220 + k);
+            let ino = fs.create(nd, name.as_bytes(), 0o644, 0, 0).unwrap().ino;
+            let mut data = tagged(220 + k, 0, 24 + 8 * k as usize);
+            fs.write(ino, 0, &data).unwrap();
+            fs.fsync(ino, false).unwrap();
+            fs.fsync(nd, false).unwrap();
+            ack(&mut w, Fact::Equals(path.clone(), data.clone()));
+            match k % 3 {
+                0 => {
+                    let more = tagged(220 + k, 1, 40 * k as usize + 1);
+                    fs.write(ino, data.len() as u64, &more).unwrap();
+                    data.extend_from_slice(&more);
+                }
+                1 => {
+                    fs.truncate(ino, 7).unwrap();
+                    data.truncate(7);
+                }
+                _ => continue,
+            }
+            fs.fsync(ino, false).unwrap();
+            ack(&mut w, Fact::Equals(path, data));
+        }
     }
     if fs
         .superblock()

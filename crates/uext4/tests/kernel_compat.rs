@@ -625,12 +625,13 @@ fn names_in_steps(fs: &Fs, dir: u32, step: usize) -> Vec<String> {
 
 /// inline_data: the kernel keeps small files, symlinks and directories inside their inodes
 /// (i_block and the "system.data" attribute). uext4 reads them equal to the kernel (readdir
-/// resumed from every cookie too, and across a conversion), and converts an inline inode to a block before changing it:
-/// appends, a write past the inode's room, truncate, a punched hole, attributes set, names
-/// added to, removed from and renamed out of inline directories (their entries in i_block and
-/// in the attribute), an inline directory moved to a new parent and one removed. e2fsck finds
-/// each step clean, the kernel reads uext4's changes equal, and uext4 reads the kernel's next
-/// changes back.
+/// resumed from every cookie too, and across a conversion), and changes them as the kernel
+/// does: an append and a truncate that fit stay inline, a write past the inode's room and a
+/// punched hole convert to a block; attributes set; names added to (inline while they fit,
+/// then converting), removed from and renamed out of inline directories (their entries in
+/// i_block and in the attribute), an inline directory moved to a new parent and one removed.
+/// e2fsck finds each step clean, the kernel reads uext4's changes equal, and uext4 reads the
+/// kernel's next changes back.
 #[test]
 fn inline_data_filesystems_both_ways() {
     if !can_loop_mount() {
@@ -693,7 +694,7 @@ fn inline_data_filesystems_both_ways() {
         Ok(v) if v.is_empty()
     ));
 
-    // Changes, each converting an inline inode.
+    // Changes: some stay inline, some convert (see above).
     let d = fs.lookup(2, b"d").unwrap().ino;
     let ino = |dir: u32, n: &str| fs.lookup(dir, n.as_bytes()).unwrap().ino;
     fs.write(ino(d, "tiny"), 5, b", world").unwrap();
@@ -720,13 +721,17 @@ fn inline_data_filesystems_both_ways() {
             seen.len() < g as usize + 1
         })
         .unwrap();
-        fs.create(dir, b"added", 0o644, 0, 0).unwrap();
+        // Enough names that the directory outgrows its 512-byte inode and converts.
+        for k in 0..24 {
+            fs.create(dir, format!("added-{k}").as_bytes(), 0o644, 0, 0)
+                .unwrap();
+        }
         fs.readdir(dir, cookie, &mut |e| {
             seen.push(String::from_utf8_lossy(&e.name).into_owned());
             true
         })
         .unwrap();
-        seen.retain(|n| n != "added"); // POSIX leaves it to the filesystem
+        seen.retain(|n| !n.starts_with("added")); // POSIX leaves it to the filesystem
         let (mut seen, mut all) = (seen, all);
         seen.sort();
         all.sort();
@@ -753,8 +758,19 @@ fn inline_data_filesystems_both_ways() {
     fs.unmount().unwrap();
     drop(fs);
     e2fsck_clean(&img.0);
-    assert_eq!(inline_size("d/tiny"), None);
-    assert_eq!(inline_size("many"), None);
+    // As the kernel: what still fits stays inline.
+    assert_eq!(inline_size("d/tiny"), Some(60));
+    assert_eq!(inline_size("d/onefifty"), Some(70));
+    assert!(inline_size("many").unwrap() > 60);
+    assert_eq!(inline_size("d/sixty"), None);
+    assert_eq!(inline_size("d/punch"), None);
+    for g in 0..=7 {
+        assert_eq!(
+            inline_size(&format!("gappy{g}")),
+            None,
+            "gappy{g} converted"
+        );
+    }
     let theirs = {
         let m = KernelMount::new(&img.0);
         assert_trees_equal(&ours, &walk_host(&m.dir));

@@ -690,6 +690,20 @@ proptest! {
     fn random_ops_bigalloc_1k(ops in proptest::collection::vec(op_strategy(), 1..60)) {
         run_case(&ops, &["-b", "1024", "-O", "bigalloc", "-C", "4096"]);
     }
+    /// inline_data: new small files and directories start in their inodes and convert to
+    /// blocks as they outgrow them (inline_write.rs); 1 KiB blocks in the second.
+    #[test]
+    fn random_ops_inline_data(ops in proptest::collection::vec(op_strategy(), 1..80)) {
+        run_case(&ops, &["-O", "inline_data", "-I", "256"]);
+    }
+    #[test]
+    fn random_ops_inline_data_1k_buffered(ops in proptest::collection::vec(op_strategy(), 1..60)) {
+        run_case_with(&ops, &["-b", "1024", "-O", "inline_data", "-I", "256"], MountOptions {
+            buffered: true,
+            buffered_limit_bytes: 64 << 10,
+            ..MountOptions::default()
+        });
+    }
     #[test]
     fn random_ops_uninit_bg_no_64bit(ops in proptest::collection::vec(op_strategy(), 1..60)) {
         run_case(&ops, &["-O", "^metadata_csum,uninit_bg,^64bit,^flex_bg"]);

@@ -414,6 +414,23 @@ pub fn write_entries(area: &mut [u8], first: usize, base: usize, entries: &[Xatt
     }
 }
 
+/// Writes `entries` as an inode's in-inode attributes into `area` (the space after
+/// `i_extra_isize`): the magic, then `write_entries`. "system.data" (inline data) gets no
+/// hash, as the kernel leaves it: the kernel rewrites that value in place without one
+/// (ext4_write_inline_data), so a hash would go stale and e2fsck stop at it. The caller checked
+/// that `IBODY_HEADER_LEN + list_len(entries) <= area.len()`.
+pub fn write_ibody(area: &mut [u8], entries: &[XattrEntry]) {
+    put32(area, 0, XATTR_MAGIC);
+    write_entries(area, IBODY_HEADER_LEN, IBODY_HEADER_LEN, entries);
+    let mut off = IBODY_HEADER_LEN;
+    for e in entries {
+        if e.index == INDEX_SYSTEM && e.name == b"data" {
+            put32(area, off + 12, 0);
+        }
+        off += e.entry_len();
+    }
+}
+
 /// Builds a whole xattr block holding `entries` (sorted by the caller) with refcount 1.
 pub fn build_block(
     block_size: usize,
