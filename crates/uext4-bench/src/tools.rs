@@ -562,7 +562,7 @@ fn c_expected(units: usize) -> u64 {
 // ---------------------------------------------------------------------------------------------
 // The wheels
 
-/// Writes `packages` wheels (uext4bench_pkgP-1.0-py3-none-any.whl) into argv[1]: each with
+/// Writes `packages` wheels (uext4bench_pkgP-1.0-py3-none-any.whl) into `argv[1]`: each with
 /// `subs` subpackages of `mods` modules and a JSON file per subpackage; entries dated 2020 so
 /// the same bytes come back every run; RECORD with each file's hash, as pip expects.
 const WHEEL_MAKER: &str = r#"
