@@ -423,24 +423,7 @@ impl TxnManager {
     /// finds another thread committing waits for it, then returns if that commit covered
     /// `tid`, else commits (with every change made meanwhile: group commit).
     pub fn commit_upto(&self, tid: u64, env: &dyn CommitEnv) -> Result<()> {
-        loop {
-            if self.committed_tid() >= tid {
-                self.stats
-                    .fsync_already_committed
-                    .fetch_add(1, Ordering::Relaxed);
-                return Ok(());
-            }
-            let seen = self.commit_gen.load(Ordering::Acquire);
-            if let Some(guard) = self.commit_lock.try_lock() {
-                let mut held = CommitLockGuard {
-                    guard: Some(guard),
-                    txn: self,
-                };
-                let committed = held.guard.as_mut().expect("held until dropped");
-                return self.commit_locked(committed, tid, env);
-            }
-            self.wait_commit_released(seen);
-        }
+        self.commit_upto_with(tid, env, None)
     }
 
     /// As `commit_upto`, for an fsync on a filesystem that writes fast commits: with the
@@ -453,6 +436,17 @@ impl TxnManager {
         tid: u64,
         env: &dyn CommitEnv,
         fc: &dyn FastCommitEnv,
+    ) -> Result<()> {
+        self.commit_upto_with(tid, env, Some(fc))
+    }
+
+    /// The commit loop of both: a fast commit first where `fc` is given and the transaction
+    /// is eligible, a full commit otherwise.
+    fn commit_upto_with(
+        &self,
+        tid: u64,
+        env: &dyn CommitEnv,
+        fc: Option<&dyn FastCommitEnv>,
     ) -> Result<()> {
         loop {
             if self.committed_tid() >= tid {
@@ -468,15 +462,19 @@ impl TxnManager {
                     txn: self,
                 };
                 let committed = held.guard.as_mut().expect("held until dropped");
-                if **committed < tid && self.lost.get().is_none() && !env.read_only() {
-                    match self.try_fast_commit(fc) {
-                        Ok(true) => return Ok(()),
-                        Ok(false) => {}
-                        Err(e) => tracing::warn!("fast commit failed, committing in full: {e}"),
+                if let Some(fc) = fc {
+                    if **committed < tid && self.lost.get().is_none() && !env.read_only() {
+                        match self.try_fast_commit(fc) {
+                            Ok(true) => return Ok(()),
+                            Ok(false) => {}
+                            Err(e) => {
+                                tracing::warn!("fast commit failed, committing in full: {e}")
+                            }
+                        }
+                        self.stats
+                            .fast_commit_fallbacks
+                            .fetch_add(1, Ordering::Relaxed);
                     }
-                    self.stats
-                        .fast_commit_fallbacks
-                        .fetch_add(1, Ordering::Relaxed);
                 }
                 return self.commit_locked(committed, tid, env);
             }
