@@ -66,8 +66,19 @@ suite "cargo doc -D warnings" env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
 # would (`cargo publish --dry-run` without the upload; offline: the dependencies are the ones
 # the build above fetched).
 suite "uext4 --no-default-features" env RUSTFLAGS="-D warnings" cargo check -p uext4 --no-default-features
-suite "cargo package" cargo package --offline --allow-dirty --workspace \
-  --exclude uext4-testkit --exclude uext4-py --exclude uext4-bench
+# Cargo verifies each package against the others through a temporary local registry, and
+# takes a registry crate's version for its fingerprint: a later run would build uext4-fuse
+# against the uext4 an earlier run compiled. So the verification builds in its own target
+# directory, from which our own crates' artifacts (and their unpackings in the cargo home;
+# the "-HASH" directories are local registries, never crates.io) go first.
+cargo_package() {
+  local dir=target/package-verify
+  rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/uext4-* \
+    "$dir"/debug/.fingerprint/uext4-* "$dir"/debug/deps/*uext4* "$dir"/debug/build/uext4-*
+  cargo package --offline --allow-dirty --workspace --target-dir "$dir" \
+    --exclude uext4-testkit --exclude uext4-py --exclude uext4-bench
+}
+suite "cargo package" cargo_package
 # The mount helpers (mount -t fuse.uext4, fstab), for the overlay suite's helper test.
 if [ "$(id -u)" -eq 0 ]; then
   suite "scripts/install.sh" bash scripts/install.sh
