@@ -760,6 +760,10 @@ impl Fs {
             let Some(lo) = piece(&mut st, end)? else {
                 break;
             };
+            if st.dying {
+                // Freeing an unlinked inode (orphan.rs's delete_orphan), piece by piece.
+                self.fc_track_forget(&mut h, &st);
+            }
             self.ext_remove(&mut h, inode.ino, &mut st, lo, end)?;
             self.mark_inode_dirty(&mut h, inode, &mut st)?;
             end = lo as u64;

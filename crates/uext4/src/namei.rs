@@ -745,7 +745,7 @@ impl Fs {
         // The link count goes up before the new entry exists, in the same hold of the inode's
         // lock as the check that the inode is live: an unlink of its last other name in
         // between would otherwise free it, and the new entry would then name a freed inode.
-        let ft = {
+        let (ft, was_orphan) = {
             let mut ist = inode.state.lock();
             if ist.deleted || ist.dying || (ist.raw.links_count() == 0 && !ist.orphaned) {
                 return Err(Error::NotFound);
@@ -755,11 +755,12 @@ impl Fs {
             }
             inc_nlink(&mut ist.raw)?;
             ist.raw.set_ctime(now);
-            if ist.orphaned {
+            let was_orphan = ist.orphaned;
+            if was_orphan {
                 self.orphan_del(&mut h, &inode, &mut ist)?;
             }
             self.mark_inode_dirty(&mut h, &inode, &mut ist)?;
-            ftype_of(ist.raw.mode())
+            (ftype_of(ist.raw.mode()), was_orphan)
         };
         let added = (|| -> Result<()> {
             let mut dst = d.state.lock();
@@ -771,9 +772,16 @@ impl Fs {
         let mut ist = inode.state.lock();
         if let Err(e) = added {
             // Take the count back; if the other names went meanwhile, this was the last.
+            h.fc_ineligible("a link undone after an error");
             dec_nlink(&mut ist.raw);
             self.drop_link_finish(&mut h, &inode, &mut ist)?;
             return Err(e);
+        }
+        if was_orphan {
+            // A linked O_TMPFILE leaves the orphan list, which no record describes.
+            h.fc_ineligible("an orphan linked");
+        } else {
+            self.fc_track_link(&mut h, newdir, dir_raw.flags(), newname, ino, &ist);
         }
         Ok(self.attr_of(ino, &ist))
     }
@@ -845,7 +853,7 @@ impl Fs {
         }
         let mut h = self.start(credits::UNLINK)?;
         let now = self.now();
-        {
+        let dir_flags = {
             let mut dst = d.state.lock();
             self.dir_remove(&mut h, dir, &mut dst, name)?;
             if is_dir {
@@ -854,7 +862,8 @@ impl Fs {
             dst.raw.set_mtime(now);
             dst.raw.set_ctime(now);
             self.mark_inode_dirty(&mut h, &d, &mut dst)?;
-        }
+            dst.raw.flags()
+        };
         let mut ist = inode.state.lock();
         if is_dir {
             ist.raw.set_links_count(0);
@@ -862,6 +871,7 @@ impl Fs {
             dec_nlink(&mut ist.raw);
         }
         ist.raw.set_ctime(now);
+        self.fc_track_unlink(&mut h, dir, dir_flags, name, ino, &ist);
         self.drop_link_finish(&mut h, &inode, &mut ist)
     }
 

@@ -246,6 +246,7 @@ impl Fs {
         self.remove_in_pieces(inode, 0, 1 << 32)?;
         let mut h = self.start(crate::transaction::credits::UNLINK)?;
         let mut st = inode.state.lock();
+        self.fc_track_forget(&mut h, &st);
         self.delete_inode(&mut h, inode, &mut st)
     }
 

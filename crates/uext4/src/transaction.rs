@@ -287,6 +287,14 @@ impl Handle<'_> {
             }
         }
     }
+    /// Declares that this handle's changes need no record of their own (freeing an inode
+    /// whose last name an earlier record or the log already took: fast_commit/commit.rs's
+    /// `fc_track_forget`). Changes nothing once the handle declared anything else.
+    pub fn fc_no_record(&mut self) {
+        if matches!(self.fc, HandleFc::Undeclared) && self.mgr.fc_tracking.load(Ordering::Relaxed) {
+            self.fc = HandleFc::Eligible(FcTrack::default());
+        }
+    }
     /// Declares a change fast commits cannot describe: the running transaction must commit
     /// in full (the kernel's ext4_fc_mark_ineligible). Sticks, whatever is declared after.
     pub fn fc_ineligible(&mut self, why: &'static str) {

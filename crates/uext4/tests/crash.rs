@@ -45,6 +45,8 @@ enum Fact {
     Equals(Vec<Vec<u8>>, Vec<u8>),
     /// The file has one of these contents (an update that was not acknowledged yet).
     OneOf(Vec<Vec<u8>>, Vec<Vec<u8>>),
+    /// The file has one of these contents, or is gone (its removal was acknowledged later).
+    OneOfOrAbsent(Vec<Vec<u8>>, Vec<Vec<u8>>),
     /// Nothing is at this path.
     Absent(Vec<Vec<u8>>),
     /// The file is at one of these paths (a directory above it was being renamed) with this content.
@@ -461,6 +463,7 @@ fn finish_workload(fs: &Fs, dev: &RecordingDevice, mut w: Workload) -> Workload 
             Fact::Equals(p, c) => (p.clone(), vec![c.clone()]),
             Fact::OneOf(p, cs) => (p.clone(), cs.clone()),
             Fact::Absent(_)
+            | Fact::OneOfOrAbsent(..)
             | Fact::AtAny(..)
             | Fact::Link(..)
             | Fact::WhiteoutRename(..)
@@ -475,7 +478,12 @@ fn finish_workload(fs: &Fs, dev: &RecordingDevice, mut w: Workload) -> Workload 
                     _ => {}
                 }
             }
-            if allowed.len() > 1 {
+            let removed = facts[i + 1..]
+                .iter()
+                .any(|later| matches!(later, Fact::Absent(p2) if p2 == path));
+            if removed {
+                a.1 = Fact::OneOfOrAbsent(path.clone(), std::mem::take(&mut allowed));
+            } else if allowed.len() > 1 {
                 a.1 = Fact::OneOf(path.clone(), std::mem::take(&mut allowed));
             }
         }
@@ -662,6 +670,15 @@ fn check_state(img: Vec<u8>, w: &Workload, at: usize, file: &Scratch) -> Vec<Str
                 }
                 Err(e) => bad.push(format!("{path:?}: file missing ({e})")),
             },
+            Fact::OneOfOrAbsent(path, wants) => {
+                if let Ok(ino) = resolve(&fs, path) {
+                    if !wants.contains(&read_all(&fs, ino)) {
+                        bad.push(format!(
+                            "{path:?}: content is none of its versions (and not removed)"
+                        ));
+                    }
+                }
+            }
             Fact::AtAny(paths, want) => {
                 let ok = paths.iter().any(|path| {
                     resolve(&fs, path)
@@ -786,8 +803,9 @@ fn crash_states_recover_consistently_fast_commit() {
 }
 
 /// Fast commits: files written and fsynced, then appends, overwrites in place, truncates
-/// down and up, each fsynced, and now and then a new file written and fsynced (fast commits,
-/// until the area is full), with now and then a file and a directory made and not fsynced
+/// down and up, each fsynced, and now and then a new file written and fsynced, a file
+/// replaced by rename as package managers do, a file removed (fast commits, until the area
+/// is full), with now and then a file and a directory made and not fsynced
 /// (the directory makes the next fsync a full commit) and a full commit of everything.
 fn fast_commit_workload(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
     let mut w = Workload {
@@ -808,6 +826,7 @@ fn fast_commit_workload(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workloa
         ack(&mut w, Fact::Equals(path.clone(), data.clone()));
         files.push((ino, path, data));
     }
+    let mut made = std::collections::VecDeque::new();
     for k in 1..(40 * scale) as u16 {
         let i = k as usize % files.len();
         let (ino, path, data) = &mut files[i];
@@ -850,6 +869,31 @@ fn fast_commit_workload(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workloa
             fs.fsync(n, false).unwrap();
             w.owner.insert(path.clone(), 600 + k);
             ack(&mut w, Fact::Equals(path, data));
+            made.push_back(k);
+        }
+        if k % 7 == 5 {
+            // A package manager's replace: a new version written and fsynced under a
+            // temporary name (CREAT), renamed over the old one and fsynced (UNLINK of the
+            // old, which is freed; LINK and UNLINK of the new).
+            let (tmp, pkg) = (p(&["pkg.tmp"]), p(&["pkg"]));
+            let data = tagged(700, k, 2000 + 1500 * (k as usize % 5));
+            let n = fs.create(2, b"pkg.tmp", 0o644, 0, 0).unwrap().ino;
+            fs.write(n, 0, &data).unwrap();
+            fs.fsync(n, false).unwrap();
+            w.owner.insert(tmp, 700);
+            w.owner.insert(pkg.clone(), 700);
+            fs.rename(2, b"pkg.tmp", 2, b"pkg", uext4::RenameFlags::default())
+                .unwrap();
+            fs.fsync(n, false).unwrap();
+            ack(&mut w, Fact::Equals(pkg, data));
+        }
+        if k % 13 == 6 {
+            // The oldest file made above removed, and the directory fsynced (UNLINK).
+            if let Some(old) = made.pop_front() {
+                fs.unlink(2, format!("new{old}").as_bytes()).unwrap();
+                fs.fsync(2, false).unwrap();
+                ack(&mut w, Fact::Absent(p(&[&format!("new{old}")])));
+            }
         }
         if k % 11 == 0 {
             // Not fsynced: a new file (a CREAT in the next fast commit), and a directory

@@ -567,13 +567,12 @@ fn hand_written_fast_commits_replay_and_bad_records_are_skipped() {
     e2fsck_clean_when(&img.0, "after the replay of hand-written fast commits");
 }
 
-/// uext4's own fast commits: on an image with fast_commit, files are changed and fsynced
-/// after a full commit (appends, a write far past the end, overwrites in place, many small
-/// appends, truncates down and up, a chmod); every fsync is answered by a fast commit (no full commit after the setup), and
-/// the device as it is then (a power cut: nothing more reaches it) is replayed by the
-/// kernel and by uext4 (read-only in memory and read-write) to the tree uext4 showed
-/// before the cut, e2fsck -fn clean after either; e2fsck -fy's replay is only reported
-/// (`report_e2fsck_replay`).
+/// uext4's own fast commits, for each workload (`WORKLOADS`): on an image with fast_commit,
+/// files are changed and fsynced after a full commit; every fsync is answered by a fast
+/// commit (no full commit after the setup), and the device as it is then (a power cut:
+/// nothing more reaches it) is replayed by the kernel and by uext4 (read-only in memory and
+/// read-write) to the tree uext4 showed before the cut, e2fsck -fn clean after either;
+/// e2fsck -fy's replay is only reported (`report_e2fsck_replay`).
 #[test]
 fn our_fast_commits_replay_as_the_kernel_replays_them() {
     use std::sync::Arc;
@@ -581,40 +580,57 @@ fn our_fast_commits_replay_as_the_kernel_replays_them() {
     if !usable() {
         return;
     }
-    let img = scratch("fc-ours");
-    mke2fs(&img.0, "64M", &["-O", "fast_commit"]);
-    let rec = Arc::new(RecordingDevice::new(std::fs::read(&img.0).unwrap()));
-    let opts = MountOptions {
-        commit_interval_secs: 0,
-        ..MountOptions::default()
-    };
-    let fs = Fs::open_dev(rec.clone(), opts).unwrap();
-    let want = fast_commit_workload(&fs);
-    let crash = scratch("fc-ours-crash");
-    std::fs::write(&crash.0, rec.crash_image(rec.log_len(), &mut |_| true)).unwrap();
-    fs.crash();
-    assert_eq!(
-        logdump_tails(&crash.0),
-        9,
-        "debugfs sees the last nine fast commits"
-    );
+    for (name, workload, tails) in WORKLOADS {
+        eprintln!("workload: {name}");
+        let img = scratch("fc-ours");
+        mke2fs(&img.0, "64M", &["-O", "fast_commit"]);
+        let rec = Arc::new(RecordingDevice::new(std::fs::read(&img.0).unwrap()));
+        let opts = MountOptions {
+            commit_interval_secs: 0,
+            ..MountOptions::default()
+        };
+        let fs = Fs::open_dev(rec.clone(), opts).unwrap();
+        let want = workload(&fs, &|| {});
+        let crash = scratch("fc-ours-crash");
+        std::fs::write(&crash.0, rec.crash_image(rec.log_len(), &mut |_| true)).unwrap();
+        fs.crash();
+        assert_eq!(
+            logdump_tails(&crash.0),
+            tails,
+            "{name}: debugfs sees the last {tails} fast commits"
+        );
 
-    let k = scratch("fc-ours-kernel");
-    std::fs::copy(&crash.0, &k.0).unwrap();
-    let mnt = MountPlace::new("fc-ours", &["kernel"]);
-    let kmnt = mnt.point(0);
-    let (ks, km) = (k.0.display().to_string(), kmnt.display().to_string());
-    run("mount", &["-o", "loop", &ks, &km]);
-    let kernel = host_tree(&kmnt);
-    run("umount", &[&km]);
-    assert_eq!(
-        kernel, want,
-        "the kernel's replay of uext4's fast commits differs"
-    );
-    e2fsck_clean_when(&k.0, "after the kernel replayed uext4's fast commits");
-    report_e2fsck_replay(&crash.0, &want);
-    replay_by_uext4(&crash.0, &want);
+        let k = scratch("fc-ours-kernel");
+        std::fs::copy(&crash.0, &k.0).unwrap();
+        let mnt = MountPlace::new("fc-ours", &["kernel"]);
+        let kmnt = mnt.point(0);
+        let (ks, km) = (k.0.display().to_string(), kmnt.display().to_string());
+        run("mount", &["-o", "loop", &ks, &km]);
+        let kernel = host_tree(&kmnt);
+        run("umount", &[&km]);
+        assert_eq!(
+            kernel, want,
+            "{name}: the kernel's replay of uext4's fast commits differs"
+        );
+        e2fsck_clean_when(
+            &k.0,
+            &format!("{name}: after the kernel replayed uext4's fast commits"),
+        );
+        report_e2fsck_replay(&crash.0, &want);
+        replay_by_uext4(&crash.0, &want);
+    }
 }
+
+/// A workload on a fast_commit filesystem: it calls its second argument after its setup's
+/// full commit, and returns the tree uext4 shows at its end.
+type Workload = fn(&Fs, &dyn Fn()) -> Tree;
+
+/// The workloads of the tests of uext4's own fast commits, each with the number of fast
+/// commits the area holds at its end.
+const WORKLOADS: [(&str, Workload, usize); 2] = [
+    ("data", fast_commit_workload_marked, 9),
+    ("names", fast_commit_names_workload, 7),
+];
 
 /// e2fsck -fy's replay of a copy of `crash`, reported, not asserted: e2fsck 1.47.0's
 /// fast-commit replay damages these images (records about files that existed at the last
@@ -641,13 +657,9 @@ fn report_e2fsck_replay(crash: &Path, want: &Tree) {
     }
 }
 
-/// The changes of `our_fast_commits_replay_as_the_kernel_replays_them`: a full
-/// commit of the starting tree, then fsyncs that must all be fast commits. Returns the tree.
-fn fast_commit_workload(fs: &Fs) -> Tree {
-    fast_commit_workload_marked(fs, &|| {})
-}
-
-/// `fast_commit_workload`, calling `setup_done` after the setup's full commit.
+/// The data workload: a full commit of the starting tree, then writes, truncates, a chmod
+/// and creates, each fsynced, that must all be fast commits (calling `setup_done` after the
+/// setup's full commit). Returns the tree.
 fn fast_commit_workload_marked(fs: &Fs, setup_done: &dyn Fn()) -> Tree {
     let root = fs.root_ino();
     let mk = |dir: u32, name: &[u8], data: &[u8]| {
@@ -711,11 +723,64 @@ fn fast_commit_workload_marked(fs: &Fs, setup_done: &dyn Fn()) -> Tree {
     uext4_tree(fs)
 }
 
-/// The kernel as the oracle of power cuts during uext4's fast commits: the workload of
-/// `our_fast_commits_replay_as_the_kernel_replays_them` on a recording device, cut at its
-/// flush points after the setup's full commit (every third one); in each state uext4's
-/// replay (read-only, in memory) and the kernel's (loop mount) give the same tree, and the
-/// image is e2fsck-clean after the kernel's replay and unmount.
+/// The names workload (LINK and UNLINK records): after the setup's full commit, a package
+/// manager's pattern (a new file written and fsynced under a temporary name, renamed over
+/// the old one, fsynced), a hard link into another directory, one of two names removed, a
+/// file removed (freed), a file moved into another directory, a file removed while open;
+/// each followed by an fsync that must be a fast commit. Returns the tree.
+fn fast_commit_names_workload(fs: &Fs, setup_done: &dyn Fn()) -> Tree {
+    use uext4::RenameFlags;
+    let root = fs.root_ino();
+    let mk = |dir: u32, name: &[u8], data: &[u8]| {
+        let f = fs.create(dir, name, 0o644, 0, 0).unwrap().ino;
+        fs.write(f, 0, data).unwrap();
+        f
+    };
+    mk(root, b"pkg.so", &[1u8; 3 * 4096 + 5]);
+    mk(root, b"doomed", &[2u8; 5000]);
+    let pair = mk(root, b"pair", b"two names\n");
+    fs.link(pair, root, b"pair2").unwrap();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let mover = mk(root, b"mover", &[3u8; 9000]);
+    let held = mk(root, b"held", &[4u8; 4096]);
+    fs.commit().unwrap();
+    setup_done();
+    let l = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let t = fs.txn_stats();
+    let (fast, full) = (l(&t.fast_commits), l(&t.commits));
+    let tmp = mk(root, b".pkg.so.tmp", &[5u8; 2 * 4096 + 1]);
+    fs.fsync(tmp, false).unwrap();
+    fs.rename(
+        root,
+        b".pkg.so.tmp",
+        root,
+        b"pkg.so",
+        RenameFlags::default(),
+    )
+    .unwrap();
+    fs.fsync(tmp, false).unwrap();
+    fs.link(mover, d, b"mover-link").unwrap();
+    fs.fsync(mover, false).unwrap();
+    fs.unlink(root, b"pair2").unwrap();
+    fs.fsync(pair, false).unwrap();
+    fs.unlink(root, b"doomed").unwrap();
+    fs.fsync(root, false).unwrap();
+    fs.rename(root, b"mover", d, b"moved", RenameFlags::default())
+        .unwrap();
+    fs.fsync(mover, false).unwrap();
+    fs.open(held).unwrap();
+    fs.unlink(root, b"held").unwrap();
+    fs.fsync(root, false).unwrap();
+    assert_eq!(l(&t.fast_commits) - fast, 7, "every fsync a fast commit");
+    assert_eq!(l(&t.commits), full, "no full commit after the setup");
+    uext4_tree(fs)
+}
+
+/// The kernel as the oracle of power cuts during uext4's fast commits: each workload of
+/// `WORKLOADS` on a recording device, cut at its flush points after the setup's full commit
+/// (every third one); in each state uext4's replay (read-only, in memory) and the kernel's
+/// (loop mount) give the same tree, and the image is e2fsck-clean after the kernel's replay
+/// and unmount.
 #[test]
 fn power_cuts_during_our_fast_commits_replay_as_the_kernel_replays_them() {
     use std::sync::Arc;
@@ -723,46 +788,52 @@ fn power_cuts_during_our_fast_commits_replay_as_the_kernel_replays_them() {
     if !usable() {
         return;
     }
-    let img = scratch("fc-cuts");
-    mke2fs(&img.0, "64M", &["-O", "fast_commit"]);
-    let rec = Arc::new(RecordingDevice::new(std::fs::read(&img.0).unwrap()));
-    let opts = MountOptions {
-        commit_interval_secs: 0,
-        ..MountOptions::default()
-    };
-    let fs = Fs::open_dev(rec.clone(), opts).unwrap();
-    let setup_done = std::sync::atomic::AtomicUsize::new(0);
-    fast_commit_workload_marked(&fs, &|| {
-        setup_done.store(rec.log_len(), std::sync::atomic::Ordering::Relaxed)
-    });
-    fs.crash();
-    let from = setup_done.load(std::sync::atomic::Ordering::Relaxed);
-    let points: Vec<usize> = rec
-        .flush_points()
-        .into_iter()
-        .filter(|&p| p >= from)
-        .step_by(3)
-        .collect();
-    assert!(points.len() >= 10, "only {} cut points", points.len());
-    let mnt = MountPlace::new("fc-cuts", &["kernel"]);
-    let km = mnt.point(0).display().to_string();
-    let cut = scratch("fc-cut-state");
-    let cs = cut.0.display().to_string();
-    for &at in &points {
-        let state = rec.crash_image(at, &mut |_| true);
-        let dev = Arc::new(MemDevice::from_vec(state.clone()));
-        let ours = uext4_tree(&Fs::open_dev(dev, MountOptions::ro()).unwrap());
-        std::fs::write(&cut.0, &state).unwrap();
-        run("mount", &["-o", "loop", &cs, &km]);
-        let kernel = host_tree(Path::new(&km));
-        run("umount", &[&km]);
-        assert_eq!(
-            ours, kernel,
-            "cut at write {at}: uext4's replay differs from the kernel's"
+    for (name, workload, _) in WORKLOADS {
+        let img = scratch("fc-cuts");
+        mke2fs(&img.0, "64M", &["-O", "fast_commit"]);
+        let rec = Arc::new(RecordingDevice::new(std::fs::read(&img.0).unwrap()));
+        let opts = MountOptions {
+            commit_interval_secs: 0,
+            ..MountOptions::default()
+        };
+        let fs = Fs::open_dev(rec.clone(), opts).unwrap();
+        let setup_done = std::sync::atomic::AtomicUsize::new(0);
+        workload(&fs, &|| {
+            setup_done.store(rec.log_len(), std::sync::atomic::Ordering::Relaxed)
+        });
+        fs.crash();
+        let from = setup_done.load(std::sync::atomic::Ordering::Relaxed);
+        let points: Vec<usize> = rec
+            .flush_points()
+            .into_iter()
+            .filter(|&p| p >= from)
+            .step_by(3)
+            .collect();
+        assert!(
+            points.len() >= 4,
+            "{name}: only {} cut points",
+            points.len()
         );
-        e2fsck_clean_when(
-            &cut.0,
-            &format!("cut at write {at}, replayed by the kernel"),
-        );
+        let mnt = MountPlace::new("fc-cuts", &["kernel"]);
+        let km = mnt.point(0).display().to_string();
+        let cut = scratch("fc-cut-state");
+        let cs = cut.0.display().to_string();
+        for &at in &points {
+            let state = rec.crash_image(at, &mut |_| true);
+            let dev = Arc::new(MemDevice::from_vec(state.clone()));
+            let ours = uext4_tree(&Fs::open_dev(dev, MountOptions::ro()).unwrap());
+            std::fs::write(&cut.0, &state).unwrap();
+            run("mount", &["-o", "loop", &cs, &km]);
+            let kernel = host_tree(Path::new(&km));
+            run("umount", &[&km]);
+            assert_eq!(
+                ours, kernel,
+                "{name}: cut at write {at}: uext4's replay differs from the kernel's"
+            );
+            e2fsck_clean_when(
+                &cut.0,
+                &format!("{name}: cut at write {at}, replayed by the kernel"),
+            );
+        }
     }
 }

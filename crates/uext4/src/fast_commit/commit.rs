@@ -7,10 +7,13 @@
 //! What is eligible here is a subset of what the kernel logs: changes to regular files that
 //! map their blocks with extents (writes, appends, size changes), each described by the
 //! file's INODE record and, for the logical blocks whose mapping changed, ADD_RANGE for what
-//! is mapped now and DEL_RANGE for what is not (ext4_fc_write_inode_data). Every other
-//! change makes the transaction ineligible until its full commit (a handle that changes
-//! metadata without declaring it does so by itself), as do revoked blocks, which only a full
-//! commit's revoke records keep recovery from replaying over reused blocks.
+//! is mapped now and DEL_RANGE for what is not (ext4_fc_write_inode_data); and the names of
+//! such files in directories neither encrypted nor casefolded: CREAT for a new file, LINK,
+//! UNLINK, and a rename as UNLINK of the name replaced, LINK and UNLINK (ext4_rename's
+//! tracking). Every other change makes the transaction ineligible until its full commit (a
+//! handle that changes metadata without declaring it does so by itself), as do revoked
+//! blocks, which only a full commit's revoke records keep recovery from replaying over
+//! reused blocks.
 //!
 //! Replay (replay.rs, the kernel's and e2fsck's) rebuilds the allocation bitmaps and counts
 //! from the inodes the records name, so they need not be written: the data blocks alone
@@ -20,9 +23,9 @@ use crate::error::Result;
 use crate::format::extent::Extent;
 use crate::format::fast_commit::{
     FcEncoder, ADD_RANGE_SIZE, DEL_RANGE_SIZE, DENTRY_INFO_SIZE, TAG_ADD_RANGE, TAG_CREAT,
-    TAG_DEL_RANGE, TAG_INODE,
+    TAG_DEL_RANGE, TAG_INODE, TAG_LINK, TAG_UNLINK,
 };
-use crate::format::features::COMPAT_FAST_COMMIT;
+use crate::format::features::{COMPAT_FAST_COMMIT, INCOMPAT_EA_INODE};
 use crate::format::inode::{FL_EA_INODE, FL_EXTENTS, FL_INLINE_DATA, GOOD_OLD_INODE_SIZE};
 use crate::fs::Fs;
 use crate::inode::InodeState;
@@ -96,6 +99,123 @@ impl Fs {
             }
             Err(why) => h.fc_ineligible(why),
         }
+    }
+
+    /// Declares in `h` the removal of `ino`'s name `name` from `dir` (an UNLINK record, as
+    /// ext4_fc_track_unlink), `st` being the inode's state once it lost the link and before
+    /// it is freed or made an orphan; `dir_flags` are the directory's. An inode left with
+    /// links is logged too: its INODE record carries the count. One left with none needs no
+    /// record of its own, as the kernel's eviction drops it from the fast-commit queue:
+    /// replay frees an inode whose last name an UNLINK took, so it must hold nothing replay
+    /// cannot free (`fc_forgettable`).
+    pub(crate) fn fc_track_unlink(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        dir_flags: u32,
+        name: &[u8],
+        ino: u32,
+        st: &InodeState,
+    ) {
+        if !h.fc_tracked() {
+            return;
+        }
+        let ok = Self::fc_dir_describable(dir_flags).and_then(|()| {
+            if st.raw.links_count() > 0 {
+                Self::fc_describable(st)
+            } else {
+                self.fc_forgettable(&st.raw)
+            }
+        });
+        match ok {
+            Ok(()) => {
+                if st.raw.links_count() > 0 {
+                    h.fc_eligible(ino, None);
+                }
+                h.fc_dentry(FcDentry {
+                    tag: TAG_UNLINK,
+                    parent: dir,
+                    ino,
+                    name: name.to_vec(),
+                });
+            }
+            Err(why) => h.fc_ineligible(why),
+        }
+    }
+
+    /// Declares in `h` a new name `name` in `dir` for the existing inode `ino` (a LINK record
+    /// and the inode's INODE record, as ext4_fc_track_link), or that it is not one fast
+    /// commits describe. `st` is the inode's state after the link.
+    pub(crate) fn fc_track_link(
+        &self,
+        h: &mut Handle<'_>,
+        dir: u32,
+        dir_flags: u32,
+        name: &[u8],
+        ino: u32,
+        st: &InodeState,
+    ) {
+        if !h.fc_tracked() {
+            return;
+        }
+        match Self::fc_dir_describable(dir_flags).and_then(|()| Self::fc_describable(st)) {
+            Ok(()) => {
+                h.fc_eligible(ino, None);
+                h.fc_dentry(FcDentry {
+                    tag: TAG_LINK,
+                    parent: dir,
+                    ino,
+                    name: name.to_vec(),
+                });
+            }
+            Err(why) => h.fc_ineligible(why),
+        }
+    }
+
+    /// Declares that the changes of `h`, which frees the inode `st` holds (it has no link
+    /// left), need no record: the UNLINK that took its last name is in a fast commit (replay
+    /// frees it) or in the log with the inode an orphan (recovery frees it). Only for a
+    /// handle that does nothing else.
+    pub(crate) fn fc_track_forget(&self, h: &mut Handle<'_>, st: &InodeState) {
+        if !h.fc_tracked() {
+            return;
+        }
+        match self.fc_forgettable(&st.raw) {
+            Ok(()) => h.fc_no_record(),
+            Err(why) => h.fc_ineligible(why),
+        }
+    }
+
+    /// Whether names in a directory with these flags are ones records carry: not encrypted
+    /// (the kernel's EXT4_FC_REASON_ENCRYPTED_FILENAME) nor casefolded (replay finds names
+    /// by lookup, and a rename between two spellings of one name would lose the file).
+    fn fc_dir_describable(dir_flags: u32) -> std::result::Result<(), &'static str> {
+        if dir_flags & FL_ENCRYPT != 0 {
+            return Err("a name in an encrypted directory");
+        }
+        if dir_flags & crate::flags::FL_CASEFOLD != 0 {
+            return Err("a name in a casefolded directory");
+        }
+        Ok(())
+    }
+
+    /// Whether replay can free an inode with no links from an UNLINK record alone
+    /// (fc_set_bitmaps in replay.rs): not a directory, its blocks (if any) mapped by
+    /// extents, no xattr block and no EA inodes, which replay does not free.
+    fn fc_forgettable(
+        &self,
+        raw: &crate::format::inode::RawInode,
+    ) -> std::result::Result<(), &'static str> {
+        if raw.is_dir() {
+            return Err("a directory removed");
+        }
+        if raw.file_acl() != 0 || self.superblock().has_incompat(INCOMPAT_EA_INODE) {
+            return Err("a file with an xattr block or EA inodes freed");
+        }
+        if Self::has_data_blocks(raw) && raw.flags() & FL_EXTENTS == 0 {
+            return Err("a file with mapped blocks freed");
+        }
+        Ok(())
     }
 
     /// Whether records describe the inode: a live regular file mapped by extents, with no
@@ -222,12 +342,17 @@ impl FastCommitEnv for Fs {
             }
         }
         for (&ino, &range) in &track.inodes {
+            // An inode freed since (its last name went in an UNLINK, or in the log with it
+            // an orphan) has no record, as the kernel's ext4_fc_del drops it from the queue.
             let inode = match self.iget(ino) {
                 Ok(i) => i,
-                Err(crate::error::Error::NotFound) => return Ok(None),
+                Err(crate::error::Error::NotFound) => continue,
                 Err(e) => return Err(e),
             };
             let mut st = inode.state.lock();
+            if st.deleted {
+                continue;
+            }
             if Self::fc_describable(&st).is_err() {
                 return Ok(None);
             }

@@ -46,6 +46,10 @@ struct ReplayState {
     /// Block runs that may have lost their owner: what the modified inodes mapped before,
     /// and every ADD_RANGE's run.
     touched: Vec<(u64, u64)>,
+    /// Modified inodes whose tree is their own: in use when a record first touched them, or
+    /// made by a CREAT. One left with no link gives back what it maps at the end (a freed
+    /// inode's stale tree may name blocks another file owns now).
+    live: BTreeSet<u32>,
     report: FcReplayReport,
 }
 
@@ -128,6 +132,7 @@ impl Fs {
             let raw = self.fc_raw_inode(ino)?;
             if raw.links_count() > 0 {
                 rs.touched.extend(self.fc_inode_blocks(ino, &raw)?);
+                rs.live.insert(ino);
             }
         }
         Ok(())
@@ -227,6 +232,7 @@ impl Fs {
             let raw = self.fc_raw_inode(d.ino)?;
             let mut h = self.start(RECORD_CREDITS)?;
             self.mark_inode(&mut h, d.ino, raw.is_dir(), true)?;
+            rs.live.insert(d.ino);
         }
         let inode = self.iget(d.ino)?;
         let dir = self.iget(d.parent)?;
@@ -336,6 +342,13 @@ impl Fs {
             let mut raw = self.fc_raw_inode(ino)?;
             let mut h = self.start(RECORD_CREDITS)?;
             if raw.links_count() == 0 {
+                // An UNLINK took its last name (a file created and removed among the
+                // records, or one removed): what its tree maps now (a tree node replay
+                // allocated among them) is freed unless another inode maps it.
+                if rs.live.contains(&ino) {
+                    let runs = self.fc_inode_blocks(ino, &raw)?;
+                    rs.touched.extend(runs);
+                }
                 if raw.mode() != 0 {
                     self.icache.remove(ino);
                     if raw.dtime() == 0 {

@@ -430,12 +430,13 @@ impl Fs {
             tgt_is_dir,
         } = n;
         let (odir, ndir, cross) = (d.odir, d.ndir, d.cross);
+        let fc_names = !src_is_dir && flags.whiteout.is_none() && h.fc_tracked();
         let whiteout = match flags.whiteout {
             Some((uid, gid)) => Some(self.new_whiteout(h, odir, uid, gid, now)?),
             None => None,
         };
         let mut replaced: Option<InodeRef> = None;
-        {
+        let nflags = {
             let mut s = d.nd.state.lock();
             let set = if target.is_some() {
                 self.dir_set(h, ndir, &mut s, d.nname, sino, sft)
@@ -463,8 +464,9 @@ impl Fs {
             s.raw.set_mtime(now);
             s.raw.set_ctime(now);
             self.mark_inode_dirty(h, d.nd, &mut s)?;
-        }
-        {
+            s.raw.flags()
+        };
+        let oflags = {
             let mut s = d.od.state.lock();
             match &whiteout {
                 Some(w) => {
@@ -480,7 +482,8 @@ impl Fs {
             s.raw.set_mtime(now);
             s.raw.set_ctime(now);
             self.mark_inode_dirty(h, d.od, &mut s)?;
-        }
+            s.raw.flags()
+        };
         {
             let mut s = src.state.lock();
             if src_is_dir && cross {
@@ -497,7 +500,19 @@ impl Fs {
                 dec_nlink(&mut ts.raw);
             }
             ts.raw.set_ctime(now);
+            if fc_names {
+                self.fc_track_unlink(h, ndir, nflags, d.nname, t.ino, &ts);
+            }
             self.drop_link_finish(h, &t, &mut ts)?;
+        }
+        // As ext4_rename: the replaced name's UNLINK first, then the source's LINK under
+        // the new name and UNLINK of the old (its INODE record with them). A directory
+        // moved or a whiteout left is not described: the handle stays undeclared, so the
+        // transaction commits in full (the kernel's EXT4_FC_REASON_RENAME_DIR).
+        if fc_names {
+            let s = src.state.lock();
+            self.fc_track_link(h, ndir, nflags, d.nname, sino, &s);
+            self.fc_track_unlink(h, odir, oflags, d.oname, sino, &s);
         }
         Ok(())
     }
