@@ -760,12 +760,16 @@ impl Fs {
             let Some(lo) = piece(&mut st, end)? else {
                 break;
             };
+            self.ext_remove(&mut h, inode.ino, &mut st, lo, end)?;
+            self.mark_inode_dirty(&mut h, inode, &mut st)?;
             if st.dying {
                 // Freeing an unlinked inode (orphan.rs's delete_orphan), piece by piece.
                 self.fc_track_forget(&mut h, &st);
+            } else {
+                // A piece of a truncate or a punched hole: DEL_RANGE for the blocks cut.
+                let last = (end - 1).min(u32::MAX as u64) as u32;
+                self.fc_track(&mut h, inode.ino, &st, Some((lo, last)));
             }
-            self.ext_remove(&mut h, inode.ino, &mut st, lo, end)?;
-            self.mark_inode_dirty(&mut h, inode, &mut st)?;
             end = lo as u64;
         }
         Ok(())
@@ -872,6 +876,7 @@ impl Fs {
         }
         st.raw.set_ctime(self.now());
         self.mark_inode_dirty(&mut h, &inode, &mut st)?;
+        self.fc_track(&mut h, ino, &st, None);
         inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
         Ok(())
     }
@@ -903,6 +908,7 @@ impl Fs {
         } else {
             end
         };
+        let mut cut = None;
         if off < pend {
             let first_full = off.div_ceil(bs);
             let last_full = pend / bs; // exclusive
@@ -916,12 +922,16 @@ impl Fs {
                 self.zero_partial(ino, &mut st, off, first_full * bs)?;
                 self.zero_partial(ino, &mut st, last_full * bs, pend)?;
                 self.ext_remove(&mut h, ino, &mut st, first_full as u32, last_full)?;
+                cut = Some((first_full as u32, (last_full - 1) as u32));
             }
         }
         let now = self.now();
         st.raw.set_mtime(now);
         st.raw.set_ctime(now);
         self.mark_inode_dirty(&mut h, inode, &mut st)?;
+        // DEL_RANGE for the blocks unmapped, as ext4_punch_hole tracks its range (the
+        // partial blocks' zeros are data, on the device before the records).
+        self.fc_track(&mut h, ino, &st, cut);
         inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
         drop(st);
         drop(h);
@@ -991,6 +1001,15 @@ impl Fs {
                 }
             }
             self.mark_inode_dirty(&mut h, inode, &mut st)?;
+            // ADD_RANGE for the new (unwritten) extents, as ext4_map_blocks tracks them.
+            if n > 0 {
+                self.fc_track(
+                    &mut h,
+                    ino,
+                    &st,
+                    Some((lblk as u32, (lblk + n as u64 - 1) as u32)),
+                );
+            }
             inode.last_data_tid.fetch_max(h.tid(), Ordering::AcqRel);
             lblk += n as u64;
         }

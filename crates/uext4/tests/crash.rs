@@ -803,9 +803,9 @@ fn crash_states_recover_consistently_fast_commit() {
 }
 
 /// Fast commits: files written and fsynced, then appends, overwrites in place, truncates
-/// down and up, each fsynced, and now and then a new file written and fsynced, a file
-/// replaced by rename as package managers do, a file removed (fast commits, until the area
-/// is full), with now and then a file and a directory made and not fsynced
+/// down and up, each fsynced, and now and then a hole punched, a new file written and
+/// fsynced, a file replaced by rename as package managers do, a file removed (fast commits,
+/// until the area is full), with now and then a file and a directory made and not fsynced
 /// (the directory makes the next fsync a full commit) and a full commit of everything.
 fn fast_commit_workload(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workload {
     let mut w = Workload {
@@ -870,6 +870,15 @@ fn fast_commit_workload(fs: &Fs, dev: &RecordingDevice, scale: usize) -> Workloa
             w.owner.insert(path.clone(), 600 + k);
             ack(&mut w, Fact::Equals(path, data));
             made.push_back(k);
+        }
+        if k % 9 == 4 && data.len() >= 3 * 4096 {
+            // A hole punched over whole blocks (DEL_RANGE), fsynced.
+            let at = 4096 * (k as usize % (data.len() / 4096 - 2));
+            let flags = uext4::FALLOC_FL_PUNCH_HOLE | uext4::FALLOC_FL_KEEP_SIZE;
+            fs.fallocate(*ino, flags, at as u64, 8192).unwrap();
+            data[at..at + 8192].fill(0);
+            fs.fsync(*ino, false).unwrap();
+            ack(&mut w, Fact::Equals(path.clone(), data.clone()));
         }
         if k % 7 == 5 {
             // A package manager's replace: a new version written and fsynced under a

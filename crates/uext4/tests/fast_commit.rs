@@ -104,8 +104,19 @@ fn uext4_tree(fs: &Fs) -> Tree {
     t
 }
 
+/// Runs `cmd`, failing the test with its output if it fails. A mount or umount is tried
+/// up to five times, 200 ms apart: loop mounts made by tests running at once can race for a
+/// loop device, and a umount can find the mount busy for a moment.
 fn run(cmd: &str, args: &[&str]) -> std::process::Output {
-    let out = Command::new(cmd).args(args).output().unwrap();
+    let tries = if cmd == "mount" || cmd == "umount" { 5 } else { 1 };
+    let mut out = Command::new(cmd).args(args).output().unwrap();
+    for _ in 1..tries {
+        if out.status.success() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        out = Command::new(cmd).args(args).output().unwrap();
+    }
     assert!(
         out.status.success(),
         "{cmd} {args:?}: {}{}",
@@ -628,7 +639,7 @@ type Workload = fn(&Fs, &dyn Fn()) -> Tree;
 /// The workloads of the tests of uext4's own fast commits, each with the number of fast
 /// commits the area holds at its end.
 const WORKLOADS: [(&str, Workload, usize); 2] = [
-    ("data", fast_commit_workload_marked, 9),
+    ("data", fast_commit_workload_marked, 11),
     ("names", fast_commit_names_workload, 7),
 ];
 
@@ -657,8 +668,8 @@ fn report_e2fsck_replay(crash: &Path, want: &Tree) {
     }
 }
 
-/// The data workload: a full commit of the starting tree, then writes, truncates, a chmod
-/// and creates, each fsynced, that must all be fast commits (calling `setup_done` after the
+/// The data workload: a full commit of the starting tree, then writes, truncates, a chmod,
+/// creates, a punched hole and a preallocation, each fsynced, that must all be fast commits (calling `setup_done` after the
 /// setup's full commit). Returns the tree.
 fn fast_commit_workload_marked(fs: &Fs, setup_done: &dyn Fn()) -> Tree {
     let root = fs.root_ino();
@@ -718,7 +729,21 @@ fn fast_commit_workload_marked(fs: &Fs, setup_done: &dyn Fn()) -> Tree {
     fs.fsync(n1, false).unwrap();
     let n2 = mk(d, b"new2", &[b'n'; 3 * 4096 + 17]);
     fs.fsync(n2, true).unwrap();
-    assert_eq!(l(&t.fast_commits), fast + 9);
+    // A hole punched across blocks 2-4 of /big (DEL_RANGE, partial blocks zeroed), and
+    // unwritten blocks preallocated past the end of /b (ADD_RANGE of unwritten extents).
+    use uext4::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
+    fs.fallocate(
+        big,
+        FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+        2 * 4096 - 100,
+        3 * 4096 + 200,
+    )
+    .unwrap();
+    fs.fsync(big, false).unwrap();
+    fs.fallocate(b, FALLOC_FL_KEEP_SIZE, 20 * 4096, 8 * 4096)
+        .unwrap();
+    fs.fsync(b, false).unwrap();
+    assert_eq!(l(&t.fast_commits), fast + 11);
     assert_eq!(l(&t.commits), before + full + 1);
     uext4_tree(fs)
 }
