@@ -43,8 +43,9 @@ const FL_VERITY: u32 = 0x0010_0000;
 impl Fs {
     /// Whether fsync writes fast commits here: the image has the fast_commit feature and the
     /// journal its area, `MountOptions::fast_commit` is on, and nothing the records do not
-    /// carry must follow the changes (quota usage; bigalloc's clusters, which replay.rs does
-    /// not rebuild).
+    /// carry must follow the changes (quota usage). Not with bigalloc: the kernel's replay
+    /// (ext4_ext_replay_set_iblocks, 6.18) counts i_blocks in blocks, not clusters, so
+    /// e2fsck finds every file a record touched wrong after it (replay.rs counts clusters).
     pub(crate) fn fc_enabled(&self) -> bool {
         self.opts.fast_commit
             && !self.is_read_only()

@@ -56,15 +56,6 @@ struct ReplayState {
 impl Fs {
     /// Replays `fc` (the scan's whole fast commits) on this writable filesystem and commits.
     pub(crate) fn replay_fast_commits(&self, fc: &FastCommits) -> Result<FcReplayReport> {
-        if self.geo.cluster_bits > 0 && !fc.records.is_empty() {
-            // The bitmap pass below marks and clears single blocks and counts i_blocks in
-            // blocks; with clusters that could free a cluster another block still uses.
-            return Err(Error::Unsupported(
-                "replaying fast commits on a bigalloc filesystem (run e2fsck -fy, which \
-                 replays them)"
-                    .into(),
-            ));
-        }
         let mut rs = ReplayState::default();
         // The runs ADD_RANGE records map are held first, so that no block the replay
         // allocates (a tree node, a directory block) lands on one a later record maps (the
@@ -334,10 +325,16 @@ impl Fs {
     /// The end of the replay: bitmaps and block counts as the modified inodes now say
     /// (ext4_fc_set_bitmaps_and_counters, ext4_ext_replay_set_iblocks); an inode left with
     /// no link is freed.
+    ///
+    /// With bigalloc the bitmaps hold clusters: a cluster stays in use while a kept inode
+    /// maps any block of it, and an inode's i_blocks counts whole clusters (its xattr block
+    /// one too), as ext4_ext_replay_set_iblocks counts them.
     fn fc_set_bitmaps(&self, rs: &mut ReplayState) -> Result<()> {
         self.commit()?;
+        let cbits = self.geo.cluster_bits;
+        // Kept clusters (blocks, without bigalloc).
         let mut kept: BTreeSet<u64> = BTreeSet::new();
-        let per_block = self.geo.block_size as u64 / 512;
+        let per_cluster = (self.geo.block_size as u64 / 512) << cbits;
         for &ino in &rs.modified {
             let mut raw = self.fc_raw_inode(ino)?;
             let mut h = self.start(RECORD_CREDITS)?;
@@ -363,25 +360,26 @@ impl Fs {
             if raw.flags() & FL_EXTENTS == 0 {
                 continue;
             }
-            let mut count = 0u64;
-            for &(p, n) in &runs {
+            let mut own: BTreeSet<u64> = BTreeSet::new();
+            for &(p, n) in runs.iter().filter(|r| r.1 > 0) {
                 self.mark_blocks(&mut h, p, n, true)?;
-                kept.extend(p..p + n);
-                count += n;
+                own.extend((p >> cbits)..=((p + n - 1) >> cbits));
             }
+            let mut count = own.len() as u64;
+            kept.extend(own);
             if raw.file_acl() != 0 {
                 count += 1;
             }
-            if raw.blocks_512(self.geo.block_size) != count * per_block {
+            if raw.blocks_512(self.geo.block_size) != count * per_cluster {
                 self.icache.remove(ino);
-                raw.set_blocks_512(count * per_block);
+                raw.set_blocks_512(count * per_cluster);
                 self.write_inode(&mut h, ino, &mut raw)?;
             }
         }
         let mut h = self.start(RECORD_CREDITS)?;
         for &(p, n) in &rs.touched {
             for b in p..p + n {
-                if !kept.contains(&b) && self.geo.blocks_count > b {
+                if !kept.contains(&(b >> cbits)) && self.geo.blocks_count > b {
                     self.mark_blocks(&mut h, b, 1, false)?;
                 }
             }
