@@ -381,6 +381,23 @@ impl Fs {
                 "take_run",
             ));
         }
+        // Nor a run longer than the group's free count: the bitmap and the descriptor
+        // disagree (the kernel's mballoc marks such a group's bitmap corrupt).
+        let free = st.desc.free_blocks_count();
+        if free < len as u64 {
+            return Err(self.fail(
+                Error::corrupt(
+                    Corruption::BlockBitmap,
+                    format!(
+                        "group {g}: the block bitmap shows {len} clusters free at {off}, more \
+                         than the group descriptor's free count ({free})"
+                    ),
+                ),
+                0,
+                at,
+                "take_run",
+            ));
+        }
         {
             let mut data = buf.write();
             for i in off..off + len {
@@ -395,8 +412,7 @@ impl Fs {
             }
         }
         h.dirty(buf);
-        let v = st.desc.free_blocks_count() - len as u64;
-        st.desc.set_free_blocks_count(v);
+        st.desc.set_free_blocks_count(free - len as u64);
         self.write_group_desc(h, g, st)?;
         self.sb.free_blocks.fetch_sub(blocks, Ordering::Relaxed);
         if let Some(c) = claim {
