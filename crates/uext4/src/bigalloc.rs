@@ -12,19 +12,6 @@ use crate::error::{Corruption, Error, Result};
 use crate::format::features::{names, INCOMPAT_EXTENTS, RO_COMPAT_BIGALLOC, RO_COMPAT_NAMES};
 use crate::format::superblock::Superblock;
 
-/// Refuses buffered mode (`-o delalloc`) for a read-write open of a bigalloc filesystem: its
-/// reservations count a block per cached page, where a page over a hole may need a whole
-/// cluster (the kernel's delalloc reserves clusters, ext4_da_reserve_space); reserving too
-/// little would let a writeback find no space for data already accepted.
-pub fn check_options(sb: &Superblock, read_only: bool, buffered: bool) -> Result<()> {
-    if sb.has_ro_compat(RO_COMPAT_BIGALLOC) && buffered && !read_only {
-        return Err(Error::Unsupported(
-            "buffered mode (delalloc) on a bigalloc filesystem; mount without it".into(),
-        ));
-    }
-    Ok(())
-}
-
 /// The kernel's EXT4_MAX_CLUSTER_LOG_SIZE: clusters of at most 1 GiB.
 const MAX_CLUSTER_LOG_SIZE: u32 = 30;
 

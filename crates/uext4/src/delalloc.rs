@@ -16,7 +16,8 @@
 //! `Fs::write_inode`), and writeback raises `disk_size` in the same handle as the extent of each
 //! run. A crash therefore loses unflushed writes but never shows a file longer than its data.
 //!
-//! Space: every cached page over a hole reserves one block, and each inode with pages that
+//! Space: every cached page over a hole reserves one block (a cluster with bigalloc:
+//! `Fs::reserve_per_page`), and each inode with pages that
 //! change its mapping (over holes or unwritten extents) reserves the extent-tree blocks (or,
 //! for an indirect-mapped file, the indirect blocks) their writeback may need, counted for the
 //! worst case (`Fs::map_md_need`). A write whose pages would reserve more than the free
@@ -52,6 +53,14 @@ impl Fs {
     /// Runs of cached pages written back so far (each one allocation and one handle at most).
     pub fn delalloc_writeback_runs(&self) -> u64 {
         self.delalloc.writeback_runs.load(Ordering::Relaxed)
+    }
+
+    /// Blocks a cached page over a hole reserves: one, or with bigalloc a whole cluster (its
+    /// writeback may allocate one for it). The kernel reserves a cluster only for the first
+    /// delayed block in each (ext4_insert_delayed_block); reserving per page promises more,
+    /// never less, and a write that cannot reserve goes straight to the device instead.
+    fn reserve_per_page(&self) -> u64 {
+        1 << self.geo.cluster_bits
     }
 
     /// Whether writes go through the page cache (buffered mode, and not DAX).
@@ -164,11 +173,20 @@ impl Fs {
                 };
                 (pages, holes, md_more)
             };
-            let (space_short, memory_over) = self.room_for(pages, holes + md_more);
+            let (space_short, memory_over) =
+                self.room_for(pages, holes * self.reserve_per_page() + md_more);
             if !space_short && (!memory_over || wrote_back) {
                 break;
             }
             if wrote_back {
+                if self.geo.cluster_bits > 0 {
+                    // A cluster reserved per page over a hole promises more than writeback
+                    // will take: with too little left for that, the write goes straight to
+                    // the device (the inode's pages are all written back now), which fails
+                    // only when the space is really gone, as the kernel's ext4 stops delaying
+                    // allocation when space runs low (ext4_nonda_switch).
+                    return Ok(false);
+                }
                 return Err(Error::NoSpace);
             }
             self.delalloc_writeback_locked(inode)?;
@@ -253,7 +271,7 @@ impl Fs {
         self.delalloc.bytes.fetch_add(added, Ordering::Relaxed);
         self.delalloc
             .reserved
-            .fetch_add(reserved, Ordering::Relaxed);
+            .fetch_add(reserved * self.reserve_per_page(), Ordering::Relaxed);
         if added > 0 {
             self.delalloc.inodes.lock().insert(inode.ino, inode.clone());
         }
@@ -405,7 +423,8 @@ impl Fs {
             };
             // The run may end past i_size (the last block is zero beyond it): the size is
             // clamped to i_size by the write path.
-            let budget = pages.iter().filter(|(_, p)| p.reserved).count() as u64;
+            let budget =
+                pages.iter().filter(|(_, p)| p.reserved).count() as u64 * self.reserve_per_page();
             if let Some(d) = inode.state.lock().delalloc.as_mut() {
                 d.claim = Some(Claim::new(budget, self.delalloc.reserved.clone()));
             }
@@ -418,8 +437,12 @@ impl Fs {
             }
             match r {
                 Ok(()) => {
-                    self.delalloc
-                        .release(pages.iter().map(|(_, p)| p), bs, claimed);
+                    self.delalloc.release(
+                        pages.iter().map(|(_, p)| p),
+                        bs,
+                        self.reserve_per_page(),
+                        claimed,
+                    );
                     self.delalloc_md_update(&mut st);
                     self.delalloc.writeback_runs.fetch_add(1, Ordering::Relaxed);
                     if self.delalloc_settle(inode, &mut st) {
@@ -476,7 +499,8 @@ impl Fs {
         for p in gone.values() {
             d.count_out(p);
         }
-        self.delalloc.release(gone.values(), bs, 0);
+        self.delalloc
+            .release(gone.values(), bs, self.reserve_per_page(), 0);
         if !from.is_multiple_of(bs) {
             if let Some(p) = d.pages.get_mut(&(from / bs)) {
                 p.data[(from % bs) as usize..].fill(0);

@@ -103,13 +103,20 @@ impl<I> Default for Registry<I> {
 }
 
 impl<I> Registry<I> {
-    /// Gives back the memory and the space reservation of pages leaving the cache, less
-    /// `claimed` reserved blocks that their writeback's allocations took already.
-    pub(crate) fn release<'a>(&self, pages: impl Iterator<Item = &'a Page>, bs: u64, claimed: u64) {
+    /// Gives back the memory and the space reservation of pages leaving the cache (`per_page`
+    /// blocks each reserved one holds), less `claimed` reserved blocks that their writeback's
+    /// allocations took already.
+    pub(crate) fn release<'a>(
+        &self,
+        pages: impl Iterator<Item = &'a Page>,
+        bs: u64,
+        per_page: u64,
+        claimed: u64,
+    ) {
         let (mut n, mut reserved) = (0u64, 0u64);
         for p in pages {
             n += 1;
-            reserved += p.reserved as u64;
+            reserved += p.reserved as u64 * per_page;
         }
         self.bytes.fetch_sub(n * bs, Ordering::Relaxed);
         self.reserved

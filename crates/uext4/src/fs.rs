@@ -398,7 +398,6 @@ fn read_only_reason(
     if ro_reason.is_some() || dev.read_only() || opts.norecovery {
         opts.read_only = true;
     }
-    crate::bigalloc::check_options(sb, opts.read_only, opts.buffered)?;
     Ok(ro_reason)
 }
 

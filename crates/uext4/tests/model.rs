@@ -690,6 +690,16 @@ proptest! {
     fn random_ops_bigalloc_1k(ops in proptest::collection::vec(op_strategy(), 1..60)) {
         run_case(&ops, &["-b", "1024", "-O", "bigalloc", "-C", "4096"]);
     }
+    /// bigalloc in buffered mode: a cluster reserved per cached page over a hole, released
+    /// as writeback allocates (the model's free-space check after everything is written back).
+    #[test]
+    fn random_ops_bigalloc_buffered(ops in proptest::collection::vec(op_strategy(), 1..60)) {
+        run_case_with(&ops, &["-O", "bigalloc", "-C", "16384"], MountOptions {
+            buffered: true,
+            buffered_limit_bytes: 64 << 10,
+            ..MountOptions::default()
+        });
+    }
     /// inline_data: new small files and directories start in their inodes and convert to
     /// blocks as they outgrow them (inline_write.rs); 1 KiB blocks in the second.
     #[test]
