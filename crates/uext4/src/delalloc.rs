@@ -179,15 +179,7 @@ impl Fs {
                 break;
             }
             if wrote_back {
-                if self.geo.cluster_bits > 0 {
-                    // A cluster reserved per page over a hole promises more than writeback
-                    // will take: with too little left for that, the write goes straight to
-                    // the device (the inode's pages are all written back now), which fails
-                    // only when the space is really gone, as the kernel's ext4 stops delaying
-                    // allocation when space runs low (ext4_nonda_switch).
-                    return Ok(false);
-                }
-                return Err(Error::NoSpace);
+                return self.delalloc_no_room();
             }
             self.delalloc_writeback_locked(inode)?;
             self.delalloc_writeback_others(inode.ino);
@@ -276,6 +268,19 @@ impl Fs {
             self.delalloc.inodes.lock().insert(inode.ino, inode.clone());
         }
         Ok(true)
+    }
+
+    /// What a buffered write does when its reservation does not fit even after the cache
+    /// was written back: fails with NoSpace, or with bigalloc (where a cluster reserved per
+    /// page over a hole promises more than writeback takes) goes straight to the device
+    /// (Ok(false); the inode's pages are all written back now), which fails only when the
+    /// space is really gone, as the kernel's ext4 stops delaying allocation when space runs
+    /// low (ext4_nonda_switch).
+    fn delalloc_no_room(&self) -> Result<bool> {
+        if self.geo.cluster_bits > 0 {
+            return Ok(false);
+        }
+        Err(Error::NoSpace)
     }
 
     /// Whether `[off, end)` lies inside the on-disk size on written blocks.

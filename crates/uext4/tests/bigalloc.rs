@@ -496,7 +496,10 @@ fn fills_and_empties(buffered: bool) {
         fs.statfs().blocks_free
     );
     if buffered {
-        assert!(fs.delalloc_writeback_runs() > 0, "the writes went through the cache");
+        assert!(
+            fs.delalloc_writeback_runs() > 0,
+            "the writes went through the cache"
+        );
     }
     fs.unmount().unwrap();
     drop(fs);
