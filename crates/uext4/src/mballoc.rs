@@ -176,7 +176,11 @@ impl BlockAllocator {
 
 fn check_desc(geo: &Geometry, g: u32, d: &GroupDesc) -> Result<()> {
     let itb = (geo.inodes_per_group as u64 * geo.inode_size as u64).div_ceil(geo.block_size as u64);
-    let in_fs = |b: u64, n: u64| b > geo.first_data_block && b + n <= geo.blocks_count;
+    // In 64 bits a damaged descriptor can name a block near 2^64: the end is checked, not
+    // summed into a wrap.
+    let in_fs = |b: u64, n: u64| {
+        b > geo.first_data_block && b.checked_add(n).is_some_and(|end| end <= geo.blocks_count)
+    };
     if !in_fs(d.block_bitmap(), 1) {
         return Err(Error::corrupt(
             Corruption::GroupDescriptor,
