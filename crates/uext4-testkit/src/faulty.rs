@@ -32,7 +32,9 @@ impl KernelMount {
     }
 
     /// Unmounts, retrying for up to 10 s while the kernel says the mount is busy (a process
-    /// still closing a file); true once it is gone.
+    /// still closing a file); true once it is gone, at once if it was gone already (an
+    /// unmount done before the drop: umount then fails with "not mounted", which is no
+    /// reason to wait).
     pub fn try_unmount(&self) -> bool {
         for _ in 0..50 {
             if Command::new("umount")
@@ -40,14 +42,24 @@ impl KernelMount {
                 .status()
                 .map(|s| s.success())
                 .unwrap_or(false)
+                || !self.mounted()
             {
                 return true;
             }
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
-        !std::fs::read_to_string("/proc/mounts")
+        !self.mounted()
+    }
+
+    /// Whether /proc/mounts lists the mount point (its second field, exactly: a point
+    /// named by a prefix of another's is not that one).
+    fn mounted(&self) -> bool {
+        let dir = std::fs::canonicalize(&self.dir).unwrap_or_else(|_| self.dir.clone());
+        let dir = dir.to_string_lossy();
+        std::fs::read_to_string("/proc/mounts")
             .unwrap_or_default()
-            .contains(&*self.dir.to_string_lossy())
+            .lines()
+            .any(|l| l.split(' ').nth(1) == Some(&*dir))
     }
 }
 
