@@ -15,6 +15,8 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
+use uext4::blockdev::RecordingDevice;
 use uext4::{Fs, MountOptions};
 
 /// What is compared of each file.
@@ -612,21 +614,12 @@ fn hand_written_fast_commits_replay_and_bad_records_are_skipped() {
 /// e2fsck -fy's replay is only reported (`report_e2fsck_replay`).
 #[test]
 fn our_fast_commits_replay_as_the_kernel_replays_them() {
-    use std::sync::Arc;
-    use uext4::blockdev::RecordingDevice;
     if !usable() {
         return;
     }
     for (name, workload, tails) in WORKLOADS {
         eprintln!("workload: {name}");
-        let img = scratch("fc-ours");
-        mke2fs(&img.0, "64M", &["-O", "fast_commit"]);
-        let rec = Arc::new(RecordingDevice::new(std::fs::read(&img.0).unwrap()));
-        let opts = MountOptions {
-            commit_interval_secs: 0,
-            ..MountOptions::default()
-        };
-        let fs = Fs::open_dev(rec.clone(), opts).unwrap();
+        let (rec, fs) = recorded_fast_commit_fs("fc-ours");
         let want = workload(&fs, &|| {});
         let crash = scratch("fc-ours-crash");
         std::fs::write(&crash.0, rec.crash_image(rec.log_len(), &mut |_| true)).unwrap();
@@ -656,6 +649,20 @@ fn our_fast_commits_replay_as_the_kernel_replays_them() {
         report_e2fsck_replay(&crash.0, &want);
         replay_by_uext4(&crash.0, &want);
     }
+}
+
+/// A fresh `mke2fs -O fast_commit` image on a recording device (every write kept, for
+/// crash states), opened read-write without a periodic commit.
+fn recorded_fast_commit_fs(tag: &str) -> (Arc<RecordingDevice>, Arc<Fs>) {
+    let img = scratch(tag);
+    mke2fs(&img.0, "64M", &["-O", "fast_commit"]);
+    let rec = Arc::new(RecordingDevice::new(std::fs::read(&img.0).unwrap()));
+    let opts = MountOptions {
+        commit_interval_secs: 0,
+        ..MountOptions::default()
+    };
+    let fs = Fs::open_dev(rec.clone(), opts).unwrap();
+    (rec, fs)
 }
 
 /// A workload on a fast_commit filesystem: it calls its second argument after its setup's
@@ -835,19 +842,12 @@ fn fast_commit_names_workload(fs: &Fs, setup_done: &dyn Fn()) -> Tree {
 #[test]
 fn power_cuts_during_our_fast_commits_replay_as_the_kernel_replays_them() {
     use std::sync::Arc;
-    use uext4::blockdev::{MemDevice, RecordingDevice};
+    use uext4::blockdev::MemDevice;
     if !usable() {
         return;
     }
     for (name, workload, _) in WORKLOADS {
-        let img = scratch("fc-cuts");
-        mke2fs(&img.0, "64M", &["-O", "fast_commit"]);
-        let rec = Arc::new(RecordingDevice::new(std::fs::read(&img.0).unwrap()));
-        let opts = MountOptions {
-            commit_interval_secs: 0,
-            ..MountOptions::default()
-        };
-        let fs = Fs::open_dev(rec.clone(), opts).unwrap();
+        let (rec, fs) = recorded_fast_commit_fs("fc-cuts");
         let setup_done = std::sync::atomic::AtomicUsize::new(0);
         workload(&fs, &|| {
             setup_done.store(rec.log_len(), std::sync::atomic::Ordering::Relaxed)

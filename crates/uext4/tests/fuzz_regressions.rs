@@ -132,14 +132,10 @@ fn a_group_free_count_below_the_bitmap_is_refused_not_wrapped() {
     use uext4_testkit::{mke2fs, scratch};
     let img = scratch("fuzz-free-count");
     mke2fs(&img.0, "16M", &[]);
-    for cmd in ["set_bg 0 free_blocks_count 2", "set_bg 0 checksum calc"] {
-        let o = std::process::Command::new("debugfs")
-            .args(["-w", "-R", cmd])
-            .arg(&img.0)
-            .output()
-            .expect("debugfs (e2fsprogs)");
-        assert!(o.status.success(), "debugfs {cmd}");
-    }
+    debugfs_w(
+        &img.0,
+        &["set_bg 0 free_blocks_count 2", "set_bg 0 checksum calc"],
+    );
     let opts = MountOptions {
         commit_interval_secs: 0,
         ..MountOptions::default()
@@ -186,17 +182,13 @@ fn a_group_bitmap_near_2_to_the_64_is_refused() {
     use uext4_testkit::{mke2fs, scratch};
     let img = scratch("fuzz-bitmap-wrap");
     mke2fs(&img.0, "16M", &[]);
-    for cmd in [
-        "set_bg 0 block_bitmap 0xffffffffffffffff",
-        "set_bg 0 checksum calc",
-    ] {
-        let o = std::process::Command::new("debugfs")
-            .args(["-w", "-R", cmd])
-            .arg(&img.0)
-            .output()
-            .expect("debugfs (e2fsprogs)");
-        assert!(o.status.success(), "debugfs {cmd}");
-    }
+    debugfs_w(
+        &img.0,
+        &[
+            "set_bg 0 block_bitmap 0xffffffffffffffff",
+            "set_bg 0 checksum calc",
+        ],
+    );
     match Fs::open_path(&img.0, MountOptions::ro()) {
         Err(Error::Corrupt { detail, .. }) => assert!(
             detail.contains("group 0") && detail.contains("18446744073709551615"),
@@ -204,5 +196,17 @@ fn a_group_bitmap_near_2_to_the_64_is_refused() {
         ),
         Err(e) => panic!("expected the descriptor refused, got {e}"),
         Ok(_) => panic!("expected the descriptor refused, the image opened"),
+    }
+}
+
+/// Runs each of `cmds` with `debugfs -w` on `img` (a damaged field, as a fuzzer found it).
+fn debugfs_w(img: &std::path::Path, cmds: &[&str]) {
+    for cmd in cmds {
+        let o = std::process::Command::new("debugfs")
+            .args(["-w", "-R", cmd])
+            .arg(img)
+            .output()
+            .expect("debugfs (e2fsprogs)");
+        assert!(o.status.success(), "debugfs {cmd}");
     }
 }

@@ -85,20 +85,9 @@ impl Fs {
         ino: u32,
         st: &InodeState,
     ) {
-        if !h.fc_tracked() {
-            return;
-        }
-        match Self::fc_describable(st) {
-            Ok(()) => {
-                h.fc_eligible(ino, None);
-                h.fc_dentry(FcDentry {
-                    tag: TAG_CREAT,
-                    parent: dir,
-                    ino,
-                    name: name.to_vec(),
-                });
-            }
-            Err(why) => h.fc_ineligible(why),
+        if h.fc_tracked() {
+            let ok = Self::fc_describable(st);
+            Self::fc_name(h, ok, TAG_CREAT, dir, name, ino, true);
         }
     }
 
@@ -121,27 +110,15 @@ impl Fs {
         if !h.fc_tracked() {
             return;
         }
+        let linked = st.raw.links_count() > 0;
         let ok = Self::fc_dir_describable(dir_flags).and_then(|()| {
-            if st.raw.links_count() > 0 {
+            if linked {
                 Self::fc_describable(st)
             } else {
                 self.fc_forgettable(&st.raw)
             }
         });
-        match ok {
-            Ok(()) => {
-                if st.raw.links_count() > 0 {
-                    h.fc_eligible(ino, None);
-                }
-                h.fc_dentry(FcDentry {
-                    tag: TAG_UNLINK,
-                    parent: dir,
-                    ino,
-                    name: name.to_vec(),
-                });
-            }
-            Err(why) => h.fc_ineligible(why),
-        }
+        Self::fc_name(h, ok, TAG_UNLINK, dir, name, ino, linked);
     }
 
     /// Declares in `h` a new name `name` in `dir` for the existing inode `ino` (a LINK record
@@ -156,21 +133,36 @@ impl Fs {
         ino: u32,
         st: &InodeState,
     ) {
-        if !h.fc_tracked() {
-            return;
+        if h.fc_tracked() {
+            let ok = Self::fc_dir_describable(dir_flags).and_then(|()| Self::fc_describable(st));
+            Self::fc_name(h, ok, TAG_LINK, dir, name, ino, true);
         }
-        match Self::fc_dir_describable(dir_flags).and_then(|()| Self::fc_describable(st)) {
-            Ok(()) => {
-                h.fc_eligible(ino, None);
-                h.fc_dentry(FcDentry {
-                    tag: TAG_LINK,
-                    parent: dir,
-                    ino,
-                    name: name.to_vec(),
-                });
-            }
-            Err(why) => h.fc_ineligible(why),
+    }
+
+    /// The common end of the name declarations: if `ok`, the entry `tag` (`dir`, `name`,
+    /// `ino`) in order, and the inode's INODE record where `log_inode`; else the reason the
+    /// transaction commits in full.
+    fn fc_name(
+        h: &mut Handle<'_>,
+        ok: std::result::Result<(), &'static str>,
+        tag: u16,
+        dir: u32,
+        name: &[u8],
+        ino: u32,
+        log_inode: bool,
+    ) {
+        if let Err(why) = ok {
+            return h.fc_ineligible(why);
         }
+        if log_inode {
+            h.fc_eligible(ino, None);
+        }
+        h.fc_dentry(FcDentry {
+            tag,
+            parent: dir,
+            ino,
+            name: name.to_vec(),
+        });
     }
 
     /// Declares that the changes of `h`, which frees the inode `st` holds (it has no link
