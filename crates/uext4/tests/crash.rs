@@ -966,6 +966,13 @@ fn crash_states_recover_consistently_bigalloc() {
     check_crash_states_on(false, false, 60, &["-O", "bigalloc", "-C", "16384"]);
 }
 
+/// The bigalloc workloads in buffered mode: a cluster reserved per cached page over a hole,
+/// written back in runs that each take their clusters; what fsync acknowledged survives.
+#[test]
+fn crash_states_recover_consistently_bigalloc_buffered() {
+    check_crash_states_on(true, false, 60, &["-O", "bigalloc", "-C", "16384"]);
+}
+
 /// Inline files the kernel makes in `inline_base`, and their lengths (all inside the inode;
 /// whole 8-byte words, as the checker reads tags by word).
 const INLINE_FILES: u16 = 4;
