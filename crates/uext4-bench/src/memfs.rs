@@ -16,8 +16,9 @@ use uext4_fuse::reply::{self, Dirents, WireAttr};
 use uext4_fuse::request::{Op, TimeArg};
 use uext4_fuse::transport::{Answer, InHeader, RawRequest, Serve, Transport};
 
-/// uext4's server answers with the same TTL (`uext4_fuse`'s `TTL`).
-const TTL: Duration = Duration::from_secs(1);
+/// uext4's server answers with the same timeouts for names and attributes (its default
+/// `entry_timeout` and `attr_timeout`: both are the mount's only writer).
+const TTL: Duration = uext4_fuse::options::LONG_TIMEOUT;
 
 const DIR: u32 = libc::S_IFDIR;
 const REG: u32 = libc::S_IFREG;
@@ -317,9 +318,14 @@ impl Mem {
         let ino = h.nodeid;
         let mut st = self.st.lock();
         match op {
-            // What uext4's server asks for (its `init`), but for what needs an image.
+            // What uext4's server asks for (its `init`), but for what needs an image. POSIX
+            // ACLs too, as uext4 enforces them by default: the kernel then fetches a
+            // directory's ACL after each change in it (answered ENODATA here), and applies
+            // no umask itself (DONT_MASK: the creates below do).
             Op::Init(i) => {
-                let want = abi::FUSE_PARALLEL_DIROPS
+                let want = abi::FUSE_POSIX_ACL
+                    | abi::FUSE_DONT_MASK
+                    | abi::FUSE_PARALLEL_DIROPS
                     | abi::FUSE_CACHE_SYMLINKS
                     | abi::FUSE_HANDLE_KILLPRIV_V2
                     | abi::FUSE_DO_READDIRPLUS

@@ -202,6 +202,8 @@ pub(super) struct Checkpointer {
     done: Condvar,
     /// Batches written home.
     batches: AtomicU64,
+    /// Times a commit woke the thread (`queue_checkpoint`).
+    wakes: AtomicU64,
 }
 
 impl Checkpointer {
@@ -259,9 +261,16 @@ impl Journal {
             drop(s);
             return self.checkpoint_batch(&[job]).map(|()| false);
         }
+        // The thread needs waking only when it waits for work (no job queued before this
+        // one) or the log fills. With jobs queued it is gathering a batch and looks again
+        // at its deadline: a wake-up per commit would be a context switch per fsync.
+        let first = s.jobs.is_empty();
         s.jobs.push_back(job);
         drop(s);
-        self.ckpt.work.notify_one();
+        if first || self.log_filling() {
+            self.ckpt.wakes.fetch_add(1, Ordering::Relaxed);
+            self.ckpt.work.notify_one();
+        }
         Ok(true)
     }
 
@@ -285,6 +294,11 @@ impl Journal {
     /// Batches of transactions the checkpointer has written home.
     pub fn checkpoint_batches(&self) -> u64 {
         self.ckpt.batches.load(Ordering::Relaxed)
+    }
+
+    /// Times a commit woke the checkpointer.
+    pub fn checkpoint_wakes(&self) -> u64 {
+        self.ckpt.wakes.load(Ordering::Relaxed)
     }
 
     /// Whether more than 1/`CHECKPOINT_LOG_FRACTION` of the log is in use.

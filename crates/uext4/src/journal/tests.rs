@@ -329,6 +329,34 @@ fn full_log_waits_for_the_journals_checkpointer() {
     }
 }
 
+/// Commits that come while the checkpointer gathers a batch do not wake it: one wake-up for
+/// the first, not one per commit (each was a context switch per fsync on a FUSE server).
+/// Every transaction still goes home.
+#[test]
+fn commits_within_a_batch_wake_the_checkpointer_once() {
+    let s = Arc::new(setup(1024, 1024, INCOMPAT_CSUM_V3));
+    let j = Arc::new(s.open());
+    let seen: Arc<SeenHooks> = Default::default();
+    j.start_checkpointer(Box::new(seen.clone())).unwrap();
+    for gen in 1..=20u32 {
+        let blocks = vec![(300, pattern(1024, 300, gen))];
+        let tid = j.commit(gen as u64, &blocks, &[]).unwrap();
+        assert!(j
+            .queue_checkpoint(gen as u64, tid, blocks, Box::new(()))
+            .unwrap());
+    }
+    // Twenty commits of one block each stay far below the quarter of the log that hurries
+    // the checkpointer, and take far less than its 50 ms batch window, here or on a slow
+    // machine (where a batch closing early only adds a wake-up or two).
+    let wakes = j.checkpoint_wakes();
+    assert!(wakes <= 3, "{wakes} wake-ups for 20 commits");
+    j.checkpoint_drain().unwrap();
+    assert_eq!(seen.home.load(Ordering::SeqCst), 20);
+    let mut got = vec![0u8; 1024];
+    s.dev.read_at(300 * 1024, &mut got).unwrap();
+    assert_eq!(got, pattern(1024, 300, 20));
+}
+
 /// A commit waiting for log space that will never come (the checkpoints failed) wakes when
 /// the journal is aborted and fails with `Stopped`, instead of waiting out its timeout.
 #[test]
