@@ -1,5 +1,7 @@
 //! fuse-mem: the metadata workloads' FUSE ceiling. A minimal in-memory filesystem on the same
-//! transport, thread count, TTL and INIT capabilities as uext4's server (`uext4_fuse`): real
+//! transport, thread count, timeouts and INIT capabilities (POSIX ACLs included) as uext4's
+//! server (`uext4_fuse`), which answers OPEN, FLUSH and OPENDIR as it does, so that the kernel
+//! sends it the same requests: real
 //! directories, files, symbolic and hard links, attributes and data, all kept in memory behind
 //! one lock, nothing persisted. What a metadata workload costs on it is what the FUSE transport
 //! and the kernel's FUSE client cost for that sequence of requests; what uext4 takes beyond it
@@ -376,7 +378,9 @@ impl Mem {
                 if flags as i32 & libc::O_TRUNC != 0 {
                     n.data.clear();
                 }
-                Ok(reply::open(out, 0, 0))
+                // Its data changes only through this mount, whose page cache sees it (as
+                // uext4's server keeps it where no atime is due).
+                Ok(reply::open(out, 0, abi::FOPEN_KEEP_CACHE))
             }
             Op::Read { offset, size } => {
                 let n = st.node(ino)?;
@@ -388,9 +392,11 @@ impl Mem {
                 let n = st.write(ino, offset, data)?;
                 Ok(reply::written(out, n))
             }
-            Op::Flush | Op::Fsync { .. } | Op::Fsyncdir { .. } | Op::Access { .. } => Ok(0),
+            Op::Fsync { .. } | Op::Fsyncdir { .. } | Op::Access { .. } => Ok(0),
             Op::Release | Op::Releasedir | Op::Destroy => Ok(0),
-            Op::Opendir { .. } => Ok(reply::open(out, 0, 0)),
+            // As uext4's server: ENOSYS once, and the kernel sends no more FLUSH on close and
+            // no OPENDIR or RELEASEDIR.
+            Op::Flush | Op::Opendir { .. } => Err(libc::ENOSYS),
             Op::Readdir { offset, size, plus } => st.readdir(ino, offset, size, plus, out),
             Op::Statfs => Ok(statfs(out)),
             Op::Getxattr { .. } => Err(libc::ENODATA),
@@ -401,7 +407,14 @@ impl Mem {
             } => {
                 let n = Node::new(REG, mode & !umask & 0o7777, h, ino);
                 let a = st.add(ino, name, n)?;
-                Ok(reply::create(out, 0, reply::Ttl::both(TTL), &a, 0, 0))
+                Ok(reply::create(
+                    out,
+                    0,
+                    reply::Ttl::both(TTL),
+                    &a,
+                    0,
+                    abi::FOPEN_KEEP_CACHE,
+                ))
             }
             _ => Err(libc::ENOSYS),
         }

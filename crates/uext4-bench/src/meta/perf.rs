@@ -6,6 +6,7 @@ use super::*;
 /// The FUSE opcodes counted one by one (the kernel's `fuse_opcode`); the rest go to "other".
 const OPCODES: &[(u32, &str)] = &[
     (1, "LOOKUP"),
+    (2, "FORGET"),
     (3, "GETATTR"),
     (4, "SETATTR"),
     (5, "READLINK"),
@@ -22,8 +23,10 @@ const OPCODES: &[(u32, &str)] = &[
     (17, "STATFS"),
     (18, "RELEASE"),
     (20, "FSYNC"),
+    (21, "SETXATTR"),
     (22, "GETXATTR"),
     (23, "LISTXATTR"),
+    (24, "REMOVEXATTR"),
     (25, "FLUSH"),
     (27, "OPENDIR"),
     (28, "READDIR"),
@@ -31,9 +34,17 @@ const OPCODES: &[(u32, &str)] = &[
     (30, "FSYNCDIR"),
     (34, "ACCESS"),
     (35, "CREATE"),
+    (36, "INTERRUPT"),
+    (39, "IOCTL"),
+    (40, "POLL"),
+    (42, "BATCH_FORGET"),
+    (43, "FALLOCATE"),
     (44, "READDIRPLUS"),
     (45, "RENAME2"),
+    (46, "LSEEK"),
+    (47, "COPY_FILE_RANGE"),
     (50, "SYNCFS"),
+    (51, "TMPFILE"),
     (52, "STATX"),
 ];
 
