@@ -338,6 +338,7 @@ fn commits_within_a_batch_wake_the_checkpointer_once() {
     let j = Arc::new(s.open());
     let seen: Arc<SeenHooks> = Default::default();
     j.start_checkpointer(Box::new(seen.clone())).unwrap();
+    let started = std::time::Instant::now();
     for gen in 1..=20u32 {
         let blocks = vec![(300, pattern(1024, 300, gen))];
         let tid = j.commit(gen as u64, &blocks, &[]).unwrap();
@@ -346,10 +347,14 @@ fn commits_within_a_batch_wake_the_checkpointer_once() {
             .unwrap());
     }
     // Twenty commits of one block each stay far below the quarter of the log that hurries
-    // the checkpointer, and take far less than its 50 ms batch window, here or on a slow
-    // machine (where a batch closing early only adds a wake-up or two).
+    // the checkpointer. Each 50 ms batch window that closes while they go on may take one
+    // more wake-up (on a slow machine); a wake-up per commit is twenty.
+    let windows = started.elapsed().as_millis() as u64 / 50;
     let wakes = j.checkpoint_wakes();
-    assert!(wakes <= 3, "{wakes} wake-ups for 20 commits");
+    assert!(
+        wakes <= 2 + windows,
+        "{wakes} wake-ups for 20 commits in {windows} batch windows"
+    );
     j.checkpoint_drain().unwrap();
     assert_eq!(seen.home.load(Ordering::SeqCst), 20);
     let mut got = vec![0u8; 1024];
