@@ -103,13 +103,25 @@ fn per_thread(pid: u32, field: &str) -> Vec<String> {
 }
 
 fn assert_contained(pid: u32) {
-    for (field, want) in [
+    let fields = [
         ("Seccomp", "2"),
         ("NoNewPrivs", "1"),
         ("CapEff", "0000000000000000"),
         ("CapPrm", "0000000000000000"),
         ("CapBnd", "0000000000000000"),
-    ] {
+    ];
+    // The server contains itself once the mount is in the table (it needs the mount's
+    // device number first), so the mount can be seen, and answer, a moment before: wait
+    // for it, a bounded time.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline
+        && !fields
+            .iter()
+            .all(|(f, want)| per_thread(pid, f).iter().all(|v| v == want))
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    for (field, want) in fields {
         let got = per_thread(pid, field);
         assert!(
             got.iter().all(|v| v == want),

@@ -973,8 +973,14 @@ impl Fs {
     pub fn readlink(&self, ino: u32) -> Result<Vec<u8>> {
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         let inode = self.iget(ino)?;
-        let (fast, size) = {
+        // A symlink whose last name went and that is being freed (`dying`, in pieces: its
+        // target may be gone already) is no longer there, as an open finds it.
+        let freed = |st: &crate::icache::InodeState| st.dying || st.deleted;
+        let size = {
             let st = inode.state.lock();
+            if freed(&st) {
+                return Err(Error::NotFound);
+            }
             if !st.raw.is_symlink() {
                 return Err(Error::Invalid("not a symbolic link".into()));
             }
@@ -984,9 +990,8 @@ impl Fs {
                 drop(st);
                 return self.symlink_shown(ino, disk);
             }
-            (false, size)
+            size
         };
-        let _ = fast;
         if size > self.geo.block_size as u64 {
             return Err(Error::corrupt(
                 Corruption::Inode,
@@ -996,6 +1001,10 @@ impl Fs {
         let mut buf = vec![0u8; size as usize];
         let n = self.read(ino, 0, &mut buf)?;
         buf.truncate(n);
+        // Freed while its block was read: what was read may be the freed block's.
+        if freed(&inode.state.lock()) {
+            return Err(Error::NotFound);
+        }
         self.symlink_shown(ino, buf)
     }
 
