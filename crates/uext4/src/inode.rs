@@ -243,6 +243,12 @@ pub(crate) fn gone(st: &InodeState) -> bool {
     st.deleted || st.creating
 }
 
+/// Freed, or being freed in pieces (`delete_orphan`): no longer to be opened or read as the
+/// file it was.
+pub(crate) fn freed(st: &InodeState) -> bool {
+    st.deleted || st.dying
+}
+
 /// A new in-memory inode.
 pub(crate) fn new_inode(
     ino: u32,

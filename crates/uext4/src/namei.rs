@@ -975,7 +975,7 @@ impl Fs {
         let inode = self.iget(ino)?;
         // A symlink whose last name went and that is being freed (`dying`, in pieces: its
         // target may be gone already) is no longer there, as an open finds it.
-        let freed = |st: &crate::icache::InodeState| st.dying || st.deleted;
+        use crate::inode::freed;
         let size = {
             let st = inode.state.lock();
             if freed(&st) {
@@ -1119,10 +1119,7 @@ impl Fs {
         // A last unlink that read the count before it went up has freed the inode (under its
         // state lock), or is freeing it in pieces; counted on a freed inode, the open's
         // release would land on whatever inode reuses the number.
-        let gone = {
-            let st = inode.state.lock();
-            st.deleted || st.dying
-        };
+        let gone = crate::inode::freed(&inode.state.lock());
         if gone {
             inode.open_count.fetch_sub(1, Ordering::AcqRel);
             return Err(Error::NotFound);

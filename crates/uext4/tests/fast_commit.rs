@@ -349,7 +349,6 @@ fn replay_on(new_dir_and_symlink: bool, mkfs: &[&str]) {
 /// (writes after the last flush kept, or every other one kept): every state opens to `want`
 /// (the replay resumes or is done over), and a read-write open of it leaves it e2fsck-clean.
 fn power_cuts_during_replay(crash: &Path, want: &Tree) {
-    use std::sync::Arc;
     use uext4::blockdev::{MemDevice, Record, RecordingDevice};
     let rec = Arc::new(RecordingDevice::new(std::fs::read(crash).unwrap()));
     let fs = Fs::open_dev(rec.clone(), MountOptions::default()).unwrap();
@@ -841,7 +840,6 @@ fn fast_commit_names_workload(fs: &Fs, setup_done: &dyn Fn()) -> Tree {
 /// and unmount.
 #[test]
 fn power_cuts_during_our_fast_commits_replay_as_the_kernel_replays_them() {
-    use std::sync::Arc;
     use uext4::blockdev::MemDevice;
     if !usable() {
         return;
